@@ -1,0 +1,1 @@
+"""YAML presets (installed as ``specdec.configs``); load them with ``specdec.config.load_yaml(name)``."""

@@ -1,0 +1,129 @@
+"""The drafter interface: one request lifecycle keyed by request id.
+
+    drafter.start(request_id, prompt_ids)        # a new request and its prompt
+    drafter.extend(request_id, token_ids)        # tokens the verifier emitted (accepted + bonus)
+    drafter.draft_batch([DraftRequest(...), ...]) -> list[TokenTree]   # one tree per request
+    drafter.stop(request_id)                     # finished or aborted; frees per-request state
+
+``draft(request_id, budget)`` is a one-request convenience over ``draft_batch``. A drafter never
+returns more nodes than the request's budget, and returns ``TokenTree.empty()`` when it has nothing
+to propose. This module (and all of ``specdec.drafters``) never imports vLLM.
+"""
+from __future__ import annotations
+
+import abc
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from specdec.tree import TokenTree
+
+logger = logging.getLogger("specdec.drafters")
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """One request's drafting order for one step."""
+
+    request_id: str
+    budget: int  # max draft tokens (tree nodes)
+    tree: bool = False  # False: a chain is wanted (vLLM); True: any tree shape
+
+
+class Drafter(abc.ABC):
+    """Base class of all drafters. Subclasses implement the five lifecycle methods."""
+
+    name: str = "drafter"
+
+    @abc.abstractmethod
+    def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+        """Begin a request whose context is ``prompt_ids``."""
+
+    @abc.abstractmethod
+    def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
+        """Append tokens emitted for the request (accepted draft tokens plus the bonus token)."""
+
+    @abc.abstractmethod
+    def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
+        """Draft for many requests at once; one tree per request, in order."""
+
+    @abc.abstractmethod
+    def stop(self, request_id: str) -> None:
+        """Forget the request (finished or aborted). Unknown ids are ignored."""
+
+    def draft(self, request_id: str, budget: int, *, tree: bool = False) -> TokenTree:
+        return self.draft_batch([DraftRequest(request_id, budget, tree)])[0]
+
+    def active_requests(self) -> list[str]:
+        """Ids of the requests with live state (for bookkeeping checks)."""
+        return []
+
+    def memory_bytes(self) -> int:
+        """Approximate bytes held by drafter state (0 if unknown)."""
+        return 0
+
+    def close(self) -> None:
+        """Release threads, sessions or other resources."""
+
+
+@dataclass
+class GuardStats:
+    """Counters of drafting failures that were absorbed (the step went on without a draft)."""
+
+    errors: int = 0
+    timeouts: int = 0
+    draft_seconds: float = 0.0
+    _logged: set[str] = field(default_factory=set, repr=False)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"draft_errors": self.errors, "draft_timeouts": self.timeouts, "draft_seconds": self.draft_seconds}
+
+
+class DraftGuard:
+    """Runs a drafter so that its failure never fails a request.
+
+    On an exception every request of the call gets an empty draft for this step; the failure is counted
+    and logged once per kind of error (with the request ids). ``strict=True`` re-raises instead, for
+    debugging. Drafts longer than the budget are truncated (a drafter bug must not break the verifier).
+    """
+
+    def __init__(self, drafter: Drafter, *, strict: bool = False) -> None:
+        self.drafter = drafter
+        self.strict = strict
+        self.stats = GuardStats()
+
+    def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
+        t0 = time.perf_counter()
+        try:
+            trees = self.drafter.draft_batch(requests)
+            if len(trees) != len(requests):
+                raise RuntimeError(f"{self.drafter.name} returned {len(trees)} drafts for {len(requests)} requests")
+        except Exception as exc:  # noqa: BLE001 - any drafter failure degrades to "no draft"
+            if self.strict:
+                raise
+            self.record_error(exc, [r.request_id for r in requests])
+            trees = [TokenTree.empty() for _ in requests]
+        finally:
+            self.stats.draft_seconds += time.perf_counter() - t0
+        return [t.truncate(r.budget) for t, r in zip(trees, requests)]
+
+    def call(self, method: str, request_id: str, *args: object) -> None:
+        """Run a lifecycle method (start/extend/stop), absorbing failures like ``draft_batch``."""
+        try:
+            getattr(self.drafter, method)(request_id, *args)
+        except Exception as exc:  # noqa: BLE001
+            if self.strict:
+                raise
+            self.record_error(exc, [request_id])
+
+    def record_error(self, exc: BaseException, request_ids: list[str]) -> None:
+        self.stats.errors += 1
+        key = f"{type(exc).__name__}"
+        if key not in self.stats._logged:
+            self.stats._logged.add(key)
+            logger.warning(
+                "drafter %s failed for request(s) %s: %r; those requests go on without a draft "
+                "(counted as draft_errors; further %s errors are not logged)",
+                self.drafter.name, ", ".join(request_ids[:8]), exc, key,
+            )

@@ -1,0 +1,60 @@
+"""Build drafters from names, option dicts or lists (composition), with validated options."""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Mapping, Sequence, Union
+
+from specdec.config import ConfigError
+from specdec.drafters.base import Drafter
+
+# name -> "module:Class"; classes expose ``Config`` (a ConfigBase) and ``__init__(config)``.
+_CLASSES: dict[str, str] = {
+    "suffix": "specdec.drafters.suffix:SuffixDrafter",
+    "ngram": "specdec.drafters.ngram:NgramDrafter",
+    "model": "specdec.drafters.model:ModelDrafter",
+    # peers, for benchmarks only
+    "arctic": "specdec.eval.peers:ArcticDrafter",
+    "vllm-ngram": "specdec.eval.peers:VllmNgramDrafter",
+}
+DRAFTER_NAMES = tuple(_CLASSES)
+
+DrafterSpec = Union[str, Mapping[str, Any], Sequence[Union[str, Mapping[str, Any]]]]
+
+
+def drafter_class(name: str) -> type[Drafter]:
+    if name not in _CLASSES:
+        raise ConfigError(f"drafter={name!r} is unknown; valid drafters: {', '.join(DRAFTER_NAMES)}")
+    module, cls = _CLASSES[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def build_drafter(spec: DrafterSpec, options: Mapping[str, Mapping[str, Any]] | None = None) -> Drafter:
+    """Build a drafter.
+
+    ``spec``: a name (``"suffix"``), a dict with ``name`` plus that drafter's options
+    (``{"name": "suffix", "max_depth": 32}``), or a list of those (composition by score).
+    ``options``: per-name option dicts merged under the spec's own (``{"model": {"path": ...}}``).
+    """
+    options = options or {}
+    if isinstance(spec, (list, tuple)):
+        if not spec:
+            raise ConfigError("drafter=[] is empty; give a name such as 'suffix' or a list like ['suffix', 'model']")
+        parts = [build_drafter(s, options) for s in spec]
+        if len(parts) == 1:
+            return parts[0]
+        from specdec.drafters.compose import ComposedDrafter
+
+        return ComposedDrafter(parts)
+    if isinstance(spec, str):
+        name, own = spec, {}
+    elif isinstance(spec, Mapping):
+        own = dict(spec)
+        name = own.pop("name", None)
+        if not isinstance(name, str):
+            raise ConfigError(f"drafter={dict(spec)!r} needs a 'name' key naming one of {', '.join(DRAFTER_NAMES)}")
+    else:
+        raise ConfigError(f"drafter={spec!r} must be a name, a dict with 'name', or a list of those")
+    cls = drafter_class(name)
+    merged = {**dict(options.get(name, {})), **own}
+    config = cls.Config.from_dict(merged, where=f"drafter {name!r}: ")  # type: ignore[attr-defined]
+    return cls(config)

@@ -1,0 +1,1 @@
+"""Offline acceptance evaluation (``specdec-eval``): trace replay, live runs, sweeps, reports."""
