@@ -55,6 +55,24 @@ class Drafter(abc.ABC):
     def draft(self, request_id: str, budget: int, *, tree: bool = False) -> TokenTree:
         return self.draft_batch([DraftRequest(request_id, budget, tree)])[0]
 
+    def draft_after(self, request_id: str, extra_tokens: Sequence[int], budget: int, *,
+                    tree: bool = False) -> TokenTree | None:
+        """Draft as if ``extra_tokens`` had been appended to the request's context, changing NO state.
+
+        Used by ``specdec.pipeline.AsyncDrafter`` to pre-draft the next step for hypothetical outcomes
+        of the step being verified ("hedges"). The request's state (and any global cache) must be
+        exactly as before the call: nothing of ``extra_tokens`` may be learned. Calls are serialized
+        with the other methods (never concurrent). Returns ``None`` when the drafter cannot do this
+        (AsyncDrafter then drafts synchronously after ``extend``, as without it).
+
+        Default: exact for ``extra_tokens == []`` (a plain draft, which changes no state) and ``None``
+        otherwise. Drafters override it to hedge efficiently, e.g. by drafting from a read-only view
+        of ``context + extra_tokens`` (a suffix tree matches the longer suffix without inserting it).
+        """
+        if len(extra_tokens) == 0:
+            return self.draft_batch([DraftRequest(request_id, budget, tree)])[0]
+        return None
+
     def active_requests(self) -> list[str]:
         """Ids of the requests with live state (for bookkeeping checks)."""
         return []

@@ -1,0 +1,295 @@
+"""ModelDrafter: a small causal LM on the CPU that drafts chains or token trees.
+
+Per request the drafter keeps the context and a KV cache (in the backend) of the tokens it has
+already run through the model. ``extend`` only appends tokens; the next ``draft_batch`` rolls the
+cache back to the longest prefix that still matches the context (rejected draft tokens go away,
+accepted ones are reused) and feeds the rest. Drafting then grows each request's tree level by level:
+
+* a chain (``DraftRequest.tree`` False): the model's greedy continuation, ``budget`` tokens;
+* a tree: at each depth in ``tree_branch_depths`` every frontier node gets its ``tree_top_k`` most
+  likely children, elsewhere one; each level keeps the children with the highest path probability
+  that fit the budget.
+
+Every node carries ``probs`` = the model's softmax probability of its token given its path, so
+composition (``["suffix", "model"]``) can score the draft. All requests of a call advance together:
+one backend forward per tree level for the whole batch.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from specdec.config import ConfigBase, ConfigError, rng
+from specdec.drafters.base import Drafter, DraftRequest
+from specdec.drafters.model_backends import BACKEND_NAMES, DraftBackend, StepInput, make_backend
+from specdec.paths import DRAFT_MODEL, model_path
+from specdec.tree import ROOT, TokenTree
+
+logger = logging.getLogger("specdec.drafters.model")
+
+AUTO_CANDIDATES = ("torch", "torch-bf16", "compile", "onnx", "eager")  # tried by backend="auto"
+
+
+@dataclass(frozen=True)
+class ModelDrafterConfig(ConfigBase):
+    path: str = rng("", doc="Hugging Face model folder; empty = the shared code-draft-7m")
+    backend: str = rng("auto", choices=("auto",) + BACKEND_NAMES, doc="forward backend; auto = fastest measured")
+    num_threads: int = rng(0, lo=0, hi=4096, doc="torch intra-op threads; 0 = leave the default")
+    cpu_affinity: list = rng([], doc="CPU ids to pin this process to (os.sched_setaffinity); [] = leave")
+    tree_top_k: int = rng(2, lo=1, hi=64, doc="children per node at branching depths (tree drafts)")
+    tree_branch_depths: list = rng([1, 2], doc="depths (1 = first draft token) where tree nodes branch")
+    max_batch: int = rng(256, lo=1, hi=65536, doc="requests per backend forward (larger batches are split)")
+    target_tokenizer: str = rng("", doc="target model/tokenizer folder; refuse to start if tokenizers differ")
+    calibration_steps: int = rng(8, lo=1, hi=1000, doc="timed decode steps per backend for backend=auto")
+
+    def resolved_path(self) -> Path:
+        return Path(self.path).expanduser() if self.path else model_path(DRAFT_MODEL)
+
+    def validate(self, *, where: str = "") -> None:
+        super().validate(where=where)
+        bad = [d for d in self.tree_branch_depths if not isinstance(d, int) or d < 1]
+        if bad:
+            raise ConfigError(f"{where}tree_branch_depths={self.tree_branch_depths!r} must hold depths >= 1; bad: {bad}")
+        if any(not isinstance(c, int) or c < 0 for c in self.cpu_affinity):
+            raise ConfigError(f"{where}cpu_affinity={self.cpu_affinity!r} must be a list of CPU ids >= 0")
+
+
+# ------------------------------------------------------------------ tokenizer check
+def _tokenizer_vocab(path: Path) -> dict[str, int]:
+    tok_file = path / "tokenizer.json"
+    if tok_file.exists():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(tok_file)).get_vocab(with_added_tokens=True)
+    from transformers import AutoTokenizer
+
+    return dict(AutoTokenizer.from_pretrained(str(path)).get_vocab())
+
+
+def check_tokenizer_compat(draft_path: str | Path, target_path: str | Path) -> None:
+    """Raise ConfigError unless the draft and target tokenizers map the same strings to the same ids."""
+    draft, target = _tokenizer_vocab(Path(draft_path)), _tokenizer_vocab(Path(target_path))
+    if draft == target:
+        return
+    diff = sorted(k for k in set(draft) | set(target) if draft.get(k) != target.get(k))
+    examples = ", ".join(f"{k!r}: draft {draft.get(k)} vs target {target.get(k)}" for k in diff[:3])
+    raise ConfigError(
+        f"draft model {str(draft_path)!r} and target {str(target_path)!r} use different tokenizers "
+        f"({len(draft)} vs {len(target)} tokens, {len(diff)} differ, e.g. {examples}); "
+        "a draft model must share the target's tokenizer: pick a draft model trained with it"
+    )
+
+
+# ------------------------------------------------------------------ per-request state
+@dataclass
+class _Request:
+    tokens: list[int]  # full context (prompt + emitted tokens)
+    state: Any  # backend KV cache
+    cached: list[int] = field(default_factory=list)  # tokens whose KV sits in slots 0.. of `state`
+    offset: int = 0  # the model sees tokens[offset:] (context longer than the model's window)
+
+
+@dataclass
+class _Growth:
+    """One request's tree under construction during a draft_batch call."""
+
+    req: _Request
+    budget: int
+    tree: bool
+    base: int  # cache length before the first draft node (= slots of the context)
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)
+    path_prob: list[float] = field(default_factory=list)
+    depth: list[int] = field(default_factory=list)
+    frontier: list[int] = field(default_factory=list)  # nodes (or ROOT) whose children are chosen next
+    fed: int = 0  # nodes whose KV is in the cache (slots base .. base + fed)
+
+    def done(self) -> bool:
+        return len(self.tokens) >= self.budget or not self.frontier
+
+
+class ModelDrafter(Drafter):
+    """Draft tokens with a small causal LM on the CPU (see the module docstring)."""
+
+    name = "model"
+    Config = ModelDrafterConfig
+
+    def __init__(self, config: ModelDrafterConfig | None = None) -> None:
+        self.config = config or ModelDrafterConfig()
+        path = self.config.resolved_path()
+        if not (path / "config.json").exists():
+            raise ConfigError(f"path={str(path)!r} is not a Hugging Face model folder (no config.json); "
+                              "set path to a draft model folder or put the shared folder beside the repo")
+        if self.config.target_tokenizer:
+            check_tokenizer_compat(path, self.config.target_tokenizer)
+        from specdec.drafters.cpu_info import apply_placement
+
+        apply_placement(num_threads=self.config.num_threads, cpu_affinity=self.config.cpu_affinity)
+        self.backend: DraftBackend = self._build_backend(path)
+        self._reqs: dict[str, _Request] = {}
+        self.forwards = 0  # backend forward calls (for tests and stats)
+
+    def _build_backend(self, path: Path) -> DraftBackend:
+        if self.config.backend != "auto":
+            return make_backend(self.config.backend, path)
+        from specdec.drafters.model_calibrate import pick_backend
+
+        return pick_backend(path, AUTO_CANDIDATES, steps=self.config.calibration_steps)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+        if request_id in self._reqs:
+            self.stop(request_id)
+        self._reqs[request_id] = _Request(tokens=[int(t) for t in prompt_ids], state=self.backend.new_state())
+
+    def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
+        req = self._reqs.get(request_id)
+        if req is None:
+            raise KeyError(f"request_id={request_id!r} was never started (call start() first)")
+        req.tokens.extend(int(t) for t in token_ids)
+
+    def stop(self, request_id: str) -> None:
+        req = self._reqs.pop(request_id, None)
+        if req is not None:
+            self.backend.release(req.state)
+
+    def active_requests(self) -> list[str]:
+        return list(self._reqs)
+
+    def close(self) -> None:
+        for rid in list(self._reqs):
+            self.stop(rid)
+
+    # ------------------------------------------------------------------ drafting
+    def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
+        out: list[TokenTree] = [TokenTree.empty()] * len(requests)
+        todo: list[tuple[int, DraftRequest]] = []
+        for i, r in enumerate(requests):
+            if r.request_id not in self._reqs:
+                raise KeyError(f"request_id={r.request_id!r} was never started (call start() first)")
+            if r.budget > 0 and self._reqs[r.request_id].tokens:
+                todo.append((i, r))
+        step = self.config.max_batch
+        for lo in range(0, len(todo), step):
+            chunk = todo[lo:lo + step]
+            trees = self._draft_chunk([r for _, r in chunk])
+            for (i, _), t in zip(chunk, trees):
+                out[i] = t
+        return out
+
+    def _draft_chunk(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
+        growths = [self._sync(self._reqs[r.request_id], r) for r in requests]
+        items = [self._catch_up_input(g) for g in growths]
+        live = growths
+        while live:
+            logits = self.backend.forward(items)
+            self.forwards += 1
+            for g, lg in zip(live, logits):
+                self._expand(g, lg)
+            live = [g for g in live if not g.done()]
+            items = [self._level_input(g) for g in live]
+        for g in growths:
+            self._commit(g)
+        return [self._to_tree(g) for g in growths]
+
+    def _sync(self, req: _Request, r: DraftRequest) -> _Growth:
+        """Roll the cache back to the longest prefix of the context it matches (>= 1 token left to feed)."""
+        budget = min(r.budget, self.backend.max_positions // 2)
+        if len(req.tokens) - req.offset + budget > self.backend.max_positions:
+            # Context outgrew the model's window: restart on the recent half of it.
+            req.offset = len(req.tokens) - self.backend.max_positions // 2
+            req.cached = []
+        seen = req.tokens[req.offset:]
+        keep = min(_common_prefix(req.cached, seen), len(seen) - 1)
+        self.backend.crop(req.state, keep)
+        req.cached = req.cached[:keep]
+        return _Growth(req=req, budget=budget, tree=r.tree, base=len(seen), frontier=[ROOT])
+
+    def _catch_up_input(self, g: _Growth) -> StepInput:
+        seen = g.req.tokens[g.req.offset:]
+        start = len(g.req.cached)
+        new = seen[start:]  # [n >= 1]
+        g.req.cached = list(seen)
+        return StepInput(g.req.state, new, list(range(start, len(seen))), want=[len(new) - 1])
+
+    def _branching(self, g: _Growth, depth: int) -> int:
+        return self.config.tree_top_k if g.tree and depth in self.config.tree_branch_depths else 1
+
+    def _expand(self, g: _Growth, logits: torch.Tensor) -> None:
+        """Add the children of every frontier node (logits [len(frontier), V]) within the budget."""
+        logp = torch.log_softmax(logits.float(), dim=-1)  # [f, V]
+        cands: list[tuple[float, int, int, float]] = []  # (path prob, parent, token, prob)
+        for row, parent in enumerate(g.frontier):
+            depth = 1 if parent == ROOT else g.depth[parent] + 1
+            k = min(self._branching(g, depth), g.budget - len(g.tokens))
+            vals, toks = torch.topk(logp[row], k)
+            base = 1.0 if parent == ROOT else g.path_prob[parent]
+            for v, t in zip(vals.tolist(), toks.tolist()):
+                p = float(np.exp(v))
+                cands.append((base * p, parent, int(t), p))
+        cands.sort(key=lambda c: -c[0])
+        cands = cands[: g.budget - len(g.tokens)]
+        cands.sort(key=lambda c: c[1])  # keep parents before children and siblings grouped
+        g.frontier = []
+        for pp, parent, tok, p in cands:
+            g.frontier.append(len(g.tokens))
+            g.tokens.append(tok)
+            g.parents.append(parent)
+            g.probs.append(p)
+            g.path_prob.append(pp)
+            g.depth.append(1 if parent == ROOT else g.depth[parent] + 1)
+
+    def _level_input(self, g: _Growth) -> StepInput:
+        """Feed the nodes added since the last forward; they attend to the context and their ancestors."""
+        new = list(range(g.fed, len(g.tokens)))  # node ids, == frontier
+        positions = [g.base + g.depth[i] - 1 for i in new]
+        mask = None
+        if not _is_chain(g.parents, len(g.tokens)):
+            cached = g.base + g.fed
+            mask = np.zeros((len(new), cached + len(new)), dtype=bool)  # [n, cached + n]
+            mask[:, : g.base] = True
+            for row, node in enumerate(new):
+                cur = node
+                while cur != ROOT:
+                    mask[row, g.base + cur] = True
+                    cur = g.parents[cur]
+        g.fed = len(g.tokens)
+        return StepInput(g.req.state, [g.tokens[i] for i in new], positions, want=list(range(len(new))), mask=mask)
+
+    def _commit(self, g: _Growth) -> None:
+        """Keep the draft nodes whose cache slots form a plain chain after the context; drop the rest."""
+        keep = 0
+        while keep < g.fed and g.parents[keep] == keep - 1:
+            keep += 1
+        self.backend.crop(g.req.state, g.base + keep)
+        g.req.cached = g.req.cached[: g.base] + g.tokens[:keep]
+
+    @staticmethod
+    def _to_tree(g: _Growth) -> TokenTree:
+        if not g.tokens:
+            return TokenTree.empty()
+        return TokenTree(np.asarray(g.tokens, np.int64), np.asarray(g.parents, np.int32),
+                         np.asarray(g.probs, np.float32))
+
+    def memory_bytes(self) -> int:
+        return sum(self.backend.state_bytes(r.state) for r in self._reqs.values()) \
+            if hasattr(self.backend, "state_bytes") else 0
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _is_chain(parents: Sequence[int], n: int) -> bool:
+    return all(parents[i] == i - 1 for i in range(n))

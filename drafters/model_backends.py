@@ -1,0 +1,137 @@
+"""Forward-pass backends of the draft model (``ModelDrafter``), all on the CPU.
+
+A backend owns the weights and one KV cache per request (a *state*). The drafter drives it with
+``forward(items)``: each ``StepInput`` appends ``tokens`` to a state's cache at the given
+``positions`` and returns the logits of the rows listed in ``want``. ``mask`` (bool
+``[n, cached + n]``) says which cache slots and new tokens each new token attends to (tree drafting);
+``None`` means plain causal attention. ``crop(state, n)`` drops every slot from ``n`` on (rollback).
+
+Backends: ``eager`` (Hugging Face ``forward``, one request at a time; the baseline), and the
+hand-written Llama forward of ``specdec.drafters.model_llama`` (``torch``, ``torch-bf16``,
+``compile``), and ONNX Runtime (``specdec.drafters.model_onnx``). ``make_backend`` builds one by name.
+"""
+from __future__ import annotations
+
+import abc
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+logger = logging.getLogger("specdec.drafters.model")
+
+# name -> (module, class, kwargs); kept as strings so optional dependencies load only when used
+BACKENDS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "eager": ("specdec.drafters.model_backends", "EagerHFBackend", {}),
+    "torch": ("specdec.drafters.model_llama", "TorchLlamaBackend", {"dtype": "float32"}),
+    "torch-bf16": ("specdec.drafters.model_llama", "TorchLlamaBackend", {"dtype": "bfloat16"}),
+    "compile": ("specdec.drafters.model_llama", "TorchLlamaBackend", {"dtype": "float32", "compile": True}),
+    "onnx": ("specdec.drafters.model_onnx", "OnnxBackend", {"quantize": False}),
+    "onnx-int8": ("specdec.drafters.model_onnx", "OnnxBackend", {"quantize": True}),
+}
+BACKEND_NAMES = tuple(BACKENDS)
+
+
+@dataclass
+class StepInput:
+    """One request's share of a batched forward."""
+
+    state: Any  # the backend's per-request KV state
+    tokens: Sequence[int]  # [n] tokens appended to the cache
+    positions: Sequence[int]  # [n] rotary positions
+    want: Sequence[int]  # rows (indices into tokens) whose logits are returned
+    mask: np.ndarray | None = None  # [n, cached + n] bool, None = causal
+
+
+class DraftBackend(abc.ABC):
+    """Weights + per-request KV caches; see the module docstring."""
+
+    name: str = "backend"
+    vocab_size: int = 0
+    max_positions: int = 0
+
+    @abc.abstractmethod
+    def new_state(self) -> Any:
+        """An empty KV cache for one request."""
+
+    @abc.abstractmethod
+    def length(self, state: Any) -> int:
+        """Number of filled cache slots."""
+
+    @abc.abstractmethod
+    def crop(self, state: Any, n: int) -> None:
+        """Drop cache slots ``n`` and later (``n <= length``)."""
+
+    @abc.abstractmethod
+    def forward(self, items: Sequence[StepInput]) -> list[torch.Tensor]:
+        """Append each item's tokens to its state; logits ``[len(want), vocab]`` float32 per item."""
+
+    def release(self, state: Any) -> None:
+        """Free a state (request stopped)."""
+
+    def describe(self) -> str:
+        return self.name
+
+
+def load_hf_model(path: str | Path, *, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A Hugging Face causal LM in eval mode on the CPU."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    return model.eval()
+
+
+class EagerHFBackend(DraftBackend):
+    """Hugging Face eager forward with a ``DynamicCache`` per request (one request per call)."""
+
+    name = "eager"
+
+    def __init__(self, path: str | Path, *, dtype: str = "float32") -> None:
+        self.dtype = torch.float32 if dtype == "float32" else torch.bfloat16
+        self.model = load_hf_model(path, dtype=self.dtype)
+        cfg = self.model.config
+        self.vocab_size = int(cfg.vocab_size)
+        self.max_positions = int(getattr(cfg, "max_position_embeddings", 4096))
+        self.name = "eager" if dtype == "float32" else f"eager-{dtype}"
+
+    def new_state(self) -> Any:
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    def length(self, state: Any) -> int:
+        return int(state.get_seq_length())
+
+    def crop(self, state: Any, n: int) -> None:
+        cur = self.length(state)
+        if n < cur:
+            state.crop(n - cur)  # transformers wants the (negative) number of slots to remove
+
+    @torch.inference_mode()
+    def forward(self, items: Sequence[StepInput]) -> list[torch.Tensor]:
+        out = []
+        for it in items:
+            ids = torch.as_tensor([list(it.tokens)], dtype=torch.long)  # [1, n]
+            pos = torch.as_tensor([list(it.positions)], dtype=torch.long)  # [1, n]
+            mask = None
+            if it.mask is not None:
+                mask = torch.from_numpy(np.ascontiguousarray(it.mask))[None, None]  # [1, 1, n, cached + n]
+            hidden = self.model.model(
+                input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=it.state, use_cache=True
+            ).last_hidden_state  # [1, n, d]
+            rows = hidden[0, list(it.want)]  # [w, d]
+            out.append(self.model.lm_head(rows).float())  # [w, V]
+        return out
+
+
+def make_backend(name: str, path: str | Path) -> DraftBackend:
+    """Build a backend by name (see ``BACKENDS``); raises ImportError/RuntimeError when unavailable."""
+    import importlib
+
+    if name not in BACKENDS:
+        raise ValueError(f"backend={name!r} is unknown; valid backends: {', '.join(BACKEND_NAMES)}")
+    module, cls, kwargs = BACKENDS[name]
+    return getattr(importlib.import_module(module), cls)(path, **kwargs)

@@ -1,0 +1,338 @@
+"""GPU benchmark: vLLM no-spec vs vLLM ngram vs vLLM suffix (ArcticInference) vs specdec, same model, prompts, run.
+
+    python -m specdec.eval.prepare_prompts                      # CPU machine: device_inputs/prompts.json
+    # GPU machine (vLLM staged, project installed with pip -e .):
+    python -m specdec.eval.bench_vllm --prompts device_inputs/prompts.json --out-dir $OUT \
+        --methods nospec,ngram,suffix,specdec,specdec-async --lossless
+
+Each method runs in its own subprocess (a fresh engine; vLLM's engine core in-process so drafting time can be
+timed). Per dataset: warm-up on a disjoint prompt set, then batch sizes 1/8/32/64, each on its own disjoint prompts
+(cache policy: see prepare_prompts). Greedy, ``--max-tokens`` new tokens with ignore_eos. Reported per cell:
+tokens/s, TPOT, MAT (= output tokens / (output tokens - accepted), bonus included), ms per step spent in
+``propose_draft_token_ids`` (drafting, on the critical path) and its share of wall time, and bf16 output
+mismatches against no-spec. ``--lossless`` adds float32 runs (no-spec vs specdec, EOS respected) at batch
+1/8/64 and counts prompts compared and identical. Writes eval/results/<date>_<device>_vllm_bench.json (+ .md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from specdec.paths import REPO_ROOT, TARGET_MODEL, model_path
+
+METHODS: dict[str, dict[str, Any] | None] = {
+    "nospec": None,
+    "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
+    "suffix": {"method": "suffix"},  # ArcticInference 0.1.1 cache, vLLM's defaults (k = depth = 24)
+    "specdec": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16},
+    "specdec-async": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True},
+    "specdec-hybrid": {"method": "specdec", "drafter": ["suffix", "model"], "num_speculative_tokens": 16},
+}
+LOSSLESS_BATCHES = (1, 8, 64)
+LOSSLESS_MAX_TOKENS = 128
+
+
+# --------------------------------------------------------------------------- worker (one engine)
+class StepTimer:
+    """Wraps GPUModelRunner.execute_model / propose_draft_token_ids (engine in-process) to time drafting."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.draft_s = 0.0
+
+    def install(self) -> None:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+        timer, run, prop = self, GPUModelRunner.execute_model, GPUModelRunner.propose_draft_token_ids
+
+        def execute_model(self: Any, *a: Any, **kw: Any) -> Any:
+            timer.steps += 1
+            return run(self, *a, **kw)
+
+        def propose_draft_token_ids(self: Any, *a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return prop(self, *a, **kw)
+            finally:
+                timer.draft_s += time.perf_counter() - t0
+
+        GPUModelRunner.execute_model = execute_model
+        GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+
+
+def _spec_counters(llm: Any) -> dict[str, float]:
+    out: dict[str, float] = {}
+    try:
+        for m in llm.get_metrics():
+            if "spec_decode_num" in m.name and hasattr(m, "value"):
+                key = m.name.split("spec_decode_num_")[-1].replace("_total", "")
+                out[key] = out.get(key, 0.0) + float(m.value)
+    except Exception:  # noqa: BLE001 - metrics are optional
+        pass
+    return out
+
+
+def _tpot_ms(outputs: list[Any]) -> float | None:
+    vals = []
+    for o in outputs:
+        m = getattr(o, "metrics", None)
+        first, last = getattr(m, "first_token_ts", None), getattr(m, "last_token_ts", None)
+        n = len(o.outputs[0].token_ids)
+        if first and last and n > 1 and last > first:
+            vals.append((last - first) / (n - 1) * 1e3)
+    return sum(vals) / len(vals) if vals else None
+
+
+def _run_batch(llm: Any, prompts: list[list[int]], batch: int, sp: Any, timer: StepTimer) -> dict[str, Any]:
+    c0, s0, d0 = _spec_counters(llm), timer.steps, timer.draft_s
+    wall, outs, tpots = 0.0, [], []
+    for i in range(0, len(prompts), batch):
+        chunk = [{"prompt_token_ids": p} for p in prompts[i:i + batch]]
+        t0 = time.perf_counter()
+        res = llm.generate(chunk, sp, use_tqdm=False)
+        wall += time.perf_counter() - t0
+        outs += [list(r.outputs[0].token_ids) for r in res]
+        t = _tpot_ms(res)
+        if t is not None:
+            tpots.append(t)
+    c1 = _spec_counters(llm)
+    n_out = sum(map(len, outs))
+    accepted = c1.get("accepted_tokens", 0.0) - c0.get("accepted_tokens", 0.0)
+    drafted = c1.get("draft_tokens", 0.0) - c0.get("draft_tokens", 0.0)
+    steps, draft_s = timer.steps - s0, timer.draft_s - d0
+    return {
+        "batch_size": batch, "prompts": len(prompts), "output_tokens": n_out, "wall_s": wall,
+        "tokens_per_s": n_out / wall,
+        "tpot_ms": sum(tpots) / len(tpots) if tpots else 1e3 * wall * batch / max(n_out, 1),
+        "mat": n_out / max(n_out - accepted, 1), "accepted_tokens": accepted, "drafted_tokens": drafted,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "engine_steps": steps, "draft_ms_per_step": 1e3 * draft_s / max(steps, 1), "draft_share": draft_s / wall,
+        "outputs": outs,
+    }
+
+
+def _spec_config(method: str, override: dict[str, Any]) -> dict[str, Any] | None:
+    base = METHODS[method]
+    if base is None:
+        return None
+    return {**base, **override} if method.startswith("specdec") else dict(base)
+
+
+def worker(args: argparse.Namespace) -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process: timers work
+    from vllm import LLM, SamplingParams
+
+    timer = StepTimer()
+    timer.install()
+    prompts = json.loads(Path(args.prompts).read_text())
+    spec = _spec_config(args.method, json.loads(args.specdec_config or "{}"))
+    t0 = time.perf_counter()
+    llm = LLM(model=args.model, dtype=args.dtype, speculative_config=spec, max_model_len=args.max_model_len,
+              gpu_memory_utilization=args.gpu_mem, max_num_seqs=max(args.batch_sizes), seed=0,
+              enforce_eager=args.eager, disable_log_stats=False)
+    startup = time.perf_counter() - t0
+    lossless = args.dtype == "float32"
+    sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=not lossless, detokenize=False)
+    result: dict[str, Any] = {"method": args.method, "dtype": args.dtype, "speculative_config": spec,
+                              "startup_s": startup, "datasets": {}}
+    for name in args.datasets:
+        sets = prompts["datasets"][name]
+        llm.generate([{"prompt_token_ids": p} for p in sets["warmup"]], sp, use_tqdm=False)
+        cells = {}
+        for b in args.batch_sizes:
+            cells[str(b)] = cell = _run_batch(llm, sets[f"bs{b}"], b, sp, timer)
+            print(f"[{args.method} {args.dtype}] {name} bs{b}: {cell['tokens_per_s']:.0f} tok/s, MAT "
+                  f"{cell['mat']:.2f}, draft {cell['draft_ms_per_step']:.3f} ms/step", flush=True)
+        result["datasets"][name] = cells
+    try:
+        from specdec.vllm_plugin.proposer import INSTANCES
+
+        result["specdec_stats"] = [p.stats() for p in list(INSTANCES)]
+    except Exception:  # noqa: BLE001
+        pass
+    Path(args.worker_out).write_text(json.dumps(result))
+
+
+# --------------------------------------------------------------------------- driver
+def _versions() -> dict[str, str]:
+    import importlib.metadata as md
+    import platform
+
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for pkg in ("vllm", "torch", "transformers", "arctic-inference", "specdec", "numpy"):
+        try:
+            out[pkg] = md.version(pkg)
+        except Exception:  # noqa: BLE001
+            out[pkg] = "not installed"
+    try:
+        import torch
+
+        out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    except Exception:  # noqa: BLE001
+        out["gpu"] = "unknown"
+    try:
+        out["cpu"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line)
+        out["cpu_count"] = str(os.cpu_count())
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+def _spawn(args: argparse.Namespace, method: str, dtype: str, batches: list[int], max_tokens: int,
+           eager: bool, tmp: Path) -> dict[str, Any] | None:
+    out = tmp / f"{method}_{dtype}.json"
+    cmd = [sys.executable, "-m", "specdec.eval.bench_vllm", "--worker", "--method", method, "--dtype", dtype,
+           "--prompts", args.prompts, "--model", args.model, "--worker-out", str(out),
+           "--max-tokens", str(max_tokens), "--batch-sizes", ",".join(map(str, batches)),
+           "--datasets", ",".join(args.datasets), "--max-model-len", str(args.max_model_len),
+           "--gpu-mem", str(args.gpu_mem), "--specdec-config", args.specdec_config or "{}"]
+    if eager:
+        cmd.append("--eager")
+    print(f"=== {method} ({dtype}) ===", flush=True)
+    t0 = time.perf_counter()
+    rc = subprocess.call(cmd, timeout=args.method_timeout_s)
+    print(f"=== {method} ({dtype}) rc={rc} in {time.perf_counter() - t0:.0f} s ===", flush=True)
+    return json.loads(out.read_text()) if rc == 0 and out.exists() else None
+
+
+def _mismatches(a: list[list[int]], b: list[list[int]]) -> int:
+    return sum(x != y for x, y in zip(a, b))
+
+
+def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Strip outputs, add ratios to no-spec and bf16 mismatch counts; the fp32 lossless comparison."""
+    base = runs.get("nospec")
+    rows = []
+    for method, run in runs.items():
+        for ds, cells in run["datasets"].items():
+            for b, cell in cells.items():
+                row = {k: v for k, v in cell.items() if k != "outputs"}
+                row.update(method=method, dataset=ds)
+                ref = base["datasets"].get(ds, {}).get(b) if base else None
+                if ref is not None:
+                    row["speedup_vs_nospec"] = cell["tokens_per_s"] / ref["tokens_per_s"]
+                    row["mismatches_vs_nospec"] = _mismatches(cell["outputs"], ref["outputs"])
+                rows.append(row)
+    out: dict[str, Any] = {"rows": rows}
+    ref32, spec32 = lossless.get("nospec"), {k: v for k, v in lossless.items() if k != "nospec"}
+    if ref32:
+        checks = []
+        for method, run in spec32.items():
+            for ds, cells in run["datasets"].items():
+                for b, cell in cells.items():
+                    ref = ref32["datasets"][ds][b]["outputs"]
+                    checks.append({"method": method, "dataset": ds, "batch_size": int(b), "compared": len(ref),
+                                   "identical": len(ref) - _mismatches(cell["outputs"], ref)})
+        out["lossless_fp32"] = checks
+    out["startup_s"] = {m: r["startup_s"] for m, r in runs.items()}
+    out["specdec_stats"] = {m: r.get("specdec_stats") for m, r in runs.items() if r.get("specdec_stats")}
+    return out
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    rows = doc["summary"]["rows"]
+    lines = [f"# vLLM benchmark {doc['date']} on {doc['device']}", "",
+             f"Settings: {json.dumps(doc['settings'])}", "", f"Cache policy: {doc['settings']['cache_policy']}", ""]
+    for ds in dict.fromkeys(r["dataset"] for r in rows):
+        lines += [f"## {ds}: tokens/s (x no-spec) | MAT | draft ms/step | bf16 mismatches vs no-spec", "",
+                  "| method | " + " | ".join(f"bs {b}" for b in doc["settings"]["batch_sizes"]) + " |",
+                  "| --- |" + " --- |" * len(doc["settings"]["batch_sizes"])]
+        for method in dict.fromkeys(r["method"] for r in rows):
+            cells = {r["batch_size"]: r for r in rows if r["dataset"] == ds and r["method"] == method}
+            txt = []
+            for b in doc["settings"]["batch_sizes"]:
+                r = cells.get(b)
+                if r is None:
+                    txt.append("-")
+                    continue
+                sp = f" ({r['speedup_vs_nospec']:.2f}x)" if "speedup_vs_nospec" in r else ""
+                mm = f", {r['mismatches_vs_nospec']}/{r['prompts']} mm" if method != "nospec" and \
+                    "mismatches_vs_nospec" in r else ""
+                txt.append(f"{r['tokens_per_s']:,.0f}{sp}; MAT {r['mat']:.2f}; {r['draft_ms_per_step']:.2f} ms{mm}")
+            lines.append(f"| {method} | " + " | ".join(txt) + " |")
+        lines.append("")
+    if doc["summary"].get("lossless_fp32"):
+        lines += ["## Greedy lossless check, float32 (EOS respected)", "", "| method | dataset | bs | identical |",
+                  "| --- | --- | --- | --- |"]
+        for c in doc["summary"]["lossless_fp32"]:
+            lines.append(f"| {c['method']} | {c['dataset']} | {c['batch_size']} | {c['identical']}/{c['compared']} |")
+    return "\n".join(lines) + "\n"
+
+
+def driver(args: argparse.Namespace) -> None:
+    tmp = Path(args.raw_dir)
+    tmp.mkdir(parents=True, exist_ok=True)
+    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    runs, lossless = {}, {}
+    t_start = time.perf_counter()
+    for method in args.methods:
+        res = _spawn(args, method, "bfloat16", args.batch_sizes, args.max_tokens, args.eager_bench, tmp)
+        if res is not None:
+            runs[method] = res
+    if args.lossless:
+        for method in ["nospec"] + [m for m in args.methods if m.startswith("specdec")]:
+            res = _spawn(args, method, "float32", list(LOSSLESS_BATCHES), LOSSLESS_MAX_TOKENS, True, tmp)
+            if res is not None:
+                lossless[method] = res
+    prompts = json.loads(Path(args.prompts).read_text())
+    versions = _versions()
+    device = args.device or versions.get("gpu", "gpu").replace("NVIDIA ", "").split()[0].lower()
+    doc = {
+        "date": time.strftime("%Y-%m-%d"), "device": device, "versions": versions,
+        "settings": {"model": Path(args.model).name, "methods": {m: METHODS[m] for m in args.methods},
+                     "specdec_override": json.loads(args.specdec_config or "{}"), "batch_sizes": args.batch_sizes,
+                     "max_tokens": args.max_tokens, "ignore_eos": True, "greedy": True, "dtype": "bfloat16",
+                     "cuda_graphs": not args.eager_bench, "datasets": args.datasets,
+                     "prompts_per_batch": {b: len(prompts["datasets"][args.datasets[0]][f"bs{b}"])
+                                           for b in args.batch_sizes},
+                     "cache_policy": prompts["policy"], "lossless": {"dtype": "float32", "batch_sizes":
+                     list(LOSSLESS_BATCHES), "max_tokens": LOSSLESS_MAX_TOKENS, "eos": "respected",
+                     "enforce_eager": True} if args.lossless else None,
+                     "engine": "vLLM LLM(), engine core in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), seed 0",
+                     "total_s": time.perf_counter() - t_start},
+        "summary": summarise(runs, lossless),
+    }
+    name = f"{doc['date']}_{device}_vllm_bench"
+    (Path(args.out_dir) / f"{name}.json").write_text(json.dumps(doc, indent=1))
+    (Path(args.out_dir) / f"{name}.md").write_text(markdown(doc))
+    print(markdown(doc))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", default=str(REPO_ROOT / "device_inputs" / "prompts.json"))
+    ap.add_argument("--model", default=str(model_path(TARGET_MODEL)))
+    ap.add_argument("--methods", default="nospec,ngram,suffix,specdec", type=lambda s: s.split(","))
+    ap.add_argument("--datasets", default="code,agentic", type=lambda s: s.split(","))
+    ap.add_argument("--batch-sizes", default="1,8,32,64", type=lambda s: [int(x) for x in s.split(",")])
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--gpu-mem", type=float, default=0.3)
+    ap.add_argument("--specdec-config", default="", help="JSON merged into the specdec methods' config")
+    ap.add_argument("--lossless", action="store_true", help="add float32 runs: no-spec vs specdec methods")
+    ap.add_argument("--eager-bench", action="store_true", help="enforce_eager for the speed runs (no CUDA graphs)")
+    ap.add_argument("--method-timeout-s", type=int, default=900)
+    ap.add_argument("--device", default="", help="device name for the results file (default: from the GPU)")
+    ap.add_argument("--out-dir", default=str(REPO_ROOT / "eval" / "results"))
+    ap.add_argument("--raw-dir", default="/tmp/specdec_bench_raw", help="per-method outputs (token ids)")
+    # worker-only
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--method", default="nospec", help=argparse.SUPPRESS)
+    ap.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
+    ap.add_argument("--eager", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-out", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    for m in args.methods:
+        if m not in METHODS:
+            ap.error(f"--methods: {m!r} is unknown; valid: {', '.join(METHODS)}")
+    worker(args) if args.worker else driver(args)
+
+
+if __name__ == "__main__":
+    main()

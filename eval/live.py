@@ -1,0 +1,294 @@
+"""``specdec-eval live``: run the target model on prompt-only sets with drafters and peers, side by side.
+
+Per prompt, in turn (interleaved, so background load hits every method alike), each method generates up to
+``--max-new-tokens`` greedily, stopping at EOS:
+
+* ``hf-greedy``        plain ``model.generate(do_sample=False)`` (the reference output and the baseline);
+* ``specdec-greedy``   ``SpecGenerator`` without a drafter (the same code path minus drafting);
+* ``hf-assisted``      Hugging Face assisted generation with the draft model (``assistant_model=``);
+* ``specdec <setting>`` ``SpecGenerator`` with each requested drafter (MAT, acceptance, per-position counts).
+
+Lossless check: every method's tokens must equal the reference (``hf-greedy``, else ``specdec-greedy``) token
+for token; mismatches are counted per prompt and reported with the first differing position.
+Speedups are ratios of summed wall-clock seconds over the same prompts in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from specdec.eval.settings import Setting
+from specdec.paths import DRAFT_MODEL, TARGET_MODEL, model_path
+
+logger = logging.getLogger("specdec.eval")
+BASELINES = ("hf-greedy", "specdec-greedy", "hf-assisted")
+DEFAULT_LIVE_DRAFTERS = ("model",)
+WARMUP_TOKENS = 8
+
+
+def add_live_parser(sub: Any, fmt: Any, add_drafter_args: Callable, add_output_args: Callable) -> None:
+    p = sub.add_parser("live", formatter_class=fmt, help="run the target on prompt sets with drafters and peers",
+                       description=__doc__)
+    p.add_argument("prompts", nargs="+", metavar="SET",
+                   help="prompt sets: spec_bench, mt_bench, vicuna_bench, humaneval, mbpp, gsm8k, eagle_{alpaca,"
+                        "gsm8k,humaneval,qa,sum}, or a JSONL file with a 'prompt' per line")
+    g = p.add_argument_group("live run")
+    g.add_argument("--data", metavar="DIR", help="shared data folder (default $SPECDEC_DATA, else ../shared/data)")
+    g.add_argument("--target", metavar="PATH", default=None,
+                   help=f"target model folder (default ../shared/models/{TARGET_MODEL})")
+    g.add_argument("--draft-model", metavar="PATH", default=None,
+                   help=f"draft model folder for hf-assisted and the 'model' drafter's default (default "
+                        f"../shared/models/{DRAFT_MODEL})")
+    g.add_argument("--tokenizer", metavar="PATH", default=None, help="tokenizer folder (default: the target's)")
+    g.add_argument("--limit", type=int, default=None, metavar="N", help="first N prompts per set (default all)")
+    g.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="new tokens per prompt (128)")
+    g.add_argument("--no-eos", action="store_true", help="do not stop at EOS (default: stop at the EOS token)")
+    g.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
+    g.add_argument("--threads", type=int, default=0, metavar="N", help="torch CPU threads (0 = torch default)")
+    g.add_argument("--baselines", default=",".join(BASELINES), metavar="LIST",
+                   help=f"comma-separated peers to run beside the drafters: {', '.join(BASELINES)} (default "
+                        "all; empty string = none)")
+    add_drafter_args(p)
+    p.set_defaults(default_drafters=DEFAULT_LIVE_DRAFTERS)
+    add_output_args(p)
+
+
+@dataclass
+class MethodRun:
+    """Totals and per-prompt records of one method over one prompt set."""
+
+    method: str
+    setting: Setting | None = None
+    seconds: float = 0.0
+    tokens: int = 0
+    per_prompt: list[dict[str, Any]] = field(default_factory=list)
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def add_stats(self, s: Any) -> None:
+        for key in ("steps", "drafted_tokens", "accepted_tokens", "emitted_tokens", "draft_seconds",
+                    "verify_seconds", "draft_errors"):
+            self.stats[key] = self.stats.get(key, 0) + getattr(s, key, 0)
+        for key in ("per_position_accepted", "per_position_drafted"):
+            cur = self.stats.setdefault(key, [])
+            new = list(getattr(s, key, []))
+            cur.extend([0] * (len(new) - len(cur)))
+            for i, v in enumerate(new):
+                cur[i] += v
+
+
+class Live:
+    """Loaded models and the generation methods."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        self.args = args
+        self.target_path = args.target or str(model_path(TARGET_MODEL))
+        self.draft_path = args.draft_model or str(model_path(DRAFT_MODEL))
+        for what, p in (("--target", self.target_path), ("--draft-model", self.draft_path)):
+            import os
+
+            if not os.path.isdir(p):
+                raise FileNotFoundError(f"{what} {p}: no such model folder; pass a local Hugging Face model folder")
+        self.tok = AutoTokenizer.from_pretrained(args.tokenizer or self.target_path)
+        load = lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).to(args.device).eval()  # noqa: E731
+        self.target = load(self.target_path)
+        self.draft = load(self.draft_path) if "hf-assisted" in self.baselines() else None
+        eos = self.target.generation_config.eos_token_id
+        self.eos = None if args.no_eos else (eos[0] if isinstance(eos, (list, tuple)) else eos)
+        self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.eos
+
+    def baselines(self) -> list[str]:
+        return [b.strip() for b in self.args.baselines.split(",") if b.strip()]
+
+    def hf(self, ids: list[int], n: int, assisted: bool) -> list[int]:
+        import torch
+
+        x = torch.tensor([ids], device=self.args.device)
+        kw: dict[str, Any] = dict(max_new_tokens=n, do_sample=False, eos_token_id=self.eos, pad_token_id=self.pad,
+                                  attention_mask=torch.ones_like(x))
+        if self.eos is None:
+            kw["eos_token_id"] = None
+        if assisted:
+            kw["assistant_model"] = self.draft
+        with torch.inference_mode():
+            out = self.target.generate(x, **kw)
+        return out[0, len(ids):].tolist()
+
+
+def _generator(live: Live, drafter: Any, setting: Setting | None) -> Any:
+    from specdec.generate import SpecGenerator
+
+    budget = setting.budget if setting else 0
+    tree = setting.tree if setting else False
+    return SpecGenerator(live.target, drafter, budget=budget, tree=tree, strict=live.args.strict,
+                         device=live.args.device)
+
+
+def _methods(live: Live, settings: list[Setting]) -> list[tuple[MethodRun, Callable[[list[int], int], Any]]]:
+    """(run record, fn(ids, n) -> (tokens, SpecStats | None)) per method, baselines first."""
+    from specdec.drafters.registry import build_drafter
+
+    out: list[tuple[MethodRun, Callable]] = []
+    for b in live.baselines():
+        if b not in BASELINES:
+            raise ValueError(f"--baselines: unknown peer {b!r}; expected a comma-separated subset of {BASELINES}")
+        if b == "specdec-greedy":
+            gen = _generator(live, None, None)
+            fn = (lambda g: lambda ids, n: _spec(g, ids, n, live.eos))(gen)
+        else:
+            fn = (lambda a: lambda ids, n: (live.hf(ids, n, a), None))(b == "hf-assisted")
+        out.append((MethodRun(b), fn))
+    for s in settings:
+        opts = {k: dict(v) for k, v in s.options.items()}
+        if "model" in s.names:
+            opts.setdefault("model", {}).setdefault("path", live.draft_path)
+        drafter = build_drafter(s.spec, opts)
+        gen = _generator(live, drafter, s)
+        out.append((MethodRun(f"specdec {s.label}", s), (lambda g: lambda ids, n: _spec(g, ids, n, live.eos))(gen)))
+    return out
+
+
+def _spec(gen: Any, ids: list[int], n: int, eos: int | None) -> tuple[list[int], Any]:
+    res = gen.generate([ids], max_new_tokens=n, eos_token_id=eos)
+    return res.tokens[0], res.stats
+
+
+def _first_diff(a: Sequence[int], b: Sequence[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return -1 if len(a) == len(b) else min(len(a), len(b))
+
+
+def _run_set(live: Live, name: str, items: list, methods: list) -> list[MethodRun]:
+    from tqdm import tqdm
+
+    from specdec.eval.prompts import render_prompt
+
+    n = live.args.max_new_tokens
+    prompts = [render_prompt(it, live.tok) for it in items]
+    for _, fn in methods:  # warm-up: first-call overheads (allocations, kernels) off the clock
+        fn(prompts[0], WARMUP_TOKENS)
+    runs = [m for m, _ in methods]
+    for it, ids in tqdm(list(zip(items, prompts)), desc=f"live {name}", unit="prompt",
+                        disable=live.args.no_progress, leave=False):
+        ref = None
+        for run, fn in methods:
+            t0 = time.perf_counter()
+            toks, stats = fn(ids, n)
+            dt = time.perf_counter() - t0
+            ref = toks if ref is None else ref
+            diff = _first_diff(toks, ref)
+            run.seconds += dt
+            run.tokens += len(toks)
+            if stats is not None:
+                run.add_stats(stats)
+            run.per_prompt.append({"id": it.id, "prompt_tokens": len(ids), "new_tokens": len(toks),
+                                   "seconds": dt, "equal_to_reference": diff < 0, "first_diff": diff})
+    return runs
+
+
+def _entry(name: str, run: MethodRun, runs: list[MethodRun]) -> dict[str, Any]:
+    by = {r.method: r for r in runs}
+    e: dict[str, Any] = {"dataset": name, "method": run.method, "prompts": len(run.per_prompt),
+                         "new_tokens": run.tokens, "seconds": run.seconds,
+                         "tokens_per_second": run.tokens / run.seconds if run.seconds else 0.0,
+                         "reference": runs[0].method,
+                         "lossless_equal_prompts": sum(p["equal_to_reference"] for p in run.per_prompt),
+                         "mismatched_prompts": [p["id"] for p in run.per_prompt if not p["equal_to_reference"]]}
+    for peer in BASELINES:
+        if peer in by and by[peer] is not run and run.seconds:
+            e[f"speedup_vs_{peer.replace('-', '_')}"] = by[peer].seconds / run.seconds
+    if run.setting is not None:
+        e.update(run.setting.describe())
+        s = run.stats
+        steps, emitted = s.get("steps", 0), s.get("emitted_tokens", 0)
+        pa, pd = s.get("per_position_accepted", []), s.get("per_position_drafted", [])
+        e.update({"mat": emitted / steps if steps else 0.0,
+                  "acceptance_rate": s.get("accepted_tokens", 0) / s["drafted_tokens"] if s.get("drafted_tokens") else 0.0,
+                  "per_position_acceptance": [a / d if d else 0.0 for a, d in zip(pa, pd)],
+                  "per_position_accepted": pa, "per_position_drafted": pd, "steps": steps,
+                  "drafted_tokens": s.get("drafted_tokens", 0), "accepted_tokens": s.get("accepted_tokens", 0),
+                  "emitted_tokens": emitted, "drafted_per_step": s.get("drafted_tokens", 0) / steps if steps else 0.0,
+                  "draft_us_per_token": s.get("draft_seconds", 0.0) * 1e6 / emitted if emitted else 0.0,
+                  "verify_us_per_token": s.get("verify_seconds", 0.0) * 1e6 / emitted if emitted else 0.0,
+                  "draft_errors": s.get("draft_errors", 0)})
+    else:
+        e.update({"drafter": run.method, "label": run.method})
+    e["per_prompt"] = run.per_prompt
+    return e
+
+
+def live_table(entries: list[dict[str, Any]]) -> str:
+    from specdec.eval.report import _f, format_table, group_by_dataset
+
+    x = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
+    cols = [("method", "<", lambda r: r["method"], str),
+            ("new tok", ">", lambda r: r["new_tokens"], str),
+            ("tok/s", ">", lambda r: r["tokens_per_second"], _f(".1f")),
+            ("vs hf-greedy", ">", lambda r: r.get("speedup_vs_hf_greedy"), x),
+            ("vs specdec-greedy", ">", lambda r: r.get("speedup_vs_specdec_greedy"), x),
+            ("vs hf-assisted", ">", lambda r: r.get("speedup_vs_hf_assisted"), x),
+            ("MAT", ">", lambda r: r.get("mat"), _f(".3f")),
+            ("accept", ">", lambda r: r.get("acceptance_rate"), _f(".3f")),
+            ("draft us/tok", ">", lambda r: r.get("draft_us_per_token"), _f(".1f")),
+            ("lossless", ">", lambda r: f"{r['lossless_equal_prompts']}/{r['prompts']}", str)]
+    parts = []
+    for ds, rows in group_by_dataset(entries).items():
+        parts.append(format_table(rows, cols, title=f"== live {ds}: {rows[0]['prompts']} prompts, reference "
+                                                    f"output = {rows[0]['reference']}"))
+    return "\n\n".join(parts)
+
+
+def run_live(args: argparse.Namespace) -> int:
+    from specdec.eval.cli import Staging, echo, safe_name, settings_from_args
+    from specdec.eval.prompts import load_prompts
+    from specdec.eval.results import atomic_write_text, build_document, results_path
+
+    if args.drafter is None and not args.config:
+        args.drafter = list(DEFAULT_LIVE_DRAFTERS)
+    settings = settings_from_args(args)
+    sets = [load_prompts(s, limit=args.limit, data=args.data) for s in args.prompts]
+    staging = Staging(args.out)
+    try:
+        live = Live(args)
+        methods = _methods(live, settings)
+        entries: list[dict[str, Any]] = []
+        for name, items in sets:
+            runs = _run_set(live, name, items, methods)
+            ds_entries = [_entry(name, r, runs) for r in runs]
+            echo(args, live_table(ds_entries) + "\n")
+            entries += ds_entries
+            for r in runs:  # fresh totals per set
+                r.seconds, r.tokens, r.per_prompt, r.stats = 0.0, 0, [], {}
+        doc = build_document({"command": "live", "args": vars(args), "target": live.target_path,
+                              "draft_model": live.draft_path, "eos_token_id": live.eos,
+                              "drafter_settings": [s.describe() for s in settings]}, entries, device=args.device)
+        text = json.dumps(doc, indent=1) + "\n"
+        atomic_write_text(staging.path("results.json", args.json), text)
+        if args.save_results:
+            atomic_write_text(staging.path("saved.json", results_path(safe_name(args.save_results),
+                                                                       device=args.device)), text)
+        spec = [e for e in entries if e.get("mat") is not None]
+        if spec and not args.no_plots:
+            from specdec.eval.report import plot_mat, plot_per_position
+
+            plot_per_position(spec, staging.path("per_position_acceptance.png"))
+            plot_mat(entries, staging.path("speedup.png"), key="speedup_vs_hf_greedy",
+                     ylabel="wall-clock speedup vs hf-greedy (x)")
+        written = staging.commit()
+    except BaseException:
+        staging.abort()
+        raise
+    for p in written:
+        echo(args, f"wrote {p}")
+    return 0

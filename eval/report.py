@@ -1,0 +1,150 @@
+"""Terminal tables and PNG plots of eval results (result dicts as written to the results JSON)."""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+POSITIONS_SHOWN = 4  # per-position acceptance columns in the terminal table
+MAX_CURVE_POSITIONS = 32
+FIG_DPI = 110
+
+Row = Mapping[str, Any]
+
+
+def _f(fmt: str) -> Callable[[Any], str]:
+    def render(v: Any) -> str:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "-"
+        return format(v, fmt)
+    return render
+
+
+REPLAY_COLUMNS: list[tuple[str, str, Callable[[Row], Any], Callable[[Any], str]]] = [
+    ("drafter", "<", lambda r: r.get("label", r.get("drafter")), str),
+    ("budget", ">", lambda r: r.get("budget"), str),
+    ("tree", ">", lambda r: "y" if r.get("tree") else "n", str),
+    ("MAT", ">", lambda r: r.get("mat"), _f(".3f")),
+    ("accept", ">", lambda r: r.get("acceptance_rate"), _f(".3f")),
+    ("drafted/step", ">", lambda r: r.get("drafted_per_step"), _f(".2f")),
+    ("per-position acceptance 1..4", "<", lambda r: r.get("per_position_acceptance"), lambda v: _positions(v)),
+    ("draft us/tok", ">", lambda r: r.get("draft_us_per_token"), _f(".2f")),
+    ("update us/tok", ">", lambda r: r.get("update_us_per_token"), _f(".2f")),
+    ("proj. speedup", ">", lambda r: r.get("projected_speedup"), lambda v: "-" if v is None else f"{v:.2f}x"),
+    ("errors", ">", lambda r: (r.get("draft_errors") or 0) + (r.get("budget_violations") or 0), str),
+]
+
+
+def _positions(values: Sequence[float] | None) -> str:
+    if not values:
+        return "-"
+    return " ".join(f"{v:.2f}" for v in list(values)[:POSITIONS_SHOWN])
+
+
+def format_table(rows: Sequence[Row], columns: Sequence[tuple[str, str, Callable[[Row], Any], Callable[[Any], str]]],
+                 *, title: str = "") -> str:
+    """Aligned plain-text table (header, rule, one line per row)."""
+    cells = [[render(get(r)) for _, _, get, render in columns] for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (h, _, _, _) in enumerate(columns)]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(v.ljust(w) if a == "<" else v.rjust(w) for v, w, (_, a, _, _) in zip(values, widths, columns))
+
+    out = [title] if title else []
+    out += [line([h for h, _, _, _ in columns]), "  ".join("-" * w for w in widths)]
+    out += [line(c) for c in cells]
+    return "\n".join(out)
+
+
+def group_by_dataset(results: Iterable[Row]) -> dict[str, list[Row]]:
+    groups: dict[str, list[Row]] = {}
+    for r in results:
+        groups.setdefault(str(r.get("dataset", "?")), []).append(r)
+    return groups
+
+
+def replay_tables(results: Sequence[Row]) -> str:
+    """One table per dataset, with its record/token counts in the title."""
+    parts = []
+    for ds, rows in group_by_dataset(results).items():
+        first = rows[0]
+        title = (f"== {ds}: {first.get('records', '?')} records, {first.get('response_tokens', 0):,} response "
+                 f"tokens, {first.get('prompt_tokens', 0):,} prompt tokens")
+        parts.append(format_table(rows, REPLAY_COLUMNS, title=title))
+    return "\n\n".join(parts)
+
+
+# ------------------------------------------------------------------------------------------- plots
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_per_position(results: Sequence[Row], path: str | os.PathLike[str]) -> Path:
+    """Per-position acceptance curves: one panel per dataset, one line per drafter setting."""
+    plt = _pyplot()
+    groups = group_by_dataset(results)
+    n = len(groups)
+    cols = min(3, n)
+    nrows = math.ceil(n / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.8 * nrows), squeeze=False)
+    for ax, (ds, rows) in zip(axes.flat, groups.items()):
+        for r in rows:
+            acc = list(r.get("per_position_acceptance") or [])[:MAX_CURVE_POSITIONS]
+            if acc:
+                ax.plot(range(1, len(acc) + 1), acc, marker="o", markersize=3,
+                        label=f"{r.get('label', r.get('drafter'))} (MAT {r.get('mat', 0):.2f})")
+        ax.set_title(ds, fontsize=10)
+        ax.set_xlabel("draft position k")
+        ax.set_ylabel("P(accept k | drafted k)")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.suptitle("Per-position acceptance (trace replay, greedy verification)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=FIG_DPI)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_mat(results: Sequence[Row], path: str | os.PathLike[str], *, key: str = "mat",
+             ylabel: str = "MAT (tokens per step, bonus included)") -> Path:
+    """Grouped bars: ``key`` per dataset (groups) and drafter setting (bars)."""
+    plt = _pyplot()
+    groups = group_by_dataset(results)
+    labels: list[str] = []
+    for rows in groups.values():
+        for r in rows:
+            lab = str(r.get("label", r.get("drafter")))
+            if lab not in labels:
+                labels.append(lab)
+    width = 0.8 / max(len(labels), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups) * max(1, len(labels)) ** 0.5 + 2), 4.2))
+    for j, lab in enumerate(labels):
+        xs, ys = [], []
+        for i, rows in enumerate(groups.values()):
+            match = [r for r in rows if str(r.get("label", r.get("drafter"))) == lab]
+            if match and match[0].get(key) is not None:
+                xs.append(i + (j - (len(labels) - 1) / 2) * width)
+                ys.append(float(match[0][key]))
+        bars = ax.bar(xs, ys, width=width, label=lab)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(list(groups), rotation=15, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    if key == "mat":
+        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax.legend(fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title(f"{ylabel.split(' (')[0]} per dataset and drafter", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=FIG_DPI)
+    plt.close(fig)
+    return Path(path)

@@ -1,0 +1,170 @@
+"""Drafter settings for ``specdec-eval``: names, per-drafter options, YAML presets and sweep grids.
+
+A *setting* is one drafter spec (a name, or names joined by ``+`` for a composition such as ``suffix+model``)
+with its options, a budget and the tree flag. ``--option NAME.KEY=VALUE`` sets one option (VALUE is parsed as
+YAML: ``32``, ``true``, ``[1, 2]``, ``text``); ``--grid KEY=V1,V2,...`` (sweep) takes the Cartesian product over
+KEYs of the form ``NAME.KEY``, ``budget`` or ``tree``. A YAML preset (``--config``, a path or a name in
+``configs/``) may hold::
+
+    drafters: [suffix, ngram, suffix+model]     # or [[suffix, model]] for a composition
+    options: {suffix: {max_depth: 32}}
+    budget: 16                                  # or a list
+    tree: false
+    grid: {suffix.max_depth: [16, 32, 64], budget: [8, 16]}
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import yaml
+
+from specdec.config import ConfigError, load_yaml
+
+DEFAULT_DRAFTERS = ("suffix", "ngram")
+DEFAULT_BUDGET = 16
+PRESET_KEYS = ("drafters", "options", "budget", "tree", "grid")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One drafter configuration to evaluate."""
+
+    names: tuple[str, ...]  # one name, or several = composition
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)  # per drafter name
+    budget: int = DEFAULT_BUDGET
+    tree: bool = False
+    swept: dict[str, Any] = field(default_factory=dict)  # grid values that produced this setting
+
+    @property
+    def drafter(self) -> str:
+        """``suffix`` / ``suffix+model``, with explicitly set options in brackets."""
+        base = "+".join(self.names)
+        opts = [f"{n}.{k}={v}" if len(self.names) > 1 else f"{k}={v}"
+                for n in self.names for k, v in sorted(self.options.get(n, {}).items())]
+        return f"{base}[{','.join(opts)}]" if opts else base
+
+    @property
+    def label(self) -> str:
+        return f"{self.drafter} b{self.budget}{' tree' if self.tree else ''}"
+
+    @property
+    def spec(self) -> str | list[str]:
+        return self.names[0] if len(self.names) == 1 else list(self.names)
+
+    def describe(self) -> dict[str, Any]:
+        return {"drafter": self.drafter, "label": self.label, "names": list(self.names), "budget": self.budget,
+                "tree": self.tree, "options": {n: dict(self.options.get(n, {})) for n in self.names},
+                "swept": dict(self.swept)}
+
+
+def parse_drafter(text: str | Sequence[str]) -> tuple[str, ...]:
+    if isinstance(text, (list, tuple)):
+        return tuple(str(t) for t in text)
+    names = tuple(p.strip() for p in str(text).split("+") if p.strip())
+    if not names:
+        raise ConfigError(f"--drafter {text!r} is empty; give a name like suffix, ngram, model or suffix+model")
+    return names
+
+
+def parse_value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def parse_assignment(text: str, *, flag: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise ConfigError(f"{flag} {text!r} must look like KEY=VALUE (e.g. suffix.max_depth=32)")
+    key, value = text.split("=", 1)
+    return key.strip(), value.strip()
+
+
+def parse_options(items: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``["suffix.max_depth=32"]`` -> ``{"suffix": {"max_depth": 32}}``."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, value = parse_assignment(item, flag="--option")
+        if "." not in key:
+            raise ConfigError(f"--option {item!r}: the key must name the drafter, like suffix.{key}={value}")
+        name, opt = key.split(".", 1)
+        out.setdefault(name, {})[opt] = parse_value(value)
+    return out
+
+
+def parse_grid(items: Iterable[str]) -> dict[str, list[Any]]:
+    """``["budget=8,16", "suffix.max_depth=16,32"]`` -> ordered dict of value lists."""
+    grid: dict[str, list[Any]] = {}
+    for item in items:
+        key, value = parse_assignment(item, flag="--grid")
+        parsed = parse_value(value) if value.startswith("[") else [parse_value(v) for v in value.split(",")]
+        grid[key] = list(parsed) if isinstance(parsed, list) else [parsed]
+        if not grid[key]:
+            raise ConfigError(f"--grid {item!r} has no values")
+    return grid
+
+
+def read_preset(name_or_path: str) -> dict[str, Any]:
+    data = load_yaml(name_or_path)
+    unknown = sorted(set(data) - set(PRESET_KEYS))
+    if unknown:
+        raise ConfigError(f"config {name_or_path!r}: unknown key(s) {unknown}; valid keys: {', '.join(PRESET_KEYS)}")
+    return data
+
+
+def _merge(base: Mapping[str, Mapping[str, Any]], over: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    out = {k: dict(v) for k, v in base.items()}
+    for k, v in over.items():
+        out.setdefault(k, {}).update(v)
+    return out
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def build_settings(*, drafters: Sequence[str] | None, options: Sequence[str] = (), budgets: Sequence[int] | None,
+                   tree: bool | None, grid: Sequence[str] = (), preset: str | None = None) -> list[Setting]:
+    """All settings to run: flags override the preset; the grid multiplies everything."""
+    data = read_preset(preset) if preset else {}
+    names = [parse_drafter(d) for d in (drafters or data.get("drafters") or DEFAULT_DRAFTERS)]
+    opts = _merge(data.get("options") or {}, parse_options(options))
+    budget_list = list(budgets) if budgets else [int(b) for b in _as_list(data.get("budget", DEFAULT_BUDGET))]
+    trees = [tree] if tree is not None else [bool(t) for t in _as_list(data.get("tree", False))]
+    g = {**{str(k): _as_list(v) for k, v in (data.get("grid") or {}).items()}, **parse_grid(grid)}
+    for key in g:
+        if key not in ("budget", "tree") and "." not in key:
+            raise ConfigError(f"grid key {key!r} must be budget, tree or NAME.KEY (e.g. suffix.max_depth)")
+    for b in budget_list + [v for v in g.get("budget", []) if isinstance(v, int)]:
+        if not isinstance(b, int) or b < 0:
+            raise ConfigError(f"budget={b!r} must be an integer >= 0")
+    settings: list[Setting] = []
+    seen: set[str] = set()
+    keys = list(g)
+    for combo in itertools.product(*(g[k] for k in keys)) if keys else [()]:
+        values = dict(zip(keys, combo))
+        for n in names:
+            for b in [values["budget"]] if "budget" in values else budget_list:
+                for t in [bool(values["tree"])] if "tree" in values else trees:
+                    s = _one(n, opts, int(b), t, values)
+                    if s.label not in seen:
+                        seen.add(s.label)
+                        settings.append(s)
+    return settings
+
+
+def _one(names: tuple[str, ...], opts: Mapping[str, Mapping[str, Any]], budget: int, tree: bool,
+         values: Mapping[str, Any]) -> Setting:
+    own = {n: dict(opts.get(n, {})) for n in names if opts.get(n)}
+    swept = {}
+    for key, v in values.items():
+        if key in ("budget", "tree"):
+            swept[key] = v
+            continue
+        name, opt = key.split(".", 1)
+        if name in names:
+            own.setdefault(name, {})[opt] = v
+            swept[key] = v
+    return Setting(names, own, budget, tree, swept)

@@ -1,0 +1,291 @@
+"""Library generation: a Hugging Face target + any drafter, verified by the reference tree verifier.
+
+    import specdec
+    result = specdec.generate(model, ["def add(a, b):"], tokenizer=tok, drafter="suffix",
+                              max_new_tokens=64)
+    result.tokens, result.texts, result.stats.mat
+
+``drafter=None`` is plain (greedy or sampled) decoding through the same code path: the baseline.
+Terms (accepted / recovered / bonus tokens, MAT, acceptance rate): ``specdec.verifiers.reference``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from specdec.config import ConfigBase, ConfigError, load_yaml, rng
+from specdec.drafters.base import Drafter, DraftGuard, DraftRequest
+from specdec.sampling import SamplingParams
+from specdec.tree import TokenTree
+from specdec.verifiers.reference import ReferenceVerifier, StepOutcome, vocab_ok
+
+logger = logging.getLogger("specdec.generate")
+
+MAX_BUDGET = 1024  # draft tokens per request per step; more only wastes the verifier's forward pass
+
+
+@dataclass(frozen=True)
+class GenerateConfig(ConfigBase):
+    """Generation settings (YAML preset: ``configs/generate.yaml``)."""
+
+    budget: int = rng(8, lo=0, hi=MAX_BUDGET, doc="max draft tokens (tree nodes) per request per step")
+    tree: bool = rng(False, doc="ask drafters for trees (True) or chains (False)")
+    temperature: float = rng(0.0, lo=0.0, hi=100.0, doc="0 = greedy; > 0 samples losslessly")
+    top_p: float = rng(1.0, lo=1e-6, hi=1.0, doc="nucleus mass kept before sampling (1 = off)")
+    top_k: int = rng(0, lo=0, hi=1_000_000, doc="tokens kept before sampling (0 = off)")
+    seed: int | None = rng(None, lo=0, doc="sampling seed (None = random)")
+    strict: bool = rng(False, doc="re-raise drafter errors instead of drafting nothing for that step")
+    max_new_tokens: int = rng(128, lo=0, hi=1_000_000, doc="new tokens per prompt at most")
+    eos_token_id: int | None = rng(None, lo=0, doc="stop token (None = never stop early)")
+    device: str | None = rng(None, doc="torch device for a target given as a path (None = cuda if available)")
+
+    @classmethod
+    def from_yaml(cls, name_or_path: str | os.PathLike[str] = "generate") -> "GenerateConfig":
+        return cls.from_dict(load_yaml(name_or_path), where=f"config {str(name_or_path)!r}: ")
+
+
+@dataclass
+class SpecStats:
+    """Counters of one ``generate`` call (terms: ``specdec.verifiers.reference``).
+
+    ``per_position_drafted[d]``: request-steps whose tree had a node at depth ``d + 1``;
+    ``per_position_accepted[d]``: request-steps that accepted at least ``d + 1`` tokens.
+    ``accepted_tokens`` counts the verifier's acceptances; ``emitted_tokens`` what was returned (after
+    cutting at EOS / ``max_new_tokens``).
+    """
+
+    steps: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    emitted_tokens: int = 0
+    per_position_accepted: list[int] = field(default_factory=list)
+    per_position_drafted: list[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    draft_errors: int = 0
+    draft_timeouts: int = 0
+    forward_passes: int = 0
+
+    @property
+    def mat(self) -> float:
+        return self.emitted_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    def record(self, tree: TokenTree, outcome: StepOutcome, emitted: int) -> None:
+        self.steps += 1
+        self.drafted_tokens += len(tree)
+        self.accepted_tokens += outcome.num_accepted
+        self.emitted_tokens += emitted
+        _bump(self.per_position_drafted, tree.max_depth)
+        _bump(self.per_position_accepted, outcome.num_accepted)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "mat": self.mat, "acceptance_rate": self.acceptance_rate}
+
+
+def _bump(counts: list[int], depth: int) -> None:
+    """Add one to ``counts[0:depth]``, growing the list as needed."""
+    counts.extend([0] * (depth - len(counts)))
+    for d in range(depth):
+        counts[d] += 1
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[list[int]]  # new tokens per prompt, EOS included if produced
+    stats: SpecStats
+    texts: list[str] | None = None  # decoded ``tokens`` when a tokenizer was given
+
+
+def load_target(target: Any, *, device: str | None = None) -> torch.nn.Module:
+    """A HF causal LM as given, or loaded (float32) from a folder path; moved to ``device`` if set."""
+    if isinstance(target, (str, os.PathLike)):
+        from transformers import AutoModelForCausalLM
+
+        if not os.path.isdir(target):
+            raise FileNotFoundError(f"target={str(target)!r} is not a model folder; pass a HF model or its folder")
+        dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        return AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).to(dev).eval()
+    if not isinstance(target, torch.nn.Module):
+        raise TypeError(f"target must be a Hugging Face causal LM or a folder path, got {type(target).__name__}")
+    return target.to(device).eval() if device else target.eval()
+
+
+class SpecGenerator:
+    """Speculative generation with one drafter (or none) and the reference verifier."""
+
+    def __init__(self, target: Any, drafter: Drafter | None = None, *, budget: int = 8, tree: bool = False,
+                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+                 strict: bool = False, device: str | None = None) -> None:
+        self.config = GenerateConfig.from_dict(dict(
+            budget=budget, tree=tree, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+            strict=strict, device=device))
+        if drafter is not None and not isinstance(drafter, Drafter):
+            raise TypeError(f"drafter must be a specdec Drafter or None, got {type(drafter).__name__}")
+        self.model = load_target(target, device=device)
+        self.drafter = drafter
+        self.sampling = SamplingParams(temperature, top_p, top_k)
+        self.verifier = ReferenceVerifier(self.model, sampling=self.sampling, seed=seed)
+        self._calls = 0
+
+    @classmethod
+    def from_config(cls, target: Any, drafter: Drafter | None, config: GenerateConfig) -> "SpecGenerator":
+        keys = ("budget", "tree", "temperature", "top_p", "top_k", "seed", "strict", "device")
+        return cls(target, drafter, **{k: getattr(config, k) for k in keys})
+
+    # ------------------------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eos_token_id: int | None = None,
+                 progress: bool = False) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` per prompt; stop a prompt at ``eos_token_id`` (None: never)."""
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={max_new_tokens} is out of range: must be >= 0")
+        t_start = time.perf_counter()
+        self._calls += 1
+        rids = [f"gen{self._calls}-{i}" for i in range(len(prompts))]
+        outputs: list[list[int]] = [[] for _ in prompts]
+        stats = SpecStats()
+        if not prompts or max_new_tokens == 0:
+            return GenerationResult(outputs, stats)
+        guard = DraftGuard(self.drafter, strict=self.config.strict) if self.drafter is not None else None
+        self.verifier.reset(prompts)
+        if guard is not None:
+            for rid, prompt in zip(rids, prompts):
+                guard.call("start", rid, [int(t) for t in prompt])
+        active = list(range(len(prompts)))  # prompt index of each verifier row
+        bar = _progress(progress, len(prompts) * max_new_tokens)
+        try:
+            while active:
+                trees = self._draft(guard, [rids[i] for i in active], [max_new_tokens - len(outputs[i]) for i in active])
+                t0 = time.perf_counter()
+                outcomes = self.verifier.step(trees)
+                stats.verify_seconds += time.perf_counter() - t0
+                keep = []
+                for row, (i, tree, outcome) in enumerate(zip(active, trees, outcomes)):
+                    emitted, done = _cut(outcome.tokens, max_new_tokens - len(outputs[i]), eos_token_id)
+                    outputs[i].extend(emitted)
+                    stats.record(tree, outcome, len(emitted))
+                    if bar is not None:  # a finished request also counts its unused room
+                        bar.update(len(emitted) + (max_new_tokens - len(outputs[i]) if done else 0))
+                    if guard is not None:
+                        guard.call("extend", rids[i], emitted)
+                    if done:
+                        if guard is not None:
+                            guard.call("stop", rids[i])
+                    else:
+                        keep.append(row)
+                if len(keep) < len(active):
+                    active = [active[r] for r in keep]
+                    self.verifier.select(keep)
+        finally:
+            if bar is not None:
+                bar.close()
+            if guard is not None:
+                for i in active:  # aborted by an exception: free the drafter's state
+                    guard.call("stop", rids[i])
+        stats.forward_passes = self.verifier.forward_passes
+        self.verifier.forward_passes = 0
+        if guard is not None:
+            stats.draft_seconds = guard.stats.draft_seconds
+            stats.draft_errors = guard.stats.errors
+            stats.draft_timeouts = guard.stats.timeouts
+        stats.wall_seconds = time.perf_counter() - t_start
+        return GenerationResult(outputs, stats)
+
+    def _draft(self, guard: DraftGuard | None, rids: list[str], remaining: list[int]) -> list[TokenTree]:
+        """One tree per active request; budgets shrink near ``max_new_tokens`` (no draft past it)."""
+        trees = [TokenTree.empty() for _ in rids]
+        if guard is None or self.config.budget == 0:
+            return trees
+        wanted = [(k, DraftRequest(rid, min(self.config.budget, left - 1), self.config.tree))
+                  for k, (rid, left) in enumerate(zip(rids, remaining)) if left > 1]
+        if not wanted:
+            return trees
+        drafted = guard.draft_batch([req for _, req in wanted])
+        for (k, req), tree in zip(wanted, drafted):
+            if not vocab_ok(tree, self.verifier.vocab_size):
+                err = ValueError(f"{self.drafter.name} drafted token ids outside [0, {self.verifier.vocab_size})")
+                if self.config.strict:
+                    raise err
+                guard.record_error(err, [req.request_id])
+                continue
+            trees[k] = tree if (req.tree or tree.is_chain()) else tree.to_chain(req.budget)
+        return trees
+
+
+def _cut(tokens: list[int], room: int, eos: int | None) -> tuple[list[int], bool]:
+    """Emitted tokens cut to ``room`` and after the first EOS; (tokens, request finished)."""
+    out = tokens[:room]
+    if eos is not None and eos in out:
+        return out[: out.index(eos) + 1], True
+    return out, len(out) >= room
+
+
+def _progress(enabled: bool, total: int) -> Any:
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="generate", unit="tok")
+
+
+_GEN_KEYS = ("max_new_tokens", "eos_token_id", "progress")
+
+
+def generate(target: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *, drafter: Any = None,
+             tokenizer: Any = None, **kw: Any) -> GenerationResult:
+    """One-call generation. ``prompts``: token-id lists, or strings with ``tokenizer``.
+
+    ``drafter``: a Drafter, a drafter spec for ``specdec.build_drafter`` (``"suffix"``, ``["suffix",
+    "model"]``), or None (plain decoding). ``kw``: ``SpecGenerator`` options (budget, tree, temperature,
+    top_p, top_k, seed, strict, device) and ``max_new_tokens`` (default 128), ``eos_token_id`` (default:
+    the tokenizer's, else the model's generation config; pass None to never stop early), ``progress``.
+    """
+    gen_kw = {k: kw.pop(k) for k in _GEN_KEYS if k in kw}
+    unknown = sorted(set(kw) - set(GenerateConfig.__dataclass_fields__))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join(map(repr, unknown))} for generate(); valid keys: "
+                          f"{', '.join(sorted(set(GenerateConfig.__dataclass_fields__) | set(_GEN_KEYS)))}")
+    if drafter is not None and not isinstance(drafter, Drafter):
+        from specdec.drafters.registry import build_drafter
+
+        drafter = build_drafter(drafter)
+    ids = _encode(prompts, tokenizer)
+    gen = SpecGenerator(target, drafter, **kw)
+    if "eos_token_id" not in gen_kw:
+        gen_kw["eos_token_id"] = _default_eos(tokenizer, gen.model)
+    gen_kw.setdefault("max_new_tokens", GenerateConfig.max_new_tokens)
+    result = gen.generate(ids, **gen_kw)
+    if tokenizer is not None:
+        result.texts = [tokenizer.decode(t) for t in result.tokens]
+    return result
+
+
+def _encode(prompts: Sequence[Any], tokenizer: Any) -> list[list[int]]:
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            if tokenizer is None:
+                raise ValueError(f"prompts[{i}] is a string: pass tokenizer=... or give token ids")
+            out.append(list(tokenizer(p)["input_ids"]))
+        else:
+            out.append([int(t) for t in p])
+    return out
+
+
+def _default_eos(tokenizer: Any, model: torch.nn.Module) -> int | None:
+    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    if eos is None:
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    return int(eos) if eos is not None else None
+

@@ -1,0 +1,407 @@
+"""Asynchronous drafting: ``AsyncDrafter`` takes drafting off the GPU's critical path.
+
+``AsyncDrafter(inner)`` wraps any ``Drafter`` and has the same interface. Per step the engine calls
+``extend(id, emitted)`` then ``draft_batch(...)``; those drafts go to the GPU for verification. While
+the GPU verifies, a background worker pre-drafts the NEXT step's draft for the most likely outcomes
+of that verification ("hedges", ranked by ``specdec.hedge.rank_outcomes``), with
+``inner.draft_after(id, emitted, budget)``, which changes no drafter state. When the real outcome
+arrives through ``extend``, the next ``draft_batch`` is a dictionary lookup on a hit; on a miss it
+waits at most ``wait_ms`` for a matching hedge in flight, then drafts synchronously (``on_miss="sync"``)
+or hands out no draft for that step (``on_miss="empty"``). Updates to the inner drafter
+(start/extend/stop) are queued in order and applied by the worker (or by the main thread right
+before a synchronous draft), so on a hit the critical path does no drafter work at all.
+
+Correctness: every inner call is serialized by one lock (drafters need not be thread-safe); a hedge is
+drafted only while the inner state is at the epoch it was planned for; results that arrive after
+their request moved on, was stopped or restarted are discarded (counted as stale). Drafts never
+affect what is emitted (the verifier decides), so the pipeline is lossless by construction; the tests
+check the bookkeeping with a simulated verifier. Threads, not processes: see docs/async.md.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from specdec.config import ConfigBase, rng
+from specdec.drafters.base import DraftGuard, Drafter, DraftRequest
+from specdec.hedge import Probe, best_path_tokens, hedge_from_probe, rank_outcomes
+from specdec.pipeline_state import AsyncStats, Job, ReqState
+from specdec.tree import TokenTree
+
+logger = logging.getLogger("specdec.pipeline")
+
+_IDLE_POLL_S = 0.05  # worker wake-up period when idle (also bounds close() latency)
+_YIELD_POLL_S = 0.0005  # worker back-off while the main thread wants the drafter
+
+
+@dataclass(frozen=True)
+class AsyncConfig(ConfigBase):
+    hedge_width: int = rng(4, lo=0, hi=64, doc="outcomes pre-drafted per request per step (0: no hedging)")
+    bonus_per_path: int = rng(2, lo=1, hi=16, doc="bonus-token candidates considered per accepted path")
+    probe_budget: int = rng(48, lo=1, hi=512, doc="nodes of the drafter's tree used to rank outcomes")
+    wait_ms: float = rng(1.0, lo=0.0, hi=1000.0, doc="max wait (per step) for an in-flight matching hedge")
+    on_miss: str = rng("sync", choices=("sync", "empty"), doc="after a miss: draft synchronously or no draft")
+    max_jobs: int = rng(2, lo=1, hi=1024, doc="bounded hedge-job queue; the oldest job is dropped when full")
+    num_workers: int = rng(1, lo=1, hi=8, doc="background threads (inner calls stay serialized)")
+    defer_updates: bool = rng(True, doc="apply start/extend/stop to the inner drafter in the background")
+    switch_interval_us: int = rng(0, lo=0, hi=100_000,
+                                  doc="if > 0, sys.setswitchinterval for the process (GIL hand-off latency)")
+    strict: bool = rng(False, doc="re-raise drafter errors (debugging)")
+
+
+class AsyncDrafter(Drafter):
+    """Wraps ``inner`` and pre-drafts hedged next-step drafts in background threads."""
+
+    def __init__(self, inner: Drafter, config: AsyncConfig | None = None, **overrides: Any) -> None:
+        base = config or AsyncConfig()
+        self.config = base.replace(**overrides) if overrides else base
+        self.inner = inner
+        self.name = f"async({inner.name})"
+        self.guard = DraftGuard(inner, strict=self.config.strict)
+        self.stats = AsyncStats()
+        self._reqs: dict[str, ReqState] = {}
+        self._ops: deque[tuple[str, str, tuple, ReqState | None]] = deque()  # (kind, id, args, state), in order
+        self._jobs: deque[Job] = deque()
+        self._state = threading.Lock()  # guards _reqs, _ops, _jobs, stats
+        self._cond = threading.Condition(self._state)  # job queued / hedge resolved
+        self._inner_lock = threading.Lock()  # serializes every call into the inner drafter
+        self._main_wants = 0  # >0 while the main thread waits for _inner_lock (workers back off)
+        self._closed = False
+        self._logged: set[str] = set()
+        # Consumers that shorten drafts after draft_batch (e.g. a probability cut) set this instead, so that
+        # hedges are planned for the draft really verified: (tree, request) -> the tree handed out.
+        self.postprocess: Callable[[TokenTree, DraftRequest], TokenTree] | None = None
+        if self.config.switch_interval_us > 0:
+            sys.setswitchinterval(self.config.switch_interval_us * 1e-6)
+        self._workers = [threading.Thread(target=self._worker_loop, name=f"specdec-async-{i}", daemon=True)
+                         for i in range(self.config.num_workers if self.config.hedge_width else 0)]
+        for w in self._workers:
+            w.start()
+
+    # ------------------------------------------------------------------ lifecycle (main thread)
+    def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+        t0 = time.perf_counter()
+        with self._state:
+            old = self._reqs.get(request_id)
+            if old is not None:
+                old.cancelled = True
+            req = self._reqs[request_id] = ReqState()
+            self._ops.append(("start", request_id, (list(prompt_ids),), req))
+        self._after_update(t0)
+
+    def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
+        t0 = time.perf_counter()
+        key = tuple(int(t) for t in token_ids)
+        with self._state:
+            req = self._reqs.get(request_id)
+            if req is not None:
+                self.stats.stale += req.on_extend(key)
+            self._ops.append(("extend", request_id, (list(key),), req))
+        self._after_update(t0)
+
+    def stop(self, request_id: str) -> None:
+        t0 = time.perf_counter()
+        with self._state:
+            req = self._reqs.pop(request_id, None)
+            if req is not None:
+                self.stats.stale += len(req.hedges)
+                req.cancelled = True
+            self._ops.append(("stop", request_id, (), None))
+            self._cond.notify_all()
+        self._after_update(t0)
+
+    def _after_update(self, t0: float) -> None:
+        if not self.config.defer_updates or not self._workers:
+            self._sync_inner(lambda: None)
+        self.stats.critical_seconds += time.perf_counter() - t0
+
+    def active_requests(self) -> list[str]:
+        with self._state:
+            return list(self._reqs)
+
+    def memory_bytes(self) -> int:
+        return self.inner.memory_bytes()
+
+    def close(self) -> None:
+        with self._state:
+            self._closed = True
+            self._cond.notify_all()
+        for w in self._workers:
+            w.join(timeout=5.0)
+        self.flush()
+        self.inner.close()
+
+    def flush(self) -> None:
+        """Apply every queued update to the inner drafter now (e.g. before reading its state)."""
+        self._sync_inner(lambda: None)
+
+    # ------------------------------------------------------------------ drafting (main thread)
+    def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
+        t0 = time.perf_counter()
+        out: list[TokenTree | None] = [None] * len(requests)
+        with self._state:
+            self.stats.lookups += len(requests)
+            waiting = self._lookup(requests, out)
+            if waiting:
+                self._wait_for(requests, out, waiting, t0)
+        misses = [i for i, t in enumerate(out) if t is None]
+        if misses:
+            self._draft_misses(requests, misses, out)
+        trees = [t if t is not None else TokenTree.empty() for t in out]
+        if self.postprocess is not None:
+            trees = [self.postprocess(t, r) for t, r in zip(trees, requests)]
+        self._submit(requests, trees)
+        self.stats.critical_seconds += time.perf_counter() - t0
+        return trees
+
+    def _lookup(self, requests: Sequence[DraftRequest], out: list[TokenTree | None]) -> list[int]:
+        """Fill hits into ``out``; return the indices whose hedge is still in flight (under _state)."""
+        waiting = []
+        for i, r in enumerate(requests):
+            req = self._reqs.get(r.request_id)
+            if req is None or req.resolved is None and not req.outcome_in_flight():
+                self.stats.count_miss(req)
+                continue
+            if req.resolved is not None:
+                out[i] = _fit(req.take_resolved(), r, drafted_as_tree=req.tree)
+                self.stats.hits += 1
+            elif self.config.wait_ms > 0:
+                waiting.append(i)
+            else:
+                self.stats.miss_timeout += 1
+        return waiting
+
+    def _wait_for(self, requests: Sequence[DraftRequest], out: list[TokenTree | None], waiting: list[int],
+                  t0: float) -> None:
+        """Wait (holding _cond) until the in-flight hedges resolve or the step's deadline passes."""
+        deadline = t0 + self.config.wait_ms * 1e-3
+        pending = list(waiting)
+        while pending:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                break
+            self._cond.wait(left)
+            still = []
+            for i in pending:
+                req = self._reqs.get(requests[i].request_id)
+                if req is not None and req.resolved is not None:
+                    out[i] = _fit(req.take_resolved(), requests[i], drafted_as_tree=req.tree)
+                    self.stats.late_hits += 1
+                elif req is not None and req.outcome_in_flight():
+                    still.append(i)
+                else:
+                    self.stats.count_miss(req)
+            pending = still
+        self.stats.miss_timeout += len(pending)
+        self.stats.wait_seconds += max(0.0, time.perf_counter() - t0)
+
+    def _draft_misses(self, requests: Sequence[DraftRequest], misses: list[int], out: list[TokenTree | None]) -> None:
+        if self.config.on_miss == "empty":
+            for i in misses:
+                out[i] = TokenTree.empty()
+            return
+        t0 = time.perf_counter()
+        sub = [requests[i] for i in misses]
+        trees = self._sync_inner(lambda: self.guard.draft_batch(sub), frozenset(r.request_id for r in sub))
+        for i, t in zip(misses, trees):
+            out[i] = _fit(t, requests[i], drafted_as_tree=requests[i].tree)
+        self.stats.sync_draft_seconds += time.perf_counter() - t0
+        self.stats.sync_drafts += len(misses)
+
+    def _submit(self, requests: Sequence[DraftRequest], trees: list[TokenTree]) -> None:
+        """Record the drafts handed out and queue the hedge job for their verification's outcomes."""
+        if not self._workers:
+            return
+        with self._state:
+            entries = []
+            for r, t in zip(requests, trees):
+                req = self._reqs.get(r.request_id)
+                if req is None:
+                    continue
+                req.on_draft(t, r.budget, r.tree)
+                entries.append((r.request_id, req, req.epoch))
+            if not entries:
+                return
+            if len(self._jobs) >= self.config.max_jobs:
+                self._jobs.popleft()
+                self.stats.jobs_dropped += 1
+            self._jobs.append(Job(entries))
+            self.stats.jobs += 1
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ inner access
+    def _sync_inner(self, fn, only: frozenset[str] | None = None):  # type: ignore[no-untyped-def]
+        """Run ``fn`` on the main thread with the inner drafter, after applying the queued updates (of the
+        requests in ``only``, or all): a miss does not pay for the other requests' deferred updates."""
+        t0 = time.perf_counter()
+        with self._state:
+            self._main_wants += 1
+        try:
+            with self._inner_lock:
+                self._apply_ops(only)
+                return fn()
+        finally:
+            with self._state:
+                self._main_wants -= 1
+            self.stats.main_inner_seconds += time.perf_counter() - t0
+
+    def _apply_ops(self, only: frozenset[str] | None = None) -> None:
+        """Apply queued start/extend/stop calls in order (caller holds _inner_lock).
+
+        With ``only``, just those requests' calls (each request's calls stay in order; calls of different
+        requests commute for correctness -- a global cache may learn them in a different order).
+        """
+        with self._state:
+            if only is None:
+                ops, self._ops = list(self._ops), deque()
+            else:
+                ops = [op for op in self._ops if op[1] in only]
+                if ops:
+                    self._ops = deque(op for op in self._ops if op[1] not in only)
+        for kind, rid, args, req in ops:
+            self.guard.call(kind, rid, *args)
+            if req is not None:
+                with self._state:
+                    if kind == "start":
+                        req.started = True
+                    else:
+                        req.applied_extends += 1
+
+    # ------------------------------------------------------------------ background worker
+    def _worker_loop(self) -> None:
+        while True:
+            with self._state:
+                while not self._jobs and not self._closed:
+                    self._cond.wait(_IDLE_POLL_S)
+                    if self._ops and not self._jobs and not self._main_wants:
+                        break
+                if self._closed:
+                    return
+                job = self._jobs.popleft() if self._jobs else None
+            t0 = time.perf_counter()
+            try:
+                self._run_job(job)
+            except Exception as exc:  # noqa: BLE001 - the worker must survive anything
+                self._log_once("worker", exc)
+                if self.config.strict:
+                    raise
+            finally:
+                with self._state:
+                    self.stats.background_seconds += time.perf_counter() - t0
+
+    def _run_job(self, job: Job | None) -> None:
+        self._with_inner(self._apply_ops)
+        if job is None:
+            return
+        for rank in range(self.config.hedge_width):
+            progressed = False
+            for rid, req, epoch in job.entries:
+                with self._state:
+                    if self._closed or self._jobs_newer(job):
+                        return
+                    if not req.plannable(epoch, rank):
+                        continue
+                progressed = True
+                if rank == 0:
+                    self._plan(rid, req, epoch)
+                self._hedge(rid, req, epoch, rank)
+            if not progressed:
+                return
+
+    def _jobs_newer(self, job: Job) -> bool:
+        """A newer job covers the same requests: this one is superseded (caller holds _state)."""
+        return bool(self._jobs) and self._jobs[-1].ids >= job.ids
+
+    def _with_inner(self, fn):  # type: ignore[no-untyped-def]
+        """Run ``fn`` on a worker with the inner drafter, yielding to the main thread first."""
+        while True:
+            with self._state:
+                wants = self._main_wants
+            if not wants:
+                break
+            time.sleep(_YIELD_POLL_S)
+        with self._inner_lock:
+            return fn()
+
+    def _plan(self, rid: str, req: ReqState, epoch: int) -> None:
+        """Probe the drafter (at the draft's context and after its best path) and rank the outcomes."""
+        leaf = best_path_tokens(req.draft) if req.draft is not None else ()
+
+        def probe() -> list[Probe] | None:
+            if not req.current(epoch) or req.epoch != epoch:
+                return None
+            self.stats.probes += 1
+            probes = []
+            for prefix in ((), leaf) if leaf else ((),):
+                tree = self.inner.draft_after(rid, list(prefix), self.config.probe_budget, tree=True)
+                if tree is not None:
+                    probes.append((prefix, tree))
+            return probes
+
+        probes = self._guarded(probe)
+        with self._state:
+            if probes is None or req.epoch != epoch or req.cancelled:
+                return
+            req.probes, req.planned_epoch = probes, epoch
+            req.plan = rank_outcomes(req.draft, probes, max_outcomes=self.config.hedge_width,
+                                     bonus_per_path=self.config.bonus_per_path)
+            req.in_flight = {o.emitted for o in req.plan}
+            self.stats.planned += len(req.plan)
+
+    def _hedge(self, rid: str, req: ReqState, epoch: int, rank: int) -> None:
+        with self._state:
+            if rank >= len(req.plan) or not req.wanted(epoch, req.plan[rank].emitted):
+                return
+            emitted, budget, tree_ok = req.plan[rank].emitted, req.budget, req.tree
+
+        def draft() -> TokenTree | None:
+            if not req.current(epoch):
+                return None
+            t = self.inner.draft_after(rid, list(emitted), budget, tree=tree_ok)
+            if t is None and req.probes:  # the drafter cannot draft ahead: cut the hedge from a probe
+                self.stats.hedges_from_probe += 1
+                t = hedge_from_probe(req.probes, emitted, budget, tree=tree_ok)
+            return t
+
+        tree = self._guarded(draft)
+        with self._state:
+            req.in_flight.discard(emitted)
+            if tree is None:
+                self._cond.notify_all()
+                return
+            self.stats.hedges += 1
+            self.stats.stale += req.store(epoch, emitted, tree.truncate(budget))
+            self._cond.notify_all()
+
+    def _guarded(self, fn):  # type: ignore[no-untyped-def]
+        try:
+            return self._with_inner(fn)
+        except Exception as exc:  # noqa: BLE001 - a failed hedge is only a lost hedge
+            with self._state:
+                self.stats.hedge_errors += 1
+            self._log_once("hedge", exc)
+            if self.config.strict:
+                raise
+            return None
+
+    def _log_once(self, where: str, exc: BaseException) -> None:
+        key = f"{where}:{type(exc).__name__}"
+        if key not in self._logged:
+            self._logged.add(key)
+            logger.warning("async drafting (%s) failed: %r; the step falls back to synchronous drafting "
+                           "(counted; further %s errors not logged)", where, exc, key)
+
+
+def _fit(tree: TokenTree, request: DraftRequest, *, drafted_as_tree: bool) -> TokenTree:
+    """Shape a (possibly pre-drafted) tree for ``request``: at most its budget, a chain unless tree=True."""
+    if drafted_as_tree and not request.tree and len(tree) > 1:
+        return tree.to_chain(request.budget)
+    return tree.truncate(request.budget)
+
+
+__all__ = ["AsyncConfig", "AsyncDrafter", "AsyncStats"]

@@ -1,0 +1,111 @@
+"""Typed, validated options of the vLLM plugin (the keys of ``--speculative-config`` beside vLLM's own).
+
+    {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "draft_timeout_ms": 20}
+
+``split_speculative_config`` separates a user's dict into the keys vLLM's ``SpeculativeConfig`` knows and ours;
+``SpecdecOptions.from_dict`` validates ours (unknown key -> ``ConfigError`` naming it and the valid keys).
+This module never imports vLLM (CPU tests and CI use it directly).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from specdec.config import ConfigBase, ConfigError, rng
+
+METHOD = "specdec"  # the friendly method name users write
+PROPOSER_PATH = "specdec.vllm_plugin.proposer.SpecdecProposer"  # the custom_class it becomes
+ADDITIONAL_CONFIG_KEY = "specdec"  # where our options travel: vllm_config.additional_config["specdec"]
+MAX_SPEC_LEN = 128  # vLLM's rejection sampler limit on draft length
+
+# Keys of vLLM's SpeculativeConfig that may appear beside ours in a "specdec" dict (passed through to vLLM).
+VLLM_KEYS = frozenset({
+    "method", "model", "num_speculative_tokens", "enforce_eager", "draft_tensor_parallel_size",
+    "disable_padded_drafter_batch", "num_speculative_tokens_per_batch_size", "rejection_sample_method",
+    "draft_sample_method", "synthetic_acceptance_rates", "synthetic_acceptance_length", "max_model_len",
+})
+KEY_ALIASES = {"async": "async_drafting"}  # `async` is a Python keyword; users write "async": true
+
+
+@dataclass(frozen=True)
+class SpecdecOptions(ConfigBase):
+    """Options of the specdec proposer inside vLLM (snake_case keys of the speculative config)."""
+
+    drafter: Any = rng("suffix", doc="drafter name ('suffix', 'ngram', 'model'), {'name': ..., opts} or a list")
+    drafter_options: dict = rng({}, doc="per-drafter option dicts, e.g. {'suffix': {'max_depth': 32}}")
+    num_speculative_tokens: int = rng(16, lo=1, hi=MAX_SPEC_LEN, doc="max draft tokens per request per step")
+    async_drafting: bool = rng(False, doc="wrap the drafter in specdec.pipeline.AsyncDrafter (key: 'async')")
+    async_options: dict = rng({}, doc="keyword options for AsyncDrafter")
+    draft_timeout_ms: float = rng(50.0, lo=0.0, hi=60_000.0,
+                                  doc="per-step drafting deadline; past it the step gets no draft (0 = no deadline)")
+    strict: bool = rng(False, doc="re-raise drafter errors (debugging only: a failure then fails the engine)")
+    adaptive: bool = rng(True, doc="skip or shorten drafting when it cannot pay (batch size, acceptance)")
+    min_path_prob: float = rng(0.0, lo=0.0, hi=1.0,
+                               doc="drop draft tokens whose path probability (drafter's estimate) is lower")
+    min_path_prob_per_seq: float = rng(0.004, lo=0.0, hi=1.0,
+                                       doc="adaptive: the threshold grows by this much per running request")
+    min_acceptance: float = rng(0.1, lo=0.0, hi=1.0,
+                                doc="adaptive: a request whose acceptance EMA falls below drafts 1 token")
+    probe_window_steps: int = rng(16, lo=4, hi=100_000, doc="adaptive: steps per throughput-measurement window")
+    probe_every: int = rng(32, lo=2, hi=1000, doc="adaptive: every Nth window of a batch bucket runs the other mode")
+    min_speedup: float = rng(1.0, lo=0.5, hi=2.0,
+                             doc="adaptive: a batch bucket drafts only while spec throughput >= this x plain")
+    draft_ranks: str = rng("driver", choices=("driver", "all"),
+                           doc="TP>1: 'driver' = only TP rank 0 drafts (the others' drafts are never read)")
+    log_every_s: float = rng(60.0, lo=0.0, hi=86_400.0, doc="log drafting stats this often (0 = never)")
+
+    def validate(self, *, where: str = "") -> None:
+        super().validate(where=where)
+        if not isinstance(self.drafter, (str, list, tuple, dict)):
+            raise ConfigError(f"{where}drafter={self.drafter!r} must be a name, a dict with 'name', or a list")
+
+
+def normalise_keys(data: Mapping[str, Any]) -> dict[str, Any]:
+    """kebab-case -> snake_case and the ``async`` alias."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        k = str(key).replace("-", "_")
+        out[KEY_ALIASES.get(k, k)] = value
+    return out
+
+
+def split_speculative_config(spec: Mapping[str, Any]) -> tuple[dict[str, Any], SpecdecOptions]:
+    """Split a ``{"method": "specdec", ...}`` dict into (vLLM's keys in custom_class form, our options).
+
+    Unknown keys (neither vLLM's passthrough keys nor ours) raise ``ConfigError`` naming them and the valid ones.
+    """
+    data = normalise_keys(spec)
+    method = data.get("method")
+    if method != METHOD:
+        raise ConfigError(f"method={method!r}: split_speculative_config handles method={METHOD!r} only")
+    ours = {k: v for k, v in data.items() if k not in VLLM_KEYS}
+    theirs = {k: v for k, v in data.items() if k in VLLM_KEYS}
+    if "model" in theirs and theirs["model"] not in (None, PROPOSER_PATH):
+        raise ConfigError(
+            f"model={theirs['model']!r} is not used with method={METHOD!r}: choose the drafter with "
+            f"'drafter' (e.g. 'suffix', 'model') and the draft model with drafter_options={{'model': {{'path': ...}}}}"
+        )
+    k = theirs.get("num_speculative_tokens", SpecdecOptions.num_speculative_tokens)
+    try:
+        options = SpecdecOptions.from_dict({**ours, "num_speculative_tokens": k}, where="speculative_config: ")
+    except ConfigError as exc:
+        valid = sorted(set(SpecdecOptions.__dataclass_fields__) | VLLM_KEYS | set(KEY_ALIASES))
+        msg = str(exc)
+        if "unknown key" in msg:
+            msg = msg.split("; valid keys")[0] + f"; valid keys with method={METHOD!r}: {', '.join(valid)}"
+        raise ConfigError(msg) from None
+    theirs.update(method="custom_class", model=PROPOSER_PATH, num_speculative_tokens=options.num_speculative_tokens)
+    return theirs, options
+
+
+def options_from_vllm_config(vllm_config: Any) -> SpecdecOptions:
+    """Our options from ``vllm_config.additional_config["specdec"]`` (set by the rewrite, or by hand with the
+    plain custom_class form); ``num_speculative_tokens`` always comes from vLLM's speculative config."""
+    extra = getattr(vllm_config, "additional_config", None) or {}
+    ours = dict(extra.get(ADDITIONAL_CONFIG_KEY, {}) or {}) if isinstance(extra, Mapping) else {}
+    ours = normalise_keys(ours)
+    spec = getattr(vllm_config, "speculative_config", None)
+    k = getattr(spec, "num_speculative_tokens", None)
+    if k:
+        ours["num_speculative_tokens"] = int(k)
+    return SpecdecOptions.from_dict(ours, where="additional_config['specdec']: ")

@@ -1,0 +1,148 @@
+"""The ``vllm.general_plugins`` entry point: ``{"method": "specdec", ...}`` for vLLM, and the runner hook.
+
+vLLM loads general plugins in every process (front-end, engine core, workers), so ``register()`` is idempotent
+and initialises no CUDA: it only wraps ``EngineArgs.create_speculative_config``, which rewrites
+
+    {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "draft_timeout_ms": 20}
+into
+    speculative_config = {"method": "custom_class", "model": "specdec.vllm_plugin.proposer.SpecdecProposer",
+                          "num_speculative_tokens": 16}
+    additional_config["specdec"] = {"drafter": "suffix", "draft_timeout_ms": 20.0, ...}   # validated options
+
+before vLLM validates it (its ``method`` is a closed Literal and unknown keys are forbidden). Everything after
+that runs vLLM's supported custom_class path. ``ensure_runner_patch()`` (called by the proposer, i.e. inside
+the worker process, once the runner module is loaded) wraps ``GPUModelRunner.propose_draft_token_ids`` so the
+proposer sees the input batch (request ids by row) of each step.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from typing import Any
+
+from specdec.config import ConfigError
+from specdec.vllm_plugin.options import ADDITIONAL_CONFIG_KEY, METHOD, normalise_keys, split_speculative_config
+
+logger = logging.getLogger("specdec.vllm")
+
+TESTED_VLLM = ("0.26.", "0.32.")  # versions whose hooks were checked (others: patched if the shapes match)
+_WRAPPED = "_specdec_wrapped"
+_state = {"registered": False, "runner_patched": False}
+
+
+def _vllm_version() -> str:
+    try:
+        import vllm
+
+        return str(getattr(vllm, "__version__", "unknown"))
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def _check_version(what: str) -> None:
+    version = _vllm_version()
+    if not version.startswith(TESTED_VLLM):
+        logger.warning("specdec: vLLM %s is not a tested version (%s); patching %s because its signature "
+                       "matches", version, ", ".join(v + "x" for v in TESTED_VLLM), what)
+
+
+def rewrite_engine_args(engine_args: Any) -> bool:
+    """Rewrite ``engine_args.speculative_config`` in place if it asks for ``method="specdec"``.
+
+    Returns True when rewritten. Raises ``ConfigError`` (a ValueError) naming a bad option and the valid ones.
+    """
+    spec = getattr(engine_args, "speculative_config", None)
+    if getattr(engine_args, "spec_method", None) == METHOD:  # vLLM 0.32's --spec-method/--spec-tokens aliases
+        spec = dict(spec or {}, method=METHOD)
+        engine_args.spec_method = None
+        if getattr(engine_args, "spec_tokens", None) is not None:
+            spec["num_speculative_tokens"] = engine_args.spec_tokens
+            engine_args.spec_tokens = None
+    if not isinstance(spec, dict) or normalise_keys(spec).get("method") != METHOD:
+        return False
+    theirs, options = split_speculative_config(spec)
+    extra = getattr(engine_args, "additional_config", None)
+    extra = dict(extra) if isinstance(extra, dict) else {}
+    given = extra.get(ADDITIONAL_CONFIG_KEY)
+    if given is not None and given != options.to_dict():
+        raise ConfigError(f"additional_config[{ADDITIONAL_CONFIG_KEY!r}] is set and the speculative config has "
+                          f"method={METHOD!r}: give the options in one place only")
+    extra[ADDITIONAL_CONFIG_KEY] = options.to_dict()
+    engine_args.speculative_config = theirs
+    engine_args.additional_config = extra
+    return True
+
+
+def patch_engine_args(engine_args_cls: Any) -> bool:
+    """Wrap ``engine_args_cls.create_speculative_config`` (idempotent). Returns True if it is wrapped now."""
+    orig = getattr(engine_args_cls, "create_speculative_config", None)
+    if orig is None:
+        logger.warning("specdec: %s has no create_speculative_config; method=%r unavailable (use the "
+                       "custom_class form)", engine_args_cls.__name__, METHOD)
+        return False
+    if getattr(orig, _WRAPPED, False):
+        return True
+
+    @functools.wraps(orig)
+    def create_speculative_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rewrite_engine_args(self)
+        return orig(self, *args, **kwargs)
+
+    setattr(create_speculative_config, _WRAPPED, True)
+    engine_args_cls.create_speculative_config = create_speculative_config
+    return True
+
+
+def register() -> None:
+    """vLLM general-plugin entry point: idempotent, no CUDA initialisation."""
+    if _state["registered"]:
+        return
+    _state["registered"] = True
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+    except Exception as exc:  # noqa: BLE001 - never break vLLM start-up from a plugin
+        logger.warning("specdec: vLLM's EngineArgs not importable (%r); method=%r unavailable", exc, METHOD)
+        return
+    _check_version("EngineArgs.create_speculative_config")
+    patch_engine_args(EngineArgs)  # AsyncEngineArgs subclasses EngineArgs and inherits the wrapper
+
+
+def patch_runner_class(runner_cls: Any) -> bool:
+    """Wrap ``runner_cls.propose_draft_token_ids`` to hand SpecdecProposer the step's input batch."""
+    orig = getattr(runner_cls, "propose_draft_token_ids", None)
+    if orig is None:
+        return False
+    if getattr(orig, _WRAPPED, False):
+        return True
+    params = list(inspect.signature(orig).parameters)
+    if params[:2] != ["self", "scheduler_output"]:
+        logger.warning("specdec: %s.propose_draft_token_ids%s has an unexpected signature; not patched",
+                       runner_cls.__name__, params)
+        return False
+    from specdec.vllm_plugin.proposer import SpecdecProposer
+
+    @functools.wraps(orig)
+    def propose_draft_token_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        drafter = getattr(self, "drafter", None)
+        if isinstance(drafter, SpecdecProposer):
+            drafter.bind_step(self.input_batch, scheduler_output)
+        return orig(self, scheduler_output, *args, **kwargs)
+
+    setattr(propose_draft_token_ids, _WRAPPED, True)
+    runner_cls.propose_draft_token_ids = propose_draft_token_ids
+    return True
+
+
+def ensure_runner_patch() -> bool:
+    """Patch vLLM's V1 GPU model runner (called from the proposer, inside the worker). Idempotent."""
+    if _state["runner_patched"]:
+        return True
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except Exception as exc:  # noqa: BLE001 - CPU-only tests, other platforms
+        logger.debug("specdec: GPUModelRunner not importable (%r); request ids come from the caller frame", exc)
+        return False
+    _check_version("GPUModelRunner.propose_draft_token_ids")
+    _state["runner_patched"] = patch_runner_class(GPUModelRunner)
+    return _state["runner_patched"]

@@ -1,0 +1,119 @@
+"""The proposer vLLM constructs for ``method="custom_class"`` (``model="specdec.vllm_plugin.proposer.SpecdecProposer"``).
+
+vLLM calls ``SpecdecProposer(vllm_config)`` in the model runner (``GPUModelRunner.__init__``) and then, each step,
+``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list[list[int]]``.
+That call carries no request ids; the plugin's runner patch (``plugin.ensure_runner_patch``) hands the proposer
+the runner's input batch (``input_batch.req_ids``, row order of this step) just before each call.
+
+Tensor parallelism: every TP rank builds a runner and a proposer, but the engine reads drafts from one rank only
+(``take_draft_token_ids`` is a collective RPC answered by the executor's output rank, TP rank 0 with PP=1) and
+sends the scheduled drafts to all ranks. With ``draft_ranks="driver"`` (default) only TP rank 0 keeps drafter
+state and drafts; the other ranks return empty drafts at no cost. ``draft_ranks="all"`` drafts everywhere.
+This module imports vLLM only inside functions (CPU tests build it from a fake ``vllm_config``).
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import weakref
+from typing import Any, Sequence
+
+import numpy as np
+
+from specdec.drafters.base import Drafter
+from specdec.drafters.registry import build_drafter
+from specdec.vllm_plugin.core import ProposerCore
+from specdec.vllm_plugin.options import SpecdecOptions, options_from_vllm_config
+
+logger = logging.getLogger("specdec.vllm")
+INSTANCES: "weakref.WeakSet[SpecdecProposer]" = weakref.WeakSet()  # live proposers of this process (for stats)
+
+
+def build_proposer_drafter(options: SpecdecOptions) -> Drafter:
+    """The drafter named by the options, wrapped in ``AsyncDrafter`` when ``async`` is on."""
+    drafter = build_drafter(options.drafter, options.drafter_options)
+    if options.async_drafting:
+        from specdec.pipeline import AsyncDrafter
+
+        drafter = AsyncDrafter(drafter, **dict(options.async_options))
+    return drafter
+
+
+def _tp_rank() -> int:
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except Exception:  # noqa: BLE001 - not initialised (UniProc tests) -> behave as the driver
+        return 0
+
+
+class SpecdecProposer:
+    """vLLM custom_class proposer backed by a specdec drafter (see the module docstring)."""
+
+    def __init__(self, vllm_config: Any, *, drafter: Drafter | None = None, patch_runner: bool = True) -> None:
+        self.options = options_from_vllm_config(vllm_config)
+        model_config = getattr(vllm_config, "model_config", None)
+        max_model_len = int(getattr(model_config, "max_model_len", 0) or 1 << 30)
+        self.core = ProposerCore(drafter or build_proposer_drafter(self.options), self.options,
+                                 max_model_len=max_model_len)
+        self._input_batch: Any = None
+        self._scheduler_output: Any = None
+        self._is_driver: bool | None = None
+        self._warned_unbound = False
+        if patch_runner:
+            from specdec.vllm_plugin.plugin import ensure_runner_patch
+
+            ensure_runner_patch()
+        INSTANCES.add(self)
+
+    # ----------------------------------------------------------------- runner binding
+    def bind_step(self, input_batch: Any, scheduler_output: Any = None) -> None:
+        """Called by the runner patch before every ``propose``: this step's input batch (req ids by row)."""
+        self._input_batch = input_batch
+        self._scheduler_output = scheduler_output
+
+    def _batch(self) -> Any:
+        if self._input_batch is not None:
+            return self._input_batch
+        frame = sys._getframe(2)  # fallback: the runner method that called propose()
+        runner = frame.f_locals.get("self") if frame is not None else None
+        return getattr(runner, "input_batch", None)
+
+    # ----------------------------------------------------------------- vLLM's call
+    def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
+                token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
+        """Drafts per row: ``sampled_token_ids`` [num_reqs] lists, ``num_tokens_no_spec`` [max_num_reqs] int32,
+        ``token_ids_cpu`` [max_num_reqs, max_model_len] int32. Never raises (a bookkeeping failure -> no drafts)."""
+        n = len(sampled_token_ids)
+        if self._is_driver is None:
+            self._is_driver = self.options.draft_ranks == "all" or _tp_rank() == 0
+        if not self._is_driver:
+            return [[] for _ in range(n)]
+        batch = self._batch()
+        if batch is None:
+            if not self._warned_unbound:
+                self._warned_unbound = True
+                logger.warning("specdec: no request ids from the model runner (runner patch not applied to this "
+                               "vLLM version); drafting is disabled, generation goes on without speculation")
+            return [[] for _ in range(n)]
+        try:
+            return self.core.step(list(batch.req_ids), sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+                                  num_prompt_tokens=getattr(batch, "num_prompt_tokens", None),
+                                  k=self._dynamic_k())
+        except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
+            if self.options.strict:
+                raise
+            self.core.guard.record_error(exc, [str(r) for r in list(batch.req_ids)[:n]])
+            self.core.requests.clear()  # forget state: every request resyncs from its full context
+            return [[] for _ in range(n)]
+
+    def _dynamic_k(self) -> int | None:
+        k = getattr(self._scheduler_output, "num_spec_tokens_to_schedule", None)
+        return int(k) if isinstance(k, int) and k > 0 else None
+
+    def stats(self) -> dict[str, Any]:
+        return self.core.stats_dict()
+
+    def close(self) -> None:
+        self.core.close()

@@ -1,0 +1,208 @@
+"""Helpers for the core tests: tiny random Llama targets and test drafters (oracle, noisy, random, ...)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pytest
+import torch
+
+from specdec.drafters.base import Drafter, DraftRequest
+from specdec.tree import ROOT, TokenTree
+
+TINY_VOCAB = 96
+# A large init spread gives peaked next-token distributions: greedy argmax margins far above float noise.
+TINY_INIT_RANGE = 0.3
+
+
+@pytest.fixture(scope="module", autouse=False)
+def one_thread():
+    """Tiny models run fastest on one thread (and do not fight other processes for the 2 CI cores)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_llama(seed: int = 0, *, vocab: int = TINY_VOCAB, hidden: int = 48, layers: int = 2,
+               init_range: float = TINY_INIT_RANGE) -> torch.nn.Module:
+    """A seeded random LlamaForCausalLM in float32 (GQA: 4 query heads, 2 KV heads)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      initializer_range=init_range, pad_token_id=1, bos_token_id=0, eos_token_id=0)
+    return LlamaForCausalLM(cfg).float().eval()
+
+
+def random_prompts(n: int, *, seed: int, vocab: int = TINY_VOCAB, max_len: int = 12) -> list[list[int]]:
+    """``n`` prompts of lengths 1..max_len (different lengths exercise padding)."""
+    rs = np.random.RandomState(seed)
+    lengths = [1, max_len, 3, 7, 5, 2, 9, 4][:n] + list(rs.randint(1, max_len + 1, size=max(0, n - 8)))
+    return [rs.randint(2, vocab, size=int(k)).tolist() for k in lengths]
+
+
+class _Tracking(Drafter):
+    """Keeps each request's context (prompt + extended tokens) and records lifecycle calls."""
+
+    name = "tracking"
+
+    def __init__(self) -> None:
+        self.ctx: dict[str, list[int]] = {}
+        self.prompt_len: dict[str, int] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.extended: dict[str, list[int]] = {}
+
+    def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+        self.calls.append(("start", request_id))
+        self.ctx[request_id] = list(prompt_ids)
+        self.prompt_len[request_id] = len(prompt_ids)
+        self.extended[request_id] = []
+
+    def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
+        self.calls.append(("extend", request_id))
+        self.ctx[request_id].extend(int(t) for t in token_ids)
+        self.extended[request_id].extend(int(t) for t in token_ids)
+
+    def stop(self, request_id: str) -> None:
+        self.calls.append(("stop", request_id))
+        self.ctx.pop(request_id, None)
+
+    def active_requests(self) -> list[str]:
+        return list(self.ctx)
+
+    def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
+        return [self.draft_one(r) for r in requests]
+
+    def draft_one(self, request: DraftRequest) -> TokenTree:
+        return TokenTree.empty()
+
+
+class EmptyDrafter(_Tracking):
+    name = "empty"
+
+
+class OracleDrafter(_Tracking):
+    """Drafts the true continuation (``truth[prompt] = plain greedy output``).
+
+    ``noise`` > 0 replaces each drafted token by a wrong one with that probability (partial acceptance).
+    In tree mode each depth gets a decoy sibling before the true node, and the decoy gets a child.
+    """
+
+    name = "oracle"
+
+    def __init__(self, truth: dict[tuple[int, ...], list[int]], *, vocab: int = TINY_VOCAB, noise: float = 0.0,
+                 seed: int = 0) -> None:
+        super().__init__()
+        self.truth, self.vocab, self.noise = truth, vocab, noise
+        self.rs = np.random.RandomState(seed)
+        self.sizes: list[tuple[int, int]] = []  # (budget, drafted nodes) per draft
+
+    def _continuation(self, rid: str, k: int) -> list[int]:
+        ctx = self.ctx[rid]
+        n = self.prompt_len[rid]
+        cont = list(self.truth[tuple(ctx[:n])][len(ctx) - n:][:k])
+        return [(t + 1 + int(self.rs.randint(self.vocab - 1))) % self.vocab if self.rs.rand() < self.noise else t
+                for t in cont]
+
+    def draft_one(self, request: DraftRequest) -> TokenTree:
+        tree = self._tree(request) if request.tree else TokenTree.chain(
+            self._continuation(request.request_id, request.budget))
+        self.sizes.append((request.budget, len(tree)))
+        return tree
+
+    def _tree(self, request: DraftRequest) -> TokenTree:
+        tokens: list[int] = []
+        parents: list[int] = []
+        prev = ROOT
+        for tok in self._continuation(request.request_id, request.budget):
+            if len(tokens) + 3 > request.budget:
+                break
+            decoy = (tok + 7) % self.vocab
+            tokens += [decoy, (decoy + 1) % self.vocab, tok]
+            parents += [prev, len(tokens) - 3, prev]
+            prev = len(tokens) - 1
+        return TokenTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int32))
+
+
+class RandomDrafter(_Tracking):
+    """Random tokens in random tree shapes (distinct sibling tokens), or random chains."""
+
+    name = "random"
+
+    def __init__(self, *, vocab: int = TINY_VOCAB, seed: int = 0, with_probs: bool = False) -> None:
+        super().__init__()
+        self.vocab, self.with_probs = vocab, with_probs
+        self.rs = np.random.RandomState(seed)
+
+    def draft_one(self, request: DraftRequest) -> TokenTree:
+        n = int(self.rs.randint(0, request.budget + 1))
+        probs = self.rs.rand(n) if self.with_probs else None
+        if not request.tree:
+            return TokenTree.chain(self.rs.randint(0, self.vocab, size=n), probs)
+        tokens: list[int] = []
+        parents: list[int] = []
+        for i in range(n):
+            p = int(self.rs.randint(-1, i)) if i else ROOT
+            used = {tokens[j] for j in range(i) if parents[j] == p}
+            free = [t for t in range(self.vocab) if t not in used]
+            tokens.append(int(self.rs.choice(free)))
+            parents.append(p)
+        return TokenTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int32), probs)
+
+
+class RaisingDrafter(OracleDrafter):
+    """An oracle that raises on every ``fail_every``-th draft call."""
+
+    name = "raising"
+
+    def __init__(self, truth: dict[tuple[int, ...], list[int]], *, fail_every: int = 2) -> None:
+        super().__init__(truth)
+        self.fail_every, self.draft_calls = fail_every, 0
+
+    def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
+        self.draft_calls += 1
+        if self.draft_calls % self.fail_every == 0:
+            raise RuntimeError("boom: drafter bug for the test")
+        return super().draft_batch(requests)
+
+
+class OverBudgetDrafter(OracleDrafter):
+    """Ignores the budget (drafts ``2 * budget + 3`` tokens): the guard must truncate."""
+
+    name = "over-budget"
+
+    def draft_one(self, request: DraftRequest) -> TokenTree:
+        cont = self._continuation(request.request_id, 2 * request.budget + 3)
+        return TokenTree.chain(cont + [5] * (2 * request.budget + 3 - len(cont)))
+
+
+class HFModelDrafter(_Tracking):
+    """A plain draft-model drafter for tests: greedy chain, or the greedy chain plus the runner-up token
+    as a leaf sibling at each depth (tree). Recomputes the whole context each level (no cache)."""
+
+    name = "hf-model"
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model.eval()
+
+    @torch.inference_mode()
+    def draft_one(self, request: DraftRequest) -> TokenTree:
+        ctx = list(self.ctx[request.request_id])
+        tokens: list[int] = []
+        parents: list[int] = []
+        probs: list[float] = []
+        prev = ROOT
+        while len(tokens) < request.budget:
+            logits = self.model(torch.tensor([ctx])).logits[0, -1]
+            p = torch.softmax(logits.float(), -1)
+            top = torch.topk(p, 2)
+            best, alt = int(top.indices[0]), int(top.indices[1])
+            if request.tree and len(tokens) + 2 <= request.budget:
+                tokens.append(alt), parents.append(prev), probs.append(float(top.values[1]))
+            tokens.append(best), parents.append(prev), probs.append(float(top.values[0]))
+            prev = len(tokens) - 1
+            ctx.append(best)
+        return TokenTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int32), probs)

@@ -1,0 +1,148 @@
+"""CPU tests of the plugin's config rewrite and option validation (vLLM-free), plus the real vLLM hooks when
+vLLM is importable (CI: the /opt/vllm-venv venv with vllm==0.32.0; see docs/vllm.md)."""
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+
+import pytest
+
+from specdec.config import ConfigError
+from specdec.vllm_plugin import plugin
+from specdec.vllm_plugin.options import (
+    ADDITIONAL_CONFIG_KEY, PROPOSER_PATH, SpecdecOptions, options_from_vllm_config, split_speculative_config,
+)
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def test_split_rewrites_to_custom_class_and_keeps_our_options():
+    theirs, opts = split_speculative_config({"method": "specdec", "drafter": ["suffix", "model"],
+                                             "num_speculative_tokens": 12, "draft-timeout-ms": 7, "async": True})
+    assert theirs == {"method": "custom_class", "model": PROPOSER_PATH, "num_speculative_tokens": 12}
+    assert opts.drafter == ["suffix", "model"] and opts.draft_timeout_ms == 7.0 and opts.async_drafting
+    assert opts.num_speculative_tokens == 12
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ({"draft_timeout": 5}, "'draft_timeout'"),
+    ({"draft_timeout_ms": -1}, "draft_timeout_ms=-1"),
+    ({"num_speculative_tokens": 500}, "num_speculative_tokens=500"),
+    ({"draft_ranks": "some"}, "draft_ranks='some'"),
+    ({"model": "meta/llama"}, "drafter_options"),
+    ({"drafter": 3}, "drafter=3"),
+])
+def test_bad_options_name_the_key_and_the_fix(bad, needle):
+    with pytest.raises(ConfigError) as err:
+        split_speculative_config({"method": "specdec", **bad})
+    assert needle in str(err.value)
+    if "draft_timeout" in bad:
+        assert "valid keys" in str(err.value) and "draft_timeout_ms" in str(err.value)
+
+
+def test_rewrite_engine_args_in_place_and_leaves_other_methods_alone():
+    ea = SimpleNamespace(speculative_config={"method": "specdec", "drafter": "ngram", "num_speculative_tokens": 4},
+                         additional_config=None)
+    assert plugin.rewrite_engine_args(ea)
+    assert ea.speculative_config["method"] == "custom_class"
+    assert ea.additional_config[ADDITIONAL_CONFIG_KEY]["drafter"] == "ngram"
+    # what the proposer reads back inside vLLM
+    cfg = SimpleNamespace(additional_config=ea.additional_config,
+                          speculative_config=SimpleNamespace(num_speculative_tokens=4))
+    assert options_from_vllm_config(cfg).drafter == "ngram"
+    other = SimpleNamespace(speculative_config={"method": "ngram", "num_speculative_tokens": 3},
+                            additional_config=None)
+    assert not plugin.rewrite_engine_args(other)
+    assert other.speculative_config["method"] == "ngram" and other.additional_config is None
+    clash = SimpleNamespace(speculative_config={"method": "specdec"},
+                            additional_config={"specdec": {"drafter": "model"}})
+    with pytest.raises(ConfigError, match="one place only"):
+        plugin.rewrite_engine_args(clash)
+
+
+def test_patch_engine_args_is_idempotent_and_rewrites_before_the_original():
+    seen = []
+
+    class FakeEngineArgs:
+        def __init__(self, spec):
+            self.speculative_config, self.additional_config = spec, {}
+
+        def create_speculative_config(self, target_model_config, target_parallel_config):
+            seen.append(dict(self.speculative_config))
+            return "built"
+
+    assert plugin.patch_engine_args(FakeEngineArgs)
+    first = FakeEngineArgs.create_speculative_config
+    assert plugin.patch_engine_args(FakeEngineArgs)
+    assert FakeEngineArgs.create_speculative_config is first  # not wrapped twice
+    ea = FakeEngineArgs({"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 8})
+    assert ea.create_speculative_config(None, None) == "built"
+    assert seen == [{"method": "custom_class", "model": PROPOSER_PATH, "num_speculative_tokens": 8}]
+    assert ea.additional_config["specdec"]["drafter"] == "suffix"
+
+
+def test_runner_patch_binds_the_input_batch_before_propose():
+    from specdec.vllm_plugin.proposer import SpecdecProposer
+
+    class FakeRunner:
+        def __init__(self, drafter):
+            self.drafter, self.input_batch = drafter, SimpleNamespace(req_ids=["r1"])
+
+        def propose_draft_token_ids(self, scheduler_output, sampled, *rest):
+            return self.drafter._input_batch
+
+    cfg = SimpleNamespace(additional_config={"specdec": {"draft_timeout_ms": 0}},
+                          speculative_config=SimpleNamespace(num_speculative_tokens=2),
+                          model_config=SimpleNamespace(max_model_len=32))
+    from tests.test_vllm_proposer import OracleDrafter
+
+    prop = SpecdecProposer(cfg, drafter=OracleDrafter(), patch_runner=False)
+    assert plugin.patch_runner_class(FakeRunner) and plugin.patch_runner_class(FakeRunner)
+    runner = FakeRunner(prop)
+    assert runner.propose_draft_token_ids(SimpleNamespace(), [[1]]).req_ids == ["r1"]
+
+    class OddRunner:
+        def propose_draft_token_ids(self, sampled):
+            return None
+
+    assert not plugin.patch_runner_class(OddRunner)  # unexpected signature: left alone
+
+
+def test_options_defaults_are_valid_and_described():
+    opts = SpecdecOptions.from_dict({})
+    assert opts.num_speculative_tokens == 16 and opts.draft_timeout_ms > 0 and opts.adaptive
+    assert "draft_timeout_ms" in SpecdecOptions.describe()
+
+
+# ----------------------------------------------------------------------------- real vLLM (CPU import only)
+needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vllm not importable here (CI: run in /opt/vllm-venv)")
+
+
+@needs_vllm
+def test_real_engine_args_rewrite_builds_a_custom_class_speculative_config():
+    from vllm.engine.arg_utils import EngineArgs
+
+    plugin._state["registered"] = False
+    plugin.register()
+    plugin.register()  # idempotent
+    assert getattr(EngineArgs.create_speculative_config, "_specdec_wrapped", False)
+    ea = EngineArgs(model="unused", speculative_config={"method": "specdec", "drafter": "suffix",
+                                                         "num_speculative_tokens": 6, "draft_timeout_ms": 9})
+    plugin.rewrite_engine_args(ea)
+    assert ea.speculative_config["model"] == PROPOSER_PATH
+    assert ea.additional_config["specdec"]["draft_timeout_ms"] == 9.0
+    from vllm.config import SpeculativeConfig
+
+    fields = getattr(SpeculativeConfig, "__dataclass_fields__", {})
+    assert set(ea.speculative_config) <= set(fields)  # only keys vLLM accepts go through
+
+
+@needs_vllm
+def test_real_custom_class_hook_and_runner_signature():
+    from vllm.v1.spec_decode import custom_class_proposer  # noqa: F401 - the hook we rely on exists
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    import inspect
+
+    params = list(inspect.signature(GPUModelRunner.propose_draft_token_ids).parameters)
+    assert params[:2] == ["self", "scheduler_output"]

@@ -1,0 +1,322 @@
+"""CPU tests of the vLLM proposer's bookkeeping with fake inputs shaped like vLLM's (no vLLM needed)."""
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from specdec.drafters.base import Drafter, DraftRequest
+from specdec.tree import TokenTree
+from specdec.vllm_plugin.adaptive import AdaptiveController, bucket_of
+from specdec.vllm_plugin.core import ProposerCore, best_chain
+from specdec.vllm_plugin.options import SpecdecOptions
+from specdec.vllm_plugin.proposer import SpecdecProposer
+
+VOCAB = 97
+MAX_REQS = 8
+
+
+def target_next(ctx: list[int]) -> int:
+    """The fake target's greedy choice: a deterministic function of the last two tokens."""
+    return (ctx[-1] * 7 + (ctx[-2] if len(ctx) > 1 else 0) + 3) % VOCAB
+
+
+class OracleDrafter(Drafter):
+    """Records every lifecycle call; drafts the fake target's continuation (wrong from position ``wrong_at``)."""
+
+    name = "oracle"
+
+    def __init__(self, *, wrong_at: int = 99, fail: bool = False, sleep_s: float = 0.0) -> None:
+        self.ctx: dict[str, list[int]] = {}
+        self.stopped: list[str] = []
+        self.budgets: list[int] = []
+        self.wrong_at, self.fail, self.sleep_s = wrong_at, fail, sleep_s
+        self.threads: set[str] = set()
+
+    def start(self, request_id, prompt_ids):
+        self.threads.add(threading.current_thread().name)
+        self.ctx[request_id] = list(prompt_ids)
+
+    def extend(self, request_id, token_ids):
+        self.ctx[request_id].extend(int(t) for t in token_ids)
+
+    def stop(self, request_id):
+        self.ctx.pop(request_id, None)
+        self.stopped.append(request_id)
+
+    def draft_batch(self, requests):
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        if self.fail:
+            raise RuntimeError("boom")
+        out = []
+        for r in requests:
+            self.budgets.append(r.budget)
+            ctx = list(self.ctx[r.request_id])
+            toks = []
+            for j in range(r.budget + 3):  # deliberately too long: the guard must truncate
+                t = target_next(ctx) if j < self.wrong_at else (target_next(ctx) + 1) % VOCAB
+                toks.append(t)
+                ctx.append(t)
+            out.append(TokenTree.chain(toks, probs=[0.9] * len(toks)))
+        return out
+
+
+class FakeRunner:
+    """A tiny stand-in for vLLM's input batch + greedy rejection sampler (rows move, requests come and go)."""
+
+    def __init__(self, max_model_len: int = 64) -> None:
+        self.max_model_len = max_model_len
+        self.token_ids_cpu = np.zeros((MAX_REQS, max_model_len), np.int32)
+        self.num_tokens_no_spec = np.zeros(MAX_REQS, np.int32)
+        self.num_prompt_tokens = np.zeros(MAX_REQS, np.int32)
+        self.req_ids: list[str] = []
+        self.drafts: dict[str, list[int]] = {}
+        self.prefilled: set[str] = set()
+
+    def add(self, rid: str, prompt: list[int]) -> None:
+        row = len(self.req_ids)
+        self.req_ids.append(rid)
+        self.token_ids_cpu[row, : len(prompt)] = prompt
+        self.num_tokens_no_spec[row] = len(prompt)
+        self.num_prompt_tokens[row] = len(prompt)
+
+    def remove(self, rid: str) -> None:
+        """Finish a request and condense: the last row moves into the hole (as vLLM's condense does)."""
+        row = self.req_ids.index(rid)
+        last = len(self.req_ids) - 1
+        for arr in (self.token_ids_cpu, self.num_tokens_no_spec, self.num_prompt_tokens):
+            arr[row] = arr[last]
+        self.req_ids[row] = self.req_ids[last]
+        self.req_ids.pop()
+        self.drafts.pop(rid, None)
+
+    def swap(self, a: int, b: int) -> None:
+        for arr in (self.token_ids_cpu, self.num_tokens_no_spec, self.num_prompt_tokens):
+            arr[[a, b]] = arr[[b, a]]
+        self.req_ids[a], self.req_ids[b] = self.req_ids[b], self.req_ids[a]
+
+    def verify(self, skip_prefill: set[str] = frozenset()) -> list[list[int]]:
+        """Greedy verification of the stored drafts; appends accepted + bonus to the rows."""
+        sampled = []
+        for row, rid in enumerate(self.req_ids):
+            if rid in skip_prefill:
+                sampled.append([])
+                continue
+            n = int(self.num_tokens_no_spec[row])
+            ctx = self.token_ids_cpu[row, :n].tolist()
+            out = []
+            for t in self.drafts.get(rid, []) + [None]:
+                want = target_next(ctx + out)
+                out.append(want)
+                if t != want:
+                    break
+            out = out[: self.max_model_len - n]
+            self.token_ids_cpu[row, n : n + len(out)] = out
+            self.num_tokens_no_spec[row] = n + len(out)
+            sampled.append(out)
+        return sampled
+
+
+def make_core(drafter: Drafter, **opts) -> ProposerCore:
+    opts.setdefault("num_speculative_tokens", 4)
+    opts.setdefault("adaptive", False)
+    opts.setdefault("draft_timeout_ms", 0.0)
+    max_model_len = opts.pop("max_model_len", 64)
+    return ProposerCore(drafter, SpecdecOptions.from_dict(opts), max_model_len=max_model_len)
+
+
+def run_step(core: ProposerCore, runner: FakeRunner, **kw) -> list[list[int]]:
+    sampled = runner.verify(**kw)
+    drafts = core.step(list(runner.req_ids), sampled, runner.num_tokens_no_spec, runner.token_ids_cpu,
+                       num_prompt_tokens=runner.num_prompt_tokens)
+    runner.drafts = {rid: d for rid, d in zip(runner.req_ids, drafts)}
+    return drafts
+
+
+def test_state_follows_request_ids_across_moving_rows_and_finishes():
+    drafter = OracleDrafter(wrong_at=2)
+    core = make_core(drafter, num_speculative_tokens=4)
+    runner = FakeRunner()
+    for i, rid in enumerate(["a", "b", "c"]):
+        runner.add(rid, [i + 1, i + 2, i + 3])
+    for step in range(12):
+        if step == 3:
+            runner.swap(0, 2)
+        if step == 5:
+            runner.remove("b")  # finished; "c" moves into row 1
+            runner.add("d", [5, 6])
+        drafts = run_step(core, runner)
+        for row, rid in enumerate(runner.req_ids):
+            n = int(runner.num_tokens_no_spec[row])
+            assert drafter.ctx[rid] == runner.token_ids_cpu[row, :n].tolist(), (step, rid)
+            assert len(drafts[row]) <= 4
+            assert len(drafts[row]) <= runner.max_model_len - n - 1
+    assert "b" in drafter.stopped and "b" not in drafter.ctx
+    assert set(core.requests) == set(runner.req_ids) == {"a", "c", "d"}
+    # wrong_at=2: exactly 2 of each 4-token draft are accepted after the first step
+    assert core.stats.accepted_tokens > 0
+    assert 0.4 < core.stats.accepted_tokens / core.stats.drafted_tokens <= 0.5
+    assert core.stats.resyncs == 0
+
+
+def test_drafts_are_capped_by_k_and_max_model_len_and_empty_without_new_tokens():
+    drafter = OracleDrafter()
+    core = make_core(drafter, num_speculative_tokens=3, max_model_len=12)
+    runner = FakeRunner(max_model_len=12)
+    runner.add("a", [1, 2, 3])
+    runner.add("p", [4, 5, 6])  # stays in "partial prefill": no sampled tokens
+    lengths = []
+    for _ in range(6):
+        drafts = run_step(core, runner, skip_prefill={"p"})
+        assert drafts[1] == []
+        n = int(runner.num_tokens_no_spec[0])
+        assert len(drafts[0]) <= max(0, min(3, 12 - n - 1))
+        lengths.append((n, len(drafts[0])))
+    assert max(b for b in drafter.budgets) <= 3
+    assert lengths[-1][1] == 0  # at max_model_len: nothing drafted
+    assert "p" not in drafter.ctx  # never started before its first sampled token
+    assert runner.token_ids_cpu[0, :12].tolist()[:4] == [1, 2, 3, target_next([1, 2, 3])]
+
+
+def test_resync_when_context_length_jumps():
+    drafter = OracleDrafter()
+    core = make_core(drafter)
+    runner = FakeRunner()
+    runner.add("a", [1, 2, 3])
+    run_step(core, runner)
+    run_step(core, runner)
+    # a preemption/recompute: vLLM's row now holds more tokens than the drafter was told about
+    n = int(runner.num_tokens_no_spec[0])
+    runner.token_ids_cpu[0, n] = 11
+    runner.num_tokens_no_spec[0] = n + 1
+    run_step(core, runner)
+    m = int(runner.num_tokens_no_spec[0])
+    assert core.stats.resyncs == 1
+    assert drafter.ctx["a"] == runner.token_ids_cpu[0, :m].tolist()
+
+
+def test_drafter_errors_never_fail_a_step_and_are_counted(caplog):
+    drafter = OracleDrafter(fail=True)
+    core = make_core(drafter)
+    runner = FakeRunner()
+    runner.add("a", [1, 2, 3])
+    for _ in range(3):
+        assert run_step(core, runner) == [[]]
+    assert core.guard.stats.errors == 3
+    assert sum("failed" in r.message for r in caplog.records) == 1  # logged once
+    strict = make_core(OracleDrafter(fail=True), strict=True)
+    runner2 = FakeRunner()
+    runner2.add("a", [1, 2, 3])
+    with pytest.raises(RuntimeError, match="boom"):
+        run_step(strict, runner2)
+
+
+def test_slow_drafter_hits_the_deadline_and_ops_stay_in_order(caplog):
+    drafter = OracleDrafter(sleep_s=0.3)
+    core = make_core(drafter, draft_timeout_ms=20)
+    runner = FakeRunner()
+    runner.add("a", [1, 2, 3])
+    t0 = time.perf_counter()
+    assert run_step(core, runner) == [[]]
+    assert time.perf_counter() - t0 < 0.2  # did not wait for the 0.3 s drafter
+    assert core.stats.timeouts == 1
+    assert run_step(core, runner) == [[]]  # still busy: skipped, its ops queued
+    assert core.stats.busy_skips == 1
+    time.sleep(0.4)
+    drafter.sleep_s = 0.0
+    drafts = run_step(core, runner)
+    assert len(drafts[0]) == 4
+    n = int(runner.num_tokens_no_spec[0])
+    assert drafter.ctx["a"] == runner.token_ids_cpu[0, :n].tolist()
+    assert drafter.threads == {t for t in drafter.threads if t.startswith("specdec-draft")}
+    assert sum("draft_timeout_ms" in r.message for r in caplog.records) == 1
+    core.close()
+
+
+def test_best_chain_of_a_tree_follows_the_most_probable_child():
+    tree = TokenTree(np.array([5, 6, 7, 8]), np.array([-1, -1, 1, 1]), probs=np.array([0.3, 0.7, 0.2, 0.6]))
+    tokens, probs = best_chain(tree)
+    assert tokens.tolist() == [6, 8]
+    assert np.allclose(probs, [0.7, 0.42])
+    chain = TokenTree.chain([1, 2, 3])
+    assert best_chain(chain)[0].tolist() == [1, 2, 3] and best_chain(chain)[1] is None
+
+
+def test_confidence_cut_grows_with_batch_size():
+    ctl = AdaptiveController(min_path_prob=0.0, min_path_prob_per_seq=0.01)
+    assert ctl.cut(1) == 0.0
+    assert ctl.cut(64) == pytest.approx(0.63)
+    core = make_core(OracleDrafter(), adaptive=True, min_path_prob_per_seq=0.01)
+    # chain probs 0.9 each -> path probs 0.9, 0.81, 0.729, 0.656: at batch 64 (cut 0.63) all 4 pass, at a
+    # stricter per-seq step only the first ones survive
+    assert core._chain(TokenTree.chain([1, 2, 3, 4], probs=[0.9] * 4), 4, 0.75) == [1, 2]
+    assert core._chain(TokenTree.chain([1, 2, 3, 4], probs=[0.9] * 4), 3, 0.0) == [1, 2, 3]
+
+
+def test_throughput_check_turns_drafting_off_where_it_does_not_pay():
+    ctl = AdaptiveController(window_steps=4, probe_every=4, min_path_prob_per_seq=0.0)
+    now = 0.0
+    modes = []
+    for _ in range(200):
+        mode = ctl.mode(64, now)
+        modes.append(mode)
+        # at batch 64 drafting makes steps 3x slower while emitting only 1.5x the tokens
+        now += 0.003 if mode == "spec" else 0.001
+        ctl.observe(96 if mode == "spec" else 64)
+    st = ctl.buckets[bucket_of(64)]
+    assert st.plain_tps > st.spec_tps
+    tail = modes[-100:]
+    assert tail.count("plain") > 0.7 * len(tail)  # mostly plain, with periodic spec probes
+    assert "spec" in tail
+    ctl2 = AdaptiveController(window_steps=4, probe_every=4)
+    now = 0.0
+    for _ in range(200):
+        mode = ctl2.mode(1, now)
+        now += 0.0011 if mode == "spec" else 0.001
+        ctl2.observe(3 if mode == "spec" else 1)  # batch 1: 3 tokens per slightly slower step
+    assert ctl2.buckets[0].best_mode(1.0) == "spec"
+    assert ctl2.request_budget(8, 0.05) == 2 and ctl2.request_budget(8, 0.5) == 8
+
+
+def test_specdec_proposer_with_fake_vllm_config_and_tp_ranks(monkeypatch):
+    cfg = SimpleNamespace(
+        additional_config={"specdec": {"drafter": "suffix", "draft_timeout_ms": 0, "adaptive": False}},
+        speculative_config=SimpleNamespace(num_speculative_tokens=5),
+        model_config=SimpleNamespace(max_model_len=64),
+    )
+    drafter = OracleDrafter()
+    prop = SpecdecProposer(cfg, drafter=drafter, patch_runner=False)
+    assert prop.options.num_speculative_tokens == 5
+    runner = FakeRunner()
+    runner.add("x", [1, 2, 3])
+    sampled = runner.verify()
+    prop.bind_step(SimpleNamespace(req_ids=runner.req_ids, num_prompt_tokens=runner.num_prompt_tokens),
+                   SimpleNamespace(num_spec_tokens_to_schedule=5))
+    drafts = prop.propose(sampled, runner.num_tokens_no_spec, runner.token_ids_cpu)
+    assert len(drafts[0]) == 5
+    other = SpecdecProposer(cfg, drafter=OracleDrafter(), patch_runner=False)
+    monkeypatch.setattr("specdec.vllm_plugin.proposer._tp_rank", lambda: 1)
+    other.bind_step(SimpleNamespace(req_ids=runner.req_ids, num_prompt_tokens=None))
+    assert other.propose(sampled, runner.num_tokens_no_spec, runner.token_ids_cpu) == [[]]
+    assert other.core.stats.steps == 0  # non-driver ranks keep no state
+
+
+def test_unbound_proposer_falls_back_to_the_callers_input_batch():
+    cfg = SimpleNamespace(additional_config={"specdec": {"draft_timeout_ms": 0, "adaptive": False}},
+                          speculative_config=SimpleNamespace(num_speculative_tokens=2),
+                          model_config=SimpleNamespace(max_model_len=64))
+    prop = SpecdecProposer(cfg, drafter=OracleDrafter(), patch_runner=False)
+    runner = FakeRunner()
+    runner.add("x", [1, 2, 3])
+
+    class Runner:  # shaped like GPUModelRunner.propose_draft_token_ids calling drafter.propose
+        input_batch = SimpleNamespace(req_ids=runner.req_ids, num_prompt_tokens=None)
+
+        def propose_draft_token_ids(self, sampled):
+            return prop.propose(sampled, runner.num_tokens_no_spec, runner.token_ids_cpu)
+
+    assert len(Runner().propose_draft_token_ids(runner.verify())[0]) == 2
