@@ -33,7 +33,17 @@ from specdec.tree import ROOT, TokenTree
 
 logger = logging.getLogger("specdec.drafters.model")
 
-AUTO_CANDIDATES = ("torch", "torch-bf16", "compile", "onnx", "eager")  # tried by backend="auto"
+# backend="auto" times these and keeps the fastest. All compute in fp32 (drafts identical to the eager model's
+# up to float rounding); bf16 joins where the CPU has native bf16 (AMX / AVX512-BF16). Not auto-picked: int8
+# (approximate: force "onnx-int8" after checking agreement with eval/bench_draft_cpu.py) and "compile"
+# (inductor compiles for ~1 min per shape class on 2 cores and recompiles as batch/length classes change).
+AUTO_CANDIDATES = ("torch", "onnx", "eager")
+AUTO_BF16 = "torch-bf16"
+
+
+def auto_candidates(features: dict[str, bool]) -> tuple[str, ...]:
+    native_bf16 = features.get("amx_bf16", False) or features.get("avx512_bf16", False)
+    return AUTO_CANDIDATES + ((AUTO_BF16,) if native_bf16 else ())
 
 
 @dataclass(frozen=True)
@@ -131,17 +141,24 @@ class ModelDrafter(Drafter):
             check_tokenizer_compat(path, self.config.target_tokenizer)
         from specdec.drafters.cpu_info import apply_placement
 
-        apply_placement(num_threads=self.config.num_threads, cpu_affinity=self.config.cpu_affinity)
+        self.cpu = apply_placement(num_threads=self.config.num_threads, cpu_affinity=self.config.cpu_affinity)
         self.backend: DraftBackend = self._build_backend(path)
         self._reqs: dict[str, _Request] = {}
         self.forwards = 0  # backend forward calls (for tests and stats)
+
+    @classmethod
+    def from_backend(cls, backend: DraftBackend, config: ModelDrafterConfig | None = None) -> "ModelDrafter":
+        """A drafter over an already built backend (benchmarks; sharing one backend is not thread-safe)."""
+        self = cls.__new__(cls)
+        self.config, self.backend, self._reqs, self.forwards = config or cls.Config(), backend, {}, 0
+        return self
 
     def _build_backend(self, path: Path) -> DraftBackend:
         if self.config.backend != "auto":
             return make_backend(self.config.backend, path)
         from specdec.drafters.model_calibrate import pick_backend
 
-        return pick_backend(path, AUTO_CANDIDATES, steps=self.config.calibration_steps)
+        return pick_backend(path, auto_candidates(self.cpu.features), steps=self.config.calibration_steps)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
@@ -189,10 +206,15 @@ class ModelDrafter(Drafter):
         items = [self._catch_up_input(g) for g in growths]
         live = growths
         while live:
-            logits = self.backend.forward(items)
+            logits = self.backend.forward(items)  # per request [len(frontier), V]
             self.forwards += 1
-            for g, lg in zip(live, logits):
-                self._expand(g, lg)
+            kmax = max(self._branching(g, d) for g in live for d in self._frontier_depths(g))
+            probs, toks = _top_candidates(torch.cat(logits), kmax)
+            row = 0
+            for g in live:
+                f = len(g.frontier)
+                self._expand(g, probs[row:row + f], toks[row:row + f])
+                row += f
             live = [g for g in live if not g.done()]
             items = [self._level_input(g) for g in live]
         for g in growths:
@@ -222,18 +244,21 @@ class ModelDrafter(Drafter):
     def _branching(self, g: _Growth, depth: int) -> int:
         return self.config.tree_top_k if g.tree and depth in self.config.tree_branch_depths else 1
 
-    def _expand(self, g: _Growth, logits: torch.Tensor) -> None:
-        """Add the children of every frontier node (logits [len(frontier), V]) within the budget."""
-        logp = torch.log_softmax(logits.float(), dim=-1)  # [f, V]
+    @staticmethod
+    def _frontier_depths(g: _Growth) -> set[int]:
+        return {1 if p == ROOT else g.depth[p] + 1 for p in g.frontier}
+
+    def _expand(self, g: _Growth, probs: list[list[float]], toks: list[list[int]]) -> None:
+        """Add the children of every frontier node within the budget.
+
+        ``probs``/``toks`` [len(frontier), kmax]: each frontier node's most likely next tokens, best first.
+        """
         cands: list[tuple[float, int, int, float]] = []  # (path prob, parent, token, prob)
-        for row, parent in enumerate(g.frontier):
+        for prow, trow, parent in zip(probs, toks, g.frontier):
             depth = 1 if parent == ROOT else g.depth[parent] + 1
             k = min(self._branching(g, depth), g.budget - len(g.tokens))
-            vals, toks = torch.topk(logp[row], k)
             base = 1.0 if parent == ROOT else g.path_prob[parent]
-            for v, t in zip(vals.tolist(), toks.tolist()):
-                p = float(np.exp(v))
-                cands.append((base * p, parent, int(t), p))
+            cands.extend((base * p, parent, t, p) for p, t in zip(prow[:k], trow[:k]))
         cands.sort(key=lambda c: -c[0])
         cands = cands[: g.budget - len(g.tokens)]
         cands.sort(key=lambda c: c[1])  # keep parents before children and siblings grouped
@@ -281,6 +306,14 @@ class ModelDrafter(Drafter):
     def memory_bytes(self) -> int:
         return sum(self.backend.state_bytes(r.state) for r in self._reqs.values()) \
             if hasattr(self.backend, "state_bytes") else 0
+
+
+def _top_candidates(logits: torch.Tensor, k: int) -> tuple[list[list[float]], list[list[int]]]:
+    """Softmax probabilities and ids of the ``k`` most likely tokens of each row of ``logits`` [F, V]."""
+    logits = logits.float()
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [F, 1]
+    vals, toks = torch.topk(logits, min(k, logits.shape[-1]), dim=-1)  # [F, k]
+    return torch.exp(vals - lse).tolist(), toks.tolist()
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -181,6 +181,7 @@ class PooledBackend(DraftBackend):
 
     contiguous_past = False  # True: pass whole pool rows (full capacity) as past, e.g. for ONNX Runtime
 
+    @torch.inference_mode()  # pool tensors are inference tensors, written only in inference mode
     def _init_pool(self, shape: LlamaShape, dtype: torch.dtype) -> None:
         self.shape, self.dtype = shape, dtype
         self.vocab_size, self.max_positions = shape.vocab, shape.max_positions
@@ -206,6 +207,7 @@ class PooledBackend(DraftBackend):
         self._owner[row] = st
         return st
 
+    @torch.inference_mode()
     def release(self, state: PoolState) -> None:
         if not (0 <= state.row < len(self._owner) and self._owner[state.row] is state):
             return
@@ -228,6 +230,7 @@ class PooledBackend(DraftBackend):
         s = self.shape
         return 2 * s.layers * s.kv_heads * state.length * s.head_dim * self.k[0].element_size()
 
+    @torch.inference_mode()
     def _grow(self, *, rows: int | None = None, capacity: int | None = None) -> None:
         R, KVH, cap, hd = self.k[0].shape
         rows, capacity = max(rows or R, R), max(capacity or cap, cap)
@@ -248,27 +251,27 @@ class PooledBackend(DraftBackend):
             return []
         order = sorted(range(len(items)), key=lambda i: items[i].state.row)
         batch = [items[i] for i in order]
-        lens = [it.state.length for it in batch]
-        ns = [len(it.tokens) for it in batch]
-        B, N = len(batch), max(ns)
-        if max(lens) + N > self.capacity:
-            self._grow(capacity=max(2 * self.capacity, max(lens) + N))
-        S = self.capacity if self.contiguous_past else max(lens)
+        lens = np.asarray([it.state.length for it in batch], np.int64)  # [B]
+        ns = np.asarray([len(it.tokens) for it in batch], np.int64)  # [B]
+        B, N = len(batch), int(ns.max())
+        if int(lens.max()) + N > self.capacity:
+            self._grow(capacity=max(2 * self.capacity, int(lens.max()) + N))
+        S = self.capacity if self.contiguous_past else int(lens.max())
         rows = [it.state.row for it in batch]
-        tokens = torch.zeros(B, N, dtype=torch.long)  # [B, N]
-        pos = torch.zeros(B, N, dtype=torch.long)  # [B, N]
-        for i, it in enumerate(batch):
-            tokens[i, : ns[i]] = torch.as_tensor(list(it.tokens))
-            pos[i, : ns[i]] = torch.as_tensor(list(it.positions))
+        valid = np.arange(N)[None, :] < ns[:, None]  # [B, N] real (not padding) tokens
+        tokens = np.zeros((B, N), np.int64)
+        pos = np.zeros((B, N), np.int64)
+        tokens[valid] = np.fromiter((t for it in batch for t in it.tokens), np.int64, int(ns.sum()))
+        pos[valid] = np.fromiter((p for it in batch for p in it.positions), np.int64, int(ns.sum()))
         sel = torch.as_tensor([i * N + j for i, it in enumerate(batch) for j in it.want])  # [W]
         if rows == list(range(rows[0], rows[0] + B)):
             past = [t[rows[0]:rows[0] + B, :, :S] for t in self.k + self.v]  # 2L x [B, KVH, S, hd] views
         else:
             idx = torch.as_tensor(rows)
             past = [t[idx, :, :S] for t in self.k + self.v]  # copies
-        bias = self._bias(batch, lens, ns, S)  # [B, 1, N, S + N]
-        logits, new_k, new_v = self._run(tokens, pos, bias, sel, past)
-        self._write_kv(rows, lens, ns, new_k, new_v)
+        bias = self._bias(batch, lens, N, S)  # [B, 1, N, S + N]
+        logits, new_k, new_v = self._run(torch.from_numpy(tokens), torch.from_numpy(pos), bias, sel, past)
+        self._write_kv(np.asarray(rows), lens, valid, new_k, new_v)
         out: list[torch.Tensor] = [torch.empty(0)] * len(items)
         start = 0
         for i, it in zip(order, batch):
@@ -277,38 +280,36 @@ class PooledBackend(DraftBackend):
             it.state.length += len(it.tokens)
         return out
 
-    def _write_kv(self, rows: list[int], lens: list[int], ns: list[int], new_k: torch.Tensor,
+    def _write_kv(self, rows: np.ndarray, lens: np.ndarray, valid: np.ndarray, new_k: torch.Tensor,
                   new_v: torch.Tensor) -> None:
-        """Copy the new K/V ``[L, B, KVH, N, hd]`` into each row's slots ``len .. len + n``."""
-        B, N = len(rows), max(ns)
-        if N == 1 and rows == list(range(rows[0], rows[0] + B)) and len(set(lens)) == 1:
-            r0, l0 = rows[0], lens[0]  # common decode case: one strided copy per layer
-            for li in range(self.shape.layers):
-                self.k[li][r0:r0 + B, :, l0:l0 + 1] = new_k[li]
-                self.v[li][r0:r0 + B, :, l0:l0 + 1] = new_v[li]
-            return
-        for i, (r, l, n) in enumerate(zip(rows, lens, ns)):
-            for li in range(self.shape.layers):
-                self.k[li][r, :, l:l + n] = new_k[li, i, :, :n]
-                self.v[li][r, :, l:l + n] = new_v[li, i, :, :n]
+        """Scatter the new K/V ``[L, B, KVH, N, hd]`` of valid tokens into slots ``len ..`` of each row."""
+        b_idx, j_idx = np.nonzero(valid)  # [M] each
+        r_idx = torch.from_numpy(rows[b_idx])
+        s_idx = torch.from_numpy(lens[b_idx] + j_idx)
+        b_t, j_t = torch.from_numpy(b_idx), torch.from_numpy(j_idx)
+        for li in range(self.shape.layers):
+            self.k[li][r_idx, :, s_idx] = new_k[li][b_t, :, j_t]  # [M, KVH, hd]
+            self.v[li][r_idx, :, s_idx] = new_v[li][b_t, :, j_t]
 
-    def _bias(self, batch: Sequence[StepInput], lens: list[int], ns: list[int], S: int) -> torch.Tensor:
-        """Additive attention bias ``[B, 1, N, S + N]``: past slots ``< len`` then the N new tokens."""
-        B, N = len(batch), max(ns)
-        visible = torch.zeros(B, N, S + N, dtype=torch.bool)
-        tri = torch.ones(N, N, dtype=torch.bool).tril()  # [N, N] causal among new tokens
+    def _bias(self, batch: Sequence[StepInput], lens: np.ndarray, N: int, S: int) -> torch.Tensor:
+        """Additive attention bias ``[B, 1, N, S + N]``: past slots ``< len`` then the N new tokens (causal).
+
+        Items with a tree ``mask`` ([n, len + n]) get it instead; padding query rows see only new token 0.
+        """
+        B = len(batch)
+        visible = np.zeros((B, N, S + N), dtype=bool)
+        visible[:, :, :S] = (np.arange(S)[None, :] < lens[:, None])[:, None, :]
+        visible[:, :, S:] = np.tril(np.ones((N, N), dtype=bool))[None]
         for i, it in enumerate(batch):
-            l, n = lens[i], ns[i]
-            if it.mask is None:
-                visible[i, :, :l] = True
-                visible[i, :, S:] = tri
-            else:
-                m = torch.from_numpy(np.ascontiguousarray(it.mask, dtype=bool))  # [n, l + n]
+            if it.mask is not None:
+                l, n = int(lens[i]), len(it.tokens)
+                m = np.asarray(it.mask, dtype=bool)  # [n, l + n]
+                visible[i] = False
                 visible[i, :n, :l] = m[:, :l]
                 visible[i, :n, S:S + n] = m[:, l:]
-                visible[i, n:, S] = True  # padding rows: attend to something (output unused)
-        bias = torch.zeros(B, N, S + N, dtype=self.dtype).masked_fill_(~visible, NEG_INF)
-        return bias.unsqueeze(1)
+                visible[i, n:, S] = True
+        bias = np.where(visible, np.float32(0.0), np.float32(NEG_INF))[:, None]  # [B, 1, N, S + N]
+        return torch.from_numpy(bias).to(self.dtype)
 
 
 class TorchLlamaBackend(PooledBackend):

@@ -23,6 +23,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
+
 from specdec.drafters.base import Drafter, DraftRequest
 from specdec.drafters.registry import build_drafter
 from specdec.eval.records import TraceRecord
@@ -31,12 +33,13 @@ from specdec.pipeline import AsyncConfig, AsyncDrafter
 # no-spec step time (ms) of the shared target on an H200 = batch / measured tok/s (issue 5 peer table)
 DEFAULT_GPU_MS = {1: 1 / 501 * 1e3, 8: 8 / 3582 * 1e3, 32: 32 / 10_700 * 1e3, 64: 64 / 16_802 * 1e3}
 SPIN_CALIBRATION_ITERS = 200_000
+MODES = {"sync": {}, "async": {}, "async-empty": {"on_miss": "empty"}, "async-budget": {"on_miss": "budget"}}
 
 
 @dataclass
 class BenchResult:
     dataset: str
-    mode: str  # "sync" | "async"
+    mode: str  # a MODES key
     batch_size: int
     budget: int
     gpu_ms: float
@@ -46,7 +49,8 @@ class BenchResult:
     emitted_tokens: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
-    critical_seconds: float = 0.0
+    critical_seconds: float = 0.0  # start + extend + draft_batch + stop, all on the engine thread
+    start_seconds: float = 0.0  # part of it in start() (prompt ingestion; vLLM pays it at prefill)
     engine_cpu_seconds: float = 0.0
     engine_cpu_nominal_seconds: float = 0.0
     wall_seconds: float = 0.0
@@ -59,6 +63,12 @@ class BenchResult:
             mat=self.emitted_tokens / max(self.request_steps, 1),
             acceptance_rate=self.accepted_tokens / max(self.drafted_tokens, 1),
             critical_us_per_step=self.critical_seconds / steps * 1e6,
+            step_critical_us_per_step=(self.critical_seconds - self.start_seconds) / steps * 1e6,
+            step_critical_share=(self.critical_seconds - self.start_seconds)
+            / (self.critical_seconds - self.start_seconds + steps * self.gpu_ms * 1e-3),
+            # model estimate: emitted / (engine-thread drafting time + steps x no-spec GPU step time)
+            est_tokens_per_s=self.emitted_tokens
+            / (self.critical_seconds - self.start_seconds + steps * self.gpu_ms * 1e-3),
             critical_us_per_token=self.critical_seconds / max(self.emitted_tokens, 1) * 1e6,
             critical_share_of_step=self.critical_seconds / (self.critical_seconds + steps * self.gpu_ms * 1e-3),
             engine_cpu_inflation=self.engine_cpu_seconds / max(self.engine_cpu_nominal_seconds, 1e-12),
@@ -73,9 +83,12 @@ def _spin(iters: int) -> None:
 
 
 def calibrate_spin(ms: float) -> int:
-    """Iterations of ``_spin`` that take ``ms`` on this machine (best of 3, no background threads)."""
-    best = min(_timed(lambda: _spin(SPIN_CALIBRATION_ITERS)) for _ in range(3))
-    return max(0, int(SPIN_CALIBRATION_ITERS * ms * 1e-3 / best))
+    """Iterations of ``_spin`` that take ``ms`` on this machine (median of 5 at the target size, twice refined)."""
+    iters = SPIN_CALIBRATION_ITERS
+    for _ in range(3):
+        took = sorted(_timed(lambda: _spin(iters)) for _ in range(5))[2]
+        iters = max(1, int(iters * ms * 1e-3 / max(took, 1e-9)))
+    return iters
 
 
 def _timed(fn) -> float:  # type: ignore[no-untyped-def]
@@ -102,13 +115,17 @@ def run(drafter: Drafter, records: Sequence[TraceRecord], *, res: BenchResult, s
             if not rec.response_ids.size:
                 continue
             rid = f"{rec.id}#{res.records}"
+            t_start = time.perf_counter()
             drafter.start(rid, rec.prompt_list())
+            res.start_seconds += time.perf_counter() - t_start
             active.append((rid, rec.response_list(), [0]))
             res.records += 1
         trees = drafter.draft_batch([DraftRequest(rid, res.budget, False) for rid, _, _ in active])
         res.critical_seconds += time.perf_counter() - t0
         res.engine_cpu_seconds += _timed(lambda: _spin(spin_iters))
         res.engine_cpu_nominal_seconds += engine_ms * 1e-3
+        if isinstance(drafter, AsyncDrafter):
+            drafter.open_gate()  # the GPU step is launched (as the vLLM runner patch would signal)
         time.sleep(gpu_s)
         t0 = time.perf_counter()
         still = []
@@ -134,6 +151,46 @@ def run(drafter: Drafter, records: Sequence[TraceRecord], *, res: BenchResult, s
     return res
 
 
+def suffix_with_lookahead(spec: Any) -> Drafter:
+    """Benchmark-only stand-in: the suffix drafter on its python reference backend plus a read-only
+    ``draft_after`` (match fronts advanced over the extra tokens, nothing inserted), to measure what hedging
+    gains once ``drafters/suffix.py`` provides ``draft_after`` natively. Same drafts as the native backend."""
+    from specdec.drafters.suffix import SuffixDrafter
+    from specdec.drafters.suffix_ref import _empty, best_draft
+    from specdec.tree import TokenTree
+
+    opts = dict(spec) if isinstance(spec, dict) else {}
+    opts.pop("name", None)
+    opts["backend"] = "python"
+
+    class Lookahead(SuffixDrafter):
+        def draft_after(self, request_id, extra_tokens, budget, *, tree=False):  # type: ignore[no-untyped-def]
+            rid = self._ids.get(request_id)
+            eng = self.engine
+            r = eng.requests.get(rid) if rid is not None else None
+            if r is None or budget <= 0:
+                return TokenTree.empty()
+            c = self.config
+            lf = r.local_front
+            eng._refresh(r)
+            gf = r.global_front
+            for t in extra_tokens:
+                lf = r.local.step_match(lf, int(t))
+                gf = eng.global_trie.step_match(gf, int(t))
+            params = (budget, bool(tree), c.max_spec_factor, c.max_spec_offset, c.min_token_prob)
+            best = _empty()
+            if c.use_local:
+                best = best_draft(r.local, lf, params, 0, best)
+            if c.use_global:
+                best = best_draft(eng.global_trie, gf, params, 1, best)
+            if not best["tokens"]:
+                return TokenTree.empty()
+            return TokenTree(np.asarray(best["tokens"], np.int64), np.asarray(best["parents"], np.int32),
+                             np.asarray(best["probs"], np.float32))
+
+    return Lookahead(SuffixDrafter.Config.from_dict(opts))
+
+
 def parse_gpu_ms(text: str) -> dict[int, float]:
     out = dict(DEFAULT_GPU_MS)
     for part in filter(None, text.split(",")):
@@ -155,34 +212,70 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--gpu-ms", default="", help="override step times, e.g. '1:5.0,64:7.4'")
     ap.add_argument("--engine-cpu-ms", type=float, default=0.5)
     ap.add_argument("--async-config", default="{}", help="JSON of AsyncConfig keys")
-    ap.add_argument("--modes", default="sync,async")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--modes", default="sync,async,async-budget,async-empty")
+    ap.add_argument("--lookahead-ref", action="store_true",
+                    help="suffix on its python backend + a read-only draft_after (hit-rate study; slower drafting)")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per (batch, mode); modes interleaved")
+    ap.add_argument("--name", default="bench_async_cpu", help="results file name part")
+    ap.add_argument("--out", default=None, help="explicit results path (default eval/results/<date>_<device>_<name>.json)")
     args = ap.parse_args(argv)
     spec = json.loads(args.drafter) if args.drafter.startswith(("{", "[")) else args.drafter
     acfg = AsyncConfig.from_dict(json.loads(args.async_config), where="--async-config: ")
     gpu_ms = parse_gpu_ms(args.gpu_ms)
     spin_iters = calibrate_spin(args.engine_cpu_ms)
     results = []
+    for mode in args.modes.split(","):
+        if mode not in MODES:
+            raise SystemExit(f"--modes: {mode!r} is unknown; valid: {', '.join(MODES)}")
     for ds in filter(None, args.datasets.split(",")):
         name, records = load_traces(ds, limit=args.limit)
         for bs in [int(b) for b in args.batch_sizes.split(",")]:
-            for mode in args.modes.split(","):
-                inner = build_drafter(spec)
-                d: Drafter = AsyncDrafter(inner, acfg) if mode == "async" else inner
-                res = BenchResult(name, mode, bs, args.budget, gpu_ms.get(bs, gpu_ms[max(gpu_ms)]))
-                try:
-                    run(d, records, res=res, spin_iters=spin_iters, engine_ms=args.engine_cpu_ms)
-                finally:
-                    d.close()
-                row = res.as_dict()
-                results.append(row)
-                print(f"{name:24s} B={bs:3d} {mode:5s} MAT={row['mat']:.3f} crit/step={row['critical_us_per_step']:8.1f}us "
-                      f"share={row['critical_share_of_step']:.3f} hit={row['pipeline'].get('hit_rate', float('nan')):.3f} "
-                      f"engine_infl={row['engine_cpu_inflation']:.2f}", flush=True)
+            for rep in range(args.repeats):  # modes interleaved, so machine noise hits them alike
+                for mode in args.modes.split(","):
+                    row = _one(spec, records, name, mode, bs, args, acfg, gpu_ms, spin_iters)
+                    row["repeat"] = rep
+                    results.append(row)
+                    print(f"{name:20s} B={bs:3d} {mode:11s} MAT={row['mat']:.3f} "
+                          f"crit/step={row['step_critical_us_per_step']:8.1f}us share={row['step_critical_share']:.3f} "
+                          f"tok/s~{row['est_tokens_per_s']:.0f} hit={row['pipeline'].get('hit_rate', float('nan')):.3f} "
+                          f"engine_infl={row['engine_cpu_inflation']:.2f}", flush=True)
+    summary = summarize(results)
+    for line in summary:
+        print(line)
     settings = {**vars(args), "gpu_ms_table": gpu_ms, "spin_iters": spin_iters, "async_config": acfg.to_dict()}
-    path = args.out or results_path("bench_async_cpu", device="cpu")
-    print(write_results(path, settings, results, device="cpu"))
+    path = args.out or results_path(args.name, device="cpu")
+    print(write_results(path, settings, results, device="cpu", extra={"summary": summary}))
     return 0
+
+
+def _one(spec: Any, records: Sequence[TraceRecord], name: str, mode: str, bs: int, args: Any,
+         acfg: AsyncConfig, gpu_ms: dict[int, float], spin_iters: int) -> dict[str, Any]:
+    inner = suffix_with_lookahead(spec) if args.lookahead_ref else build_drafter(spec)
+    d: Drafter = inner if mode == "sync" else AsyncDrafter(inner, acfg.replace(**MODES[mode]))
+    res = BenchResult(name, mode, bs, args.budget, gpu_ms.get(bs, gpu_ms[max(gpu_ms)]))
+    try:
+        run(d, records, res=res, spin_iters=spin_iters, engine_ms=args.engine_cpu_ms)
+    finally:
+        d.close()
+    return res.as_dict()
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Median over repeats per (dataset, batch, mode), with ratios to sync: one line each."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["dataset"], r["batch_size"], r["mode"]), []).append(r)
+    med = {k: {f: float(np.median([r[f] for r in v])) for f in
+               ("mat", "step_critical_us_per_step", "step_critical_share", "est_tokens_per_s", "engine_cpu_inflation")}
+           | {"hit_rate": float(np.median([r["pipeline"].get("hit_rate", np.nan) for r in v]))}
+           for k, v in groups.items()}
+    lines = ["dataset              B   mode         MAT    crit_us/step  share   est_tok/s (x sync)  hit"]
+    for (ds, bs, mode), m in med.items():
+        base = med.get((ds, bs, "sync"))
+        ratio = m["est_tokens_per_s"] / base["est_tokens_per_s"] if base else float("nan")
+        lines.append(f"{ds:20s} {bs:3d} {mode:11s} {m['mat']:.3f}  {m['step_critical_us_per_step']:10.1f}  "
+                     f"{m['step_critical_share']:.3f}  {m['est_tokens_per_s']:8.0f} ({ratio:.2f}x)  {m['hit_rate']:.3f}")
+    return lines
 
 
 if __name__ == "__main__":

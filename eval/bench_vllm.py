@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specdec.paths import REPO_ROOT, TARGET_MODEL, model_path
+from specdec.paths import TARGET_MODEL, model_path
 
 METHODS: dict[str, dict[str, Any] | None] = {
     "nospec": None,
@@ -126,11 +126,11 @@ def _spec_config(method: str, override: dict[str, Any]) -> dict[str, Any] | None
 
 def worker(args: argparse.Namespace) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process: timers work
+    prompts = json.loads(Path(args.prompts).read_text())
     from vllm import LLM, SamplingParams
 
     timer = StepTimer()
     timer.install()
-    prompts = json.loads(Path(args.prompts).read_text())
     spec = _spec_config(args.method, json.loads(args.specdec_config or "{}"))
     t0 = time.perf_counter()
     llm = LLM(model=args.model, dtype=args.dtype, speculative_config=spec, max_model_len=args.max_model_len,
@@ -265,21 +265,8 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def driver(args: argparse.Namespace) -> None:
-    tmp = Path(args.raw_dir)
-    tmp.mkdir(parents=True, exist_ok=True)
-    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-    runs, lossless = {}, {}
-    t_start = time.perf_counter()
-    for method in args.methods:
-        res = _spawn(args, method, "bfloat16", args.batch_sizes, args.max_tokens, args.eager_bench, tmp)
-        if res is not None:
-            runs[method] = res
-    if args.lossless:
-        for method in ["nospec"] + [m for m in args.methods if m.startswith("specdec")]:
-            res = _spawn(args, method, "float32", list(LOSSLESS_BATCHES), LOSSLESS_MAX_TOKENS, True, tmp)
-            if res is not None:
-                lossless[method] = res
+def write_doc(args: argparse.Namespace, runs: dict, lossless: dict, t_start: float) -> dict[str, Any]:
+    """Write the results JSON + markdown (called after every method, so a cut-off run keeps what it has)."""
     prompts = json.loads(Path(args.prompts).read_text())
     versions = _versions()
     device = args.device or versions.get("gpu", "gpu").replace("NVIDIA ", "").split()[0].lower()
@@ -291,22 +278,49 @@ def driver(args: argparse.Namespace) -> None:
                      "cuda_graphs": not args.eager_bench, "datasets": args.datasets,
                      "prompts_per_batch": {b: len(prompts["datasets"][args.datasets[0]][f"bs{b}"])
                                            for b in args.batch_sizes},
-                     "cache_policy": prompts["policy"], "lossless": {"dtype": "float32", "batch_sizes":
-                     list(LOSSLESS_BATCHES), "max_tokens": LOSSLESS_MAX_TOKENS, "eos": "respected",
-                     "enforce_eager": True} if args.lossless else None,
+                     "cache_policy": prompts["policy"],
+                     "lossless": {"dtype": "float32", "batch_sizes": list(LOSSLESS_BATCHES),
+                                  "max_tokens": LOSSLESS_MAX_TOKENS, "eos": "respected", "enforce_eager": True}
+                     if args.lossless else None,
                      "engine": "vLLM LLM(), engine core in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), seed 0",
-                     "total_s": time.perf_counter() - t_start},
+                     "command": " ".join(sys.argv), "total_s": time.perf_counter() - t_start},
         "summary": summarise(runs, lossless),
     }
-    name = f"{doc['date']}_{device}_vllm_bench"
+    name = f"{doc['date']}_{device}_vllm_{'lossless' if args.lossless_only else 'bench'}"
     (Path(args.out_dir) / f"{name}.json").write_text(json.dumps(doc, indent=1))
     (Path(args.out_dir) / f"{name}.md").write_text(markdown(doc))
-    print(markdown(doc))
+    return doc
+
+
+def driver(args: argparse.Namespace) -> None:
+    args.prompts = str(Path(args.prompts).resolve())
+    if not Path(args.prompts).exists():
+        raise SystemExit(f"--prompts {args.prompts} not found: run python -m specdec.eval.prepare_prompts first")
+    tmp = Path(args.raw_dir)
+    tmp.mkdir(parents=True, exist_ok=True)
+    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    runs: dict[str, Any] = {}
+    lossless: dict[str, Any] = {}
+    t_start = time.perf_counter()
+    if not args.lossless_only:
+        for method in args.methods:
+            res = _spawn(args, method, "bfloat16", args.batch_sizes, args.max_tokens, args.eager_bench, tmp)
+            if res is not None:
+                runs[method] = res
+                write_doc(args, runs, lossless, t_start)
+    if args.lossless or args.lossless_only:
+        args.lossless = True
+        for method in ["nospec"] + [m for m in args.methods if m.startswith("specdec")]:
+            res = _spawn(args, method, "float32", list(LOSSLESS_BATCHES), LOSSLESS_MAX_TOKENS, True, tmp)
+            if res is not None:
+                lossless[method] = res
+                write_doc(args, runs, lossless, t_start)
+    print(markdown(write_doc(args, runs, lossless, t_start)))
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", default=str(REPO_ROOT / "device_inputs" / "prompts.json"))
+    ap.add_argument("--prompts", default="device_inputs/prompts.json", help="from specdec.eval.prepare_prompts")
     ap.add_argument("--model", default=str(model_path(TARGET_MODEL)))
     ap.add_argument("--methods", default="nospec,ngram,suffix,specdec", type=lambda s: s.split(","))
     ap.add_argument("--datasets", default="code,agentic", type=lambda s: s.split(","))
@@ -316,10 +330,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gpu-mem", type=float, default=0.3)
     ap.add_argument("--specdec-config", default="", help="JSON merged into the specdec methods' config")
     ap.add_argument("--lossless", action="store_true", help="add float32 runs: no-spec vs specdec methods")
+    ap.add_argument("--lossless-only", action="store_true", help="only the float32 lossless runs")
     ap.add_argument("--eager-bench", action="store_true", help="enforce_eager for the speed runs (no CUDA graphs)")
     ap.add_argument("--method-timeout-s", type=int, default=900)
     ap.add_argument("--device", default="", help="device name for the results file (default: from the GPU)")
-    ap.add_argument("--out-dir", default=str(REPO_ROOT / "eval" / "results"))
+    ap.add_argument("--out-dir", default="eval/results")
     ap.add_argument("--raw-dir", default="/tmp/specdec_bench_raw", help="per-method outputs (token ids)")
     # worker-only
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

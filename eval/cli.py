@@ -32,13 +32,13 @@ class EvalError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------------- parser
-def _add_drafter_args(p: argparse.ArgumentParser) -> None:
+def _add_drafter_args(p: argparse.ArgumentParser, defaults: Sequence[str] = DEFAULT_DRAFTERS) -> None:
     g = p.add_argument_group("drafters")
     g.add_argument("--drafter", nargs="+", metavar="NAME", default=None,
                    help="drafters to evaluate, each a name (suffix, ngram, model, arctic, vllm-ngram) or names "
                         "joined by '+' for a composition choosing the best draft per step (suffix+model). "
-                        f"Default: {' '.join(DEFAULT_DRAFTERS)} (a default one that cannot be imported is skipped "
-                        "with a warning)")
+                        f"Default: {' '.join(defaults)}" + (" (a default one that cannot be imported is skipped "
+                                                             "with a warning)" if len(defaults) > 1 else ""))
     g.add_argument("--option", action="append", default=[], metavar="NAME.KEY=VALUE",
                    help="a drafter option, e.g. suffix.max_depth=32 or model.path=../shared/models/code-draft-7m "
                         "(VALUE parsed as YAML; repeatable; unknown keys are rejected by the drafter's config)")

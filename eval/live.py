@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -48,13 +48,15 @@ def add_live_parser(sub: Any, fmt: Any, add_drafter_args: Callable, add_output_a
     g.add_argument("--limit", type=int, default=None, metavar="N", help="first N prompts per set (default all)")
     g.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="new tokens per prompt (128)")
     g.add_argument("--no-eos", action="store_true", help="do not stop at EOS (default: stop at the EOS token)")
+    g.add_argument("--no-bos", action="store_true",
+                   help="do not start prompts with the tokenizer's BOS token (default: prepend it unless the "
+                        "tokenizer or chat template already does)")
     g.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
     g.add_argument("--threads", type=int, default=0, metavar="N", help="torch CPU threads (0 = torch default)")
     g.add_argument("--baselines", default=",".join(BASELINES), metavar="LIST",
                    help=f"comma-separated peers to run beside the drafters: {', '.join(BASELINES)} (default "
                         "all; empty string = none)")
-    add_drafter_args(p)
-    p.set_defaults(default_drafters=DEFAULT_LIVE_DRAFTERS)
+    add_drafter_args(p, DEFAULT_LIVE_DRAFTERS)
     add_output_args(p)
 
 
@@ -94,8 +96,6 @@ class Live:
         self.target_path = args.target or str(model_path(TARGET_MODEL))
         self.draft_path = args.draft_model or str(model_path(DRAFT_MODEL))
         for what, p in (("--target", self.target_path), ("--draft-model", self.draft_path)):
-            import os
-
             if not os.path.isdir(p):
                 raise FileNotFoundError(f"{what} {p}: no such model folder; pass a local Hugging Face model folder")
         self.tok = AutoTokenizer.from_pretrained(args.tokenizer or self.target_path)
@@ -175,7 +175,7 @@ def _run_set(live: Live, name: str, items: list, methods: list) -> list[MethodRu
     from specdec.eval.prompts import render_prompt
 
     n = live.args.max_new_tokens
-    prompts = [render_prompt(it, live.tok) for it in items]
+    prompts = [render_prompt(it, live.tok, bos=not live.args.no_bos) for it in items]
     for _, fn in methods:  # warm-up: first-call overheads (allocations, kernels) off the clock
         fn(prompts[0], WARMUP_TOKENS)
     runs = [m for m, _ in methods]

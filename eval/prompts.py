@@ -4,7 +4,7 @@
     ids = render_prompt(item, tokenizer)                     # token ids for the target
 
 Code sets are raw code prompts (HumanEval: the task's ``prompt``; MBPP: a docstring with the task text and its
-first test). Chat sets (question ``turns``, GSM8K ``question``) are chat messages: rendered with the tokenizer's
+first test), trailing whitespace removed (see ``_record``), after the tokenizer's BOS token. Chat sets (question ``turns``, GSM8K ``question``) are chat messages: rendered with the tokenizer's
 chat template when it has one, else as ``role: content`` lines followed by ``assistant: `` (the generation cue).
 A generic JSONL file works too: ``prompt`` (text or messages) per line.
 """
@@ -34,11 +34,14 @@ GENERATION_CUE = "assistant: "
 
 
 def _record(i: int, row: dict[str, Any], path: Path) -> PromptRecord:
+    # Code prompts lose trailing whitespace: BPE merges "\n" with the next line's indentation, so a prompt cut
+    # after a bare "\n" is a token boundary the model never saw (the shared target answers it with EOS).
     if "task_id" in row and "prompt" in row:  # HumanEval
-        return PromptRecord(str(row["task_id"]), str(row["prompt"]), meta={"entry_point": row.get("entry_point")})
+        return PromptRecord(str(row["task_id"]), str(row["prompt"]).rstrip(),
+                            meta={"entry_point": row.get("entry_point")})
     if "text" in row and "test_list" in row:  # MBPP
         tests = row["test_list"][0] if row["test_list"] else ""
-        return PromptRecord(str(row.get("task_id", i)), f'"""\n{row["text"]}\n{tests}\n"""\n')
+        return PromptRecord(str(row.get("task_id", i)), f'"""\n{row["text"]}\n{tests}\n"""')
     if "turns" in row:  # FastChat / Spec-Bench / EAGLE questions
         turns = [str(t) for t in row["turns"]]
         return PromptRecord(str(row.get("question_id", i)), [{"role": "user", "content": turns[0]}], turns[1:],
@@ -69,12 +72,20 @@ def load_prompts(source: str, *, limit: int | None = None, data: str | None = No
     return name, [_record(i, r, path) for i, r in enumerate(rows)]
 
 
-def render_prompt(item: PromptRecord, tokenizer: Any) -> list[int]:
-    """Token ids of a prompt for a HF tokenizer (chat template if it has one, else ``role: content`` lines)."""
+def render_prompt(item: PromptRecord, tokenizer: Any, *, bos: bool = True) -> list[int]:
+    """Token ids of a prompt for a HF tokenizer (chat template if it has one, else ``role: content`` lines).
+
+    ``bos``: start with the tokenizer's BOS token when it has one (the shared models were trained on documents
+    that follow ``<|endoftext|>``); never doubled when the tokenizer or template already adds it.
+    """
     if isinstance(item.prompt, str):
-        return list(tokenizer(item.prompt, add_special_tokens=False)["input_ids"])
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(item.prompt, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
-    text = "".join(message_text(m) for m in item.prompt) + GENERATION_CUE
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids = list(tokenizer(item.prompt)["input_ids"])
+    elif getattr(tokenizer, "chat_template", None):
+        out = tokenizer.apply_chat_template(item.prompt, add_generation_prompt=True, tokenize=True)
+        ids = list(out["input_ids"] if isinstance(out, dict) else out)
+    else:
+        ids = list(tokenizer("".join(message_text(m) for m in item.prompt) + GENERATION_CUE)["input_ids"])
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    if bos and bos_id is not None and (not ids or ids[0] != bos_id):
+        ids = [int(bos_id)] + ids
+    return ids

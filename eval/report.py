@@ -104,7 +104,10 @@ def plot_per_position(results: Sequence[Row], path: str | os.PathLike[str]) -> P
         ax.set_ylabel("P(accept k | drafted k)")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "no drafts", ha="center", va="center", transform=ax.transAxes, color="gray")
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     fig.suptitle("Per-position acceptance (trace replay, greedy verification)", fontsize=11)

@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from specdec.paths import REPO_ROOT, TARGET_MODEL, model_path
+from specdec.paths import TARGET_MODEL, model_path
 
 HOST = "127.0.0.1"
 SHUTDOWN_WAIT_S = 60
@@ -87,7 +87,7 @@ def stop_server(proc: subprocess.Popen) -> int | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", default=str(REPO_ROOT / "device_inputs" / "prompts.json"))
+    ap.add_argument("--prompts", default="device_inputs/prompts.json")
     ap.add_argument("--model", default=str(model_path(TARGET_MODEL)))
     ap.add_argument("--spec", default='{"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16}')
     ap.add_argument("--dtype", default="float32")

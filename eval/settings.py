@@ -11,6 +11,8 @@ KEYs of the form ``NAME.KEY``, ``budget`` or ``tree``. A YAML preset (``--config
     budget: 16                                  # or a list
     tree: false
     grid: {suffix.max_depth: [16, 32, 64], budget: [8, 16]}
+    runs:                                       # explicit settings, run as listed (after the product)
+      - {drafter: arctic, budget: 32, options: {max_depth: 64}}
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from specdec.config import ConfigError, load_yaml
 
 DEFAULT_DRAFTERS = ("suffix", "ngram")
 DEFAULT_BUDGET = 16
-PRESET_KEYS = ("drafters", "options", "budget", "tree", "grid")
+PRESET_KEYS = ("drafters", "options", "budget", "tree", "grid", "runs")
+RUN_KEYS = ("drafter", "options", "budget", "tree")
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,9 @@ def build_settings(*, drafters: Sequence[str] | None, options: Sequence[str] = (
     settings: list[Setting] = []
     seen: set[str] = set()
     keys = list(g)
+    explicit_runs = [_run(r, opts, preset) for r in data.get("runs") or []]
+    if explicit_runs and not drafters and not data.get("drafters") and not keys:
+        names = []  # a preset with only `runs` runs exactly those
     for combo in itertools.product(*(g[k] for k in keys)) if keys else [()]:
         values = dict(zip(keys, combo))
         for n in names:
@@ -152,7 +158,35 @@ def build_settings(*, drafters: Sequence[str] | None, options: Sequence[str] = (
                     if s.label not in seen:
                         seen.add(s.label)
                         settings.append(s)
+    for s in explicit_runs:
+        if s.label not in seen:
+            seen.add(s.label)
+            settings.append(s)
     return settings
+
+
+def _run(item: Any, opts: Mapping[str, Mapping[str, Any]], preset: str | None) -> Setting:
+    """One entry of a preset's ``runs`` list; its ``options`` apply to its drafter(s) (or per name)."""
+    if not isinstance(item, Mapping) or "drafter" not in item:
+        raise ConfigError(f"config {preset!r}: each runs entry must be a mapping with a 'drafter' key, got {item!r}")
+    unknown = sorted(set(item) - set(RUN_KEYS))
+    if unknown:
+        raise ConfigError(f"config {preset!r}: runs entry has unknown key(s) {unknown}; valid: {', '.join(RUN_KEYS)}")
+    names = parse_drafter(item["drafter"])
+    own = {n: dict(opts.get(n, {})) for n in names if opts.get(n)}
+    extra = dict(item.get("options") or {})
+    if extra and all(k in names and isinstance(v, Mapping) for k, v in extra.items()):
+        for n, v in extra.items():
+            own.setdefault(n, {}).update(v)
+    elif extra:
+        if len(names) != 1:
+            raise ConfigError(f"config {preset!r}: options of the composition {item['drafter']!r} must be keyed by "
+                              "drafter name")
+        own.setdefault(names[0], {}).update(extra)
+    budget = item.get("budget", DEFAULT_BUDGET)
+    if not isinstance(budget, int) or budget < 0:
+        raise ConfigError(f"config {preset!r}: runs entry budget={budget!r} must be an integer >= 0")
+    return Setting(names, own, budget, bool(item.get("tree", False)))
 
 
 def _one(names: tuple[str, ...], opts: Mapping[str, Mapping[str, Any]], budget: int, tree: bool,

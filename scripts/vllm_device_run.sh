@@ -5,8 +5,8 @@
 #   bash scripts/vllm_device_run.sh [--methods nospec,ngram,suffix,specdec,specdec-async] [--lossless] [--serve]
 set -uo pipefail
 source /tmp/specdec-bundle/env.sh
-pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || pip install -q --no-deps -e .
-export PYTHONUNBUFFERED=1 OUT="${OUT:-/tmp/out}"
+python -m pip install -q --no-deps --no-build-isolation . 2>&1 | grep -v -i "root" | tail -3  # `pip` on PATH may be another Python's
+export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1 OUT="${OUT:-/tmp/out}"  # SAFEPATH: the editable install, not ./specdec, provides specdec.*
 mkdir -p "$OUT"
 SERVE=0; ARGS=()
 for a in "$@"; do [[ "$a" == "--serve" ]] && SERVE=1 || ARGS+=("$a"); done

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Sequence
 
 import torch
@@ -87,6 +87,18 @@ class SpecStats:
         self.emitted_tokens += emitted
         _bump(self.per_position_drafted, tree.max_depth)
         _bump(self.per_position_accepted, outcome.num_accepted)
+
+    def merge(self, other: "SpecStats") -> "SpecStats":
+        """Sum of two calls' counters (e.g. prompts run in several batches)."""
+        out = SpecStats()
+        for f in fields(SpecStats):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(a, list):
+                n = max(len(a), len(b))
+                setattr(out, f.name, [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)])
+            else:
+                setattr(out, f.name, a + b)
+        return out
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "mat": self.mat, "acceptance_rate": self.acceptance_rate}

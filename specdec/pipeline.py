@@ -37,6 +37,8 @@ logger = logging.getLogger("specdec.pipeline")
 
 _IDLE_POLL_S = 0.05  # worker wake-up period when idle (also bounds close() latency)
 _YIELD_POLL_S = 0.0005  # worker back-off while the main thread wants the drafter
+MISS_CHUNK = 4  # misses drafted per inner call under on_miss="budget"
+CYCLE_EMA_ALPHA = 0.2  # weight of the latest step in the step-time average
 
 
 @dataclass(frozen=True)
@@ -45,12 +47,24 @@ class AsyncConfig(ConfigBase):
     bonus_per_path: int = rng(2, lo=1, hi=16, doc="bonus-token candidates considered per accepted path")
     probe_budget: int = rng(48, lo=1, hi=512, doc="nodes of the drafter's tree used to rank outcomes")
     wait_ms: float = rng(1.0, lo=0.0, hi=1000.0, doc="max wait (per step) for an in-flight matching hedge")
-    on_miss: str = rng("sync", choices=("sync", "empty"), doc="after a miss: draft synchronously or no draft")
+    on_miss: str = rng("sync", choices=("sync", "empty", "budget"),
+                       doc="after a miss: draft synchronously, no draft, or synchronously within miss_budget_us")
+    miss_budget_us: float = rng(200.0, lo=0.0, hi=1e7,
+                                doc="on_miss='budget': engine-thread time per draft_batch for drafting misses")
     max_jobs: int = rng(2, lo=1, hi=1024, doc="bounded hedge-job queue; the oldest job is dropped when full")
     num_workers: int = rng(1, lo=1, hi=8, doc="background threads (inner calls stay serialized)")
     defer_updates: bool = rng(True, doc="apply start/extend/stop to the inner drafter in the background")
     switch_interval_us: int = rng(0, lo=0, hi=100_000,
                                   doc="if > 0, sys.setswitchinterval for the process (GIL hand-off latency)")
+    gate_ms: float = rng(0.0, lo=0.0, hi=1000.0,
+                         doc="if > 0, a hedge job waits for open_gate() (the engine launched the GPU step) "
+                             "or at most this long, so hedging does not compete for the GIL with the engine")
+    window_frac: float = rng(0.8, lo=0.0, hi=100.0,
+                             doc="a hedge job stops after this fraction of the usual time between two "
+                                 "draft_batch calls (the GPU step), so it never competes with the next step; 0: never")
+    min_hit_rate: float = rng(0.1, lo=0.0, hi=1.0,
+                              doc="pause hedging a request whose recent planned hit rate falls below this")
+    pause_steps: int = rng(16, lo=0, hi=100_000, doc="steps a request goes without hedging after that")
     strict: bool = rng(False, doc="re-raise drafter errors (debugging)")
 
 
@@ -72,6 +86,11 @@ class AsyncDrafter(Drafter):
         self._inner_lock = threading.Lock()  # serializes every call into the inner drafter
         self._main_wants = 0  # >0 while the main thread waits for _inner_lock (workers back off)
         self._closed = False
+        self._rotate = 0  # start offset of the misses drafted under on_miss="budget"
+        self._last_submit: float | None = None
+        self._cycle_s: float | None = None  # EMA of the time from handing drafts out to the next draft_batch
+        self._gate = threading.Event()  # set by open_gate(): the engine is now blocked on the GPU
+        self._gate.set()
         self._logged: set[str] = set()
         # Consumers that shorten drafts after draft_batch (e.g. a probability cut) set this instead, so that
         # hedges are planned for the draft really verified: (tree, request) -> the tree handed out.
@@ -92,11 +111,13 @@ class AsyncDrafter(Drafter):
                 old.cancelled = True
             req = self._reqs[request_id] = ReqState()
             self._ops.append(("start", request_id, (list(prompt_ids),), req))
-        self._after_update(t0)
+        # Applied now, not deferred: the request's first draft (always a miss) needs it at once anyway.
+        self._sync_inner(lambda: None, frozenset((request_id,)) if self._workers else None)
+        self.stats.critical_seconds += time.perf_counter() - t0
 
     def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
         t0 = time.perf_counter()
-        key = tuple(int(t) for t in token_ids)
+        key = tuple(map(int, token_ids))
         with self._state:
             req = self._reqs.get(request_id)
             if req is not None:
@@ -116,7 +137,7 @@ class AsyncDrafter(Drafter):
         self._after_update(t0)
 
     def _after_update(self, t0: float) -> None:
-        if not self.config.defer_updates or not self._workers:
+        if not self.config.defer_updates:
             self._sync_inner(lambda: None)
         self.stats.critical_seconds += time.perf_counter() - t0
 
@@ -136,6 +157,22 @@ class AsyncDrafter(Drafter):
         self.flush()
         self.inner.close()
 
+    def open_gate(self) -> None:
+        """The engine launched the step being verified (its thread now waits on the GPU and frees the GIL):
+        hedging may start. Only needed with ``gate_ms > 0``; cheap, callable from any thread."""
+        self._gate.set()
+
+    def hedge_snapshot(self, request_ids: Sequence[str]) -> list[dict[tuple[int, ...], list[int]]]:
+        """The ready hedges per request, ``{emitted tokens: next draft (best chain)}``, for a device-side
+        lookup (``specdec.transfer.pack_hedges`` / ``select_drafts``) when the outcome is not on the host yet."""
+        with self._state:
+            out = []
+            for rid in request_ids:
+                req = self._reqs.get(rid)
+                hedges = dict(req.hedges) if req is not None else {}
+                out.append({k: t.to_chain().tokens.tolist() for k, t in hedges.items()})
+            return out
+
     def flush(self) -> None:
         """Apply every queued update to the inner drafter now (e.g. before reading its state)."""
         self._sync_inner(lambda: None)
@@ -144,19 +181,24 @@ class AsyncDrafter(Drafter):
     def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
         t0 = time.perf_counter()
         out: list[TokenTree | None] = [None] * len(requests)
+        if self._last_submit is not None:
+            gap = t0 - self._last_submit
+            self._cycle_s = gap if self._cycle_s is None else self._cycle_s + CYCLE_EMA_ALPHA * (gap - self._cycle_s)
         with self._state:
             self.stats.lookups += len(requests)
             waiting = self._lookup(requests, out)
             if waiting:
                 self._wait_for(requests, out, waiting, t0)
         misses = [i for i, t in enumerate(out) if t is None]
+        no_draft: list[int] = []
         if misses:
-            self._draft_misses(requests, misses, out)
+            no_draft = self._draft_misses(requests, misses, out, t0)
         trees = [t if t is not None else TokenTree.empty() for t in out]
         if self.postprocess is not None:
             trees = [self.postprocess(t, r) for t, r in zip(trees, requests)]
-        self._submit(requests, trees)
-        self.stats.critical_seconds += time.perf_counter() - t0
+        self._submit(requests, trees, frozenset(no_draft))
+        self._last_submit = t1 = time.perf_counter()
+        self.stats.critical_seconds += t1 - t0
         return trees
 
     def _lookup(self, requests: Sequence[DraftRequest], out: list[TokenTree | None]) -> list[int]:
@@ -165,16 +207,29 @@ class AsyncDrafter(Drafter):
         for i, r in enumerate(requests):
             req = self._reqs.get(r.request_id)
             if req is None or req.resolved is None and not req.outcome_in_flight():
-                self.stats.count_miss(req)
+                self._count_miss(req)
                 continue
             if req.resolved is not None:
                 out[i] = _fit(req.take_resolved(), r, drafted_as_tree=req.tree)
                 self.stats.hits += 1
+                self._observe(req, True)
             elif self.config.wait_ms > 0:
                 waiting.append(i)
             else:
-                self.stats.miss_timeout += 1
+                self.stats.miss_late += 1
         return waiting
+
+    def _count_miss(self, req: ReqState | None) -> None:
+        if req is not None and req.outcome_planned and not req.outcome_late():
+            self._observe(req, False)  # a wrong guess (late hedges do not count against the request)
+        elif req is not None:
+            self.stats.count_outcome(req, False)
+        self.stats.count_miss(req)
+
+    def _observe(self, req: ReqState, hit: bool) -> None:
+        self.stats.count_outcome(req, hit)
+        if self.config.min_hit_rate > 0:
+            req.observe(hit, min_hit_rate=self.config.min_hit_rate, pause_steps=self.config.pause_steps)
 
     def _wait_for(self, requests: Sequence[DraftRequest], out: list[TokenTree | None], waiting: list[int],
                   t0: float) -> None:
@@ -192,46 +247,77 @@ class AsyncDrafter(Drafter):
                 if req is not None and req.resolved is not None:
                     out[i] = _fit(req.take_resolved(), requests[i], drafted_as_tree=req.tree)
                     self.stats.late_hits += 1
+                    self._observe(req, True)
                 elif req is not None and req.outcome_in_flight():
                     still.append(i)
                 else:
-                    self.stats.count_miss(req)
+                    self._count_miss(req)
             pending = still
-        self.stats.miss_timeout += len(pending)
+        self.stats.miss_late += len(pending)
         self.stats.wait_seconds += max(0.0, time.perf_counter() - t0)
 
-    def _draft_misses(self, requests: Sequence[DraftRequest], misses: list[int], out: list[TokenTree | None]) -> None:
-        if self.config.on_miss == "empty":
-            for i in misses:
-                out[i] = TokenTree.empty()
-            return
+    def _draft_misses(self, requests: Sequence[DraftRequest], misses: list[int], out: list[TokenTree | None],
+                      t_call: float) -> list[int]:
+        """Draft the misses: all synchronously ("sync"), none ("empty"), or as many as fit the step's
+        ``miss_budget_us`` ("budget", in chunks, starting at a rotating offset so none starves)."""
+        if self.config.on_miss == "sync":
+            self._draft_now(requests, misses, out)
+            return []
+        todo = list(misses)
+        if self.config.on_miss == "budget" and todo:
+            deadline = t_call + self.config.miss_budget_us * 1e-6
+            k = self._rotate % len(todo)
+            self._rotate += 1
+            todo = todo[k:] + todo[:k]
+            while todo and time.perf_counter() < deadline:
+                chunk, todo = todo[:MISS_CHUNK], todo[MISS_CHUNK:]
+                self._draft_now(requests, chunk, out)
+        for i in todo:
+            out[i] = TokenTree.empty()
+        self.stats.miss_no_draft += len(todo)
+        if not self._workers and self._ops:  # nobody else applies queued updates
+            self._sync_inner(lambda: None)
+        return todo
+
+    def _draft_now(self, requests: Sequence[DraftRequest], idx: list[int], out: list[TokenTree | None]) -> None:
         t0 = time.perf_counter()
-        sub = [requests[i] for i in misses]
-        trees = self._sync_inner(lambda: self.guard.draft_batch(sub), frozenset(r.request_id for r in sub))
-        for i, t in zip(misses, trees):
+        sub = [requests[i] for i in idx]
+        # Without workers nobody else applies queued updates: apply all of them (stops included) now.
+        only = frozenset(r.request_id for r in sub) if self._workers else None
+        trees = self._sync_inner(lambda: self.guard.draft_batch(sub), only)
+        for i, t in zip(idx, trees):
             out[i] = _fit(t, requests[i], drafted_as_tree=requests[i].tree)
         self.stats.sync_draft_seconds += time.perf_counter() - t0
-        self.stats.sync_drafts += len(misses)
+        self.stats.sync_drafts += len(idx)
 
-    def _submit(self, requests: Sequence[DraftRequest], trees: list[TokenTree]) -> None:
+    def _submit(self, requests: Sequence[DraftRequest], trees: list[TokenTree], no_draft: frozenset[int]) -> None:
         """Record the drafts handed out and queue the hedge job for their verification's outcomes."""
         if not self._workers:
             return
         with self._state:
             entries = []
-            for r, t in zip(requests, trees):
+            for i, (r, t) in enumerate(zip(requests, trees)):
                 req = self._reqs.get(r.request_id)
                 if req is None:
                     continue
                 req.on_draft(t, r.budget, r.tree)
-                entries.append((r.request_id, req, req.epoch))
+                if not len(t) and i not in no_draft:  # the drafter itself had nothing: nothing to plan on
+                    self.stats.skipped_empty += 1
+                elif req.pause > 0:
+                    req.pause -= 1
+                    self.stats.skipped_paused += 1
+                else:
+                    entries.append((r.request_id, req, req.epoch))
             if not entries:
                 return
             if len(self._jobs) >= self.config.max_jobs:
                 self._jobs.popleft()
                 self.stats.jobs_dropped += 1
-            self._jobs.append(Job(entries))
+            window = self.config.window_frac * self._cycle_s if self._cycle_s and self.config.window_frac else None
+            self._jobs.append(Job(entries, deadline=time.perf_counter() + window if window else float("inf")))
             self.stats.jobs += 1
+            if self.config.gate_ms > 0:
+                self._gate.clear()
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ inner access
@@ -263,10 +349,13 @@ class AsyncDrafter(Drafter):
                 ops = [op for op in self._ops if op[1] in only]
                 if ops:
                     self._ops = deque(op for op in self._ops if op[1] not in only)
-        for kind, rid, args, req in ops:
+        if not ops:
+            return
+        for kind, rid, args, _ in ops:
             self.guard.call(kind, rid, *args)
-            if req is not None:
-                with self._state:
+        with self._state:  # (workers check these only while holding _inner_lock, as the caller does)
+            for kind, _, _, req in ops:
+                if req is not None:
                     if kind == "start":
                         req.started = True
                     else:
@@ -283,6 +372,8 @@ class AsyncDrafter(Drafter):
                 if self._closed:
                     return
                 job = self._jobs.popleft() if self._jobs else None
+            if job is not None and self.config.gate_ms > 0:
+                self._gate.wait(self.config.gate_ms * 1e-3)
             t0 = time.perf_counter()
             try:
                 self._run_job(job)
@@ -303,6 +394,9 @@ class AsyncDrafter(Drafter):
             for rid, req, epoch in job.entries:
                 with self._state:
                     if self._closed or self._jobs_newer(job):
+                        return
+                    if time.perf_counter() > job.deadline:
+                        self.stats.jobs_cut += 1
                         return
                     if not req.plannable(epoch, rank):
                         continue
@@ -358,6 +452,7 @@ class AsyncDrafter(Drafter):
             if rank >= len(req.plan) or not req.wanted(epoch, req.plan[rank].emitted):
                 return
             emitted, budget, tree_ok = req.plan[rank].emitted, req.budget, req.tree
+            req.computing = emitted
 
         def draft() -> TokenTree | None:
             if not req.current(epoch):
@@ -371,6 +466,7 @@ class AsyncDrafter(Drafter):
         tree = self._guarded(draft)
         with self._state:
             req.in_flight.discard(emitted)
+            req.computing = None
             if tree is None:
                 self._cond.notify_all()
                 return

@@ -86,8 +86,9 @@ def accept_sampled(tree: TokenTree, probs: torch.Tensor, generator: torch.Genera
     """
     accepted: list[int] = []
     cur = ROOT
+    table = probs.detach().to("cpu", torch.float64).numpy()  # [n + 1, V]
     while True:
-        residual = probs[cur + 1].to(torch.float64).clone()  # [V]
+        residual = table[cur + 1].copy()  # [V]
         chosen = None
         for child in tree.children(cur):
             tok = int(tree.tokens[child])
@@ -99,9 +100,9 @@ def accept_sampled(tree: TokenTree, probs: torch.Tensor, generator: torch.Genera
             residual[tok] = 0.0
         if chosen is None:
             if float(residual.sum()) <= 0:  # only reachable through rounding: fall back to the full target
-                residual = probs[cur + 1].to(torch.float64)
-            token = int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
-            return accepted, token
+                residual = table[cur + 1].copy()
+            weights = torch.from_numpy(residual / residual.sum())
+            return accepted, int(torch.multinomial(weights, 1, generator=generator))
         accepted.append(chosen)
         cur = chosen
 

@@ -13,18 +13,18 @@ import pytest
 import torch
 
 from core_support import one_thread  # noqa: F401 - fixture
-from core_support import tiny_llama
+from core_support import EmptyDrafter, tiny_llama
 from specdec.drafters.base import DraftRequest
 from specdec.generate import SpecGenerator
 from specdec.sampling import SamplingParams, accept, accept_sampled, target_probs
 from specdec.tree import ROOT, TokenTree
 
-from core_support import EmptyDrafter
-
 V = 8  # vocabulary of the forced-distribution tests
 TRIALS = 12_000
 P_MIN = 1e-3  # a correct sampler passes every chi-square test at this level (fixed seeds: deterministic)
 MIN_CONDITIONAL = 300  # test the second token's distribution only given first tokens seen this often
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 Sampler = Callable[[TokenTree, torch.Tensor, torch.Generator], tuple[list[int], int]]
 
@@ -163,7 +163,7 @@ def test_shaped_sampling_preserves_shaped_distribution():
     assert min_p_value(lambda t, _p, g: accept(t, logits, params, g), TREE, shaped) > P_MIN
 
 
-def test_generator_sampling_matches_model_distribution(one_thread):
+def test_generator_sampling_matches_model_distribution():
     """End to end through SpecGenerator: 1500 copies of a prompt, trees of the model's likely tokens."""
     model = tiny_llama(seed=3, vocab=16, init_range=0.15)
     prompt = [3, 9, 4]

@@ -13,7 +13,7 @@ from specdec.drafters import DraftRequest, build_drafter
 from specdec.drafters.model import ModelDrafter, ModelDrafterConfig, check_tokenizer_compat
 
 VOCAB = 97
-BACKENDS = ["eager", "torch"]
+BACKENDS = ["eager", "torch", "onnx"]
 
 
 def _save_tiny_llama(path: Path, *, seed: int, max_pos: int = 256) -> None:

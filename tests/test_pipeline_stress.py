@@ -22,10 +22,15 @@ def _config(rs: random.Random) -> dict:
         "bonus_per_path": rs.choice([1, 2, 4]),
         "probe_budget": rs.choice([4, 16, 64]),
         "wait_ms": rs.choice([0.0, 0.5, 3.0]),
-        "on_miss": rs.choice(["sync", "empty"]),
+        "on_miss": rs.choice(["sync", "empty", "budget"]),
+        "miss_budget_us": rs.choice([0.0, 300.0, 5000.0]),
+        "window_frac": rs.choice([0.0, 0.8, 3.0]),
         "max_jobs": rs.choice([1, 2, 8]),
         "num_workers": rs.choice([1, 2, 3]),
         "defer_updates": rs.choice([True, False]),
+        "gate_ms": rs.choice([0.0, 0.0, 1.0]),
+        "min_hit_rate": rs.choice([0.0, 0.1, 0.6]),
+        "pause_steps": rs.choice([0, 4]),
     }
 
 
@@ -73,8 +78,9 @@ def _episode(seed: int, deadline: float) -> None:
     s = d.stats
     assert s.lookups == s.hits + s.late_hits + s.misses
     assert s.hedges >= s.hits + s.late_hits
+    assert s.sync_drafts + s.miss_no_draft == s.misses
     if d.config.on_miss == "sync":
-        assert s.sync_drafts == s.misses
+        assert s.miss_no_draft == 0
 
 
 @pytest.mark.parametrize("seed", SEEDS)

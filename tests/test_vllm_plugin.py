@@ -146,3 +146,26 @@ def test_real_custom_class_hook_and_runner_signature():
 
     params = list(inspect.signature(GPUModelRunner.propose_draft_token_ids).parameters)
     assert params[:2] == ["self", "scheduler_output"]
+
+
+@needs_vllm
+def test_real_create_speculative_config_through_the_entry_point():
+    from specdec.paths import TARGET_MODEL, model_path
+
+    path = model_path(TARGET_MODEL)
+    if not (path / "config.json").exists():
+        pytest.skip(f"shared model not at {path}")
+    from vllm.config import ModelConfig, ParallelConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()  # our entry point (pyproject: vllm.general_plugins) wraps EngineArgs
+    mc = ModelConfig(model=str(path), max_model_len=2048)
+    ea = EngineArgs(model=str(path), speculative_config={"method": "specdec", "drafter": "suffix",
+                                                          "num_speculative_tokens": 8, "async": True})
+    sc = ea.create_speculative_config(mc, ParallelConfig())
+    assert (sc.method, sc.model, sc.num_speculative_tokens) == ("custom_class", PROPOSER_PATH, 8)
+    assert ea.additional_config["specdec"]["async_drafting"] is True
+    bad = EngineArgs(model=str(path), speculative_config={"method": "specdec", "drafter_timeout": 3})
+    with pytest.raises(ConfigError, match="drafter_timeout"):
+        bad.create_speculative_config(mc, ParallelConfig())

@@ -240,10 +240,11 @@ def test_slow_drafter_hits_the_deadline_and_ops_stay_in_order(caplog):
 def test_best_chain_of_a_tree_follows_the_most_probable_child():
     tree = TokenTree(np.array([5, 6, 7, 8]), np.array([-1, -1, 1, 1]), probs=np.array([0.3, 0.7, 0.2, 0.6]))
     tokens, probs = best_chain(tree)
-    assert tokens.tolist() == [6, 8]
+    assert tokens == [6, 8]
     assert np.allclose(probs, [0.7, 0.42])
     chain = TokenTree.chain([1, 2, 3])
-    assert best_chain(chain)[0].tolist() == [1, 2, 3] and best_chain(chain)[1] is None
+    assert best_chain(chain) == ([1, 2, 3], None)
+    assert best_chain(TokenTree.empty()) == ([], None)
 
 
 def test_confidence_cut_grows_with_batch_size():
@@ -253,12 +254,12 @@ def test_confidence_cut_grows_with_batch_size():
     core = make_core(OracleDrafter(), adaptive=True, min_path_prob_per_seq=0.01)
     # chain probs 0.9 each -> path probs 0.9, 0.81, 0.729, 0.656: at batch 64 (cut 0.63) all 4 pass, at a
     # stricter per-seq step only the first ones survive
-    assert core._chain(TokenTree.chain([1, 2, 3, 4], probs=[0.9] * 4), 4, 0.75) == [1, 2]
-    assert core._chain(TokenTree.chain([1, 2, 3, 4], probs=[0.9] * 4), 3, 0.0) == [1, 2, 3]
+    assert core._chain(TokenTree.chain([1, 2, 3, 4], probs=[0.9] * 4), 4, 0.75)[0] == [1, 2]
+    assert core._chain(TokenTree.chain([1, 2, 3, 4], probs=[0.9] * 4), 3, 0.0) == ([1, 2, 3], pytest.approx(2.439))
 
 
 def test_throughput_check_turns_drafting_off_where_it_does_not_pay():
-    ctl = AdaptiveController(window_steps=4, probe_every=4, min_path_prob_per_seq=0.0)
+    ctl = AdaptiveController(window_steps=4, probe_every=4, min_path_prob_per_seq=0.0, ab_windows=True)
     now = 0.0
     modes = []
     for _ in range(200):
@@ -272,7 +273,7 @@ def test_throughput_check_turns_drafting_off_where_it_does_not_pay():
     tail = modes[-100:]
     assert tail.count("plain") > 0.7 * len(tail)  # mostly plain, with periodic spec probes
     assert "spec" in tail
-    ctl2 = AdaptiveController(window_steps=4, probe_every=4)
+    ctl2 = AdaptiveController(window_steps=4, probe_every=4, ab_windows=True)
     now = 0.0
     for _ in range(200):
         mode = ctl2.mode(1, now)
@@ -320,3 +321,53 @@ def test_unbound_proposer_falls_back_to_the_callers_input_batch():
             return prop.propose(sampled, runner.num_tokens_no_spec, runner.token_ids_cpu)
 
     assert len(Runner().propose_draft_token_ids(runner.verify())[0]) == 2
+
+
+def test_auto_deadline_mode_goes_inline_for_a_fast_drafter_and_back_on_an_overrun():
+    from specdec.vllm_plugin import core as core_mod
+
+    drafter = OracleDrafter()
+    core = make_core(drafter, draft_timeout_ms=200, max_model_len=4096)
+    runner = FakeRunner(max_model_len=4096)
+    runner.add("a", [1, 2, 3])
+    for _ in range(core_mod.AUTO_PROBE_JOBS):
+        run_step(core, runner)
+    assert core._inline_ok and any(t.startswith("specdec-draft") for t in drafter.threads)
+    drafter.sleep_s = 0.3  # now slower than the 200 ms deadline
+    assert run_step(core, runner) == [[]]
+    assert core.stats.timeouts == 1 and not core._inline_ok
+    drafter.sleep_s = 0.0
+    for _ in range(core_mod.AUTO_PROBE_JOBS + 2):
+        run_step(core, runner)
+    assert not core._inline_ok  # an overrun bans inline drafting for good
+    n = int(runner.num_tokens_no_spec[0])
+    assert drafter.ctx["a"] == runner.token_ids_cpu[0, :n].tolist()
+    core.close()
+
+
+def test_windows_with_a_prefill_do_not_feed_the_estimate():
+    ctl = AdaptiveController(window_steps=2, probe_every=4, ab_windows=True)
+    ctl.mode(4, 0.0)
+    ctl.observe(4, prefill=True)
+    ctl.mode(4, 1.0)
+    ctl.observe(4)
+    ctl.mode(4, 2.0)  # closes the tainted window
+    assert ctl.buckets[bucket_of(4)].spec_tps is None
+
+
+def test_cost_model_fits_the_step_cost_and_cuts_unprofitable_tokens():
+    from specdec.vllm_plugin.adaptive import StepCostModel
+
+    free = StepCostModel()
+    for t in range(40):  # batch 1 on a big GPU: verifying more tokens costs nothing
+        free.observe(0.002, 1 + t % 9, 3)
+    assert free.slope == pytest.approx(0.0, abs=1e-9) and free.cut() == 0.0
+    busy = StepCostModel()
+    for t in range(40):  # batch 64: 4 ms + 20 us per verified token, ~80 tokens emitted per step
+        tokens = 64 + 8 * (t % 10)
+        busy.observe(0.004 + 20e-6 * tokens, tokens, 80)
+    assert busy.slope == pytest.approx(20e-6, rel=1e-3)
+    rate = busy.rate
+    assert busy.cut() == pytest.approx(20e-6 * rate, rel=1e-6) and 0.2 < busy.cut() < 0.5
+    busy.observe_acceptance(100.0, 50)  # drafter's probabilities were 2x optimistic
+    assert busy.calibration == pytest.approx(0.5) and busy.cut() == pytest.approx(2 * 20e-6 * rate, rel=1e-6)

@@ -1,13 +1,18 @@
 """Adaptive speculation: draft only where it pays (never imports vLLM; unit-tested on CPU).
 
-Three mechanisms, all cheap per step:
+Mechanisms, all cheap per step:
 
-1. **Confidence cut by batch size.** A draft token whose path probability (the drafter's own estimate,
-   ``TokenTree.probs``) is below ``min_path_prob + min_path_prob_per_seq * running_requests`` is dropped: at
-   batch 1 a verified token is almost free, at batch 64 every extra token costs GPU time for all.
+1. **Cost-model confidence cut** (``StepCostModel``). Each engine step's period (time between proposer calls, so
+   drafting is included) is fitted online as ``a + b * T``, T = tokens the step verified (rows + draft tokens).
+   A draft token with path probability ``p`` (the drafter's estimate, calibrated by the observed accepted /
+   predicted ratio) is worth sending iff it adds more expected tokens than it costs time at the current rate:
+   ``p * calib >= b * tokens_per_second``. At batch 1 on a big GPU ``b`` is ~0 (draft everything); at batch 64
+   each token costs everyone, so only confident tokens go. ``min_path_prob`` (+ ``min_path_prob_per_seq`` x
+   running requests) is a fixed floor on top.
 2. **Per-request acceptance.** A request whose acceptance EMA (accepted / drafted) falls below ``min_acceptance``
    drafts at most ``PROBE_TOKENS`` tokens per step until it recovers.
-3. **Throughput check per batch-size bucket.** Steps are grouped in windows of ``probe_window_steps``; each window
+3. **Throughput A/B per batch-size bucket** (``ab_windows``, off by default: its plain probe windows cost
+   throughput in short runs). Steps are grouped in windows of ``probe_window_steps``; each window
    runs either with drafts ("spec") or without ("plain"), and its throughput (emitted tokens / wall time between
    proposer calls, so drafting cost is included) feeds an EMA per bucket (buckets: 1, 2, 3-4, 5-8, ...). A bucket
    drafts while spec >= ``min_speedup`` x plain; every ``probe_every``-th window runs the other mode to keep
@@ -22,6 +27,7 @@ PROBE_TOKENS = 2  # draft length for requests whose acceptance is poor
 EMA_ALPHA = 0.3  # weight of the newest window's throughput
 ACCEPT_EMA_ALPHA = 0.2  # weight of the newest step in a request's acceptance EMA
 MAX_CUT = 0.9  # the confidence threshold never exceeds this
+SPEC_BIAS = 1.03  # hysteresis: plain must beat spec by 3% (measurement noise) before drafting stops
 
 
 def bucket_of(num_running: int) -> int:
@@ -42,7 +48,7 @@ class BucketState:
             return "spec"
         if self.plain_tps is None:
             return "plain"
-        return "spec" if self.spec_tps >= min_speedup * self.plain_tps else "plain"
+        return "spec" if self.spec_tps * SPEC_BIAS >= min_speedup * self.plain_tps else "plain"
 
 
 @dataclass
@@ -52,6 +58,7 @@ class Window:
     t_start: float
     steps: int = 0
     emitted: int = 0
+    tainted: bool = False  # a step of it ran a prefill: its throughput says nothing about decoding
 
 
 @dataclass
@@ -60,7 +67,8 @@ class AdaptiveController:
 
     enabled: bool = True
     min_path_prob: float = 0.0
-    min_path_prob_per_seq: float = 0.004
+    min_path_prob_per_seq: float = 0.0
+    ab_windows: bool = False
     min_acceptance: float = 0.1
     window_steps: int = 16
     probe_every: int = 32
@@ -73,7 +81,7 @@ class AdaptiveController:
     # ----------------------------------------------------------------- per step
     def mode(self, num_running: int, now: float) -> str:
         """'spec' or 'plain' for the coming step (starts/rolls windows)."""
-        if not self.enabled:
+        if not self.enabled or not self.ab_windows:
             return "spec"
         b = bucket_of(num_running)
         w = self.window
@@ -87,17 +95,19 @@ class AdaptiveController:
             self.spec_steps += 1
         return w.mode
 
-    def observe(self, emitted: int) -> None:
-        """Tokens emitted by the step that just finished (called before ``mode`` of the next step)."""
+    def observe(self, emitted: int, *, prefill: bool = False) -> None:
+        """Tokens emitted by the step that just finished (called before ``mode`` of the next step);
+        ``prefill``: that step also prefilled a request (the window is then not used for the estimate)."""
         if self.window is not None:
             self.window.steps += 1
             self.window.emitted += emitted
+            self.window.tainted |= prefill
 
-    def cut(self, num_running: int) -> float:
-        """Minimum path probability a draft token must have at this batch size."""
+    def cut(self, num_running: int, model_cut: float = 0.0) -> float:
+        """Minimum path probability a draft token must have (fixed floor, per-seq term, cost model)."""
         base = self.min_path_prob
         if self.enabled:
-            base += self.min_path_prob_per_seq * max(0, num_running - 1)
+            base = max(base + self.min_path_prob_per_seq * max(0, num_running - 1), model_cut)
         return min(base, MAX_CUT)
 
     def request_budget(self, budget: int, acceptance_ema: float | None) -> int:
@@ -115,7 +125,7 @@ class AdaptiveController:
 
     def _close(self, w: Window, now: float) -> None:
         elapsed = now - w.t_start
-        if elapsed <= 0 or w.steps == 0:
+        if elapsed <= 0 or w.steps == 0 or w.tainted:
             return
         tps = w.emitted / elapsed
         st = self.buckets.setdefault(w.bucket, BucketState())
@@ -142,3 +152,64 @@ def update_acceptance(ema: float | None, drafted: int, accepted: int) -> float |
         return ema
     rate = accepted / drafted
     return rate if ema is None else (1 - ACCEPT_EMA_ALPHA) * ema + ACCEPT_EMA_ALPHA * rate
+
+
+@dataclass
+class StepCostModel:
+    """Online fit of step period = a + b * verified tokens, with exponential forgetting (see the module doc)."""
+
+    decay: float = 0.98
+    n: float = 0.0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+    rate: float | None = None  # EMA of emitted tokens per second
+    predicted: float = 0.0  # EMA of sum of path probs sent
+    accepted: float = 0.0  # EMA of tokens accepted from them
+
+    def observe(self, seconds: float, verified_tokens: int, emitted: int) -> None:
+        if seconds <= 0 or verified_tokens <= 0:
+            return
+        d = self.decay
+        x, y = float(verified_tokens), seconds
+        self.n, self.sx, self.sy = d * self.n + 1, d * self.sx + x, d * self.sy + y
+        self.sxx, self.sxy = d * self.sxx + x * x, d * self.sxy + x * y
+        r = emitted / seconds
+        self.rate = r if self.rate is None else 0.9 * self.rate + 0.1 * r
+
+    def observe_acceptance(self, predicted: float, accepted: int) -> None:
+        self.predicted = self.decay * self.predicted + predicted
+        self.accepted = self.decay * self.accepted + accepted
+
+    @property
+    def slope(self) -> float:
+        """b: seconds per extra verified token (0 until the fit has spread)."""
+        if self.n < MIN_FIT_STEPS:
+            return 0.0
+        var = self.sxx / self.n - (self.sx / self.n) ** 2
+        if var < MIN_FIT_VARIANCE:
+            return 0.0
+        return max(0.0, (self.sxy / self.n - self.sx * self.sy / self.n ** 2) / var)
+
+    @property
+    def calibration(self) -> float:
+        """observed accepted / predicted (path probs are frequency estimates, often optimistic)."""
+        if self.predicted < MIN_CALIBRATION_MASS:
+            return 1.0
+        return min(2.0, max(0.05, self.accepted / self.predicted))
+
+    def cut(self) -> float:
+        """Minimum (uncalibrated) path probability a draft token needs to pay for itself."""
+        if self.rate is None:
+            return 0.0
+        return min(MAX_CUT, self.slope * self.rate / self.calibration)
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {"slope_us_per_token": 1e6 * self.slope, "tokens_per_s": self.rate, "calibration": self.calibration,
+                "cut": self.cut(), "intercept_ms": 1e3 * (self.sy - self.slope * self.sx) / self.n if self.n else None}
+
+
+MIN_FIT_STEPS = 8  # steps before the fitted slope is used
+MIN_FIT_VARIANCE = 4.0  # tokens^2: below it the verified-token counts did not vary enough to fit a slope
+MIN_CALIBRATION_MASS = 20.0  # predicted tokens before calibration is trusted

@@ -13,8 +13,8 @@ stopped (finished, aborted or preempted; a preempted one is restarted when it re
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -23,11 +23,14 @@ import numpy as np
 
 from specdec.drafters.base import Drafter, DraftGuard, DraftRequest
 from specdec.tree import ROOT, TokenTree
-from specdec.vllm_plugin.adaptive import AdaptiveController, update_acceptance
+from specdec.vllm_plugin.adaptive import AdaptiveController, StepCostModel, update_acceptance
 from specdec.vllm_plugin.options import SpecdecOptions
 
 logger = logging.getLogger("specdec.vllm")
 
+AUTO_PROBE_JOBS = 64  # deadline_mode "auto": threaded drafting jobs observed before going inline
+AUTO_INLINE_FRACTION = 0.25  # ... if all of them but AUTO_SLOW_JOBS_TOLERATED took less than this fraction
+AUTO_SLOW_JOBS_TOLERATED = 1  # of the deadline (one scheduling hiccup is not a slow drafter)
 Op = tuple  # ("start", rid, prompt) | ("extend", rid, tokens) | ("stop", rid)
 
 
@@ -35,6 +38,7 @@ Op = tuple  # ("start", rid, prompt) | ("extend", rid, tokens) | ("stop", rid)
 class RequestState:
     n_known: int  # context length the drafter has seen
     last_draft: int = 0  # tokens drafted for it at the previous step
+    last_pred: float | None = None  # sum of their path probabilities (None: drafter gave none)
     acceptance_ema: float | None = None
 
 
@@ -60,51 +64,90 @@ class ProposerStats:
         return d
 
 
-def best_chain(tree: TokenTree) -> tuple[np.ndarray, np.ndarray | None]:
+def best_chain(tree: TokenTree) -> tuple[list[int], list[float] | None]:
     """The chain to submit: the tree itself if it is one, else the greedy-by-probability root path.
 
-    Returns (tokens [m], path probabilities [m] or None when the drafter gave no probabilities).
+    Returns (tokens [m], path probabilities [m] or None when the drafter gave no probabilities). Plain lists:
+    this runs once per request per step, where numpy's per-call overhead would dominate.
     """
-    if len(tree) == 0:
-        return tree.tokens, None
-    if tree.is_chain():
-        return tree.tokens, (tree.path_probs() if tree.probs is not None else None)
-    path, node = [], ROOT
-    while True:
-        kids = tree.children(node)
-        if not kids:
-            break
-        node = max(kids, key=lambda c: float(tree.probs[c])) if tree.probs is not None else kids[0]
-        path.append(node)
-    probs = tree.path_probs()[path] if tree.probs is not None else None
-    return tree.tokens[path], probs
+    n = len(tree)
+    if n == 0:
+        return [], None
+    parents = tree.parents.tolist()
+    probs = tree.probs.tolist() if tree.probs is not None else None
+    if parents == list(range(-1, n - 1)):
+        path = list(range(n))
+    else:
+        kids: dict[int, list[int]] = {}
+        for i, p in enumerate(parents):
+            kids.setdefault(p, []).append(i)
+        path, node = [], ROOT
+        while node in kids:
+            node = max(kids[node], key=probs.__getitem__) if probs is not None else kids[node][0]
+            path.append(node)
+    tokens = tree.tokens.tolist()
+    if probs is None:
+        return [tokens[i] for i in path], None
+    acc, path_probs = 1.0, []
+    for i in path:
+        acc *= probs[i]
+        path_probs.append(acc)
+    return [tokens[i] for i in path], path_probs
 
 
 class DraftWorker:
     """Runs drafter work on one background thread so a step can give up waiting at a deadline.
 
     All drafter calls (lifecycle ops and drafting) run on that one thread, in submission order, so the drafter
-    needs no locking. While a timed-out job still runs, later steps queue their ops and get no drafts.
+    needs no locking. While a timed-out job still runs, later steps queue their ops and get no drafts. The
+    hand-off is two plain locks (cheaper than a thread pool's futures: this runs every engine step).
     """
 
     def __init__(self) -> None:
-        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-draft")
-        self._last: cf.Future | None = None
+        self._go = threading.Lock()
+        self._go.acquire()
+        self._done = threading.Lock()
+        self._done.acquire()
+        self._fn: Callable[[], Any] | None = None
+        self._result: Any = None
+        self._busy = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="specdec-draft", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            self._go.acquire()
+            if self._closed:
+                return
+            try:
+                self._result = self._fn() if self._fn is not None else None
+            except BaseException as exc:  # noqa: BLE001 - handed back to the caller
+                self._result = exc
+            self._done.release()
 
     @property
     def busy(self) -> bool:
-        return self._last is not None and not self._last.done()
+        if self._busy and self._done.acquire(blocking=False):  # a timed-out job finished meanwhile
+            self._busy, self._result = False, None  # its result is stale: dropped
+        return self._busy
 
     def run(self, fn: Callable[[], Any], timeout_s: float) -> tuple[bool, Any]:
-        """(finished, result) of ``fn`` run on the worker, waiting at most ``timeout_s``."""
-        self._last = self._pool.submit(fn)
-        try:
-            return True, self._last.result(timeout=timeout_s)
-        except cf.TimeoutError:
+        """(finished, result) of ``fn`` run on the worker, waiting at most ``timeout_s``. Not while busy."""
+        self._fn, self._busy = fn, True
+        self._go.release()
+        if not self._done.acquire(timeout=timeout_s):
             return False, None
+        self._busy = False
+        result, self._result = self._result, None
+        if isinstance(result, BaseException):
+            raise result
+        return True, result
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._closed = True
+        if not self._busy:
+            self._go.release()
 
 
 class ProposerCore:
@@ -123,11 +166,16 @@ class ProposerCore:
             enabled=options.adaptive, min_path_prob=options.min_path_prob,
             min_path_prob_per_seq=options.min_path_prob_per_seq, min_acceptance=options.min_acceptance,
             window_steps=options.probe_window_steps, probe_every=options.probe_every,
-            min_speedup=options.min_speedup)
+            min_speedup=options.min_speedup, ab_windows=options.ab_windows)
+        self.cost = StepCostModel()
+        self._last_t: float | None = None
+        self._last_verified = 0
         self.timeout_s = options.draft_timeout_ms / 1e3
         self.worker = DraftWorker() if self.timeout_s > 0 else None
         self._pending: list[Op] = []
         self._timeout_logged = False
+        self._inline_ok = self._inline_banned = False
+        self._job_count, self._max_job_s, self._slow_jobs = 0, 0.0, 0
         self._last_log = clock()
 
     # ----------------------------------------------------------------- the step
@@ -145,7 +193,10 @@ class ProposerCore:
         self.stats.rows += n_rows
         emitted = sum(len(s) for s in sampled_token_ids)
         self.stats.emitted_tokens += emitted
-        self.adaptive.observe(emitted)
+        prefilled = any(not s or rid not in self.requests for rid, s in zip(req_ids, sampled_token_ids))
+        self.adaptive.observe(emitted, prefill=prefilled)
+        if self._last_t is not None and not prefilled:
+            self.cost.observe(t0 - self._last_t, self._last_verified, emitted)
         self._stop_absent(set(req_ids[:n_rows]))
         running = sum(1 for s in sampled_token_ids if s)
         mode = self.adaptive.mode(running, t0) if running else "plain"
@@ -153,11 +204,12 @@ class ProposerCore:
         for i in range(n_rows):
             orders[i] = self._row(i, req_ids[i], sampled_token_ids[i], int(num_tokens_no_spec[i]),
                                   token_ids_cpu, num_prompt_tokens, k, mode)
-        drafts = self._draft(orders, running)
+        drafts, preds = self._draft(orders, running)
         for i, d in enumerate(drafts):
             st = self.requests.get(req_ids[i])
             if st is not None:
-                st.last_draft = len(d)
+                st.last_draft, st.last_pred = len(d), preds[i]
+        self._last_t, self._last_verified = t0, running + sum(len(d) for d in drafts)
         self.stats.drafted_tokens += sum(len(d) for d in drafts)
         self.stats.plain_steps += mode == "plain"
         self.stats.propose_seconds += self.clock() - t0
@@ -173,6 +225,8 @@ class ProposerCore:
             self._pending.append(("extend", rid, list(sampled)))
             accepted = min(len(sampled) - 1, st.last_draft)
             self.stats.accepted_tokens += accepted
+            if st.last_pred is not None:
+                self.cost.observe_acceptance(st.last_pred, accepted)
             st.acceptance_ema = update_acceptance(st.acceptance_ema, st.last_draft, accepted)
             st.n_known = n
         else:
@@ -201,7 +255,7 @@ class ProposerCore:
             self.stats.stopped += 1
 
     # ----------------------------------------------------------------- drafting
-    def _draft(self, orders: list[DraftRequest | None], running: int) -> list[list[int]]:
+    def _draft(self, orders: list[DraftRequest | None], running: int) -> tuple[list[list[int]], list[float | None]]:
         wanted = [o for o in orders if o is not None]
         ops, self._pending = self._pending, []
         job = lambda: self._job(ops, wanted)  # noqa: E731
@@ -210,17 +264,41 @@ class ProposerCore:
         elif self.worker.busy:
             self._pending = ops + self._pending  # applied, in order, by the next job
             self.stats.busy_skips += 1
-            return [[] for _ in orders]
+            return self._nothing(orders)
         elif not wanted:  # nothing to draft: the ops (fast) run inline
             trees = job()
+        elif self._inline_ok:  # auto mode, drafter proven fast: no thread hand-off
+            t0 = self.clock()
+            trees = job()
+            if self.clock() - t0 > self.timeout_s:  # overran: drop the drafts, enforce deadlines from now on
+                self._inline_ok, self._inline_banned = False, True
+                self._on_timeout(len(wanted))
+                return self._nothing(orders)
         else:
+            t0 = self.clock()
             finished, trees = self.worker.run(job, timeout_s=self.timeout_s)
             if not finished:
+                self._inline_banned = True
                 self._on_timeout(len(wanted))
-                return [[] for _ in orders]
-        cut = self.adaptive.cut(running)
+                return self._nothing(orders)
+            self._note_job(self.clock() - t0)
+        cut = self.adaptive.cut(running, self.cost.cut())
         it = iter(trees or [])
-        return [self._chain(next(it), o.budget, cut) if o is not None else [] for o in orders]
+        out = [self._chain(next(it), o.budget, cut) if o is not None else ([], None) for o in orders]
+        return [c[0] for c in out], [c[1] for c in out]
+
+    @staticmethod
+    def _nothing(orders: list) -> tuple[list[list[int]], list[float | None]]:
+        return [[] for _ in orders], [None for _ in orders]
+
+    def _note_job(self, seconds: float) -> None:
+        """auto mode: after AUTO_PROBE_JOBS threaded jobs all under a quarter of the deadline, go inline."""
+        self._job_count += 1
+        self._max_job_s = max(self._max_job_s, seconds)
+        self._slow_jobs += seconds >= AUTO_INLINE_FRACTION * self.timeout_s
+        if (self.options.deadline_mode == "auto" and not self._inline_banned and self._job_count >= AUTO_PROBE_JOBS
+                and self._slow_jobs <= AUTO_SLOW_JOBS_TOLERATED):
+            self._inline_ok = True
 
     def _job(self, ops: list[Op], wanted: list[DraftRequest]) -> list[TokenTree]:
         for op in ops:
@@ -228,13 +306,15 @@ class ProposerCore:
         return self.guard.draft_batch(wanted) if wanted else []
 
     @staticmethod
-    def _chain(tree: TokenTree, budget: int, cut: float) -> list[int]:
+    def _chain(tree: TokenTree, budget: int, cut: float) -> tuple[list[int], float | None]:
+        """(chain tokens to submit, sum of their path probabilities or None)."""
         tokens, probs = best_chain(tree)
         m = min(len(tokens), budget)
-        if probs is not None and cut > 0:
-            low = np.flatnonzero(probs[:m] < cut)
-            m = int(low[0]) if low.size else m
-        return [int(t) for t in tokens[:m]]
+        if probs is None:
+            return tokens[:m], None
+        if cut > 0:
+            m = next((j for j in range(m) if probs[j] < cut), m)
+        return tokens[:m], sum(probs[:m])
 
     def _on_timeout(self, n: int) -> None:
         self.stats.timeouts += 1
@@ -252,6 +332,9 @@ class ProposerCore:
         d["draft_timeouts"] = self.stats.timeouts
         d["active_requests"] = len(self.requests)
         d["adaptive"] = self.adaptive.as_dict()
+        d["cost_model"] = self.cost.as_dict()
+        d["inline_drafting"] = self._inline_ok
+        d["max_threaded_job_ms"] = 1e3 * self._max_job_s
         return d
 
     def _maybe_log(self) -> None:

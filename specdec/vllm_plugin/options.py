@@ -38,14 +38,19 @@ class SpecdecOptions(ConfigBase):
     async_options: dict = rng({}, doc="keyword options for AsyncDrafter")
     draft_timeout_ms: float = rng(50.0, lo=0.0, hi=60_000.0,
                                   doc="per-step drafting deadline; past it the step gets no draft (0 = no deadline)")
+    deadline_mode: str = rng("auto", choices=("auto", "thread"),
+                             doc="'thread': every draft runs on a worker thread under the deadline; 'auto': so "
+                                 "does a new drafter, until 64 jobs (all but one) took < 1/4 of the deadline, then drafting "
+                                 "runs inline (no hand-off) and an overrun switches back to 'thread' for good")
     strict: bool = rng(False, doc="re-raise drafter errors (debugging only: a failure then fails the engine)")
     adaptive: bool = rng(True, doc="skip or shorten drafting when it cannot pay (batch size, acceptance)")
     min_path_prob: float = rng(0.0, lo=0.0, hi=1.0,
                                doc="drop draft tokens whose path probability (drafter's estimate) is lower")
-    min_path_prob_per_seq: float = rng(0.004, lo=0.0, hi=1.0,
-                                       doc="adaptive: the threshold grows by this much per running request")
+    min_path_prob_per_seq: float = rng(0.0, lo=0.0, hi=1.0,
+                                       doc="adaptive: the fixed floor grows by this much per running request")
     min_acceptance: float = rng(0.1, lo=0.0, hi=1.0,
                                 doc="adaptive: a request whose acceptance EMA falls below drafts 1 token")
+    ab_windows: bool = rng(False, doc="adaptive: also A/B-test spec vs plain windows per batch-size bucket")
     probe_window_steps: int = rng(16, lo=4, hi=100_000, doc="adaptive: steps per throughput-measurement window")
     probe_every: int = rng(32, lo=2, hi=1000, doc="adaptive: every Nth window of a batch bucket runs the other mode")
     min_speedup: float = rng(1.0, lo=0.5, hi=2.0,

@@ -1,0 +1,732 @@
+// Native core of specdec's suffix drafter (specdec.drafters._suffix_native).
+//
+// Same algorithm as the pure-Python reference engine in drafters/suffix_ref.py (tests check that both
+// produce identical drafts). A bounded-depth suffix trie counts every substring of length <= depth:
+//   count[node] = occurrences of the node's token path; total[node] = sum of its children's counts
+//   (so P(child | node) = count[child] / total[node] ignores occurrences without a continuation,
+//   such as the current end of the context itself).
+// One trie per active request (prompt + output so far) and one global trie over finished responses
+// (FIFO eviction by cached requests / cached tokens). Appending a token costs O(depth) hash lookups via
+// the request's frontier (the nodes of its last `depth - 1` suffixes); no per-step rebuild.
+// Plain CPython C API, no third-party build dependency.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <queue>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+constexpr int32_t NIL = -1;
+constexpr uint64_t EMPTY_KEY = ~0ull;
+
+inline uint64_t mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+inline uint64_t edge_key(int32_t parent, int32_t token) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(parent)) << 32) | static_cast<uint32_t>(token);
+}
+
+// Open-addressing (linear probing, backward-shift deletion) map: (parent, token) -> child node.
+class EdgeMap {
+public:
+    EdgeMap() { reset(16); }
+
+    int32_t find(uint64_t key) const {
+        size_t i = mix64(key) & mask_;
+        while (true) {
+            uint64_t k = keys_[i];
+            if (k == key) return vals_[i];
+            if (k == EMPTY_KEY) return NIL;
+            i = (i + 1) & mask_;
+        }
+    }
+
+    void insert(uint64_t key, int32_t val) {
+        if ((size_ + 1) * 2 > keys_.size()) grow();
+        size_t i = mix64(key) & mask_;
+        while (keys_[i] != EMPTY_KEY) i = (i + 1) & mask_;
+        keys_[i] = key;
+        vals_[i] = val;
+        ++size_;
+    }
+
+    void erase(uint64_t key) {
+        size_t i = mix64(key) & mask_;
+        while (keys_[i] != key) {
+            if (keys_[i] == EMPTY_KEY) return;
+            i = (i + 1) & mask_;
+        }
+        size_t j = i;
+        while (true) {
+            j = (j + 1) & mask_;
+            if (keys_[j] == EMPTY_KEY) break;
+            size_t home = mix64(keys_[j]) & mask_;
+            bool move = (j > i) ? (home <= i || home > j) : (home <= i && home > j);
+            if (move) {
+                keys_[i] = keys_[j];
+                vals_[i] = vals_[j];
+                i = j;
+            }
+        }
+        keys_[i] = EMPTY_KEY;
+        --size_;
+    }
+
+    size_t memory_bytes() const { return keys_.capacity() * sizeof(uint64_t) + vals_.capacity() * sizeof(int32_t); }
+
+private:
+    std::vector<uint64_t> keys_;
+    std::vector<int32_t> vals_;
+    size_t mask_ = 0, size_ = 0;
+
+    void reset(size_t cap) {
+        keys_.assign(cap, EMPTY_KEY);
+        vals_.assign(cap, NIL);
+        mask_ = cap - 1;
+        size_ = 0;
+    }
+
+    void grow() {
+        std::vector<uint64_t> old_keys;
+        std::vector<int32_t> old_vals;
+        old_keys.swap(keys_);
+        old_vals.swap(vals_);
+        reset(old_keys.size() * 2);
+        for (size_t i = 0; i < old_keys.size(); ++i)
+            if (old_keys[i] != EMPTY_KEY) insert(old_keys[i], old_vals[i]);
+    }
+};
+
+// A node is explicit (its children are stored) or an implicit leaf: a substring that occurs exactly once,
+// standing for the whole chain of count-1 nodes below it, read from its occurrence in a stored sequence
+// (ref_seq, ref_pos = position of the node's own token). Counts and drafts equal those of the plain trie
+// (the Python reference), but only repeated substrings cost nodes, and appending a token touches only the
+// suffixes that occurred before (O(match length) <= O(depth)).
+struct Node {
+    int32_t token, count, total, best, first, next, prev, parent;
+    int32_t depth;    // root 0
+    int32_t ref_seq;  // >= 0: implicit leaf
+    int32_t ref_pos;
+};
+
+constexpr Node BLANK{NIL, 0, 0, NIL, NIL, NIL, NIL, NIL, 0, -1, -1};
+
+// A position in the trie: an explicit node (off 0) or `off` tokens below a leaf's head.
+struct Cursor {
+    int32_t node, off;
+};
+
+class Trie {
+public:
+    explicit Trie(int depth) : depth_(depth) { nodes_.push_back(BLANK); }
+
+    int depth() const { return depth_; }
+    const Node& node(int32_t i) const { return nodes_[i]; }
+    int32_t child(int32_t n, int32_t tok) const { return map_.find(edge_key(n, tok)); }
+    size_t live_nodes() const { return nodes_.size() - free_.size(); }
+    std::vector<int32_t>& seq(int32_t id) { return seqs_[id]; }
+    const std::vector<int32_t>& seq(int32_t id) const { return seqs_.at(id); }
+    bool is_leaf(int32_t n) const { return nodes_[n].ref_seq >= 0; }
+
+    size_t memory_bytes() const {
+        size_t total = sizeof(*this) + nodes_.capacity() * sizeof(Node) + free_.capacity() * sizeof(int32_t) +
+                       map_.memory_bytes();
+        for (const auto& kv : seqs_) total += kv.second.capacity() * sizeof(int32_t) + 32;
+        return total;
+    }
+
+    // Continuation of a cursor: (token, prob, next cursor) for leaves; false when there is none.
+    bool leaf_next(const Cursor& c, int32_t& tok, Cursor& next) const {
+        const Node& nd = nodes_[c.node];
+        if (nd.depth + c.off + 1 > depth_) return false;
+        const std::vector<int32_t>& s = seq(nd.ref_seq);
+        size_t pos = static_cast<size_t>(nd.ref_pos) + c.off + 1;
+        if (pos >= s.size()) return false;
+        tok = s[pos];
+        next = Cursor{c.node, c.off + 1};
+        return true;
+    }
+
+    bool has_continuation(const Cursor& c) const {
+        if (!is_leaf(c.node)) return nodes_[c.node].total > 0;
+        int32_t tok;
+        Cursor next;
+        return leaf_next(c, tok, next);
+    }
+
+    // Sequence `sid` got its token at `pos`; `front` = explicit nodes of its previous suffixes (front[0] = root).
+    void append(std::vector<int32_t>& front, int32_t sid, size_t pos) {
+        int32_t tok = seqs_[sid][pos];
+        size_t n = front.size();
+        size_t cap = std::min<size_t>(n + 1, static_cast<size_t>(depth_));
+        front.resize(cap);
+        size_t keep = 1;
+        for (size_t m = n; m-- > 0;) {
+            int32_t parent = front[m];
+            int32_t c = child(parent, tok);
+            if (c == NIL) {
+                new_node(parent, tok, sid, static_cast<int32_t>(pos));
+                continue;
+            }
+            if (is_leaf(c)) materialize(c);
+            bump(parent, c);
+            if (m + 1 < cap) {
+                front[m + 1] = c;
+                keep = std::max(keep, m + 2);
+            }
+        }
+        front.resize(keep);
+        front[0] = 0;
+    }
+
+    int32_t add_sequence(std::vector<int32_t>&& tokens) {
+        int32_t id = next_seq_++;
+        seqs_[id] = std::move(tokens);
+        std::vector<int32_t> front{0};
+        size_t n = seqs_[id].size();
+        for (size_t i = 0; i < n; ++i) append(front, id, i);
+        return id;
+    }
+
+    // Remove every substring occurrence of sequence `id` (deepest node first), then the sequence.
+    void remove_sequence(int32_t id) {
+        const std::vector<int32_t> s = seqs_[id];
+        std::vector<int32_t> path;
+        for (size_t start = 0; start < s.size(); ++start) {
+            path.clear();
+            int32_t cur = 0;
+            size_t end = std::min(s.size(), start + static_cast<size_t>(depth_));
+            for (size_t i = start; i < end; ++i) {
+                cur = child(cur, s[i]);
+                if (cur == NIL) break;  // cannot happen for an inserted sequence
+                path.push_back(cur);
+                if (is_leaf(cur)) break;
+            }
+            for (size_t k = path.size(); k-- > 0;) decrement(path[k]);
+        }
+        seqs_.erase(id);
+    }
+
+    // Read-only match frontier: cursors of the suffixes (lengths 0..) that occur, extended by `tok`.
+    void step_match(std::vector<Cursor>& front, int32_t tok, std::vector<Cursor>& tmp) const {
+        tmp.clear();
+        tmp.push_back(Cursor{0, 0});
+        for (size_t m = 0; m < front.size() && m + 1 < static_cast<size_t>(depth_); ++m) {
+            const Cursor& c = front[m];
+            if (is_leaf(c.node)) {
+                int32_t t;
+                Cursor next;
+                if (!leaf_next(c, t, next) || t != tok) break;
+                tmp.push_back(next);
+            } else {
+                int32_t ch = child(c.node, tok);
+                if (ch == NIL) break;
+                tmp.push_back(Cursor{ch, 0});
+            }
+        }
+        front.swap(tmp);
+    }
+
+private:
+    int depth_;
+    std::vector<Node> nodes_;
+    std::vector<int32_t> free_;
+    EdgeMap map_;
+    std::unordered_map<int32_t, std::vector<int32_t>> seqs_;
+    int32_t next_seq_ = 1;  // 0 is left to the owner (a request's own context)
+
+    // A new child leaf with count 1 (a first occurrence), newest first in the parent's list.
+    int32_t new_node(int32_t n, int32_t tok, int32_t sid, int32_t pos) {
+        int32_t c;
+        if (!free_.empty()) {
+            c = free_.back();
+            free_.pop_back();
+        } else {
+            c = static_cast<int32_t>(nodes_.size());
+            nodes_.push_back(BLANK);
+        }
+        int32_t head = nodes_[n].first;
+        nodes_[c] = Node{tok, 0, 0, NIL, NIL, head, NIL, n, nodes_[n].depth + 1, sid, pos};
+        if (head != NIL) nodes_[head].prev = c;
+        nodes_[n].first = c;
+        map_.insert(edge_key(n, tok), c);
+        bump(n, c);
+        return c;
+    }
+
+    // Turn a leaf into an explicit node (count unchanged) whose one child continues its occurrence.
+    void materialize(int32_t c) {
+        int32_t sid = nodes_[c].ref_seq;
+        int32_t pos = nodes_[c].ref_pos + 1;
+        nodes_[c].ref_seq = -1;
+        nodes_[c].ref_pos = -1;
+        if (nodes_[c].depth + 1 > depth_) return;
+        const std::vector<int32_t>& s = seqs_[sid];
+        if (static_cast<size_t>(pos) >= s.size()) return;
+        new_node(c, s[pos], sid, pos);
+    }
+
+    void bump(int32_t n, int32_t c) {
+        Node& child_node = nodes_[c];
+        child_node.count += 1;
+        Node& parent = nodes_[n];
+        parent.total += 1;
+        // Ties go to the most recently counted child (recency breaks frequency ties).
+        if (parent.best == NIL || child_node.count >= nodes_[parent.best].count) parent.best = c;
+    }
+
+    void decrement(int32_t c) {
+        int32_t n = nodes_[c].parent;
+        nodes_[c].count -= 1;
+        nodes_[n].total -= 1;
+        if (nodes_[c].count == 0) unlink(c);
+        if (nodes_[n].best == c || nodes_[n].best == NIL) rescan_best(n);
+    }
+
+    void unlink(int32_t c) {
+        Node& x = nodes_[c];
+        if (x.prev != NIL) nodes_[x.prev].next = x.next; else nodes_[x.parent].first = x.next;
+        if (x.next != NIL) nodes_[x.next].prev = x.prev;
+        map_.erase(edge_key(x.parent, x.token));
+        if (nodes_[x.parent].best == c) nodes_[x.parent].best = NIL;
+        x = BLANK;
+        free_.push_back(c);
+    }
+
+    void rescan_best(int32_t n) {
+        int32_t best = NIL;
+        for (int32_t c = nodes_[n].first; c != NIL; c = nodes_[c].next)
+            if (best == NIL || nodes_[c].count > nodes_[best].count) best = c;
+        nodes_[n].best = best;
+    }
+};
+
+struct DraftParams {
+    int budget;
+    bool tree;
+    double factor, offset, min_prob;
+};
+
+struct Draft {
+    std::vector<int32_t> tokens, parents;
+    std::vector<double> probs;  // P(node | parent path)
+    double score = 0.0;
+    int match_len = 0;
+    int source = -1;  // 0 local, 1 global
+    void clear() {
+        tokens.clear();
+        parents.clear();
+        probs.clear();
+        score = 0.0;
+        match_len = 0;
+        source = -1;
+    }
+};
+
+struct HeapItem {
+    double path;
+    double prob;
+    int64_t seq;
+    int32_t token;
+    Cursor cur;
+    int32_t parent, depth;
+    bool operator<(const HeapItem& o) const {  // max-heap on path prob, FIFO among ties
+        if (path != o.path) return path < o.path;
+        return seq > o.seq;
+    }
+};
+
+// Most likely next step from `c`: (token, P(token | c), next cursor); false when nothing follows.
+bool best_step(const Trie& t, const Cursor& c, int32_t& tok, double& q, Cursor& next) {
+    if (t.is_leaf(c.node)) {
+        q = 1.0;
+        return t.leaf_next(c, tok, next);
+    }
+    const Node& nd = t.node(c.node);
+    if (nd.total <= 0 || nd.best == NIL) return false;
+    const Node& b = t.node(nd.best);
+    q = static_cast<double>(b.count) / static_cast<double>(nd.total);
+    tok = b.token;
+    next = Cursor{nd.best, 0};
+    return true;
+}
+
+void draft_chain(const Trie& t, Cursor cur, int max_len, int budget, double min_prob, Draft& out) {
+    double path = 1.0;
+    int limit = std::min(max_len, budget);
+    int32_t tok;
+    double q;
+    Cursor next;
+    while (static_cast<int>(out.tokens.size()) < limit && best_step(t, cur, tok, q, next)) {
+        if (path * q < min_prob) break;
+        path *= q;
+        out.parents.push_back(static_cast<int32_t>(out.tokens.size()) - 1);
+        out.tokens.push_back(tok);
+        out.probs.push_back(q);
+        out.score += path;
+        cur = next;
+    }
+}
+
+void push_children(const Trie& t, const Cursor& c, double path, int32_t parent, int32_t depth, double min_prob,
+                   int64_t& seq, std::priority_queue<HeapItem>& heap) {
+    if (t.is_leaf(c.node)) {
+        int32_t tok;
+        Cursor next;
+        if (t.leaf_next(c, tok, next) && path >= min_prob) heap.push(HeapItem{path, 1.0, seq++, tok, next, parent, depth});
+        return;
+    }
+    const Node& nd = t.node(c.node);
+    if (nd.total <= 0) return;
+    for (int32_t ch = nd.first; ch != NIL; ch = t.node(ch).next) {
+        double q = static_cast<double>(t.node(ch).count) / static_cast<double>(nd.total);
+        double p = path * q;
+        if (p >= min_prob) heap.push(HeapItem{p, q, seq++, t.node(ch).token, Cursor{ch, 0}, parent, depth});
+    }
+}
+
+void draft_tree(const Trie& t, const Cursor& start, int max_depth, int budget, double min_prob, Draft& out) {
+    std::priority_queue<HeapItem> heap;
+    int64_t seq = 0;
+    if (max_depth < 1) return;
+    push_children(t, start, 1.0, -1, 1, min_prob, seq, heap);
+    while (!heap.empty() && static_cast<int>(out.tokens.size()) < budget) {
+        HeapItem it = heap.top();
+        heap.pop();
+        int32_t idx = static_cast<int32_t>(out.tokens.size());
+        out.tokens.push_back(it.token);
+        out.parents.push_back(it.parent);
+        out.probs.push_back(it.prob);
+        out.score += it.path;
+        if (it.depth < max_depth) push_children(t, it.cur, it.path, idx, it.depth + 1, min_prob, seq, heap);
+    }
+}
+
+int length_cap(int m, const DraftParams& p) {
+    double cap = std::floor(m * p.factor + p.offset + 1e-9);
+    if (cap < 0) return 0;
+    return cap > 1e9 ? 1000000000 : static_cast<int>(cap);
+}
+
+// Best draft over all match lengths of `front` in trie `t` (longest first; strictly better replaces).
+void best_draft(const Trie& t, const std::vector<Cursor>& front, const DraftParams& p, int source, Draft& best,
+                Draft& tmp) {
+    for (size_t m = front.size(); m-- > 1;) {
+        int cap = length_cap(static_cast<int>(m), p);
+        double bound = std::min(static_cast<double>(p.budget), static_cast<double>(cap));
+        if (bound <= best.score) break;
+        if (!t.has_continuation(front[m])) continue;
+        tmp.clear();
+        if (p.tree) draft_tree(t, front[m], cap, p.budget, p.min_prob, tmp);
+        else draft_chain(t, front[m], cap, p.budget, p.min_prob, tmp);
+        if (tmp.score > best.score) {
+            std::swap(best, tmp);
+            best.match_len = static_cast<int>(m);
+            best.source = source;
+        }
+    }
+}
+
+constexpr int32_t LOCAL_SEQ = 0;
+
+struct Request {
+    std::unique_ptr<Trie> local;       // its sequence LOCAL_SEQ is the context (prompt + output so far)
+    size_t prompt_len = 0;
+    std::vector<int32_t> local_front;  // explicit nodes of the context's repeated suffixes
+    std::vector<Cursor> local_cursors;
+    std::vector<Cursor> global_front;  // match frontier in the global trie
+    uint64_t global_version = ~0ull;
+};
+
+struct Engine {
+    int depth;
+    int64_t max_requests, max_tokens;
+    Trie global;
+    uint64_t version = 0;
+    std::deque<std::pair<int32_t, int64_t>> cached;  // (sequence id in the global trie, tokens)
+    int64_t cached_tokens = 0;
+    std::unordered_map<int64_t, Request> requests;
+    std::vector<Cursor> tmp_front;
+    Draft best, tmp;
+
+    Engine(int d, int64_t mr, int64_t mt) : depth(d), max_requests(mr), max_tokens(mt), global(d) {}
+
+    void refresh_global(Request& r) {
+        if (r.global_version == version) return;
+        r.global_front.assign(1, Cursor{0, 0});
+        const std::vector<int32_t>& ctx = r.local->seq(LOCAL_SEQ);
+        size_t n = ctx.size();
+        size_t from = n > static_cast<size_t>(depth) ? n - depth : 0;
+        for (size_t i = from; i < n; ++i) global.step_match(r.global_front, ctx[i], tmp_front);
+        r.global_version = version;
+    }
+
+    void start(int64_t rid, const int32_t* toks, size_t n) {
+        Request& r = requests[rid];
+        r.local = std::make_unique<Trie>(depth);
+        std::vector<int32_t>& ctx = r.local->seq(LOCAL_SEQ);
+        ctx.assign(toks, toks + n);
+        r.prompt_len = n;
+        r.local_front.assign(1, 0);
+        for (size_t i = 0; i < n; ++i) r.local->append(r.local_front, LOCAL_SEQ, i);
+        r.global_version = ~0ull;
+        refresh_global(r);
+    }
+
+    void extend(Request& r, const int32_t* toks, size_t n) {
+        bool fresh = r.global_version == version;
+        std::vector<int32_t>& ctx = r.local->seq(LOCAL_SEQ);
+        for (size_t i = 0; i < n; ++i) {
+            ctx.push_back(toks[i]);
+            r.local->append(r.local_front, LOCAL_SEQ, ctx.size() - 1);
+            if (fresh) global.step_match(r.global_front, toks[i], tmp_front);
+        }
+    }
+
+    void stop(int64_t rid) {
+        auto it = requests.find(rid);
+        if (it == requests.end()) return;
+        Request& r = it->second;
+        const std::vector<int32_t>& ctx = r.local->seq(LOCAL_SEQ);
+        if (max_requests > 0 && max_tokens > 0 && ctx.size() > r.prompt_len) {
+            std::vector<int32_t> resp(ctx.begin() + r.prompt_len, ctx.end());
+            int64_t len = static_cast<int64_t>(resp.size());
+            int32_t id = global.add_sequence(std::move(resp));
+            cached_tokens += len;
+            cached.emplace_back(id, len);
+            evict();
+            ++version;
+        }
+        requests.erase(it);
+    }
+
+    void evict() {
+        while (!cached.empty() && (static_cast<int64_t>(cached.size()) > max_requests || cached_tokens > max_tokens)) {
+            global.remove_sequence(cached.front().first);
+            cached_tokens -= cached.front().second;
+            cached.pop_front();
+            ++version;
+        }
+    }
+
+    const Draft& draft(Request& r, const DraftParams& p, bool use_local, bool use_global) {
+        best.clear();
+        if (p.budget <= 0) return best;
+        if (use_local) {
+            r.local_cursors.resize(r.local_front.size());
+            for (size_t i = 0; i < r.local_front.size(); ++i) r.local_cursors[i] = Cursor{r.local_front[i], 0};
+            best_draft(*r.local, r.local_cursors, p, 0, best, tmp);
+        }
+        if (use_global) {
+            refresh_global(r);
+            best_draft(global, r.global_front, p, 1, best, tmp);
+        }
+        return best;
+    }
+
+    size_t memory_bytes() const {
+        size_t total = global.memory_bytes();
+        for (const auto& kv : requests) total += kv.second.local->memory_bytes();
+        return total;
+    }
+};
+
+// ------------------------------------------------------------------------------------- Python glue
+struct PyEngine {
+    PyObject_HEAD
+    Engine* engine;
+};
+
+bool read_tokens(PyObject* obj, std::vector<int32_t>& out) {
+    out.clear();
+    Py_buffer view;
+    if (PyObject_CheckBuffer(obj) && PyObject_GetBuffer(obj, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
+        const char* fmt = view.format ? view.format : "B";
+        if (*fmt == '<' || *fmt == '=' || *fmt == '@') ++fmt;
+        Py_ssize_t n = view.itemsize ? view.len / view.itemsize : 0;
+        bool ok = true;
+        out.resize(static_cast<size_t>(n));
+        if (view.itemsize == 4 && (*fmt == 'i' || *fmt == 'l')) {
+            const int32_t* d = static_cast<const int32_t*>(view.buf);
+            std::copy(d, d + n, out.begin());
+        } else if (view.itemsize == 8 && (*fmt == 'l' || *fmt == 'q')) {
+            const int64_t* d = static_cast<const int64_t*>(view.buf);
+            for (Py_ssize_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(d[i]);
+        } else {
+            ok = false;
+        }
+        PyBuffer_Release(&view);
+        if (ok) return true;
+        out.clear();
+    } else {
+        PyErr_Clear();
+    }
+    PyObject* seq = PySequence_Fast(obj, "token ids must be a sequence of ints");
+    if (!seq) return false;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject** items = PySequence_Fast_ITEMS(seq);
+    out.resize(static_cast<size_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        long v = PyLong_AsLong(items[i]);
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return false;
+        }
+        out[i] = static_cast<int32_t>(v);
+    }
+    Py_DECREF(seq);
+    return true;
+}
+
+thread_local std::vector<int32_t> g_tokens;
+
+PyObject* Engine_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
+    static const char* kwlist[] = {"depth", "max_cached_requests", "max_cached_tokens", nullptr};
+    int depth = 24;
+    long long mr = 10000, mt = 100000000;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|iLL", const_cast<char**>(kwlist), &depth, &mr, &mt))
+        return nullptr;
+    if (depth < 2 || depth > 4096) {
+        PyErr_SetString(PyExc_ValueError, "depth must be in [2, 4096]");
+        return nullptr;
+    }
+    PyEngine* self = reinterpret_cast<PyEngine*>(type->tp_alloc(type, 0));
+    if (!self) return nullptr;
+    self->engine = new Engine(depth, mr, mt);
+    return reinterpret_cast<PyObject*>(self);
+}
+
+void Engine_dealloc(PyEngine* self) {
+    delete self->engine;
+    Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+PyObject* Engine_start(PyEngine* self, PyObject* args) {
+    long long rid;
+    PyObject* toks;
+    if (!PyArg_ParseTuple(args, "LO", &rid, &toks)) return nullptr;
+    if (!read_tokens(toks, g_tokens)) return nullptr;
+    self->engine->start(rid, g_tokens.data(), g_tokens.size());
+    Py_RETURN_NONE;
+}
+
+PyObject* Engine_extend(PyEngine* self, PyObject* args) {
+    long long rid;
+    PyObject* toks;
+    if (!PyArg_ParseTuple(args, "LO", &rid, &toks)) return nullptr;
+    auto it = self->engine->requests.find(rid);
+    if (it == self->engine->requests.end()) {
+        PyErr_Format(PyExc_KeyError, "request %lld is not active (call start first)", rid);
+        return nullptr;
+    }
+    if (!read_tokens(toks, g_tokens)) return nullptr;
+    self->engine->extend(it->second, g_tokens.data(), g_tokens.size());
+    Py_RETURN_NONE;
+}
+
+PyObject* Engine_stop(PyEngine* self, PyObject* args) {
+    long long rid;
+    if (!PyArg_ParseTuple(args, "L", &rid)) return nullptr;
+    self->engine->stop(rid);
+    Py_RETURN_NONE;
+}
+
+PyObject* int_list(const std::vector<int32_t>& v) {
+    PyObject* list = PyList_New(static_cast<Py_ssize_t>(v.size()));
+    if (!list) return nullptr;
+    for (size_t i = 0; i < v.size(); ++i) PyList_SET_ITEM(list, i, PyLong_FromLong(v[i]));
+    return list;
+}
+
+// draft(rid, budget, tree, factor, offset, min_prob, use_local, use_global)
+//   -> (tokens, parents, probs, score, match_len, source)
+PyObject* Engine_draft(PyEngine* self, PyObject* args) {
+    long long rid;
+    DraftParams p;
+    int tree, use_local, use_global;
+    if (!PyArg_ParseTuple(args, "Lipdddpp", &rid, &p.budget, &tree, &p.factor, &p.offset, &p.min_prob, &use_local,
+                          &use_global))
+        return nullptr;
+    p.tree = tree != 0;
+    auto it = self->engine->requests.find(rid);
+    if (it == self->engine->requests.end()) {
+        PyErr_Format(PyExc_KeyError, "request %lld is not active (call start first)", rid);
+        return nullptr;
+    }
+    const Draft& d = self->engine->draft(it->second, p, use_local != 0, use_global != 0);
+    PyObject* probs = PyList_New(static_cast<Py_ssize_t>(d.probs.size()));
+    if (!probs) return nullptr;
+    for (size_t i = 0; i < d.probs.size(); ++i) PyList_SET_ITEM(probs, i, PyFloat_FromDouble(d.probs[i]));
+    return Py_BuildValue("(NNNdii)", int_list(d.tokens), int_list(d.parents), probs, d.score, d.match_len, d.source);
+}
+
+PyObject* Engine_memory_bytes(PyEngine* self, PyObject*) {
+    return PyLong_FromSize_t(self->engine->memory_bytes());
+}
+
+PyObject* Engine_global_stats(PyEngine* self, PyObject*) {
+    Engine* e = self->engine;
+    return Py_BuildValue("{s:n,s:n,s:L,s:n}", "nodes", static_cast<Py_ssize_t>(e->global.live_nodes()),
+                         "bytes", static_cast<Py_ssize_t>(e->global.memory_bytes()), "cached_tokens",
+                         static_cast<long long>(e->cached_tokens), "cached_requests",
+                         static_cast<Py_ssize_t>(e->cached.size()));
+}
+
+PyObject* Engine_local_nodes(PyEngine* self, PyObject* args) {
+    long long rid;
+    if (!PyArg_ParseTuple(args, "L", &rid)) return nullptr;
+    auto it = self->engine->requests.find(rid);
+    if (it == self->engine->requests.end()) return PyLong_FromLong(0);
+    return PyLong_FromSize_t(it->second.local->live_nodes());
+}
+
+PyMethodDef Engine_methods[] = {
+    {"start", reinterpret_cast<PyCFunction>(Engine_start), METH_VARARGS, "start(rid, prompt_ids)"},
+    {"extend", reinterpret_cast<PyCFunction>(Engine_extend), METH_VARARGS, "extend(rid, token_ids)"},
+    {"stop", reinterpret_cast<PyCFunction>(Engine_stop), METH_VARARGS, "stop(rid): cache the response"},
+    {"draft", reinterpret_cast<PyCFunction>(Engine_draft), METH_VARARGS,
+     "draft(rid, budget, tree, factor, offset, min_prob, use_local, use_global)"},
+    {"memory_bytes", reinterpret_cast<PyCFunction>(Engine_memory_bytes), METH_NOARGS, "bytes held"},
+    {"global_stats", reinterpret_cast<PyCFunction>(Engine_global_stats), METH_NOARGS, "global trie stats"},
+    {"local_nodes", reinterpret_cast<PyCFunction>(Engine_local_nodes), METH_VARARGS, "nodes of a request trie"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyTypeObject EngineType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_suffix_native", "Native suffix-trie drafter core", -1,
+                          nullptr};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__suffix_native(void) {
+    EngineType.tp_name = "specdec.drafters._suffix_native.Engine";
+    EngineType.tp_basicsize = sizeof(PyEngine);
+    EngineType.tp_flags = Py_TPFLAGS_DEFAULT;
+    EngineType.tp_new = Engine_new;
+    EngineType.tp_dealloc = reinterpret_cast<destructor>(Engine_dealloc);
+    EngineType.tp_methods = Engine_methods;
+    EngineType.tp_doc = "Engine(depth, max_cached_requests, max_cached_tokens)";
+    if (PyType_Ready(&EngineType) < 0) return nullptr;
+    PyObject* m = PyModule_Create(&module_def);
+    if (!m) return nullptr;
+    Py_INCREF(&EngineType);
+    if (PyModule_AddObject(m, "Engine", reinterpret_cast<PyObject*>(&EngineType)) < 0) {
+        Py_DECREF(&EngineType);
+        Py_DECREF(m);
+        return nullptr;
+    }
+    return m;
+}

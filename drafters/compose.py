@@ -1,0 +1,102 @@
+"""Composition by score: several drafters behind one, choosing per request and step.
+
+``ComposedDrafter([suffix, ngram])`` forwards every lifecycle call to all parts; at each step it asks
+every part for a draft and keeps, per request, the one with the highest ``TokenTree.expected_accepted()``
+(sum of path probabilities; ties go to the earlier drafter). With ``merge=True`` it instead unites the
+parts' trees (shared prefixes merged, best-scored part first) under the budget; chain requests then get
+the merged tree's best path. A part that raises is skipped for that call (counted in ``failures`` and
+logged once per part and error type); its trees are dropped until it answers again.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+from specdec.drafters.base import Drafter, DraftRequest
+from specdec.tree import TokenTree, merge_trees
+
+logger = logging.getLogger("specdec.drafters")
+
+
+class ComposedDrafter(Drafter):
+    """Per request and step, the best-scored draft of several drafters (or their merged tree)."""
+
+    name = "composed"
+
+    def __init__(self, drafters: Sequence[Drafter], *, merge: bool = False) -> None:
+        if not drafters:
+            raise ValueError("ComposedDrafter needs at least one drafter, e.g. [SuffixDrafter(), NgramDrafter()]")
+        self.drafters = list(drafters)
+        self.merge = merge
+        self.name = "+".join(d.name for d in self.drafters)
+        self.failures: dict[str, int] = {d.name: 0 for d in self.drafters}
+        self.picks: list[int] = [0] * len(self.drafters)  # how often each part's draft was chosen
+        self._logged: set[tuple[str, str]] = set()
+
+    # ----------------------------------------------------------------- lifecycle
+    def _each(self, method: str, *args: object) -> None:
+        for d in self.drafters:
+            try:
+                getattr(d, method)(*args)
+            except Exception as exc:  # noqa: BLE001 - one part failing must not stop the others
+                self._fail(d, method, exc)
+
+    def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+        self._each("start", request_id, prompt_ids)
+
+    def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
+        self._each("extend", request_id, token_ids)
+
+    def stop(self, request_id: str) -> None:
+        self._each("stop", request_id)
+
+    def close(self) -> None:
+        self._each("close")
+
+    # ----------------------------------------------------------------- drafting
+    def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
+        per_part: list[list[TokenTree] | None] = []
+        for d in self.drafters:
+            try:
+                trees = d.draft_batch(requests)
+                if len(trees) != len(requests):
+                    raise RuntimeError(f"returned {len(trees)} drafts for {len(requests)} requests")
+                per_part.append([t.truncate(r.budget) for t, r in zip(trees, requests)])
+            except Exception as exc:  # noqa: BLE001
+                self._fail(d, "draft_batch", exc)
+                per_part.append(None)
+        return [self._choose(i, req, per_part) for i, req in enumerate(requests)]
+
+    def _choose(self, i: int, req: DraftRequest, per_part: list[list[TokenTree] | None]) -> TokenTree:
+        cands = [(k, trees[i]) for k, trees in enumerate(per_part) if trees is not None and len(trees[i])]
+        if not cands:
+            return TokenTree.empty()
+        scored = sorted(cands, key=lambda kt: (-score(kt[1]), kt[0]))  # best first, ties: earlier part
+        self.picks[scored[0][0]] += 1
+        if not self.merge or len(scored) == 1:
+            return scored[0][1]
+        merged = merge_trees([t for _, t in scored], req.budget)
+        return merged if req.tree else merged.to_chain(req.budget)
+
+    def _fail(self, d: Drafter, what: str, exc: BaseException) -> None:
+        self.failures[d.name] = self.failures.get(d.name, 0) + 1
+        key = (d.name, type(exc).__name__)
+        if key not in self._logged:
+            self._logged.add(key)
+            logger.warning("drafter %s failed in %s: %r; the other drafters go on (further %s errors from it "
+                           "are not logged)", d.name, what, exc, type(exc).__name__)
+
+    # ----------------------------------------------------------------- introspection
+    def active_requests(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for d in self.drafters:
+            seen.update(dict.fromkeys(d.active_requests()))
+        return list(seen)
+
+    def memory_bytes(self) -> int:
+        return sum(d.memory_bytes() for d in self.drafters)
+
+
+def score(tree: TokenTree) -> float:
+    """Expected accepted tokens under the drafter's own probabilities (0 for an empty or prob-less tree)."""
+    return tree.expected_accepted() if len(tree) else 0.0

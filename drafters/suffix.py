@@ -1,0 +1,134 @@
+"""Suffix-tree drafter: frequency-scored drafts from the request's own context and past responses.
+
+Each active request owns a bounded-depth suffix trie over its prompt and output so far; one global trie
+holds the responses of finished requests (bounded by ``max_cached_requests`` / ``max_cached_tokens``,
+oldest evicted first). At each step the last tokens of the context are matched in both tries (every
+match length up to ``max_depth - 1``, kept incrementally: O(depth) per appended token, no rebuild);
+from each match a chain (most frequent continuation) or a tree (best-first by path probability) grows
+while the path probability stays >= ``min_token_prob``, at most ``budget`` nodes and
+``floor(match_len * max_spec_factor + max_spec_offset)`` deep. The draft with the highest expected
+number of accepted tokens (sum of path probabilities) wins; ``probs`` carries P(token | its path).
+
+Backends: ``native`` (C++ core, ``specdec.drafters._suffix_native``, built by ``pip install -e .``),
+``python`` (``specdec.drafters.suffix_ref``, the reference; identical drafts), ``auto`` (native if built).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from specdec.config import ConfigBase, ConfigError, rng
+from specdec.drafters.base import Drafter, DraftRequest
+from specdec.drafters.suffix_ref import RefEngine
+from specdec.tree import TokenTree
+
+logger = logging.getLogger("specdec.drafters")
+
+try:  # the optional native core (setup.py ext_modules)
+    from specdec.drafters._suffix_native import Engine as NativeEngine
+except ImportError:  # pragma: no cover - depends on the build
+    NativeEngine = None
+
+BACKENDS = ("auto", "native", "python")
+SOURCES = ("local", "global")  # which trie produced a draft (engine source index 0 / 1)
+
+
+def native_available() -> bool:
+    return NativeEngine is not None
+
+
+@dataclass(frozen=True)
+class SuffixConfig(ConfigBase):
+    max_depth: int = rng(64, lo=2, hi=4096, doc="trie depth: match length + draft length never exceed it")
+    max_spec_factor: float = rng(2.0, lo=0.0, hi=1000.0, doc="draft depth <= match_len * factor + offset")
+    max_spec_offset: float = rng(0.0, lo=-1000.0, hi=1000.0, doc="see max_spec_factor")
+    min_token_prob: float = rng(0.1, lo=0.0, hi=1.0, doc="stop growing a path below this path probability")
+    max_cached_requests: int = rng(10_000, lo=0, hi=2**31 - 1, doc="responses kept in the global trie (0: none)")
+    max_cached_tokens: int = rng(10_000_000, lo=0, hi=2**40, doc="response tokens kept in the global trie")
+    use_local: bool = rng(True, doc="draft from the request's own prompt + output")
+    use_global: bool = rng(True, doc="draft from past responses")
+    backend: str = rng("auto", choices=BACKENDS, doc="native C++ core, python reference, or auto")
+
+
+class SuffixDrafter(Drafter):
+    """Suffix-trie drafter (see the module docstring)."""
+
+    name = "suffix"
+    Config = SuffixConfig
+
+    def __init__(self, config: SuffixConfig | None = None, **overrides: Any) -> None:
+        config = config or SuffixConfig()
+        if overrides:
+            config = config.replace(**overrides)
+        self.config = config
+        backend = config.backend
+        if backend == "native" and NativeEngine is None:
+            raise ConfigError("backend='native' but specdec.drafters._suffix_native is not built; "
+                              "run `pip install -e .` with a C++17 compiler, or set backend='python'")
+        use_native = NativeEngine is not None and backend != "python"
+        engine_cls = NativeEngine if use_native else RefEngine
+        self.backend = "native" if use_native else "python"
+        self.engine = engine_cls(config.max_depth, config.max_cached_requests, config.max_cached_tokens)
+        self._ids: dict[str, int] = {}
+        self._next_id = 0
+        self.last_sources: list[str] = []  # trie that produced each draft of the last draft_batch call
+
+    # ----------------------------------------------------------------- lifecycle
+    def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+        if request_id in self._ids:
+            self.stop(request_id)
+        rid = self._next_id
+        self._next_id += 1
+        self._ids[request_id] = rid
+        self.engine.start(rid, _as_ids(prompt_ids))
+
+    def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
+        rid = self._ids.get(request_id)
+        if rid is None:
+            raise KeyError(f"request {request_id!r} was never started (call start first)")
+        if len(token_ids):
+            self.engine.extend(rid, _as_ids(token_ids))
+
+    def stop(self, request_id: str) -> None:
+        rid = self._ids.pop(request_id, None)
+        if rid is not None:
+            self.engine.stop(rid)
+
+    def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
+        c = self.config
+        out: list[TokenTree] = []
+        self.last_sources = []
+        for req in requests:
+            rid = self._ids.get(req.request_id)
+            if rid is None or req.budget <= 0:
+                out.append(TokenTree.empty())
+                self.last_sources.append("")
+                continue
+            toks, parents, probs, _score, _m, src = self.engine.draft(
+                rid, req.budget, req.tree, c.max_spec_factor, c.max_spec_offset, c.min_token_prob,
+                c.use_local, c.use_global)
+            self.last_sources.append(SOURCES[src] if src >= 0 else "")
+            out.append(TokenTree(np.asarray(toks, np.int64), np.asarray(parents, np.int32),
+                                 np.asarray(probs, np.float32)) if toks else TokenTree.empty())
+        return out
+
+    # ----------------------------------------------------------------- introspection
+    def active_requests(self) -> list[str]:
+        return list(self._ids)
+
+    def memory_bytes(self) -> int:
+        return int(self.engine.memory_bytes())
+
+    def global_stats(self) -> dict[str, int]:
+        """Global trie: live nodes, bytes, cached response tokens and requests."""
+        return dict(self.engine.global_stats())
+
+
+def _as_ids(ids: Sequence[int] | np.ndarray) -> Any:
+    """Token ids in a form both engines read fast (int32/int64 arrays pass through, lists stay lists)."""
+    if isinstance(ids, np.ndarray):
+        return np.ascontiguousarray(ids, dtype=np.int64 if ids.dtype == np.int64 else np.int32)
+    return list(ids)

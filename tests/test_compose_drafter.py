@@ -1,0 +1,96 @@
+"""Composition by score: best expected-accepted draft per request, ties to the earlier part, failures."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pytest
+
+from specdec.drafters import build_drafter
+from specdec.drafters.base import Drafter, DraftRequest
+from specdec.drafters.compose import ComposedDrafter
+from specdec.tree import TokenTree
+
+
+class Fixed(Drafter):
+    """Returns a fixed tree for every request; records lifecycle calls."""
+
+    def __init__(self, name: str, tree: TokenTree, *, fail: str = "") -> None:
+        self.name, self.tree, self.fail = name, tree, fail
+        self.calls: list[tuple[str, str]] = []
+
+    def _maybe_fail(self, what: str) -> None:
+        if self.fail == what:
+            raise RuntimeError(f"{self.name} broken in {what}")
+
+    def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+        self._maybe_fail("start")
+        self.calls.append(("start", request_id))
+
+    def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
+        self.calls.append(("extend", request_id))
+
+    def stop(self, request_id: str) -> None:
+        self.calls.append(("stop", request_id))
+
+    def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
+        self._maybe_fail("draft")
+        return [self.tree for _ in requests]
+
+
+A = TokenTree.chain([1, 2, 3], [0.9, 0.9, 0.9])  # expected accepted 0.9 + 0.81 + 0.729 = 2.439
+B = TokenTree.chain([1, 5], [1.0, 1.0])  # 2.0
+C = TokenTree.chain([7, 8], [1.0, 1.0])  # 2.0 (ties with B)
+
+
+def test_picks_best_score_and_forwards_lifecycle():
+    a, b = Fixed("a", A), Fixed("b", B)
+    comp = ComposedDrafter([b, a])
+    comp.start("r", [1])
+    comp.extend("r", [2])
+    assert comp.draft("r", 8).tokens.tolist() == [1, 2, 3]
+    comp.stop("r")
+    assert a.calls == b.calls == [("start", "r"), ("extend", "r"), ("stop", "r")]
+    assert comp.picks == [0, 1]
+
+
+def test_tie_goes_to_earlier_drafter_and_budget_truncates():
+    comp = ComposedDrafter([Fixed("c", C), Fixed("b", B)])
+    assert comp.draft("r", 8).tokens.tolist() == [7, 8]
+    comp2 = ComposedDrafter([Fixed("a", A), Fixed("b", B)])
+    assert comp2.draft("r", 1).tokens.tolist() == [1]  # truncated to one node A scores 0.9 < B 1.0 (both: 1)
+    assert len(comp2.draft("r", 2)) == 2
+
+
+def test_failure_of_one_part_uses_the_others(caplog):
+    comp = ComposedDrafter([Fixed("bad", A, fail="draft"), Fixed("good", B)])
+    comp.start("r", [1])
+    assert comp.draft("r", 8).tokens.tolist() == [1, 5]
+    assert comp.failures["bad"] == 1
+    comp2 = ComposedDrafter([Fixed("bad", A, fail="start"), Fixed("good", B)])
+    comp2.start("r", [1])  # absorbed
+    assert comp2.failures["bad"] == 1
+    all_bad = ComposedDrafter([Fixed("x", A, fail="draft")])
+    assert len(all_bad.draft("r", 8)) == 0
+
+
+def test_merge_trees_under_budget():
+    comp = ComposedDrafter([Fixed("a", A), Fixed("c", C)], merge=True)
+    tree = comp.draft("r", 4, tree=True)
+    assert len(tree) == 4
+    assert tree.tokens.tolist() == [1, 2, 3, 7]  # best part first, shared prefixes merged, then C's root
+    assert tree.parents.tolist() == [-1, 0, 1, -1]
+    chain = comp.draft("r", 4)
+    assert chain.is_chain() and chain.tokens.tolist() == [1, 2, 3]
+
+
+def test_registry_builds_composition_of_real_drafters():
+    comp = build_drafter(["suffix", "ngram"])
+    assert isinstance(comp, ComposedDrafter) and comp.name == "suffix+ngram"
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7]
+    comp.start("r", prompt)
+    t = comp.draft("r", 4)
+    assert t.tokens.tolist()[:2] == [8, 9]
+    comp.stop("r")
+    assert comp.active_requests() == []
+    assert np.isfinite(t.expected_accepted())

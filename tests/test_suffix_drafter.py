@@ -1,0 +1,208 @@
+"""Suffix drafter: hand-checked token arrays on both backends, reference == native, replay property."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specdec.config import ConfigError
+from specdec.drafters import build_drafter
+from specdec.drafters.base import DraftRequest
+from specdec.drafters.suffix import SuffixDrafter, native_available
+from specdec.drafters.suffix_ref import RefEngine
+
+BACKENDS = ["python"] + (["native"] if native_available() else [])
+
+
+def make(backend: str, **kw) -> SuffixDrafter:
+    return SuffixDrafter(backend=backend, **kw)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_no_match_gives_empty_draft(backend):
+    d = make(backend)
+    d.start("a", [1, 2, 3, 4])
+    assert len(d.draft("a", 8)) == 0
+    assert len(d.draft("unknown", 8)) == 0  # unknown ids: nothing to propose
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_longest_match_preferred(backend):
+    # "2 3" is followed by 10 twice and by 20 once; the longer context "4 2 3" only by 20 21 22.
+    prompt = [1, 2, 3, 10, 1, 2, 3, 10, 4, 2, 3, 20, 21, 22, 4, 2, 3]
+    d = make(backend, max_spec_factor=1.0)
+    d.start("a", prompt)
+    tree = d.draft("a", 4)
+    assert tree.tokens.tolist() == [20, 21, 22]  # match length 3 caps the draft at 3 tokens (factor 1)
+    assert tree.is_chain()
+    np.testing.assert_allclose(tree.probs, [1.0, 1.0, 1.0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tree_branching_and_chain_tie_break(backend):
+    prompt = [1, 2, 3, 1, 2, 4, 1, 2]  # "1 2" continues with 3 once and 4 once
+    d = make(backend, max_spec_factor=2.0)
+    d.start("a", prompt)
+    tree = d.draft("a", 2, tree=True)
+    assert sorted(tree.tokens.tolist()) == [3, 4]
+    assert tree.parents.tolist() == [-1, -1]
+    np.testing.assert_allclose(tree.probs, [0.5, 0.5])
+    assert tree.expected_accepted() == pytest.approx(1.0)
+    chain = d.draft("a", 3)
+    assert chain.is_chain()
+    assert chain.tokens.tolist() == [4, 1, 2]  # equal counts: the most recent continuation wins
+    np.testing.assert_allclose(chain.probs, [0.5, 1.0, 1.0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_min_token_prob_stops_paths(backend):
+    prompt = [1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2, 6, 1, 2]  # four continuations, 0.25 each
+    d = make(backend, min_token_prob=0.3)
+    d.start("a", prompt)
+    assert len(d.draft("a", 8)) == 0
+    d2 = make(backend, min_token_prob=0.2)
+    d2.start("a", prompt)
+    assert d2.draft("a", 8).tokens.tolist()[:1] == [6]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_global_tree_drafts_from_past_responses(backend):
+    d = make(backend)
+    d.start("a", [50, 51])
+    d.extend("a", [7, 8, 9, 10, 11])
+    d.stop("a")
+    d.start("b", [60, 7, 8])
+    tree = d.draft("b", 3)
+    assert tree.tokens.tolist() == [9, 10, 11]
+    assert d.last_sources == ["global"]
+    d.stop("b")
+    d.stop("b")  # unknown ids are tolerated
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_eviction_bounds_global_tree(backend):
+    d = make(backend, max_cached_requests=2)
+    for i in range(6):
+        d.start(f"r{i}", [99])
+        d.extend(f"r{i}", [100 + 10 * i + k for k in range(5)])
+        d.stop(f"r{i}")
+    stats = d.global_stats()
+    assert stats["cached_requests"] == 2 and stats["cached_tokens"] == 10
+    d.start("q", [100, 101])  # r0's response was evicted: no draft from it
+    assert len(d.draft("q", 4)) == 0
+    d.start("q2", [150, 151])  # r5's response is still cached
+    assert d.draft("q2", 3).tokens.tolist() == [152, 153, 154]
+    # token bound: a 4-token cap keeps only the newest response
+    e = make(backend, max_cached_tokens=6)
+    for i in range(3):
+        e.start(f"r{i}", [1])
+        e.extend(f"r{i}", [200 + 10 * i + k for k in range(4)])
+        e.stop(f"r{i}")
+    assert e.global_stats()["cached_requests"] == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_eviction_frees_all_nodes(backend):
+    d = make(backend, max_cached_requests=1, max_depth=8)
+    counts = []
+    for i in range(6):
+        d.start(f"b{i}", [1])
+        d.extend(f"b{i}", [3, 4, 3, 4, 3, 5])
+        d.stop(f"b{i}")
+        counts.append(d.global_stats()["nodes"])
+    # The same response cached once at a time: the tree stops changing (nothing leaks). The native core
+    # may keep nodes explicit after an eviction (count 1) instead of folding them back into a leaf.
+    assert len(set(counts[1:])) == 1
+    if backend == "python":
+        assert counts[0] == counts[1]
+    e = make(backend, max_cached_tokens=3, max_depth=8)  # every response is over the token bound
+    e.start("x", [1])
+    e.extend("x", [3, 4, 3, 4, 3, 5])
+    e.stop("x")
+    assert e.global_stats()["nodes"] == 1 and e.global_stats()["cached_requests"] == 0  # only the root
+    assert d.memory_bytes() > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_budget_and_chain_respected(backend):
+    rng = random.Random(1)
+    d = make(backend)
+    d.start("a", [rng.randrange(4) for _ in range(300)])
+    for budget in (1, 2, 5, 16):
+        for tree in (False, True):
+            t = d.draft("a", budget, tree=tree)
+            assert len(t) <= budget
+            assert tree or t.is_chain()
+            assert t.probs is not None or len(t) == 0
+    assert [len(t) for t in d.draft_batch([DraftRequest("a", 0), DraftRequest("zz", 4)])] == [0, 0]
+
+
+def test_config_errors_and_registry():
+    with pytest.raises(ConfigError, match="max_depth"):
+        build_drafter({"name": "suffix", "max_depth": 1})
+    with pytest.raises(ConfigError, match="unknown key"):
+        build_drafter({"name": "suffix", "depth": 3})
+    d = build_drafter({"name": "suffix", "max_depth": 16, "backend": "python"})
+    assert isinstance(d, SuffixDrafter) and d.backend == "python"
+
+
+@pytest.mark.skipif(not native_available(), reason="native core not built")
+def test_reference_equals_native_random():
+    from specdec.drafters._suffix_native import Engine
+
+    rng = random.Random(7)
+    for _ in range(150):
+        depth, vocab = rng.choice([2, 3, 5, 8]), rng.choice([2, 3, 5])
+        limits = (rng.choice([1, 2, 50]), rng.choice([6, 30, 1000]))
+        a, b = Engine(depth, *limits), RefEngine(depth, *limits)
+        active: list[int] = []
+        for op in range(40):
+            r = rng.random()
+            if r < 0.2 or not active:
+                prompt = [rng.randrange(vocab) for _ in range(rng.randint(0, 20))]
+                a.start(op, prompt)
+                b.start(op, prompt)
+                active.append(op)
+            elif r < 0.35:
+                rid = active.pop(rng.randrange(len(active)))
+                a.stop(rid)
+                b.stop(rid)
+            else:
+                rid = rng.choice(active)
+                args = (rid, rng.choice([1, 3, 8]), rng.random() < 0.5, rng.choice([0.5, 1.0, 3.0]),
+                        rng.choice([0.0, 1.0]), rng.choice([0.0, 0.1, 0.4]), rng.random() < 0.8, rng.random() < 0.8)
+                da, db = a.draft(*args), b.draft(*args)
+                assert (da[0], da[1], da[4], da[5]) == (db[0], db[1], db[4], db[5])
+                np.testing.assert_allclose(da[2], db[2], rtol=0, atol=1e-12)
+                assert da[3] == pytest.approx(db[3], abs=1e-9)
+                toks = [rng.randrange(vocab) for _ in range(rng.randint(1, 4))]
+                a.extend(rid, toks)
+                b.extend(rid, toks)
+
+
+def replay_tokens(drafter, prompt, response, *, budget, tree, rid="r"):
+    """The replay loop: draft, accept the longest matching path, emit accepted + bonus, extend."""
+    drafter.start(rid, prompt)
+    out: list[int] = []
+    while len(out) < len(response):
+        t = drafter.draft(rid, budget, tree=tree)
+        assert len(t) <= budget and (tree or t.is_chain())
+        acc = [int(t.tokens[i]) for i in t.match_length(response[len(out):])]
+        emit = acc + response[len(out) + len(acc):len(out) + len(acc) + 1]
+        out.extend(emit)
+        drafter.extend(rid, emit)
+    drafter.stop(rid)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 5), min_size=0, max_size=40), min_size=1, max_size=4),
+       st.sampled_from(BACKENDS), st.booleans(), st.integers(1, 8))
+def test_replay_reconstructs_response(traces, backend, tree, budget):
+    d = make(backend, max_depth=8, max_cached_requests=2)
+    for i, resp in enumerate(traces):
+        prompt = resp[: len(resp) // 2] + [1, 2]
+        assert replay_tokens(d, prompt, resp, budget=budget, tree=tree, rid=f"r{i}") == resp

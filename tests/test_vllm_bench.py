@@ -1,0 +1,44 @@
+"""CPU tests of the vLLM benchmark's bookkeeping (summary, ratios, mismatch counts, lossless table, markdown)."""
+from __future__ import annotations
+
+from specdec.eval.bench_vllm import METHODS, _spec_config, markdown, summarise
+
+
+def _cell(tps: float, outs: list[list[int]], accepted: float = 0.0) -> dict:
+    n = sum(map(len, outs))
+    return {"batch_size": 8, "prompts": len(outs), "output_tokens": n, "wall_s": n / tps, "tokens_per_s": tps,
+            "tpot_ms": 1.0, "mat": n / (n - accepted), "accepted_tokens": accepted, "drafted_tokens": 2 * accepted,
+            "acceptance_rate": 0.5, "engine_steps": 10, "draft_ms_per_step": 0.1, "draft_share": 0.01,
+            "outputs": outs}
+
+
+def _run(method: str, cells: dict) -> dict:
+    return {"method": method, "dtype": "bfloat16", "startup_s": 1.0, "datasets": {"code": cells}}
+
+
+def test_summary_ratios_mismatches_and_lossless_counts():
+    ref = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    runs = {"nospec": _run("nospec", {"8": _cell(100.0, ref)}),
+            "specdec": _run("specdec", {"8": _cell(250.0, [[1, 2, 3], [4, 5, 0], [7, 8, 9]], accepted=4)})}
+    lossless = {"nospec": _run("nospec", {"1": _cell(10.0, ref)}),
+                "specdec": _run("specdec", {"1": _cell(20.0, ref)})}
+    s = summarise(runs, lossless)
+    row = next(r for r in s["rows"] if r["method"] == "specdec")
+    assert row["speedup_vs_nospec"] == 2.5 and row["mismatches_vs_nospec"] == 1
+    assert "outputs" not in row
+    assert row["mat"] == 9 / 5
+    assert s["lossless_fp32"] == [{"method": "specdec", "dataset": "code", "batch_size": 1, "compared": 3,
+                                   "identical": 3}]
+    doc = {"date": "2026-11-22", "device": "h100", "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
+           "summary": s}
+    md = markdown(doc)
+    assert "| specdec | 250 (2.50x); MAT 1.80; 0.10 ms, 1/3 mm |" in md
+    assert "| specdec | code | 1 | 3/3 |" in md
+
+
+def test_method_configs_use_the_plugin_method_and_overrides():
+    assert _spec_config("nospec", {}) is None
+    cfg = _spec_config("specdec", {"num_speculative_tokens": 8, "draft_timeout_ms": 5})
+    assert cfg["method"] == "specdec" and cfg["num_speculative_tokens"] == 8 and cfg["draft_timeout_ms"] == 5
+    assert _spec_config("ngram", {"num_speculative_tokens": 99}) == METHODS["ngram"]  # peers are never overridden
+    assert METHODS["specdec-async"]["async"] is True
