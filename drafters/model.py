@@ -177,6 +177,25 @@ class ModelDrafter(Drafter):
         if req is not None:
             self.backend.release(req.state)
 
+    def draft_after(self, request_id: str, extra_tokens: Sequence[int], budget: int, *,
+                    tree: bool = False) -> TokenTree:
+        """Draft as if ``extra_tokens`` followed the context; the context is restored afterwards.
+
+        The KV cache keeps what it computed (rolled back lazily by the prefix match of the next draft), so a
+        hedge that turns out right leaves the cache warm; drafts stay a pure function of the context.
+        """
+        req = self._reqs.get(request_id)
+        if req is None:
+            raise KeyError(f"request_id={request_id!r} was never started (call start() first)")
+        n, offset = len(req.tokens), req.offset
+        req.tokens.extend(int(t) for t in extra_tokens)
+        try:
+            return self.draft_batch([DraftRequest(request_id, budget, tree)])[0]
+        finally:
+            del req.tokens[n:]
+            if req.offset != offset:  # the window moved for the hypothetical context: restart it lazily
+                req.offset, req.cached = offset, []
+
     def active_requests(self) -> list[str]:
         return list(self._reqs)
 

@@ -97,6 +97,8 @@ def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32 and not torch.onnx.is_in_onnx_export():
+        return F.rms_norm(x, (x.shape[-1],), w, eps)  # one fused op; same math as below in fp32
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
 
@@ -151,8 +153,9 @@ class LlamaCore(torch.nn.Module):
         for li in range(s.layers):
             qkv = torch.matmul(_rms(x, self.ln1[li], s.eps), self.qkv[li])  # [B, N, (H+2KVH)*hd]
             qkv = qkv.view(B, N, H + 2 * KVH, hd).transpose(1, 2)  # [B, H+2KVH, N, hd]
-            q = _rotate(qkv[:, :H], cos, sin).reshape(B, KVH, G * N, hd)  # heads of a group share a kv head
-            k = _rotate(qkv[:, H:H + KVH], cos, sin)  # [B, KVH, N, hd]
+            qk = _rotate(qkv[:, :H + KVH], cos, sin)  # [B, H+KVH, N, hd]
+            q = qk[:, :H].reshape(B, KVH, G * N, hd)  # the heads of a group share one kv head
+            k = qk[:, H:]  # [B, KVH, N, hd]
             v = qkv[:, H + KVH:]  # [B, KVH, N, hd]
             new_k.append(k)
             new_v.append(v)

@@ -25,7 +25,7 @@ from specdec.drafters.model_llama import LlamaCore, LlamaShape, PooledBackend
 logger = logging.getLogger("specdec.drafters.model")
 
 OPSET = 17
-EXPORT_VERSION = "1"  # bump when LlamaCore's graph changes
+EXPORT_VERSION = "2"  # bump when LlamaCore's graph changes
 DUMMY_B, DUMMY_N, DUMMY_S = 2, 3, 5  # example shapes for tracing (all axes exported as dynamic)
 
 

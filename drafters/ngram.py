@@ -25,33 +25,66 @@ from specdec.drafters.base import Drafter, DraftRequest
 from specdec.tree import ROOT, TokenTree
 
 
+HASH_BASE = 0x100000001B3  # odd multiplier of the rolling n-gram hash (mod 2**64)
+MASK64 = (1 << 64) - 1
+
+
+def window_hash(window: Sequence[int]) -> int:
+    h = 0
+    for x in window:
+        h = (h * HASH_BASE + x) & MASK64
+    return h
+
+
 class NgramIndex:
-    """N-gram -> end positions (ascending) over one growing token sequence."""
+    """N-gram -> end positions over one growing token sequence, for several n.
+
+    Per n: ``head[hash]`` = the most recent end position of an n-gram with that hash (``keep_all``) or the
+    earliest one (not ``keep_all``: vLLM's rule), and with ``keep_all`` a ``prev`` chain linking each end
+    position to the previous end of the same hash. The prompt is indexed with numpy (sort by hash), each
+    appended token in O(#lengths); hash collisions are filtered by comparing the tokens.
+    """
 
     def __init__(self, tokens: Sequence[int] | np.ndarray, lengths: Iterable[int], *, keep_all: bool) -> None:
-        self.tokens: list[int] = np.asarray(tokens, dtype=np.int64).tolist()
+        arr = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        self.tokens: list[int] = arr.tolist()
         self.lengths = sorted(set(int(n) for n in lengths), reverse=True)  # longest first
+        if not self.lengths or self.lengths[-1] < 1:
+            raise ValueError(f"n-gram lengths {self.lengths} must be >= 1")
         self.keep_all = keep_all
-        self.maps: dict[int, dict[tuple[int, ...], Any]] = {n: self._build(n) for n in self.lengths}
+        self.head: dict[int, dict[int, int]] = {}
+        self.prev: dict[int, list[int]] = {}
+        for n in self.lengths:
+            self._build(arr, n)
 
     @property
     def length(self) -> int:
         return len(self.tokens)
 
-    def _build(self, n: int) -> dict[tuple[int, ...], Any]:
-        t = self.tokens
-        keys = list(zip(*(t[j:len(t) - n + 1 + j] for j in range(n)))) if len(t) >= n else []
-        ends = range(n - 1, len(t))
-        if not self.keep_all:
-            return dict(zip(reversed(keys), reversed(ends)))  # later writes win: the earliest end stays
-        out: dict[tuple[int, ...], list[int]] = {}
-        for key, end in zip(keys, ends):
-            lst = out.get(key)
-            if lst is None:
-                out[key] = [end]
-            else:
-                lst.append(end)
-        return out
+    def _build(self, arr: np.ndarray, n: int) -> None:
+        size = arr.size - n + 1
+        prev = [-1] * arr.size
+        if size <= 0:
+            self.head[n], self.prev[n] = {}, prev
+            return
+        u = arr.astype(np.uint64)
+        h = np.zeros(size, np.uint64)  # [size] rolling hash of the window ending at n - 1 + i
+        with np.errstate(over="ignore"):
+            for j in range(n):
+                h = h * np.uint64(HASH_BASE) + u[j:j + size]
+        ends = np.arange(n - 1, arr.size, dtype=np.int64)
+        order = np.argsort(h, kind="stable")  # groups equal hashes, ends ascending inside a group
+        hs, es = h[order], ends[order]
+        same = hs[1:] == hs[:-1]  # [size - 1] element i + 1 continues the group of element i
+        if self.keep_all:
+            prev_arr = np.full(arr.size, -1, np.int64)
+            prev_arr[es[1:][same]] = es[:-1][same]
+            prev = prev_arr.tolist()
+            pick = np.append(~same, True)  # the last (most recent) end of each group
+        else:
+            pick = np.insert(~same, 0, True)  # the first (earliest) end of each group
+        self.head[n] = dict(zip(hs[pick].tolist(), es[pick].tolist()))
+        self.prev[n] = prev
 
     def extend(self, token_ids: Sequence[int] | np.ndarray) -> None:
         t = self.tokens
@@ -60,40 +93,48 @@ class NgramIndex:
             t.append(tok)
             end = len(t) - 1
             for n in self.lengths:
+                prev = self.prev[n]
                 if end + 1 < n:
+                    prev.append(-1)
                     continue
-                key = tuple(t[end - n + 1:])
-                m = self.maps[n]
+                h = window_hash(t[end - n + 1:])
+                head = self.head[n]
                 if self.keep_all:
-                    lst = m.get(key)
-                    if lst is None:
-                        m[key] = [end]
-                    else:
-                        lst.append(end)
-                elif key not in m:
-                    m[key] = end
+                    prev.append(head.get(h, -1))
+                    head[h] = end
+                else:
+                    prev.append(-1)
+                    head.setdefault(h, end)
 
-    def longest_match(self) -> tuple[int, list[int]] | None:
-        """(n, end positions of the earlier occurrences of the last n tokens, ascending), longest n first."""
+    def longest_match(self, max_candidates: int | None = None) -> tuple[int, list[int]] | None:
+        """(n, end positions of earlier occurrences of the last n tokens), longest n first.
+
+        ``keep_all``: the most recent ``max_candidates`` (None: all) ends, most recent first; otherwise the
+        earliest end only.
+        """
         t = self.tokens
         last = len(t) - 1
         for n in self.lengths:
             if last < n:  # needs an earlier occurrence ending before `last`
                 continue
-            hit = self.maps[n].get(tuple(t[last - n + 1:]))
-            if hit is None:
-                continue
-            if self.keep_all:
-                ends = hit[:-1] if hit[-1] == last else hit
-                if ends:
-                    return n, ends
-            elif hit != last:
-                return n, [hit]
+            window = t[last - n + 1:]
+            e = self.head[n].get(window_hash(window), -1)
+            prev = self.prev[n]
+            ends: list[int] = []
+            while e >= 0:
+                if e != last and t[e - n + 1:e + 1] == window:
+                    ends.append(e)
+                    if not self.keep_all or (max_candidates is not None and len(ends) >= max_candidates):
+                        break
+                e = prev[e] if self.keep_all else -1
+            if ends:
+                return n, ends
         return None
 
     def memory_bytes(self) -> int:
-        per_entry = 120 if self.keep_all else 90  # tuple key + dict slot (+ list) in CPython, approximate
-        return sys.getsizeof(self.tokens) + sum(len(m) for m in self.maps.values()) * per_entry
+        per_entry = 100  # dict slot + int objects, approximate (CPython)
+        return sys.getsizeof(self.tokens) + sum(len(m) * per_entry + len(self.prev[n]) * 8
+                                                for n, m in self.head.items())
 
 
 @dataclass(frozen=True)
@@ -139,11 +180,11 @@ class NgramDrafter(Drafter):
         out = []
         for req in requests:
             idx = self._index.get(req.request_id)
-            hit = idx.longest_match() if idx is not None and req.budget > 0 else None
+            hit = idx.longest_match(self.config.max_candidates) if idx is not None and req.budget > 0 else None
             if hit is None:
                 out.append(TokenTree.empty())
                 continue
-            starts = [e + 1 for e in reversed(hit[1][-self.config.max_candidates:])]  # most recent first
+            starts = [e + 1 for e in hit[1]]  # most recent first
             out.append(vote_tree(idx.tokens, starts, budget=req.budget, tree=req.tree,
                                  min_prob=self.config.min_token_prob))
         return out

@@ -43,7 +43,7 @@ def native_available() -> bool:
 @dataclass(frozen=True)
 class SuffixConfig(ConfigBase):
     max_depth: int = rng(64, lo=2, hi=4096, doc="trie depth: match length + draft length never exceed it")
-    max_spec_factor: float = rng(2.0, lo=0.0, hi=1000.0, doc="draft depth <= match_len * factor + offset")
+    max_spec_factor: float = rng(8.0, lo=0.0, hi=1000.0, doc="draft depth <= match_len * factor + offset")
     max_spec_offset: float = rng(0.0, lo=-1000.0, hi=1000.0, doc="see max_spec_factor")
     min_token_prob: float = rng(0.1, lo=0.0, hi=1.0, doc="stop growing a path below this path probability")
     max_cached_requests: int = rng(10_000, lo=0, hi=2**31 - 1, doc="responses kept in the global trie (0: none)")

@@ -33,7 +33,9 @@ from specdec.pipeline import AsyncConfig, AsyncDrafter
 # no-spec step time (ms) of the shared target on an H200 = batch / measured tok/s (issue 5 peer table)
 DEFAULT_GPU_MS = {1: 1 / 501 * 1e3, 8: 8 / 3582 * 1e3, 32: 32 / 10_700 * 1e3, 64: 64 / 16_802 * 1e3}
 SPIN_CALIBRATION_ITERS = 200_000
-MODES = {"sync": {}, "async": {}, "async-empty": {"on_miss": "empty"}, "async-budget": {"on_miss": "budget"}}
+# AsyncConfig overrides per mode; "-gate" modes wait for open_gate(), which run() calls after the engine CPU work
+MODES = {"sync": {}, "async": {}, "async-empty": {"on_miss": "empty"}, "async-budget": {"on_miss": "budget"},
+         "async-gate": {"gate_ms": 20.0}, "async-budget-gate": {"on_miss": "budget", "gate_ms": 20.0}}
 
 
 @dataclass

@@ -104,6 +104,7 @@ def run(records, *, min_n: int, max_n: int, positions: int, scan_context_cap: in
             t0 = pc()
             a = idx.longest_match()
             t1 = pc()
+            a = (a[0], sorted(a[1])) if a else None  # most recent first -> ascending, like the others
             b = act.match()
             t2 = pc()
             timers["hash-index"] += t1 - t0

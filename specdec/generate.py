@@ -266,16 +266,21 @@ def generate(target: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *, d
     if unknown:
         raise ConfigError(f"unknown key(s) {', '.join(map(repr, unknown))} for generate(); valid keys: "
                           f"{', '.join(sorted(set(GenerateConfig.__dataclass_fields__) | set(_GEN_KEYS)))}")
-    if drafter is not None and not isinstance(drafter, Drafter):
+    ids = _encode(prompts, tokenizer)
+    built = drafter is not None and not isinstance(drafter, Drafter)
+    if built:
         from specdec.drafters.registry import build_drafter
 
         drafter = build_drafter(drafter)
-    ids = _encode(prompts, tokenizer)
-    gen = SpecGenerator(target, drafter, **kw)
-    if "eos_token_id" not in gen_kw:
-        gen_kw["eos_token_id"] = _default_eos(tokenizer, gen.model)
-    gen_kw.setdefault("max_new_tokens", GenerateConfig.max_new_tokens)
-    result = gen.generate(ids, **gen_kw)
+    try:
+        gen = SpecGenerator(target, drafter, **kw)
+        if "eos_token_id" not in gen_kw:
+            gen_kw["eos_token_id"] = _default_eos(tokenizer, gen.model)
+        gen_kw.setdefault("max_new_tokens", GenerateConfig.max_new_tokens)
+        result = gen.generate(ids, **gen_kw)
+    finally:
+        if built:  # a drafter built here is released here
+            drafter.close()
     if tokenizer is not None:
         result.texts = [tokenizer.decode(t) for t in result.tokens]
     return result

@@ -54,8 +54,9 @@ class AsyncConfig(ConfigBase):
     max_jobs: int = rng(2, lo=1, hi=1024, doc="bounded hedge-job queue; the oldest job is dropped when full")
     num_workers: int = rng(1, lo=1, hi=8, doc="background threads (inner calls stay serialized)")
     defer_updates: bool = rng(True, doc="apply start/extend/stop to the inner drafter in the background")
-    switch_interval_us: int = rng(0, lo=0, hi=100_000,
-                                  doc="if > 0, sys.setswitchinterval for the process (GIL hand-off latency)")
+    job_switch_interval_us: int = rng(200, lo=0, hi=100_000,
+                                      doc="sys.setswitchinterval while a hedge job runs (restored after), so "
+                                          "the engine thread regains the GIL quickly when the GPU step ends; 0: leave")
     gate_ms: float = rng(0.0, lo=0.0, hi=1000.0,
                          doc="if > 0, a hedge job waits for open_gate() (the engine launched the GPU step) "
                              "or at most this long, so hedging does not compete for the GIL with the engine")
@@ -95,8 +96,6 @@ class AsyncDrafter(Drafter):
         # Consumers that shorten drafts after draft_batch (e.g. a probability cut) set this instead, so that
         # hedges are planned for the draft really verified: (tree, request) -> the tree handed out.
         self.postprocess: Callable[[TokenTree, DraftRequest], TokenTree] | None = None
-        if self.config.switch_interval_us > 0:
-            sys.setswitchinterval(self.config.switch_interval_us * 1e-6)
         self._workers = [threading.Thread(target=self._worker_loop, name=f"specdec-async-{i}", daemon=True)
                          for i in range(self.config.num_workers if self.config.hedge_width else 0)]
         for w in self._workers:
@@ -375,6 +374,9 @@ class AsyncDrafter(Drafter):
             if job is not None and self.config.gate_ms > 0:
                 self._gate.wait(self.config.gate_ms * 1e-3)
             t0 = time.perf_counter()
+            old_interval = sys.getswitchinterval()
+            if job is not None and self.config.job_switch_interval_us > 0:
+                sys.setswitchinterval(self.config.job_switch_interval_us * 1e-6)
             try:
                 self._run_job(job)
             except Exception as exc:  # noqa: BLE001 - the worker must survive anything
@@ -382,6 +384,7 @@ class AsyncDrafter(Drafter):
                 if self.config.strict:
                     raise
             finally:
+                sys.setswitchinterval(old_interval)
                 with self._state:
                     self.stats.background_seconds += time.perf_counter() - t0
 
@@ -413,6 +416,7 @@ class AsyncDrafter(Drafter):
 
     def _with_inner(self, fn):  # type: ignore[no-untyped-def]
         """Run ``fn`` on a worker with the inner drafter, yielding to the main thread first."""
+        time.sleep(0)  # a GIL release point between inner calls: a waking engine thread gets in at once
         while True:
             with self._state:
                 wants = self._main_wants

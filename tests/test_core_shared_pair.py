@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from core_support import one_thread  # noqa: F401 - fixture (1 torch thread: no oversubscription)
 from specdec.paths import DRAFT_MODEL, TARGET_MODEL, data_dir, model_path
 
 PROMPTS = int(os.environ.get("SPECDEC_LOSSLESS_PROMPTS", "5"))
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"shared folder incomplet
 
 
 @pytest.fixture(scope="module")
-def pair():
+def pair(one_thread):
     from specdec.eval.lossless_check import humaneval_prompts, load_pair_target, plain_greedy
 
     target, tok = load_pair_target("cpu")

@@ -33,7 +33,7 @@ def run(args: list[str]) -> int:
 
 def test_embedded_default_writes_table_json_plots(tmp_path, capsys) -> None:
     out = tmp_path / "out"
-    assert run(["--drafter", "toy", "none", "--tokenizer", "bytes", "--out", str(out)]) == 0
+    assert run(["--drafter", "toy", "none", "--tokenizer", "bytes", "--limit", "6", "--out", str(out)]) == 0
     doc = json.loads((out / "results.json").read_text())
     assert {"settings", "versions", "results", "device"} <= set(doc)
     assert {"python", "numpy", "torch", "cpu"} <= set(doc["versions"])

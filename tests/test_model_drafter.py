@@ -206,3 +206,16 @@ def test_config_errors_and_registry(tiny: Path, tmp_path: Path) -> None:
     d = build_drafter("model", {"model": {"path": str(tiny), "backend": "eager"}})
     assert isinstance(d, ModelDrafter) and d.backend.name == "eager"
     json.dumps(d.config.to_dict())
+
+
+@pytest.mark.parametrize("backend", ["torch"])
+def test_draft_after_changes_no_drafts(tiny: Path, hf: torch.nn.Module, backend: str) -> None:
+    d = _drafter(tiny, backend)
+    prompt = _prompt(8, 11)
+    d.start("a", prompt)
+    before = d.draft("a", 5, tree=True)
+    hedge = d.draft_after("a", [4, 9], 5)
+    assert hedge.tokens.tolist() == _greedy(hf, prompt + [4, 9], 5)[0]
+    assert d.draft("a", 5, tree=True).as_lists() == before.as_lists()  # context unchanged
+    d.extend("a", [4, 9])
+    assert d.draft("a", 5).tokens.tolist() == hedge.tokens.tolist()

@@ -60,7 +60,9 @@ def test_extend_updates_index_incrementally():
     idx = NgramIndex([1, 2, 1, 2], [2], keep_all=True)
     ref = NgramIndex([1, 2], [2], keep_all=True)
     ref.extend([1, 2])
-    assert idx.maps == ref.maps
+    assert idx.head == ref.head and idx.prev == ref.prev
+    assert idx.longest_match() == (2, [1])
+    assert NgramIndex([1, 2, 1, 2], [2], keep_all=False).longest_match() == (2, [1])
 
 
 def test_vllm_rule_earliest_occurrence_and_k():
@@ -99,3 +101,30 @@ def test_replay_reconstructs_response(resp, tree, budget, name):
         d.extend("r", emit)
     d.stop("r")
     assert out == resp
+
+
+def brute_longest(tokens, lengths):
+    last = len(tokens) - 1
+    for n in sorted(lengths, reverse=True):
+        if last < n:
+            continue
+        w = tokens[last - n + 1:]
+        ends = [e for e in range(n - 1, last) if tokens[e - n + 1:e + 1] == w]
+        if ends:
+            return n, ends
+    return None
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=50), st.lists(st.integers(0, 3), max_size=20), st.booleans())
+def test_index_matches_brute_force(prompt, more, keep_all):
+    idx = NgramIndex(prompt, [1, 2, 3, 5], keep_all=keep_all)
+    idx.extend(more)
+    want = brute_longest(prompt + more, [1, 2, 3, 5])
+    got = idx.longest_match()
+    if want is None:
+        assert got is None
+    elif keep_all:
+        assert got == (want[0], want[1][::-1])  # most recent first
+    else:
+        assert got == (want[0], want[1][:1])  # earliest

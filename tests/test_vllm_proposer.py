@@ -361,13 +361,22 @@ def test_cost_model_fits_the_step_cost_and_cuts_unprofitable_tokens():
     free = StepCostModel()
     for t in range(40):  # batch 1 on a big GPU: verifying more tokens costs nothing
         free.observe(0.002, 1 + t % 9, 3)
-    assert free.slope == pytest.approx(0.0, abs=1e-9) and free.cut() == 0.0
+    assert free.slope == pytest.approx(0.0, abs=1e-9) and free.token_cost() == 0.0
     busy = StepCostModel()
     for t in range(40):  # batch 64: 4 ms + 20 us per verified token, ~80 tokens emitted per step
         tokens = 64 + 8 * (t % 10)
         busy.observe(0.004 + 20e-6 * tokens, tokens, 80)
     assert busy.slope == pytest.approx(20e-6, rel=1e-3)
-    rate = busy.rate
-    assert busy.cut() == pytest.approx(20e-6 * rate, rel=1e-6) and 0.2 < busy.cut() < 0.5
-    busy.observe_acceptance(100.0, 50)  # drafter's probabilities were 2x optimistic
-    assert busy.calibration == pytest.approx(0.5) and busy.cut() == pytest.approx(2 * 20e-6 * rate, rel=1e-6)
+    assert busy.token_cost() == pytest.approx(20e-6 * busy.rate, rel=1e-6) and 0.2 < busy.token_cost() < 0.5
+    for _ in range(200):  # drafting suppressed: no spread; the slope is kept, not reset to "free"
+        busy.observe(0.004 + 20e-6 * 64, 64, 64)
+    assert busy.slope == pytest.approx(20e-6, rel=1e-3)
+
+
+def test_per_request_calibration_scales_the_cut():
+    from specdec.vllm_plugin.core import RequestState
+
+    st = RequestState(n_known=10)
+    assert st.calibration() == 1.0  # no evidence yet
+    st.pred_ema, st.acc_ema = 10.0, 2.5
+    assert st.calibration() == 0.25

@@ -4,9 +4,9 @@ Mechanisms, all cheap per step:
 
 1. **Cost-model confidence cut** (``StepCostModel``). Each engine step's period (time between proposer calls, so
    drafting is included) is fitted online as ``a + b * T``, T = tokens the step verified (rows + draft tokens).
-   A draft token with path probability ``p`` (the drafter's estimate, calibrated by the observed accepted /
-   predicted ratio) is worth sending iff it adds more expected tokens than it costs time at the current rate:
-   ``p * calib >= b * tokens_per_second``. At batch 1 on a big GPU ``b`` is ~0 (draft everything); at batch 64
+   One fit per batch-size bucket. A draft token with path probability ``p`` (the drafter's estimate, calibrated
+   per request by its observed accepted / predicted ratio) is worth sending iff it adds more expected tokens than
+   it costs time at the current rate: ``p * calib >= b * tokens_per_second``. At batch 1 on a big GPU ``b`` is ~0 (draft everything); at batch 64
    each token costs everyone, so only confident tokens go. ``min_path_prob`` (+ ``min_path_prob_per_seq`` x
    running requests) is a fixed floor on top.
 2. **Per-request acceptance.** A request whose acceptance EMA (accepted / drafted) falls below ``min_acceptance``
@@ -156,7 +156,10 @@ def update_acceptance(ema: float | None, drafted: int, accepted: int) -> float |
 
 @dataclass
 class StepCostModel:
-    """Online fit of step period = a + b * verified tokens, with exponential forgetting (see the module doc)."""
+    """Online fit of step period = a + b * verified tokens, with exponential forgetting (see the module doc).
+
+    One per batch-size bucket. The slope keeps its last well-determined value while the verified-token counts
+    stop varying (e.g. while the cut suppresses drafting), so the decision does not oscillate."""
 
     decay: float = 0.98
     n: float = 0.0
@@ -165,8 +168,7 @@ class StepCostModel:
     sxx: float = 0.0
     sxy: float = 0.0
     rate: float | None = None  # EMA of emitted tokens per second
-    predicted: float = 0.0  # EMA of sum of path probs sent
-    accepted: float = 0.0  # EMA of tokens accepted from them
+    known_slope: float = 0.0
 
     def observe(self, seconds: float, verified_tokens: int, emitted: int) -> None:
         if seconds <= 0 or verified_tokens <= 0:
@@ -177,39 +179,26 @@ class StepCostModel:
         self.sxx, self.sxy = d * self.sxx + x * x, d * self.sxy + x * y
         r = emitted / seconds
         self.rate = r if self.rate is None else 0.9 * self.rate + 0.1 * r
-
-    def observe_acceptance(self, predicted: float, accepted: int) -> None:
-        self.predicted = self.decay * self.predicted + predicted
-        self.accepted = self.decay * self.accepted + accepted
+        if self.n >= MIN_FIT_STEPS:
+            var = self.sxx / self.n - (self.sx / self.n) ** 2
+            if var >= MIN_FIT_VARIANCE:
+                self.known_slope = max(0.0, (self.sxy / self.n - self.sx * self.sy / self.n ** 2) / var)
 
     @property
     def slope(self) -> float:
-        """b: seconds per extra verified token (0 until the fit has spread)."""
-        if self.n < MIN_FIT_STEPS:
-            return 0.0
-        var = self.sxx / self.n - (self.sx / self.n) ** 2
-        if var < MIN_FIT_VARIANCE:
-            return 0.0
-        return max(0.0, (self.sxy / self.n - self.sx * self.sy / self.n ** 2) / var)
+        """b: seconds per extra verified token (0 until the fit has had spread)."""
+        return self.known_slope
 
-    @property
-    def calibration(self) -> float:
-        """observed accepted / predicted (path probs are frequency estimates, often optimistic)."""
-        if self.predicted < MIN_CALIBRATION_MASS:
-            return 1.0
-        return min(2.0, max(0.05, self.accepted / self.predicted))
-
-    def cut(self) -> float:
-        """Minimum (uncalibrated) path probability a draft token needs to pay for itself."""
+    def token_cost(self) -> float:
+        """Calibrated acceptance probability a draft token needs to pay for itself: b * tokens/s."""
         if self.rate is None:
             return 0.0
-        return min(MAX_CUT, self.slope * self.rate / self.calibration)
+        return min(MAX_CUT, self.slope * self.rate)
 
     def as_dict(self) -> dict[str, float | None]:
-        return {"slope_us_per_token": 1e6 * self.slope, "tokens_per_s": self.rate, "calibration": self.calibration,
-                "cut": self.cut(), "intercept_ms": 1e3 * (self.sy - self.slope * self.sx) / self.n if self.n else None}
+        return {"slope_us_per_token": 1e6 * self.slope, "tokens_per_s": self.rate, "token_cost": self.token_cost(),
+                "intercept_ms": 1e3 * (self.sy - self.slope * self.sx) / self.n if self.n else None}
 
 
 MIN_FIT_STEPS = 8  # steps before the fitted slope is used
 MIN_FIT_VARIANCE = 4.0  # tokens^2: below it the verified-token counts did not vary enough to fit a slope
-MIN_CALIBRATION_MASS = 20.0  # predicted tokens before calibration is trusted

@@ -23,11 +23,13 @@ import numpy as np
 
 from specdec.drafters.base import Drafter, DraftGuard, DraftRequest
 from specdec.tree import ROOT, TokenTree
-from specdec.vllm_plugin.adaptive import AdaptiveController, StepCostModel, update_acceptance
+from specdec.vllm_plugin.adaptive import AdaptiveController, StepCostModel, bucket_of, update_acceptance
 from specdec.vllm_plugin.options import SpecdecOptions
 
 logger = logging.getLogger("specdec.vllm")
 
+MIN_CALIBRATION_MASS = 3.0  # predicted tokens before a request's calibration is used
+MIN_CALIBRATION, MAX_CALIBRATION = 0.05, 1.5
 AUTO_PROBE_JOBS = 64  # deadline_mode "auto": threaded drafting jobs observed before going inline
 AUTO_INLINE_FRACTION = 0.25  # ... if all of them but AUTO_SLOW_JOBS_TOLERATED took less than this fraction
 AUTO_SLOW_JOBS_TOLERATED = 1  # of the deadline (one scheduling hiccup is not a slow drafter)
@@ -39,6 +41,14 @@ class RequestState:
     n_known: int  # context length the drafter has seen
     last_draft: int = 0  # tokens drafted for it at the previous step
     last_pred: float | None = None  # sum of their path probabilities (None: drafter gave none)
+    pred_ema: float = 0.0  # decayed sums of predicted (path probs) and accepted draft tokens: calibration
+    acc_ema: float = 0.0
+
+    def calibration(self) -> float:
+        """accepted / predicted for this request (drafter probabilities are frequency estimates)."""
+        if self.pred_ema < MIN_CALIBRATION_MASS:
+            return 1.0
+        return min(MAX_CALIBRATION, max(MIN_CALIBRATION, self.acc_ema / self.pred_ema))
     acceptance_ema: float | None = None
 
 
@@ -167,9 +177,10 @@ class ProposerCore:
             min_path_prob_per_seq=options.min_path_prob_per_seq, min_acceptance=options.min_acceptance,
             window_steps=options.probe_window_steps, probe_every=options.probe_every,
             min_speedup=options.min_speedup, ab_windows=options.ab_windows)
-        self.cost = StepCostModel()
+        self.costs: dict[int, StepCostModel] = {}  # one step-cost fit per batch-size bucket
         self._last_t: float | None = None
         self._last_verified = 0
+        self._last_bucket = 0
         self.timeout_s = options.draft_timeout_ms / 1e3
         self.worker = DraftWorker() if self.timeout_s > 0 else None
         self._pending: list[Op] = []
@@ -196,7 +207,7 @@ class ProposerCore:
         prefilled = any(not s or rid not in self.requests for rid, s in zip(req_ids, sampled_token_ids))
         self.adaptive.observe(emitted, prefill=prefilled)
         if self._last_t is not None and not prefilled:
-            self.cost.observe(t0 - self._last_t, self._last_verified, emitted)
+            self._cost(self._last_bucket).observe(t0 - self._last_t, self._last_verified, emitted)
         self._stop_absent(set(req_ids[:n_rows]))
         running = sum(1 for s in sampled_token_ids if s)
         mode = self.adaptive.mode(running, t0) if running else "plain"
@@ -210,6 +221,7 @@ class ProposerCore:
             if st is not None:
                 st.last_draft, st.last_pred = len(d), preds[i]
         self._last_t, self._last_verified = t0, running + sum(len(d) for d in drafts)
+        self._last_bucket = bucket_of(running)
         self.stats.drafted_tokens += sum(len(d) for d in drafts)
         self.stats.plain_steps += mode == "plain"
         self.stats.propose_seconds += self.clock() - t0
@@ -226,7 +238,8 @@ class ProposerCore:
             accepted = min(len(sampled) - 1, st.last_draft)
             self.stats.accepted_tokens += accepted
             if st.last_pred is not None:
-                self.cost.observe_acceptance(st.last_pred, accepted)
+                st.pred_ema = 0.8 * st.pred_ema + st.last_pred
+                st.acc_ema = 0.8 * st.acc_ema + accepted
             st.acceptance_ema = update_acceptance(st.acceptance_ema, st.last_draft, accepted)
             st.n_known = n
         else:
@@ -282,14 +295,28 @@ class ProposerCore:
                 self._on_timeout(len(wanted))
                 return self._nothing(orders)
             self._note_job(self.clock() - t0)
-        cut = self.adaptive.cut(running, self.cost.cut())
+        cost = self._cost(bucket_of(running))
+        value = cost.token_cost() if self.adaptive.enabled else 0.0  # calibrated prob a token must reach
         it = iter(trees or [])
-        out = [self._chain(next(it), o.budget, cut) if o is not None else ([], None) for o in orders]
+        out = []
+        for o in orders:
+            if o is None:
+                out.append(([], None))
+                continue
+            st = self.requests.get(o.request_id)
+            cut = self.adaptive.cut(running, value / st.calibration() if st is not None and value else value)
+            out.append(self._chain(next(it), o.budget, cut))
         return [c[0] for c in out], [c[1] for c in out]
 
     @staticmethod
     def _nothing(orders: list) -> tuple[list[list[int]], list[float | None]]:
         return [[] for _ in orders], [None for _ in orders]
+
+    def _cost(self, bucket: int) -> StepCostModel:
+        cost = self.costs.get(bucket)
+        if cost is None:
+            cost = self.costs[bucket] = StepCostModel()
+        return cost
 
     def _note_job(self, seconds: float) -> None:
         """auto mode: after AUTO_PROBE_JOBS threaded jobs all under a quarter of the deadline, go inline."""
@@ -332,7 +359,7 @@ class ProposerCore:
         d["draft_timeouts"] = self.stats.timeouts
         d["active_requests"] = len(self.requests)
         d["adaptive"] = self.adaptive.as_dict()
-        d["cost_model"] = self.cost.as_dict()
+        d["cost_model"] = {str(b): c.as_dict() for b, c in sorted(self.costs.items())}
         d["inline_drafting"] = self._inline_ok
         d["max_threaded_job_ms"] = 1e3 * self._max_job_s
         return d
