@@ -65,7 +65,8 @@ class ModelDrafterConfig(ConfigBase):
         super().validate(where=where)
         bad = [d for d in self.tree_branch_depths if not isinstance(d, int) or d < 1]
         if bad:
-            raise ConfigError(f"{where}tree_branch_depths={self.tree_branch_depths!r} must hold depths >= 1; bad: {bad}")
+            raise ConfigError(f"{where}tree_branch_depths={self.tree_branch_depths!r} must hold depths >= 1; "
+                              f"bad: {bad}")
         if any(not isinstance(c, int) or c < 0 for c in self.cpu_affinity):
             raise ConfigError(f"{where}cpu_affinity={self.cpu_affinity!r} must be a list of CPU ids >= 0")
 
@@ -103,6 +104,7 @@ class _Request:
     state: Any  # backend KV cache
     cached: list[int] = field(default_factory=list)  # tokens whose KV sits in slots 0.. of `state`
     offset: int = 0  # the model sees tokens[offset:] (context longer than the model's window)
+    stable: int = 0  # cached[:stable] == tokens[offset:][:stable] is known (no need to compare again)
 
 
 @dataclass
@@ -193,8 +195,9 @@ class ModelDrafter(Drafter):
             return self.draft_batch([DraftRequest(request_id, budget, tree)])[0]
         finally:
             del req.tokens[n:]
+            req.stable = min(req.stable, n - req.offset)
             if req.offset != offset:  # the window moved for the hypothetical context: restart it lazily
-                req.offset, req.cached = offset, []
+                req.offset, req.cached, req.stable = offset, [], 0
 
     def active_requests(self) -> list[str]:
         return list(self._reqs)
@@ -207,6 +210,8 @@ class ModelDrafter(Drafter):
     def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
         out: list[TokenTree] = [TokenTree.empty()] * len(requests)
         todo: list[tuple[int, DraftRequest]] = []
+        if len({r.request_id for r in requests}) != len(requests):
+            raise ValueError(f"draft_batch got a request id twice: {[r.request_id for r in requests]}")
         for i, r in enumerate(requests):
             if r.request_id not in self._reqs:
                 raise KeyError(f"request_id={r.request_id!r} was never started (call start() first)")
@@ -246,11 +251,12 @@ class ModelDrafter(Drafter):
         if len(req.tokens) - req.offset + budget > self.backend.max_positions:
             # Context outgrew the model's window: restart on the recent half of it.
             req.offset = len(req.tokens) - self.backend.max_positions // 2
-            req.cached = []
+            req.cached, req.stable = [], 0
         seen = req.tokens[req.offset:]
-        keep = min(_common_prefix(req.cached, seen), len(seen) - 1)
+        known = min(req.stable, len(req.cached), len(seen))
+        keep = min(known + _common_prefix(req.cached[known:], seen[known:]), len(seen) - 1)
         self.backend.crop(req.state, keep)
-        req.cached = req.cached[:keep]
+        req.cached, req.stable = req.cached[:keep], min(req.stable, keep)
         return _Growth(req=req, budget=budget, tree=r.tree, base=len(seen), frontier=[ROOT])
 
     def _catch_up_input(self, g: _Growth) -> StepInput:
@@ -258,6 +264,7 @@ class ModelDrafter(Drafter):
         start = len(g.req.cached)
         new = seen[start:]  # [n >= 1]
         g.req.cached = list(seen)
+        g.req.stable = len(seen)
         return StepInput(g.req.state, new, list(range(start, len(seen))), want=[len(new) - 1])
 
     def _branching(self, g: _Growth, depth: int) -> int:

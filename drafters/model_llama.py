@@ -125,13 +125,15 @@ class LlamaCore(torch.nn.Module):
         for i in range(shape.layers):
             p = f"model.layers.{i}."
             self.ln1.append(param(get(p + "input_layernorm.weight")))  # [d]
-            self.qkv.append(param(torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]).t()))  # [d, (H+2K)hd]
+            qkv = torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+            self.qkv.append(param(qkv.t()))  # [d, (H+2KVH)*hd]
             self.o.append(param(get(p + "self_attn.o_proj.weight").t()))  # [H*hd, d]
             self.ln2.append(param(get(p + "post_attention_layernorm.weight")))  # [d]
             gu = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
             self.gate_up.append(param(gu.t()))  # [d, 2I]
             self.down.append(param(get(p + "mlp.down_proj.weight").t()))  # [I, d]
-        inv = 1.0 / (shape.rope_theta ** (torch.arange(0, shape.head_dim, 2, dtype=torch.int64).float() / shape.head_dim))
+        exponents = torch.arange(0, shape.head_dim, 2, dtype=torch.int64).float() / shape.head_dim
+        inv = 1.0 / (shape.rope_theta ** exponents)  # [hd/2], computed like transformers' default rotary
         ang = torch.arange(shape.max_positions, dtype=torch.float32)[:, None] * inv[None]  # [P, hd/2]
         ang = torch.cat([ang, ang], dim=-1)  # [P, hd]
         self.register_buffer("cos", ang.cos().to(dtype), persistent=False)

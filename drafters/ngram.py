@@ -30,10 +30,22 @@ MASK64 = (1 << 64) - 1
 
 
 def window_hash(window: Sequence[int]) -> int:
+    """sum_j window[j] * HASH_BASE ** (n - 1 - j) mod 2**64 (what the numpy build computes)."""
     h = 0
     for x in window:
         h = (h * HASH_BASE + x) & MASK64
     return h
+
+
+def suffix_hashes(tokens: list[int], end: int, max_n: int) -> list[int]:
+    """``out[n - 1]`` = window_hash(tokens[end - n + 1:end + 1]) for n = 1..max_n (one pass from the end)."""
+    out = []
+    h, mult = 0, 1
+    for k in range(min(max_n, end + 1)):
+        h = (h + tokens[end - k] * mult) & MASK64
+        mult = (mult * HASH_BASE) & MASK64
+        out.append(h)
+    return out
 
 
 class NgramIndex:
@@ -89,15 +101,17 @@ class NgramIndex:
     def extend(self, token_ids: Sequence[int] | np.ndarray) -> None:
         t = self.tokens
         toks = token_ids.tolist() if isinstance(token_ids, np.ndarray) else [int(x) for x in token_ids]
+        max_n = self.lengths[0]
         for tok in toks:
             t.append(tok)
             end = len(t) - 1
+            hashes = suffix_hashes(t, end, max_n)
             for n in self.lengths:
                 prev = self.prev[n]
                 if end + 1 < n:
                     prev.append(-1)
                     continue
-                h = window_hash(t[end - n + 1:])
+                h = hashes[n - 1]
                 head = self.head[n]
                 if self.keep_all:
                     prev.append(head.get(h, -1))
@@ -114,11 +128,12 @@ class NgramIndex:
         """
         t = self.tokens
         last = len(t) - 1
+        hashes = suffix_hashes(t, last, self.lengths[0]) if last >= 0 else []
         for n in self.lengths:
             if last < n:  # needs an earlier occurrence ending before `last`
                 continue
             window = t[last - n + 1:]
-            e = self.head[n].get(window_hash(window), -1)
+            e = self.head[n].get(hashes[n - 1], -1)
             prev = self.prev[n]
             ends: list[int] = []
             while e >= 0:

@@ -310,7 +310,8 @@ def driver(args: argparse.Namespace) -> None:
                 write_doc(args, runs, lossless, t_start)
     if args.lossless or args.lossless_only:
         args.lossless = True
-        for method in ["nospec"] + [m for m in args.methods if m.startswith("specdec")]:
+        methods = args.lossless_methods or [m for m in args.methods if m.startswith("specdec")]
+        for method in ["nospec"] + [m for m in methods if m != "nospec"]:
             res = _spawn(args, method, "float32", list(LOSSLESS_BATCHES), LOSSLESS_MAX_TOKENS, True, tmp)
             if res is not None:
                 lossless[method] = res
@@ -330,6 +331,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gpu-mem", type=float, default=0.3)
     ap.add_argument("--specdec-config", default="", help="JSON merged into the specdec methods' config")
     ap.add_argument("--lossless", action="store_true", help="add float32 runs: no-spec vs specdec methods")
+    ap.add_argument("--lossless-methods", default="", type=lambda s: [m for m in s.split(",") if m],
+                    help="methods compared with no-spec in float32 (default: the specdec methods of --methods)")
     ap.add_argument("--lossless-only", action="store_true", help="only the float32 lossless runs")
     ap.add_argument("--eager-bench", action="store_true", help="enforce_eager for the speed runs (no CUDA graphs)")
     ap.add_argument("--method-timeout-s", type=int, default=900)
@@ -343,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eager", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    for m in args.methods:
+    for m in args.methods + args.lossless_methods:
         if m not in METHODS:
             ap.error(f"--methods: {m!r} is unknown; valid: {', '.join(METHODS)}")
     worker(args) if args.worker else driver(args)

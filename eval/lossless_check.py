@@ -101,7 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--model-backend", default="eager", help="ModelDrafter backend (eager, torch, onnx, auto...)")
     ap.add_argument("--no-eos", action="store_true", help="ignore EOS: always generate --max-new-tokens")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave the default)")
-    ap.add_argument("--out", default=None, help="results JSON path (default eval/results/<date>_<device>_lossless.json)")
+    ap.add_argument("--out", default=None,
+                    help="results JSON path (default eval/results/<date>_<device>_lossless.json)")
     ap.add_argument("--progress", action="store_true")
     args = ap.parse_args(argv)
     from specdec.eval.results import results_path, write_results
@@ -126,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         wall = time.perf_counter() - t0
         per_prompt = compare(tokens, baseline)
         results.append({"drafter": name or "none", "mode": mode, "batch_size": bs,
-                        "all_equal": all(p["equal"] for p in per_prompt), "tokens_per_second": stats.emitted_tokens / wall,
+                        "all_equal": all(p["equal"] for p in per_prompt),
+                        "tokens_per_second": stats.emitted_tokens / wall,
                         **stats.as_dict(), "per_prompt": per_prompt})
         if drafter is not None:
             drafter.close()

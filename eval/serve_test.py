@@ -28,7 +28,8 @@ SHUTDOWN_WAIT_S = 60
 
 
 def start_server(model: str, port: int, dtype: str, spec: dict | None, log: Path) -> subprocess.Popen:
-    cmd = ["vllm", "serve", model, "--host", HOST, "--port", str(port), "--dtype", dtype, "--seed", "0",
+    # `python -m vllm.entrypoints.cli.main` = the `vllm` console script (absent when vLLM comes via PYTHONPATH)
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--host", HOST, "--port", str(port), "--dtype", dtype, "--seed", "0",
            "--max-model-len", "2048", "--gpu-memory-utilization", "0.25", "--enforce-eager"]
     if spec is not None:
         cmd += ["--speculative-config", json.dumps(spec)]

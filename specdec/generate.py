@@ -176,7 +176,8 @@ class SpecGenerator:
         bar = _progress(progress, len(prompts) * max_new_tokens)
         try:
             while active:
-                trees = self._draft(guard, [rids[i] for i in active], [max_new_tokens - len(outputs[i]) for i in active])
+                room = [max_new_tokens - len(outputs[i]) for i in active]
+                trees = self._draft(guard, [rids[i] for i in active], room)
                 t0 = time.perf_counter()
                 outcomes = self.verifier.step(trees)
                 stats.verify_seconds += time.perf_counter() - t0

@@ -87,6 +87,8 @@ class AsyncDrafter(Drafter):
         self._inner_lock = threading.Lock()  # serializes every call into the inner drafter
         self._main_wants = 0  # >0 while the main thread waits for _inner_lock (workers back off)
         self._closed = False
+        self._fast_jobs = 0  # jobs running with the short switch interval
+        self._saved_interval = sys.getswitchinterval()
         self._rotate = 0  # start offset of the misses drafted under on_miss="budget"
         self._last_submit: float | None = None
         self._cycle_s: float | None = None  # EMA of the time from handing drafts out to the next draft_batch
@@ -374,9 +376,9 @@ class AsyncDrafter(Drafter):
             if job is not None and self.config.gate_ms > 0:
                 self._gate.wait(self.config.gate_ms * 1e-3)
             t0 = time.perf_counter()
-            old_interval = sys.getswitchinterval()
-            if job is not None and self.config.job_switch_interval_us > 0:
-                sys.setswitchinterval(self.config.job_switch_interval_us * 1e-6)
+            fast = job is not None and self.config.job_switch_interval_us > 0
+            if fast:
+                self._fast_switch(+1)
             try:
                 self._run_job(job)
             except Exception as exc:  # noqa: BLE001 - the worker must survive anything
@@ -384,9 +386,20 @@ class AsyncDrafter(Drafter):
                 if self.config.strict:
                     raise
             finally:
-                sys.setswitchinterval(old_interval)
+                if fast:
+                    self._fast_switch(-1)
                 with self._state:
                     self.stats.background_seconds += time.perf_counter() - t0
+
+    def _fast_switch(self, delta: int) -> None:
+        """Shorten the GIL switch interval while any worker runs a job; restore it after the last one."""
+        with self._state:
+            self._fast_jobs += delta
+            if delta > 0 and self._fast_jobs == 1:
+                self._saved_interval = sys.getswitchinterval()
+                sys.setswitchinterval(self.config.job_switch_interval_us * 1e-6)
+            elif delta < 0 and self._fast_jobs == 0:
+                sys.setswitchinterval(self._saved_interval)
 
     def _run_job(self, job: Job | None) -> None:
         self._with_inner(self._apply_ops)

@@ -117,6 +117,8 @@ def test_budget_respected_and_empty(tiny: Path, backend: str) -> None:
     assert d.active_requests() == ["empty"]
     with pytest.raises(KeyError, match="never started"):
         d.extend("a", [1])
+    with pytest.raises(ValueError, match="twice"):
+        d.draft_batch([DraftRequest("empty", 2), DraftRequest("empty", 2)])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

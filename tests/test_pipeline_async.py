@@ -350,3 +350,17 @@ def test_budget_mode_bounds_the_critical_path() -> None:
     assert out == {rid: greedy(target, p, 12) for rid, p in reqs.items()}
     stats = check_stats(d)
     assert stats["miss_no_draft"] > 0 and stats["sync_drafts"] > 0, stats
+
+
+def test_switch_interval_is_restored_after_jobs() -> None:
+    import sys
+
+    before = sys.getswitchinterval()
+    target = ToyTarget(seed=15)
+    reqs = prompts(16, 4)
+    d = AsyncDrafter(LookupDrafter(delay_s=0.0005), num_workers=3, job_switch_interval_us=150)
+    try:
+        simulate(d, target, reqs, max_new=30, budget=4, tree=False)
+    finally:
+        d.close()
+    assert sys.getswitchinterval() == before

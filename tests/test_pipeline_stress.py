@@ -4,6 +4,7 @@ target's greedy output, drafts fit their request, counters add up, inner state e
 from __future__ import annotations
 
 import random
+import sys
 import time
 
 import pytest
@@ -35,6 +36,7 @@ def _config(rs: random.Random) -> dict:
 
 
 def _episode(seed: int, deadline: float) -> None:
+    interval = sys.getswitchinterval()
     rs = random.Random(seed)
     target = ToyTarget(seed=seed)
     inner = LookupDrafter(n=rs.choice([1, 2, 3]), delay_s=rs.choice([0.0, 0.0002, 0.001]), seed=seed,
@@ -76,6 +78,7 @@ def _episode(seed: int, deadline: float) -> None:
     finally:
         d.close()
     s = d.stats
+    assert sys.getswitchinterval() == interval  # the workers' short GIL switch interval is restored
     assert s.lookups == s.hits + s.late_hits + s.misses
     assert s.hedges >= s.hits + s.late_hits
     assert s.sync_drafts + s.miss_no_draft == s.misses

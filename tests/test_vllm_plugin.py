@@ -94,7 +94,7 @@ def test_runner_patch_binds_the_input_batch_before_propose():
     cfg = SimpleNamespace(additional_config={"specdec": {"draft_timeout_ms": 0}},
                           speculative_config=SimpleNamespace(num_speculative_tokens=2),
                           model_config=SimpleNamespace(max_model_len=32))
-    from tests.test_vllm_proposer import OracleDrafter
+    from test_vllm_proposer import OracleDrafter
 
     prop = SpecdecProposer(cfg, drafter=OracleDrafter(), patch_runner=False)
     assert plugin.patch_runner_class(FakeRunner) and plugin.patch_runner_class(FakeRunner)
@@ -169,3 +169,14 @@ def test_real_create_speculative_config_through_the_entry_point():
     bad = EngineArgs(model=str(path), speculative_config={"method": "specdec", "drafter_timeout": 3})
     with pytest.raises(ConfigError, match="drafter_timeout"):
         bad.create_speculative_config(mc, ParallelConfig())
+
+
+def test_yaml_presets_turn_into_valid_speculative_config_json():
+    import json
+
+    from specdec.vllm_plugin.options import preset_json
+
+    for name in ("vllm_specdec", "vllm_specdec_hybrid"):
+        data = json.loads(preset_json(name))
+        theirs, opts = split_speculative_config(data)
+        assert theirs["model"] == PROPOSER_PATH and opts.num_speculative_tokens == 16

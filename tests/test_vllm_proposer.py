@@ -380,3 +380,30 @@ def test_per_request_calibration_scales_the_cut():
     assert st.calibration() == 1.0  # no evidence yet
     st.pred_ema, st.acc_ema = 10.0, 2.5
     assert st.calibration() == 0.25
+
+
+@pytest.mark.parametrize("spec_step_cost, expect_mostly", [(4.0, "plain"), (1.2, "spec")])
+def test_proposer_stops_drafting_when_spec_steps_cost_more_than_they_emit(spec_step_cost, expect_mostly):
+    """A fake clock: a plain step takes 1 ms, a step with drafts ``spec_step_cost`` ms; drafts are right
+    half the time (wrong_at=2 of 4), so a spec step emits ~3 tokens per request vs 1."""
+    now = [0.0]
+    drafter = OracleDrafter(wrong_at=2)
+    opts = SpecdecOptions.from_dict({"num_speculative_tokens": 4, "draft_timeout_ms": 0})
+    core = ProposerCore(drafter, opts, max_model_len=4096, clock=lambda: now[0])
+    runner = FakeRunner(max_model_len=4096)
+    for i in range(4):
+        runner.add(f"r{i}", [i + 1, i + 2, i + 3])
+    modes = []
+    for _ in range(400):
+        drafts = run_step(core, runner)
+        drafted = any(drafts)
+        modes.append("spec" if drafted else "plain")
+        now[0] += 1e-3 * (spec_step_cost if drafted else 1.0)
+    tail = modes[-200:]
+    assert tail.count(expect_mostly) > 0.85 * len(tail)
+    if expect_mostly == "plain":  # the A/B check (and the cost-model cut) found drafting unprofitable
+        st = core.adaptive.buckets[bucket_of(4)]
+        assert st.plain_tps > st.spec_tps or core._cost(bucket_of(4)).token_cost() > 0.5
+    for row, rid in enumerate(runner.req_ids):  # bookkeeping intact through both modes
+        n = int(runner.num_tokens_no_spec[row])
+        assert drafter.ctx[rid] == runner.token_ids_cpu[row, :n].tolist()

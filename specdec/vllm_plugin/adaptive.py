@@ -11,8 +11,9 @@ Mechanisms, all cheap per step:
    running requests) is a fixed floor on top.
 2. **Per-request acceptance.** A request whose acceptance EMA (accepted / drafted) falls below ``min_acceptance``
    drafts at most ``PROBE_TOKENS`` tokens per step until it recovers.
-3. **Throughput A/B per batch-size bucket** (``ab_windows``, off by default: its plain probe windows cost
-   throughput in short runs). Steps are grouped in windows of ``probe_window_steps``; each window
+3. **Throughput A/B per batch-size bucket** (``ab_windows``, on by default). vLLM's speculative step has a
+   large fixed cost beside the per-token one (measured on an H200 with the 53M target: a spec step costs
+   2-3x a plain one at batch 8-64 even with ~3 draft tokens per request), which a per-token fit cannot see. Steps are grouped in windows of ``probe_window_steps``; each window
    runs either with drafts ("spec") or without ("plain"), and its throughput (emitted tokens / wall time between
    proposer calls, so drafting cost is included) feeds an EMA per bucket (buckets: 1, 2, 3-4, 5-8, ...). A bucket
    drafts while spec >= ``min_speedup`` x plain; every ``probe_every``-th window runs the other mode to keep
@@ -24,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 
 PROBE_TOKENS = 2  # draft length for requests whose acceptance is poor
-EMA_ALPHA = 0.3  # weight of the newest window's throughput
+EMA_ALPHA_MIN = 0.1  # weight of the newest window in a mode's throughput estimate (after the first 10)
 ACCEPT_EMA_ALPHA = 0.2  # weight of the newest step in a request's acceptance EMA
 MAX_CUT = 0.9  # the confidence threshold never exceeds this
 SPEC_BIAS = 1.03  # hysteresis: plain must beat spec by 3% (measurement noise) before drafting stops
@@ -37,11 +38,33 @@ def bucket_of(num_running: int) -> int:
 
 @dataclass
 class BucketState:
-    """Throughput estimates (tokens/s) of one batch-size bucket, and its window schedule."""
+    """Throughput estimates (tokens/s) of one batch-size bucket, and its window schedule.
 
-    spec_tps: float | None = None
-    plain_tps: float | None = None
+    Each mode keeps decayed sums of emitted tokens and seconds (ratio of sums: robust for one-step windows);
+    the decay is ``max(EMA_ALPHA_MIN, 1 / samples)``, a running mean that turns into an EMA."""
+
+    spec_tok: float = 0.0
+    spec_sec: float = 0.0
+    spec_n: int = 0
+    plain_tok: float = 0.0
+    plain_sec: float = 0.0
+    plain_n: int = 0
     windows: int = 0  # completed windows
+
+    @property
+    def spec_tps(self) -> float | None:
+        return self.spec_tok / self.spec_sec if self.spec_n else None
+
+    @property
+    def plain_tps(self) -> float | None:
+        return self.plain_tok / self.plain_sec if self.plain_n else None
+
+    def add(self, mode: str, tokens: int, seconds: float) -> None:
+        n = getattr(self, f"{mode}_n") + 1
+        a = max(EMA_ALPHA_MIN, 1.0 / n)
+        setattr(self, f"{mode}_n", n)
+        setattr(self, f"{mode}_tok", (1 - a) * getattr(self, f"{mode}_tok") + a * tokens)
+        setattr(self, f"{mode}_sec", (1 - a) * getattr(self, f"{mode}_sec") + a * seconds)
 
     def best_mode(self, min_speedup: float) -> str:
         if self.spec_tps is None:
@@ -68,9 +91,9 @@ class AdaptiveController:
     enabled: bool = True
     min_path_prob: float = 0.0
     min_path_prob_per_seq: float = 0.0
-    ab_windows: bool = False
+    ab_windows: bool = True
     min_acceptance: float = 0.1
-    window_steps: int = 16
+    window_steps: int = 1
     probe_every: int = 32
     min_speedup: float = 1.0
     buckets: dict[int, BucketState] = field(default_factory=dict)
@@ -127,13 +150,9 @@ class AdaptiveController:
         elapsed = now - w.t_start
         if elapsed <= 0 or w.steps == 0 or w.tainted:
             return
-        tps = w.emitted / elapsed
         st = self.buckets.setdefault(w.bucket, BucketState())
         st.windows += 1
-        if w.mode == "spec":
-            st.spec_tps = tps if st.spec_tps is None else (1 - EMA_ALPHA) * st.spec_tps + EMA_ALPHA * tps
-        else:
-            st.plain_tps = tps if st.plain_tps is None else (1 - EMA_ALPHA) * st.plain_tps + EMA_ALPHA * tps
+        st.add(w.mode, w.emitted, elapsed)
 
     def as_dict(self) -> dict[str, object]:
         return {

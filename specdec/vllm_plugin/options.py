@@ -50,8 +50,8 @@ class SpecdecOptions(ConfigBase):
                                        doc="adaptive: the fixed floor grows by this much per running request")
     min_acceptance: float = rng(0.1, lo=0.0, hi=1.0,
                                 doc="adaptive: a request whose acceptance EMA falls below drafts 1 token")
-    ab_windows: bool = rng(False, doc="adaptive: also A/B-test spec vs plain windows per batch-size bucket")
-    probe_window_steps: int = rng(16, lo=4, hi=100_000, doc="adaptive: steps per throughput-measurement window")
+    ab_windows: bool = rng(True, doc="adaptive: A/B-test spec vs plain windows per batch-size bucket")
+    probe_window_steps: int = rng(1, lo=1, hi=100_000, doc="adaptive: steps per throughput-measurement window")
     probe_every: int = rng(32, lo=2, hi=1000, doc="adaptive: every Nth window of a batch bucket runs the other mode")
     min_speedup: float = rng(1.0, lo=0.5, hi=2.0,
                              doc="adaptive: a batch bucket drafts only while spec throughput >= this x plain")
@@ -114,3 +114,20 @@ def options_from_vllm_config(vllm_config: Any) -> SpecdecOptions:
     if k:
         ours["num_speculative_tokens"] = int(k)
     return SpecdecOptions.from_dict(ours, where="additional_config['specdec']: ")
+
+
+def preset_json(name_or_path: str) -> str:
+    """The ``--speculative-config`` JSON of a YAML preset (``configs/vllm_specdec.yaml``), validated."""
+    import json
+
+    from specdec.config import load_yaml
+
+    data = load_yaml(name_or_path)
+    split_speculative_config(data)  # raises ConfigError naming a bad key
+    return json.dumps(data)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(preset_json(sys.argv[1] if len(sys.argv) > 1 else "vllm_specdec"))
