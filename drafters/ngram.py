@@ -25,36 +25,16 @@ from specdec.drafters.base import Drafter, DraftRequest
 from specdec.tree import ROOT, TokenTree
 
 
-HASH_BASE = 0x100000001B3  # odd multiplier of the rolling n-gram hash (mod 2**64)
-MASK64 = (1 << 64) - 1
-
-
-def window_hash(window: Sequence[int]) -> int:
-    """sum_j window[j] * HASH_BASE ** (n - 1 - j) mod 2**64 (what the numpy build computes)."""
-    h = 0
-    for x in window:
-        h = (h * HASH_BASE + x) & MASK64
-    return h
-
-
-def suffix_hashes(tokens: list[int], end: int, max_n: int) -> list[int]:
-    """``out[n - 1]`` = window_hash(tokens[end - n + 1:end + 1]) for n = 1..max_n (one pass from the end)."""
-    out = []
-    h, mult = 0, 1
-    for k in range(min(max_n, end + 1)):
-        h = (h + tokens[end - k] * mult) & MASK64
-        mult = (mult * HASH_BASE) & MASK64
-        out.append(h)
-    return out
+NUMPY_BUILD_MIN = 2048  # prompts at least this long are indexed with numpy
 
 
 class NgramIndex:
     """N-gram -> end positions over one growing token sequence, for several n.
 
-    Per n: ``head[hash]`` = the most recent end position of an n-gram with that hash (``keep_all``) or the
-    earliest one (not ``keep_all``: vLLM's rule), and with ``keep_all`` a ``prev`` chain linking each end
-    position to the previous end of the same hash. The prompt is indexed with numpy (sort by hash), each
-    appended token in O(#lengths); hash collisions are filtered by comparing the tokens.
+    Per n: ``head[ngram]`` (a tuple of n token ids) = the most recent end position of that n-gram
+    (``keep_all``) or its earliest one (not ``keep_all``: vLLM's rule), and with ``keep_all`` a ``prev``
+    chain linking each end position to the previous end of the same n-gram. The prompt is indexed with
+    numpy (exact grouping of all windows), each appended token in O(#lengths) dict operations.
     """
 
     def __init__(self, tokens: Sequence[int] | np.ndarray, lengths: Iterable[int], *, keep_all: bool) -> None:
@@ -64,7 +44,7 @@ class NgramIndex:
         if not self.lengths or self.lengths[-1] < 1:
             raise ValueError(f"n-gram lengths {self.lengths} must be >= 1")
         self.keep_all = keep_all
-        self.head: dict[int, dict[int, int]] = {}
+        self.head: dict[int, dict[tuple[int, ...], int]] = {}
         self.prev: dict[int, list[int]] = {}
         for n in self.lengths:
             self._build(arr, n)
@@ -75,50 +55,62 @@ class NgramIndex:
 
     def _build(self, arr: np.ndarray, n: int) -> None:
         size = arr.size - n + 1
-        prev = [-1] * arr.size
         if size <= 0:
-            self.head[n], self.prev[n] = {}, prev
+            self.head[n], self.prev[n] = {}, [-1] * arr.size
             return
-        u = arr.astype(np.uint64)
-        h = np.zeros(size, np.uint64)  # [size] rolling hash of the window ending at n - 1 + i
-        with np.errstate(over="ignore"):
-            for j in range(n):
-                h = h * np.uint64(HASH_BASE) + u[j:j + size]
-        ends = np.arange(n - 1, arr.size, dtype=np.int64)
-        order = np.argsort(h, kind="stable")  # groups equal hashes, ends ascending inside a group
-        hs, es = h[order], ends[order]
-        same = hs[1:] == hs[:-1]  # [size - 1] element i + 1 continues the group of element i
+        if arr.size < NUMPY_BUILD_MIN:
+            self._build_small(n)
+            return
+        windows = np.lib.stride_tricks.sliding_window_view(arr, n)  # [size, n] window ending at n - 1 + i
+        _, group = np.unique(windows, axis=0, return_inverse=True)  # [size] exact n-gram id
+        group = group.reshape(-1)
+        order = np.argsort(group, kind="stable")  # n-grams together, ends ascending inside each
+        gs, starts = group[order], order
+        same = gs[1:] == gs[:-1]  # [size - 1] element i + 1 continues the n-gram of element i
+        ends = starts + (n - 1)
+        prev_arr = np.full(arr.size, -1, np.int64)
         if self.keep_all:
-            prev_arr = np.full(arr.size, -1, np.int64)
-            prev_arr[es[1:][same]] = es[:-1][same]
-            prev = prev_arr.tolist()
-            pick = np.append(~same, True)  # the last (most recent) end of each group
+            prev_arr[ends[1:][same]] = ends[:-1][same]
+            pick = np.append(~same, True)  # the last (most recent) end of each n-gram
         else:
-            pick = np.insert(~same, 0, True)  # the first (earliest) end of each group
-        self.head[n] = dict(zip(hs[pick].tolist(), es[pick].tolist()))
-        self.prev[n] = prev
+            pick = np.insert(~same, 0, True)  # the first (earliest) end of each n-gram
+        keys = map(tuple, windows[starts[pick]].tolist())
+        self.head[n] = dict(zip(keys, ends[pick].tolist()))
+        self.prev[n] = prev_arr.tolist()
+
+    def _build_small(self, n: int) -> None:
+        """Short prompts: a plain loop beats numpy's per-call overhead."""
+        t = self.tokens
+        head: dict[tuple[int, ...], int] = {}
+        prev = [-1] * len(t)
+        for i, key in enumerate(zip(*(t[j:len(t) - n + 1 + j] for j in range(n)))):
+            end = i + n - 1
+            if self.keep_all:
+                prev[end] = head.get(key, -1)
+                head[key] = end
+            else:
+                head.setdefault(key, end)
+        self.head[n], self.prev[n] = head, prev
 
     def extend(self, token_ids: Sequence[int] | np.ndarray) -> None:
         t = self.tokens
         toks = token_ids.tolist() if isinstance(token_ids, np.ndarray) else [int(x) for x in token_ids]
-        max_n = self.lengths[0]
         for tok in toks:
             t.append(tok)
             end = len(t) - 1
-            hashes = suffix_hashes(t, end, max_n)
             for n in self.lengths:
                 prev = self.prev[n]
                 if end + 1 < n:
                     prev.append(-1)
                     continue
-                h = hashes[n - 1]
+                key = tuple(t[end - n + 1:])
                 head = self.head[n]
                 if self.keep_all:
-                    prev.append(head.get(h, -1))
-                    head[h] = end
+                    prev.append(head.get(key, -1))
+                    head[key] = end
                 else:
                     prev.append(-1)
-                    head.setdefault(h, end)
+                    head.setdefault(key, end)
 
     def longest_match(self, max_candidates: int | None = None) -> tuple[int, list[int]] | None:
         """(n, end positions of earlier occurrences of the last n tokens), longest n first.
@@ -128,20 +120,23 @@ class NgramIndex:
         """
         t = self.tokens
         last = len(t) - 1
-        hashes = suffix_hashes(t, last, self.lengths[0]) if last >= 0 else []
         for n in self.lengths:
             if last < n:  # needs an earlier occurrence ending before `last`
                 continue
-            window = t[last - n + 1:]
-            e = self.head[n].get(hashes[n - 1], -1)
+            e = self.head[n].get(tuple(t[last - n + 1:]), -1)
+            if e < 0:
+                continue
+            if not self.keep_all:
+                if e != last:
+                    return n, [e]
+                continue
             prev = self.prev[n]
+            if e == last:
+                e = prev[e]
             ends: list[int] = []
-            while e >= 0:
-                if e != last and t[e - n + 1:e + 1] == window:
-                    ends.append(e)
-                    if not self.keep_all or (max_candidates is not None and len(ends) >= max_candidates):
-                        break
-                e = prev[e] if self.keep_all else -1
+            while e >= 0 and (max_candidates is None or len(ends) < max_candidates):
+                ends.append(e)
+                e = prev[e]
             if ends:
                 return n, ends
         return None

@@ -28,6 +28,7 @@ from specdec.paths import TARGET_MODEL, model_path
 
 METHODS: dict[str, dict[str, Any] | None] = {
     "nospec": None,
+    "nospec-v1": None,  # no-spec on vLLM's V1 model runner, the runner every CPU-drafter method runs on
     "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
     "suffix": {"method": "suffix"},  # ArcticInference 0.1.1 cache, vLLM's defaults (k = depth = 24)
     "specdec": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16},
@@ -126,6 +127,8 @@ def _spec_config(method: str, override: dict[str, Any]) -> dict[str, Any] | None
 
 def worker(args: argparse.Namespace) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process: timers work
+    if args.method == "nospec-v1":  # plain no-spec uses Model Runner V2 where it can; spec methods force V1
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     prompts = json.loads(Path(args.prompts).read_text())
     from vllm import LLM, SamplingParams
 

@@ -128,3 +128,13 @@ def test_index_matches_brute_force(prompt, more, keep_all):
         assert got == (want[0], want[1][::-1])  # most recent first
     else:
         assert got == (want[0], want[1][:1])  # earliest
+
+
+def test_numpy_and_loop_builds_agree():
+    rng = np.random.default_rng(0)
+    toks = rng.integers(0, 6, 3000).tolist()
+    for keep_all in (True, False):
+        big = NgramIndex(toks, [1, 3, 4], keep_all=keep_all)  # numpy build (>= NUMPY_BUILD_MIN tokens)
+        small = NgramIndex(toks[:10], [1, 3, 4], keep_all=keep_all)  # loop build, then extended
+        small.extend(toks[10:])
+        assert big.head == small.head and big.prev == small.prev

@@ -81,7 +81,7 @@ def check_stats(d: AsyncDrafter) -> dict:
 def test_async_is_lossless_and_drafts_like_sync(tree: bool) -> None:
     target = ToyTarget(seed=1)
     reqs = prompts(2, 4)
-    d = AsyncDrafter(LookupDrafter(), hedge_width=6)
+    d = AsyncDrafter(LookupDrafter(), hedge_width=6, window_frac=0.0, min_hit_rate=0.0)  # no timing heuristics
     try:
         out = simulate(d, target, reqs, max_new=60, budget=6, tree=tree, reference=LookupDrafter())
     finally:
@@ -97,7 +97,8 @@ def test_async_is_lossless_and_drafts_like_sync(tree: bool) -> None:
 def test_out_of_order_completions_many_workers() -> None:
     target = ToyTarget(seed=3)
     reqs = prompts(4, 5)
-    d = AsyncDrafter(LookupDrafter(delay_s=0.0008, seed=5), num_workers=3, hedge_width=5, max_jobs=1)
+    d = AsyncDrafter(LookupDrafter(delay_s=0.0008, seed=5), num_workers=3, hedge_width=5, max_jobs=1,
+                     window_frac=0.0, min_hit_rate=0.0)
     try:
         out = simulate(d, target, reqs, max_new=40, budget=5, tree=False, reference=LookupDrafter())
     finally:
@@ -169,7 +170,7 @@ def test_aborts_and_restarts_keep_inner_state_exact() -> None:
 def test_on_miss_empty_never_drafts_on_the_critical_path() -> None:
     target = ToyTarget(seed=5)
     reqs = prompts(6, 3)
-    d = AsyncDrafter(LookupDrafter(), on_miss="empty", hedge_width=6)
+    d = AsyncDrafter(LookupDrafter(), on_miss="empty", hedge_width=6, window_frac=0.0, min_hit_rate=0.0)
     try:
         out = simulate(d, target, reqs, max_new=50, budget=6, tree=False)
     finally:
@@ -221,7 +222,8 @@ def test_drafter_errors_are_absorbed() -> None:
 def test_drafter_without_draft_after_hedges_from_probe() -> None:
     target = ToyTarget(seed=8)
     reqs = prompts(9, 3)
-    d = AsyncDrafter(LookupDrafter(supports_after=False), hedge_width=4, probe_budget=64)
+    d = AsyncDrafter(LookupDrafter(supports_after=False), hedge_width=4, probe_budget=64, window_frac=0.0,
+                     min_hit_rate=0.0)
     try:
         out = simulate(d, target, reqs, max_new=50, budget=4, tree=False)
     finally:
@@ -275,7 +277,7 @@ def test_postprocess_shapes_what_is_planned() -> None:
     target = ToyTarget(seed=1)
     reqs = prompts(2, 4)
     cut = lambda t, r: t.truncate(2)  # noqa: E731
-    d = AsyncDrafter(LookupDrafter(), hedge_width=6)
+    d = AsyncDrafter(LookupDrafter(), hedge_width=6, window_frac=0.0, min_hit_rate=0.0)
     d.postprocess = cut
     try:
         out = simulate(d, target, reqs, max_new=60, budget=6, tree=False, reference=None)
@@ -289,7 +291,7 @@ def test_postprocess_shapes_what_is_planned() -> None:
 def test_hedge_snapshot_matches_the_next_lookup() -> None:
     """The snapshot (for a device-side lookup) holds exactly the draft the host lookup hands out on a hit."""
     ctx = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
-    d = AsyncDrafter(LookupDrafter(n=2), hedge_width=8)
+    d = AsyncDrafter(LookupDrafter(n=2), hedge_width=8, window_frac=0.0)
     d.start("a", ctx)
     try:
         assert len(d.draft_batch([DraftRequest("a", 3)])[0]) == 3

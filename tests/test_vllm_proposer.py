@@ -404,6 +404,8 @@ def test_proposer_stops_drafting_when_spec_steps_cost_more_than_they_emit(spec_s
     if expect_mostly == "plain":  # the A/B check (and the cost-model cut) found drafting unprofitable
         st = core.adaptive.buckets[bucket_of(4)]
         assert st.plain_tps > st.spec_tps or core._cost(bucket_of(4)).token_cost() > 0.5
+        assert len(core._pending) <= 4  # updates of steps without drafts are queued, merged per request
+    core.flush()
     for row, rid in enumerate(runner.req_ids):  # bookkeeping intact through both modes
         n = int(runner.num_tokens_no_spec[row])
         assert drafter.ctx[rid] == runner.token_ids_cpu[row, :n].tolist()

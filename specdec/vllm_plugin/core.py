@@ -30,6 +30,7 @@ logger = logging.getLogger("specdec.vllm")
 
 MIN_CALIBRATION_MASS = 3.0  # predicted tokens before a request's calibration is used
 MIN_CALIBRATION, MAX_CALIBRATION = 0.05, 1.5
+MAX_PENDING_OPS = 8192  # queued drafter updates applied even without drafting
 AUTO_PROBE_JOBS = 64  # deadline_mode "auto": threaded drafting jobs observed before going inline
 AUTO_INLINE_FRACTION = 0.25  # ... if all of them but AUTO_SLOW_JOBS_TOLERATED took less than this fraction
 AUTO_SLOW_JOBS_TOLERATED = 1  # of the deadline (one scheduling hiccup is not a slow drafter)
@@ -183,7 +184,8 @@ class ProposerCore:
         self._last_bucket = 0
         self.timeout_s = options.draft_timeout_ms / 1e3
         self.worker = DraftWorker() if self.timeout_s > 0 else None
-        self._pending: list[Op] = []
+        self._pending: list[Op] = []  # drafter lifecycle ops not yet applied, in order
+        self._pending_ext: dict[str, int] = {}  # request id -> index of its trailing extend op in _pending
         self._timeout_logged = False
         self._inline_ok = self._inline_banned = False
         self._job_count, self._max_job_s, self._slow_jobs = 0, 0.0, 0
@@ -234,7 +236,7 @@ class ProposerCore:
             return None
         st = self.requests.get(rid)
         if st is not None and st.n_known + len(sampled) == n:
-            self._pending.append(("extend", rid, list(sampled)))
+            self._extend(rid, sampled)
             accepted = min(len(sampled) - 1, st.last_draft)
             self.stats.accepted_tokens += accepted
             if st.last_pred is not None:
@@ -245,14 +247,14 @@ class ProposerCore:
         else:
             if st is not None:
                 self.stats.resyncs += 1
-                self._pending.append(("stop", rid))
+                self._op(("stop", rid))
             p = n - len(sampled)
             if num_prompt_tokens is not None:
                 p = max(1, min(int(num_prompt_tokens[i]), n))
             ctx = np.asarray(token_ids_cpu[i, :n]).tolist()  # copy: the row's buffer changes later
-            self._pending.append(("start", rid, ctx[:p]))
+            self._op(("start", rid, ctx[:p]))
             if n > p:
-                self._pending.append(("extend", rid, ctx[p:]))
+                self._extend(rid, ctx[p:])
             st = self.requests[rid] = RequestState(n_known=n)
             self.stats.started += 1
         budget = min(k, self.max_model_len - n - 1)
@@ -264,13 +266,28 @@ class ProposerCore:
     def _stop_absent(self, present: set[str]) -> None:
         for rid in [r for r in self.requests if r not in present]:
             del self.requests[rid]
-            self._pending.append(("stop", rid))
+            self._op(("stop", rid))
             self.stats.stopped += 1
+
+    def _op(self, op: Op) -> None:
+        self._pending_ext.pop(op[1], None)
+        self._pending.append(op)
+
+    def _extend(self, rid: str, tokens: Sequence[int]) -> None:
+        """Queue an extend, merged into the request's pending one (steps without drafting apply nothing)."""
+        at = self._pending_ext.get(rid)
+        if at is not None:
+            self._pending[at][2].extend(tokens)
+        else:
+            self._pending_ext[rid] = len(self._pending)
+            self._pending.append(("extend", rid, list(tokens)))
 
     # ----------------------------------------------------------------- drafting
     def _draft(self, orders: list[DraftRequest | None], running: int) -> tuple[list[list[int]], list[float | None]]:
         wanted = [o for o in orders if o is not None]
-        ops, self._pending = self._pending, []
+        if not wanted and len(self._pending) < MAX_PENDING_OPS:  # no drafts this step: updates wait, merged
+            return self._nothing(orders)
+        ops, self._pending, self._pending_ext = self._pending, [], {}
         job = lambda: self._job(ops, wanted)  # noqa: E731
         if self.worker is None:
             trees = job()
@@ -278,7 +295,7 @@ class ProposerCore:
             self._pending = ops + self._pending  # applied, in order, by the next job
             self.stats.busy_skips += 1
             return self._nothing(orders)
-        elif not wanted:  # nothing to draft: the ops (fast) run inline
+        elif not wanted:  # too many queued updates: apply them (fast) inline
             trees = job()
         elif self._inline_ok:  # auto mode, drafter proven fast: no thread hand-off
             t0 = self.clock()
@@ -317,6 +334,12 @@ class ProposerCore:
         if cost is None:
             cost = self.costs[bucket] = StepCostModel()
         return cost
+
+    def flush(self) -> None:
+        """Apply queued drafter updates now (they otherwise wait for the next drafting step)."""
+        if self._pending and (self.worker is None or not self.worker.busy):
+            ops, self._pending, self._pending_ext = self._pending, [], {}
+            self._job(ops, [])
 
     def _note_job(self, seconds: float) -> None:
         """auto mode: after AUTO_PROBE_JOBS threaded jobs all under a quarter of the deadline, go inline."""
