@@ -32,28 +32,34 @@ class TokenTree:
     tokens: np.ndarray  # [n] int64
     parents: np.ndarray  # [n] int32, ROOT or an earlier index
     probs: np.ndarray | None = None  # [n] float32 or None
-    _depths: np.ndarray = field(init=False, repr=False, compare=False)
+    _depths: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)  # lazy [n] int32
 
     def __post_init__(self) -> None:
         tokens = np.ascontiguousarray(self.tokens, dtype=np.int64).reshape(-1)
         parents = np.ascontiguousarray(self.parents, dtype=np.int32).reshape(-1)
         if tokens.shape != parents.shape:
             raise ValueError(f"tokens has {tokens.size} nodes but parents has {parents.size}; they must match")
-        idx = np.arange(parents.size, dtype=np.int32)
-        if parents.size and (np.any(parents < ROOT) or np.any(parents >= idx)):
+        if parents.size and (parents.min() < ROOT or np.any(parents >= np.arange(parents.size, dtype=np.int32))):
             raise ValueError(f"parents={parents.tolist()} must satisfy -1 <= parents[i] < i (topological order)")
         probs = self.probs
         if probs is not None:
             probs = np.ascontiguousarray(probs, dtype=np.float32).reshape(-1)
             if probs.shape != tokens.shape:
                 raise ValueError(f"probs has {probs.size} entries for {tokens.size} nodes; they must match")
-        depths = np.zeros(parents.size, dtype=np.int32)
-        for i, p in enumerate(parents.tolist()):
-            depths[i] = 1 if p == ROOT else depths[p] + 1
         object.__setattr__(self, "tokens", tokens)
         object.__setattr__(self, "parents", parents)
         object.__setattr__(self, "probs", probs)
-        object.__setattr__(self, "_depths", depths)
+
+    @classmethod
+    def _trusted(cls, tokens: np.ndarray, parents: np.ndarray, probs: np.ndarray | None,
+                 depths: np.ndarray | None = None) -> "TokenTree":
+        """Build without validation from arrays already of the right dtype and shape (hot paths)."""
+        tree = object.__new__(cls)
+        object.__setattr__(tree, "tokens", tokens)
+        object.__setattr__(tree, "parents", parents)
+        object.__setattr__(tree, "probs", probs)
+        object.__setattr__(tree, "_depths", depths)
+        return tree
 
     # ----------------------------------------------------------------- construction
     @classmethod
@@ -63,8 +69,14 @@ class TokenTree:
     @classmethod
     def chain(cls, tokens: Sequence[int] | np.ndarray, probs: Sequence[float] | np.ndarray | None = None) -> "TokenTree":
         """A linear draft: each token follows the previous one."""
-        n = len(tokens)
-        return cls(np.asarray(tokens, np.int64), np.arange(-1, n - 1, dtype=np.int32), probs)
+        toks = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        n = toks.size
+        p = None
+        if probs is not None:
+            p = np.asarray(probs, dtype=np.float32).reshape(-1)
+            if p.size != n:
+                raise ValueError(f"probs has {p.size} entries for {n} nodes; they must match")
+        return cls._trusted(toks, _chain_parents(n), p, _chain_depths(n))
 
     # ----------------------------------------------------------------- structure
     def __len__(self) -> int:
@@ -73,11 +85,16 @@ class TokenTree:
     @property
     def depths(self) -> np.ndarray:
         """[n] int32: depth of each node (children of the root have depth 1)."""
-        return self._depths
+        if self._depths is None:
+            depths = np.zeros(self.parents.size, dtype=np.int32)
+            for i, p in enumerate(self.parents.tolist()):
+                depths[i] = 1 if p == ROOT else depths[p] + 1
+            object.__setattr__(self, "_depths", depths)
+        return self._depths  # type: ignore[return-value]
 
     @property
     def max_depth(self) -> int:
-        return int(self._depths.max()) if len(self) else 0
+        return int(self.depths.max()) if len(self) else 0
 
     def is_chain(self) -> bool:
         return bool(np.array_equal(self.parents, np.arange(-1, len(self) - 1, dtype=np.int32)))
@@ -114,7 +131,7 @@ class TokenTree:
     # ----------------------------------------------------------------- verification helpers
     def positions(self, root_position: int) -> np.ndarray:
         """[n + 1] int64: positions of the flattened input ``[root] + nodes``."""
-        return np.concatenate([[0], self._depths]).astype(np.int64) + root_position
+        return np.concatenate([[0], self.depths]).astype(np.int64) + root_position
 
     def ancestor_mask(self) -> np.ndarray:
         """[n + 1, n + 1] bool: ``mask[q, k]`` is True when flattened input ``k`` is ``q`` or its ancestor.
@@ -164,7 +181,7 @@ class TokenTree:
         if not len(self):
             return ROOT
         if self.probs is None:
-            return int(np.argmax(self._depths))
+            return int(np.argmax(self.depths))
         # Score a leaf by expected accepted tokens along its path (sum of path probabilities).
         cum = np.zeros(len(self), np.float64)
         pp = self.path_probs()
@@ -185,7 +202,8 @@ class TokenTree:
         if budget >= len(self):
             return self
         probs = self.probs[:budget] if self.probs is not None else None
-        return TokenTree(self.tokens[:budget], self.parents[:budget], probs)
+        depths = self._depths[:budget] if self._depths is not None else None
+        return TokenTree._trusted(self.tokens[:budget], self.parents[:budget], probs, depths)
 
     def subtree_after(self, path: Sequence[int]) -> "TokenTree":
         """The part of the tree below the node reached by token ``path``, re-rooted (empty if absent)."""
@@ -206,6 +224,21 @@ class TokenTree:
 
     def as_lists(self) -> tuple[list[int], list[int]]:
         return self.tokens.tolist(), self.parents.tolist()
+
+
+_CHAIN_CACHE_MAX = 1024  # chains up to this length share precomputed parent/depth arrays
+_CHAIN_PARENTS = np.arange(-1, _CHAIN_CACHE_MAX - 1, dtype=np.int32)
+_CHAIN_DEPTHS = np.arange(1, _CHAIN_CACHE_MAX + 1, dtype=np.int32)
+_CHAIN_PARENTS.setflags(write=False)
+_CHAIN_DEPTHS.setflags(write=False)
+
+
+def _chain_parents(n: int) -> np.ndarray:
+    return _CHAIN_PARENTS[:n] if n <= _CHAIN_CACHE_MAX else np.arange(-1, n - 1, dtype=np.int32)
+
+
+def _chain_depths(n: int) -> np.ndarray:
+    return _CHAIN_DEPTHS[:n] if n <= _CHAIN_CACHE_MAX else np.arange(1, n + 1, dtype=np.int32)
 
 
 def merge_trees(trees: Sequence[TokenTree], budget: int) -> TokenTree:
