@@ -26,6 +26,7 @@ from specdec.tree import ROOT, TokenTree
 
 
 NUMPY_BUILD_MIN = 2048  # prompts at least this long are indexed with numpy
+HASH_BASE = 0x100000001B3  # odd multiplier of the numpy build's window hash (grouping only; keys are tuples)
 
 
 class NgramIndex:
@@ -62,11 +63,16 @@ class NgramIndex:
             self._build_small(n)
             return
         windows = np.lib.stride_tricks.sliding_window_view(arr, n)  # [size, n] window ending at n - 1 + i
-        _, group = np.unique(windows, axis=0, return_inverse=True)  # [size] exact n-gram id
-        group = group.reshape(-1)
-        order = np.argsort(group, kind="stable")  # n-grams together, ends ascending inside each
-        gs, starts = group[order], order
+        h = np.zeros(size, np.uint64)  # [size] polynomial hash of each window (mod 2**64)
+        with np.errstate(over="ignore"):
+            for j in range(n):
+                h = h * np.uint64(HASH_BASE) + arr[j:j + size].astype(np.uint64)
+        order = np.argsort(h, kind="stable")  # equal windows together, ends ascending inside each
+        gs, starts = h[order], order
         same = gs[1:] == gs[:-1]  # [size - 1] element i + 1 continues the n-gram of element i
+        if same.any() and not np.array_equal(windows[starts[:-1][same]], windows[starts[1:][same]]):
+            self._build_small(n)  # a hash collision (~never): take the exact loop
+            return
         ends = starts + (n - 1)
         prev_arr = np.full(arr.size, -1, np.int64)
         if self.keep_all:
