@@ -111,8 +111,13 @@ class SuffixDrafter(Drafter):
                 rid, req.budget, req.tree, c.max_spec_factor, c.max_spec_offset, c.min_token_prob,
                 c.use_local, c.use_global)
             self.last_sources.append(SOURCES[src] if src >= 0 else "")
-            out.append(TokenTree(np.asarray(toks, np.int64), np.asarray(parents, np.int32),
-                                 np.asarray(probs, np.float32)) if toks else TokenTree.empty())
+            if not toks:
+                out.append(TokenTree.empty())
+            elif not req.tree:
+                out.append(TokenTree.chain(toks, probs))
+            else:  # the engine emits parents in topological order: no re-validation on this hot path
+                out.append(TokenTree._trusted(np.asarray(toks, np.int64), np.asarray(parents, np.int32),
+                                              np.asarray(probs, np.float32)))
         return out
 
     # ----------------------------------------------------------------- introspection

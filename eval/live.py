@@ -46,6 +46,10 @@ def add_live_parser(sub: Any, fmt: Any, add_drafter_args: Callable, add_output_a
                         f"../shared/models/{DRAFT_MODEL})")
     g.add_argument("--tokenizer", metavar="PATH", default=None, help="tokenizer folder (default: the target's)")
     g.add_argument("--limit", type=int, default=None, metavar="N", help="first N prompts per set (default all)")
+    g.add_argument("--offset", type=int, default=0, metavar="N", help="skip the first N prompts of each set")
+    g.add_argument("--max-seconds", type=float, default=0.0, metavar="S",
+                   help="time budget: start no new prompt after S seconds of generation in a set (the results "
+                        "then cover the prompts done, flagged stopped_early); 0 = no limit")
     g.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="new tokens per prompt (128)")
     g.add_argument("--no-eos", action="store_true", help="do not stop at EOS (default: stop at the EOS token)")
     g.add_argument("--no-bos", action="store_true",
@@ -179,8 +183,13 @@ def _run_set(live: Live, name: str, items: list, methods: list) -> list[MethodRu
     for _, fn in methods:  # warm-up: first-call overheads (allocations, kernels) off the clock
         fn(prompts[0], WARMUP_TOKENS)
     runs = [m for m, _ in methods]
+    t_start = time.perf_counter()
     for it, ids in tqdm(list(zip(items, prompts)), desc=f"live {name}", unit="prompt",
                         disable=live.args.no_progress, leave=False):
+        if live.args.max_seconds and time.perf_counter() - t_start > live.args.max_seconds:
+            logger.warning("live %s: --max-seconds %.0f reached after %d of %d prompts; stopping early", name,
+                           live.args.max_seconds, len(runs[0].per_prompt), len(items))
+            break
         ref = None
         for run, fn in methods:
             t0 = time.perf_counter()
@@ -200,14 +209,15 @@ def _run_set(live: Live, name: str, items: list, methods: list) -> list[MethodRu
 def _entry(name: str, run: MethodRun, runs: list[MethodRun]) -> dict[str, Any]:
     by = {r.method: r for r in runs}
     e: dict[str, Any] = {"dataset": name, "method": run.method, "prompts": len(run.per_prompt),
+                         "prompt_ids": [p["id"] for p in run.per_prompt],
                          "new_tokens": run.tokens, "seconds": run.seconds,
                          "tokens_per_second": run.tokens / run.seconds if run.seconds else 0.0,
                          "reference": runs[0].method,
                          "lossless_equal_prompts": sum(p["equal_to_reference"] for p in run.per_prompt),
                          "mismatched_prompts": [p["id"] for p in run.per_prompt if not p["equal_to_reference"]]}
     for peer in BASELINES:
-        if peer in by and by[peer] is not run and run.seconds:
-            e[f"speedup_vs_{peer.replace('-', '_')}"] = by[peer].seconds / run.seconds
+        if peer in by and run.seconds:
+            e[f"speedup_vs_{peer.replace('-', '_')}"] = by[peer].seconds / run.seconds  # 1.0 for itself
     if run.setting is not None:
         e.update(run.setting.describe())
         s = run.stats
@@ -257,7 +267,12 @@ def run_live(args: argparse.Namespace) -> int:
     if args.drafter is None and not args.config:
         args.drafter = list(DEFAULT_LIVE_DRAFTERS)
     settings = settings_from_args(args)
-    sets = [load_prompts(s, limit=args.limit, data=args.data) for s in args.prompts]
+    sets = []
+    for src in args.prompts:
+        name, items = load_prompts(src, limit=(args.offset + args.limit) if args.limit else None, data=args.data)
+        if not items[args.offset:]:
+            raise ValueError(f"prompt set {name!r}: --offset {args.offset} leaves no prompts ({len(items)} loaded)")
+        sets.append((name, items[args.offset:]))
     staging = Staging(args.out)
     try:
         live = Live(args)
@@ -266,6 +281,9 @@ def run_live(args: argparse.Namespace) -> int:
         for name, items in sets:
             runs = _run_set(live, name, items, methods)
             ds_entries = [_entry(name, r, runs) for r in runs]
+            for e in ds_entries:
+                e["prompts_requested"] = len(items)
+                e["stopped_early"] = e["prompts"] < len(items)
             echo(args, live_table(ds_entries) + "\n")
             entries += ds_entries
             for r in runs:  # fresh totals per set

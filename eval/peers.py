@@ -108,7 +108,10 @@ def _arctic_tree(tokens: list[int], parents: list[int], path_probs: list[float])
     par = np.asarray(parents, np.int64)
     parent_pp = np.where(par == ROOT, 1.0, pp[np.maximum(par, 0)])
     cond = np.clip(pp / np.maximum(parent_pp, 1e-30), 0.0, 1.0)
-    return TokenTree(np.asarray(tokens, np.int64), par.astype(np.int32), cond.astype(np.float32))
+    if not np.any(par != np.arange(-1, par.size - 1)):  # a chain: the same fast path as ours
+        return TokenTree.chain(np.asarray(tokens, np.int64), cond.astype(np.float32))
+    # Arctic emits parents in topological order: built like our trees, without re-validation
+    return TokenTree._trusted(np.asarray(tokens, np.int64), par.astype(np.int32), cond.astype(np.float32))
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,17 @@ def full_logits(model, ids):
         return model(torch.tensor([ids])).logits[0]
 
 
-def test_tree_logits_equal_plain_forward_of_each_path(model):
+@pytest.fixture(scope="module", params=["sdpa", "eager"])
+def any_attention(request, one_thread):
+    """The tiny model with each attention implementation (the 4D additive mask must work in both)."""
+    m = tiny_llama(seed=2)
+    m.set_attn_implementation(request.param)
+    assert m.config._attn_implementation == request.param
+    return m
+
+
+def test_tree_logits_equal_plain_forward_of_each_path(any_attention):
+    model = any_attention
     prompts = random_prompts(3, seed=5)
     tree = TokenTree(np.array([10, 11, 12, 13, 14]), np.array([-1, 0, 0, -1, 1]))
     trees = [tree, TokenTree.chain([7, 8]), TokenTree.empty()]
