@@ -54,7 +54,9 @@ def code_sets(tok: Any, max_tokens: int) -> dict[str, list[list[int]]]:
     start = 0
     for b in BATCH_SIZES:
         n = PROMPTS_PER_BATCH[b]
-        sets[f"bs{b}"] = [_encode(tok, p, max_tokens) for p in humaneval[start:start + n]]
+        # The shared target answers a prompt ending in a bare newline with EOS at once: strip the trailing
+        # whitespace so the model writes the function body (and the lossless check compares real outputs).
+        sets[f"bs{b}"] = [_encode(tok, p.rstrip(), max_tokens) for p in humaneval[start:start + n]]
         start += n
     return sets
 

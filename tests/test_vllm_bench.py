@@ -28,12 +28,12 @@ def test_summary_ratios_mismatches_and_lossless_counts():
     assert "outputs" not in row
     assert row["mat"] == 9 / 5
     assert s["lossless_fp32"] == [{"method": "specdec", "dataset": "code", "batch_size": 1, "compared": 3,
-                                   "identical": 3}]
+                                   "identical": 3, "mean_output_tokens": 3.0}]
     doc = {"date": "2026-11-22", "device": "h100", "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
            "summary": s}
     md = markdown(doc)
     assert "| specdec | 250 (2.50x); MAT 1.80; 0.10 ms, 1/3 mm |" in md
-    assert "| specdec | code | 1 | 3/3 |" in md
+    assert "| specdec | code | 1 | 3/3 | 3.0 |" in md
 
 
 def test_method_configs_use_the_plugin_method_and_overrides():
