@@ -57,6 +57,8 @@ class ModelDrafterConfig(ConfigBase):
     max_batch: int = rng(256, lo=1, hi=65536, doc="requests per backend forward (larger batches are split)")
     target_tokenizer: str = rng("", doc="target model/tokenizer folder; refuse to start if tokenizers differ")
     calibration_steps: int = rng(8, lo=1, hi=1000, doc="timed decode steps per backend for backend=auto")
+    onnx_spin: bool = rng(True, doc="ONNX Runtime threads spin between ops (fastest alone; false when sharing "
+                                    "cores with a CPU target in the same process)")
 
     def resolved_path(self) -> Path:
         return Path(self.path).expanduser() if self.path else model_path(DRAFT_MODEL)
@@ -157,10 +159,11 @@ class ModelDrafter(Drafter):
 
     def _build_backend(self, path: Path) -> DraftBackend:
         if self.config.backend != "auto":
-            return make_backend(self.config.backend, path)
+            return make_backend(self.config.backend, path, onnx_spin=self.config.onnx_spin)
         from specdec.drafters.model_calibrate import pick_backend
 
-        return pick_backend(path, auto_candidates(self.cpu.features), steps=self.config.calibration_steps)
+        return pick_backend(path, auto_candidates(self.cpu.features), steps=self.config.calibration_steps,
+                            onnx_spin=self.config.onnx_spin)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:

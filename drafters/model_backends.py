@@ -127,11 +127,17 @@ class EagerHFBackend(DraftBackend):
         return out
 
 
-def make_backend(name: str, path: str | Path) -> DraftBackend:
-    """Build a backend by name (see ``BACKENDS``); raises ImportError/RuntimeError when unavailable."""
+def make_backend(name: str, path: str | Path, *, onnx_spin: bool = True) -> DraftBackend:
+    """Build a backend by name (see ``BACKENDS``); raises ImportError/RuntimeError when unavailable.
+
+    ``onnx_spin``: ONNX Runtime worker threads spin between ops (lowest latency standalone; turn it off when
+    the drafter shares cores with other work in the process, e.g. a CPU target model).
+    """
     import importlib
 
     if name not in BACKENDS:
         raise ValueError(f"backend={name!r} is unknown; valid backends: {', '.join(BACKEND_NAMES)}")
     module, cls, kwargs = BACKENDS[name]
+    if name.startswith("onnx"):
+        kwargs = {**kwargs, "spin": onnx_spin}
     return getattr(importlib.import_module(module), cls)(path, **kwargs)

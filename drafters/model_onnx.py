@@ -110,7 +110,7 @@ class OnnxBackend(PooledBackend):
 
     contiguous_past = True
 
-    def __init__(self, path: str | Path, *, quantize: bool = False, threads: int = 0) -> None:
+    def __init__(self, path: str | Path, *, quantize: bool = False, threads: int = 0, spin: bool = True) -> None:
         import onnxruntime as ort
 
         path = Path(path)
@@ -123,6 +123,7 @@ class OnnxBackend(PooledBackend):
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.log_severity_level = 3
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         self.session = ort.InferenceSession(str(model_file), so, providers=["CPUExecutionProvider"])
         self.inputs, self.outputs = io_names(shape.layers)
         self.name = "onnx-int8" if quantize else "onnx"

@@ -147,14 +147,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=5, help="untimed decode steps first")
     ap.add_argument("--draft-rounds", type=int, default=10, help="timed draft_batch calls (0 = skip draft8)")
     ap.add_argument("--agree-prompts", type=int, default=6, help="HumanEval prompts for top-1 agreement (0 = skip)")
+    ap.add_argument("--onnx-spin", type=int, default=1, choices=(0, 1),
+                    help="ONNX Runtime threads spin between ops (1) or sleep (0)")
     ap.add_argument("--device-name", default="", help="device label in the file name (default cpu-<N>core)")
     ap.add_argument("--note", default="", help="free text stored in settings (e.g. 'contended')")
     ap.add_argument("--out", default="", help="output JSON (default eval/results/<date>_<device>_draft_cpu.json)")
     return ap.parse_args(argv)
 
 
-def build(name: str, model_dir: Path, hf_model: Any) -> Any:
-    return hf_model if name == BASELINE else make_backend(name, model_dir)
+def build(name: str, model_dir: Path, hf_model: Any, spin: int) -> Any:
+    return hf_model if name == BASELINE else make_backend(name, model_dir, onnx_spin=bool(spin))
 
 
 def measure(name: str, obj: Any, args: argparse.Namespace, batches: list[int],
@@ -216,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in tqdm(names, desc="backends", file=sys.stderr):
         t0 = time.perf_counter()
         try:
-            obj = build(name, model_dir, hf_model)
+            obj = build(name, model_dir, hf_model, args.onnx_spin)
             setup = time.perf_counter() - t0
             got = measure(name, obj, args, batches, seqs)
         except Exception as exc:  # noqa: BLE001 - a missing/broken backend is reported, not fatal

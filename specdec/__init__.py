@@ -2,7 +2,7 @@
 
     import specdec
     drafter = specdec.build_drafter("suffix")
-    result = specdec.generate(target, tokenizer, prompts, drafter=drafter, max_new_tokens=128)
+    result = specdec.generate(target, prompts, drafter=drafter, tokenizer=tokenizer, max_new_tokens=128)
 
 Sub-packages: ``specdec.drafters`` (CPU drafters), ``specdec.verifiers`` (reference tree verifier),
 ``specdec.eval`` (offline acceptance eval, ``specdec-eval``), ``specdec.vllm_plugin`` (vLLM glue).
