@@ -129,7 +129,7 @@ class Live:
 
 
 def _generator(live: Live, drafter: Any, setting: Setting | None) -> Any:
-    from specdec.generate import SpecGenerator
+    from specdec.generation import SpecGenerator
 
     budget = setting.budget if setting else 0
     tree = setting.tree if setting else False

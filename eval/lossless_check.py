@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import torch
 
 from specdec.drafters.base import Drafter
-from specdec.generate import SpecGenerator, SpecStats, load_target
+from specdec.generation import SpecGenerator, SpecStats, load_target
 from specdec.paths import TARGET_MODEL, data_dir, model_path, require
 
 HUMAN_EVAL = "human_eval/HumanEval.jsonl.gz"

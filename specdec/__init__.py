@@ -23,9 +23,9 @@ __all__ = [
 ]
 
 _LAZY = {  # torch-heavy names load on first use
-    "generate": "specdec.generate",
-    "SpecGenerator": "specdec.generate",
-    "GenerationResult": "specdec.generate",
+    "generate": "specdec.generation",
+    "SpecGenerator": "specdec.generation",
+    "GenerationResult": "specdec.generation",
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from specdec.config import ConfigError, load_yaml
-from specdec.generate import GenerateConfig
+from specdec.generation import GenerateConfig
 
 
 def test_preset_loads_and_matches_defaults():

@@ -8,7 +8,7 @@ import pytest
 from core_support import one_thread  # noqa: F401 - fixture
 from core_support import (EmptyDrafter, OracleDrafter, OverBudgetDrafter, RaisingDrafter, RandomDrafter,
                           random_prompts, tiny_llama)
-from specdec.generate import SpecGenerator, generate
+from specdec.generation import SpecGenerator, generate
 
 MAX_NEW = 24
 BUDGET = 8

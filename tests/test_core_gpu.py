@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from core_support import OracleDrafter, RandomDrafter, random_prompts, tiny_llama
-from specdec.generate import SpecGenerator
+from specdec.generation import SpecGenerator
 
 pytestmark = pytest.mark.gpu
 

@@ -15,7 +15,7 @@ import torch
 from core_support import one_thread  # noqa: F401 - fixture
 from core_support import EmptyDrafter, tiny_llama
 from specdec.drafters.base import DraftRequest
-from specdec.generate import SpecGenerator
+from specdec.generation import SpecGenerator
 from specdec.sampling import SamplingParams, accept, accept_sampled, target_probs
 from specdec.tree import ROOT, TokenTree
 

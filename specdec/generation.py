@@ -24,7 +24,7 @@ from specdec.sampling import SamplingParams
 from specdec.tree import TokenTree
 from specdec.verifiers.reference import ReferenceVerifier, StepOutcome, vocab_ok
 
-logger = logging.getLogger("specdec.generate")
+logger = logging.getLogger("specdec.generation")
 
 MAX_BUDGET = 1024  # draft tokens per request per step; more only wastes the verifier's forward pass
 
