@@ -57,8 +57,8 @@ class ModelDrafterConfig(ConfigBase):
     max_batch: int = rng(256, lo=1, hi=65536, doc="requests per backend forward (larger batches are split)")
     target_tokenizer: str = rng("", doc="target model/tokenizer folder; refuse to start if tokenizers differ")
     calibration_steps: int = rng(8, lo=1, hi=1000, doc="timed decode steps per backend for backend=auto")
-    onnx_spin: bool = rng(True, doc="ONNX Runtime threads spin between ops (fastest alone; false when sharing "
-                                    "cores with a CPU target in the same process)")
+    onnx_spin: bool = rng(False, doc="ONNX Runtime threads spin between ops: a little faster alone, but they "
+                                     "steal the cores from other work in the process (a CPU target: 2x slower)")
 
     def resolved_path(self) -> Path:
         return Path(self.path).expanduser() if self.path else model_path(DRAFT_MODEL)

@@ -127,7 +127,7 @@ class EagerHFBackend(DraftBackend):
         return out
 
 
-def make_backend(name: str, path: str | Path, *, onnx_spin: bool = True) -> DraftBackend:
+def make_backend(name: str, path: str | Path, *, onnx_spin: bool = False) -> DraftBackend:
     """Build a backend by name (see ``BACKENDS``); raises ImportError/RuntimeError when unavailable.
 
     ``onnx_spin``: ONNX Runtime worker threads spin between ops (lowest latency standalone; turn it off when

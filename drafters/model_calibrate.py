@@ -42,7 +42,7 @@ def time_decode_step(backend: DraftBackend, *, batch: int, prompt_len: int, step
 
 
 def pick_backend(path: str | Path, candidates: Sequence[str], *, steps: int,
-                 onnx_spin: bool = True) -> DraftBackend:
+                 onnx_spin: bool = False) -> DraftBackend:
     """Build every available candidate, time a few decode steps, keep the fastest."""
     best: tuple[float, DraftBackend] | None = None
     report = []

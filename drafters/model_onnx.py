@@ -110,7 +110,7 @@ class OnnxBackend(PooledBackend):
 
     contiguous_past = True
 
-    def __init__(self, path: str | Path, *, quantize: bool = False, threads: int = 0, spin: bool = True) -> None:
+    def __init__(self, path: str | Path, *, quantize: bool = False, threads: int = 0, spin: bool = False) -> None:
         import onnxruntime as ort
 
         path = Path(path)

@@ -147,7 +147,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=5, help="untimed decode steps first")
     ap.add_argument("--draft-rounds", type=int, default=10, help="timed draft_batch calls (0 = skip draft8)")
     ap.add_argument("--agree-prompts", type=int, default=6, help="HumanEval prompts for top-1 agreement (0 = skip)")
-    ap.add_argument("--onnx-spin", type=int, default=1, choices=(0, 1),
+    ap.add_argument("--onnx-spin", type=int, default=0, choices=(0, 1),
                     help="ONNX Runtime threads spin between ops (1) or sleep (0)")
     ap.add_argument("--device-name", default="", help="device label in the file name (default cpu-<N>core)")
     ap.add_argument("--note", default="", help="free text stored in settings (e.g. 'contended')")
