@@ -19,7 +19,7 @@ import numpy as np
 from specdec.config import ConfigBase, ConfigError, rng
 from specdec.drafters.base import Drafter, DraftRequest
 from specdec.drafters.ngram import NgramIndex
-from specdec.tree import ROOT, TokenTree
+from specdec.tree import TokenTree
 
 ARCTIC_INSTALL_HINT = "install the peer with `bash scripts/install_arctic.sh` (ArcticInference 0.1.1)"
 
@@ -65,9 +65,9 @@ class ArcticDrafter(Drafter):
             raise KeyError(f"request {request_id!r} was never started (call start first)")
         if not len(token_ids):
             return
-        toks = np.ascontiguousarray(token_ids, dtype=np.int32)
+        toks = token_ids.tolist() if isinstance(token_ids, np.ndarray) else [int(t) for t in token_ids]
         self.cache.add_active_response(request_id, toks)
-        ctx.extend(toks.tolist())
+        ctx.extend(toks)
         depth = self.config.max_depth
         if len(ctx) > 4 * depth:
             del ctx[:-depth]
@@ -84,7 +84,7 @@ class ArcticDrafter(Drafter):
             if ctx is None or req.budget <= 0:
                 out.append(TokenTree.empty())
                 continue
-            d = self.cache.speculate(req.request_id, np.asarray(ctx[-c.max_depth:], dtype=np.int32),
+            d = self.cache.speculate(req.request_id, ctx[-c.max_depth:],
                                      max_spec_tokens=req.budget, max_spec_factor=c.max_spec_factor,
                                      max_spec_offset=c.max_spec_offset, min_token_prob=c.min_token_prob,
                                      use_tree_spec=req.tree)
@@ -102,16 +102,20 @@ class ArcticDrafter(Drafter):
 
 
 def _arctic_tree(tokens: list[int], parents: list[int], path_probs: list[float]) -> TokenTree:
-    if not tokens:
+    """Arctic's draft as a TokenTree; its path probabilities become P(token | parent path).
+
+    Plain Python on these short lists (cheaper than numpy), so the peer pays no extra wrapper cost.
+    """
+    n = len(tokens)
+    if not n:
         return TokenTree.empty()
-    pp = np.asarray(path_probs, np.float64)  # [n] path probabilities
-    par = np.asarray(parents, np.int64)
-    parent_pp = np.where(par == ROOT, 1.0, pp[np.maximum(par, 0)])
-    cond = np.clip(pp / np.maximum(parent_pp, 1e-30), 0.0, 1.0)
-    if not np.any(par != np.arange(-1, par.size - 1)):  # a chain: the same fast path as ours
-        return TokenTree.chain(np.asarray(tokens, np.int64), cond.astype(np.float32))
+    cond = [min(1.0, max(0.0, pp / path_probs[par] if par >= 0 and path_probs[par] > 0 else pp))
+            for pp, par in zip(path_probs, parents)]
+    if parents == list(range(-1, n - 1)):  # a chain: the same fast path as ours
+        return TokenTree.chain(tokens, cond)
     # Arctic emits parents in topological order: built like our trees, without re-validation
-    return TokenTree._trusted(np.asarray(tokens, np.int64), par.astype(np.int32), cond.astype(np.float32))
+    return TokenTree._trusted(np.asarray(tokens, np.int64), np.asarray(parents, np.int32),
+                              np.asarray(cond, np.float32))
 
 
 @dataclass(frozen=True)
