@@ -29,7 +29,7 @@ def test_split_rewrites_to_custom_class_and_keeps_our_options():
     ({"draft_timeout_ms": -1}, "draft_timeout_ms=-1"),
     ({"num_speculative_tokens": 500}, "num_speculative_tokens=500"),
     ({"draft_ranks": "some"}, "draft_ranks='some'"),
-    ({"model": "meta/llama"}, "drafter_options"),
+    ({"model": "meta/llama"}, "draft_model"),
     ({"drafter": 3}, "drafter=3"),
 ])
 def test_bad_options_name_the_key_and_the_fix(bad, needle):

@@ -409,3 +409,14 @@ def test_proposer_stops_drafting_when_spec_steps_cost_more_than_they_emit(spec_s
     for row, rid in enumerate(runner.req_ids):  # bookkeeping intact through both modes
         n = int(runner.num_tokens_no_spec[row])
         assert drafter.ctx[rid] == runner.token_ids_cpu[row, :n].tolist()
+
+
+def test_draft_model_option_fills_the_model_drafters_path_and_target_tokenizer():
+    opts = SpecdecOptions.from_dict({"drafter": ["suffix", "model"], "draft_model": "/models/draft",
+                                     "drafter_options": {"model": {"backend": "onnx"}}})
+    resolved = opts.resolved_drafter_options("/models/target")
+    assert resolved["model"] == {"backend": "onnx", "path": "/models/draft", "target_tokenizer": "/models/target"}
+    # an explicit drafter_options path wins over the shorthand; the user's dict is not mutated
+    opts = SpecdecOptions.from_dict({"draft_model": "/a", "drafter_options": {"model": {"path": "/b"}}})
+    assert opts.resolved_drafter_options()["model"]["path"] == "/b"
+    assert opts.drafter_options == {"model": {"path": "/b"}}

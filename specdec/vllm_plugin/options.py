@@ -33,6 +33,8 @@ class SpecdecOptions(ConfigBase):
 
     drafter: Any = rng("suffix", doc="drafter name ('suffix', 'ngram', 'model'), {'name': ..., opts} or a list")
     drafter_options: dict = rng({}, doc="per-drafter option dicts, e.g. {'suffix': {'max_depth': 32}}")
+    draft_model: str = rng("", doc="shorthand for drafter_options={'model': {'path': ...}}: the draft model folder "
+                                   "(same tokenizer as the served model; checked at start)")
     num_speculative_tokens: int = rng(16, lo=1, hi=MAX_SPEC_LEN, doc="max draft tokens per request per step")
     async_drafting: bool = rng(False, doc="wrap the drafter in specdec.pipeline.AsyncDrafter (key: 'async')")
     async_options: dict = rng({}, doc="keyword options for AsyncDrafter")
@@ -58,6 +60,16 @@ class SpecdecOptions(ConfigBase):
     draft_ranks: str = rng("driver", choices=("driver", "all"),
                            doc="TP>1: 'driver' = only TP rank 0 drafts (the others' drafts are never read)")
     log_every_s: float = rng(60.0, lo=0.0, hi=86_400.0, doc="log drafting stats this often (0 = never)")
+
+    def resolved_drafter_options(self, target_tokenizer: str = "") -> dict[str, dict[str, Any]]:
+        """``drafter_options`` with ``draft_model`` and the served model's tokenizer filled into the model's."""
+        opts = {k: dict(v) for k, v in self.drafter_options.items()}
+        model = opts.setdefault("model", {})
+        if self.draft_model:
+            model.setdefault("path", self.draft_model)
+        if target_tokenizer:
+            model.setdefault("target_tokenizer", target_tokenizer)
+        return opts
 
     def validate(self, *, where: str = "") -> None:
         super().validate(where=where)
@@ -88,7 +100,7 @@ def split_speculative_config(spec: Mapping[str, Any]) -> tuple[dict[str, Any], S
     if "model" in theirs and theirs["model"] not in (None, PROPOSER_PATH):
         raise ConfigError(
             f"model={theirs['model']!r} is not used with method={METHOD!r}: choose the drafter with "
-            f"'drafter' (e.g. 'suffix', 'model') and the draft model with drafter_options={{'model': {{'path': ...}}}}"
+            f"'drafter' (e.g. 'suffix', 'model') and the draft model with 'draft_model': PATH"
         )
     k = theirs.get("num_speculative_tokens", SpecdecOptions.num_speculative_tokens)
     try:

@@ -18,6 +18,8 @@ import sys
 import weakref
 from typing import Any, Sequence
 
+import os
+
 import numpy as np
 
 from specdec.drafters.base import Drafter
@@ -29,9 +31,12 @@ logger = logging.getLogger("specdec.vllm")
 INSTANCES: "weakref.WeakSet[SpecdecProposer]" = weakref.WeakSet()  # live proposers of this process (for stats)
 
 
-def build_proposer_drafter(options: SpecdecOptions) -> Drafter:
-    """The drafter named by the options, wrapped in ``AsyncDrafter`` when ``async`` is on."""
-    drafter = build_drafter(options.drafter, options.drafter_options)
+def build_proposer_drafter(options: SpecdecOptions, *, target_tokenizer: str = "") -> Drafter:
+    """The drafter named by the options, wrapped in ``AsyncDrafter`` when ``async`` is on.
+
+    ``target_tokenizer``: the served model's tokenizer folder; a model drafter refuses a different tokenizer.
+    """
+    drafter = build_drafter(options.drafter, options.resolved_drafter_options(target_tokenizer))
     if options.async_drafting:
         from specdec.pipeline import AsyncDrafter
 
@@ -55,7 +60,10 @@ class SpecdecProposer:
         self.options = options_from_vllm_config(vllm_config)
         model_config = getattr(vllm_config, "model_config", None)
         max_model_len = int(getattr(model_config, "max_model_len", 0) or 1 << 30)
-        self.core = ProposerCore(drafter or build_proposer_drafter(self.options), self.options,
+        tokenizer = str(getattr(model_config, "tokenizer", "") or "")
+        target_tokenizer = tokenizer if os.path.isdir(tokenizer) else ""  # local folders only (no hub access)
+        self.core = ProposerCore(drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer),
+                                 self.options,
                                  max_model_len=max_model_len)
         self._input_batch: Any = None
         self._scheduler_output: Any = None
