@@ -4,7 +4,7 @@
     write_results(path, settings={...}, results=[{"dataset": ..., "drafter": ..., **replay_result.as_dict()}])
 
 ``results`` entries may be dicts or objects with ``as_dict()`` (a ``ReplayResult``), in which case give them as
-``(meta_dict, result)`` pairs or dicts that already hold the metadata. See docs/eval.md for the schema.
+``(meta_dict, result)`` pairs or dicts that already hold the metadata. See the README (Results JSON schema).
 """
 from __future__ import annotations
 
