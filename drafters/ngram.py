@@ -153,6 +153,12 @@ class NgramIndex:
                                                 for n, m in self.head.items())
 
 
+def check_n_range(config: Any, where: str) -> None:
+    """Shared check of n-gram configs: ``min_n <= max_n``."""
+    if config.min_n > config.max_n:
+        raise ConfigError(f"{where}min_n={config.min_n} > max_n={config.max_n}; min_n must be <= max_n")
+
+
 @dataclass(frozen=True)
 class NgramConfig(ConfigBase):
     min_n: int = rng(2, lo=1, hi=64, doc="shortest n-gram matched")
@@ -162,18 +168,20 @@ class NgramConfig(ConfigBase):
 
     def validate(self, *, where: str = "") -> None:
         super().validate(where=where)
-        if self.min_n > self.max_n:
-            raise ConfigError(f"{where}min_n={self.min_n} > max_n={self.max_n}; min_n must be <= max_n")
+        check_n_range(self, where)
 
 
-class NgramDrafter(Drafter):
-    """Prompt lookup over the request's own context (see the module docstring)."""
+class IndexedNgramDrafter(Drafter):
+    """Request lifecycle over one ``NgramIndex`` per request (shared by ``ngram`` and the ``vllm-ngram`` peer).
 
-    name = "ngram"
-    Config = NgramConfig
+    Subclasses set ``Config`` (with ``min_n``/``max_n``), ``keep_all`` (keep every occurrence, or only the
+    first) and implement ``draft_batch``.
+    """
 
-    def __init__(self, config: NgramConfig | None = None, **overrides: Any) -> None:
-        config = config or NgramConfig()
+    keep_all = True
+
+    def __init__(self, config: Any = None, **overrides: Any) -> None:
+        config = config or self.Config()  # type: ignore[attr-defined]
         if overrides:
             config = config.replace(**overrides)
         self.config = config
@@ -181,7 +189,7 @@ class NgramDrafter(Drafter):
 
     def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
         self._index[request_id] = NgramIndex(prompt_ids, range(self.config.min_n, self.config.max_n + 1),
-                                             keep_all=True)
+                                             keep_all=self.keep_all)
 
     def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
         idx = self._index.get(request_id)
@@ -191,6 +199,20 @@ class NgramDrafter(Drafter):
 
     def stop(self, request_id: str) -> None:
         self._index.pop(request_id, None)
+
+    def active_requests(self) -> list[str]:
+        return list(self._index)
+
+    def memory_bytes(self) -> int:
+        return sum(i.memory_bytes() for i in self._index.values())
+
+
+class NgramDrafter(IndexedNgramDrafter):
+    """Prompt lookup over the request's own context (see the module docstring)."""
+
+    name = "ngram"
+    Config = NgramConfig
+    keep_all = True
 
     def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
         out = []
@@ -204,12 +226,6 @@ class NgramDrafter(Drafter):
             out.append(vote_tree(idx.tokens, starts, budget=req.budget, tree=req.tree,
                                  min_prob=self.config.min_token_prob))
         return out
-
-    def active_requests(self) -> list[str]:
-        return list(self._index)
-
-    def memory_bytes(self) -> int:
-        return sum(i.memory_bytes() for i in self._index.values())
 
 
 def _groups(tokens: list[int], starts: list[int], depth: int) -> list[tuple[int, list[int]]]:

@@ -16,9 +16,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from specdec.config import ConfigBase, ConfigError, rng
+from specdec.config import ConfigBase, rng
 from specdec.drafters.base import Drafter, DraftRequest
-from specdec.drafters.ngram import NgramIndex
+from specdec.drafters.ngram import IndexedNgramDrafter, check_n_range
 from specdec.tree import TokenTree
 
 ARCTIC_INSTALL_HINT = "install the peer with `bash scripts/install_arctic.sh` (ArcticInference 0.1.1)"
@@ -126,35 +126,15 @@ class VllmNgramConfig(ConfigBase):
 
     def validate(self, *, where: str = "") -> None:
         super().validate(where=where)
-        if self.min_n > self.max_n:
-            raise ConfigError(f"{where}min_n={self.min_n} > max_n={self.max_n}; min_n must be <= max_n")
+        check_n_range(self, where)
 
 
-class VllmNgramDrafter(Drafter):
+class VllmNgramDrafter(IndexedNgramDrafter):
     """vLLM's n-gram proposer rule (longest n, earliest occurrence, k tokens), chains only."""
 
     name = "vllm-ngram"
     Config = VllmNgramConfig
-
-    def __init__(self, config: VllmNgramConfig | None = None, **overrides: Any) -> None:
-        config = config or VllmNgramConfig()
-        if overrides:
-            config = config.replace(**overrides)
-        self.config = config
-        self._index: dict[str, NgramIndex] = {}
-
-    def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
-        self._index[request_id] = NgramIndex(prompt_ids, range(self.config.min_n, self.config.max_n + 1),
-                                             keep_all=False)
-
-    def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
-        idx = self._index.get(request_id)
-        if idx is None:
-            raise KeyError(f"request {request_id!r} was never started (call start first)")
-        idx.extend(token_ids)
-
-    def stop(self, request_id: str) -> None:
-        self._index.pop(request_id, None)
+    keep_all = False
 
     def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
         out = []
@@ -173,9 +153,3 @@ class VllmNgramDrafter(Drafter):
             toks = idx.tokens[start:min(start + k, idx.length)]
             out.append(TokenTree.chain(toks, np.ones(len(toks), np.float32)) if len(toks) else TokenTree.empty())
         return out
-
-    def active_requests(self) -> list[str]:
-        return list(self._index)
-
-    def memory_bytes(self) -> int:
-        return sum(i.memory_bytes() for i in self._index.values())
