@@ -17,7 +17,6 @@ one backend forward per tree level for the whole batch.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence

@@ -13,9 +13,8 @@ import logging
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 from specdec.config import ConfigError
 from specdec.eval.costmodel import DEFAULT_VERIFY_MS, DEFAULT_VERIFY_MS_PER_TOKEN, CostModel

@@ -43,12 +43,12 @@ def _function(rng: random.Random, name: str) -> tuple[str, str]:
     arg, typ = rng.choice(_NOUNS), rng.choice(_TYPES)
     head = f"def {name}({arg}: {typ}, limit: int = {rng.randint(1, 64)}) -> {rng.choice(_TYPES)}:\n" \
            f'    """{name.replace("_", " ").capitalize()} for each {arg} up to limit."""\n'
-    lines = [f"    result = []", f"    for index, {arg}_item in enumerate({arg}):",
-             f"        if index >= limit:", f"            break"]
+    lines = ["    result = []", f"    for index, {arg}_item in enumerate({arg}):",
+             "        if index >= limit:", "            break"]
     for _ in range(rng.randint(2, 5)):
         other = _ident(rng)
         lines.append(f"        {arg}_item = {other}({arg}_item, index)")
-    lines += [f"        result.append({arg}_item)", f"    return result", ""]
+    lines += [f"        result.append({arg}_item)", "    return result", ""]
     return head, "\n".join(lines) + "\n"
 
 

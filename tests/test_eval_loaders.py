@@ -7,7 +7,6 @@ import json
 import tarfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from specdec.eval.loaders import TraceError, cache_dir, detect_format, load_traces

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from specdec.drafters.base import Drafter, DraftRequest
+from specdec.drafters.base import Drafter
 from specdec.tree import TokenTree
 from specdec.vllm_plugin.adaptive import AdaptiveController, bucket_of
 from specdec.vllm_plugin.core import ProposerCore, best_chain
