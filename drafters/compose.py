@@ -1,8 +1,12 @@
 """Composition by score: several drafters behind one, choosing per request and step.
 
 ``ComposedDrafter([suffix, ngram])`` forwards every lifecycle call to all parts; at each step it asks
-every part for a draft and keeps, per request, the one with the highest ``TokenTree.expected_accepted()``
-(sum of path probabilities; ties go to the earlier drafter). With ``merge=True`` it instead unites the
+every part for a draft and keeps, per request, the one with the highest calibrated score: the part's
+``TokenTree.expected_accepted()`` (sum of path probabilities) times that part's observed calibration, the
+ratio of tokens its chosen drafts really got accepted to what they predicted (learned online from
+``extend``; starts at 1 through a prior of ``CALIBRATION_PRIOR_TOKENS``). Drafters' probabilities are not on
+one scale (frequency counts vs a model's softmax); calibration makes them comparable. Ties go to the
+earlier drafter. With ``merge=True`` it instead unites the
 parts' trees (shared prefixes merged, best-scored part first) under the budget; chain requests then get
 the merged tree's best path. A part that raises is skipped for that call (counted in ``failures`` and
 logged once per part and error type); its trees are dropped until it answers again.
@@ -16,6 +20,7 @@ from specdec.drafters.base import Drafter, DraftRequest
 from specdec.tree import TokenTree, merge_trees
 
 logger = logging.getLogger("specdec.drafters")
+CALIBRATION_PRIOR_TOKENS = 8.0  # pseudo-tokens (predicted = accepted) each part's calibration starts with
 
 
 class ComposedDrafter(Drafter):
@@ -23,7 +28,7 @@ class ComposedDrafter(Drafter):
 
     name = "composed"
 
-    def __init__(self, drafters: Sequence[Drafter], *, merge: bool = False) -> None:
+    def __init__(self, drafters: Sequence[Drafter], *, merge: bool = False, calibrate: bool = True) -> None:
         if not drafters:
             raise ValueError("ComposedDrafter needs at least one drafter, e.g. [SuffixDrafter(), NgramDrafter()]")
         self.drafters = list(drafters)
@@ -31,6 +36,10 @@ class ComposedDrafter(Drafter):
         self.name = "+".join(d.name for d in self.drafters)
         self.failures: dict[str, int] = {d.name: 0 for d in self.drafters}
         self.picks: list[int] = [0] * len(self.drafters)  # how often each part's draft was chosen
+        self.calibrate = calibrate
+        self.predicted: list[float] = [CALIBRATION_PRIOR_TOKENS] * len(self.drafters)  # sum of chosen scores
+        self.accepted: list[float] = [CALIBRATION_PRIOR_TOKENS] * len(self.drafters)  # their accepted tokens
+        self._pending: dict[str, tuple[int, TokenTree]] = {}  # request -> (part, draft) awaiting its outcome
         self._logged: set[tuple[str, str]] = set()
 
     # ----------------------------------------------------------------- lifecycle
@@ -45,10 +54,22 @@ class ComposedDrafter(Drafter):
         self._each("start", request_id, prompt_ids)
 
     def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
+        pending = self._pending.pop(request_id, None)
+        if pending is not None:
+            # emitted = accepted path + one token the target chose, which no child of the path's end carries,
+            # so the match length of the emitted tokens is the accepted count
+            part, tree = pending
+            self.predicted[part] += score(tree)
+            self.accepted[part] += len(tree.match_length(token_ids))
         self._each("extend", request_id, token_ids)
 
     def stop(self, request_id: str) -> None:
+        self._pending.pop(request_id, None)
         self._each("stop", request_id)
+
+    def calibration(self, part: int) -> float:
+        """Observed accepted / predicted tokens of the part's chosen drafts (1.0 when not calibrating)."""
+        return self.accepted[part] / self.predicted[part] if self.calibrate else 1.0
 
     def close(self) -> None:
         self._each("close")
@@ -71,8 +92,10 @@ class ComposedDrafter(Drafter):
         cands = [(k, trees[i]) for k, trees in enumerate(per_part) if trees is not None and len(trees[i])]
         if not cands:
             return TokenTree.empty()
-        scored = sorted(cands, key=lambda kt: (-score(kt[1]), kt[0]))  # best first, ties: earlier part
+        # best calibrated score first, ties: earlier part
+        scored = sorted(cands, key=lambda kt: (-score(kt[1]) * self.calibration(kt[0]), kt[0]))
         self.picks[scored[0][0]] += 1
+        self._pending[req.request_id] = scored[0]
         if not self.merge or len(scored) == 1:
             return scored[0][1]
         merged = merge_trees([t for _, t in scored], req.budget)

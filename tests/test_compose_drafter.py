@@ -93,3 +93,28 @@ def test_registry_builds_composition_of_real_drafters():
     comp.stop("r")
     assert comp.active_requests() == []
     assert np.isfinite(t.expected_accepted())
+
+
+def test_calibration_moves_picks_from_an_overconfident_part_to_an_accurate_one():
+    # "loud" is sure of a wrong continuation (99% per token, never accepted); "quiet" predicts 0.6 per
+    # token and is right. Raw scores favour loud (2.9 vs 1.4); observed acceptance must flip the choice.
+    loud = Fixed("loud", TokenTree.chain([9, 9, 9], [0.99, 0.99, 0.99]))
+    quiet = Fixed("quiet", TokenTree.chain([1, 2, 3], [0.6, 0.6, 0.6]))
+    comp = ComposedDrafter([loud, quiet])
+    comp.start("r", [0])
+    chosen = []
+    for _ in range(12):
+        tree = comp.draft("r", 3)
+        chosen.append(tree.tokens.tolist())
+        truth = [1, 2, 3, 4]  # the target's continuation: quiet's draft + a bonus token
+        accepted = len(tree.match_length(truth))
+        comp.extend("r", truth[:accepted + 1])
+    assert chosen[0] == [9, 9, 9]  # before any evidence the raw score decides
+    assert chosen[-1] == [1, 2, 3] and comp.picks[1] > 0
+    assert comp.calibration(0) < 0.5 < comp.calibration(1)  # loud: 8 / (8 + k * 2.9); quiet: above 1
+    # without calibration the loud part keeps winning
+    raw = ComposedDrafter([loud, quiet], calibrate=False)
+    raw.start("r", [0])
+    for _ in range(5):
+        raw.extend("r", [1])
+    assert raw.draft("r", 3).tokens.tolist() == [9, 9, 9]
