@@ -26,6 +26,7 @@ import numpy as np
 
 from specdec.drafters.base import Drafter, DraftRequest
 from specdec.eval.records import TraceRecord
+from specdec.stats import AcceptanceCounts
 from specdec.tree import TokenTree
 
 logger = logging.getLogger("specdec.eval")
@@ -36,21 +37,15 @@ CSV_FIELDS = ("record", "step", "position", "context_len", "drafted", "depth", "
 
 
 @dataclass
-class ReplayResult:
+class ReplayResult(AcceptanceCounts):
     """Totals of one replay (one dataset x one drafter setting); ``as_dict()`` is the JSON schema."""
 
     records: int = 0
     records_skipped_empty: int = 0
     prompt_tokens: int = 0
     response_tokens: int = 0
-    steps: int = 0
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
-    emitted_tokens: int = 0
     steps_with_draft: int = 0
     max_draft: int = 0
-    per_position_accepted: list[int] = field(default_factory=list)
-    per_position_drafted: list[int] = field(default_factory=list)
     draft_seconds: float = 0.0
     update_seconds: float = 0.0
     start_seconds: float = 0.0
@@ -59,18 +54,6 @@ class ReplayResult:
     budget_violations: int = 0
     per_record_mat: list[float] = field(default_factory=list, repr=False)
     outputs: dict[str, list[int]] | None = field(default=None, repr=False)  # emitted tokens per record (opt-in)
-
-    @property
-    def mat(self) -> float:
-        return self.emitted_tokens / self.steps if self.steps else 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
-
-    @property
-    def per_position_acceptance(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.per_position_accepted, self.per_position_drafted)]
 
     @property
     def drafted_per_step(self) -> float:
@@ -219,20 +202,9 @@ class _Replayer:
 
     def _count(self, tree: TokenTree, depth: int, acc: int, emit: int) -> None:
         res = self.res
-        res.steps += 1
-        res.drafted_tokens += len(tree)
-        res.accepted_tokens += acc
-        res.emitted_tokens += emit
+        res.observe(drafted=len(tree), depth=depth, accepted=acc, emitted=emit)
         res.steps_with_draft += bool(len(tree))
         res.max_draft = max(res.max_draft, len(tree))
-        grow = depth - len(res.per_position_drafted)
-        if grow > 0:
-            res.per_position_drafted.extend([0] * grow)
-            res.per_position_accepted.extend([0] * grow)
-        for k in range(depth):
-            res.per_position_drafted[k] += 1
-        for k in range(acc):
-            res.per_position_accepted[k] += 1
 
     def finish(self, a: _Active) -> None:
         try:

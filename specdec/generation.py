@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Sequence
 
 import torch
@@ -21,6 +21,7 @@ import torch
 from specdec.config import ConfigBase, ConfigError, load_yaml, rng
 from specdec.drafters.base import Drafter, DraftGuard, DraftRequest
 from specdec.sampling import SamplingParams
+from specdec.stats import AcceptanceCounts
 from specdec.tree import TokenTree
 from specdec.verifiers.reference import ReferenceVerifier, StepOutcome, vocab_ok
 
@@ -50,21 +51,13 @@ class GenerateConfig(ConfigBase):
 
 
 @dataclass
-class SpecStats:
-    """Counters of one ``generate`` call (terms: ``specdec.verifiers.reference``).
+class SpecStats(AcceptanceCounts):
+    """Counters of one ``generate`` call (terms: ``specdec.verifiers.reference``; counters: ``specdec.stats``).
 
-    ``per_position_drafted[d]``: request-steps whose tree had a node at depth ``d + 1``;
-    ``per_position_accepted[d]``: request-steps that accepted at least ``d + 1`` tokens.
-    ``accepted_tokens`` counts the verifier's acceptances; ``emitted_tokens`` what was returned (after
-    cutting at EOS / ``max_new_tokens``).
+    Steps are request-steps. ``accepted_tokens`` counts the verifier's acceptances; ``emitted_tokens`` what
+    was returned (after cutting at EOS / ``max_new_tokens``).
     """
 
-    steps: int = 0
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
-    emitted_tokens: int = 0
-    per_position_accepted: list[int] = field(default_factory=list)
-    per_position_drafted: list[int] = field(default_factory=list)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     wall_seconds: float = 0.0
@@ -72,21 +65,8 @@ class SpecStats:
     draft_timeouts: int = 0
     forward_passes: int = 0
 
-    @property
-    def mat(self) -> float:
-        return self.emitted_tokens / self.steps if self.steps else 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
-
     def record(self, tree: TokenTree, outcome: StepOutcome, emitted: int) -> None:
-        self.steps += 1
-        self.drafted_tokens += len(tree)
-        self.accepted_tokens += outcome.num_accepted
-        self.emitted_tokens += emitted
-        _bump(self.per_position_drafted, tree.max_depth)
-        _bump(self.per_position_accepted, outcome.num_accepted)
+        self.observe(drafted=len(tree), depth=tree.max_depth, accepted=outcome.num_accepted, emitted=emitted)
 
     def merge(self, other: "SpecStats") -> "SpecStats":
         """Sum of two calls' counters (e.g. prompts run in several batches)."""
@@ -102,13 +82,6 @@ class SpecStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "mat": self.mat, "acceptance_rate": self.acceptance_rate}
-
-
-def _bump(counts: list[int], depth: int) -> None:
-    """Add one to ``counts[0:depth]``, growing the list as needed."""
-    counts.extend([0] * (depth - len(counts)))
-    for d in range(depth):
-        counts[d] += 1
 
 
 @dataclass
