@@ -21,7 +21,7 @@ import argparse
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -240,29 +240,28 @@ def micro(n: int = 300) -> dict[str, float]:
     a, b = mp.Pipe()
     proc = mp.Process(target=_echo, args=(b,), daemon=True)
     proc.start()
-    rt = []
-    for _ in range(n * 5):
-        t0 = time.perf_counter()
-        a.send(msg)
-        a.recv()
-        rt.append(time.perf_counter() - t0)
+    out["process_pipe_roundtrip_us"] = _roundtrip_us(a.send, a.recv, msg, reps=n * 5)
     a.send(None)
     proc.join()
-    out["process_pipe_roundtrip_us"] = float(np.median(rt) * 1e6)
     q_in: Any = queue.Queue()
     q_out: Any = queue.Queue()
     th = threading.Thread(target=lambda: [q_out.put(m) for m in iter(q_in.get, None)], daemon=True)
     th.start()
-    rt = []
-    for _ in range(n * 5):
-        t0 = time.perf_counter()
-        q_in.put(msg)
-        q_out.get()
-        rt.append(time.perf_counter() - t0)
+    out["thread_queue_roundtrip_us"] = _roundtrip_us(q_in.put, q_out.get, msg, reps=n * 5)
     q_in.put(None)
     th.join()
-    out["thread_queue_roundtrip_us"] = float(np.median(rt) * 1e6)
     return out
+
+
+def _roundtrip_us(send: Callable[[Any], Any], recv: Callable[[], Any], msg: Any, *, reps: int) -> float:
+    """Median µs of ``send(msg)`` followed by ``recv()`` to an echoing peer."""
+    rt = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        send(msg)
+        recv()
+        rt.append(time.perf_counter() - t0)
+    return float(np.median(rt) * 1e6)
 
 
 def parse_gpu_ms(text: str) -> dict[int, float]:
