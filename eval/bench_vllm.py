@@ -16,6 +16,7 @@ mismatches against no-spec. ``--lossless`` adds float32 runs (no-spec vs specdec
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -34,9 +35,15 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "specdec": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16},
     "specdec-async": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True},
     "specdec-hybrid": {"method": "specdec", "drafter": ["suffix", "model"], "num_speculative_tokens": 16},
+    # the draft model on the host CPU (8 threads: half the GPU host's cores); k=4 (each token is a model step)
+    "specdec-model": {"method": "specdec", "drafter": "model", "num_speculative_tokens": 4,
+                      "drafter_options": {"model": {"num_threads": 8}}},
+    "specdec-model-async": {"method": "specdec", "drafter": "model", "num_speculative_tokens": 4, "async": True,
+                            "drafter_options": {"model": {"num_threads": 8}}},
 }
 LOSSLESS_BATCHES = (1, 8, 64)
 LOSSLESS_MAX_TOKENS = 128
+PROFILE_TOP = 45  # functions listed per sort order in --profile output
 
 
 # --------------------------------------------------------------------------- worker (one engine)
@@ -118,38 +125,86 @@ def _run_batch(llm: Any, prompts: list[list[int]], batch: int, sp: Any, timer: S
     }
 
 
-def _spec_config(method: str, override: dict[str, Any]) -> dict[str, Any] | None:
+def _engine_config(llm: Any) -> dict[str, Any]:
+    """What the engine actually ran with (async scheduling, CUDA graph mode and capture limit)."""
+    try:
+        cfg = llm.llm_engine.vllm_config
+        cc = cfg.compilation_config
+        return {"async_scheduling": bool(cfg.scheduler_config.async_scheduling),
+                "cudagraph_mode": str(cc.cudagraph_mode), "max_cudagraph_capture_size": cc.max_cudagraph_capture_size,
+                "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens}
+    except Exception as exc:  # noqa: BLE001 - informational only
+        return {"error": repr(exc)}
+
+
+def _spec_config(method: str, override: dict[str, Any], variants: dict[str, Any] | None = None
+                 ) -> dict[str, Any] | None:
+    """The speculative config of a method or of a ``--variants`` entry ({"base": method, "spec": {...}})."""
+    variant = (variants or {}).get(method)
+    if variant is not None:
+        base_cfg = _spec_config(variant.get("base", "specdec"), override)
+        return None if base_cfg is None else {**base_cfg, **variant.get("spec", {})}
     base = METHODS[method]
     if base is None:
         return None
     return {**base, **override} if method.startswith("specdec") else dict(base)
 
 
+def _profiled(fn: Any, path: Path) -> Any:
+    """Run ``fn()`` under cProfile; write the top functions by own and by cumulative time to ``path``."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    result = prof.runcall(fn)
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf)
+    stats.sort_stats("tottime").print_stats(PROFILE_TOP)
+    stats.sort_stats("cumulative").print_stats(PROFILE_TOP)
+    path.write_text(buf.getvalue())
+    return result
+
+
 def worker(args: argparse.Namespace) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process: timers work
-    if args.method == "nospec-v1":  # plain no-spec uses Model Runner V2 where it can; spec methods force V1
+    variants = json.loads(args.variants or "{}")
+    for key, value in (variants.get(args.method, {}).get("env") or {}).items():
+        os.environ[key] = str(value)
+    if args.method == "nospec-v1" or variants.get(args.method, {}).get("base") == "nospec-v1":  # plain no-spec uses Model Runner V2 where it can; spec methods force V1
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     prompts = json.loads(Path(args.prompts).read_text())
     from vllm import LLM, SamplingParams
 
     timer = StepTimer()
     timer.install()
-    spec = _spec_config(args.method, json.loads(args.specdec_config or "{}"))
+    spec = _spec_config(args.method, json.loads(args.specdec_config or "{}"), variants)
+    extra: dict[str, Any] = {}
+    cc = variants.get(args.method, {}).get("compilation_config") or json.loads(args.compilation_config or "null")
+    if cc:
+        extra["compilation_config"] = cc
     t0 = time.perf_counter()
     llm = LLM(model=args.model, dtype=args.dtype, speculative_config=spec, max_model_len=args.max_model_len,
               gpu_memory_utilization=args.gpu_mem, max_num_seqs=max(args.batch_sizes), seed=0,
-              enforce_eager=args.eager, disable_log_stats=False)
+              enforce_eager=args.eager, disable_log_stats=False, **extra)
     startup = time.perf_counter() - t0
     lossless = args.dtype == "float32"
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=not lossless, detokenize=False)
     result: dict[str, Any] = {"method": args.method, "dtype": args.dtype, "speculative_config": spec,
                               "startup_s": startup, "datasets": {}}
-    for name in args.datasets:
+    result["engine_config"] = _engine_config(llm)
+    variant = variants.get(args.method, {})
+    args.batch_sizes = [b for b in args.batch_sizes if b in variant.get("batch_sizes", args.batch_sizes)]
+    for name in [d for d in args.datasets if d in variant.get("datasets", args.datasets)]:
         sets = prompts["datasets"][name]
         llm.generate([{"prompt_token_ids": p} for p in sets["warmup"]], sp, use_tqdm=False)
         cells = {}
         for b in args.batch_sizes:
-            cells[str(b)] = cell = _run_batch(llm, sets[f"bs{b}"], b, sp, timer)
+            run = lambda: _run_batch(llm, sets[f"bs{b}"], b, sp, timer)  # noqa: E731
+            if args.profile_dir:
+                Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
+                run = functools.partial(_profiled, run, Path(args.profile_dir) / f"profile_{args.method}_{name}_bs{b}.txt")
+            cells[str(b)] = cell = run()
             print(f"[{args.method} {args.dtype}] {name} bs{b}: {cell['tokens_per_s']:.0f} tok/s, MAT "
                   f"{cell['mat']:.2f}, draft {cell['draft_ms_per_step']:.3f} ms/step", flush=True)
         result["datasets"][name] = cells
@@ -194,7 +249,9 @@ def _spawn(args: argparse.Namespace, method: str, dtype: str, batches: list[int]
            "--prompts", args.prompts, "--model", args.model, "--worker-out", str(out),
            "--max-tokens", str(max_tokens), "--batch-sizes", ",".join(map(str, batches)),
            "--datasets", ",".join(args.datasets), "--max-model-len", str(args.max_model_len),
-           "--gpu-mem", str(args.gpu_mem), "--specdec-config", args.specdec_config or "{}"]
+           "--gpu-mem", str(args.gpu_mem), "--specdec-config", args.specdec_config or "{}",
+           "--variants", args.variants or "{}", "--compilation-config", args.compilation_config or "null",
+           "--profile-dir", args.profile_dir if method in args.profile_methods else ""]
     if eager:
         cmd.append("--eager")
     print(f"=== {method} ({dtype}) ===", flush=True)
@@ -236,6 +293,7 @@ def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any
                                    "mean_output_tokens": sum(map(len, ref)) / max(len(ref), 1)})
         out["lossless_fp32"] = checks
     out["startup_s"] = {m: r["startup_s"] for m, r in runs.items()}
+    out["engine_config"] = {m: r.get("engine_config") for m, r in runs.items()}
     out["specdec_stats"] = {m: r.get("specdec_stats") for m, r in runs.items() if r.get("specdec_stats")}
     return out
 
@@ -278,7 +336,10 @@ def write_doc(args: argparse.Namespace, runs: dict, lossless: dict, t_start: flo
     device = args.device or versions.get("gpu", "gpu").replace("NVIDIA ", "").split()[0].lower()
     doc = {
         "date": time.strftime("%Y-%m-%d"), "device": device, "versions": versions,
-        "settings": {"model": Path(args.model).name, "methods": {m: METHODS[m] for m in args.methods},
+        "settings": {"model": Path(args.model).name, "methods": {m: _spec_config(m, {}, json.loads(args.variants or "{}"))
+                                                             for m in args.methods},
+                     "variants": json.loads(args.variants or "{}"),
+                     "compilation_config": json.loads(args.compilation_config or "null"),
                      "specdec_override": json.loads(args.specdec_config or "{}"), "batch_sizes": args.batch_sizes,
                      "max_tokens": args.max_tokens, "ignore_eos": True, "greedy": True, "dtype": "bfloat16",
                      "cuda_graphs": not args.eager_bench, "datasets": args.datasets,
@@ -336,6 +397,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--gpu-mem", type=float, default=0.3)
     ap.add_argument("--specdec-config", default="", help="JSON merged into the specdec methods' config")
+    ap.add_argument("--variants", default="", help='JSON {"name": {"base": "specdec", "spec": {...}, '
+                    '"compilation_config": {...}, "env": {...}, "batch_sizes": [...], "datasets": [...]}}: extra '
+                    'methods, usable in --methods (batch_sizes/datasets: a subset of the run\'s)')
+    ap.add_argument("--compilation-config", default="", help="JSON compilation_config for every method's engine")
+    ap.add_argument("--profile-dir", default="", help="write cProfile tables per cell here (--profile-methods)")
+    ap.add_argument("--profile-methods", default="", type=lambda s: [m for m in s.split(",") if m],
+                    help="methods run under cProfile (slower: their timings are not comparable)")
     ap.add_argument("--lossless", action="store_true", help="add float32 runs: no-spec vs specdec methods")
     ap.add_argument("--lossless-methods", default="", type=lambda s: [m for m in s.split(",") if m],
                     help="methods compared with no-spec in float32 (default: the specdec methods of --methods)")
@@ -352,8 +420,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eager", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    known = set(METHODS) | set(json.loads(args.variants or "{}"))
     for m in args.methods + args.lossless_methods:
-        if m not in METHODS:
+        if m not in known:
             ap.error(f"--methods: {m!r} is unknown; valid: {', '.join(METHODS)}")
     worker(args) if args.worker else driver(args)
 

@@ -60,6 +60,34 @@ def test_rewrite_engine_args_in_place_and_leaves_other_methods_alone():
         plugin.rewrite_engine_args(clash)
 
 
+def _args(**kw):
+    base = dict(speculative_config={"method": "specdec", "num_speculative_tokens": 16}, additional_config=None,
+                enforce_eager=False, max_num_seqs=64, max_cudagraph_capture_size=None, cudagraph_capture_sizes=None,
+                compilation_config=SimpleNamespace(max_cudagraph_capture_size=None, cudagraph_capture_sizes=None))
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_rewrite_raises_the_cudagraph_capture_limit_unless_the_user_set_one():
+    ea = _args()
+    plugin.rewrite_engine_args(ea)
+    assert ea.max_cudagraph_capture_size == 64 * 17  # batch 64 x (k + 1) verify tokens stay in graphs
+    big = _args(max_num_seqs=None)  # vLLM's default 256 -> capped
+    plugin.rewrite_engine_args(big)
+    assert big.max_cudagraph_capture_size == plugin.AUTO_CUDAGRAPH_MAX_TOKENS
+    small = _args(max_num_seqs=8)  # 8 x 17 = 136: vLLM's default (512) already covers it
+    plugin.rewrite_engine_args(small)
+    assert small.max_cudagraph_capture_size is None
+    for user in (_args(max_cudagraph_capture_size=256), _args(enforce_eager=True),
+                 _args(compilation_config={"cudagraph_capture_sizes": [1, 2, 4]}),
+                 _args(speculative_config={"method": "specdec", "cudagraph_max_tokens": 0})):
+        before = user.max_cudagraph_capture_size
+        plugin.rewrite_engine_args(user)
+        assert user.max_cudagraph_capture_size == before
+    fixed = _args(speculative_config={"method": "specdec", "cudagraph_max_tokens": 4096})
+    plugin.rewrite_engine_args(fixed)
+    assert fixed.max_cudagraph_capture_size == 4096
+
+
 def test_patch_engine_args_is_idempotent_and_rewrites_before_the_original():
     seen = []
 

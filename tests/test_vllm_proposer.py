@@ -182,6 +182,49 @@ def test_drafts_are_capped_by_k_and_max_model_len_and_empty_without_new_tokens()
     assert runner.token_ids_cpu[0, :12].tolist()[:4] == [1, 2, 3, target_next([1, 2, 3])]
 
 
+class ShortDrafter(OracleDrafter):
+    """Drafts at most ``n`` correct tokens whatever the budget (so padding has something to add)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def draft_batch(self, requests):
+        trees = super().draft_batch(requests)
+        return [TokenTree.chain(t.tokens[: self.n].tolist(), probs=[0.9] * min(self.n, len(t))) for t in trees]
+
+
+def test_pad_drafts_makes_every_decoding_row_exactly_k_long_and_keeps_outputs():
+    k, max_len = 4, 40
+    plain_runner, pad_runner = FakeRunner(max_model_len=max_len), FakeRunner(max_model_len=max_len)
+    plain = make_core(ShortDrafter(2), num_speculative_tokens=k, max_model_len=max_len)
+    padded = make_core(ShortDrafter(2), num_speculative_tokens=k, max_model_len=max_len, pad_drafts=True)
+    for runner in (plain_runner, pad_runner):
+        runner.add("a", [1, 2, 3])
+        runner.add("b", [7, 8])
+        runner.add("p", [4, 5, 6])  # partial prefill: no sampled tokens, no draft
+    for _ in range(12):
+        run_step(plain, plain_runner, skip_prefill={"p"})
+        drafts = run_step(padded, pad_runner, skip_prefill={"p"})
+        for row, rid in enumerate(pad_runner.req_ids):
+            room = max_len - int(pad_runner.num_tokens_no_spec[row]) - 1
+            want = 0 if rid == "p" else max(0, min(k, room))
+            assert len(drafts[row]) == want, (rid, drafts[row])
+    # same emitted tokens, whatever was padded
+    assert plain_runner.token_ids_cpu.tolist() == pad_runner.token_ids_cpu.tolist()
+    # the drafter's own tokens: 2 per step (both right), so its acceptance stays 1 and calibration is not
+    # diluted by the filler; the submitted count includes the padding
+    st = padded.requests["a"]
+    assert st.last_real == 2 and st.acceptance_ema > 0.99
+    assert padded.stats.drafted_tokens > plain.stats.drafted_tokens
+
+
+def test_pad_fills_with_the_chain_past_the_cut_then_the_last_token():
+    tree = TokenTree.chain([5, 6, 7], probs=[0.9, 0.5, 0.4])
+    assert ProposerCore._chain(tree, 3, 0.6, pad=5, filler=9) == ([5, 6, 7, 7, 7], pytest.approx(0.9), 1)
+    assert ProposerCore._chain(TokenTree.chain([], probs=[]), 3, 0.0, pad=3, filler=9) == ([9, 9, 9], None, 0)
+
+
 def test_resync_when_context_length_jumps():
     drafter = OracleDrafter()
     core = make_core(drafter)
@@ -255,7 +298,7 @@ def test_confidence_cut_grows_with_batch_size():
     # chain probs 0.9 each -> path probs 0.9, 0.81, 0.729, 0.656: at batch 64 (cut 0.63) all 4 pass, at a
     # stricter per-seq step only the first ones survive
     assert core._chain(TokenTree.chain([1, 2, 3, 4], probs=[0.9] * 4), 4, 0.75)[0] == [1, 2]
-    assert core._chain(TokenTree.chain([1, 2, 3, 4], probs=[0.9] * 4), 3, 0.0) == ([1, 2, 3], pytest.approx(2.439))
+    assert core._chain(TokenTree.chain([1, 2, 3, 4], probs=[0.9] * 4), 3, 0.0) == ([1, 2, 3], pytest.approx(2.439), 3)
 
 
 def test_throughput_check_turns_drafting_off_where_it_does_not_pay():

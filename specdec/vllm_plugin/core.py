@@ -40,7 +40,8 @@ Op = tuple  # ("start", rid, prompt) | ("extend", rid, tokens) | ("stop", rid)
 @dataclass
 class RequestState:
     n_known: int  # context length the drafter has seen
-    last_draft: int = 0  # tokens drafted for it at the previous step
+    last_draft: int = 0  # tokens submitted for it at the previous step (padding included)
+    last_real: int = 0  # of which the drafter's own (before the confidence cut; padding excluded)
     last_pred: float | None = None  # sum of their path probabilities (None: drafter gave none)
     pred_ema: float = 0.0  # decayed sums of predicted (path probs) and accepted draft tokens: calibration
     acc_ema: float = 0.0
@@ -190,6 +191,7 @@ class ProposerCore:
         self._inline_ok = self._inline_banned = False
         self._job_count, self._max_job_s, self._slow_jobs = 0, 0.0, 0
         self._last_log = clock()
+        self._limits: list[tuple[int, int, int]] = []  # per row this step: (own budget, pad length, filler)
 
     # ----------------------------------------------------------------- the step
     def step(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],
@@ -214,14 +216,15 @@ class ProposerCore:
         running = sum(1 for s in sampled_token_ids if s)
         mode = self.adaptive.mode(running, t0) if running else "plain"
         orders: list[DraftRequest | None] = [None] * n_rows
+        self._limits = [(0, 0, 0)] * n_rows
         for i in range(n_rows):
             orders[i] = self._row(i, req_ids[i], sampled_token_ids[i], int(num_tokens_no_spec[i]),
                                   token_ids_cpu, num_prompt_tokens, k, mode)
-        drafts, preds = self._draft(orders, running)
+        drafts, preds, reals = self._draft(orders, running)
         for i, d in enumerate(drafts):
             st = self.requests.get(req_ids[i])
             if st is not None:
-                st.last_draft, st.last_pred = len(d), preds[i]
+                st.last_draft, st.last_pred, st.last_real = len(d), preds[i], reals[i]
         self._last_t, self._last_verified = t0, running + sum(len(d) for d in drafts)
         self._last_bucket = bucket_of(running)
         self.stats.drafted_tokens += sum(len(d) for d in drafts)
@@ -239,10 +242,11 @@ class ProposerCore:
             self._extend(rid, sampled)
             accepted = min(len(sampled) - 1, st.last_draft)
             self.stats.accepted_tokens += accepted
+            real = min(accepted, st.last_real)  # calibration and acceptance: the drafter's own tokens only
             if st.last_pred is not None:
                 st.pred_ema = 0.8 * st.pred_ema + st.last_pred
-                st.acc_ema = 0.8 * st.acc_ema + accepted
-            st.acceptance_ema = update_acceptance(st.acceptance_ema, st.last_draft, accepted)
+                st.acc_ema = 0.8 * st.acc_ema + real
+            st.acceptance_ema = update_acceptance(st.acceptance_ema, st.last_real, real)
             st.n_known = n
         else:
             if st is not None:
@@ -257,11 +261,13 @@ class ProposerCore:
                 self._extend(rid, ctx[p:])
             st = self.requests[rid] = RequestState(n_known=n)
             self.stats.started += 1
-        budget = min(k, self.max_model_len - n - 1)
-        budget = self.adaptive.request_budget(budget, st.acceptance_ema)
+        room = min(k, self.max_model_len - n - 1)
+        budget = self.adaptive.request_budget(room, st.acceptance_ema)
         if mode == "plain" or budget <= 0:
             return None
-        return DraftRequest(rid, budget, tree=False)
+        pad = room if self.options.pad_drafts else 0  # uniform batches: every row submits exactly `room`
+        self._limits[i] = (budget, pad, int(sampled[-1]))
+        return DraftRequest(rid, max(budget, pad), tree=False)
 
     def _stop_absent(self, present: set[str]) -> None:
         for rid in [r for r in self.requests if r not in present]:
@@ -283,7 +289,9 @@ class ProposerCore:
             self._pending.append(("extend", rid, list(tokens)))
 
     # ----------------------------------------------------------------- drafting
-    def _draft(self, orders: list[DraftRequest | None], running: int) -> tuple[list[list[int]], list[float | None]]:
+    def _draft(self, orders: list[DraftRequest | None],
+               running: int) -> tuple[list[list[int]], list[float | None], list[int]]:
+        """(drafts, their predicted accepted tokens or None, the drafter's own token count) per row."""
         wanted = [o for o in orders if o is not None]
         if not wanted and len(self._pending) < MAX_PENDING_OPS:  # no drafts this step: updates wait, merged
             return self._nothing(orders)
@@ -316,18 +324,18 @@ class ProposerCore:
         value = cost.token_cost() if self.adaptive.enabled else 0.0  # calibrated prob a token must reach
         it = iter(trees or [])
         out = []
-        for o in orders:
+        for o, (budget, pad, filler) in zip(orders, self._limits):
             if o is None:
-                out.append(([], None))
+                out.append(([], None, 0))
                 continue
             st = self.requests.get(o.request_id)
             cut = self.adaptive.cut(running, value / st.calibration() if st is not None and value else value)
-            out.append(self._chain(next(it), o.budget, cut))
-        return [c[0] for c in out], [c[1] for c in out]
+            out.append(self._chain(next(it), budget, cut, pad=pad, filler=filler))
+        return [c[0] for c in out], [c[1] for c in out], [c[2] for c in out]
 
     @staticmethod
-    def _nothing(orders: list) -> tuple[list[list[int]], list[float | None]]:
-        return [[] for _ in orders], [None for _ in orders]
+    def _nothing(orders: list) -> tuple[list[list[int]], list[float | None], list[int]]:
+        return [[] for _ in orders], [None for _ in orders], [0 for _ in orders]
 
     def _cost(self, bucket: int) -> StepCostModel:
         cost = self.costs.get(bucket)
@@ -356,15 +364,25 @@ class ProposerCore:
         return self.guard.draft_batch(wanted) if wanted else []
 
     @staticmethod
-    def _chain(tree: TokenTree, budget: int, cut: float) -> tuple[list[int], float | None]:
-        """(chain tokens to submit, sum of their path probabilities or None)."""
+    def _chain(tree: TokenTree, budget: int, cut: float, *, pad: int = 0,
+               filler: int = 0) -> tuple[list[int], float | None, int]:
+        """(chain tokens to submit, sum of the drafter's own tokens' path probabilities or None, their count).
+
+        The drafter's own tokens stop at ``budget`` and at the first path probability below ``cut``. With
+        ``pad`` > 0 the submitted chain is exactly ``pad`` tokens long: the drafter's chain past the cut, then
+        ``filler`` (the request's last token) repeated. Padding never changes what is emitted (the verifier
+        decides); it only makes every row the same length.
+        """
         tokens, probs = best_chain(tree)
         m = min(len(tokens), budget)
-        if probs is None:
-            return tokens[:m], None
-        if cut > 0:
+        if probs is not None and cut > 0:
             m = next((j for j in range(m) if probs[j] < cut), m)
-        return tokens[:m], sum(probs[:m])
+        pred = sum(probs[:m]) if probs is not None else None
+        if pad <= 0:
+            return tokens[:m], pred, m
+        chain = tokens[:pad]
+        chain += [chain[-1] if chain else filler] * (pad - len(chain))
+        return chain, pred, m
 
     def _on_timeout(self, n: int) -> None:
         self.stats.timeouts += 1

@@ -57,6 +57,14 @@ class SpecdecOptions(ConfigBase):
     probe_every: int = rng(32, lo=2, hi=1000, doc="adaptive: every Nth window of a batch bucket runs the other mode")
     min_speedup: float = rng(1.0, lo=0.5, hi=2.0,
                              doc="adaptive: a batch bucket drafts only while spec throughput >= this x plain")
+    pad_drafts: bool = rng(False, doc="give every decoding request exactly k draft tokens (the drafter's chain past "
+                                      "its confidence cut, then filler): vLLM runs such uniform batches as FULL "
+                                      "CUDA graphs; pays off when verifying k+1 tokens costs about as much as 1 "
+                                      "(small targets, CPU-bound steps)")
+    cudagraph_max_tokens: int = rng(-1, lo=-1, hi=1 << 16,
+                                    doc="-1: raise vLLM's max_cudagraph_capture_size to max_num_seqs x (k+1) "
+                                        "(at most 2048) when the user set no capture sizes, so verify batches "
+                                        "stay in CUDA graphs; 0: leave vLLM's default; N: use N")
     draft_ranks: str = rng("driver", choices=("driver", "all"),
                            doc="TP>1: 'driver' = only TP rank 0 drafts (the others' drafts are never read)")
     log_every_s: float = rng(60.0, lo=0.0, hi=86_400.0, doc="log drafting stats this often (0 = never)")

@@ -28,6 +28,9 @@ logger = logging.getLogger("specdec.vllm")
 
 TESTED_VLLM = ("0.26.", "0.32.")  # versions whose hooks were checked (others: patched if the shapes match)
 _WRAPPED = "_specdec_wrapped"
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default when the user sets none (the value is filled in after our hook)
+AUTO_CUDAGRAPH_MAX_TOKENS = 2048  # cap of the automatic capture-size raise (capture time and memory)
+VLLM_DEFAULT_CAPTURE_TOKENS = 512  # vLLM's own cap on the default capture size
 _state = {"registered": False, "runner_patched": False}
 
 
@@ -71,7 +74,35 @@ def rewrite_engine_args(engine_args: Any) -> bool:
     extra[ADDITIONAL_CONFIG_KEY] = options.to_dict()
     engine_args.speculative_config = theirs
     engine_args.additional_config = extra
+    raise_cudagraph_capture(engine_args, options.cudagraph_max_tokens, options.num_speculative_tokens)
     return True
+
+
+def raise_cudagraph_capture(engine_args: Any, setting: int, k: int) -> int | None:
+    """Let verify batches (up to max_num_seqs x (k+1) tokens) run in CUDA graphs.
+
+    vLLM captures graphs up to ``min(max_num_seqs x (k+1) x 2, 512)`` tokens by default, so a batch of 64
+    requests with k=16 drafts (1,088 tokens) runs eagerly. ``setting`` -1 raises the limit to max_num_seqs x
+    (k+1), at most ``AUTO_CUDAGRAPH_MAX_TOKENS``; N sets N; 0 leaves vLLM's default. A limit the user set
+    (``max_cudagraph_capture_size`` or capture sizes, on the engine args or in ``compilation_config``) and
+    ``enforce_eager`` always win. Returns the limit set, or None.
+    """
+    if setting == 0 or getattr(engine_args, "enforce_eager", False):
+        return None
+    cc = getattr(engine_args, "compilation_config", None)
+    given = [getattr(engine_args, "max_cudagraph_capture_size", None),
+             getattr(engine_args, "cudagraph_capture_sizes", None)]
+    given += [cc.get(key) if isinstance(cc, dict) else getattr(cc, key, None)
+              for key in ("max_cudagraph_capture_size", "cudagraph_capture_sizes")]
+    if any(v is not None for v in given) or not hasattr(engine_args, "max_cudagraph_capture_size"):
+        return None
+    if setting < 0:
+        seqs = getattr(engine_args, "max_num_seqs", None) or DEFAULT_MAX_NUM_SEQS
+        setting = min(int(seqs) * (k + 1), AUTO_CUDAGRAPH_MAX_TOKENS)
+    if setting <= VLLM_DEFAULT_CAPTURE_TOKENS:
+        return None
+    engine_args.max_cudagraph_capture_size = setting
+    return setting
 
 
 def patch_engine_args(engine_args_cls: Any) -> bool:
