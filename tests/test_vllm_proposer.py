@@ -126,7 +126,8 @@ def make_core(drafter: Drafter, **opts) -> ProposerCore:
     opts.setdefault("adaptive", False)
     opts.setdefault("draft_timeout_ms", 0.0)
     max_model_len = opts.pop("max_model_len", 64)
-    return ProposerCore(drafter, SpecdecOptions.from_dict(opts), max_model_len=max_model_len)
+    params = opts.pop("target_params", 0.0)
+    return ProposerCore(drafter, SpecdecOptions.from_dict(opts), max_model_len=max_model_len, target_params=params)
 
 
 def run_step(core: ProposerCore, runner: FakeRunner, **kw) -> list[list[int]]:
@@ -217,6 +218,27 @@ def test_pad_drafts_makes_every_decoding_row_exactly_k_long_and_keeps_outputs():
     st = padded.requests["a"]
     assert st.last_real == 2 and st.acceptance_ema > 0.99
     assert padded.stats.drafted_tokens > plain.stats.drafted_tokens
+
+
+def test_pad_auto_pads_small_targets_and_not_large_batches_of_large_ones():
+    from specdec.vllm_plugin.proposer import estimate_params
+
+    llama8b = SimpleNamespace(hidden_size=4096, num_hidden_layers=32, intermediate_size=14336,
+                              num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)
+    assert estimate_params(llama8b) == pytest.approx(8.0e9, rel=0.03)
+    assert estimate_params(SimpleNamespace()) == 0.0
+    tiny = make_core(OracleDrafter(), num_speculative_tokens=16, target_params=53e6)
+    big = make_core(OracleDrafter(), num_speculative_tokens=16, target_params=estimate_params(llama8b))
+    unknown = make_core(OracleDrafter(), num_speculative_tokens=16)
+    for core in (tiny, big, unknown):
+        core._period_s = 5e-3  # a measured 5 ms step
+    assert tiny._should_pad(64, 16) and tiny._should_pad(1, 16)
+    assert big._should_pad(1, 16) and not big._should_pad(64, 16)
+    assert not unknown._should_pad(1, 16)  # no size known: never pads
+    forced = make_core(OracleDrafter(), num_speculative_tokens=16, pad_drafts="off", target_params=53e6)
+    assert not forced._should_pad(1, 16)
+    with pytest.raises(Exception, match="pad_drafts='sometimes'"):
+        SpecdecOptions.from_dict({"pad_drafts": "sometimes"})
 
 
 def test_pad_fills_with_the_chain_past_the_cut_then_the_last_token():

@@ -34,6 +34,10 @@ MAX_PENDING_OPS = 8192  # queued drafter updates applied even without drafting
 AUTO_PROBE_JOBS = 64  # deadline_mode "auto": threaded drafting jobs observed before going inline
 AUTO_INLINE_FRACTION = 0.25  # ... if all of them but AUTO_SLOW_JOBS_TOLERATED took less than this fraction
 AUTO_SLOW_JOBS_TOLERATED = 1  # of the deadline (one scheduling hiccup is not a slow drafter)
+ASSUMED_GPU_FLOPS = 1e15  # dense bf16 of an H100/H200 class GPU, for pad_drafts="auto"'s compute estimate
+PAD_MAX_STEP_SHARE = 0.1  # pad_drafts="auto": pad while the padded tokens' compute is under this share of a step
+PAD_DEFAULT_PERIOD_S = 1e-3  # step period assumed before any is measured
+PERIOD_EMA = 0.9  # decay of the step-period average
 Op = tuple  # ("start", rid, prompt) | ("extend", rid, tokens) | ("stop", rid)
 
 
@@ -166,7 +170,9 @@ class ProposerCore:
     """Turns vLLM's per-step rows into drafter calls and chain drafts (see the module docstring)."""
 
     def __init__(self, drafter: Drafter, options: SpecdecOptions, *, max_model_len: int,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 target_params: float = 0.0, clock: Callable[[], float] = time.perf_counter) -> None:
+        """``target_params``: the served model's parameter count (pad_drafts="auto" estimates the compute of
+        padded tokens as 2 x params FLOPs each; 0 = unknown, then "auto" never pads)."""
         self.options = options
         self.k = options.num_speculative_tokens
         self.max_model_len = max_model_len
@@ -192,6 +198,10 @@ class ProposerCore:
         self._job_count, self._max_job_s, self._slow_jobs = 0, 0.0, 0
         self._last_log = clock()
         self._limits: list[tuple[int, int, int]] = []  # per row this step: (own budget, pad length, filler)
+        self.target_params = target_params
+        self._token_s = 2.0 * target_params / ASSUMED_GPU_FLOPS  # GPU seconds per verified token (estimate)
+        self._period_s = PAD_DEFAULT_PERIOD_S
+        self._pad_now = False
 
     # ----------------------------------------------------------------- the step
     def step(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],
@@ -212,9 +222,11 @@ class ProposerCore:
         self.adaptive.observe(emitted, prefill=prefilled)
         if self._last_t is not None and not prefilled:
             self._cost(self._last_bucket).observe(t0 - self._last_t, self._last_verified, emitted)
+            self._period_s = PERIOD_EMA * self._period_s + (1 - PERIOD_EMA) * (t0 - self._last_t)
         self._stop_absent(set(req_ids[:n_rows]))
         running = sum(1 for s in sampled_token_ids if s)
         mode = self.adaptive.mode(running, t0) if running else "plain"
+        self._pad_now = self._should_pad(running, k)
         orders: list[DraftRequest | None] = [None] * n_rows
         self._limits = [(0, 0, 0)] * n_rows
         for i in range(n_rows):
@@ -265,9 +277,17 @@ class ProposerCore:
         budget = self.adaptive.request_budget(room, st.acceptance_ema)
         if mode == "plain" or budget <= 0:
             return None
-        pad = room if self.options.pad_drafts else 0  # uniform batches: every row submits exactly `room`
+        pad = room if self._pad_now else 0  # uniform batches: every row submits exactly `room`
         self._limits[i] = (budget, pad, int(sampled[-1]))
         return DraftRequest(rid, max(budget, pad), tree=False)
+
+    def _should_pad(self, running: int, k: int) -> bool:
+        """Pad this step's drafts to k? 'on'/'off' decide; 'auto' pads while the verify batch of running x (k+1)
+        tokens costs (estimated GPU compute) under PAD_MAX_STEP_SHARE of the measured step period."""
+        mode = self.options.pad_mode
+        if mode != "auto":
+            return mode == "on"
+        return 0 < running * (k + 1) * self._token_s <= PAD_MAX_STEP_SHARE * self._period_s
 
     def _stop_absent(self, present: set[str]) -> None:
         for rid in [r for r in self.requests if r not in present]:
@@ -402,6 +422,8 @@ class ProposerCore:
         d["adaptive"] = self.adaptive.as_dict()
         d["cost_model"] = {str(b): c.as_dict() for b, c in sorted(self.costs.items())}
         d["inline_drafting"] = self._inline_ok
+        d["pad_token_us"] = 1e6 * self._token_s
+        d["step_period_ms"] = 1e3 * self._period_s
         d["max_threaded_job_ms"] = 1e3 * self._max_job_s
         return d
 

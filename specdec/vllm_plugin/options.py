@@ -24,6 +24,7 @@ VLLM_KEYS = frozenset({
     "disable_padded_drafter_batch", "num_speculative_tokens_per_batch_size", "rejection_sample_method",
     "draft_sample_method", "synthetic_acceptance_rates", "synthetic_acceptance_length", "max_model_len",
 })
+PAD_CHOICES = ("auto", "on", "off", True, False)
 KEY_ALIASES = {"async": "async_drafting"}  # `async` is a Python keyword; users write "async": true
 
 
@@ -57,10 +58,10 @@ class SpecdecOptions(ConfigBase):
     probe_every: int = rng(32, lo=2, hi=1000, doc="adaptive: every Nth window of a batch bucket runs the other mode")
     min_speedup: float = rng(1.0, lo=0.5, hi=2.0,
                              doc="adaptive: a batch bucket drafts only while spec throughput >= this x plain")
-    pad_drafts: bool = rng(False, doc="give every decoding request exactly k draft tokens (the drafter's chain past "
-                                      "its confidence cut, then filler): vLLM runs such uniform batches as FULL "
-                                      "CUDA graphs; pays off when verifying k+1 tokens costs about as much as 1 "
-                                      "(small targets, CPU-bound steps)")
+    pad_drafts: Any = rng("auto", doc="'on': every decoding request submits exactly k draft tokens (the drafter's "
+                                      "chain past its confidence cut, then filler), so vLLM runs the verify batch as "
+                                      "a FULL CUDA graph; 'auto': pad a step when the padded tokens' estimated GPU "
+                                      "compute is under 10% of the step period (small targets, small batches); 'off'")
     cudagraph_max_tokens: int = rng(-1, lo=-1, hi=1 << 16,
                                     doc="-1: raise vLLM's max_cudagraph_capture_size to max_num_seqs x (k+1) "
                                         "(at most 2048) when the user set no capture sizes, so verify batches "
@@ -79,8 +80,15 @@ class SpecdecOptions(ConfigBase):
             model.setdefault("target_tokenizer", target_tokenizer)
         return opts
 
+    @property
+    def pad_mode(self) -> str:
+        """pad_drafts as 'auto' | 'on' | 'off'."""
+        return {True: "on", False: "off"}.get(self.pad_drafts, self.pad_drafts)  # type: ignore[arg-type]
+
     def validate(self, *, where: str = "") -> None:
         super().validate(where=where)
+        if self.pad_drafts not in PAD_CHOICES:
+            raise ConfigError(f"{where}pad_drafts={self.pad_drafts!r} must be one of 'auto', 'on', 'off' (or true/false)")
         if not isinstance(self.drafter, (str, list, tuple, dict)):
             raise ConfigError(f"{where}drafter={self.drafter!r} must be a name, a dict with 'name', or a list")
 

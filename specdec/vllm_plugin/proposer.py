@@ -44,6 +44,29 @@ def build_proposer_drafter(options: SpecdecOptions, *, target_tokenizer: str = "
     return drafter
 
 
+def estimate_params(hf_config: Any) -> float:
+    """Parameter count of a decoder-only transformer from its Hugging Face config (0.0 if the fields are missing).
+
+    Per layer: attention q/o (2 h^2) + k/v (2 h x kv_heads x head_dim) + gated MLP (3 h x i); plus embeddings
+    (and the LM head unless tied).
+    Only an estimate for pad_drafts="auto" (MoE and exotic layouts count as dense).
+    """
+    text = getattr(hf_config, "text_config", None) or hf_config
+    try:
+        h = int(text.hidden_size)
+        layers = int(text.num_hidden_layers)
+        inter = int(getattr(text, "intermediate_size", 4 * h))
+        heads = int(getattr(text, "num_attention_heads", 1))
+        kv = int(getattr(text, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(text, "head_dim", None) or h // heads)
+        vocab = int(getattr(text, "vocab_size", 0))
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+        return 0.0
+    per_layer = 2 * h * h + 2 * h * kv * head_dim + 3 * h * inter
+    embeddings = vocab * h * (1 if getattr(text, "tie_word_embeddings", False) else 2)  # + untied LM head
+    return float(layers * per_layer + embeddings)
+
+
 def _tp_rank() -> int:
     try:
         from vllm.distributed import get_tensor_model_parallel_rank
@@ -63,8 +86,11 @@ class SpecdecProposer:
         tokenizer = str(getattr(model_config, "tokenizer", "") or "")
         target_tokenizer = tokenizer if os.path.isdir(tokenizer) else ""  # local folders only (no hub access)
         self.core = ProposerCore(drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer),
-                                 self.options,
-                                 max_model_len=max_model_len)
+                                 self.options, max_model_len=max_model_len,
+                                 target_params=estimate_params(getattr(model_config, "hf_config", None)))
+        logger.info("specdec: drafter=%s k=%d pad_drafts=%s (target ~%.0fM parameters) async=%s",
+                    self.options.drafter, self.options.num_speculative_tokens, self.options.pad_mode,
+                    self.core.target_params / 1e6, self.options.async_drafting)
         self._input_batch: Any = None
         self._scheduler_output: Any = None
         self._is_driver: bool | None = None
