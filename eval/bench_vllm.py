@@ -34,6 +34,8 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "suffix": {"method": "suffix"},  # ArcticInference 0.1.1 cache, vLLM's defaults (k = depth = 24)
     "specdec": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16},
     "specdec-async": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True},
+    "specdec-hedge": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
+                      "async_mode": "hedge"},
     "specdec-hybrid": {"method": "specdec", "drafter": ["suffix", "model"], "num_speculative_tokens": 16},
     # the draft model on the host CPU (8 threads: half the GPU host's cores); k=4 (each token is a model step)
     "specdec-model": {"method": "specdec", "drafter": "model", "num_speculative_tokens": 4,
@@ -48,7 +50,8 @@ PROFILE_TOP = 45  # functions listed per sort order in --profile output
 
 # --------------------------------------------------------------------------- worker (one engine)
 class StepTimer:
-    """Wraps GPUModelRunner.execute_model / propose_draft_token_ids (engine in-process) to time drafting."""
+    """Wraps GPUModelRunner.execute_model / propose_draft_token_ids and the executor's take_draft_token_ids (engine
+    in-process) to time drafting: the time spent in propose plus the wait for the drafts' hand-off."""
 
     def __init__(self) -> None:
         self.steps = 0
@@ -74,6 +77,22 @@ class StepTimer:
 
         GPUModelRunner.execute_model = execute_model
         GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+        try:  # the hand-off of drafts to the scheduler: where overlapped drafting ("async") waits for its helper
+            from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+            take = UniProcExecutor.take_draft_token_ids
+
+            @functools.wraps(take)
+            def take_draft_token_ids(self: Any, *a: Any, **kw: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return take(self, *a, **kw)
+                finally:
+                    timer.draft_s += time.perf_counter() - t0
+
+            UniProcExecutor.take_draft_token_ids = take_draft_token_ids
+        except (ImportError, AttributeError):
+            pass
 
 
 def _spec_counters(llm: Any) -> dict[str, float]:

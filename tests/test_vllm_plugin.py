@@ -136,6 +136,46 @@ def test_runner_patch_binds_the_input_batch_before_propose():
     assert not plugin.patch_runner_class(OddRunner)  # unexpected signature: left alone
 
 
+def test_async_overlap_proposer_defers_drafts_to_take_draft_token_ids():
+    """propose() submits to the helper and returns placeholders; take_draft_token_ids() swaps the drafts in."""
+    import numpy as np
+
+    from specdec.vllm_plugin.proposer import SpecdecProposer
+
+    class FakeRunner:
+        def __init__(self, drafter):
+            self.drafter, self._draft_token_ids = drafter, None
+            self.input_batch = SimpleNamespace(req_ids=["r1"], num_prompt_tokens=np.array([8]))
+
+        def propose_draft_token_ids(self, scheduler_output, sampled, *rest):
+            toks = np.zeros((1, 64), np.int32)
+            toks[0, :9] = [1, 2, 3, 1, 2, 3, 1, 2, 3]
+            self._draft_token_ids = self.drafter.propose(sampled, np.array([9]), toks)
+            return self._draft_token_ids
+
+        def _get_draft_token_ids_cpu(self):
+            return self._draft_token_ids, self.input_batch.req_ids
+
+        def take_draft_token_ids(self):
+            return self._get_draft_token_ids_cpu()
+
+    cfg = SimpleNamespace(additional_config={"specdec": {"async": True, "adaptive": False, "draft_timeout_ms": 0}},
+                          speculative_config=SimpleNamespace(num_speculative_tokens=3),
+                          model_config=SimpleNamespace(max_model_len=64))
+    prop = SpecdecProposer(cfg, patch_runner=False)
+    assert prop.overlapped and prop.core is None
+    assert plugin.patch_runner_class(FakeRunner) and plugin.take_hook_installed()
+    runner = FakeRunner(prop)
+    try:
+        assert runner.propose_draft_token_ids(SimpleNamespace(), [[3]]) == [[]]  # placeholder
+        drafts, req_ids = runner.take_draft_token_ids()
+        assert req_ids == ["r1"] and drafts == [[1, 2, 3]]  # the suffix drafter's continuation of 1 2 3 ...
+        assert prop.stats()["steps"] == 1
+    finally:
+        prop.close()
+        plugin._state["take_patched"] = False
+
+
 def test_options_defaults_are_valid_and_described():
     opts = SpecdecOptions.from_dict({})
     assert opts.num_speculative_tokens == 16 and opts.draft_timeout_ms > 0 and opts.adaptive
@@ -174,6 +214,10 @@ def test_real_custom_class_hook_and_runner_signature():
 
     params = list(inspect.signature(GPUModelRunner.propose_draft_token_ids).parameters)
     assert params[:2] == ["self", "scheduler_output"]
+    # overlapped drafting collects in take_draft_token_ids; custom_class drafts are kept as a list there
+    assert list(inspect.signature(GPUModelRunner.take_draft_token_ids).parameters) == ["self"]
+    src = inspect.getsource(GPUModelRunner._get_draft_token_ids_cpu)
+    assert "isinstance(self._draft_token_ids, list)" in src
 
 
 @needs_vllm

@@ -37,8 +37,12 @@ class SpecdecOptions(ConfigBase):
     draft_model: str = rng("", doc="shorthand for drafter_options={'model': {'path': ...}}: the draft model folder "
                                    "(same tokenizer as the served model; checked at start)")
     num_speculative_tokens: int = rng(16, lo=1, hi=MAX_SPEC_LEN, doc="max draft tokens per request per step")
-    async_drafting: bool = rng(False, doc="wrap the drafter in specdec.pipeline.AsyncDrafter (key: 'async')")
-    async_options: dict = rng({}, doc="keyword options for AsyncDrafter")
+    async_drafting: bool = rng(False, doc="draft off the critical path (key: 'async'); how: async_mode")
+    async_mode: str = rng("overlap", choices=("overlap", "hedge"),
+                          doc="'overlap': the proposer runs in a helper process while vLLM processes the step's "
+                              "outputs (specdec.vllm_plugin.overlap); 'hedge': specdec.pipeline.AsyncDrafter "
+                              "pre-drafts likely outcomes on a background thread")
+    async_options: dict = rng({}, doc="keyword options for AsyncDrafter (async_mode='hedge')")
     draft_timeout_ms: float = rng(50.0, lo=0.0, hi=60_000.0,
                                   doc="per-step drafting deadline; past it the step gets no draft (0 = no deadline)")
     deadline_mode: str = rng("auto", choices=("auto", "thread"),

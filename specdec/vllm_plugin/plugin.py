@@ -31,7 +31,7 @@ _WRAPPED = "_specdec_wrapped"
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default when the user sets none (the value is filled in after our hook)
 AUTO_CUDAGRAPH_MAX_TOKENS = 2048  # cap of the automatic capture-size raise (capture time and memory)
 VLLM_DEFAULT_CAPTURE_TOKENS = 512  # vLLM's own cap on the default capture size
-_state = {"registered": False, "runner_patched": False}
+_state = {"registered": False, "runner_patched": False, "take_patched": False}
 
 
 def _vllm_version() -> str:
@@ -162,7 +162,43 @@ def patch_runner_class(runner_cls: Any) -> bool:
 
     setattr(propose_draft_token_ids, _WRAPPED, True)
     runner_cls.propose_draft_token_ids = propose_draft_token_ids
+    _state["take_patched"] = patch_take_draft_token_ids(runner_cls)
     return True
+
+
+def patch_take_draft_token_ids(runner_cls: Any) -> bool:
+    """Wrap ``runner_cls.take_draft_token_ids`` so overlapped drafts (async overlap mode) are collected there.
+
+    vLLM's synchronous loop calls it after ``scheduler.update_from_output``: drafting overlaps that work.
+    Requires the runner to keep custom_class drafts as a list in ``_draft_token_ids`` (vLLM 0.26 and 0.32).
+    """
+    orig = getattr(runner_cls, "take_draft_token_ids", None)
+    if orig is None or not hasattr(runner_cls, "_get_draft_token_ids_cpu"):
+        return False
+    if getattr(orig, _WRAPPED, False):
+        return True
+    if list(inspect.signature(orig).parameters) != ["self"]:
+        logger.warning("specdec: %s.take_draft_token_ids has an unexpected signature; overlapped drafting "
+                       "collects in propose (no overlap)", runner_cls.__name__)
+        return False
+    from specdec.vllm_plugin.proposer import SpecdecProposer
+
+    @functools.wraps(orig)
+    def take_draft_token_ids(self: Any) -> Any:
+        drafter = getattr(self, "drafter", None)
+        if isinstance(drafter, SpecdecProposer):
+            drafts = drafter.collect_deferred()
+            if drafts is not None and isinstance(getattr(self, "_draft_token_ids", None), list):
+                self._draft_token_ids = drafts
+        return orig(self)
+
+    setattr(take_draft_token_ids, _WRAPPED, True)
+    runner_cls.take_draft_token_ids = take_draft_token_ids
+    return True
+
+
+def take_hook_installed() -> bool:
+    return bool(_state["take_patched"])
 
 
 def ensure_runner_patch() -> bool:

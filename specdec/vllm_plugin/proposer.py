@@ -32,12 +32,12 @@ INSTANCES: "weakref.WeakSet[SpecdecProposer]" = weakref.WeakSet()  # live propos
 
 
 def build_proposer_drafter(options: SpecdecOptions, *, target_tokenizer: str = "") -> Drafter:
-    """The drafter named by the options, wrapped in ``AsyncDrafter`` when ``async`` is on.
+    """The drafter named by the options, wrapped in ``AsyncDrafter`` for ``async`` with ``async_mode="hedge"``.
 
     ``target_tokenizer``: the served model's tokenizer folder; a model drafter refuses a different tokenizer.
     """
     drafter = build_drafter(options.drafter, options.resolved_drafter_options(target_tokenizer))
-    if options.async_drafting:
+    if options.async_drafting and options.async_mode == "hedge":
         from specdec.pipeline import AsyncDrafter
 
         drafter = AsyncDrafter(drafter, **dict(options.async_options))
@@ -85,12 +85,19 @@ class SpecdecProposer:
         max_model_len = int(getattr(model_config, "max_model_len", 0) or 1 << 30)
         tokenizer = str(getattr(model_config, "tokenizer", "") or "")
         target_tokenizer = tokenizer if os.path.isdir(tokenizer) else ""  # local folders only (no hub access)
-        self.core = ProposerCore(drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer),
-                                 self.options, max_model_len=max_model_len,
-                                 target_params=estimate_params(getattr(model_config, "hf_config", None)))
+        params = estimate_params(getattr(model_config, "hf_config", None))
+        self._core_args = {"max_model_len": max_model_len, "target_params": params}
+        self._target_tokenizer = target_tokenizer
+        # "async" in overlap mode: the whole ProposerCore lives in a helper process (created on the drafting rank)
+        self.overlapped = self.options.async_drafting and self.options.async_mode == "overlap" and drafter is None
+        self.overlap: Any = None  # OverlapCore, built at the first propose on the drafting rank
+        self.core: ProposerCore | None = None
+        if not self.overlapped:
+            self.core = ProposerCore(drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer),
+                                     self.options, **self._core_args)
         logger.info("specdec: drafter=%s k=%d pad_drafts=%s (target ~%.0fM parameters) async=%s",
                     self.options.drafter, self.options.num_speculative_tokens, self.options.pad_mode,
-                    self.core.target_params / 1e6, self.options.async_drafting)
+                    params / 1e6, self.options.async_mode if self.options.async_drafting else "off")
         self._input_batch: Any = None
         self._scheduler_output: Any = None
         self._is_driver: bool | None = None
@@ -131,10 +138,13 @@ class SpecdecProposer:
                 logger.warning("specdec: no request ids from the model runner (runner patch not applied to this "
                                "vLLM version); drafting is disabled, generation goes on without speculation")
             return [[] for _ in range(n)]
+        args = (list(batch.req_ids), sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        kwargs = {"num_prompt_tokens": getattr(batch, "num_prompt_tokens", None), "k": self._dynamic_k()}
+        if self.overlapped:
+            return self._propose_overlapped(n, args, kwargs)
+        assert self.core is not None
         try:
-            return self.core.step(list(batch.req_ids), sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
-                                  num_prompt_tokens=getattr(batch, "num_prompt_tokens", None),
-                                  k=self._dynamic_k())
+            return self.core.step(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             if self.options.strict:
                 raise
@@ -142,12 +152,48 @@ class SpecdecProposer:
             self.core.requests.clear()  # forget state: every request resyncs from its full context
             return [[] for _ in range(n)]
 
+    def _propose_overlapped(self, n: int, args: tuple, kwargs: dict[str, Any]) -> list[list[int]]:
+        """Submit to the helper; with the take hook the drafts are collected later (``collect_deferred``)."""
+        from specdec.vllm_plugin.plugin import take_hook_installed
+
+        try:
+            if self.overlap is None:
+                from specdec.vllm_plugin.overlap import OverlapCore
+
+                self.overlap = OverlapCore(self.options, target_tokenizer=self._target_tokenizer, **self._core_args)
+            self.overlap.submit(*args, **kwargs)
+            if take_hook_installed():
+                return [[] for _ in range(n)]  # placeholder; replaced in take_draft_token_ids
+            return self.overlap.collect() or [[] for _ in range(n)]
+        except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
+            if self.options.strict:
+                raise
+            if self.overlap is not None:
+                self.overlap._die(f"overlapped drafting failed: {exc!r}")
+            else:
+                self.overlapped = False
+                logger.warning("specdec: overlapped drafting unavailable (%r); drafting in-process", exc)
+                self.core = ProposerCore(build_proposer_drafter(self.options, target_tokenizer=self._target_tokenizer),
+                                         self.options, **self._core_args)
+            return [[] for _ in range(n)]
+
+    def collect_deferred(self) -> list[list[int]] | None:
+        """Drafts of the step submitted by the last ``propose`` (overlap mode), or None if none is pending."""
+        if self.overlap is None:
+            return None
+        return self.overlap.collect()
+
     def _dynamic_k(self) -> int | None:
         k = getattr(self._scheduler_output, "num_spec_tokens_to_schedule", None)
         return int(k) if isinstance(k, int) and k > 0 else None
 
     def stats(self) -> dict[str, Any]:
-        return self.core.stats_dict()
+        if self.core is not None:
+            return self.core.stats_dict()
+        return self.overlap.stats() if self.overlap is not None else {"mode": "overlap", "steps": 0}
 
     def close(self) -> None:
-        self.core.close()
+        if self.core is not None:
+            self.core.close()
+        if self.overlap is not None:
+            self.overlap.close()
