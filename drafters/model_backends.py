@@ -31,6 +31,7 @@ BACKENDS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "compile": ("specdec.drafters.model_llama", "TorchLlamaBackend", {"dtype": "float32", "compile": True}),
     "onnx": ("specdec.drafters.model_onnx", "OnnxBackend", {"quantize": False}),
     "onnx-int8": ("specdec.drafters.model_onnx", "OnnxBackend", {"quantize": True}),
+    "numpy": ("specdec.drafters.model_numpy", "NumpyLlamaBackend", {}),
 }
 BACKEND_NAMES = tuple(BACKENDS)
 
