@@ -207,7 +207,7 @@ def worker(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     llm = LLM(model=args.model, dtype=args.dtype, speculative_config=spec, max_model_len=args.max_model_len,
               gpu_memory_utilization=args.gpu_mem, max_num_seqs=max(args.batch_sizes), seed=0,
-              enforce_eager=args.eager, disable_log_stats=False, **extra)
+              enforce_eager=args.eager, disable_log_stats=False, tensor_parallel_size=args.tp, **extra)
     startup = time.perf_counter() - t0
     lossless = args.dtype == "float32"
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=not lossless, detokenize=False)
@@ -271,7 +271,7 @@ def _spawn(args: argparse.Namespace, method: str, dtype: str, batches: list[int]
            "--max-tokens", str(max_tokens), "--batch-sizes", ",".join(map(str, batches)),
            "--datasets", ",".join(args.datasets), "--max-model-len", str(args.max_model_len),
            "--gpu-mem", str(args.gpu_mem), "--specdec-config", args.specdec_config or "{}",
-           "--variants", args.variants or "{}", "--compilation-config", args.compilation_config or "null",
+           "--variants", args.variants or "{}", "--tp", str(args.tp), "--compilation-config", args.compilation_config or "null",
            "--profile-dir", args.profile_dir if method in args.profile_methods else ""]
     if eager:
         cmd.append("--eager")
@@ -371,6 +371,7 @@ def write_doc(args: argparse.Namespace, runs: dict, lossless: dict, t_start: flo
                                   "max_tokens": LOSSLESS_MAX_TOKENS, "eos": "respected", "enforce_eager": True}
                      if args.lossless else None,
                      "engine": "vLLM LLM(), engine core in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), seed 0",
+                     "tensor_parallel_size": args.tp,
                      "command": " ".join(sys.argv), "total_s": time.perf_counter() - t_start},
         "summary": summarise(runs, lossless),
     }
@@ -431,6 +432,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lossless-only", action="store_true", help="only the float32 lossless runs")
     ap.add_argument("--eager-bench", action="store_true", help="enforce_eager for the speed runs (no CUDA graphs)")
     ap.add_argument("--method-timeout-s", type=int, default=900)
+    ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size of every engine (the shared target: <= 2)")
     ap.add_argument("--device", default="", help="device name for the results file (default: from the GPU)")
     ap.add_argument("--out-dir", default="eval/results")
     ap.add_argument("--raw-dir", default="/tmp/specdec_bench_raw", help="per-method outputs (token ids)")
