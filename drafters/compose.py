@@ -3,8 +3,12 @@
 ``ComposedDrafter([suffix, ngram])`` forwards every lifecycle call to all parts; at each step it asks
 every part for a draft and keeps, per request, the one with the highest calibrated score: the part's
 ``TokenTree.expected_accepted()`` (sum of path probabilities) times that part's observed calibration, the
-ratio of tokens its chosen drafts really got accepted to what they predicted (learned online from
-``extend``; starts at 1 through a prior of ``CALIBRATION_PRIOR_TOKENS``). Drafters' probabilities are not on
+ratio of tokens its drafts really got accepted to what they predicted (learned online from ``extend``;
+starts at 1 through a prior of ``CALIBRATION_PRIOR_TOKENS``). Every part learns from every step, chosen or
+not: the emitted tokens (the chosen draft's accepted prefix + the target's next token) are the target's
+greedy continuation, so a part whose draft was not submitted is scored on them too, both sides cut at that
+many tokens (its acceptance beyond them is unobserved). Learning only from chosen drafts would freeze a part
+that starts behind. Drafters' probabilities are not on
 one scale (frequency counts vs a model's softmax); calibration makes them comparable. Ties go to the
 earlier drafter. With ``merge=True`` it instead unites the
 parts' trees (shared prefixes merged, best-scored part first) under the budget; chain requests then get
@@ -39,7 +43,8 @@ class ComposedDrafter(Drafter):
         self.calibrate = calibrate
         self.predicted: list[float] = [CALIBRATION_PRIOR_TOKENS] * len(self.drafters)  # sum of chosen scores
         self.accepted: list[float] = [CALIBRATION_PRIOR_TOKENS] * len(self.drafters)  # their accepted tokens
-        self._pending: dict[str, tuple[int, TokenTree]] = {}  # request -> (part, draft) awaiting its outcome
+        # request -> [(part, draft)] of this step, the chosen one first, awaiting the outcome
+        self._pending: dict[str, list[tuple[int, TokenTree]]] = {}
         self._logged: set[tuple[str, str]] = set()
 
     # ----------------------------------------------------------------- lifecycle
@@ -56,12 +61,20 @@ class ComposedDrafter(Drafter):
     def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
         pending = self._pending.pop(request_id, None)
         if pending is not None:
-            # emitted = accepted path + one token the target chose, which no child of the path's end carries,
-            # so the match length of the emitted tokens is the accepted count
-            part, tree = pending
-            self.predicted[part] += score(tree)
-            self.accepted[part] += len(tree.match_length(token_ids))
+            self._learn(pending, token_ids)
         self._each("extend", request_id, token_ids)
+
+    def _learn(self, drafts: list[tuple[int, TokenTree]], emitted: Sequence[int]) -> None:
+        """Update each part's calibration from this step's outcome (see the module docstring)."""
+        # chosen draft: emitted = accepted path + one token the target chose, which no child of the path's
+        # end carries, so the match length of the emitted tokens is the accepted count
+        part, tree = drafts[0]
+        self.predicted[part] += score(tree)
+        self.accepted[part] += len(tree.match_length(emitted))
+        horizon = len(emitted)  # other parts: only the first len(emitted) target tokens are known
+        for part, tree in drafts[1:]:
+            self.predicted[part] += score(tree, max_depth=horizon)
+            self.accepted[part] += len(tree.match_length(emitted))
 
     def stop(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
@@ -95,7 +108,7 @@ class ComposedDrafter(Drafter):
         # best calibrated score first, ties: earlier part
         scored = sorted(cands, key=lambda kt: (-score(kt[1]) * self.calibration(kt[0]), kt[0]))
         self.picks[scored[0][0]] += 1
-        self._pending[req.request_id] = scored[0]
+        self._pending[req.request_id] = scored
         if not self.merge or len(scored) == 1:
             return scored[0][1]
         merged = merge_trees([t for _, t in scored], req.budget)
@@ -120,6 +133,11 @@ class ComposedDrafter(Drafter):
         return sum(d.memory_bytes() for d in self.drafters)
 
 
-def score(tree: TokenTree) -> float:
-    """Expected accepted tokens under the drafter's own probabilities (0 for an empty or prob-less tree)."""
-    return tree.expected_accepted() if len(tree) else 0.0
+def score(tree: TokenTree, *, max_depth: int | None = None) -> float:
+    """Expected accepted tokens under the drafter's own probabilities (0 for an empty or prob-less tree),
+    counting only nodes at depth <= ``max_depth`` when given."""
+    if not len(tree) or tree.probs is None:
+        return 0.0
+    if max_depth is None:
+        return tree.expected_accepted()
+    return float(tree.path_probs()[tree.depths <= max_depth].sum())

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+import pytest
 
 from specdec.drafters import build_drafter
 from specdec.drafters.base import Drafter, DraftRequest
@@ -118,3 +119,24 @@ def test_calibration_moves_picks_from_an_overconfident_part_to_an_accurate_one()
     for _ in range(5):
         raw.extend("r", [1])
     assert raw.draft("r", 3).tokens.tolist() == [9, 9, 9]
+
+
+def test_a_part_that_is_never_chosen_still_learns_and_takes_over():
+    """A confident but wrong part wins the first steps; the unchosen, right one is calibrated from the same
+    outcomes (emitted tokens) and takes over once the wrong part's calibration has dropped."""
+    wrong = Fixed("wrong", TokenTree.chain([9, 9, 9, 9], [0.95] * 4))  # scores ~3.5, never accepted
+    right = Fixed("right", TokenTree.chain([1, 2, 3, 4], [0.6] * 4))  # scores ~1.3, always right
+    comp = ComposedDrafter([wrong, right])
+    comp.start("r", [0])
+    chosen = []
+    for step in range(12):
+        tree = comp.draft("r", 4)
+        chosen.append(tree.tokens.tolist())
+        # the target continues 1 2 3 4; emitted = accepted prefix of the chosen draft + the target's next token
+        accepted = len(tree.match_length([1, 2, 3, 4]))
+        comp.extend("r", [1, 2, 3, 4, 5][: accepted + 1])
+        if step == 1:  # "right" not chosen yet, but scored on the 1 observed token: 0.6 predicted, 1 accepted
+            assert chosen == [[9, 9, 9, 9]] * 2
+            assert comp.accepted[1] == 8.0 + 2 and comp.predicted[1] == pytest.approx(8.0 + 2 * 0.6)
+    assert chosen[-1] == [1, 2, 3, 4]
+    assert comp.calibration(0) < 0.5 < comp.calibration(1)
