@@ -4,7 +4,9 @@
 every part for a draft and keeps, per request, the one with the highest calibrated score: the part's
 ``TokenTree.expected_accepted()`` (sum of path probabilities) times that part's observed calibration, the
 ratio of tokens its drafts really got accepted to what they predicted (learned online from ``extend``;
-starts at 1 through a prior of ``CALIBRATION_PRIOR_TOKENS``). Every part learns from every step, chosen or
+starts at 1 through a prior of ``CALIBRATION_PRIOR_TOKENS``), overall and per band of the part's own score
+(``SCORE_BUCKET_EDGES``; a band starts from the part's overall ratio): a suffix drafter is reliable when it
+predicts a long copy and over-confident when it predicts one or two tokens. Every part learns from every step, chosen or
 not: the emitted tokens (the chosen draft's accepted prefix + the target's next token) are the target's
 greedy continuation, so a part whose draft was not submitted is scored on them too, both sides cut at that
 many tokens (its acceptance beyond them is unobserved). Learning only from chosen drafts would freeze a part
@@ -25,6 +27,7 @@ from specdec.tree import TokenTree, merge_trees
 
 logger = logging.getLogger("specdec.drafters")
 CALIBRATION_PRIOR_TOKENS = 8.0  # pseudo-tokens (predicted = accepted) each part's calibration starts with
+SCORE_BUCKET_EDGES = (1.0, 2.0, 4.0, 8.0)  # calibration is also kept per band of the part's own score
 
 
 class ComposedDrafter(Drafter):
@@ -45,6 +48,8 @@ class ComposedDrafter(Drafter):
         self.accepted: list[float] = [CALIBRATION_PRIOR_TOKENS] * len(self.drafters)  # their accepted tokens
         # request -> [(part, draft)] of this step, the chosen one first, awaiting the outcome
         self._pending: dict[str, list[tuple[int, TokenTree]]] = {}
+        self._band_pred: dict[tuple[int, int], float] = {}  # (part, score band) -> predicted tokens
+        self._band_acc: dict[tuple[int, int], float] = {}  # ... and their accepted tokens
         self._logged: set[tuple[str, str]] = set()
 
     # ----------------------------------------------------------------- lifecycle
@@ -68,21 +73,31 @@ class ComposedDrafter(Drafter):
         """Update each part's calibration from this step's outcome (see the module docstring)."""
         # chosen draft: emitted = accepted path + one token the target chose, which no child of the path's
         # end carries, so the match length of the emitted tokens is the accepted count
-        part, tree = drafts[0]
-        self.predicted[part] += score(tree)
-        self.accepted[part] += len(tree.match_length(emitted))
         horizon = len(emitted)  # other parts: only the first len(emitted) target tokens are known
-        for part, tree in drafts[1:]:
-            self.predicted[part] += score(tree, max_depth=horizon)
-            self.accepted[part] += len(tree.match_length(emitted))
+        for j, (part, tree) in enumerate(drafts):
+            predicted = score(tree) if j == 0 else score(tree, max_depth=horizon)
+            accepted = len(tree.match_length(emitted))
+            self.predicted[part] += predicted
+            self.accepted[part] += accepted
+            key = (part, score_band(score(tree)))
+            self._band_pred[key] = self._band_pred.get(key, 0.0) + predicted
+            self._band_acc[key] = self._band_acc.get(key, 0.0) + accepted
 
     def stop(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
         self._each("stop", request_id)
 
-    def calibration(self, part: int) -> float:
-        """Observed accepted / predicted tokens of the part's chosen drafts (1.0 when not calibrating)."""
-        return self.accepted[part] / self.predicted[part] if self.calibrate else 1.0
+    def calibration(self, part: int, value: float | None = None) -> float:
+        """Observed accepted / predicted tokens of the part's drafts (1.0 when not calibrating); with ``value``,
+        of its drafts scored in the same band, shrunk toward the part's overall ratio."""
+        if not self.calibrate:
+            return 1.0
+        overall = self.accepted[part] / self.predicted[part]
+        if value is None:
+            return overall
+        key = (part, score_band(value))
+        prior = CALIBRATION_PRIOR_TOKENS
+        return (self._band_acc.get(key, 0.0) + prior * overall) / (self._band_pred.get(key, 0.0) + prior)
 
     def close(self) -> None:
         self._each("close")
@@ -106,7 +121,7 @@ class ComposedDrafter(Drafter):
         if not cands:
             return TokenTree.empty()
         # best calibrated score first, ties: earlier part
-        scored = sorted(cands, key=lambda kt: (-score(kt[1]) * self.calibration(kt[0]), kt[0]))
+        scored = sorted(cands, key=lambda kt: (-score(kt[1]) * self.calibration(kt[0], score(kt[1])), kt[0]))
         self.picks[scored[0][0]] += 1
         self._pending[req.request_id] = scored
         if not self.merge or len(scored) == 1:
@@ -131,6 +146,11 @@ class ComposedDrafter(Drafter):
 
     def memory_bytes(self) -> int:
         return sum(d.memory_bytes() for d in self.drafters)
+
+
+def score_band(value: float) -> int:
+    """Index of ``value`` among ``SCORE_BUCKET_EDGES`` (0: below the first edge)."""
+    return sum(value >= edge for edge in SCORE_BUCKET_EDGES)
 
 
 def score(tree: TokenTree, *, max_depth: int | None = None) -> float:

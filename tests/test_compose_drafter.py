@@ -140,3 +140,18 @@ def test_a_part_that_is_never_chosen_still_learns_and_takes_over():
             assert comp.accepted[1] == 8.0 + 2 and comp.predicted[1] == pytest.approx(8.0 + 2 * 0.6)
     assert chosen[-1] == [1, 2, 3, 4]
     assert comp.calibration(0) < 0.5 < comp.calibration(1)
+
+
+def test_calibration_is_kept_per_score_band():
+    """A part right on its long, confident drafts and wrong on its short ones is trusted only in the long band."""
+    long_right = TokenTree.chain([1, 2, 3, 4], [0.95] * 4)  # score ~3.6: band [2, 4)
+    short_wrong = TokenTree.chain([9], [0.9])  # score 0.9: band [0, 1)
+    comp = ComposedDrafter([Fixed("copy", long_right)])
+    comp.start("r", [0])
+    for step in range(20):
+        tree = long_right if step % 2 == 0 else short_wrong
+        comp._pending["r"] = [(0, tree)]
+        comp.extend("r", [1, 2, 3, 4, 5][: len(tree.match_length([1, 2, 3, 4])) + 1])
+    assert comp.calibration(0, 3.6) > 0.9  # 4 accepted of 3.6 predicted, every time
+    assert comp.calibration(0, 0.9) < 0.6  # 0 of 0.9, shrunk toward the overall ratio
+    assert comp.calibration(0, 0.9) < comp.calibration(0) < comp.calibration(0, 3.6)
