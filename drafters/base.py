@@ -17,7 +17,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from specdec.tree import TokenTree
+from specdec.tree import TokenTree, best_chain
+
+Chain = tuple[list[int], "list[float] | None"]  # (tokens [m], path probabilities [m] or None): a chain draft
 
 logger = logging.getLogger("specdec.drafters")
 
@@ -54,6 +56,14 @@ class Drafter(abc.ABC):
 
     def draft(self, request_id: str, budget: int, *, tree: bool = False) -> TokenTree:
         return self.draft_batch([DraftRequest(request_id, budget, tree)])[0]
+
+    def draft_chains(self, requests: Sequence[DraftRequest]) -> list[Chain]:
+        """Chain drafts as plain lists: per request ``(tokens [m], path probabilities [m] or None)``.
+
+        The hot path of the vLLM proposer (which verifies chains only). Default: ``draft_batch`` reduced to each
+        tree's most probable root path; drafters override it to skip building trees.
+        """
+        return [best_chain(t) for t in self.draft_batch(requests)]
 
     def draft_after(self, request_id: str, extra_tokens: Sequence[int], budget: int, *,
                     tree: bool = False) -> TokenTree | None:
@@ -110,6 +120,23 @@ class DraftGuard:
         self.drafter = drafter
         self.strict = strict
         self.stats = GuardStats()
+
+    def draft_chains(self, requests: Sequence[DraftRequest]) -> list[Chain]:
+        """``Drafter.draft_chains`` with the same failure handling as ``draft_batch``; chains cut to budget."""
+        t0 = time.perf_counter()
+        try:
+            chains = self.drafter.draft_chains(requests)
+            if len(chains) != len(requests):
+                raise RuntimeError(f"{self.drafter.name} returned {len(chains)} drafts for {len(requests)} requests")
+        except Exception as exc:  # noqa: BLE001 - any drafter failure degrades to "no draft"
+            if self.strict:
+                raise
+            self.record_error(exc, [r.request_id for r in requests])
+            return [([], None) for _ in requests]
+        finally:
+            self.stats.draft_seconds += time.perf_counter() - t0
+        return [(toks[:r.budget], probs[:r.budget] if probs is not None else None) if len(toks) > r.budget
+                else (toks, probs) for (toks, probs), r in zip(chains, requests)]
 
     def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
         t0 = time.perf_counter()

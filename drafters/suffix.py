@@ -15,13 +15,15 @@ Backends: ``native`` (C++ core, ``specdec.drafters._suffix_native``, built by ``
 from __future__ import annotations
 
 import logging
+from itertools import accumulate
+from operator import mul
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 from specdec.config import ConfigBase, ConfigError, rng
-from specdec.drafters.base import Drafter, DraftRequest
+from specdec.drafters.base import Chain, Drafter, DraftRequest
 from specdec.drafters.suffix_ref import RefEngine
 from specdec.tree import TokenTree
 
@@ -118,6 +120,21 @@ class SuffixDrafter(Drafter):
             else:  # the engine emits parents in topological order: no re-validation on this hot path
                 out.append(TokenTree._trusted(np.asarray(toks, np.int64), np.asarray(parents, np.int32),
                                               np.asarray(probs, np.float32)))
+        return out
+
+    def draft_chains(self, requests: Sequence[DraftRequest]) -> list[Chain]:
+        """Chain drafts straight from the engine (no tree objects): tokens and path probabilities."""
+        c = self.config
+        out: list[Chain] = []
+        for req in requests:
+            rid = self._ids.get(req.request_id)
+            if rid is None or req.budget <= 0:
+                out.append(([], None))
+                continue
+            toks, _parents, probs, _score, _m, _src = self.engine.draft(
+                rid, req.budget, False, c.max_spec_factor, c.max_spec_offset, c.min_token_prob,
+                c.use_local, c.use_global)
+            out.append((toks, list(accumulate(probs, mul)) if toks else None))
         return out
 
     # ----------------------------------------------------------------- introspection

@@ -265,3 +265,34 @@ def merge_trees(trees: Sequence[TokenTree], budget: int) -> TokenTree:
             local[i] = index[key]
     any_probs = any(t.probs is not None for t in trees)
     return TokenTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int32), probs if any_probs else None)
+
+
+def best_chain(tree: TokenTree) -> tuple[list[int], list[float] | None]:
+    """The chain to submit: the tree itself if it is one, else the greedy-by-probability root path.
+
+    Returns (tokens [m], path probabilities [m] or None when the drafter gave no probabilities). Plain lists:
+    this runs once per request per step (vLLM proposer), where numpy's per-call overhead would dominate.
+    """
+    n = len(tree)
+    if n == 0:
+        return [], None
+    parents = tree.parents.tolist()
+    probs = tree.probs.tolist() if tree.probs is not None else None
+    if parents == list(range(-1, n - 1)):
+        path = list(range(n))
+    else:
+        kids: dict[int, list[int]] = {}
+        for i, p in enumerate(parents):
+            kids.setdefault(p, []).append(i)
+        path, node = [], ROOT
+        while node in kids:
+            node = max(kids[node], key=probs.__getitem__) if probs is not None else kids[node][0]
+            path.append(node)
+    tokens = tree.tokens.tolist()
+    if probs is None:
+        return [tokens[i] for i in path], None
+    acc, path_probs = 1.0, []
+    for i in path:
+        acc *= probs[i]
+        path_probs.append(acc)
+    return [tokens[i] for i in path], path_probs

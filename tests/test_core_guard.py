@@ -83,3 +83,13 @@ def test_lifecycle_failures_are_absorbed(caplog):
     with pytest.raises(KeyError):
         DraftGuard(Scripted(), strict=True).call("start", "bad-start", [1])
     assert guard.stats.as_dict()["draft_errors"] == 1
+
+
+def test_chain_drafts_are_cut_to_the_budget_and_failures_give_empty_chains(caplog):
+    guard = DraftGuard(Scripted())
+    assert guard.draft_chains(REQS) == [([1, 2, 3, 4], None), ([1, 2], None)]  # default: from draft_batch
+    guard.drafter.fail = [RuntimeError("boom"), "short"]
+    with caplog.at_level(logging.WARNING):
+        assert guard.draft_chains(REQS) == [([], None), ([], None)]
+        assert guard.draft_chains(REQS) == [([], None), ([], None)]  # wrong count: a failure too
+    assert guard.stats.errors == 2

@@ -206,3 +206,25 @@ def test_replay_reconstructs_response(traces, backend, tree, budget):
     for i, resp in enumerate(traces):
         prompt = resp[: len(resp) // 2] + [1, 2]
         assert replay_tokens(d, prompt, resp, budget=budget, tree=tree, rid=f"r{i}") == resp
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_draft_chains_equal_the_best_path_of_chain_trees(backend):
+    """The proposer's fast path (plain lists, no trees) gives the same tokens and path probabilities."""
+    from specdec.tree import best_chain
+
+    rng = random.Random(3)
+    d = SuffixDrafter(backend=backend)
+    for i in range(6):
+        ctx = [rng.randrange(6) for _ in range(120)]
+        d.start(f"r{i}", ctx[:60])
+        d.extend(f"r{i}", ctx[60:])
+    reqs = [DraftRequest(f"r{i}", b) for i, b in zip(range(6), (1, 4, 8, 16, 0, 32))] + [DraftRequest("gone", 8)]
+    fast = d.draft_chains(reqs)
+    slow = [best_chain(t) for t in d.draft_batch(reqs)]
+    assert [f[0] for f in fast] == [s[0] for s in slow]
+    for (_, fp), (_, sp) in zip(fast, slow):
+        assert (fp is None) == (sp is None)
+        if fp and sp:
+            assert fp == pytest.approx(sp, rel=1e-5)
+    assert any(len(f[0]) for f in fast)

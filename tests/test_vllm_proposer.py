@@ -243,8 +243,8 @@ def test_pad_auto_pads_small_targets_and_not_large_batches_of_large_ones():
 
 def test_pad_fills_with_the_chain_past_the_cut_then_the_last_token():
     tree = TokenTree.chain([5, 6, 7], probs=[0.9, 0.5, 0.4])
-    assert ProposerCore._chain(tree, 3, 0.6, pad=5, filler=9) == ([5, 6, 7, 7, 7], pytest.approx(0.9), 1)
-    assert ProposerCore._chain(TokenTree.chain([], probs=[]), 3, 0.0, pad=3, filler=9) == ([9, 9, 9], None, 0)
+    assert ProposerCore._chain(*best_chain(tree), 3, 0.6, pad=5, filler=9) == ([5, 6, 7, 7, 7], pytest.approx(0.9), 1)
+    assert ProposerCore._chain([], None, 3, 0.0, pad=3, filler=9) == ([9, 9, 9], None, 0)
 
 
 def test_resync_when_context_length_jumps():
@@ -319,8 +319,8 @@ def test_confidence_cut_grows_with_batch_size():
     core = make_core(OracleDrafter(), adaptive=True, min_path_prob_per_seq=0.01)
     # chain probs 0.9 each -> path probs 0.9, 0.81, 0.729, 0.656: at batch 64 (cut 0.63) all 4 pass, at a
     # stricter per-seq step only the first ones survive
-    assert core._chain(TokenTree.chain([1, 2, 3, 4], probs=[0.9] * 4), 4, 0.75)[0] == [1, 2]
-    assert core._chain(TokenTree.chain([1, 2, 3, 4], probs=[0.9] * 4), 3, 0.0) == ([1, 2, 3], pytest.approx(2.439), 3)
+    assert core._chain(*best_chain(TokenTree.chain([1, 2, 3, 4], probs=[0.9] * 4)), 4, 0.75)[0] == [1, 2]
+    assert core._chain(*best_chain(TokenTree.chain([1, 2, 3, 4], probs=[0.9] * 4)), 3, 0.0) == ([1, 2, 3], pytest.approx(2.439), 3)
 
 
 def test_throughput_check_turns_drafting_off_where_it_does_not_pay():

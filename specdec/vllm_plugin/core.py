@@ -21,8 +21,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from specdec.drafters.base import Drafter, DraftGuard, DraftRequest
-from specdec.tree import ROOT, TokenTree
+from specdec.drafters.base import Chain, Drafter, DraftGuard, DraftRequest
+from specdec.tree import best_chain  # noqa: F401 - re-exported (it lived here before)
 from specdec.vllm_plugin.adaptive import AdaptiveController, StepCostModel, bucket_of, update_acceptance
 from specdec.vllm_plugin.options import SpecdecOptions
 
@@ -78,37 +78,6 @@ class ProposerStats:
         d["propose_ms_per_step"] = 1e3 * self.propose_seconds / max(self.steps, 1)
         d["acceptance_rate"] = self.accepted_tokens / max(self.drafted_tokens, 1)
         return d
-
-
-def best_chain(tree: TokenTree) -> tuple[list[int], list[float] | None]:
-    """The chain to submit: the tree itself if it is one, else the greedy-by-probability root path.
-
-    Returns (tokens [m], path probabilities [m] or None when the drafter gave no probabilities). Plain lists:
-    this runs once per request per step, where numpy's per-call overhead would dominate.
-    """
-    n = len(tree)
-    if n == 0:
-        return [], None
-    parents = tree.parents.tolist()
-    probs = tree.probs.tolist() if tree.probs is not None else None
-    if parents == list(range(-1, n - 1)):
-        path = list(range(n))
-    else:
-        kids: dict[int, list[int]] = {}
-        for i, p in enumerate(parents):
-            kids.setdefault(p, []).append(i)
-        path, node = [], ROOT
-        while node in kids:
-            node = max(kids[node], key=probs.__getitem__) if probs is not None else kids[node][0]
-            path.append(node)
-    tokens = tree.tokens.tolist()
-    if probs is None:
-        return [tokens[i] for i in path], None
-    acc, path_probs = 1.0, []
-    for i in path:
-        acc *= probs[i]
-        path_probs.append(acc)
-    return [tokens[i] for i in path], path_probs
 
 
 class DraftWorker:
@@ -318,23 +287,23 @@ class ProposerCore:
         ops, self._pending, self._pending_ext = self._pending, [], {}
         job = lambda: self._job(ops, wanted)  # noqa: E731
         if self.worker is None:
-            trees = job()
+            chains = job()
         elif self.worker.busy:
             self._pending = ops + self._pending  # applied, in order, by the next job
             self.stats.busy_skips += 1
             return self._nothing(orders)
         elif not wanted:  # too many queued updates: apply them (fast) inline
-            trees = job()
+            chains = job()
         elif self._inline_ok:  # auto mode, drafter proven fast: no thread hand-off
             t0 = self.clock()
-            trees = job()
+            chains = job()
             if self.clock() - t0 > self.timeout_s:  # overran: drop the drafts, enforce deadlines from now on
                 self._inline_ok, self._inline_banned = False, True
                 self._on_timeout(len(wanted))
                 return self._nothing(orders)
         else:
             t0 = self.clock()
-            finished, trees = self.worker.run(job, timeout_s=self.timeout_s)
+            finished, chains = self.worker.run(job, timeout_s=self.timeout_s)
             if not finished:
                 self._inline_banned = True
                 self._on_timeout(len(wanted))
@@ -342,7 +311,7 @@ class ProposerCore:
             self._note_job(self.clock() - t0)
         cost = self._cost(bucket_of(running))
         value = cost.token_cost() if self.adaptive.enabled else 0.0  # calibrated prob a token must reach
-        it = iter(trees or [])
+        it = iter(chains or [])
         out = []
         for o, (budget, pad, filler) in zip(orders, self._limits):
             if o is None:
@@ -350,7 +319,8 @@ class ProposerCore:
                 continue
             st = self.requests.get(o.request_id)
             cut = self.adaptive.cut(running, value / st.calibration() if st is not None and value else value)
-            out.append(self._chain(next(it), budget, cut, pad=pad, filler=filler))
+            tokens, probs = next(it)
+            out.append(self._chain(tokens, probs, budget, cut, pad=pad, filler=filler))
         return [c[0] for c in out], [c[1] for c in out], [c[2] for c in out]
 
     @staticmethod
@@ -378,13 +348,13 @@ class ProposerCore:
                 and self._slow_jobs <= AUTO_SLOW_JOBS_TOLERATED):
             self._inline_ok = True
 
-    def _job(self, ops: list[Op], wanted: list[DraftRequest]) -> list[TokenTree]:
+    def _job(self, ops: list[Op], wanted: list[DraftRequest]) -> list[Chain]:
         for op in ops:
             self.guard.call(op[0], *op[1:])
-        return self.guard.draft_batch(wanted) if wanted else []
+        return self.guard.draft_chains(wanted) if wanted else []
 
     @staticmethod
-    def _chain(tree: TokenTree, budget: int, cut: float, *, pad: int = 0,
+    def _chain(tokens: list[int], probs: list[float] | None, budget: int, cut: float, *, pad: int = 0,
                filler: int = 0) -> tuple[list[int], float | None, int]:
         """(chain tokens to submit, sum of the drafter's own tokens' path probabilities or None, their count).
 
@@ -393,7 +363,6 @@ class ProposerCore:
         ``filler`` (the request's last token) repeated. Padding never changes what is emitted (the verifier
         decides); it only makes every row the same length.
         """
-        tokens, probs = best_chain(tree)
         m = min(len(tokens), budget)
         if probs is not None and cut > 0:
             m = next((j for j in range(m) if probs[j] < cut), m)
