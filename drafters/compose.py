@@ -6,7 +6,12 @@ every part for a draft and keeps, per request, the one with the highest calibrat
 ratio of tokens its drafts really got accepted to what they predicted (learned online from ``extend``;
 starts at 1 through a prior of ``CALIBRATION_PRIOR_TOKENS``), overall and per band of the part's own score
 (``SCORE_BUCKET_EDGES``; a band starts from the part's overall ratio): a suffix drafter is reliable when it
-predicts a long copy and over-confident when it predicts one or two tokens. Every part learns from every step, chosen or
+predicts a long copy and over-confident when it predicts one or two tokens.
+
+When the parts' drafts start with different tokens, at most one is right; the choice then goes to the part
+whose first token has most often been the right one in such disagreements (counted online per part and score
+band, from the emitted tokens), and only on a tie to the calibrated score. A small model drafter is usually
+the better judge of the next token, a suffix drafter of how far a copy goes. Every part learns from every step, chosen or
 not: the emitted tokens (the chosen draft's accepted prefix + the target's next token) are the target's
 greedy continuation, so a part whose draft was not submitted is scored on them too, both sides cut at that
 many tokens (its acceptance beyond them is unobserved). Learning only from chosen drafts would freeze a part
@@ -23,11 +28,12 @@ import logging
 from typing import Sequence
 
 from specdec.drafters.base import Drafter, DraftRequest
-from specdec.tree import TokenTree, merge_trees
+from specdec.tree import TokenTree, best_chain, merge_trees
 
 logger = logging.getLogger("specdec.drafters")
 CALIBRATION_PRIOR_TOKENS = 8.0  # pseudo-tokens (predicted = accepted) each part's calibration starts with
 SCORE_BUCKET_EDGES = (1.0, 2.0, 4.0, 8.0)  # calibration is also kept per band of the part's own score
+DISAGREE_PRIOR = (1.0, 2.0)  # (right, seen) pseudo-counts of each part's first token when the parts disagree
 
 
 class ComposedDrafter(Drafter):
@@ -50,6 +56,8 @@ class ComposedDrafter(Drafter):
         self._pending: dict[str, list[tuple[int, TokenTree]]] = {}
         self._band_pred: dict[tuple[int, int], float] = {}  # (part, score band) -> predicted tokens
         self._band_acc: dict[tuple[int, int], float] = {}  # ... and their accepted tokens
+        self._dis_right: dict[tuple[int, int], float] = {}  # (part, band) -> first token right when parts disagreed
+        self._dis_seen: dict[tuple[int, int], float] = {}
         self._logged: set[tuple[str, str]] = set()
 
     # ----------------------------------------------------------------- lifecycle
@@ -73,6 +81,12 @@ class ComposedDrafter(Drafter):
         """Update each part's calibration from this step's outcome (see the module docstring)."""
         # chosen draft: emitted = accepted path + one token the target chose, which no child of the path's
         # end carries, so the match length of the emitted tokens is the accepted count
+        firsts = {first_token(t) for _, t in drafts}
+        if len(firsts) > 1 and emitted:  # the parts disagreed on the next token: whose was right?
+            for part, tree in drafts:
+                key = (part, score_band(score(tree)))
+                self._dis_seen[key] = self._dis_seen.get(key, 0.0) + 1
+                self._dis_right[key] = self._dis_right.get(key, 0.0) + (first_token(tree) == int(emitted[0]))
         horizon = len(emitted)  # other parts: only the first len(emitted) target tokens are known
         for j, (part, tree) in enumerate(drafts):
             predicted = score(tree) if j == 0 else score(tree, max_depth=horizon)
@@ -99,6 +113,12 @@ class ComposedDrafter(Drafter):
         prior = CALIBRATION_PRIOR_TOKENS
         return (self._band_acc.get(key, 0.0) + prior * overall) / (self._band_pred.get(key, 0.0) + prior)
 
+    def judge(self, part: int, value: float) -> float:
+        """How often the part's first token was the right one when the parts disagreed (per score band)."""
+        key = (part, score_band(value))
+        right, seen = DISAGREE_PRIOR
+        return (self._dis_right.get(key, 0.0) + right) / (self._dis_seen.get(key, 0.0) + seen)
+
     def close(self) -> None:
         self._each("close")
 
@@ -120,8 +140,10 @@ class ComposedDrafter(Drafter):
         cands = [(k, trees[i]) for k, trees in enumerate(per_part) if trees is not None and len(trees[i])]
         if not cands:
             return TokenTree.empty()
-        # best calibrated score first, ties: earlier part
-        scored = sorted(cands, key=lambda kt: (-score(kt[1]) * self.calibration(kt[0], score(kt[1])), kt[0]))
+        # best calibrated score first, ties: earlier part; on a first-token disagreement, the better judge first
+        disagree = len({first_token(t) for _, t in cands}) > 1
+        scored = sorted(cands, key=lambda kt: (-self.judge(kt[0], score(kt[1])) if disagree else 0.0,
+                                               -score(kt[1]) * self.calibration(kt[0], score(kt[1])), kt[0]))
         self.picks[scored[0][0]] += 1
         self._pending[req.request_id] = scored
         if not self.merge or len(scored) == 1:
@@ -146,6 +168,12 @@ class ComposedDrafter(Drafter):
 
     def memory_bytes(self) -> int:
         return sum(d.memory_bytes() for d in self.drafters)
+
+
+def first_token(tree: TokenTree) -> int:
+    """The first token of the tree's most probable root path (-1 for an empty tree)."""
+    tokens = best_chain(tree)[0]
+    return int(tokens[0]) if tokens else -1
 
 
 def score_band(value: float) -> int:

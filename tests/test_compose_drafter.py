@@ -122,24 +122,34 @@ def test_calibration_moves_picks_from_an_overconfident_part_to_an_accurate_one()
 
 
 def test_a_part_that_is_never_chosen_still_learns_and_takes_over():
-    """A confident but wrong part wins the first steps; the unchosen, right one is calibrated from the same
-    outcomes (emitted tokens) and takes over once the wrong part's calibration has dropped."""
+    """A confident but wrong part wins the first step; the unchosen, right one is calibrated from the same
+    outcome (emitted tokens), and as the two disagree on the first token, the judge of such disagreements
+    (whose first token was right) moves to the right part at once."""
     wrong = Fixed("wrong", TokenTree.chain([9, 9, 9, 9], [0.95] * 4))  # scores ~3.5, never accepted
     right = Fixed("right", TokenTree.chain([1, 2, 3, 4], [0.6] * 4))  # scores ~1.3, always right
     comp = ComposedDrafter([wrong, right])
     comp.start("r", [0])
     chosen = []
-    for step in range(12):
+    for step in range(6):
         tree = comp.draft("r", 4)
         chosen.append(tree.tokens.tolist())
         # the target continues 1 2 3 4; emitted = accepted prefix of the chosen draft + the target's next token
         accepted = len(tree.match_length([1, 2, 3, 4]))
         comp.extend("r", [1, 2, 3, 4, 5][: accepted + 1])
-        if step == 1:  # "right" not chosen yet, but scored on the 1 observed token: 0.6 predicted, 1 accepted
-            assert chosen == [[9, 9, 9, 9]] * 2
-            assert comp.accepted[1] == 8.0 + 2 and comp.predicted[1] == pytest.approx(8.0 + 2 * 0.6)
-    assert chosen[-1] == [1, 2, 3, 4]
-    assert comp.calibration(0) < 0.5 < comp.calibration(1)
+        if step == 0:  # "right" not chosen, but scored on the 1 observed token: 0.6 predicted, 1 accepted
+            assert comp.accepted[1] == 8.0 + 1 and comp.predicted[1] == pytest.approx(8.0 + 0.6)
+            assert comp.judge(1, 1.3) > 0.5 > comp.judge(0, 3.5)
+    assert chosen[0] == [9, 9, 9, 9] and chosen[1:] == [[1, 2, 3, 4]] * 5
+    assert comp.calibration(0) < comp.calibration(1)
+
+
+def test_agreeing_parts_are_chosen_by_calibrated_score_not_by_the_judge():
+    short = Fixed("short", TokenTree.chain([1, 2], [0.9, 0.9]))
+    long = Fixed("long", TokenTree.chain([1, 2, 3, 4], [0.9] * 4))
+    comp = ComposedDrafter([short, long])
+    comp._dis_right[(0, 1)] = 50.0  # "short" has been the better judge: irrelevant while both start with 1
+    comp._dis_seen[(0, 1)] = 50.0
+    assert comp.draft("r", 4).tokens.tolist() == [1, 2, 3, 4]
 
 
 def test_calibration_is_kept_per_score_band():
