@@ -121,3 +121,19 @@ def test_row_store_reads_only_rows_that_carried_a_context():
     with pytest.raises(KeyError):
         store[0, :2]
     assert np.asarray(store[1, :3]).dtype == np.int64
+
+
+def test_proposer_benchmark_modes_emit_the_same_tokens():
+    """eval/bench_proposer_cpu: the fake engine verifies greedily, so both modes must emit the same tokens."""
+    from specdec.eval.bench_proposer_cpu import FakeEngine, run
+    from specdec.eval.records import TraceRecord
+
+    rng = np.random.default_rng(1)
+    records = [TraceRecord(str(i), rng.integers(0, 20, 40), np.tile(rng.integers(0, 20, 6), 12)) for i in range(3)]
+    eng = FakeEngine(records, 400)
+    resp = records[0].response_ids.tolist()
+    sampled = eng.verify([resp[:3] + [99], [], []])  # 3 right, then wrong: 3 accepted + the target's token
+    assert sampled[0] == resp[:4] and sampled[1] == records[1].response_ids.tolist()[:1]
+    sync = run("sync", records, k=4, steps=20, engine_work_ms=0.0)
+    overlap = run("overlap", records, k=4, steps=20, engine_work_ms=0.0)
+    assert sync["emitted_tokens"] == overlap["emitted_tokens"] > 3 * 22  # drafts were accepted
