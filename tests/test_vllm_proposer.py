@@ -11,7 +11,8 @@ import pytest
 from specdec.drafters.base import Drafter
 from specdec.tree import TokenTree
 from specdec.vllm_plugin.adaptive import AdaptiveController, bucket_of
-from specdec.vllm_plugin.core import ProposerCore, best_chain
+from specdec.tree import best_chain
+from specdec.vllm_plugin.core import ProposerCore
 from specdec.vllm_plugin.options import SpecdecOptions
 from specdec.vllm_plugin.proposer import SpecdecProposer
 

@@ -1,0 +1,74 @@
+"""Summary and markdown table of a vLLM benchmark run (``specdec.eval.bench_vllm``): ratios to no-spec, bf16
+mismatch counts, the float32 lossless comparison."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def _mismatches(a: list[list[int]], b: list[list[int]]) -> int:
+    return sum(x != y for x, y in zip(a, b))
+
+
+def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Strip outputs, add ratios to no-spec and bf16 mismatch counts; the fp32 lossless comparison."""
+    base = runs.get("nospec")
+    rows = []
+    for method, run in runs.items():
+        for ds, cells in run["datasets"].items():
+            for b, cell in cells.items():
+                row = {k: v for k, v in cell.items() if k != "outputs"}
+                row.update(method=method, dataset=ds)
+                ref = base["datasets"].get(ds, {}).get(b) if base else None
+                if ref is not None:
+                    row["speedup_vs_nospec"] = cell["tokens_per_s"] / ref["tokens_per_s"]
+                    row["mismatches_vs_nospec"] = _mismatches(cell["outputs"], ref["outputs"])
+                rows.append(row)
+    out: dict[str, Any] = {"rows": rows}
+    ref32, spec32 = lossless.get("nospec"), {k: v for k, v in lossless.items() if k != "nospec"}
+    if ref32:
+        checks = []
+        for method, run in spec32.items():
+            for ds, cells in run["datasets"].items():
+                for b, cell in cells.items():
+                    ref = ref32["datasets"][ds][b]["outputs"]
+                    checks.append({"method": method, "dataset": ds, "batch_size": int(b), "compared": len(ref),
+                                   "identical": len(ref) - _mismatches(cell["outputs"], ref),
+                                   # a comparison of empty outputs proves nothing: record what was compared
+                                   "mean_output_tokens": sum(map(len, ref)) / max(len(ref), 1)})
+        out["lossless_fp32"] = checks
+    out["startup_s"] = {m: r["startup_s"] for m, r in runs.items()}
+    out["engine_config"] = {m: r.get("engine_config") for m, r in runs.items()}
+    out["specdec_stats"] = {m: r.get("specdec_stats") for m, r in runs.items() if r.get("specdec_stats")}
+    return out
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    rows = doc["summary"]["rows"]
+    lines = [f"# vLLM benchmark {doc['date']} on {doc['device']}", "",
+             f"Settings: {json.dumps(doc['settings'])}", "", f"Cache policy: {doc['settings']['cache_policy']}", ""]
+    for ds in dict.fromkeys(r["dataset"] for r in rows):
+        lines += [f"## {ds}: tokens/s (x no-spec) | MAT | draft ms/step | bf16 mismatches vs no-spec", "",
+                  "| method | " + " | ".join(f"bs {b}" for b in doc["settings"]["batch_sizes"]) + " |",
+                  "| --- |" + " --- |" * len(doc["settings"]["batch_sizes"])]
+        for method in dict.fromkeys(r["method"] for r in rows):
+            cells = {r["batch_size"]: r for r in rows if r["dataset"] == ds and r["method"] == method}
+            txt = []
+            for b in doc["settings"]["batch_sizes"]:
+                r = cells.get(b)
+                if r is None:
+                    txt.append("-")
+                    continue
+                sp = f" ({r['speedup_vs_nospec']:.2f}x)" if "speedup_vs_nospec" in r else ""
+                mm = f", {r['mismatches_vs_nospec']}/{r['prompts']} mm" if method != "nospec" and \
+                    "mismatches_vs_nospec" in r else ""
+                txt.append(f"{r['tokens_per_s']:,.0f}{sp}; MAT {r['mat']:.2f}; {r['draft_ms_per_step']:.2f} ms{mm}")
+            lines.append(f"| {method} | " + " | ".join(txt) + " |")
+        lines.append("")
+    if doc["summary"].get("lossless_fp32"):
+        lines += ["## Greedy lossless check, float32 (EOS respected)", "",
+                  "| method | dataset | bs | identical | mean output tokens |", "| --- | --- | --- | --- | --- |"]
+        for c in doc["summary"]["lossless_fp32"]:
+            lines.append(f"| {c['method']} | {c['dataset']} | {c['batch_size']} | {c['identical']}/{c['compared']} "
+                         f"| {c.get('mean_output_tokens', float('nan')):.1f} |")
+    return "\n".join(lines) + "\n"
