@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 from specdec.drafters.base import Drafter
-from specdec.tree import TokenTree
+from specdec.tree import TokenTree, best_chain
 from specdec.vllm_plugin.adaptive import AdaptiveController, bucket_of
-from specdec.tree import best_chain
 from specdec.vllm_plugin.core import ProposerCore
 from specdec.vllm_plugin.options import SpecdecOptions
 from specdec.vllm_plugin.proposer import SpecdecProposer
