@@ -38,9 +38,15 @@ logger = logging.getLogger("specdec.drafters.model")
 # (inductor compiles for ~1 min per shape class on 2 cores and recompiles as batch/length classes change).
 AUTO_CANDIDATES = ("torch", "onnx", "eager")
 AUTO_BF16 = "torch-bf16"
+# beside a busy engine in the same host (vLLM): backends that use torch intra-op (OpenMP) threads collapsed to
+# 230-330 ms per step on the GPU host's Xeon while vLLM decoded (eval/results/..._xeon-8t_draft_cpu_while_vllm.json);
+# ONNX Runtime (spinning off) and numpy (one BLAS thread) kept their standalone speed
+AUTO_SHARED_HOST = ("onnx", "numpy")
 
 
-def auto_candidates(features: dict[str, bool]) -> tuple[str, ...]:
+def auto_candidates(features: dict[str, bool], *, shared_host: bool = False) -> tuple[str, ...]:
+    if shared_host:
+        return AUTO_SHARED_HOST
     native_bf16 = features.get("amx_bf16", False) or features.get("avx512_bf16", False)
     return AUTO_CANDIDATES + ((AUTO_BF16,) if native_bf16 else ())
 
@@ -58,6 +64,9 @@ class ModelDrafterConfig(ConfigBase):
     calibration_steps: int = rng(8, lo=1, hi=1000, doc="timed decode steps per backend for backend=auto")
     onnx_spin: bool = rng(False, doc="ONNX Runtime threads spin between ops: a little faster alone, but they "
                                      "steal the cores from other work in the process (a CPU target: 2x slower)")
+    shared_host: bool = rng(False, doc="the drafter runs beside a busy engine (the vLLM plugin sets it): "
+                                       "backend=auto then picks among backends without torch OpenMP threads "
+                                       "(onnx, numpy), which were measured to collapse under that load")
 
     def resolved_path(self) -> Path:
         return Path(self.path).expanduser() if self.path else model_path(DRAFT_MODEL)
@@ -161,7 +170,8 @@ class ModelDrafter(Drafter):
             return make_backend(self.config.backend, path, onnx_spin=self.config.onnx_spin)
         from specdec.drafters.model_calibrate import pick_backend
 
-        return pick_backend(path, auto_candidates(self.cpu.features), steps=self.config.calibration_steps,
+        candidates = auto_candidates(self.cpu.features, shared_host=self.config.shared_host)
+        return pick_backend(path, candidates, steps=self.config.calibration_steps,
                             onnx_spin=self.config.onnx_spin)
 
     # ------------------------------------------------------------------ lifecycle

@@ -480,7 +480,8 @@ def test_draft_model_option_fills_the_model_drafters_path_and_target_tokenizer()
     opts = SpecdecOptions.from_dict({"drafter": ["suffix", "model"], "draft_model": "/models/draft",
                                      "drafter_options": {"model": {"backend": "onnx"}}})
     resolved = opts.resolved_drafter_options("/models/target")
-    assert resolved["model"] == {"backend": "onnx", "path": "/models/draft", "target_tokenizer": "/models/target"}
+    assert resolved["model"] == {"backend": "onnx", "path": "/models/draft", "target_tokenizer": "/models/target",
+                                 "shared_host": True}
     # an explicit drafter_options path wins over the shorthand; the user's dict is not mutated
     opts = SpecdecOptions.from_dict({"draft_model": "/a", "drafter_options": {"model": {"path": "/b"}}})
     assert opts.resolved_drafter_options()["model"]["path"] == "/b"

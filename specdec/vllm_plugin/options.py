@@ -82,6 +82,7 @@ class SpecdecOptions(ConfigBase):
             model.setdefault("path", self.draft_model)
         if target_tokenizer:
             model.setdefault("target_tokenizer", target_tokenizer)
+        model.setdefault("shared_host", True)  # beside vLLM: no torch-OpenMP backends under backend=auto
         return opts
 
     @property
