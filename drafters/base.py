@@ -15,10 +15,11 @@ import abc
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 from specdec.tree import TokenTree, best_chain
 
+T = TypeVar("T")
 Chain = tuple[list[int], "list[float] | None"]  # (tokens [m], path probabilities [m] or None): a chain draft
 
 logger = logging.getLogger("specdec.drafters")
@@ -123,35 +124,31 @@ class DraftGuard:
 
     def draft_chains(self, requests: Sequence[DraftRequest]) -> list[Chain]:
         """``Drafter.draft_chains`` with the same failure handling as ``draft_batch``; chains cut to budget."""
-        t0 = time.perf_counter()
-        try:
-            chains = self.drafter.draft_chains(requests)
-            if len(chains) != len(requests):
-                raise RuntimeError(f"{self.drafter.name} returned {len(chains)} drafts for {len(requests)} requests")
-        except Exception as exc:  # noqa: BLE001 - any drafter failure degrades to "no draft"
-            if self.strict:
-                raise
-            self.record_error(exc, [r.request_id for r in requests])
-            return [([], None) for _ in requests]
-        finally:
-            self.stats.draft_seconds += time.perf_counter() - t0
+        chains = self._guarded(self.drafter.draft_chains, requests, ([], None))
         return [(toks[:r.budget], probs[:r.budget] if probs is not None else None) if len(toks) > r.budget
                 else (toks, probs) for (toks, probs), r in zip(chains, requests)]
 
     def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
+        trees = self._guarded(self.drafter.draft_batch, requests, TokenTree.empty())
+        return [t.truncate(r.budget) for t, r in zip(trees, requests)]
+
+    def _guarded(self, fn: Callable[[Sequence[DraftRequest]], list[T]], requests: Sequence[DraftRequest],
+                 empty: T) -> list[T]:
+        """``fn(requests)``, timed; a failure or a wrong count gives ``empty`` for every request (counted, logged
+        once per error type; re-raised with ``strict``)."""
         t0 = time.perf_counter()
         try:
-            trees = self.drafter.draft_batch(requests)
-            if len(trees) != len(requests):
-                raise RuntimeError(f"{self.drafter.name} returned {len(trees)} drafts for {len(requests)} requests")
+            out = fn(requests)
+            if len(out) != len(requests):
+                raise RuntimeError(f"{self.drafter.name} returned {len(out)} drafts for {len(requests)} requests")
+            return out
         except Exception as exc:  # noqa: BLE001 - any drafter failure degrades to "no draft"
             if self.strict:
                 raise
             self.record_error(exc, [r.request_id for r in requests])
-            trees = [TokenTree.empty() for _ in requests]
+            return [empty for _ in requests]
         finally:
             self.stats.draft_seconds += time.perf_counter() - t0
-        return [t.truncate(r.budget) for t, r in zip(trees, requests)]
 
     def call(self, method: str, request_id: str, *args: object) -> None:
         """Run a lifecycle method (start/extend/stop), absorbing failures like ``draft_batch``."""
