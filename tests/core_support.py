@@ -1,6 +1,7 @@
 """Helpers for the core tests: tiny random Llama targets and test drafters (oracle, noisy, random, ...)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -34,6 +35,46 @@ def tiny_llama(seed: int = 0, *, vocab: int = TINY_VOCAB, hidden: int = 48, laye
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                       initializer_range=init_range, pad_token_id=1, bos_token_id=0, eos_token_id=0)
     return LlamaForCausalLM(cfg).float().eval()
+
+
+SAVED_VOCAB = 97  # vocabulary of the saved tiny Llama of the draft-model backend tests
+
+
+def save_tiny_llama(path: Path, *, seed: int, qk_scale: float = 1.0, max_pos: int = 512,
+                    rms_norm_eps: float | None = None) -> Path:
+    """A seeded 2-layer Llama (GQA 4/2 heads, tied embeddings) saved with ``save_pretrained`` to ``path``.
+
+    Matrices are scaled x4 (sharper distributions than the default init, so greedy choices are stable);
+    ``qk_scale`` scales q/k projections further (large attention scores). ``rms_norm_eps`` None keeps Llama's.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    extra = {} if rms_norm_eps is None else {"rms_norm_eps": rms_norm_eps}
+    cfg = LlamaConfig(vocab_size=SAVED_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_pos,
+                      tie_word_embeddings=True, rope_theta=500.0, **extra)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.mul_(4.0 if p.dim() > 1 else 1.0)
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(qk_scale)
+    model.save_pretrained(str(path))
+    return path
+
+
+def load_hf(path: Path) -> torch.nn.Module:
+    """The saved model through Hugging Face, float32, eval mode (the reference for backend logits)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def hf_logits(hf: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    """[n, V] float32 logits of a full forward over ``ids``."""
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].float()
 
 
 def random_prompts(n: int, *, seed: int, vocab: int = TINY_VOCAB, max_len: int = 12) -> list[list[int]]:

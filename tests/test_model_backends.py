@@ -10,29 +10,19 @@ import numpy as np
 import pytest
 import torch
 
+from core_support import SAVED_VOCAB, hf_logits, load_hf, save_tiny_llama
 from specdec.drafters.cpu_info import apply_placement, parse_cpuinfo
 from specdec.drafters.model import ModelDrafter, ModelDrafterConfig, auto_candidates
 from specdec.drafters.model_backends import StepInput, make_backend
 from specdec.drafters.model_llama import INITIAL_CAPACITY, INITIAL_ROWS, LlamaShape
 
-VOCAB = 97
+VOCAB = SAVED_VOCAB
 FP32_ATOL = 2e-4  # logits of a 2-layer model, fp32 vs fp32 with different op order
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    path = tmp_path_factory.mktemp("tiny_llama_b")
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True, rope_theta=500.0)
-    torch.manual_seed(3)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(4.0 if p.dim() > 1 else 1.0)
-    model.save_pretrained(str(path))
+    path = save_tiny_llama(tmp_path_factory.mktemp("tiny_llama_b"), seed=3)
     old = os.environ.get("SPECDEC_CACHE")
     os.environ["SPECDEC_CACHE"] = str(tmp_path_factory.mktemp("onnx_cache"))  # exports of this test only
     yield path
@@ -44,14 +34,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def hf(tiny: Path) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.float32).eval()
-
-
-def _ref_logits(hf: torch.nn.Module, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(torch.tensor([ids])).logits[0].float()  # [n, V]
+    return load_hf(tiny)
 
 
 @pytest.mark.parametrize("name,atol", [("torch", FP32_ATOL), ("onnx", FP32_ATOL), ("torch-bf16", None),
@@ -70,7 +53,7 @@ def test_backend_matches_hf_logits(tiny: Path, hf: torch.nn.Module, name: str, a
             q.append(t)
         got = [torch.cat([g, o]) for g, o in zip(got, out)]
     for q, g in zip(seqs, got):
-        ref = _ref_logits(hf, q)
+        ref = hf_logits(hf, q)
         if atol is not None:
             torch.testing.assert_close(g, ref, atol=atol, rtol=1e-4)
         else:  # approximate backends: most argmaxes agree and logits stay close relative to their spread
@@ -93,7 +76,7 @@ def test_tree_mask_forward_matches_paths(tiny: Path, hf: torch.nn.Module) -> Non
     mask[2, [5, 7]] = True
     out = b.forward([StepInput(st, [17, 23, 31], [5, 5, 6], [0, 1, 2], mask=mask)])[0]
     for row, path in enumerate([[17], [23], [17, 31]]):
-        torch.testing.assert_close(out[row], _ref_logits(hf, ctx + path)[-1], atol=FP32_ATOL, rtol=1e-4)
+        torch.testing.assert_close(out[row], hf_logits(hf, ctx + path)[-1], atol=FP32_ATOL, rtol=1e-4)
 
 
 def test_pool_grows_and_compacts(tiny: Path, hf: torch.nn.Module) -> None:
@@ -111,7 +94,7 @@ def test_pool_grows_and_compacts(tiny: Path, hf: torch.nn.Module) -> None:
         prompts.pop(rid)
     trees = d.draft_batch(_reqs(prompts))
     for (rid, p), t in zip(prompts.items(), trees):
-        want = _ref_logits(hf, p)[-1].argmax()
+        want = hf_logits(hf, p)[-1].argmax()
         assert int(t.tokens[0]) == int(want), rid
     assert sorted(s.row for s in (d._reqs[r].state for r in prompts)) == list(range(len(prompts)))
     assert d.memory_bytes() > 0

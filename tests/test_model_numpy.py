@@ -12,44 +12,21 @@ from specdec.drafters.model import ModelDrafter, ModelDrafterConfig
 from specdec.drafters.model_backends import BACKEND_NAMES, StepInput, make_backend
 from specdec.drafters.model_numpy import INITIAL_CAPACITY, NumpyLlamaBackend, blas_threads
 from specdec.paths import DRAFT_MODEL, model_path
+from core_support import SAVED_VOCAB, hf_logits, load_hf, save_tiny_llama
 
-VOCAB = 97
+VOCAB = SAVED_VOCAB
 ATOL = 1e-4  # fp32 logits of a 2-layer model vs fp32 with another op order
 SHARED = model_path(DRAFT_MODEL)
 
 
-def _save_llama(path: Path, *, seed: int, qk_scale: float = 1.0, max_pos: int = 512) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_pos,
-                      tie_word_embeddings=True, rope_theta=500.0, rms_norm_eps=1e-5)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # sharper distributions than the default init, so greedy choices are stable
-        for name, p in model.named_parameters():
-            p.mul_(4.0 if p.dim() > 1 else 1.0)
-            if name.endswith(("q_proj.weight", "k_proj.weight")):
-                p.mul_(qk_scale)
-    model.save_pretrained(str(path))
-    return path
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _save_llama(tmp_path_factory.mktemp("tiny_llama_numpy"), seed=11)
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny_llama_numpy"), seed=11, rms_norm_eps=1e-5)
 
 
 @pytest.fixture(scope="module")
 def hf(tiny: Path) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.float32).eval()
-
-
-def _ref(hf: torch.nn.Module, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(torch.tensor([ids])).logits[0].float()  # [n, V]
+    return load_hf(tiny)
 
 
 def _close(got: torch.Tensor, ref: torch.Tensor, atol: float = ATOL) -> None:
@@ -73,11 +50,11 @@ def test_prefill_then_decode_matches_hf(tiny: Path, hf: torch.nn.Module) -> None
         got.append(b.forward([StepInput(st, [tok], [len(seq)], [0])])[0])
         seq.append(tok)
     assert b.length(st) == len(seq) == 14
-    _close(torch.cat(got), _ref(hf, seq))
+    _close(torch.cat(got), hf_logits(hf, seq))
     # a decode step that wants no logits still appends to the cache
     assert b.forward([StepInput(st, [7], [14], [])])[0].shape == (0, VOCAB)
     assert b.length(st) == 15
-    _close(b.forward([StepInput(st, [8], [15], [0])])[0][0], _ref(hf, seq + [7, 8])[-1])
+    _close(b.forward([StepInput(st, [8], [15], [0])])[0][0], hf_logits(hf, seq + [7, 8])[-1])
 
 
 def test_ragged_batch_matches_hf(tiny: Path, hf: torch.nn.Module) -> None:
@@ -100,9 +77,9 @@ def test_ragged_batch_matches_hf(tiny: Path, hf: torch.nn.Module) -> None:
     seqs[0] += extra[0]
     seqs[2] += extra[1]
     for q, g in zip(seqs, got):
-        _close(g, _ref(hf, q)[: len(g)])
-    _close(out[0], _ref(hf, seqs[0])[-1:])
-    _close(out[1], _ref(hf, seqs[2])[-1:])
+        _close(g, hf_logits(hf, q)[: len(g)])
+    _close(out[0], hf_logits(hf, seqs[0])[-1:])
+    _close(out[1], hf_logits(hf, seqs[2])[-1:])
     assert [b.length(s) for s in states] == [len(q) for q in seqs]
 
 
@@ -118,12 +95,12 @@ def test_tree_mask_matches_paths(tiny: Path, hf: torch.nn.Module) -> None:
     mask[2, [5, 7]] = True
     out = b.forward([StepInput(st, [17, 23, 31], [5, 5, 6], [0, 1, 2], mask=mask)])[0]
     for row, path in enumerate([[17], [23], [17, 31]]):
-        _close(out[row], _ref(hf, ctx + path)[-1])
+        _close(out[row], hf_logits(hf, ctx + path)[-1])
     # one node below the grandchild, alone with a mask (the single-token path with a bias)
     mask1 = np.zeros((1, 9), bool)
     mask1[0, [0, 1, 2, 3, 4, 5, 7, 8]] = True
     out1 = b.forward([StepInput(st, [60], [7], [0], mask=mask1)])[0]
-    _close(out1[0], _ref(hf, ctx + [17, 31, 60])[-1])
+    _close(out1[0], hf_logits(hf, ctx + [17, 31, 60])[-1])
     with pytest.raises(ValueError, match="mask has shape"):
         b.forward([StepInput(st, [1], [8], [0], mask=np.ones((1, 3), bool))])
 
@@ -141,16 +118,14 @@ def test_crop_then_redecode_equals_fresh(tiny: Path, hf: torch.nn.Module) -> Non
     fresh = b.new_state()
     ref = b.forward([StepInput(fresh, prompt + [1, 50, 51], list(range(13)), [11, 12])])[0]
     _close(out, ref, atol=1e-5)
-    _close(out, _ref(hf, prompt + [1, 50, 51])[11:])
+    _close(out, hf_logits(hf, prompt + [1, 50, 51])[11:])
     b.crop(st, 100)  # cropping past the end keeps everything
     assert b.length(st) == 13
 
 
 def test_growth_beyond_initial_capacity(tmp_path: Path) -> None:
-    path = _save_llama(tmp_path, seed=3, max_pos=2 * INITIAL_CAPACITY + 64)
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    path = save_tiny_llama(tmp_path, seed=3, max_pos=2 * INITIAL_CAPACITY + 64, rms_norm_eps=1e-5)
+    hf = load_hf(path)
     b = make_backend("numpy", path)
     seq = np.random.default_rng(3).integers(0, VOCAB, size=INITIAL_CAPACITY - 2).tolist()
     st = b.new_state()
@@ -162,7 +137,7 @@ def test_growth_beyond_initial_capacity(tmp_path: Path) -> None:
     got.append(b.forward([StepInput(st, more, list(range(len(seq), len(seq) + len(more))), [len(more) - 1])])[0])
     seq += more
     assert st.capacity == 4 * INITIAL_CAPACITY and b.length(st) == len(seq)
-    ref = _ref(hf, seq)
+    ref = hf_logits(hf, seq)
     rows = [INITIAL_CAPACITY - 3] + list(range(INITIAL_CAPACITY - 2, INITIAL_CAPACITY + 4)) + [len(seq) - 1]
     _close(torch.cat(got), ref[rows], atol=2e-4)
 
@@ -215,7 +190,7 @@ def test_matches_torch_backend_and_restores_blas_threads(tiny: Path) -> None:
 
 def test_overflowing_scores_rerun_with_stable_softmax(tmp_path: Path) -> None:
     """Huge q/k weights: exp(score) overflows float32; the forward reruns with the max-subtracting softmax."""
-    path = _save_llama(tmp_path, seed=5, qk_scale=40.0)
+    path = save_tiny_llama(tmp_path, seed=5, qk_scale=40.0, rms_norm_eps=1e-5)
     nb, tb = make_backend("numpy", path), make_backend("torch", path)
     seq = np.random.default_rng(5).integers(0, VOCAB, size=12).tolist()
     n_st, t_st = nb.new_state(), tb.new_state()
