@@ -81,12 +81,12 @@ class ComposedDrafter(Drafter):
         """Update each part's calibration from this step's outcome (see the module docstring)."""
         # chosen draft: emitted = accepted path + one token the target chose, which no child of the path's
         # end carries, so the match length of the emitted tokens is the accepted count
-        firsts = {first_token(t) for _, t in drafts}
-        if len(firsts) > 1 and emitted:  # the parts disagreed on the next token: whose was right?
-            for part, tree in drafts:
+        firsts = [first_token(t) for _, t in drafts]
+        if len(set(firsts)) > 1 and emitted:  # the parts disagreed on the next token: whose was right?
+            for (part, tree), first in zip(drafts, firsts):
                 key = (part, score_band(score(tree)))
                 self._dis_seen[key] = self._dis_seen.get(key, 0.0) + 1
-                self._dis_right[key] = self._dis_right.get(key, 0.0) + (first_token(tree) == int(emitted[0]))
+                self._dis_right[key] = self._dis_right.get(key, 0.0) + (first == int(emitted[0]))
         horizon = len(emitted)  # other parts: only the first len(emitted) target tokens are known
         for j, (part, tree) in enumerate(drafts):
             predicted = score(tree) if j == 0 else score(tree, max_depth=horizon)
@@ -142,8 +142,9 @@ class ComposedDrafter(Drafter):
             return TokenTree.empty()
         # best calibrated score first, ties: earlier part; on a first-token disagreement, the better judge first
         disagree = len({first_token(t) for _, t in cands}) > 1
-        scored = sorted(cands, key=lambda kt: (-self.judge(kt[0], score(kt[1])) if disagree else 0.0,
-                                               -score(kt[1]) * self.calibration(kt[0], score(kt[1])), kt[0]))
+        values = {k: score(t) for k, t in cands}
+        scored = sorted(cands, key=lambda kt: (-self.judge(kt[0], values[kt[0]]) if disagree else 0.0,
+                                               -values[kt[0]] * self.calibration(kt[0], values[kt[0]]), kt[0]))
         self.picks[scored[0][0]] += 1
         self._pending[req.request_id] = scored
         if not self.merge or len(scored) == 1:

@@ -150,9 +150,10 @@ class ProposerCore:
             st = self.requests.get(req_ids[i])
             if st is not None:
                 st.last_draft, st.last_pred, st.last_real = len(d), preds[i], reals[i]
-        self._last_t, self._last_verified = t0, running + sum(len(d) for d in drafts)
+        drafted = sum(len(d) for d in drafts)
+        self._last_t, self._last_verified = t0, running + drafted
         self._last_bucket = bucket_of(running)
-        self.stats.drafted_tokens += sum(len(d) for d in drafts)
+        self.stats.drafted_tokens += drafted
         self.stats.plain_steps += mode == "plain"
         self.stats.propose_seconds += self.clock() - t0
         self._maybe_log()

@@ -92,8 +92,9 @@ class OverlapCore:
             self.pending = (self.seq, len(sampled_token_ids))  # collect answers empty drafts
             return
         t0 = time.perf_counter()
-        if self.pending is not None:  # propose ran again without take (no drafts were read): drop it
-            self._skip_pending()
+        # propose ran again without take (no drafts were read): forget that step; its reply is dropped by its
+        # sequence number when it arrives
+        self.pending = None
         n_rows = len(sampled_token_ids)
         rows: list[Row] = []
         present = set()
@@ -153,16 +154,6 @@ class OverlapCore:
             return [[] for _ in range(n_rows)]
         finally:
             self.counters["wait_seconds"] += time.perf_counter() - t0
-
-    def step(self, *args: Any, **kwargs: Any) -> list[list[int]]:
-        """Submit and collect at once (no overlap): for callers without the take hook."""
-        self.submit(*args, **kwargs)
-        out = self.collect()
-        return out if out is not None else []
-
-    def _skip_pending(self) -> None:
-        """Forget an uncollected step: its reply is dropped by sequence number when it arrives."""
-        self.pending = None
 
     # ----------------------------------------------------------------- failure paths
     def _on_late(self) -> None:
