@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -55,6 +55,15 @@ class RequestState:
             return 1.0
         return min(MAX_CALIBRATION, max(MIN_CALIBRATION, self.acc_ema / self.pred_ema))
     acceptance_ema: float | None = None
+
+
+class Order(NamedTuple):
+    """One row's drafting order this step."""
+
+    request: DraftRequest  # what the drafter is asked for (budget: max(own budget, pad))
+    budget: int  # the drafter's own tokens, at most (before the confidence cut)
+    pad: int  # submit exactly this many tokens (0: no padding)
+    filler: int  # the request's last token: padding past the drafter's chain
 
 
 @dataclass
@@ -110,7 +119,6 @@ class ProposerCore:
         self._inline_ok = self._inline_banned = False
         self._job_count, self._max_job_s, self._slow_jobs = 0, 0.0, 0
         self._last_log = clock()
-        self._limits: list[tuple[int, int, int]] = []  # per row this step: (own budget, pad length, filler)
         self.target_params = target_params
         self._token_s = 2.0 * target_params / ASSUMED_GPU_FLOPS  # GPU seconds per verified token (estimate)
         self._period_s = PAD_DEFAULT_PERIOD_S
@@ -140,11 +148,8 @@ class ProposerCore:
         running = sum(1 for s in sampled_token_ids if s)
         mode = self.adaptive.mode(running, t0) if running else "plain"
         self._pad_now = self._should_pad(running, k)
-        orders: list[DraftRequest | None] = [None] * n_rows
-        self._limits = [(0, 0, 0)] * n_rows
-        for i in range(n_rows):
-            orders[i] = self._row(i, req_ids[i], sampled_token_ids[i], int(num_tokens_no_spec[i]),
-                                  token_ids_cpu, num_prompt_tokens, k, mode)
+        orders: list[Order | None] = [self._row(i, req_ids[i], sampled_token_ids[i], int(num_tokens_no_spec[i]),
+                                                token_ids_cpu, num_prompt_tokens, k, mode) for i in range(n_rows)]
         drafts, preds, reals = self._draft(orders, running)
         for i, d in enumerate(drafts):
             st = self.requests.get(req_ids[i])
@@ -160,7 +165,7 @@ class ProposerCore:
         return drafts
 
     def _row(self, i: int, rid: str, sampled: Sequence[int], n: int, token_ids_cpu: np.ndarray,
-             num_prompt_tokens: np.ndarray | None, k: int, mode: str) -> DraftRequest | None:
+             num_prompt_tokens: np.ndarray | None, k: int, mode: str) -> Order | None:
         if not sampled:  # partial prefill or a discarded row: no new tokens, no draft
             return None
         st = self.requests.get(rid)
@@ -192,8 +197,7 @@ class ProposerCore:
         if mode == "plain" or budget <= 0:
             return None
         pad = room if self._pad_now else 0  # uniform batches: every row submits exactly `room`
-        self._limits[i] = (budget, pad, int(sampled[-1]))
-        return DraftRequest(rid, max(budget, pad), tree=False)
+        return Order(DraftRequest(rid, max(budget, pad), tree=False), budget, pad, int(sampled[-1]))
 
     def _should_pad(self, running: int, k: int) -> bool:
         """Pad this step's drafts to k? 'on'/'off' decide; 'auto' pads while the verify batch of running x (k+1)
@@ -223,10 +227,10 @@ class ProposerCore:
             self._pending.append(("extend", rid, list(tokens)))
 
     # ----------------------------------------------------------------- drafting
-    def _draft(self, orders: list[DraftRequest | None],
+    def _draft(self, orders: list[Order | None],
                running: int) -> tuple[list[list[int]], list[float | None], list[int]]:
         """(drafts, their predicted accepted tokens or None, the drafter's own token count) per row."""
-        wanted = [o for o in orders if o is not None]
+        wanted = [o.request for o in orders if o is not None]
         if not wanted and len(self._pending) < MAX_PENDING_OPS:  # no drafts this step: updates wait, merged
             return self._nothing(orders)
         ops, self._pending, self._pending_ext = self._pending, [], {}
@@ -258,14 +262,14 @@ class ProposerCore:
         value = cost.token_cost() if self.adaptive.enabled else 0.0  # calibrated prob a token must reach
         it = iter(chains or [])
         out = []
-        for o, (budget, pad, filler) in zip(orders, self._limits):
+        for o in orders:
             if o is None:
                 out.append(([], None, 0))
                 continue
-            st = self.requests.get(o.request_id)
+            st = self.requests.get(o.request.request_id)
             cut = self.adaptive.cut(running, value / st.calibration() if st is not None and value else value)
             tokens, probs = next(it)
-            out.append(self._chain(tokens, probs, budget, cut, pad=pad, filler=filler))
+            out.append(self._chain(tokens, probs, o.budget, cut, pad=o.pad, filler=o.filler))
         return [c[0] for c in out], [c[1] for c in out], [c[2] for c in out]
 
     @staticmethod
