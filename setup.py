@@ -1,7 +1,8 @@
-"""Build hook for the optional native core of the suffix drafter (everything else is in pyproject.toml).
+"""Build hooks for the optional native cores: the suffix drafter and the draft model's forward (rest: pyproject.toml).
 
-The extension uses only the CPython C API (no build dependency beyond setuptools and a C++17 compiler).
-It is optional: if it fails to build, ``specdec.drafters.suffix`` falls back to the pure-Python engine.
+The extensions use only the CPython C API (no build dependency beyond setuptools and a C++20 compiler).
+Both are optional: without them ``specdec.drafters.suffix`` falls back to its pure-Python engine and the draft
+model to its other backends (``native`` then reports itself unavailable).
 """
 from setuptools import Extension, setup
 
@@ -13,6 +14,16 @@ setup(
             language="c++",
             extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden"],
             optional=True,
-        )
+        ),
+        Extension(
+            "specdec.drafters._llama_native",
+            sources=["csrc/llama_native.cpp"],
+            depends=["csrc/llama_native.h", "csrc/llama_kernels.inc"],
+            language="c++",
+            extra_compile_args=["-O3", "-std=c++20", "-ffp-contract=fast", "-fvisibility=hidden", "-Wno-psabi",
+                                "-pthread"],
+            extra_link_args=["-pthread"],
+            optional=True,
+        ),
     ]
 )

@@ -36,12 +36,13 @@ logger = logging.getLogger("specdec.drafters.model")
 # up to float rounding); bf16 joins where the CPU has native bf16 (AMX / AVX512-BF16). Not auto-picked: int8
 # (approximate: force "onnx-int8" after checking agreement with eval/bench_draft_cpu.py) and "compile"
 # (inductor compiles for ~1 min per shape class on 2 cores and recompiles as batch/length classes change).
-AUTO_CANDIDATES = ("torch", "onnx", "eager")
+AUTO_CANDIDATES = ("native", "torch", "onnx", "eager")
 AUTO_BF16 = "torch-bf16"
 # beside a busy engine in the same host (vLLM): backends that use torch intra-op (OpenMP) threads collapsed to
 # 230-330 ms per step on the GPU host's Xeon while vLLM decoded (eval/results/..._xeon-8t_draft_cpu_while_vllm.json);
-# ONNX Runtime (spinning off) and numpy (one BLAS thread) kept their standalone speed
-AUTO_SHARED_HOST = ("onnx", "numpy")
+# ONNX Runtime (spinning off) and numpy (one BLAS thread) kept their standalone speed; native uses its own
+# pool (bounded spinning, then futex sleep), not torch's
+AUTO_SHARED_HOST = ("native", "onnx", "numpy")
 
 
 def auto_candidates(features: dict[str, bool], *, shared_host: bool = False) -> tuple[str, ...]:
@@ -241,11 +242,14 @@ class ModelDrafter(Drafter):
         growths = [self._sync(self._reqs[r.request_id], r) for r in requests]
         items = [self._catch_up_input(g) for g in growths]
         live = growths
+        fused = getattr(self.backend, "forward_topk", None)  # the backend ranks candidates inside its forward
         while live:
-            logits = self.backend.forward(items)  # per request [len(frontier), V]
-            self.forwards += 1
             kmax = max(self._branching(g, d) for g in live for d in self._frontier_depths(g))
-            probs, toks = _top_candidates(torch.cat(logits), kmax)
+            if fused is not None:
+                probs, toks = fused(items, kmax)  # rows of every request's frontier, in order
+            else:
+                probs, toks = _top_candidates(torch.cat(self.backend.forward(items)), kmax)
+            self.forwards += 1
             row = 0
             for g in live:
                 f = len(g.frontier)

@@ -8,7 +8,8 @@ A backend owns the weights and one KV cache per request (a *state*). The drafter
 
 Backends: ``eager`` (Hugging Face ``forward``, one request at a time; the baseline), and the
 hand-written Llama forward of ``specdec.drafters.model_llama`` (``torch``, ``torch-bf16``,
-``compile``), and ONNX Runtime (``specdec.drafters.model_onnx``). ``make_backend`` builds one by name.
+``compile``), ONNX Runtime (``specdec.drafters.model_onnx``), numpy (``specdec.drafters.model_numpy``) and
+the C++ forward (``native``, ``specdec.drafters.model_native``). ``make_backend`` builds one by name.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ BACKENDS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "onnx": ("specdec.drafters.model_onnx", "OnnxBackend", {"quantize": False}),
     "onnx-int8": ("specdec.drafters.model_onnx", "OnnxBackend", {"quantize": True}),
     "numpy": ("specdec.drafters.model_numpy", "NumpyLlamaBackend", {}),
+    "native": ("specdec.drafters.model_native", "NativeLlamaBackend", {}),
+    "native-fp32": ("specdec.drafters.model_native", "NativeLlamaBackend", {"weights": "fp32"}),
 }
 BACKEND_NAMES = tuple(BACKENDS)
 

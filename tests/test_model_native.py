@@ -1,0 +1,259 @@
+"""The native (C++) draft-model backend vs Hugging Face and the torch backend, for every SIMD width this CPU has.
+
+Logits of prefill, decode, ragged batches, tree masks and rollback equal HF's forward; thread counts give
+bit-identical logits (each output row is computed the same way whichever thread owns it); drafts equal the
+torch backend's; bad inputs raise errors that name the value.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from specdec.drafters import DraftRequest
+from specdec.drafters.model import ModelDrafter, ModelDrafterConfig
+from specdec.drafters.model_backends import BACKEND_NAMES, StepInput, make_backend
+from specdec.paths import DRAFT_MODEL, model_path
+from core_support import SAVED_VOCAB, hf_logits, load_hf, save_tiny_llama
+
+native = pytest.importorskip("specdec.drafters._llama_native", reason="native extension not built")
+from specdec.drafters.model_native import INITIAL_CAPACITY, NativeLlamaBackend  # noqa: E402
+
+VOCAB = SAVED_VOCAB
+ATOL = 1e-4  # fp32 logits vs fp32 with another summation order
+SHARED = model_path(DRAFT_MODEL)
+
+
+ISAS = native.isas()  # SIMD widths this CPU runs (the kernels of the others cannot be exercised here)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny_llama_native"), seed=12, rms_norm_eps=1e-5)
+
+
+@pytest.fixture(scope="module")
+def tiny_bf16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same kind of model stored in bf16 (what the shared checkpoints are): weights are kept bf16."""
+    from transformers import AutoModelForCausalLM
+
+    src = save_tiny_llama(tmp_path_factory.mktemp("tiny_llama_native_src"), seed=13, rms_norm_eps=1e-5)
+    out = tmp_path_factory.mktemp("tiny_llama_native_bf16")
+    AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.bfloat16).save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def hf(tiny: Path) -> torch.nn.Module:
+    return load_hf(tiny)
+
+
+def _close(got: torch.Tensor, ref: torch.Tensor, atol: float = ATOL) -> None:
+    assert got.dtype == torch.float32 and got.shape == ref.shape
+    torch.testing.assert_close(got, ref, atol=atol, rtol=1e-4)
+
+
+def test_registered_and_described(tiny: Path) -> None:
+    assert {"native", "native-fp32"} <= set(BACKEND_NAMES)
+    b = make_backend("native", tiny)
+    assert isinstance(b, NativeLlamaBackend) and b.vocab_size == VOCAB
+    assert b.info["weights"] == "fp32"  # an fp32 checkpoint keeps fp32 weights under weights="auto"
+    assert b.info["isa"] in ISAS and b.info["isa"] in b.describe()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_prefill_then_decode_matches_hf(tiny: Path, hf: torch.nn.Module, isa: str) -> None:
+    b = NativeLlamaBackend(tiny, threads=2, isa=isa)
+    seq = np.random.default_rng(0).integers(0, VOCAB, size=9).tolist()
+    st = b.new_state()
+    got = [b.forward([StepInput(st, seq, list(range(9)), list(range(9)))])[0]]
+    for tok in (5, 17, 96, 0, 42):
+        got.append(b.forward([StepInput(st, [tok], [len(seq)], [0])])[0])
+        seq.append(tok)
+    assert b.length(st) == len(seq) == 14
+    _close(torch.cat(got), hf_logits(hf, seq))
+    assert b.forward([StepInput(st, [7], [14], [])])[0].shape == (0, VOCAB)  # appends, returns no rows
+    assert b.length(st) == 15
+    _close(b.forward([StepInput(st, [8], [15], [0])])[0][0], hf_logits(hf, seq + [7, 8])[-1])
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_bf16_weights_match_hf_of_the_same_weights(tiny_bf16: Path, isa: str) -> None:
+    hf = load_hf(tiny_bf16)  # bf16 checkpoint widened to fp32: exactly the values the native kernels use
+    b = NativeLlamaBackend(tiny_bf16, threads=3, isa=isa)
+    assert b.info["weights"] == "bf16"
+    seq = np.random.default_rng(1).integers(0, VOCAB, size=20).tolist()  # > one 16-token local-norm block
+    st = b.new_state()
+    got = b.forward([StepInput(st, seq, list(range(20)), list(range(20)))])[0]
+    _close(got, hf_logits(hf, seq))
+
+
+def test_ragged_batch_matches_hf(tiny: Path, hf: torch.nn.Module) -> None:
+    b = make_backend("native", tiny)
+    rng = np.random.default_rng(1)
+    seqs = [rng.integers(0, VOCAB, size=n).tolist() for n in (7, 1, 12)]
+    states = [b.new_state() for _ in seqs]
+    got = b.forward([StepInput(s, q, list(range(len(q))), list(range(len(q)))) for s, q in zip(states, seqs)])
+    for _ in range(3):
+        new = rng.integers(0, VOCAB, size=len(seqs)).tolist()
+        out = b.forward([StepInput(s, [t], [len(q)], [0]) for s, t, q in zip(states, new, seqs)])
+        for q, t in zip(seqs, new):
+            q.append(t)
+        got = [torch.cat([g, o]) for g, o in zip(got, out)]
+    out = b.forward([StepInput(states[0], [3, 4], [len(seqs[0]), len(seqs[0]) + 1], [1]),
+                     StepInput(states[2], [9], [len(seqs[2])], [0])])
+    seqs[0] += [3, 4]
+    seqs[2] += [9]
+    for q, g in zip(seqs, got):
+        _close(g, hf_logits(hf, q)[: len(g)])
+    _close(out[0], hf_logits(hf, seqs[0])[-1:])
+    _close(out[1], hf_logits(hf, seqs[2])[-1:])
+    assert [b.length(s) for s in states] == [len(q) for q in seqs]
+
+
+def test_tree_mask_matches_paths(tiny: Path, hf: torch.nn.Module) -> None:
+    b = make_backend("native", tiny)
+    ctx = [5, 9, 11, 2, 40]
+    st = b.new_state()
+    b.forward([StepInput(st, ctx, list(range(5)), [4])])
+    mask = np.zeros((3, 8), bool)  # nodes 17 (depth 1), 23 (depth 1), 31 (child of 17): slots 5, 6, 7
+    mask[:, :5] = True
+    mask[0, 5] = mask[1, 6] = True
+    mask[2, [5, 7]] = True
+    out = b.forward([StepInput(st, [17, 23, 31], [5, 5, 6], [0, 1, 2], mask=mask)])[0]
+    for row, path in enumerate([[17], [23], [17, 31]]):
+        _close(out[row], hf_logits(hf, ctx + path)[-1])
+    with pytest.raises(ValueError, match="mask has shape"):
+        b.forward([StepInput(st, [1], [8], [0], mask=np.ones((1, 3), bool))])
+
+
+def test_crop_then_redecode_equals_fresh_and_growth(tmp_path: Path) -> None:
+    path = save_tiny_llama(tmp_path, seed=3, max_pos=2 * INITIAL_CAPACITY + 64, rms_norm_eps=1e-5)
+    hf = load_hf(path)
+    b = make_backend("native", path)
+    prompt = np.random.default_rng(2).integers(0, VOCAB, size=INITIAL_CAPACITY - 2).tolist()
+    st = b.new_state()
+    b.forward([StepInput(st, prompt, list(range(len(prompt))), [len(prompt) - 1])])
+    n = len(prompt)
+    for i, tok in enumerate([1, 2, 3, 4, 5]):  # decoded past the initial capacity, then rejected
+        b.forward([StepInput(st, [tok], [n + i], [0])])
+    assert b.state_bytes(st) > INITIAL_CAPACITY * 4 * 2 * 2 * 16  # grew (slot = layers * 2 * kv_heads * hd fp32)
+    b.crop(st, n + 1)  # keep the first decoded token
+    out = b.forward([StepInput(st, [50, 51], [n + 1, n + 2], [0, 1])])[0]
+    _close(out, hf_logits(hf, prompt + [1, 50, 51])[n + 1:])
+    b.crop(st, 10_000)  # cropping past the end keeps everything
+    assert b.length(st) == n + 3
+
+
+def test_thread_counts_are_bit_identical(tiny: Path) -> None:
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, VOCAB, size=n).tolist() for n in (30, 3, 17)]
+    outs = []
+    for threads in (1, 2, 5):
+        b = NativeLlamaBackend(tiny, threads=threads)
+        states = [b.new_state() for _ in prompts]
+        o = b.forward([StepInput(s, p, list(range(len(p))), list(range(len(p)))) for s, p in zip(states, prompts)])
+        o += b.forward([StepInput(s, [7], [len(p)], [0]) for s, p in zip(states, prompts)])
+        outs.append(torch.cat(o))
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_concurrent_callers_are_serialised(tiny: Path, hf: torch.nn.Module) -> None:
+    """Two Python threads share one backend (GIL released inside): each gets its own correct logits."""
+    b = NativeLlamaBackend(tiny, threads=2)
+    seqs = [np.random.default_rng(s).integers(0, VOCAB, size=25).tolist() for s in (5, 6)]
+    results: dict[int, torch.Tensor] = {}
+
+    def run(i: int) -> None:
+        st = b.new_state()
+        rows = []
+        for _ in range(20):
+            b.crop(st, 0)
+            rows = b.forward([StepInput(st, seqs[i], list(range(25)), [24])])
+        results[i] = rows[0]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in (0, 1):
+        _close(results[i][0], hf_logits(hf, seqs[i])[-1])
+
+
+def test_bad_inputs_name_the_value(tiny: Path) -> None:
+    b = make_backend("native", tiny)
+    st = b.new_state()
+    with pytest.raises(ValueError, match=r"id 500 must be in \[0, 97\)"):
+        b.forward([StepInput(st, [500], [0], [0])])
+    with pytest.raises(ValueError, match="position 9999"):
+        b.forward([StepInput(st, [1], [9999], [0])])
+    with pytest.raises(ValueError, match="positions"):
+        b.forward([StepInput(st, [1, 2], [0], [0])])
+    assert b.length(st) == 0  # a refused call appends nothing
+    with pytest.raises(ValueError, match="weights='int4' is unknown; valid: auto, bf16, fp32"):
+        NativeLlamaBackend(tiny, weights="int4")
+    with pytest.raises(ValueError, match="isa='neon' is unknown"):
+        NativeLlamaBackend(tiny, isa="neon")
+
+
+def test_drafter_native_equals_torch(tiny: Path) -> None:
+    """Chains and trees over rounds with rollback: the native drafter drafts what the torch one does."""
+    d = {name: ModelDrafter(ModelDrafterConfig.from_dict({"path": str(tiny), "backend": name, "tree_top_k": 2}))
+         for name in ("native", "torch")}
+    rng = np.random.default_rng(6)
+    prompts = {f"r{i}": rng.integers(2, VOCAB, size=5 + 6 * i).tolist() for i in range(3)}
+    for dr in d.values():
+        for rid, p in prompts.items():
+            dr.start(rid, p)
+    reqs = [DraftRequest(rid, 4 + i, tree=i == 1) for i, rid in enumerate(prompts)]
+    for rnd in range(3):
+        trees = {name: dr.draft_batch(reqs) for name, dr in d.items()}
+        for r, a, c in zip(reqs, trees["native"], trees["torch"]):
+            assert a.tokens.tolist() == c.tokens.tolist() and a.parents.tolist() == c.parents.tolist()
+            np.testing.assert_allclose(a.probs, c.probs, rtol=1e-4, atol=1e-5)
+            emitted = a.tokens[: rnd + 1].tolist() + [int(rng.integers(2, VOCAB))]  # partial accept + bonus
+            for dr in d.values():
+                dr.extend(r.request_id, emitted)
+    for dr in d.values():
+        dr.close()
+
+
+@pytest.mark.skipif(not (SHARED / "config.json").exists(),
+                    reason=f"shared draft model not at {SHARED}; put the shared folder beside the repo")
+def test_shared_draft_model_matches_torch() -> None:
+    nb, tb = make_backend("native", SHARED), make_backend("torch", SHARED)
+    assert nb.info["weights"] == "bf16"  # the shared checkpoint is bf16: kept as is, half the bytes
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(2, nb.vocab_size, size=n).tolist() for n in (40, 9)]
+    ns, ts = [nb.new_state() for _ in prompts], [tb.new_state() for _ in prompts]
+    got = nb.forward([StepInput(s, p, list(range(len(p))), [len(p) - 1]) for s, p in zip(ns, prompts)])
+    want = tb.forward([StepInput(s, p, list(range(len(p))), [len(p) - 1]) for s, p in zip(ts, prompts)])
+    for g, w in zip(got, want):
+        _close(g, w)
+    for step in range(4):
+        tok = int(want[0][0].argmax())
+        g = nb.forward([StepInput(ns[0], [tok], [40 + step], [0])])[0]
+        want = tb.forward([StepInput(ts[0], [tok], [40 + step], [0])])
+        _close(g, want[0])
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_fused_topk_equals_torch_softmax_topk(tiny: Path, isa: str) -> None:
+    """forward_topk ranks inside the call: same ids as torch.topk, probabilities = softmax to 1e-6."""
+    b = NativeLlamaBackend(tiny, threads=2, isa=isa)
+    ref = NativeLlamaBackend(tiny, threads=2, isa=isa)
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(0, VOCAB, size=n).tolist() for n in (12, 5)]
+    for k in (1, 3, VOCAB):
+        s1, s2 = [b.new_state() for _ in prompts], [ref.new_state() for _ in prompts]
+        items = lambda ss: [StepInput(s, p, list(range(len(p))), [0, len(p) - 1]) for s, p in zip(ss, prompts)]  # noqa: E731
+        probs, ids = b.forward_topk(items(s1), k)
+        logits = torch.cat(ref.forward(items(s2)))  # [4, V]
+        want_p, want_i = torch.topk(torch.softmax(logits, -1), k, dim=-1)
+        assert ids == want_i.tolist()
+        np.testing.assert_allclose(probs, want_p.numpy(), rtol=2e-6, atol=1e-7)
+        assert [b.length(s) for s in s1] == [len(p) for p in prompts]  # it appended like forward
