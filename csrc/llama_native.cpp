@@ -284,7 +284,7 @@ PyObject* forward(PyObject*, PyObject* args) {
         for (int t = st[i]; t < st[i + 1]; ++t) m->tok_item[t] = i, m->tok_j[t] = t - st[i];
     }
     Forward f{&m->s, &m->w, &m->buf, m->pool.get(), M, tok.ptr<int32_t>(), pos.ptr<int32_t>(), m->tok_item.data(),
-              m->tok_j.data(), cached.ptr<int32_t>(), m->n_new.data(), addr.ptr<float* const>(), moff.ptr<int64_t>(),
+              m->tok_j.data(), cached.ptr<int32_t>(), m->n_new.data(), addr.ptr<float* const>(), caps.ptr<int32_t>(), moff.ptr<int64_t>(),
               masks.ptr<uint8_t>(), n_want, want.ptr<int32_t>(), out.ptr<float>(), topk,
               topk ? tp.ptr<float>() : nullptr, topk ? ti.ptr<int32_t>() : nullptr};
     if (!check_batch(*m, f, n_items, st, caps.ptr<int32_t>(), masks.b.len)) return nullptr;

@@ -134,7 +134,6 @@ struct Shape {
     int q_dim() const { return heads * head_dim; }
     int kv_dim() const { return kv_heads * head_dim; }
     int qkv_dim() const { return q_dim() + 2 * kv_dim(); }
-    size_t slot_floats() const { return size_t(layers) * 2 * kv_dim(); }  // one cache slot: every layer's k|v
 };
 
 // Weights as handed over by Python: HF Linear layout [out, in], bf16 (uint16) or fp32 (one type per model).
@@ -175,7 +174,8 @@ struct Forward {  // one call: M new tokens of n_items requests
     const int32_t* tok_j;     // [M] index of the token within its item
     const int32_t* cached;    // [items] filled slots before this call
     const int32_t* n_new;     // [items]
-    float* const* cache;      // [items] -> [capacity, layers, 2, kv_heads, head_dim]
+    float* const* cache;      // [items] -> [layers, 2, kv_heads, capacity, head_dim]
+    const int32_t* caps;      // [items] capacity of each cache
     const int64_t* mask_off;  // [items] byte offset of the item's [n_new, cached + n_new] mask, -1 = causal
     const uint8_t* masks;
     int n_want;

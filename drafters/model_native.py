@@ -17,8 +17,10 @@ a decode step dispatching ops (tens of them per layer) and streaming fp32 weight
 Math: Hugging Face's Llama in fp32 (RMSNorm, rotate-half rotary, grouped-query attention with max-subtracted
 softmax, SwiGLU); only the summation order differs from torch, so logits agree to ~1e-5 relative.
 
-Each request's KV cache is a numpy array ``[capacity, layers, 2 (k|v), kv_heads, head_dim]`` (one slot = one
-token for every layer) that grows by doubling; rollback (``crop``) just lowers the filled length.
+Each request's KV cache is one numpy array, per layer and kv head a keys block stored transposed
+(``[head_dim, capacity]``: q.k for all positions is head_dim vector axpys, no horizontal sums) and a values block
+(``[capacity, head_dim]``), so attention streams contiguous memory. It grows by doubling; rollback (``crop``)
+just lowers the filled length.
 """
 from __future__ import annotations
 
@@ -51,19 +53,32 @@ def _native_module() -> Any:
 
 
 class NativeState:
-    """One request's KV cache: ``cache[:length]`` is filled."""
+    """One request's KV cache ``cache`` [layers, 2 (k|v), kv_heads, capacity * head_dim]: per head, keys are
+    stored transposed ([head_dim, capacity]) and values as [capacity, head_dim]; slots ``[:length]`` are filled."""
 
-    __slots__ = ("cache", "length")
+    __slots__ = ("cache", "length", "address", "head_dim")
 
-    def __init__(self, slot_shape: tuple[int, ...], capacity: int) -> None:
-        self.cache = np.empty((capacity,) + slot_shape, F32)  # [capacity, layers, 2, kv_heads, head_dim]
+    def __init__(self, head_shape: tuple[int, int, int], head_dim: int, capacity: int) -> None:
+        self.cache = np.empty(head_shape + (capacity * head_dim,), F32)
+        self.head_dim = head_dim
         self.length = 0
+        self.address = self.cache.__array_interface__["data"][0]
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.shape[3] // self.head_dim
 
     def reserve(self, n: int) -> None:
-        if n > len(self.cache):
-            bigger = np.empty((max(n, 2 * len(self.cache)),) + self.cache.shape[1:], F32)
-            bigger[:self.length] = self.cache[:self.length]
-            self.cache = bigger
+        if n <= self.capacity:
+            return
+        old, cap, hd, filled = self.cache, self.capacity, self.head_dim, self.length
+        new_cap = max(n, 2 * cap)
+        bigger = np.empty(old.shape[:3] + (new_cap * hd,), F32)
+        lead = old.shape[0], old.shape[2]  # layers, kv_heads
+        bigger[:, 0].reshape(*lead, hd, new_cap)[..., :filled] = old[:, 0].reshape(*lead, hd, cap)[..., :filled]
+        bigger[:, 1].reshape(*lead, new_cap, hd)[..., :filled, :] = old[:, 1].reshape(*lead, cap, hd)[..., :filled, :]
+        self.cache = bigger
+        self.address = bigger.__array_interface__["data"][0]
 
 
 def _as_weight(t: torch.Tensor, bf16: bool) -> np.ndarray:
@@ -105,7 +120,7 @@ class NativeLlamaBackend(DraftBackend):
         self._forward = native.forward
         self.info = dict(native.info(self._model))
         self.name = "native" if weights == "auto" else f"native-{weights}"
-        self._slot = (s.layers, 2, s.kv_heads, s.head_dim)
+        self._heads = (s.layers, 2, s.kv_heads)
 
     def _layout(self, raw: dict[str, torch.Tensor], bf16: bool) -> dict[str, Any]:
         s = self.shape
@@ -132,7 +147,7 @@ class NativeLlamaBackend(DraftBackend):
         return f"native ({self.info['isa']}, {self.info['weights']} weights, {self.info['threads']} threads)"
 
     def new_state(self) -> NativeState:
-        return NativeState(self._slot, INITIAL_CAPACITY)
+        return NativeState(self._heads, self.shape.head_dim, INITIAL_CAPACITY)
 
     def length(self, state: NativeState) -> int:
         return state.length
@@ -173,9 +188,9 @@ class NativeLlamaBackend(DraftBackend):
             positions.extend(it.positions)
             starts.append(base + n)
             want.extend(base + int(w) for w in it.want)
-            addrs.append(st.cache.ctypes.data)
+            addrs.append(st.address)
             cached.append(st.length)
-            caps.append(len(st.cache))
+            caps.append(st.capacity)
             if it.mask is None:
                 moff.append(-1)
             else:

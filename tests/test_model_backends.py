@@ -120,7 +120,7 @@ def test_cpu_flags_parsed_and_placement(caplog: pytest.LogCaptureFixture) -> Non
     assert name == "Intel Xeon X" and {"amx_bf16", "amx_tile", "avx512f"} <= flags and "other" not in flags
     assert "torch-bf16" in auto_candidates({"amx_bf16": True}) and "torch-bf16" not in auto_candidates({})
     # beside a busy vLLM: no backend with torch OpenMP threads (measured to collapse under that load)
-    assert set(auto_candidates({"amx_bf16": True}, shared_host=True)) == {"onnx", "numpy"}
+    assert set(auto_candidates({"amx_bf16": True}, shared_host=True)) == {"native", "onnx", "numpy"}
     before = torch.get_num_threads()
     try:
         info = apply_placement(num_threads=1, cpu_affinity=sorted(os.sched_getaffinity(0)))
