@@ -134,6 +134,6 @@ def test_cpu_flags_parsed_and_placement(caplog: pytest.LogCaptureFixture) -> Non
 def test_auto_picks_a_measured_backend(tiny: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="specdec.drafters.model"):
         d = ModelDrafter(ModelDrafterConfig(path=str(tiny), backend="auto", calibration_steps=2))
-    assert d.backend.name in ("torch", "onnx", "eager", "torch-bf16")
+    assert d.backend.name in ("native", "torch", "onnx", "eager", "torch-bf16")
     report = [r.getMessage() for r in caplog.records if "backend=auto picked" in r.getMessage()]
     assert report and "ms/step" in report[0] and d.backend.name in report[0]
