@@ -40,6 +40,7 @@ namespace k4 {
 }  // namespace k4
 
 constexpr int kLocalRows = 16;  // = kLocalNormMax of the kernels: per-thread normed rows
+constexpr int kMinChunk = 256;  // attention positions per chunk at least (a chunk costs a merge and a barrier)
 constexpr const char* kCapsule = "specdec.llama_native.Model";
 
 struct Buf {  // a borrowed contiguous buffer, released on scope exit
@@ -89,7 +90,7 @@ struct Model {
         return p;
     }
 
-    void size_scratch(int M, int n_want, int max_ctx) {
+    void size_scratch(int M, int n_want, int max_ctx, int parts) {
         const size_t rows = size_t(std::max(M, n_want));
         auto grow = [](std::vector<float>& v, size_t n) {
             if (v.size() < n) v.resize(n);
@@ -99,6 +100,9 @@ struct Model {
         grow(buf.qkv, size_t(M) * s.qkv_dim());
         grow(buf.att, size_t(M) * s.q_dim());
         grow(buf.act, size_t(M) * s.inter);
+        grow(buf.part_o, size_t(M) * s.heads * parts * s.head_dim);
+        grow(buf.part_m, size_t(M) * s.heads * parts);
+        grow(buf.part_s, size_t(M) * s.heads * parts);
         const int T = pool->size();
         buf.local_xn.resize(T);
         buf.scores.resize(T);
@@ -110,6 +114,12 @@ struct Model {
         }
     }
 };
+
+// chunks per (token, head) in attention: enough tasks for every thread, but no chunk under kMinChunk positions
+int attn_parts(int tasks, int threads, int max_ctx) {
+    if (tasks >= threads) return 1;
+    return std::max(1, std::min((threads + tasks - 1) / tasks, max_ctx / kMinChunk));
+}
 
 Pool::Job pick_isa(const std::string& want, std::string& name) {
 #if defined(__x86_64__)
@@ -285,13 +295,14 @@ PyObject* forward(PyObject*, PyObject* args) {
     }
     Forward f{&m->s, &m->w, &m->buf, m->pool.get(), M, tok.ptr<int32_t>(), pos.ptr<int32_t>(), m->tok_item.data(),
               m->tok_j.data(), cached.ptr<int32_t>(), m->n_new.data(), addr.ptr<float* const>(), caps.ptr<int32_t>(), moff.ptr<int64_t>(),
-              masks.ptr<uint8_t>(), n_want, want.ptr<int32_t>(), out.ptr<float>(), topk,
+              masks.ptr<uint8_t>(), n_want, want.ptr<int32_t>(), out.ptr<float>(),
+              attn_parts(m->s.heads * M, m->pool->size(), max_ctx), topk,
               topk ? tp.ptr<float>() : nullptr, topk ? ti.ptr<int32_t>() : nullptr};
     if (!check_batch(*m, f, n_items, st, caps.ptr<int32_t>(), masks.b.len)) return nullptr;
     Py_BEGIN_ALLOW_THREADS
     {
         std::lock_guard<std::mutex> lock(m->mu);  // one forward at a time per model
-        m->size_scratch(M, n_want, max_ctx);
+        m->size_scratch(M, n_want, max_ctx, f.attn_parts);
         embed_tokens(*m, f);
         m->pool->run(m->job, &f);
     }

@@ -159,6 +159,7 @@ struct Weights {
 
 struct Scratch {  // shared buffers of one forward, sized by the Python call before the threads start
     std::vector<float> x, xn, qkv, att, act, xw;  // residual, normed, q|k|v, attention out, MLP act, wanted rows
+    std::vector<float> part_o, part_m, part_s;  // attention chunks: outputs [M*H*parts, hd], maxima, sums
     std::vector<std::vector<float>> local_xn, scores, qrot;  // per thread
 };
 
@@ -181,6 +182,7 @@ struct Forward {  // one call: M new tokens of n_items requests
     int n_want;
     const int32_t* want;  // [n_want] token indices whose logits are returned
     float* out;           // [n_want, vocab]
+    int attn_parts;       // chunks per (token, head) of the attention phase
     int topk;             // > 0: also the top-k softmax of every wanted row
     float* top_p;         // [n_want, topk]
     int32_t* top_id;      // [n_want, topk]

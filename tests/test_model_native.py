@@ -257,3 +257,19 @@ def test_fused_topk_equals_torch_softmax_topk(tiny: Path, isa: str) -> None:
         assert ids == want_i.tolist()
         np.testing.assert_allclose(probs, want_p.numpy(), rtol=2e-6, atol=1e-7)
         assert [b.length(s) for s in s1] == [len(p) for p in prompts]  # it appended like forward
+
+
+def test_chunked_attention_over_long_context_matches_hf(tmp_path: Path) -> None:
+    """One token over 700 positions with 8 threads: attention is split in position chunks and merged."""
+    path = save_tiny_llama(tmp_path, seed=21, max_pos=1024, rms_norm_eps=1e-5)
+    hf = load_hf(path)
+    seq = np.random.default_rng(10).integers(0, VOCAB, size=700).tolist()
+    outs = []
+    for threads in (1, 8):  # 4 heads: 1 chunk per head with 1 thread, 2 chunks with 8
+        b = NativeLlamaBackend(path, threads=threads)
+        st = b.new_state()
+        b.forward([StepInput(st, seq, list(range(700)), [699])])
+        outs.append(torch.cat([b.forward([StepInput(st, [t], [700 + i], [0])])[0] for i, t in enumerate((3, 9))]))
+    ref = hf_logits(hf, seq + [3, 9])[-2:]
+    _close(outs[0], ref, atol=2e-4)
+    _close(outs[1], ref, atol=2e-4)
