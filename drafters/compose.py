@@ -34,6 +34,7 @@ logger = logging.getLogger("specdec.drafters")
 CALIBRATION_PRIOR_TOKENS = 8.0  # pseudo-tokens (predicted = accepted) each part's calibration starts with
 SCORE_BUCKET_EDGES = (1.0, 2.0, 4.0, 8.0)  # calibration is also kept per band of the part's own score
 DISAGREE_PRIOR = (1.0, 2.0)  # (right, seen) pseudo-counts of each part's first token when the parts disagree
+MEMORY_STEPS = 200  # learned statistics decay by 1 - 1/MEMORY_STEPS per observed step (follows workload shifts)
 
 
 class ComposedDrafter(Drafter):
@@ -41,7 +42,8 @@ class ComposedDrafter(Drafter):
 
     name = "composed"
 
-    def __init__(self, drafters: Sequence[Drafter], *, merge: bool = False, calibrate: bool = True) -> None:
+    def __init__(self, drafters: Sequence[Drafter], *, merge: bool = False, calibrate: bool = True,
+                 memory_steps: float | None = MEMORY_STEPS) -> None:
         if not drafters:
             raise ValueError("ComposedDrafter needs at least one drafter, e.g. [SuffixDrafter(), NgramDrafter()]")
         self.drafters = list(drafters)
@@ -50,8 +52,9 @@ class ComposedDrafter(Drafter):
         self.failures: dict[str, int] = {d.name: 0 for d in self.drafters}
         self.picks: list[int] = [0] * len(self.drafters)  # how often each part's draft was chosen
         self.calibrate = calibrate
-        self.predicted: list[float] = [CALIBRATION_PRIOR_TOKENS] * len(self.drafters)  # sum of chosen scores
-        self.accepted: list[float] = [CALIBRATION_PRIOR_TOKENS] * len(self.drafters)  # their accepted tokens
+        self.predicted: list[float] = [0.0] * len(self.drafters)  # decayed sums of scores (priors added at use)
+        self.accepted: list[float] = [0.0] * len(self.drafters)  # ... and of accepted tokens
+        self.decay = 1.0 if not memory_steps else 1.0 - 1.0 / float(memory_steps)
         # request -> [(part, draft)] of this step, the chosen one first, awaiting the outcome
         self._pending: dict[str, list[tuple[int, TokenTree]]] = {}
         self._band_pred: dict[tuple[int, int], float] = {}  # (part, score band) -> predicted tokens
@@ -87,6 +90,8 @@ class ComposedDrafter(Drafter):
                 key = (part, score_band(score(tree)))
                 self._dis_seen[key] = self._dis_seen.get(key, 0.0) + 1
                 self._dis_right[key] = self._dis_right.get(key, 0.0) + (first == int(emitted[0]))
+        if self.decay < 1.0:
+            self._forget()
         horizon = len(emitted)  # other parts: only the first len(emitted) target tokens are known
         for j, (part, tree) in enumerate(drafts):
             predicted = score(tree) if j == 0 else score(tree, max_depth=horizon)
@@ -97,6 +102,15 @@ class ComposedDrafter(Drafter):
             self._band_pred[key] = self._band_pred.get(key, 0.0) + predicted
             self._band_acc[key] = self._band_acc.get(key, 0.0) + accepted
 
+    def _forget(self) -> None:
+        """Decay every learned statistic by one step, so the choice follows a change of workload."""
+        k = self.decay
+        self.predicted = [v * k for v in self.predicted]
+        self.accepted = [v * k for v in self.accepted]
+        for table in (self._band_pred, self._band_acc, self._dis_right, self._dis_seen):
+            for key in table:
+                table[key] *= k
+
     def stop(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
         self._each("stop", request_id)
@@ -106,11 +120,11 @@ class ComposedDrafter(Drafter):
         of its drafts scored in the same band, shrunk toward the part's overall ratio."""
         if not self.calibrate:
             return 1.0
-        overall = self.accepted[part] / self.predicted[part]
+        prior = CALIBRATION_PRIOR_TOKENS
+        overall = (self.accepted[part] + prior) / (self.predicted[part] + prior)
         if value is None:
             return overall
         key = (part, score_band(value))
-        prior = CALIBRATION_PRIOR_TOKENS
         return (self._band_acc.get(key, 0.0) + prior * overall) / (self._band_pred.get(key, 0.0) + prior)
 
     def judge(self, part: int, value: float) -> float:
@@ -145,6 +159,7 @@ class ComposedDrafter(Drafter):
         values = {k: score(t) for k, t in cands}
         scored = sorted(cands, key=lambda kt: (-self.judge(kt[0], values[kt[0]]) if disagree else 0.0,
                                                -values[kt[0]] * self.calibration(kt[0], values[kt[0]]), kt[0]))
+        scored = _prefer_extension(scored)
         self.picks[scored[0][0]] += 1
         self._pending[req.request_id] = scored
         if not self.merge or len(scored) == 1:
@@ -169,6 +184,21 @@ class ComposedDrafter(Drafter):
 
     def memory_bytes(self) -> int:
         return sum(d.memory_bytes() for d in self.drafters)
+
+
+def _prefer_extension(scored: list[tuple[int, TokenTree]]) -> list[tuple[int, TokenTree]]:
+    """If another part's chain continues the chosen chain (the chosen one is its prefix), take the longest such
+    chain: it is accepted at least as far, since verification stops at the first wrong token."""
+    best = scored[0][1]
+    if not best.is_chain():
+        return scored
+    head = best.tokens.tolist()
+    longer = [i for i, (_, t) in enumerate(scored[1:], 1)
+              if len(t) > len(head) and t.is_chain() and t.tokens[: len(head)].tolist() == head]
+    if not longer:
+        return scored
+    pick = max(longer, key=lambda i: len(scored[i][1]))
+    return [scored[pick]] + [c for i, c in enumerate(scored) if i != pick]
 
 
 def first_token(tree: TokenTree) -> int:

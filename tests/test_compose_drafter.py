@@ -137,7 +137,7 @@ def test_a_part_that_is_never_chosen_still_learns_and_takes_over():
         accepted = len(tree.match_length([1, 2, 3, 4]))
         comp.extend("r", [1, 2, 3, 4, 5][: accepted + 1])
         if step == 0:  # "right" not chosen, but scored on the 1 observed token: 0.6 predicted, 1 accepted
-            assert comp.accepted[1] == 8.0 + 1 and comp.predicted[1] == pytest.approx(8.0 + 0.6)
+            assert comp.accepted[1] == 1.0 and comp.predicted[1] == pytest.approx(0.6)
             assert comp.judge(1, 1.3) > 0.5 > comp.judge(0, 3.5)
     assert chosen[0] == [9, 9, 9, 9] and chosen[1:] == [[1, 2, 3, 4]] * 5
     assert comp.calibration(0) < comp.calibration(1)
@@ -165,3 +165,34 @@ def test_calibration_is_kept_per_score_band():
     assert comp.calibration(0, 3.6) > 0.9  # 4 accepted of 3.6 predicted, every time
     assert comp.calibration(0, 0.9) < 0.6  # 0 of 0.9, shrunk toward the overall ratio
     assert comp.calibration(0, 0.9) < comp.calibration(0) < comp.calibration(0, 3.6)
+
+
+def test_a_longer_chain_that_continues_the_chosen_one_is_taken():
+    """B = [1, 5] scores higher than the low-probability chain [1, 5, 6, 7], which extends it: the extension is
+    accepted at least as far, so it is taken; a longer chain that diverges ([1, 9, ...]) is not."""
+    ext = TokenTree.chain([1, 5, 6, 7], [0.6, 0.5, 0.5, 0.5])  # 0.6 + 0.3 + 0.15 + 0.075 = 1.125 < 2.0
+    comp = ComposedDrafter([Fixed("b", B), Fixed("ext", ext)])
+    assert comp.draft("r", 8).tokens.tolist() == [1, 5, 6, 7]
+    assert comp.picks == [0, 1]
+    assert comp.draft("r", 3).tokens.tolist() == [1, 5, 6]  # budget first, then the prefix test
+    diverging = TokenTree.chain([1, 9, 6, 7], [0.6, 0.5, 0.5, 0.5])
+    comp2 = ComposedDrafter([Fixed("b", B), Fixed("d", diverging)])
+    assert comp2.draft("r", 8).tokens.tolist() == [1, 5]
+
+
+def test_learned_statistics_fade_so_the_choice_follows_a_workload_change():
+    """Part a is right for 300 steps, then part b is: with a memory of 50 steps the choice moves to b within
+    tens of steps; without forgetting, 300 steps of history keep a in front far longer."""
+    def run(memory):
+        a = Fixed("a", TokenTree.chain([1, 2, 3], [0.9] * 3))
+        b = Fixed("b", TokenTree.chain([7, 8, 9], [0.9] * 3))
+        comp = ComposedDrafter([a, b], memory_steps=memory)
+        comp.start("r", [0])
+        for step in range(400):
+            truth = [1, 2, 3, 4] if step < 300 else [7, 8, 9, 4]
+            tree = comp.draft("r", 3)
+            comp.extend("r", truth[: len(tree.match_length(truth)) + 1])
+            if step >= 300 and tree.tokens.tolist() == [7, 8, 9]:
+                return step - 300
+        return 100
+    assert run(50) < 40 < run(None)
