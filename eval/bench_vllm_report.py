@@ -10,6 +10,16 @@ def _mismatches(a: list[list[int]], b: list[list[int]]) -> int:
     return sum(x != y for x, y in zip(a, b))
 
 
+def first_diffs(a: list[list[int]], ref: list[list[int]]) -> list[dict[str, int]]:
+    """Per mismatched prompt: its index and the first output position that differs (where to look)."""
+    out = []
+    for i, (x, y) in enumerate(zip(a, ref)):
+        if x != y:
+            pos = next((j for j, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+            out.append({"prompt": i, "position": pos, "tokens": len(x), "reference_tokens": len(y)})
+    return out
+
+
 def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Strip outputs, add ratios to no-spec and bf16 mismatch counts; the fp32 lossless comparison."""
     base = runs.get("nospec")
@@ -35,7 +45,8 @@ def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any
                     checks.append({"method": method, "dataset": ds, "batch_size": int(b), "compared": len(ref),
                                    "identical": len(ref) - _mismatches(cell["outputs"], ref),
                                    # a comparison of empty outputs proves nothing: record what was compared
-                                   "mean_output_tokens": sum(map(len, ref)) / max(len(ref), 1)})
+                                   "mean_output_tokens": sum(map(len, ref)) / max(len(ref), 1),
+                                   "first_diffs": first_diffs(cell["outputs"], ref)})
         out["lossless_fp32"] = checks
     out["startup_s"] = {m: r["startup_s"] for m, r in runs.items()}
     out["engine_config"] = {m: r.get("engine_config") for m, r in runs.items()}

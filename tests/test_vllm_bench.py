@@ -21,14 +21,19 @@ def test_summary_ratios_mismatches_and_lossless_counts():
     runs = {"nospec": _run("nospec", {"8": _cell(100.0, ref)}),
             "specdec": _run("specdec", {"8": _cell(250.0, [[1, 2, 3], [4, 5, 0], [7, 8, 9]], accepted=4)})}
     lossless = {"nospec": _run("nospec", {"1": _cell(10.0, ref)}),
-                "specdec": _run("specdec", {"1": _cell(20.0, ref)})}
+                "specdec": _run("specdec", {"1": _cell(20.0, ref)}),
+                "bad": _run("bad", {"1": _cell(20.0, [[1, 2, 3], [4, 0, 6], [7, 8]])})}
     s = summarise(runs, lossless)
     row = next(r for r in s["rows"] if r["method"] == "specdec")
     assert row["speedup_vs_nospec"] == 2.5 and row["mismatches_vs_nospec"] == 1
     assert "outputs" not in row
     assert row["mat"] == 9 / 5
-    assert s["lossless_fp32"] == [{"method": "specdec", "dataset": "code", "batch_size": 1, "compared": 3,
-                                   "identical": 3, "mean_output_tokens": 3.0}]
+    assert s["lossless_fp32"] == [
+        {"method": "specdec", "dataset": "code", "batch_size": 1, "compared": 3, "identical": 3,
+         "mean_output_tokens": 3.0, "first_diffs": []},
+        {"method": "bad", "dataset": "code", "batch_size": 1, "compared": 3, "identical": 1, "mean_output_tokens": 3.0,
+         "first_diffs": [{"prompt": 1, "position": 1, "tokens": 3, "reference_tokens": 3},
+                         {"prompt": 2, "position": 2, "tokens": 2, "reference_tokens": 3}]}]
     doc = {"date": "2026-11-22", "device": "h100", "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
            "summary": s}
     md = markdown(doc)
