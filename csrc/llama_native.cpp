@@ -12,6 +12,8 @@
 #include <mutex>
 #include <string>
 
+#include <unistd.h>
+
 #include "llama_native.h"
 
 namespace {
@@ -77,6 +79,7 @@ struct Model {
     std::vector<std::unique_ptr<Buf>> held;  // the weight buffers, kept alive
     std::vector<int32_t> tok_item, tok_j, n_new;
     std::mutex mu;
+    pid_t owner = getpid();  // the pool's threads exist only in the process that created it
 
     const void* hold(PyObject* obj, const char* name, size_t count, bool weight) {  // nullptr + error set on failure
         auto b = std::make_unique<Buf>();
@@ -135,7 +138,11 @@ Pool::Job pick_isa(const std::string& want, std::string& name) {
     return name = "sse", k4::forward_job;
 }
 
-void destroy(PyObject* cap) { delete static_cast<Model*>(PyCapsule_GetPointer(cap, kCapsule)); }
+void destroy(PyObject* cap) {
+    Model* m = static_cast<Model*>(PyCapsule_GetPointer(cap, kCapsule));
+    if (m && getpid() != m->owner) return;  // forked child: joining the parent's threads here is undefined; leak
+    delete m;
+}
 
 Model* get_model(PyObject* cap) { return static_cast<Model*>(PyCapsule_GetPointer(cap, kCapsule)); }
 
@@ -250,6 +257,11 @@ PyObject* forward(PyObject*, PyObject* args) {
         return nullptr;
     Model* m = get_model(cap);
     if (!m) return nullptr;
+    if (getpid() != m->owner) {  // a forked child has the pool object but not its threads: fail, never hang
+        PyErr_SetString(PyExc_RuntimeError, "native draft backend used in a forked process (its worker threads "
+                                            "live in the parent); build the backend in the process that uses it");
+        return nullptr;
+    }
     Buf tok, pos, start, addr, cached, caps, moff, masks, want, out;
     if (!get_buf(o_tok, tok, "tokens", 4, false) || !get_buf(o_pos, pos, "positions", 4, false) ||
         !get_buf(o_start, start, "item_start", 4, false) || !get_buf(o_addr, addr, "cache_addrs", 8, false) ||

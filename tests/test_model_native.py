@@ -273,3 +273,26 @@ def test_chunked_attention_over_long_context_matches_hf(tmp_path: Path) -> None:
     ref = hf_logits(hf, seq + [3, 9])[-2:]
     _close(outs[0], ref, atol=2e-4)
     _close(outs[1], ref, atol=2e-4)
+
+
+def test_use_after_fork_fails_instead_of_hanging(tiny: Path) -> None:
+    """A forked child inherits the backend object but not its worker threads: forward raises at once."""
+    import multiprocessing as mp
+
+    b = NativeLlamaBackend(tiny, threads=2)
+    b.forward([StepInput(b.new_state(), [1, 2], [0, 1], [1])])  # workers started in the parent
+
+    def child(q: "mp.Queue[str]") -> None:
+        try:
+            b.forward([StepInput(b.new_state(), [1], [0], [0])])
+            q.put("no error")
+        except RuntimeError as exc:
+            q.put(str(exc))
+
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q,))
+    p.start()
+    p.join(timeout=30)
+    assert p.exitcode == 0, "the child hung or crashed"
+    assert "forked process" in q.get(timeout=5)
