@@ -37,6 +37,7 @@ logger = logging.getLogger("specdec.drafters.model")
 # (approximate: force "onnx-int8" after checking agreement with eval/bench_draft_cpu.py) and "compile"
 # (inductor compiles for ~1 min per shape class on 2 cores and recompiles as batch/length classes change).
 AUTO_CANDIDATES = ("native", "torch", "onnx", "eager")
+NATIVE_BACKENDS = ("native", "native-fp32")  # run on their own thread pool (num_threads), not torch's
 AUTO_BF16 = "torch-bf16"
 # beside a busy engine in the same host (vLLM): backends that use torch intra-op (OpenMP) threads collapsed to
 # 230-330 ms per step on the GPU host's Xeon while vLLM decoded (eval/results/..._xeon-8t_draft_cpu_while_vllm.json);
@@ -56,7 +57,8 @@ def auto_candidates(features: dict[str, bool], *, shared_host: bool = False) -> 
 class ModelDrafterConfig(ConfigBase):
     path: str = rng("", doc="Hugging Face model folder; empty = the shared code-draft-7m")
     backend: str = rng("auto", choices=("auto",) + BACKEND_NAMES, doc="forward backend; auto = fastest measured")
-    num_threads: int = rng(0, lo=0, hi=4096, doc="torch intra-op threads; 0 = leave the default")
+    num_threads: int = rng(0, lo=0, hi=4096, doc="threads of the native backend's pool, else torch intra-op "
+                                                  "threads; 0 = torch's current count")
     cpu_affinity: list = rng([], doc="CPU ids to pin this process to (os.sched_setaffinity); [] = leave")
     tree_top_k: int = rng(2, lo=1, hi=64, doc="children per node at branching depths (tree drafts)")
     tree_branch_depths: list = rng([1, 2], doc="depths (1 = first draft token) where tree nodes branch")
@@ -154,7 +156,11 @@ class ModelDrafter(Drafter):
             check_tokenizer_compat(path, self.config.target_tokenizer)
         from specdec.drafters.cpu_info import apply_placement
 
-        self.cpu = apply_placement(num_threads=self.config.num_threads, cpu_affinity=self.config.cpu_affinity)
+        # the native backend takes num_threads for its own pool: torch's thread count (vLLM's, when the drafter
+        # runs inside its engine process) is left alone
+        own_pool = self.config.backend in NATIVE_BACKENDS
+        self.cpu = apply_placement(num_threads=0 if own_pool else self.config.num_threads,
+                                   cpu_affinity=self.config.cpu_affinity)
         self.backend: DraftBackend = self._build_backend(path)
         self._reqs: dict[str, _Request] = {}
         self.forwards = 0  # backend forward calls (for tests and stats)
@@ -168,12 +174,13 @@ class ModelDrafter(Drafter):
 
     def _build_backend(self, path: Path) -> DraftBackend:
         if self.config.backend != "auto":
-            return make_backend(self.config.backend, path, onnx_spin=self.config.onnx_spin)
+            return make_backend(self.config.backend, path, onnx_spin=self.config.onnx_spin,
+                                threads=self.config.num_threads)
         from specdec.drafters.model_calibrate import pick_backend
 
         candidates = auto_candidates(self.cpu.features, shared_host=self.config.shared_host)
         return pick_backend(path, candidates, steps=self.config.calibration_steps,
-                            onnx_spin=self.config.onnx_spin)
+                            onnx_spin=self.config.onnx_spin, threads=self.config.num_threads)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:

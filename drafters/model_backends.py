@@ -131,11 +131,12 @@ class EagerHFBackend(DraftBackend):
         return out
 
 
-def make_backend(name: str, path: str | Path, *, onnx_spin: bool = False) -> DraftBackend:
+def make_backend(name: str, path: str | Path, *, onnx_spin: bool = False, threads: int = 0) -> DraftBackend:
     """Build a backend by name (see ``BACKENDS``); raises ImportError/RuntimeError when unavailable.
 
     ``onnx_spin``: ONNX Runtime worker threads spin between ops (lowest latency standalone; turn it off when
-    the drafter shares cores with other work in the process, e.g. a CPU target model).
+    the drafter shares cores with other work in the process, e.g. a CPU target model). ``threads``: the native
+    backends' pool size (0 = torch's current thread count); the others follow torch's setting.
     """
     import importlib
 
@@ -144,4 +145,6 @@ def make_backend(name: str, path: str | Path, *, onnx_spin: bool = False) -> Dra
     module, cls, kwargs = BACKENDS[name]
     if name.startswith("onnx"):
         kwargs = {**kwargs, "spin": onnx_spin}
+    if name.startswith("native"):
+        kwargs = {**kwargs, "threads": threads}
     return getattr(importlib.import_module(module), cls)(path, **kwargs)

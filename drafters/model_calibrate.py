@@ -42,14 +42,14 @@ def time_decode_step(backend: DraftBackend, *, batch: int, prompt_len: int, step
 
 
 def pick_backend(path: str | Path, candidates: Sequence[str], *, steps: int,
-                 onnx_spin: bool = False) -> DraftBackend:
+                 onnx_spin: bool = False, threads: int = 0) -> DraftBackend:
     """Build every available candidate, time a few decode steps, keep the fastest."""
     best: tuple[float, DraftBackend] | None = None
     report = []
     for name in candidates:
         t0 = time.perf_counter()
         try:
-            backend = make_backend(name, path, onnx_spin=onnx_spin)
+            backend = make_backend(name, path, onnx_spin=onnx_spin, threads=threads)
             ms = 1e3 * float(np.median(time_decode_step(backend, batch=CALIB_BATCH, prompt_len=CALIB_PROMPT_LEN,
                                                          steps=steps)))
         except Exception as exc:  # noqa: BLE001 - an unavailable backend is skipped, not fatal

@@ -296,3 +296,11 @@ def test_use_after_fork_fails_instead_of_hanging(tiny: Path) -> None:
     p.join(timeout=30)
     assert p.exitcode == 0, "the child hung or crashed"
     assert "forked process" in q.get(timeout=5)
+
+
+def test_drafter_threads_go_to_the_native_pool_not_torch(tiny: Path) -> None:
+    """num_threads sizes the native pool; torch's thread count (vLLM's, inside its engine) is left alone."""
+    before = torch.get_num_threads()
+    d = ModelDrafter(ModelDrafterConfig.from_dict({"path": str(tiny), "backend": "native", "num_threads": 3}))
+    assert d.backend.info["threads"] == 3 and torch.get_num_threads() == before
+    d.close()
