@@ -13,17 +13,17 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.drafters import DraftRequest
 from specdec.drafters.model import ModelDrafter, ModelDrafterConfig
 from specdec.drafters.model_backends import BACKEND_NAMES, StepInput, make_backend
 from specdec.paths import DRAFT_MODEL, model_path
+from backend_checks import (check_drafter_equals_torch, check_matches_torch, check_prefill_then_decode,
+                            check_ragged_batch, check_tree_mask, close)
 from core_support import SAVED_VOCAB, hf_logits, load_hf, save_tiny_llama
 
 native = pytest.importorskip("specdec.drafters._llama_native", reason="native extension not built")
 from specdec.drafters.model_native import INITIAL_CAPACITY, NativeLlamaBackend  # noqa: E402
 
 VOCAB = SAVED_VOCAB
-ATOL = 1e-4  # fp32 logits vs fp32 with another summation order
 SHARED = model_path(DRAFT_MODEL)
 
 
@@ -51,11 +51,6 @@ def hf(tiny: Path) -> torch.nn.Module:
     return load_hf(tiny)
 
 
-def _close(got: torch.Tensor, ref: torch.Tensor, atol: float = ATOL) -> None:
-    assert got.dtype == torch.float32 and got.shape == ref.shape
-    torch.testing.assert_close(got, ref, atol=atol, rtol=1e-4)
-
-
 def test_registered_and_described(tiny: Path) -> None:
     assert {"native", "native-fp32"} <= set(BACKEND_NAMES)
     b = make_backend("native", tiny)
@@ -66,18 +61,7 @@ def test_registered_and_described(tiny: Path) -> None:
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_prefill_then_decode_matches_hf(tiny: Path, hf: torch.nn.Module, isa: str) -> None:
-    b = NativeLlamaBackend(tiny, threads=2, isa=isa)
-    seq = np.random.default_rng(0).integers(0, VOCAB, size=9).tolist()
-    st = b.new_state()
-    got = [b.forward([StepInput(st, seq, list(range(9)), list(range(9)))])[0]]
-    for tok in (5, 17, 96, 0, 42):
-        got.append(b.forward([StepInput(st, [tok], [len(seq)], [0])])[0])
-        seq.append(tok)
-    assert b.length(st) == len(seq) == 14
-    _close(torch.cat(got), hf_logits(hf, seq))
-    assert b.forward([StepInput(st, [7], [14], [])])[0].shape == (0, VOCAB)  # appends, returns no rows
-    assert b.length(st) == 15
-    _close(b.forward([StepInput(st, [8], [15], [0])])[0][0], hf_logits(hf, seq + [7, 8])[-1])
+    check_prefill_then_decode(NativeLlamaBackend(tiny, threads=2, isa=isa), hf)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -88,46 +72,15 @@ def test_bf16_weights_match_hf_of_the_same_weights(tiny_bf16: Path, isa: str) ->
     seq = np.random.default_rng(1).integers(0, VOCAB, size=20).tolist()  # > one 16-token local-norm block
     st = b.new_state()
     got = b.forward([StepInput(st, seq, list(range(20)), list(range(20)))])[0]
-    _close(got, hf_logits(hf, seq))
+    close(got, hf_logits(hf, seq))
 
 
 def test_ragged_batch_matches_hf(tiny: Path, hf: torch.nn.Module) -> None:
-    b = make_backend("native", tiny)
-    rng = np.random.default_rng(1)
-    seqs = [rng.integers(0, VOCAB, size=n).tolist() for n in (7, 1, 12)]
-    states = [b.new_state() for _ in seqs]
-    got = b.forward([StepInput(s, q, list(range(len(q))), list(range(len(q)))) for s, q in zip(states, seqs)])
-    for _ in range(3):
-        new = rng.integers(0, VOCAB, size=len(seqs)).tolist()
-        out = b.forward([StepInput(s, [t], [len(q)], [0]) for s, t, q in zip(states, new, seqs)])
-        for q, t in zip(seqs, new):
-            q.append(t)
-        got = [torch.cat([g, o]) for g, o in zip(got, out)]
-    out = b.forward([StepInput(states[0], [3, 4], [len(seqs[0]), len(seqs[0]) + 1], [1]),
-                     StepInput(states[2], [9], [len(seqs[2])], [0])])
-    seqs[0] += [3, 4]
-    seqs[2] += [9]
-    for q, g in zip(seqs, got):
-        _close(g, hf_logits(hf, q)[: len(g)])
-    _close(out[0], hf_logits(hf, seqs[0])[-1:])
-    _close(out[1], hf_logits(hf, seqs[2])[-1:])
-    assert [b.length(s) for s in states] == [len(q) for q in seqs]
+    check_ragged_batch(make_backend("native", tiny), hf)
 
 
 def test_tree_mask_matches_paths(tiny: Path, hf: torch.nn.Module) -> None:
-    b = make_backend("native", tiny)
-    ctx = [5, 9, 11, 2, 40]
-    st = b.new_state()
-    b.forward([StepInput(st, ctx, list(range(5)), [4])])
-    mask = np.zeros((3, 8), bool)  # nodes 17 (depth 1), 23 (depth 1), 31 (child of 17): slots 5, 6, 7
-    mask[:, :5] = True
-    mask[0, 5] = mask[1, 6] = True
-    mask[2, [5, 7]] = True
-    out = b.forward([StepInput(st, [17, 23, 31], [5, 5, 6], [0, 1, 2], mask=mask)])[0]
-    for row, path in enumerate([[17], [23], [17, 31]]):
-        _close(out[row], hf_logits(hf, ctx + path)[-1])
-    with pytest.raises(ValueError, match="mask has shape"):
-        b.forward([StepInput(st, [1], [8], [0], mask=np.ones((1, 3), bool))])
+    check_tree_mask(make_backend("native", tiny), hf)
 
 
 def test_crop_then_redecode_equals_fresh_and_growth(tmp_path: Path) -> None:
@@ -143,7 +96,7 @@ def test_crop_then_redecode_equals_fresh_and_growth(tmp_path: Path) -> None:
     assert b.state_bytes(st) > INITIAL_CAPACITY * 4 * 2 * 2 * 16  # grew (slot = layers * 2 * kv_heads * hd fp32)
     b.crop(st, n + 1)  # keep the first decoded token
     out = b.forward([StepInput(st, [50, 51], [n + 1, n + 2], [0, 1])])[0]
-    _close(out, hf_logits(hf, prompt + [1, 50, 51])[n + 1:])
+    close(out, hf_logits(hf, prompt + [1, 50, 51])[n + 1:])
     b.crop(st, 10_000)  # cropping past the end keeps everything
     assert b.length(st) == n + 3
 
@@ -181,7 +134,7 @@ def test_concurrent_callers_are_serialised(tiny: Path, hf: torch.nn.Module) -> N
     for t in threads:
         t.join()
     for i in (0, 1):
-        _close(results[i][0], hf_logits(hf, seqs[i])[-1])
+        close(results[i][0], hf_logits(hf, seqs[i])[-1])
 
 
 def test_bad_inputs_name_the_value(tiny: Path) -> None:
@@ -201,44 +154,13 @@ def test_bad_inputs_name_the_value(tiny: Path) -> None:
 
 
 def test_drafter_native_equals_torch(tiny: Path) -> None:
-    """Chains and trees over rounds with rollback: the native drafter drafts what the torch one does."""
-    d = {name: ModelDrafter(ModelDrafterConfig.from_dict({"path": str(tiny), "backend": name, "tree_top_k": 2}))
-         for name in ("native", "torch")}
-    rng = np.random.default_rng(6)
-    prompts = {f"r{i}": rng.integers(2, VOCAB, size=5 + 6 * i).tolist() for i in range(3)}
-    for dr in d.values():
-        for rid, p in prompts.items():
-            dr.start(rid, p)
-    reqs = [DraftRequest(rid, 4 + i, tree=i == 1) for i, rid in enumerate(prompts)]
-    for rnd in range(3):
-        trees = {name: dr.draft_batch(reqs) for name, dr in d.items()}
-        for r, a, c in zip(reqs, trees["native"], trees["torch"]):
-            assert a.tokens.tolist() == c.tokens.tolist() and a.parents.tolist() == c.parents.tolist()
-            np.testing.assert_allclose(a.probs, c.probs, rtol=1e-4, atol=1e-5)
-            emitted = a.tokens[: rnd + 1].tolist() + [int(rng.integers(2, VOCAB))]  # partial accept + bonus
-            for dr in d.values():
-                dr.extend(r.request_id, emitted)
-    for dr in d.values():
-        dr.close()
+    check_drafter_equals_torch(tiny, "native")
 
 
 @pytest.mark.skipif(not (SHARED / "config.json").exists(),
                     reason=f"shared draft model not at {SHARED}; put the shared folder beside the repo")
 def test_shared_draft_model_matches_torch() -> None:
-    nb, tb = make_backend("native", SHARED), make_backend("torch", SHARED)
-    assert nb.info["weights"] == "bf16"  # the shared checkpoint is bf16: kept as is, half the bytes
-    rng = np.random.default_rng(7)
-    prompts = [rng.integers(2, nb.vocab_size, size=n).tolist() for n in (40, 9)]
-    ns, ts = [nb.new_state() for _ in prompts], [tb.new_state() for _ in prompts]
-    got = nb.forward([StepInput(s, p, list(range(len(p))), [len(p) - 1]) for s, p in zip(ns, prompts)])
-    want = tb.forward([StepInput(s, p, list(range(len(p))), [len(p) - 1]) for s, p in zip(ts, prompts)])
-    for g, w in zip(got, want):
-        _close(g, w)
-    for step in range(4):
-        tok = int(want[0][0].argmax())
-        g = nb.forward([StepInput(ns[0], [tok], [40 + step], [0])])[0]
-        want = tb.forward([StepInput(ts[0], [tok], [40 + step], [0])])
-        _close(g, want[0])
+    assert check_matches_torch(SHARED, "native").info["weights"] == "bf16"  # the shared checkpoint: kept as is
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -271,8 +193,8 @@ def test_chunked_attention_over_long_context_matches_hf(tmp_path: Path) -> None:
         b.forward([StepInput(st, seq, list(range(700)), [699])])
         outs.append(torch.cat([b.forward([StepInput(st, [t], [700 + i], [0])])[0] for i, t in enumerate((3, 9))]))
     ref = hf_logits(hf, seq + [3, 9])[-2:]
-    _close(outs[0], ref, atol=2e-4)
-    _close(outs[1], ref, atol=2e-4)
+    close(outs[0], ref, atol=2e-4)
+    close(outs[1], ref, atol=2e-4)
 
 
 def test_use_after_fork_fails_instead_of_hanging(tiny: Path) -> None:
