@@ -233,9 +233,9 @@ bool check_batch(const Model& m, const Forward& f, int n_items, const int32_t* i
     return true;
 }
 
-void embed_tokens(const Model& m, const Forward& f) {
+void embed_tokens(Model& m, const Forward& f) {
     const size_t d = m.s.d;
-    float* x = const_cast<float*>(m.buf.x.data());
+    float* x = m.buf.x.data();
     for (int t = 0; t < f.M; ++t) {
         float* row = x + size_t(t) * d;
         if (m.w.bf16) {
