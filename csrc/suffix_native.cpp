@@ -442,7 +442,32 @@ void best_draft(const Trie& t, const std::vector<Cursor>& front, const DraftPara
 
 constexpr int32_t LOCAL_SEQ = 0;
 
+// The vLLM proposer's per-request bookkeeping, kept here for the one-call step (suffix_lane.inc);
+// mirrors specdec/vllm_plugin/core.py::RequestState.
+struct Book {
+    int64_t n_known = 0;      // context length the drafter has seen
+    int32_t last_draft = 0;   // tokens submitted at the previous step (padding included)
+    int32_t last_real = 0;    // of which the drafter's own (before padding)
+    double last_pred = NAN;   // sum of their path probabilities (NaN: none)
+    double pred_ema = 0.0, acc_ema = 0.0;  // calibration sums
+    double acceptance = NAN;  // acceptance EMA (NaN: none yet)
+    bool fresh = false;       // just (re)started with n_known already counting this step's tokens
+};
+
+// Constants of the one-call step, set once by lane_config (one source of truth: the Python side).
+struct LaneConfig {
+    bool configured = false;
+    int probe_tokens = 2;           // draft length for requests whose acceptance is poor
+    double accept_alpha = 0.2;      // weight of the newest step in the acceptance EMA
+    double calib_decay = 0.8;       // decay of the calibration sums
+    double min_calib_mass = 3.0, min_calib = 0.05, max_calib = 1.5;
+    double max_cut = 0.9;           // the confidence threshold never exceeds this
+    double factor = 8.0, offset = 0.0, min_prob = 0.1;  // draft parameters (SuffixConfig)
+    bool use_local = true, use_global = true;
+};
+
 struct Request {
+    Book book;
     std::unique_ptr<Trie> local;       // its sequence LOCAL_SEQ is the context (prompt + output so far)
     size_t prompt_len = 0;
     std::vector<int32_t> local_front;  // explicit nodes of the context's repeated suffixes
@@ -461,6 +486,7 @@ struct Engine {
     std::unordered_map<int64_t, Request> requests;
     std::vector<Cursor> tmp_front;
     Draft best, tmp;
+    LaneConfig lane;
 
     Engine(int d, int64_t mr, int64_t mt) : depth(d), max_requests(mr), max_tokens(mt), global(d) {}
 
@@ -693,6 +719,8 @@ PyObject* Engine_local_nodes(PyEngine* self, PyObject* args) {
     return PyLong_FromSize_t(it->second.local->live_nodes());
 }
 
+#include "suffix_lane.inc"
+
 PyMethodDef Engine_methods[] = {
     {"start", reinterpret_cast<PyCFunction>(Engine_start), METH_VARARGS, "start(rid, prompt_ids)"},
     {"extend", reinterpret_cast<PyCFunction>(Engine_extend), METH_VARARGS, "extend(rid, token_ids)"},
@@ -702,6 +730,10 @@ PyMethodDef Engine_methods[] = {
     {"memory_bytes", reinterpret_cast<PyCFunction>(Engine_memory_bytes), METH_NOARGS, "bytes held"},
     {"global_stats", reinterpret_cast<PyCFunction>(Engine_global_stats), METH_NOARGS, "global trie stats"},
     {"local_nodes", reinterpret_cast<PyCFunction>(Engine_local_nodes), METH_VARARGS, "nodes of a request trie"},
+    {"lane_config", reinterpret_cast<PyCFunction>(Engine_lane_config), METH_VARARGS, kLaneConfigDoc},
+    {"lane_mark", reinterpret_cast<PyCFunction>(Engine_lane_mark), METH_VARARGS, "lane_mark(rid, n_known)"},
+    {"lane_book", reinterpret_cast<PyCFunction>(Engine_lane_book), METH_VARARGS, "lane_book(rid) -> tuple"},
+    {"lane_step", reinterpret_cast<PyCFunction>(Engine_lane_step), METH_VARARGS, kLaneStepDoc},
     {nullptr, nullptr, 0, nullptr}};
 
 PyTypeObject EngineType = {PyVarObject_HEAD_INIT(nullptr, 0)};

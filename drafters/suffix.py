@@ -137,6 +137,51 @@ class SuffixDrafter(Drafter):
             out.append((toks, list(accumulate(probs, mul)) if toks else None))
         return out
 
+    # ----------------------------------------------------------------- one-call proposer step (native only)
+    def native_lane(self) -> "SuffixDrafter | None":
+        """This drafter if it offers the one-call proposer step (``lane_step``: native backend), else None."""
+        return self if self.backend == "native" else None
+
+    @property
+    def request_ids(self) -> dict[str, int]:
+        """Active request ids (-> engine ids); read-only."""
+        return self._ids
+
+    def lane_config(self, *, probe_tokens: int, accept_alpha: float, calib_decay: float, min_calib_mass: float,
+                    min_calib: float, max_calib: float, max_cut: float) -> None:
+        """The proposer's constants for ``lane_step`` (see specdec/vllm_plugin/core.py)."""
+        c = self.config
+        self.engine.lane_config(probe_tokens, accept_alpha, calib_decay, min_calib_mass, min_calib, max_calib,
+                                max_cut, c.max_spec_factor, c.max_spec_offset, c.min_token_prob, c.use_local,
+                                c.use_global)
+
+    def lane_restart(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int], n_known: int) -> None:
+        """(Re)start a request from its context (prompt, then the rest); its next ``lane_step`` row must carry
+        context length ``n_known`` and does not extend (the row's tokens are already in ``rest_ids``)."""
+        self.start(request_id, prompt_ids)
+        if len(rest_ids):
+            self.extend(request_id, rest_ids)
+        self.engine.lane_mark(self._ids[request_id], n_known)
+
+    def lane_invalidate(self, request_id: str) -> None:
+        """Make the request's next ``lane_step`` row ask for a restart (its context is about to be resent)."""
+        rid = self._ids.get(request_id)
+        if rid is not None:
+            self.engine.lane_mark(rid, -1)
+
+    def lane_step(self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]], lengths: Any, *, k: int,
+                  max_model_len: int, spec: bool, pad: bool, adaptive: bool, min_acceptance: float, floor: float,
+                  value: float) -> tuple[list[list[int]], list[int], int, int]:
+        """Every row's proposer step in one native call: extend by ``sampled[i]``, update the request's
+        statistics, draft, cut and pad (the semantics of ``ProposerCore``'s Python path).
+        ``lengths`` [rows] int32: context length after ``sampled[i]``. Returns (drafts, rows to restart (unknown
+        request or unexpected length: their drafts are empty), accepted tokens, drafted tokens)."""
+        ids = self._ids
+        rids = [ids.get(r, -1) for r in req_ids]
+        rows = sampled if type(sampled) is list else list(sampled)
+        return self.engine.lane_step(rids, rows, lengths, k, max_model_len, spec, pad, adaptive, min_acceptance,
+                                     floor, value)
+
     # ----------------------------------------------------------------- introspection
     def active_requests(self) -> list[str]:
         return list(self._ids)

@@ -4,8 +4,9 @@ A fake vLLM loop over recorded traces: B requests decode their recorded response
 previous drafts greedily against the recorded continuation (accepted prefix + the next token), hands vLLM-shaped
 arrays to the proposer, and then spends ``--engine-work-ms`` of Python on the engine thread (vLLM's
 ``update_from_output`` between ``propose`` and ``take_draft_token_ids``, ~0.5-2 ms at batch 64). Reported per
-mode: engine-thread milliseconds per step spent in the proposer (``sync``: the whole ``ProposerCore.step``;
-``overlap``: submit + the wait in collect), emitted tokens (identical across modes: same drafts).
+mode: engine-thread milliseconds per step spent in the proposer (``sync``: the whole ``ProposerCore.step`` with
+the native one-call step; ``sync-python``: its Python path; ``overlap``: submit + the wait in collect), emitted
+tokens (identical across modes: same drafts).
 
     python -m specdec.eval.bench_proposer_cpu --dataset code_alpaca --batch-sizes 8,64 --engine-work-ms 1.0
 """
@@ -76,13 +77,14 @@ def _busy(ms: float) -> None:
 
 def run(mode: str, records: list[Any], *, k: int, steps: int, engine_work_ms: float) -> dict[str, Any]:
     opts = SpecdecOptions.from_dict({"num_speculative_tokens": k, "draft_timeout_ms": 0, "pad_drafts": "on",
-                                     "adaptive": False})
+                                     "adaptive": False, "native_step": mode != "sync-python"})
     max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in records) + 4 * steps * (k + 1)
     eng = FakeEngine(records, max_len)
-    proposer: Any = (ProposerCore(build_drafter("suffix"), opts, max_model_len=max_len) if mode == "sync"
+    in_process = mode != "overlap"
+    proposer: Any = (ProposerCore(build_drafter("suffix"), opts, max_model_len=max_len) if in_process
                      else OverlapCore(opts, max_model_len=max_len))
     spent, drafts = 0.0, [[] for _ in records]
-    step_fn: Callable[..., Any] = proposer.step if mode == "sync" else proposer.submit
+    step_fn: Callable[..., Any] = proposer.step if in_process else proposer.submit
     try:
         for step in range(steps + WARMUP_STEPS):
             sampled = eng.verify(drafts)
@@ -107,7 +109,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="code_alpaca", help="trace set (specdec-eval replay names)")
     ap.add_argument("--batch-sizes", default="8,64", type=lambda s: [int(x) for x in s.split(",")])
-    ap.add_argument("--modes", default="sync,overlap", type=lambda s: s.split(","))
+    ap.add_argument("--modes", default="sync,sync-python,overlap", type=lambda s: s.split(","),
+                    help="sync: in-process (native one-call step), sync-python: in-process Python path, "
+                         "overlap: helper process")
     ap.add_argument("--k", type=int, default=16, help="num_speculative_tokens (drafts padded to k)")
     ap.add_argument("--steps", type=int, default=60, help="timed steps per run")
     ap.add_argument("--engine-work-ms", type=float, default=1.0, help="engine-thread work between propose and take")

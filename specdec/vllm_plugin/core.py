@@ -22,13 +22,13 @@ import numpy as np
 
 from specdec.drafters.base import Chain, Drafter, DraftGuard, DraftRequest
 from specdec.vllm_plugin.adaptive import AdaptiveController, StepCostModel, bucket_of, update_acceptance
+from specdec.vllm_plugin.lane import (CALIB_DECAY, MAX_CALIBRATION, MIN_CALIBRATION, MIN_CALIBRATION_MASS, Lane,
+                                      find_lane, lane_step)
 from specdec.vllm_plugin.options import SpecdecOptions
 from specdec.vllm_plugin.worker import DraftWorker
 
 logger = logging.getLogger("specdec.vllm")
 
-MIN_CALIBRATION_MASS = 3.0  # predicted tokens before a request's calibration is used
-MIN_CALIBRATION, MAX_CALIBRATION = 0.05, 1.5
 MAX_PENDING_OPS = 8192  # queued drafter updates applied even without drafting
 AUTO_PROBE_JOBS = 64  # deadline_mode "auto": threaded drafting jobs observed before going inline
 AUTO_INLINE_FRACTION = 0.25  # ... if all of them but AUTO_SLOW_JOBS_TOLERATED took less than this fraction
@@ -123,6 +123,10 @@ class ProposerCore:
         self._token_s = 2.0 * target_params / ASSUMED_GPU_FLOPS  # GPU seconds per verified token (estimate)
         self._period_s = PAD_DEFAULT_PERIOD_S
         self._pad_now = False
+        # the drafter's one-call step (native suffix), inline: only where deadlines may be checked after the fact
+        self.lane: Lane | None = None
+        if options.native_step and options.deadline_mode == "auto":
+            self.lane = find_lane(drafter)
 
     # ----------------------------------------------------------------- the step
     def step(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],
@@ -139,7 +143,8 @@ class ProposerCore:
         self.stats.rows += n_rows
         emitted = sum(len(s) for s in sampled_token_ids)
         self.stats.emitted_tokens += emitted
-        prefilled = any(not s or rid not in self.requests for rid, s in zip(req_ids, sampled_token_ids))
+        known = self.lane.request_ids if self.lane is not None else self.requests
+        prefilled = any(not s or rid not in known for rid, s in zip(req_ids, sampled_token_ids))
         self.adaptive.observe(emitted, prefill=prefilled)
         if self._last_t is not None and not prefilled:
             self._cost(self._last_bucket).observe(t0 - self._last_t, self._last_verified, emitted)
@@ -148,13 +153,12 @@ class ProposerCore:
         running = sum(1 for s in sampled_token_ids if s)
         mode = self.adaptive.mode(running, t0) if running else "plain"
         self._pad_now = self._should_pad(running, k)
-        orders: list[Order | None] = [self._row(i, req_ids[i], sampled_token_ids[i], int(num_tokens_no_spec[i]),
-                                                token_ids_cpu, num_prompt_tokens, k, mode) for i in range(n_rows)]
-        drafts, preds, reals = self._draft(orders, running)
-        for i, d in enumerate(drafts):
-            st = self.requests.get(req_ids[i])
-            if st is not None:
-                st.last_draft, st.last_pred, st.last_real = len(d), preds[i], reals[i]
+        if self.lane is not None:
+            drafts = self._step_lane(req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+                                     num_prompt_tokens, k=k, mode=mode, running=running)
+        else:
+            drafts = self._step_rows(req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+                                     num_prompt_tokens, k=k, mode=mode, running=running)
         drafted = sum(len(d) for d in drafts)
         self._last_t, self._last_verified = t0, running + drafted
         self._last_bucket = bucket_of(running)
@@ -163,6 +167,68 @@ class ProposerCore:
         self.stats.propose_seconds += self.clock() - t0
         self._maybe_log()
         return drafts
+
+    def _step_rows(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],
+                   num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray, num_prompt_tokens: np.ndarray | None,
+                   *, k: int, mode: str, running: int) -> list[list[int]]:
+        """The Python path: one ``Order`` per row, a batched drafter job (maybe threaded), cut and pad."""
+        orders: list[Order | None] = [self._row(i, req_ids[i], sampled_token_ids[i], int(num_tokens_no_spec[i]),
+                                                token_ids_cpu, num_prompt_tokens, k, mode)
+                                      for i in range(len(sampled_token_ids))]
+        drafts, preds, reals = self._draft(orders, running)
+        for i, d in enumerate(drafts):
+            st = self.requests.get(req_ids[i])
+            if st is not None:
+                st.last_draft, st.last_pred, st.last_real = len(d), preds[i], reals[i]
+        return drafts
+
+    def _step_lane(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],
+                   num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray, num_prompt_tokens: np.ndarray | None,
+                   *, k: int, mode: str, running: int) -> list[list[int]]:
+        """The one-call path (``lane.py``): same drafts as ``_step_rows``; an overrun step is dropped and the
+        Python path (threaded, deadline-checked) takes over for good."""
+        assert self.lane is not None
+        enabled = self.adaptive.enabled
+        value = self._cost(bucket_of(running)).token_cost() if enabled else 0.0
+        decisions = {"k": k, "max_model_len": self.max_model_len, "spec": mode != "plain", "pad": self._pad_now,
+                     "adaptive": enabled, "min_acceptance": self.adaptive.min_acceptance,
+                     "floor": self.adaptive.cut(running) if enabled else self.adaptive.min_path_prob, "value": value}
+        t0 = self.clock()
+        drafts, counts = lane_step(self.lane, req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+                                   num_prompt_tokens=num_prompt_tokens, decisions=decisions)
+        self.stats.accepted_tokens += counts.accepted
+        self.stats.started += counts.started
+        self.stats.resyncs += counts.resyncs
+        if self.timeout_s > 0 and self.clock() - t0 > self.timeout_s:
+            self._leave_lane()
+            self._on_timeout(sum(1 for d in drafts if d))
+            return [[] for _ in drafts]
+        return drafts
+
+    def _leave_lane(self) -> None:
+        """Back to the Python path: the lane's requests stop (they restart from their context when next seen)."""
+        lane, self.lane = self.lane, None
+        self._inline_banned = True
+        if lane is not None:
+            for rid in list(lane.request_ids):
+                lane.stop(rid)
+
+    def reset(self) -> None:
+        """Forget all per-request state (after a bookkeeping failure): every request restarts from its context."""
+        for rid in self.requests:
+            self._op(("stop", rid))
+        self.requests.clear()
+        if self.lane is not None:
+            for rid in list(self.lane.request_ids):
+                self.lane.stop(rid)
+
+    def force_resync(self, request_id: str) -> None:
+        """The request's next row restarts it from its full context (the caller is resending it)."""
+        st = self.requests.get(request_id)
+        if st is not None:
+            st.n_known = -1
+        if self.lane is not None:
+            self.lane.lane_invalidate(request_id)
 
     def _row(self, i: int, rid: str, sampled: Sequence[int], n: int, token_ids_cpu: np.ndarray,
              num_prompt_tokens: np.ndarray | None, k: int, mode: str) -> Order | None:
@@ -175,8 +241,8 @@ class ProposerCore:
             self.stats.accepted_tokens += accepted
             real = min(accepted, st.last_real)  # calibration and acceptance: the drafter's own tokens only
             if st.last_pred is not None:
-                st.pred_ema = 0.8 * st.pred_ema + st.last_pred
-                st.acc_ema = 0.8 * st.acc_ema + real
+                st.pred_ema = CALIB_DECAY * st.pred_ema + st.last_pred
+                st.acc_ema = CALIB_DECAY * st.acc_ema + real
             st.acceptance_ema = update_acceptance(st.acceptance_ema, st.last_real, real)
             st.n_known = n
         else:
@@ -190,6 +256,7 @@ class ProposerCore:
             self._op(("start", rid, ctx[:p]))
             if n > p:
                 self._extend(rid, ctx[p:])
+            self.requests.pop(rid, None)  # re-inserted: same order as the drafter's (stops follow it)
             st = self.requests[rid] = RequestState(n_known=n)
             self.stats.started += 1
         room = min(k, self.max_model_len - n - 1)
@@ -208,6 +275,11 @@ class ProposerCore:
         return 0 < running * (k + 1) * self._token_s <= PAD_MAX_STEP_SHARE * self._period_s
 
     def _stop_absent(self, present: set[str]) -> None:
+        if self.lane is not None:
+            for rid in [r for r in self.lane.request_ids if r not in present]:
+                self.lane.stop(rid)
+                self.stats.stopped += 1
+            return
         for rid in [r for r in self.requests if r not in present]:
             del self.requests[rid]
             self._op(("stop", rid))
@@ -336,7 +408,8 @@ class ProposerCore:
         d: dict[str, Any] = self.stats.as_dict()
         d.update(self.guard.stats.as_dict())
         d["draft_timeouts"] = self.stats.timeouts
-        d["active_requests"] = len(self.requests)
+        d["active_requests"] = len(self.lane.request_ids) if self.lane is not None else len(self.requests)
+        d["native_step"] = self.lane is not None
         d["adaptive"] = self.adaptive.as_dict()
         d["cost_model"] = {str(b): c.as_dict() for b, c in sorted(self.costs.items())}
         d["inline_drafting"] = self._inline_ok
@@ -360,6 +433,9 @@ class ProposerCore:
         for rid in list(self.requests):
             self._pending.append(("stop", rid))
         self.requests.clear()
+        if self.lane is not None:
+            for rid in list(self.lane.request_ids):
+                self.lane.stop(rid)
         if self.worker is not None:
             self.worker.close()
         self.guard.drafter.close()

@@ -49,6 +49,9 @@ class SpecdecOptions(ConfigBase):
                              doc="'thread': every draft runs on a worker thread under the deadline; 'auto': so "
                                  "does a new drafter, until 64 jobs (all but one) took < 1/4 of the deadline, then drafting "
                                  "runs inline (no hand-off) and an overrun switches back to 'thread' for good")
+    native_step: bool = rng(True, doc="a drafter with a native one-call step (suffix, native backend) runs every "
+                                      "row's bookkeeping, drafting and cut in one C++ call (same drafts as the "
+                                      "Python path); needs deadline_mode='auto' (inline, overrun -> Python path)")
     strict: bool = rng(False, doc="re-raise drafter errors (debugging only: a failure then fails the engine)")
     adaptive: bool = rng(True, doc="skip or shorten drafting when it cannot pay (batch size, acceptance)")
     min_path_prob: float = rng(0.0, lo=0.0, hi=1.0,

@@ -227,7 +227,7 @@ def _child(rx: Connection, tx: Connection) -> None:
         try:
             tx.send(("drafts", seq, _child_step(core, rows, k)))
         except Exception as exc:  # noqa: BLE001 - ProposerCore absorbs drafter errors; this is a bookkeeping bug
-            core.requests.clear()
+            core.reset()
             tx.send(("reset", seq, None))
             logger.warning("specdec helper: step failed (%r); every request restarts from its context", exc)
 
@@ -239,9 +239,7 @@ def _child_step(core: Any, rows: list[Row], k: int | None) -> list[list[int]]:
     prompts = np.fromiter((r[4] for r in rows), dtype=np.int64, count=len(rows))
     contexts = {i: r[3] for i, r in enumerate(rows) if r[3] is not None}
     for i in contexts:  # a row that carried its context must restart, whatever the helper knew before
-        st = core.requests.get(req_ids[i])
-        if st is not None:
-            st.n_known = -1
+        core.force_resync(req_ids[i])
     return core.step(req_ids, sampled, n, RowStore(contexts), num_prompt_tokens=prompts, k=k)
 
 

@@ -149,7 +149,7 @@ class SpecdecProposer:
             if self.options.strict:
                 raise
             self.core.guard.record_error(exc, [str(r) for r in list(batch.req_ids)[:n]])
-            self.core.requests.clear()  # forget state: every request resyncs from its full context
+            self.core.reset()  # forget state: every request resyncs from its full context
             return [[] for _ in range(n)]
 
     def _propose_overlapped(self, n: int, args: tuple, kwargs: dict[str, Any]) -> list[list[int]]:

@@ -1,0 +1,89 @@
+"""The proposer's one-call step: every row's bookkeeping, drafting, cut and padding in one native call.
+
+``ProposerCore``'s Python path costs ~10 us per row and step (0.6-0.9 ms per step at batch 64), all of it GPU idle
+time in vLLM 0.26, which drafts on the engine's critical path. A drafter that offers a *lane* (``native_lane()``:
+the native suffix drafter) keeps the per-request statistics itself (context length known, last draft, acceptance
+and calibration sums) and runs the whole step for all rows in C++ (``csrc/suffix_lane.inc``). Python keeps the
+rare events (start, resync, stop) and the per-step decisions (spec or plain window, cost-model value, padding).
+
+Same drafts, same statistics as the Python path (``tests/test_vllm_lane.py`` runs both over recorded traces with
+moving rows, finished requests, resyncs and padding). Switched by the ``native_step`` option (default on); used
+with ``deadline_mode="auto"`` only (a step runs inline: one that overruns ``draft_timeout_ms`` is dropped, counted,
+and the proposer falls back to the threaded Python path for good).
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from specdec.vllm_plugin.adaptive import ACCEPT_EMA_ALPHA, MAX_CUT, PROBE_TOKENS
+
+CALIB_DECAY = 0.8  # decay of a request's predicted / accepted sums (calibration), per step
+MIN_CALIBRATION_MASS = 3.0  # predicted tokens before a request's calibration is used
+MIN_CALIBRATION, MAX_CALIBRATION = 0.05, 1.5
+
+
+class Lane(Protocol):
+    """What a drafter offers for the one-call step (``SuffixDrafter`` with the native backend)."""
+
+    request_ids: dict[str, int]
+
+    def lane_config(self, **constants: Any) -> None: ...
+    def lane_restart(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int],
+                     n_known: int) -> None: ...
+    def lane_invalidate(self, request_id: str) -> None: ...
+    def lane_step(self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]], lengths: Any,
+                  **decisions: Any) -> tuple[list[list[int]], list[int], int, int]: ...
+    def stop(self, request_id: str) -> None: ...
+
+
+def find_lane(drafter: Any) -> Lane | None:
+    """The drafter's lane, or None (no native one-call step: the Python path runs)."""
+    get = getattr(drafter, "native_lane", None)
+    lane = get() if callable(get) else None
+    if lane is not None:
+        lane.lane_config(probe_tokens=PROBE_TOKENS, accept_alpha=ACCEPT_EMA_ALPHA, calib_decay=CALIB_DECAY,
+                         min_calib_mass=MIN_CALIBRATION_MASS, min_calib=MIN_CALIBRATION,
+                         max_calib=MAX_CALIBRATION, max_cut=MAX_CUT)
+    return lane
+
+
+class LaneCounts:
+    """What one lane step reports back to the proposer's statistics."""
+
+    __slots__ = ("accepted", "drafted", "started", "resyncs")
+
+    def __init__(self) -> None:
+        self.accepted = self.drafted = self.started = self.resyncs = 0
+
+
+def lane_step(lane: Lane, req_ids: Sequence[str], sampled: Sequence[Sequence[int]], lengths: np.ndarray,
+              token_ids_cpu: Any, *, num_prompt_tokens: np.ndarray | None,
+              decisions: dict[str, Any]) -> tuple[list[list[int]], LaneCounts]:
+    """One proposer step over ``len(sampled)`` rows (one native call; two when a row must restart). ``lengths`` [>= rows] context lengths after the new tokens,
+    ``token_ids_cpu`` [rows, max_model_len] (rows to restart read their context from it), ``decisions``: the
+    keyword arguments of ``Lane.lane_step`` besides the rows (k, max_model_len, spec, pad, adaptive, ...)."""
+    rows = len(sampled)
+    ids = req_ids if len(req_ids) == rows else req_ids[:rows]
+    drafts, redo, accepted, drafted = lane.lane_step(ids, sampled, lengths, **decisions)
+    counts = LaneCounts()
+    counts.accepted, counts.drafted = accepted, drafted
+    if not redo:
+        return drafts, counts
+    known = lane.request_ids
+    for i in redo:  # new requests, preempted ones coming back, contexts that jumped: restart from the context
+        rid, n = ids[i], int(lengths[i])
+        counts.resyncs += rid in known
+        counts.started += 1
+        p = n - len(sampled[i])
+        if num_prompt_tokens is not None:
+            p = max(1, min(int(num_prompt_tokens[i]), n))
+        ctx = np.asarray(token_ids_cpu[i, :n]).tolist()  # copy: the row's buffer changes later
+        lane.lane_restart(rid, ctx[:p], ctx[p:], n)
+    # every row is now fresh (extended by the first call, or restarted): this call checks and drafts
+    drafts, again, acc2, counts.drafted = lane.lane_step(ids, sampled, lengths, **decisions)
+    if again:  # cannot happen: each was just restarted at exactly this length
+        raise RuntimeError(f"lane: rows {again} still out of step after a restart")
+    counts.accepted += acc2
+    return drafts, counts

@@ -1,0 +1,184 @@
+"""The proposer's one-call native step (lane) against its Python path: same drafts, same statistics.
+
+Two ``ProposerCore`` twins, each with its own native suffix drafter, one with ``native_step`` and one without,
+are fed identical vLLM-shaped steps by a fake engine: requests decode fixed target sequences (repetitive, so the
+suffix drafter hits and misses), rows move between steps, requests finish and new ones join, some rows are
+partial prefills (no new tokens), one context jumps (resync), and a fake clock makes the adaptive controller's
+cost model and A/B windows act. Every step's drafts must be equal, and so must the statistics.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from specdec.drafters.suffix import SuffixDrafter, native_available
+from specdec.vllm_plugin.core import ProposerCore
+from specdec.vllm_plugin.options import SpecdecOptions
+
+pytestmark = pytest.mark.skipif(not native_available(), reason="native suffix core not built")
+
+MAX_LEN = 2048
+MAX_ROWS = 16
+STAT_KEYS = ("steps", "rows", "drafted_tokens", "accepted_tokens", "emitted_tokens", "resyncs", "started", "stopped",
+             "plain_steps", "timeouts")
+
+
+def target_sequence(seed: int, length: int = 600) -> list[int]:
+    """A repetitive token stream: phrases from a small pool with occasional noise tokens."""
+    rng = random.Random(seed)
+    phrases = [[rng.randrange(50) for _ in range(rng.randint(3, 9))] for _ in range(6)]
+    out: list[int] = []
+    while len(out) < length:
+        out += rng.choice(phrases) if rng.random() < 0.85 else [rng.randrange(50, 90)]
+    return out[:length]
+
+
+class FakeClock:
+    """Step period = 1 ms + 20 us per verified token (set by the engine before each step)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FakeEngine:
+    """Requests decode their target sequences with greedy verification of the drafts; rows move every step."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.tokens = np.zeros((MAX_ROWS, MAX_LEN), np.int32)  # [rows, max_model_len] like token_ids_cpu
+        self.reqs: dict[str, dict] = {}
+        self.next_id = 0
+        self.clock = FakeClock()
+
+    def add(self) -> None:
+        rid = f"r{self.next_id}"
+        target = target_sequence(self.next_id)
+        prompt = self.rng.randint(20, 120)
+        self.reqs[rid] = {"seq": target[:prompt], "target": target, "prompt": prompt, "prefill": self.rng.random() < 0.3}
+        self.next_id += 1
+
+    def step(self, cores: list[ProposerCore], drafts: dict[str, list[int]]) -> dict[str, list[int]]:
+        order = list(self.reqs)
+        self.rng.shuffle(order)
+        sampled, lengths, prompts = [], np.zeros(MAX_ROWS, np.int32), np.zeros(MAX_ROWS, np.int32)
+        verified = 0
+        for row, rid in enumerate(order):
+            r = self.reqs[rid]
+            if r["prefill"]:  # a partial prefill: no new tokens this step
+                r["prefill"], out = False, []
+            else:
+                out = []
+                for d in drafts.get(rid, []) + [None]:
+                    want = r["target"][len(r["seq"])]
+                    out.append(want)
+                    r["seq"].append(want)
+                    if d != want:
+                        break
+            verified += 1 + len(drafts.get(rid, []))
+            sampled.append(out)
+            self.tokens[row, :len(r["seq"])] = r["seq"]
+            lengths[row], prompts[row] = len(r["seq"]), r["prompt"]
+        self.clock.t += 1e-3 + 20e-6 * verified
+        results = [core.step(order, sampled, lengths, self.tokens, num_prompt_tokens=prompts) for core in cores]
+        assert results[0] == results[1]
+        return dict(zip(order, results[0]))
+
+    def churn(self, step: int) -> None:
+        for rid in [r for r, v in self.reqs.items() if len(v["seq"]) > len(v["target"]) - 40]:
+            del self.reqs[rid]  # finished
+        if step % 7 == 3 and self.reqs:
+            del self.reqs[self.rng.choice(list(self.reqs))]  # aborted
+        while len(self.reqs) < MAX_ROWS - self.rng.randint(0, 4):
+            self.add()
+
+
+def twins(clock: FakeClock | None = None, **opts) -> list[ProposerCore]:
+    cores = []
+    for native in (False, True):
+        options = SpecdecOptions.from_dict({"num_speculative_tokens": 8, "native_step": native, **opts})
+        cores.append(ProposerCore(SuffixDrafter(backend="native"), options, max_model_len=MAX_LEN,
+                                  target_params=5e7, clock=clock or FakeClock()))
+    return cores
+
+
+@pytest.mark.parametrize("opts", [
+    {},  # adaptive, pad auto, deadline auto
+    {"pad_drafts": "on"},
+    {"adaptive": False, "min_path_prob": 0.3},
+    {"min_path_prob_per_seq": 0.02, "min_acceptance": 0.6},
+])
+def test_lane_drafts_and_stats_equal_the_python_path(opts):
+    eng = FakeEngine(seed=1)
+    cores = twins(eng.clock, **opts)
+    assert cores[0].lane is None and cores[1].lane is not None
+    drafts: dict[str, list[int]] = {}
+    for step in range(160):
+        eng.churn(step)
+        if step == 50:  # a context jump (preemption + recompute): both must resync the request
+            rid = next(iter(eng.reqs))
+            eng.reqs[rid]["seq"] += eng.reqs[rid]["target"][len(eng.reqs[rid]["seq"]):][:5]
+        drafts = eng.step(cores, drafts)
+    a, b = (c.stats_dict() for c in cores)
+    for key in STAT_KEYS:
+        assert a[key] == b[key], key
+    assert a["resyncs"] >= 1 and a["stopped"] > 5 and a["drafted_tokens"] > 100 and a["accepted_tokens"] > 50
+    assert b["native_step"] and not a["native_step"]
+    assert a["active_requests"] == b["active_requests"] >= len(eng.reqs) - 4  # not yet started: prefilling
+
+
+def test_lane_is_off_for_thread_deadlines_and_non_native_drafters():
+    options = SpecdecOptions.from_dict({"deadline_mode": "thread"})
+    assert ProposerCore(SuffixDrafter(backend="native"), options, max_model_len=MAX_LEN).lane is None
+    python = SpecdecOptions.from_dict({})
+    assert ProposerCore(SuffixDrafter(backend="python"), python, max_model_len=MAX_LEN).lane is None
+
+
+def test_lane_overrun_drops_the_step_and_hands_over_to_the_python_path():
+    eng = FakeEngine(seed=2)
+    cores = twins(draft_timeout_ms=5.0)
+    lane_core = cores[1]
+    ticks = iter([0.0, 0.0, 1.0])  # the lane call appears to take 1 s at the first drafting step
+
+    def clock() -> float:
+        return next(ticks, 0.0) + eng.clock.t
+
+    lane_core.clock = clock
+    for _ in range(3):
+        eng.add()
+    order = list(eng.reqs)
+    sampled = [[] for _ in order]
+    lengths = np.array([len(eng.reqs[r]["seq"]) for r in order] + [0] * (MAX_ROWS - len(order)), np.int32)
+    for row, rid in enumerate(order):
+        eng.tokens[row, :lengths[row]] = eng.reqs[rid]["seq"]
+        sampled[row] = [eng.reqs[rid]["seq"][-1]]
+    out = lane_core.step(order, sampled, lengths, eng.tokens)
+    assert out == [[], [], []] and lane_core.stats.timeouts == 1
+    assert lane_core.lane is None and lane_core.guard.drafter.request_ids == {}
+    lane_core.clock = eng.clock
+    out = lane_core.step(order, [[] for _ in order], lengths, eng.tokens)  # Python path now; restarts on new tokens
+    assert out == [[], [], []]
+
+
+def test_force_resync_and_reset_restart_requests_from_their_context():
+    eng = FakeEngine(seed=3)
+    cores = twins(eng.clock)
+    drafts: dict[str, list[int]] = {}
+    for step in range(20):
+        eng.churn(step)
+        drafts = eng.step(cores, drafts)
+    rid = next(iter(eng.reqs))
+    for core in cores:
+        core.force_resync(rid)
+    drafts = eng.step(cores, drafts)
+    assert cores[0].stats.resyncs == cores[1].stats.resyncs >= 1
+    for core in cores:
+        core.reset()
+    assert cores[1].lane is not None and cores[1].lane.request_ids == {}
+    started = [c.stats.started for c in cores]
+    drafts = eng.step(cores, drafts)
+    assert [c.stats.started - s for c, s in zip(cores, started)] == [len(eng.reqs)] * 2
