@@ -57,11 +57,23 @@ PROFILE_TOP = 45  # functions listed per sort order in --profile output
 # --------------------------------------------------------------------------- worker (one engine)
 class StepTimer:
     """Wraps GPUModelRunner.execute_model / propose_draft_token_ids and the executor's take_draft_token_ids (engine
-    in-process) to time drafting: the time spent in propose plus the wait for the drafts' hand-off."""
+    in-process) to time drafting: the time spent in propose plus the wait for the drafts' hand-off.
+
+    GPU idle gaps (V1 model runner): a CUDA event is recorded on the runner's stream when a forward pass is
+    enqueued (``_model_forward``) and one after the step's sampling work (``_bookkeeping_sync`` entry). The GPU
+    reaches the second when that step's work is done and the first of the next step when the next forward's work
+    begins, so ``gap`` = elapsed(end of step N, start of step N+1) is the GPU's idle time between forward passes
+    (whatever the CPU does meanwhile: vLLM's bookkeeping and scheduling, drafting), ``busy`` = elapsed(start,
+    end) of a step. "GPU waiting for drafts" = a method's gap minus no-spec's (``nospec-v1``: same runner)."""
 
     def __init__(self) -> None:
         self.steps = 0
         self.draft_s = 0.0
+        self.gpu_on = False  # record events (only inside measured generate calls; never during graph capture)
+        self.events: list[tuple[Any, Any]] = []  # (forward start, sampling end) per step of one generate call
+        self._start: Any = None
+        self.gap_ms = self.busy_ms = 0.0
+        self.gap_n = 0
 
     def install(self) -> None:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -75,12 +87,51 @@ class StepTimer:
 
         GPUModelRunner.execute_model = execute_model
         GPUModelRunner.propose_draft_token_ids = self._timed(prop)
+        for name, hook in (("_model_forward", self._forward_started), ("_bookkeeping_sync", self._sampling_done)):
+            if hasattr(GPUModelRunner, name):
+                setattr(GPUModelRunner, name, self._marked(getattr(GPUModelRunner, name), hook))
         try:  # the hand-off of drafts to the scheduler: where overlapped drafting ("async") waits for its helper
             from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
             UniProcExecutor.take_draft_token_ids = self._timed(UniProcExecutor.take_draft_token_ids)
         except (ImportError, AttributeError):
             pass
+
+    def _event(self) -> Any:
+        import torch
+
+        if not self.gpu_on or torch.cuda.is_current_stream_capturing():
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def _forward_started(self) -> None:
+        self._start = self._event()
+
+    def _sampling_done(self) -> None:
+        end = self._event()
+        if end is not None and self._start is not None:
+            self.events.append((self._start, end))
+        self._start = None
+
+    @staticmethod
+    def _marked(fn: Any, hook: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            hook()
+            return fn(*a, **kw)
+
+        return wrapper
+
+    def collect_gpu(self) -> None:
+        """Fold the events of the generate call that just finished (all complete) into busy/gap totals."""
+        ev = self.events
+        for (s0, e0), (s1, _e1) in zip(ev, ev[1:]):
+            self.busy_ms += s0.elapsed_time(e0)
+            self.gap_ms += e0.elapsed_time(s1)
+            self.gap_n += 1
+        self.events, self._start = [], None
 
     def _timed(self, fn: Any) -> Any:
         """``fn`` with its wall time added to ``draft_s`` (signature kept visible for the plugin's checks)."""
@@ -120,12 +171,16 @@ def _tpot_ms(outputs: list[Any]) -> float | None:
 
 def _run_batch(llm: Any, prompts: list[list[int]], batch: int, sp: Any, timer: StepTimer) -> dict[str, Any]:
     c0, s0, d0 = _spec_counters(llm), timer.steps, timer.draft_s
+    g0, b0, n0 = timer.gap_ms, timer.busy_ms, timer.gap_n
     wall, outs, tpots = 0.0, [], []
     for i in range(0, len(prompts), batch):
         chunk = [{"prompt_token_ids": p} for p in prompts[i:i + batch]]
+        timer.gpu_on = True
         t0 = time.perf_counter()
         res = llm.generate(chunk, sp, use_tqdm=False)
         wall += time.perf_counter() - t0
+        timer.gpu_on = False
+        timer.collect_gpu()
         outs += [list(r.outputs[0].token_ids) for r in res]
         t = _tpot_ms(res)
         if t is not None:
@@ -135,7 +190,10 @@ def _run_batch(llm: Any, prompts: list[list[int]], batch: int, sp: Any, timer: S
     accepted = c1.get("accepted_tokens", 0.0) - c0.get("accepted_tokens", 0.0)
     drafted = c1.get("draft_tokens", 0.0) - c0.get("draft_tokens", 0.0)
     steps, draft_s = timer.steps - s0, timer.draft_s - d0
+    gaps = timer.gap_n - n0
     return {
+        "gpu_gap_ms_per_step": (timer.gap_ms - g0) / gaps if gaps else None,
+        "gpu_busy_ms_per_step": (timer.busy_ms - b0) / gaps if gaps else None,
         "batch_size": batch, "prompts": len(prompts), "output_tokens": n_out, "wall_s": wall,
         "tokens_per_s": n_out / wall,
         "tpot_ms": sum(tpots) / len(tpots) if tpots else 1e3 * wall * batch / max(n_out, 1),

@@ -34,6 +34,7 @@ def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any
                     row["speedup_vs_nospec"] = cell["tokens_per_s"] / ref["tokens_per_s"]
                     row["mismatches_vs_nospec"] = _mismatches(cell["outputs"], ref["outputs"])
                 rows.append(row)
+    _waiting(rows)
     out: dict[str, Any] = {"rows": rows}
     ref32, spec32 = lossless.get("nospec"), {k: v for k, v in lossless.items() if k != "nospec"}
     if ref32:
@@ -52,6 +53,19 @@ def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any
     out["engine_config"] = {m: r.get("engine_config") for m, r in runs.items()}
     out["specdec_stats"] = {m: r.get("specdec_stats") for m, r in runs.items() if r.get("specdec_stats")}
     return out
+
+
+def _waiting(rows: list[dict[str, Any]]) -> None:
+    """"GPU waiting for drafts" per row: its GPU idle gap per step minus no-spec's (``nospec-v1``: same runner),
+    and that as a share of the step (busy + gap)."""
+    ref = {(r["dataset"], r["batch_size"]): r.get("gpu_gap_ms_per_step") for r in rows if r["method"] == "nospec-v1"}
+    for r in rows:
+        gap, busy, base = r.get("gpu_gap_ms_per_step"), r.get("gpu_busy_ms_per_step"), ref.get((r["dataset"],
+                                                                                                r["batch_size"]))
+        if gap is None or busy is None or base is None:
+            continue
+        r["gpu_wait_for_drafts_ms"] = gap - base
+        r["gpu_wait_for_drafts_share"] = (gap - base) / (gap + busy) if gap + busy > 0 else None
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -76,6 +90,7 @@ def markdown(doc: dict[str, Any]) -> str:
                 txt.append(f"{r['tokens_per_s']:,.0f}{sp}; MAT {r['mat']:.2f}; {r['draft_ms_per_step']:.2f} ms{mm}")
             lines.append(f"| {method} | " + " | ".join(txt) + " |")
         lines.append("")
+        lines += _gap_table(rows, ds, doc["settings"]["batch_sizes"])
     if doc["summary"].get("lossless_fp32"):
         lines += ["## Greedy lossless check, float32 (EOS respected)", "",
                   "| method | dataset | bs | identical | mean output tokens |", "| --- | --- | --- | --- | --- |"]
@@ -83,3 +98,25 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(f"| {c['method']} | {c['dataset']} | {c['batch_size']} | {c['identical']}/{c['compared']} "
                          f"| {c.get('mean_output_tokens', float('nan')):.1f} |")
     return "\n".join(lines) + "\n"
+
+
+def _gap_table(rows: list[dict[str, Any]], ds: str, batches: list[int]) -> list[str]:
+    """GPU idle gap per step (ms), busy per step (ms) and waiting-for-drafts share, where measured."""
+    mine = [r for r in rows if r["dataset"] == ds and r.get("gpu_gap_ms_per_step") is not None]
+    if not mine:
+        return []
+    lines = [f"### {ds}: GPU idle gap / busy per step (ms) | waiting for drafts (gap - nospec-v1 gap) share of step",
+             "", "| method | " + " | ".join(f"bs {b}" for b in batches) + " |", "| --- |" + " --- |" * len(batches)]
+    for method in dict.fromkeys(r["method"] for r in mine):
+        cells = {r["batch_size"]: r for r in mine if r["method"] == method}
+        txt = []
+        for b in batches:
+            r = cells.get(b)
+            if r is None:
+                txt.append("-")
+                continue
+            share = r.get("gpu_wait_for_drafts_share")
+            txt.append(f"{r['gpu_gap_ms_per_step']:.3f} / {r['gpu_busy_ms_per_step']:.3f}"
+                       + (f"; wait {100 * share:.1f}%" if share is not None else ""))
+        lines.append(f"| {method} | " + " | ".join(txt) + " |")
+    return lines + [""]

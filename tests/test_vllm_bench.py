@@ -47,3 +47,20 @@ def test_method_configs_use_the_plugin_method_and_overrides():
     assert cfg["method"] == "specdec" and cfg["num_speculative_tokens"] == 8 and cfg["draft_timeout_ms"] == 5
     assert _spec_config("ngram", {"num_speculative_tokens": 99}) == METHODS["ngram"]  # peers are never overridden
     assert METHODS["specdec-async"]["async"] is True
+
+
+def test_gpu_wait_for_drafts_is_the_gap_beyond_nospec_v1s():
+    ref = [[1, 2, 3]]
+    cells = {m: _cell(100.0, ref) for m in ("nospec", "nospec-v1", "specdec")}
+    cells["nospec-v1"].update(gpu_gap_ms_per_step=0.25, gpu_busy_ms_per_step=2.0)
+    cells["specdec"].update(gpu_gap_ms_per_step=0.75, gpu_busy_ms_per_step=4.25)
+    runs = {m: _run(m, {"8": c}) for m, c in cells.items()}
+    s = summarise(runs, {})
+    row = {r["method"]: r for r in s["rows"]}
+    assert row["specdec"]["gpu_wait_for_drafts_ms"] == 0.5
+    assert row["specdec"]["gpu_wait_for_drafts_share"] == 0.5 / 5.0
+    assert row["nospec-v1"]["gpu_wait_for_drafts_ms"] == 0.0
+    assert "gpu_wait_for_drafts_ms" not in row["nospec"]  # not measured (no events): no figure
+    doc = {"date": "2026-11-22", "device": "h100", "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
+           "summary": s}
+    assert "| specdec | 0.750 / 4.250; wait 10.0% |" in markdown(doc)
