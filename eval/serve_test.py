@@ -27,6 +27,9 @@ HOST = "127.0.0.1"
 SHUTDOWN_WAIT_S = 60
 
 
+SERVER_START_TIMEOUT_S = 300
+
+
 def start_server(model: str, port: int, dtype: str, spec: dict | None, log: Path) -> subprocess.Popen:
     # `python -m vllm.entrypoints.cli.main` = the `vllm` console script (absent when vLLM comes via PYTHONPATH)
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--host", HOST, "--port", str(port), "--dtype", dtype, "--seed", "0",
@@ -101,16 +104,22 @@ def main(argv: list[str] | None = None) -> int:
     data = json.loads(Path(args.prompts).read_text())["datasets"]
     prompts = (data["code"]["bs64"] + data["agentic"]["bs64"])[: args.num_prompts]
     logdir = Path(args.out).parent
-    servers = {"nospec": start_server(args.model, args.port, args.dtype, None, logdir / "serve_nospec.log"),
-               "specdec": start_server(args.model, args.port + 1, args.dtype, json.loads(args.spec),
-                                       logdir / "serve_specdec.log")}
     ports = {"nospec": args.port, "specdec": args.port + 1}
+    specs = {"nospec": None, "specdec": json.loads(args.spec)}
+    servers: dict[str, subprocess.Popen] = {}
     result: dict[str, Any] = {"spec": json.loads(args.spec), "dtype": args.dtype, "prompts": len(prompts),
                               "concurrency": args.concurrency, "max_tokens": args.max_tokens}
     try:
-        ready = {k: wait_ready(p, ports[k], 300) for k, p in servers.items()}
+        ready = {}
+        for name in ports:  # one after the other: a server profiling its memory while another one starts
+            # attributes the other's allocations to itself ("No available memory for the cache blocks")
+            servers[name] = start_server(args.model, ports[name], args.dtype, specs[name],
+                                         logdir / f"serve_{name}.log")
+            ready[name] = wait_ready(servers[name], ports[name], SERVER_START_TIMEOUT_S)
+            if not ready[name]:
+                break
         result["ready"] = ready
-        if all(ready.values()):
+        if len(ready) == len(ports) and all(ready.values()):
             texts, walls = {}, {}
             for name, port in ports.items():
                 t0 = time.perf_counter()
