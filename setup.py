@@ -11,14 +11,16 @@ setup(
         Extension(
             "specdec.drafters._suffix_native",
             sources=["csrc/suffix_native.cpp"],
+            depends=["csrc/suffix_lane.inc", "csrc/thread_pool.h"],
             language="c++",
-            extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden"],
+            extra_compile_args=["-O3", "-std=c++20", "-fvisibility=hidden", "-pthread"],
+            extra_link_args=["-pthread"],
             optional=True,
         ),
         Extension(
             "specdec.drafters._llama_native",
             sources=["csrc/llama_native.cpp"],
-            depends=["csrc/llama_native.h", "csrc/llama_kernels.inc"],
+            depends=["csrc/llama_native.h", "csrc/llama_kernels.inc", "csrc/thread_pool.h"],
             language="c++",
             extra_compile_args=["-O3", "-std=c++20", "-ffp-contract=fast", "-fvisibility=hidden", "-Wno-psabi",
                                 "-pthread"],

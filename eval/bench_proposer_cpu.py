@@ -31,27 +31,40 @@ MIN_RESPONSE = 64  # records with shorter responses are skipped
 
 
 class FakeEngine:
-    """B requests replaying recorded responses with vLLM's array layout (see the module docstring)."""
+    """B rows replaying recorded responses with vLLM's array layout (see the module docstring). A row whose
+    response is done gets the next record as a new request (its prompt prefilled, its first token sampled), as
+    in continuous batching: the proposer stops the old request and starts the new one."""
 
-    def __init__(self, records: list[Any], max_model_len: int) -> None:
+    def __init__(self, records: list[Any], pool: list[Any], max_model_len: int) -> None:
         b = len(records)
-        self.responses = [r.response_ids.tolist() for r in records]
+        self.pool, self.next_record = pool, b
         self.tokens = np.zeros((b, max_model_len), np.int32)  # [B, max_model_len] like token_ids_cpu
         self.n = np.zeros(b, np.int32)  # [B] num_tokens_no_spec
         self.prompt = np.zeros(b, np.int32)  # [B] num_prompt_tokens
-        for i, r in enumerate(records):
-            p = r.prompt_ids[-CONTEXT_TOKENS:]
-            self.tokens[i, :len(p)] = p
-            self.n[i] = self.prompt[i] = len(p)
+        self.responses: list[list[int]] = [[] for _ in range(b)]
         self.pos = [0] * b
-        self.ids = [f"req-{i}" for i in range(b)]
-        self.emitted = 0
+        self.ids = [""] * b
+        self.emitted = self.started = 0
+        for i, r in enumerate(records):
+            self._load(i, r)
+
+    def _load(self, i: int, record: Any) -> None:
+        p = record.prompt_ids[-CONTEXT_TOKENS:]
+        self.tokens[i, :len(p)] = p
+        self.n[i] = self.prompt[i] = len(p)
+        self.responses[i], self.pos[i] = record.response_ids.tolist(), 0
+        self.ids[i] = f"req-{self.started}"
+        self.started += 1
 
     def verify(self, drafts: list[list[int]]) -> list[list[int]]:
         """Greedy verification against the recorded continuation; appends accepted + next token."""
         sampled = []
-        for i, resp in enumerate(self.responses):
-            out: list[int] = []
+        for i in range(len(self.ids)):
+            if self.pos[i] >= len(self.responses[i]):  # done: the row's next request, its first token sampled
+                self._load(i, self.pool[self.next_record % len(self.pool)])
+                self.next_record += 1
+                drafts = [] if not drafts else drafts[:i] + [[]] + drafts[i + 1:]
+            resp, out = self.responses[i], []
             for d in (drafts[i] if drafts else []) + [None]:
                 if self.pos[i] >= len(resp):
                     break
@@ -60,7 +73,6 @@ class FakeEngine:
                 self.pos[i] += 1
                 if d != want:
                     break
-            out = out or [0]  # a finished record keeps decoding a filler token
             self.tokens[i, self.n[i]:self.n[i] + len(out)] = out
             self.n[i] += len(out)
             self.emitted += len(out)
@@ -75,11 +87,22 @@ def _busy(ms: float) -> None:
         x += 1
 
 
-def run(mode: str, records: list[Any], *, k: int, steps: int, engine_work_ms: float) -> dict[str, Any]:
+MODES = {  # name -> proposer options (in-process unless "overlap")
+    "sync": {},
+    "sync-1t": {"native_step_threads": 1},
+    "sync-wait": {"defer_cache": "wait"},
+    "sync-nodefer": {"defer_cache": "off"},
+    "sync-python": {"native_step": False},
+    "overlap": {},
+}
+
+
+def run(mode: str, records: list[Any], pool: list[Any], *, k: int, steps: int,
+        engine_work_ms: float) -> dict[str, Any]:
     opts = SpecdecOptions.from_dict({"num_speculative_tokens": k, "draft_timeout_ms": 0, "pad_drafts": "on",
-                                     "adaptive": False, "native_step": mode != "sync-python"})
-    max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in records) + 4 * steps * (k + 1)
-    eng = FakeEngine(records, max_len)
+                                     "adaptive": False, **MODES[mode]})
+    max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in pool) + 8
+    eng = FakeEngine(records, pool, max_len)
     in_process = mode != "overlap"
     proposer: Any = (ProposerCore(build_drafter("suffix"), opts, max_model_len=max_len) if in_process
                      else OverlapCore(opts, max_model_len=max_len))
@@ -102,29 +125,32 @@ def run(mode: str, records: list[Any], *, k: int, steps: int, engine_work_ms: fl
     finally:
         proposer.close()
     return {"mode": mode, "batch_size": len(records), "steps": steps, "engine_work_ms": engine_work_ms,
-            "proposer_ms_per_step": 1e3 * spent / steps, "emitted_tokens": eng.emitted}
+            "proposer_ms_per_step": 1e3 * spent / steps, "emitted_tokens": eng.emitted,
+            "requests_started": eng.started}
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="code_alpaca", help="trace set (specdec-eval replay names)")
     ap.add_argument("--batch-sizes", default="8,64", type=lambda s: [int(x) for x in s.split(",")])
-    ap.add_argument("--modes", default="sync,sync-python,overlap", type=lambda s: s.split(","),
-                    help="sync: in-process (native one-call step), sync-python: in-process Python path, "
-                         "overlap: helper process")
+    ap.add_argument("--modes", default="sync,sync-1t,sync-wait,sync-nodefer,sync-python,overlap",
+                    type=lambda s: s.split(","),
+                    help="sync: in-process, native one-call step (defaults: 4 threads, defer_cache skip); sync-1t: "
+                         "one thread; sync-wait / sync-nodefer: defer_cache wait / off; sync-python: the Python "
+                         "path; overlap: helper process")
     ap.add_argument("--k", type=int, default=16, help="num_speculative_tokens (drafts padded to k)")
     ap.add_argument("--steps", type=int, default=60, help="timed steps per run")
     ap.add_argument("--engine-work-ms", type=float, default=1.0, help="engine-thread work between propose and take")
     ap.add_argument("--repeats", type=int, default=2, help="runs per mode (interleaved); the median is reported")
     ap.add_argument("--name", default="bench_proposer_cpu", help="results file name part")
     args = ap.parse_args(argv)
-    _, all_records = load_traces(args.dataset, limit=max(args.batch_sizes) * 4)
+    _, all_records = load_traces(args.dataset, limit=max(args.batch_sizes) * 8)
     all_records = [r for r in all_records if len(r.response_ids) >= MIN_RESPONSE]
     rows = []
     for b in args.batch_sizes:
         records = all_records[:b]
         for mode in args.modes:
-            runs = [run(mode, records, k=args.k, steps=args.steps, engine_work_ms=args.engine_work_ms)
+            runs = [run(mode, records, all_records, k=args.k, steps=args.steps, engine_work_ms=args.engine_work_ms)
                     for _ in range(args.repeats)]
             row = sorted(runs, key=lambda r: r["proposer_ms_per_step"])[len(runs) // 2]
             row["all_ms_per_step"] = [r["proposer_ms_per_step"] for r in runs]
