@@ -124,16 +124,21 @@ def test_row_store_reads_only_rows_that_carried_a_context():
 
 
 def test_proposer_benchmark_modes_emit_the_same_tokens():
-    """eval/bench_proposer_cpu: the fake engine verifies greedily, so both modes must emit the same tokens."""
+    """eval/bench_proposer_cpu: the fake engine verifies greedily (and replaces finished requests), so modes with
+    the same drafts (native step with the cache at stop, Python path) emit the same tokens."""
     from specdec.eval.bench_proposer_cpu import FakeEngine, run
     from specdec.eval.records import TraceRecord
 
     rng = np.random.default_rng(1)
     records = [TraceRecord(str(i), rng.integers(0, 20, 40), np.tile(rng.integers(0, 20, 6), 12)) for i in range(3)]
-    eng = FakeEngine(records, 400)
+    eng = FakeEngine(records, records, 400)
     resp = records[0].response_ids.tolist()
     sampled = eng.verify([resp[:3] + [99], [], []])  # 3 right, then wrong: 3 accepted + the target's token
     assert sampled[0] == resp[:4] and sampled[1] == records[1].response_ids.tolist()[:1]
-    sync = run("sync", records, k=4, steps=20, engine_work_ms=0.0)
-    overlap = run("overlap", records, k=4, steps=20, engine_work_ms=0.0)
-    assert sync["emitted_tokens"] == overlap["emitted_tokens"] > 3 * 22  # drafts were accepted
+    out = {m: run(m, records, records, k=4, steps=60, engine_work_ms=0.0)
+           for m in ("sync-nodefer", "sync-python", "overlap")}
+    emitted = {m: r["emitted_tokens"] for m, r in out.items()}
+    assert emitted["sync-nodefer"] == emitted["sync-python"] > 3 * 62  # drafts were accepted
+    # the helper runs the defaults (defer_cache "skip": the global cache may lag a step, timing-dependent)
+    assert abs(emitted["overlap"] - emitted["sync-python"]) <= 0.05 * emitted["sync-python"]
+    assert out["sync-python"]["requests_started"] > 3  # finished requests were replaced
