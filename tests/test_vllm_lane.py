@@ -147,29 +147,37 @@ def test_lane_is_off_for_thread_deadlines_and_non_native_drafters():
     assert ProposerCore(SuffixDrafter(backend="python"), python, max_model_len=MAX_LEN).lane is None
 
 
-def test_lane_overrun_drops_the_step_and_hands_over_to_the_python_path():
+def test_lane_overruns_drop_their_steps_and_the_third_hands_over_to_the_python_path(monkeypatch):
+    import specdec.vllm_plugin.core as core_mod
+
     eng = FakeEngine(seed=2)
-    cores = twins(draft_timeout_ms=5.0)
-    lane_core = cores[1]
-    ticks = iter([0.0, 0.0, 1.0])  # the lane call appears to take 1 s at the first drafting step
+    lane_core = twins(draft_timeout_ms=5.0)[1]
+    now = [0.0]
+    lane_core.clock = lambda: now[0]
+    real = core_mod.lane_step
 
-    def clock() -> float:
-        return next(ticks, 0.0) + eng.clock.t
+    def slow(*args, **kwargs):  # every native step appears to take 1 s
+        now[0] += 1.0
+        return real(*args, **kwargs)
 
-    lane_core.clock = clock
+    monkeypatch.setattr(core_mod, "lane_step", slow)
     for _ in range(3):
         eng.add()
     order = list(eng.reqs)
-    sampled = [[] for _ in order]
-    lengths = np.array([len(eng.reqs[r]["seq"]) for r in order] + [0] * (MAX_ROWS - len(order)), np.int32)
-    for row, rid in enumerate(order):
-        eng.tokens[row, :lengths[row]] = eng.reqs[rid]["seq"]
-        sampled[row] = [eng.reqs[rid]["seq"][-1]]
-    out = lane_core.step(order, sampled, lengths, eng.tokens)
-    assert out == [[], [], []] and lane_core.stats.timeouts == 1
-    assert lane_core.lane is None and lane_core.guard.drafter.request_ids == {}
-    lane_core.clock = eng.clock
-    out = lane_core.step(order, [[] for _ in order], lengths, eng.tokens)  # Python path now; restarts on new tokens
+    for step in range(3):
+        sampled = []
+        for row, rid in enumerate(order):
+            seq = eng.reqs[rid]["seq"]
+            if step:
+                seq.append(eng.reqs[rid]["target"][len(seq)])
+            eng.tokens[row, :len(seq)] = seq
+            sampled.append([seq[-1]])
+        lengths = np.array([len(eng.reqs[r]["seq"]) for r in order] + [0] * (MAX_ROWS - len(order)), np.int32)
+        out = lane_core.step(order, sampled, lengths, eng.tokens)
+        assert out == [[], [], []] and lane_core.stats.timeouts == step + 1
+        assert (lane_core.lane is None) == (step == 2)  # the third overrun leaves the lane
+    assert lane_core.guard.drafter.request_ids == {}  # its requests stopped: the Python path restarts them
+    out = lane_core.step(order, [[] for _ in order], lengths, eng.tokens)
     assert out == [[], [], []]
 
 

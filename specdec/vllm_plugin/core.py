@@ -37,6 +37,7 @@ ASSUMED_GPU_FLOPS = 1e15  # dense bf16 of an H100/H200 class GPU, for pad_drafts
 PAD_MAX_STEP_SHARE = 0.1  # pad_drafts="auto": pad while the padded tokens' compute is under this share of a step
 PAD_DEFAULT_PERIOD_S = 1e-3  # step period assumed before any is measured
 PERIOD_EMA = 0.9  # decay of the step-period average
+LANE_MAX_OVERRUNS = 3  # native-step calls over the deadline before the proposer falls back to the Python path
 Op = tuple  # ("start", rid, prompt) | ("extend", rid, tokens) | ("stop", rid)
 
 
@@ -125,6 +126,7 @@ class ProposerCore:
         self._pad_now = False
         # the drafter's one-call step (native suffix), inline: only where deadlines may be checked after the fact
         self.lane: Lane | None = None
+        self._lane_overruns = 0
         if options.native_step and options.deadline_mode == "auto":
             self.lane = find_lane(drafter, threads=options.native_step_threads, defer_cache=options.defer_cache)
 
@@ -185,8 +187,8 @@ class ProposerCore:
     def _step_lane(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],
                    num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray, num_prompt_tokens: np.ndarray | None,
                    *, k: int, mode: str, running: int) -> list[list[int]]:
-        """The one-call path (``lane.py``): same drafts as ``_step_rows``; an overrun step is dropped and the
-        Python path (threaded, deadline-checked) takes over for good."""
+        """The one-call path (``lane.py``): same drafts as ``_step_rows``. A step over the deadline is dropped
+        (counted); after LANE_MAX_OVERRUNS of them the Python path (threaded, deadline-checked) takes over."""
         assert self.lane is not None
         enabled = self.adaptive.enabled
         value = self._cost(bucket_of(running)).token_cost() if enabled else 0.0
@@ -200,7 +202,9 @@ class ProposerCore:
         self.stats.started += counts.started
         self.stats.resyncs += counts.resyncs
         if self.timeout_s > 0 and self.clock() - t0 > self.timeout_s:
-            self._leave_lane()
+            self._lane_overruns += 1
+            if self._lane_overruns >= LANE_MAX_OVERRUNS:
+                self._leave_lane()
             self._on_timeout(sum(1 for d in drafts if d))
             return [[] for _ in drafts]
         return drafts

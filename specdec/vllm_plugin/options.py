@@ -52,7 +52,7 @@ class SpecdecOptions(ConfigBase):
     native_step: bool = rng(True, doc="a drafter with a native one-call step (suffix, native backend) runs every "
                                       "row's bookkeeping, drafting and cut in one C++ call (same drafts as the "
                                       "Python path); needs deadline_mode='auto' (inline, overrun -> Python path)")
-    native_step_threads: int = rng(4, lo=1, hi=256, doc="native step: threads for a step's rows (batches of 8+ "
+    native_step_threads: int = rng(1, lo=1, hi=256, doc="native step: threads for a step's rows (batches of 8+ "
                                                       "rows; same drafts as one thread; capped by usable CPUs)")
     defer_cache: str = rng("skip", choices=("off", "wait", "skip"),
                            doc="native step: when finished responses reach the suffix drafter's global cache: 'off' "
