@@ -11,10 +11,9 @@ setup(
         Extension(
             "specdec.drafters._suffix_native",
             sources=["csrc/suffix_native.cpp"],
-            depends=["csrc/suffix_lane.inc", "csrc/thread_pool.h"],
+            depends=["csrc/suffix_lane.inc"],
             language="c++",
-            extra_compile_args=["-O3", "-std=c++20", "-fvisibility=hidden", "-pthread"],
-            extra_link_args=["-pthread"],
+            extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden"],
             optional=True,
         ),
         Extension(

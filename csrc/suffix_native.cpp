@@ -12,21 +12,14 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
-#include <functional>
-#include <mutex>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <queue>
 #include <unordered_map>
 #include <vector>
-
-#include "thread_pool.h"
 
 namespace {
 
@@ -462,11 +455,6 @@ struct Book {
 };
 
 // Constants of the one-call step, set once by lane_config (one source of truth: the Python side).
-// When the responses of stopped requests reach the global trie (lane users; others always cache at stop):
-constexpr int kDeferOff = 0;   // at stop
-constexpr int kDeferWait = 1;  // on the cacher thread after the next step has drafted; later calls wait for it
-constexpr int kDeferSkip = 2;  // same, but a step that finds the cacher busy drafts without the global trie
-
 struct LaneConfig {
     bool configured = false;
     int probe_tokens = 2;           // draft length for requests whose acceptance is poor
@@ -476,8 +464,6 @@ struct LaneConfig {
     double max_cut = 0.9;           // the confidence threshold never exceeds this
     double factor = 8.0, offset = 0.0, min_prob = 0.1;  // draft parameters (SuffixConfig)
     bool use_local = true, use_global = true;
-    int defer = 0;                  // kDeferOff / kDeferWait / kDeferSkip: when finished responses are cached
-    int threads = 1;                // threads for the step's rows
 };
 
 struct Request {
@@ -490,205 +476,67 @@ struct Request {
     uint64_t global_version = ~0ull;
 };
 
-// Per-thread scratch of the matching and drafting code (the lane's rows run on several threads).
-struct Scratch {
-    std::vector<Cursor> front;
-    Draft best, tmp;
-};
-
-// The engine's helpers for the one-call proposer step: a pool for its rows (threads > 1) and one thread that
-// caches finished responses in the global trie after the step has drafted (defer_cache). Every entry point
-// waits for the cacher first (quiesce), so the tries are never touched by two parties at once. After a fork
-// the parent's threads do not exist in the child: their objects are abandoned (not joined) and rebuilt.
-class Background {
-public:
-    Background() = default;
-    Background(const Background&) = delete;
-    Background& operator=(const Background&) = delete;
-    ~Background() {
-        if (!forked()) stop_cacher();
-        else abandon();
-    }
-
-    void set_threads(int n) {
-        check_fork();
-        threads_ = std::max(1, n);
-        pool_.reset();
-        scratch.resize(static_cast<size_t>(threads_));
-    }
-    int threads() const { return threads_; }
-
-    Pool* pool() {
-        check_fork();
-        if (threads_ <= 1) return nullptr;
-        if (!pool_) pool_ = std::make_unique<Pool>(threads_, std::vector<int>{}, kPoolSpinUs);
-        return pool_.get();
-    }
-
-    // Run `job` on the cacher thread (the caller must have quiesced: one job at a time).
-    void launch(std::function<void()> job) {
-        check_fork();
-        if (!cacher_) cacher_ = new std::thread([this] { cacher_loop(); });
-        std::lock_guard<std::mutex> lock(mu_);
-        job_ = std::move(job);
-        busy_ = true;
-        cv_.notify_all();
-    }
-
-    // True if the cacher has no job (no wait).
-    bool idle() {
-        check_fork();
-        if (!cacher_) return true;
-        std::lock_guard<std::mutex> lock(mu_);
-        return !busy_;
-    }
-
-    void quiesce() {
-        check_fork();
-        if (!cacher_) return;
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return !busy_; });
-    }
-
-    std::vector<Scratch> scratch = std::vector<Scratch>(1);
-
-private:
-    static constexpr int kPoolSpinUs = 100;  // idle pool workers spin this long after a step, then sleep
-
-    bool forked() const { return pid_ != getpid(); }
-
-    void check_fork() {
-        if (forked()) abandon();
-    }
-
-    void abandon() {  // in a forked child: the threads are the parent's; forget them without joining
-        (void)pool_.release();
-        cacher_ = nullptr;
-        busy_ = false;
-        stop_ = false;
-        pid_ = getpid();
-    }
-
-    void stop_cacher() {
-        if (!cacher_) return;
-        {
-            std::lock_guard<std::mutex> lock(mu_);
-            stop_ = true;
-            cv_.notify_all();
-        }
-        cacher_->join();
-        delete cacher_;
-        cacher_ = nullptr;
-    }
-
-    void cacher_loop() {
-        std::unique_lock<std::mutex> lock(mu_);
-        for (;;) {
-            cv_.wait(lock, [this] { return stop_ || (busy_ && job_); });
-            if (stop_ && !busy_) return;
-            std::function<void()> job = std::move(job_);
-            job_ = nullptr;
-            lock.unlock();
-            job();
-            lock.lock();
-            busy_ = false;
-            cv_.notify_all();
-            if (stop_) return;
-        }
-    }
-
-    int threads_ = 1;
-    std::unique_ptr<Pool> pool_;
-    std::thread* cacher_ = nullptr;
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::function<void()> job_;
-    bool busy_ = false, stop_ = false;
-    pid_t pid_ = getpid();
-};
-
 struct Engine {
     int depth;
     int64_t max_requests, max_tokens;
     Trie global;
-    std::atomic<uint64_t> version{0};  // bumped by the cacher thread; read by lane calls only while it is idle
+    uint64_t version = 0;
     std::deque<std::pair<int32_t, int64_t>> cached;  // (sequence id in the global trie, tokens)
     int64_t cached_tokens = 0;
     std::unordered_map<int64_t, Request> requests;
-    Scratch main;  // the calling thread's
+    std::vector<Cursor> tmp_front;
+    Draft best, tmp;
     LaneConfig lane;
-    std::vector<Request> retired;  // stopped, response not yet cached (main thread's)
-    std::vector<Request> caching;  // handed to the cacher thread
-    Background background;         // pool for the lane's rows and the deferred cacher
 
     Engine(int d, int64_t mr, int64_t mt) : depth(d), max_requests(mr), max_tokens(mt), global(d) {}
-    ~Engine() { background.quiesce(); }
 
-    void refresh_global(Request& r, Scratch& sc) const {
+    void refresh_global(Request& r) {
         if (r.global_version == version) return;
         r.global_front.assign(1, Cursor{0, 0});
         const std::vector<int32_t>& ctx = r.local->seq(LOCAL_SEQ);
         size_t n = ctx.size();
         size_t from = n > static_cast<size_t>(depth) ? n - depth : 0;
-        for (size_t i = from; i < n; ++i) global.step_match(r.global_front, ctx[i], sc.front);
+        for (size_t i = from; i < n; ++i) global.step_match(r.global_front, ctx[i], tmp_front);
         r.global_version = version;
     }
 
-    // A new (empty) request entry; build() fills it (the two halves let the lane build several in parallel).
-    Request& create(int64_t rid) {
+    void start(int64_t rid, const int32_t* toks, size_t n) {
         Request& r = requests[rid];
-        r = Request{};
         r.local = std::make_unique<Trie>(depth);
-        return r;
-    }
-
-    void build(Request& r, const int32_t* toks, size_t n, Scratch& sc, bool global_ok = true) const {
         std::vector<int32_t>& ctx = r.local->seq(LOCAL_SEQ);
         ctx.assign(toks, toks + n);
         r.prompt_len = n;
         r.local_front.assign(1, 0);
         for (size_t i = 0; i < n; ++i) r.local->append(r.local_front, LOCAL_SEQ, i);
         r.global_version = ~0ull;
-        if (global_ok) refresh_global(r, sc);  // else: refreshed at its first draft with the global trie
+        refresh_global(r);
     }
 
-    void start(int64_t rid, const int32_t* toks, size_t n) { build(create(rid), toks, n, main); }
-
-    void extend(Request& r, const int32_t* toks, size_t n, Scratch& sc, bool global_ok = true) const {
-        bool fresh = global_ok && r.global_version == version;
-        if (!global_ok) r.global_version = ~0ull;  // its global front goes stale: rebuilt when next used
+    void extend(Request& r, const int32_t* toks, size_t n) {
+        bool fresh = r.global_version == version;
         std::vector<int32_t>& ctx = r.local->seq(LOCAL_SEQ);
         for (size_t i = 0; i < n; ++i) {
             ctx.push_back(toks[i]);
             r.local->append(r.local_front, LOCAL_SEQ, ctx.size() - 1);
-            if (fresh) global.step_match(r.global_front, toks[i], sc.front);
+            if (fresh) global.step_match(r.global_front, toks[i], tmp_front);
         }
     }
 
-    // Stop: the response goes to the global trie now, or (deferred) after the lane's next drafting.
-    void stop(int64_t rid, bool deferred) {
+    void stop(int64_t rid) {
         auto it = requests.find(rid);
         if (it == requests.end()) return;
-        retired.push_back(std::move(it->second));
-        requests.erase(it);
-        if (!deferred) cache(retired);
-    }
-
-    // The responses of `list`'s requests into the global trie (then the requests are freed).
-    void cache(std::vector<Request>& list) {
-        for (Request& r : list) {
-            const std::vector<int32_t>& ctx = r.local->seq(LOCAL_SEQ);
-            if (max_requests > 0 && max_tokens > 0 && ctx.size() > r.prompt_len) {
-                std::vector<int32_t> resp(ctx.begin() + r.prompt_len, ctx.end());
-                int64_t len = static_cast<int64_t>(resp.size());
-                int32_t id = global.add_sequence(std::move(resp));
-                cached_tokens += len;
-                cached.emplace_back(id, len);
-                evict();
-                ++version;
-            }
+        Request& r = it->second;
+        const std::vector<int32_t>& ctx = r.local->seq(LOCAL_SEQ);
+        if (max_requests > 0 && max_tokens > 0 && ctx.size() > r.prompt_len) {
+            std::vector<int32_t> resp(ctx.begin() + r.prompt_len, ctx.end());
+            int64_t len = static_cast<int64_t>(resp.size());
+            int32_t id = global.add_sequence(std::move(resp));
+            cached_tokens += len;
+            cached.emplace_back(id, len);
+            evict();
+            ++version;
         }
-        list.clear();
+        requests.erase(it);
     }
 
     void evict() {
@@ -700,19 +548,19 @@ struct Engine {
         }
     }
 
-    const Draft& draft(Request& r, const DraftParams& p, bool use_local, bool use_global, Scratch& sc) const {
-        sc.best.clear();
-        if (p.budget <= 0) return sc.best;
+    const Draft& draft(Request& r, const DraftParams& p, bool use_local, bool use_global) {
+        best.clear();
+        if (p.budget <= 0) return best;
         if (use_local) {
             r.local_cursors.resize(r.local_front.size());
             for (size_t i = 0; i < r.local_front.size(); ++i) r.local_cursors[i] = Cursor{r.local_front[i], 0};
-            best_draft(*r.local, r.local_cursors, p, 0, sc.best, sc.tmp);
+            best_draft(*r.local, r.local_cursors, p, 0, best, tmp);
         }
         if (use_global) {
-            refresh_global(r, sc);
-            best_draft(global, r.global_front, p, 1, sc.best, sc.tmp);
+            refresh_global(r);
+            best_draft(global, r.global_front, p, 1, best, tmp);
         }
-        return sc.best;
+        return best;
     }
 
     size_t memory_bytes() const {
@@ -797,13 +645,11 @@ PyObject* Engine_start(PyEngine* self, PyObject* args) {
     PyObject* toks;
     if (!PyArg_ParseTuple(args, "LO", &rid, &toks)) return nullptr;
     if (!read_tokens(toks, g_tokens)) return nullptr;
-    self->engine->background.quiesce();
     self->engine->start(rid, g_tokens.data(), g_tokens.size());
     Py_RETURN_NONE;
 }
 
 PyObject* Engine_extend(PyEngine* self, PyObject* args) {
-    self->engine->background.quiesce();
     long long rid;
     PyObject* toks;
     if (!PyArg_ParseTuple(args, "LO", &rid, &toks)) return nullptr;
@@ -813,16 +659,14 @@ PyObject* Engine_extend(PyEngine* self, PyObject* args) {
         return nullptr;
     }
     if (!read_tokens(toks, g_tokens)) return nullptr;
-    self->engine->extend(it->second, g_tokens.data(), g_tokens.size(), self->engine->main);
+    self->engine->extend(it->second, g_tokens.data(), g_tokens.size());
     Py_RETURN_NONE;
 }
 
 PyObject* Engine_stop(PyEngine* self, PyObject* args) {
     long long rid;
     if (!PyArg_ParseTuple(args, "L", &rid)) return nullptr;
-    Engine& e = *self->engine;
-    if (e.lane.defer != kDeferSkip) e.background.quiesce();  // skip: stop touches only main-thread state
-    e.stop(rid, e.lane.defer != kDeferOff);
+    self->engine->stop(rid);
     Py_RETURN_NONE;
 }
 
@@ -836,7 +680,6 @@ PyObject* int_list(const std::vector<int32_t>& v) {
 // draft(rid, budget, tree, factor, offset, min_prob, use_local, use_global)
 //   -> (tokens, parents, probs, score, match_len, source)
 PyObject* Engine_draft(PyEngine* self, PyObject* args) {
-    self->engine->background.quiesce();
     long long rid;
     DraftParams p;
     int tree, use_local, use_global;
@@ -849,7 +692,7 @@ PyObject* Engine_draft(PyEngine* self, PyObject* args) {
         PyErr_Format(PyExc_KeyError, "request %lld is not active (call start first)", rid);
         return nullptr;
     }
-    const Draft& d = self->engine->draft(it->second, p, use_local != 0, use_global != 0, self->engine->main);
+    const Draft& d = self->engine->draft(it->second, p, use_local != 0, use_global != 0);
     PyObject* probs = PyList_New(static_cast<Py_ssize_t>(d.probs.size()));
     if (!probs) return nullptr;
     for (size_t i = 0; i < d.probs.size(); ++i) PyList_SET_ITEM(probs, i, PyFloat_FromDouble(d.probs[i]));
@@ -857,12 +700,10 @@ PyObject* Engine_draft(PyEngine* self, PyObject* args) {
 }
 
 PyObject* Engine_memory_bytes(PyEngine* self, PyObject*) {
-    self->engine->background.quiesce();
     return PyLong_FromSize_t(self->engine->memory_bytes());
 }
 
 PyObject* Engine_global_stats(PyEngine* self, PyObject*) {
-    self->engine->background.quiesce();
     Engine* e = self->engine;
     return Py_BuildValue("{s:n,s:n,s:L,s:n}", "nodes", static_cast<Py_ssize_t>(e->global.live_nodes()),
                          "bytes", static_cast<Py_ssize_t>(e->global.memory_bytes()), "cached_tokens",
@@ -871,7 +712,6 @@ PyObject* Engine_global_stats(PyEngine* self, PyObject*) {
 }
 
 PyObject* Engine_local_nodes(PyEngine* self, PyObject* args) {
-    self->engine->background.quiesce();
     long long rid;
     if (!PyArg_ParseTuple(args, "L", &rid)) return nullptr;
     auto it = self->engine->requests.find(rid);
@@ -894,8 +734,6 @@ PyMethodDef Engine_methods[] = {
     {"lane_mark", reinterpret_cast<PyCFunction>(Engine_lane_mark), METH_VARARGS, "lane_mark(rid, n_known)"},
     {"lane_book", reinterpret_cast<PyCFunction>(Engine_lane_book), METH_VARARGS, "lane_book(rid) -> tuple"},
     {"lane_step", reinterpret_cast<PyCFunction>(Engine_lane_step), METH_VARARGS, kLaneStepDoc},
-    {"lane_restart_batch", reinterpret_cast<PyCFunction>(Engine_lane_restart_batch), METH_VARARGS,
-     "lane_restart_batch(rids, prompts, rests, lengths)"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyTypeObject EngineType = {PyVarObject_HEAD_INIT(nullptr, 0)};

@@ -35,8 +35,7 @@ except ImportError:  # pragma: no cover - depends on the build
     NativeEngine = None
 
 BACKENDS = ("auto", "native", "python")
-SOURCES = ("local", "global")
-DEFER_MODES = ("off", "wait", "skip")  # lane_config's defer_cache (native engine codes 0, 1, 2)  # which trie produced a draft (engine source index 0 / 1)
+SOURCES = ("local", "global")  # which trie produced a draft (engine source index 0 / 1)
 
 
 def native_available() -> bool:
@@ -149,38 +148,20 @@ class SuffixDrafter(Drafter):
         return self._ids
 
     def lane_config(self, *, probe_tokens: int, accept_alpha: float, calib_decay: float, min_calib_mass: float,
-                    min_calib: float, max_calib: float, max_cut: float, threads: int = 1,
-                    defer_cache: str = "off") -> None:
-        """The proposer's constants for ``lane_step`` (see specdec/vllm_plugin/core.py); ``threads``: threads for
-        a step's rows (same results as one); ``defer_cache``: when responses of stopped requests reach the global
-        trie: "off" at ``stop``; "wait": on a background thread after the next step has drafted (later calls wait
-        for it); "skip": the same, but a step that finds it still busy drafts without the global trie."""
-        if defer_cache not in DEFER_MODES:
-            raise ConfigError(f"defer_cache={defer_cache!r}: expected one of {', '.join(DEFER_MODES)}")
+                    min_calib: float, max_calib: float, max_cut: float) -> None:
+        """The proposer's constants for ``lane_step`` (see specdec/vllm_plugin/core.py)."""
         c = self.config
-        self._lane_constants = (probe_tokens, accept_alpha, calib_decay, min_calib_mass, min_calib, max_calib, max_cut)
-        self.engine.lane_config(*self._lane_constants, c.max_spec_factor, c.max_spec_offset, c.min_token_prob,
-                                c.use_local, c.use_global, threads, DEFER_MODES.index(defer_cache))
+        self.engine.lane_config(probe_tokens, accept_alpha, calib_decay, min_calib_mass, min_calib, max_calib,
+                                max_cut, c.max_spec_factor, c.max_spec_offset, c.min_token_prob, c.use_local,
+                                c.use_global)
 
-    def lane_release(self) -> None:
-        """Back to plain use: responses are cached at ``stop`` again (deferred ones now), one thread."""
-        if getattr(self, "_lane_constants", None) is not None:
-            c = self.config
-            self.engine.lane_config(*self._lane_constants, c.max_spec_factor, c.max_spec_offset, c.min_token_prob,
-                                    c.use_local, c.use_global, 1, 0)
-
-    def lane_restart(self, request_ids: Sequence[str], prompts: Sequence[Sequence[int]],
-                     rests: Sequence[Sequence[int]], lengths: Sequence[int]) -> None:
-        """(Re)start requests from their contexts (prompt, then the rest), built in parallel; each one's next
-        ``lane_step`` row must carry context length ``lengths[i]`` and does not extend (its tokens are in
-        ``rests[i]``)."""
-        eids = []
-        for rid in request_ids:
-            self.stop(rid)
-            eids.append(self._next_id)
-            self._ids[rid] = self._next_id
-            self._next_id += 1
-        self.engine.lane_restart_batch(eids, [list(p) for p in prompts], [list(r) for r in rests], list(lengths))
+    def lane_restart(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int], n_known: int) -> None:
+        """(Re)start a request from its context (prompt, then the rest); its next ``lane_step`` row must carry
+        context length ``n_known`` and does not extend (the row's tokens are already in ``rest_ids``)."""
+        self.start(request_id, prompt_ids)
+        if len(rest_ids):
+            self.extend(request_id, rest_ids)
+        self.engine.lane_mark(self._ids[request_id], n_known)
 
     def lane_invalidate(self, request_id: str) -> None:
         """Make the request's next ``lane_step`` row ask for a restart (its context is about to be resent)."""

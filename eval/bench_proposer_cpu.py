@@ -89,9 +89,6 @@ def _busy(ms: float) -> None:
 
 MODES = {  # name -> proposer options (in-process unless "overlap")
     "sync": {},
-    "sync-1t": {"native_step_threads": 1},
-    "sync-wait": {"defer_cache": "wait"},
-    "sync-nodefer": {"defer_cache": "off"},
     "sync-python": {"native_step": False},
     "overlap": {},
 }
@@ -133,11 +130,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="code_alpaca", help="trace set (specdec-eval replay names)")
     ap.add_argument("--batch-sizes", default="8,64", type=lambda s: [int(x) for x in s.split(",")])
-    ap.add_argument("--modes", default="sync,sync-1t,sync-wait,sync-nodefer,sync-python,overlap",
-                    type=lambda s: s.split(","),
-                    help="sync: in-process, native one-call step (defaults: 4 threads, defer_cache skip); sync-1t: "
-                         "one thread; sync-wait / sync-nodefer: defer_cache wait / off; sync-python: the Python "
-                         "path; overlap: helper process")
+    ap.add_argument("--modes", default="sync,sync-python,overlap", type=lambda s: s.split(","),
+                    help="sync: in-process, native one-call step; sync-python: the Python path; overlap: helper "
+                         "process")
     ap.add_argument("--k", type=int, default=16, help="num_speculative_tokens (drafts padded to k)")
     ap.add_argument("--steps", type=int, default=60, help="timed steps per run")
     ap.add_argument("--engine-work-ms", type=float, default=1.0, help="engine-thread work between propose and take")

@@ -62,10 +62,7 @@ class FakeEngine:
         self.reqs[rid] = {"seq": target[:prompt], "target": target, "prompt": prompt, "prefill": self.rng.random() < 0.3}
         self.next_id += 1
 
-    def step(self, cores: list[ProposerCore], drafts: dict[str, list[int]], *,
-             compare: bool = True) -> dict[str, list[int]] | list[dict[str, list[int]]]:
-        """One step for every core (verifying ``drafts``: the last core's when ``compare`` is off). Returns the
-        drafts by request id (all cores equal), or each core's when ``compare`` is off."""
+    def step(self, cores: list[ProposerCore], drafts: dict[str, list[int]]) -> dict[str, list[int]]:
         order = list(self.reqs)
         self.rng.shuffle(order)
         sampled, lengths, prompts = [], np.zeros(MAX_ROWS, np.int32), np.zeros(MAX_ROWS, np.int32)
@@ -88,9 +85,7 @@ class FakeEngine:
             lengths[row], prompts[row] = len(r["seq"]), r["prompt"]
         self.clock.t += 1e-3 + 20e-6 * verified
         results = [core.step(order, sampled, lengths, self.tokens, num_prompt_tokens=prompts) for core in cores]
-        if not compare:
-            return [dict(zip(order, r)) for r in results]
-        assert all(r == results[0] for r in results)
+        assert results[0] == results[1]
         return dict(zip(order, results[0]))
 
     def churn(self, step: int) -> None:
@@ -102,13 +97,10 @@ class FakeEngine:
             self.add()
 
 
-def twins(clock: FakeClock | None = None, *, native: tuple[bool, bool] = (False, True), **opts) -> list[ProposerCore]:
-    """Two proposers over their own native suffix drafters (default: the Python path and the lane; the lane's
-    global cache updated at stop, like the Python path, unless ``defer_cache`` is given)."""
+def twins(clock: FakeClock | None = None, **opts) -> list[ProposerCore]:
     cores = []
-    opts = {"defer_cache": "off", **opts}
-    for nat in native:
-        options = SpecdecOptions.from_dict({"num_speculative_tokens": 8, "native_step": nat, **opts})
+    for native in (False, True):
+        options = SpecdecOptions.from_dict({"num_speculative_tokens": 8, "native_step": native, **opts})
         cores.append(ProposerCore(SuffixDrafter(backend="native"), options, max_model_len=MAX_LEN,
                                   target_params=5e7, clock=clock or FakeClock()))
     return cores
@@ -116,7 +108,6 @@ def twins(clock: FakeClock | None = None, *, native: tuple[bool, bool] = (False,
 
 @pytest.mark.parametrize("opts", [
     {},  # adaptive, pad auto, deadline auto
-    {"native_step_threads": 3},  # rows on a pool: same drafts
     {"pad_drafts": "on"},
     {"adaptive": False, "min_path_prob": 0.3},
     {"min_path_prob_per_seq": 0.02, "min_acceptance": 0.6},
@@ -199,54 +190,3 @@ def test_force_resync_and_reset_restart_requests_from_their_context():
     started = [c.stats.started for c in cores]
     drafts = eng.step(cores, drafts)
     assert [c.stats.started - s for c, s in zip(cores, started)] == [len(eng.reqs)] * 2
-
-
-def test_deferred_cache_is_deterministic_across_threads_and_keeps_acceptance():
-    """defer_cache="wait": responses reach the global trie one step later; drafts then differ slightly from the
-    synchronous cache's, but do not depend on the thread count, and acceptance stays close."""
-    runs = {}
-    for name, opts in {"sync-cache": {}, "deferred-1": {"defer_cache": "wait"},
-                       "deferred-4": {"defer_cache": "wait", "native_step_threads": 4}}.items():
-        eng = FakeEngine(seed=5)
-        cores = twins(eng.clock, native=(True, True), **opts)
-        drafts: dict[str, list[int]] = {}
-        for step in range(160):
-            eng.churn(step)
-            drafts = eng.step(cores, drafts)  # the twins (same settings) must agree step by step
-        runs[name] = cores[0].stats_dict()
-    assert runs["deferred-1"] == {**runs["deferred-4"], "max_threaded_job_ms": runs["deferred-1"]["max_threaded_job_ms"]}
-    base, deferred = runs["sync-cache"], runs["deferred-1"]
-    assert deferred["accepted_tokens"] >= 0.95 * base["accepted_tokens"]
-
-
-def test_released_lane_caches_deferred_responses():
-    drafter = SuffixDrafter(backend="native")
-    options = SpecdecOptions.from_dict({"defer_cache": "skip"})
-    core = ProposerCore(drafter, options, max_model_len=MAX_LEN)
-    drafter.start("a", [1, 2, 3])
-    drafter.extend("a", [4, 5, 6, 7])
-    drafter.stop("a")  # deferred: not cached until a lane step or a release
-    assert drafter.global_stats()["cached_requests"] == 0
-    core._leave_lane()
-    assert drafter.global_stats()["cached_requests"] == 1
-
-
-def test_skip_mode_never_loses_requests_and_drafts_from_both_tries():
-    """defer_cache="skip" (the default): timing decides whether a step sees the global trie, so only invariants
-    are checked: every request's bookkeeping stays in step (no resyncs), drafts respect k, acceptance is close to
-    the synchronous cache's, and the global cache ends up holding every finished response."""
-    stats = {}
-    for mode in ("skip", "off"):
-        eng = FakeEngine(seed=6)
-        core = twins(eng.clock, native=(True,), defer_cache=mode, native_step_threads=2)[0]
-        drafts: dict[str, list[int]] = {}
-        for step in range(120):
-            eng.churn(step)
-            drafts = eng.step([core], drafts)
-            assert all(len(d) <= 8 for d in drafts.values())
-        stats[mode] = core.stats_dict()
-        active = stats[mode]["active_requests"]
-        core.close()
-        assert core.guard.drafter.global_stats()["cached_requests"] == stats[mode]["stopped"] + active
-    assert stats["skip"]["resyncs"] == 0 and stats["skip"]["stopped"] == stats["off"]["stopped"] > 5
-    assert stats["skip"]["accepted_tokens"] >= 0.9 * stats["off"]["accepted_tokens"]

@@ -128,7 +128,7 @@ class ProposerCore:
         self.lane: Lane | None = None
         self._lane_overruns = 0
         if options.native_step and options.deadline_mode == "auto":
-            self.lane = find_lane(drafter, threads=options.native_step_threads, defer_cache=options.defer_cache)
+            self.lane = find_lane(drafter)
 
     # ----------------------------------------------------------------- the step
     def step(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],
@@ -216,7 +216,6 @@ class ProposerCore:
         if lane is not None:
             for rid in list(lane.request_ids):
                 lane.stop(rid)
-            lane.lane_release()
 
     def reset(self) -> None:
         """Forget all per-request state (after a bookkeeping failure): every request restarts from its context."""
@@ -441,7 +440,6 @@ class ProposerCore:
         if self.lane is not None:
             for rid in list(self.lane.request_ids):
                 self.lane.stop(rid)
-            self.lane.lane_release()  # deferred responses are cached now
         if self.worker is not None:
             self.worker.close()
         self.guard.drafter.close()

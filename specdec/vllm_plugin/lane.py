@@ -13,7 +13,6 @@ and the proposer falls back to the threaded Python path for good).
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -31,26 +30,22 @@ class Lane(Protocol):
     request_ids: dict[str, int]
 
     def lane_config(self, **constants: Any) -> None: ...
-    def lane_restart(self, request_ids: Sequence[str], prompts: Sequence[Sequence[int]],
-                     rests: Sequence[Sequence[int]], lengths: Sequence[int]) -> None: ...
+    def lane_restart(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int],
+                     n_known: int) -> None: ...
     def lane_invalidate(self, request_id: str) -> None: ...
-    def lane_release(self) -> None: ...
     def lane_step(self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]], lengths: Any,
                   **decisions: Any) -> tuple[list[list[int]], list[int], int, int]: ...
     def stop(self, request_id: str) -> None: ...
 
 
-def find_lane(drafter: Any, *, threads: int = 1, defer_cache: str = "off") -> Lane | None:
-    """The drafter's lane, or None (no native one-call step: the Python path runs). ``threads``: threads for a
-    step's rows (capped by the CPUs this process may use); ``defer_cache``: see ``SuffixDrafter.lane_config``."""
+def find_lane(drafter: Any) -> Lane | None:
+    """The drafter's lane, or None (no native one-call step: the Python path runs)."""
     get = getattr(drafter, "native_lane", None)
     lane = get() if callable(get) else None
     if lane is not None:
-        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         lane.lane_config(probe_tokens=PROBE_TOKENS, accept_alpha=ACCEPT_EMA_ALPHA, calib_decay=CALIB_DECAY,
                          min_calib_mass=MIN_CALIBRATION_MASS, min_calib=MIN_CALIBRATION,
-                         max_calib=MAX_CALIBRATION, max_cut=MAX_CUT, threads=max(1, min(threads, usable)),
-                         defer_cache=defer_cache)
+                         max_calib=MAX_CALIBRATION, max_cut=MAX_CUT)
     return lane
 
 
@@ -77,18 +72,15 @@ def lane_step(lane: Lane, req_ids: Sequence[str], sampled: Sequence[Sequence[int
     if not redo:
         return drafts, counts
     known = lane.request_ids
-    prompts, rests = [], []
     for i in redo:  # new requests, preempted ones coming back, contexts that jumped: restart from the context
-        n = int(lengths[i])
-        counts.resyncs += ids[i] in known
+        rid, n = ids[i], int(lengths[i])
+        counts.resyncs += rid in known
+        counts.started += 1
         p = n - len(sampled[i])
         if num_prompt_tokens is not None:
             p = max(1, min(int(num_prompt_tokens[i]), n))
         ctx = np.asarray(token_ids_cpu[i, :n]).tolist()  # copy: the row's buffer changes later
-        prompts.append(ctx[:p])
-        rests.append(ctx[p:])
-    counts.started = len(redo)
-    lane.lane_restart([ids[i] for i in redo], prompts, rests, [int(lengths[i]) for i in redo])
+        lane.lane_restart(rid, ctx[:p], ctx[p:], n)
     # every row is now fresh (extended by the first call, or restarted): this call checks and drafts
     drafts, again, acc2, counts.drafted = lane.lane_step(ids, sampled, lengths, **decisions)
     if again:  # cannot happen: each was just restarted at exactly this length

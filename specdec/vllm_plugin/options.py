@@ -52,13 +52,6 @@ class SpecdecOptions(ConfigBase):
     native_step: bool = rng(True, doc="a drafter with a native one-call step (suffix, native backend) runs every "
                                       "row's bookkeeping, drafting and cut in one C++ call (same drafts as the "
                                       "Python path); needs deadline_mode='auto' (inline, overrun -> Python path)")
-    native_step_threads: int = rng(1, lo=1, hi=256, doc="native step: threads for a step's rows (batches of 8+ "
-                                                      "rows; same drafts as one thread; capped by usable CPUs)")
-    defer_cache: str = rng("skip", choices=("off", "wait", "skip"),
-                           doc="native step: when finished responses reach the suffix drafter's global cache: 'off' "
-                               "when the request stops (on the critical path); 'wait': on a background thread "
-                               "after the next step has drafted (the step after waits for it); 'skip': the same, "
-                               "but a step that finds it still busy drafts without the global cache")
     strict: bool = rng(False, doc="re-raise drafter errors (debugging only: a failure then fails the engine)")
     adaptive: bool = rng(True, doc="skip or shorten drafting when it cannot pay (batch size, acceptance)")
     min_path_prob: float = rng(0.0, lo=0.0, hi=1.0,
