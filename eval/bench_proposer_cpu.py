@@ -60,12 +60,13 @@ class FakeEngine:
         """Greedy verification against the recorded continuation; appends accepted + next token."""
         sampled = []
         for i in range(len(self.ids)):
+            draft = drafts[i] if drafts else []
             if self.pos[i] >= len(self.responses[i]):  # done: the row's next request, its first token sampled
                 self._load(i, self.pool[self.next_record % len(self.pool)])
                 self.next_record += 1
-                drafts = [] if not drafts else drafts[:i] + [[]] + drafts[i + 1:]
+                draft = []  # the old request's draft does not apply
             resp, out = self.responses[i], []
-            for d in (drafts[i] if drafts else []) + [None]:
+            for d in draft + [None]:
                 if self.pos[i] >= len(resp):
                     break
                 want = resp[self.pos[i]]
