@@ -12,8 +12,14 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -464,6 +470,7 @@ struct LaneConfig {
     double max_cut = 0.9;           // the confidence threshold never exceeds this
     double factor = 8.0, offset = 0.0, min_prob = 0.1;  // draft parameters (SuffixConfig)
     bool use_local = true, use_global = true;
+    bool defer_cache = false;  // stopped requests' responses are cached by the Cacher thread (see there)
 };
 
 struct Request {
@@ -474,6 +481,89 @@ struct Request {
     std::vector<Cursor> local_cursors;
     std::vector<Cursor> global_front;  // match frontier in the global trie
     uint64_t global_version = ~0ull;
+};
+
+struct Engine;
+
+// Deferred response caching (lane_config defer_cache, off by default): a stop only moves the request into
+// `Engine::retired`; after the next lane_step has drafted, this thread inserts those responses into the global
+// trie (and frees the requests' tries) while the engine does its other work. The main thread reads the global
+// trie only while the thread is idle (idle() takes the mutex: the thread's writes are then visible); a call that
+// finds it busy works without the global trie (drafts from the request's own context; its global match front is
+// rebuilt later). Reporting calls wait for it. After a fork the parent's thread does not exist: it is abandoned.
+class Cacher {
+public:
+    Cacher() = default;
+    Cacher(const Cacher&) = delete;
+    Cacher& operator=(const Cacher&) = delete;
+    ~Cacher() {
+        if (thread_ == nullptr || pid_ != getpid()) return;  // never started, or the parent's (forked child)
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        thread_->join();
+        delete thread_;
+    }
+
+    bool idle() {
+        if (thread_ == nullptr) return true;
+        if (pid_ != getpid()) abandon();
+        std::lock_guard<std::mutex> lock(mu_);
+        return !busy_;
+    }
+
+    void wait() {
+        if (thread_ == nullptr) return;
+        if (pid_ != getpid()) return abandon();
+        std::unique_lock<std::mutex> lock(mu_);
+        done_.wait(lock, [this] { return !busy_; });
+    }
+
+    // Run job() on the thread (the caller checked idle()).
+    void launch(std::function<void()> job) {
+        if (thread_ != nullptr && pid_ != getpid()) abandon();
+        if (thread_ == nullptr) {
+            pid_ = getpid();
+            thread_ = new std::thread([this] { loop(); });
+        }
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            job_ = std::move(job);
+            busy_ = true;
+        }
+        cv_.notify_all();
+    }
+
+private:
+    void abandon() {
+        thread_ = nullptr;  // leaked on purpose: joining a thread of the parent process is undefined
+        busy_ = stop_ = false;
+        job_ = nullptr;
+    }
+
+    void loop() {
+        std::unique_lock<std::mutex> lock(mu_);
+        for (;;) {
+            cv_.wait(lock, [this] { return stop_ || job_ != nullptr; });
+            if (job_ == nullptr) return;  // stop requested with nothing to do
+            std::function<void()> job = std::move(job_);
+            job_ = nullptr;
+            lock.unlock();
+            job();
+            lock.lock();
+            busy_ = false;
+            done_.notify_all();
+        }
+    }
+
+    std::thread* thread_ = nullptr;
+    pid_t pid_ = 0;
+    std::mutex mu_;
+    std::condition_variable cv_, done_;
+    std::function<void()> job_;
+    bool busy_ = false, stop_ = false;
 };
 
 struct Engine {
@@ -487,6 +577,10 @@ struct Engine {
     std::vector<Cursor> tmp_front;
     Draft best, tmp;
     LaneConfig lane;
+    int64_t steps_without_global = 0;  // lane steps that found the cacher busy (defer_cache)
+    std::vector<Request> retired;  // stopped, response not yet cached (defer_cache; main thread's)
+    std::vector<Request> caching;  // handed to the cacher
+    Cacher cacher;                 // declared last: destroyed (joined) first
 
     Engine(int d, int64_t mr, int64_t mt) : depth(d), max_requests(mr), max_tokens(mt), global(d) {}
 
@@ -500,7 +594,8 @@ struct Engine {
         r.global_version = version;
     }
 
-    void start(int64_t rid, const int32_t* toks, size_t n) {
+    // global_ok = false (deferred caching running): the global match front is left stale, rebuilt when next used.
+    void start(int64_t rid, const int32_t* toks, size_t n, bool global_ok = true) {
         Request& r = requests[rid];
         r.local = std::make_unique<Trie>(depth);
         std::vector<int32_t>& ctx = r.local->seq(LOCAL_SEQ);
@@ -509,11 +604,12 @@ struct Engine {
         r.local_front.assign(1, 0);
         for (size_t i = 0; i < n; ++i) r.local->append(r.local_front, LOCAL_SEQ, i);
         r.global_version = ~0ull;
-        refresh_global(r);
+        if (global_ok) refresh_global(r);
     }
 
-    void extend(Request& r, const int32_t* toks, size_t n) {
-        bool fresh = r.global_version == version;
+    void extend(Request& r, const int32_t* toks, size_t n, bool global_ok = true) {
+        bool fresh = global_ok && r.global_version == version;
+        if (!global_ok) r.global_version = ~0ull;
         std::vector<int32_t>& ctx = r.local->seq(LOCAL_SEQ);
         for (size_t i = 0; i < n; ++i) {
             ctx.push_back(toks[i]);
@@ -522,10 +618,22 @@ struct Engine {
         }
     }
 
+    // The global trie may be read now (no deferred caching running).
+    bool global_ok() { return cacher.idle(); }
+
     void stop(int64_t rid) {
         auto it = requests.find(rid);
         if (it == requests.end()) return;
-        Request& r = it->second;
+        if (lane.defer_cache) {  // cached after the next lane_step has drafted
+            retired.push_back(std::move(it->second));
+            requests.erase(it);
+            return;
+        }
+        cache_response(it->second);
+        requests.erase(it);
+    }
+
+    void cache_response(Request& r) {
         const std::vector<int32_t>& ctx = r.local->seq(LOCAL_SEQ);
         if (max_requests > 0 && max_tokens > 0 && ctx.size() > r.prompt_len) {
             std::vector<int32_t> resp(ctx.begin() + r.prompt_len, ctx.end());
@@ -536,7 +644,24 @@ struct Engine {
             evict();
             ++version;
         }
-        requests.erase(it);
+    }
+
+    // After a lane step has drafted: hand the retired requests to the cacher (if it is free; else next step).
+    void launch_caching() {
+        if (retired.empty() || !cacher.idle()) return;
+        caching = std::move(retired);
+        retired.clear();
+        cacher.launch([this] {
+            for (Request& r : caching) cache_response(r);
+            caching.clear();
+        });
+    }
+
+    // Everything retired into the global trie now (reporting, switching deferral off).
+    void flush_caching() {
+        cacher.wait();
+        for (Request& r : retired) cache_response(r);
+        retired.clear();
     }
 
     void evict() {
@@ -645,7 +770,8 @@ PyObject* Engine_start(PyEngine* self, PyObject* args) {
     PyObject* toks;
     if (!PyArg_ParseTuple(args, "LO", &rid, &toks)) return nullptr;
     if (!read_tokens(toks, g_tokens)) return nullptr;
-    self->engine->start(rid, g_tokens.data(), g_tokens.size());
+    Engine& e = *self->engine;
+    e.start(rid, g_tokens.data(), g_tokens.size(), e.global_ok());
     Py_RETURN_NONE;
 }
 
@@ -659,7 +785,7 @@ PyObject* Engine_extend(PyEngine* self, PyObject* args) {
         return nullptr;
     }
     if (!read_tokens(toks, g_tokens)) return nullptr;
-    self->engine->extend(it->second, g_tokens.data(), g_tokens.size());
+    self->engine->extend(it->second, g_tokens.data(), g_tokens.size(), self->engine->global_ok());
     Py_RETURN_NONE;
 }
 
@@ -692,7 +818,7 @@ PyObject* Engine_draft(PyEngine* self, PyObject* args) {
         PyErr_Format(PyExc_KeyError, "request %lld is not active (call start first)", rid);
         return nullptr;
     }
-    const Draft& d = self->engine->draft(it->second, p, use_local != 0, use_global != 0);
+    const Draft& d = self->engine->draft(it->second, p, use_local != 0, use_global != 0 && self->engine->global_ok());
     PyObject* probs = PyList_New(static_cast<Py_ssize_t>(d.probs.size()));
     if (!probs) return nullptr;
     for (size_t i = 0; i < d.probs.size(); ++i) PyList_SET_ITEM(probs, i, PyFloat_FromDouble(d.probs[i]));
@@ -700,15 +826,19 @@ PyObject* Engine_draft(PyEngine* self, PyObject* args) {
 }
 
 PyObject* Engine_memory_bytes(PyEngine* self, PyObject*) {
+    self->engine->cacher.wait();
     return PyLong_FromSize_t(self->engine->memory_bytes());
 }
 
 PyObject* Engine_global_stats(PyEngine* self, PyObject*) {
+    self->engine->cacher.wait();
     Engine* e = self->engine;
-    return Py_BuildValue("{s:n,s:n,s:L,s:n}", "nodes", static_cast<Py_ssize_t>(e->global.live_nodes()),
+    return Py_BuildValue("{s:n,s:n,s:L,s:n,s:L,s:n}", "nodes", static_cast<Py_ssize_t>(e->global.live_nodes()),
                          "bytes", static_cast<Py_ssize_t>(e->global.memory_bytes()), "cached_tokens",
                          static_cast<long long>(e->cached_tokens), "cached_requests",
-                         static_cast<Py_ssize_t>(e->cached.size()));
+                         static_cast<Py_ssize_t>(e->cached.size()), "steps_without_global",
+                         static_cast<long long>(e->steps_without_global), "retired",
+                         static_cast<Py_ssize_t>(e->retired.size()));
 }
 
 PyObject* Engine_local_nodes(PyEngine* self, PyObject* args) {

@@ -148,12 +148,20 @@ class SuffixDrafter(Drafter):
         return self._ids
 
     def lane_config(self, *, probe_tokens: int, accept_alpha: float, calib_decay: float, min_calib_mass: float,
-                    min_calib: float, max_calib: float, max_cut: float) -> None:
-        """The proposer's constants for ``lane_step`` (see specdec/vllm_plugin/core.py)."""
+                    min_calib: float, max_calib: float, max_cut: float, defer_cache: bool = False) -> None:
+        """The proposer's constants for ``lane_step`` (see specdec/vllm_plugin/core.py). ``defer_cache``: a stop
+        only retires the request; its response reaches the global trie on a background thread after the next
+        ``lane_step`` has drafted (a call that finds that thread busy works without the global trie)."""
         c = self.config
-        self.engine.lane_config(probe_tokens, accept_alpha, calib_decay, min_calib_mass, min_calib, max_calib,
-                                max_cut, c.max_spec_factor, c.max_spec_offset, c.min_token_prob, c.use_local,
-                                c.use_global)
+        self._lane_args = (probe_tokens, accept_alpha, calib_decay, min_calib_mass, min_calib, max_calib, max_cut,
+                           c.max_spec_factor, c.max_spec_offset, c.min_token_prob, c.use_local, c.use_global)
+        self.engine.lane_config(*self._lane_args, defer_cache)
+
+    def lane_release(self) -> None:
+        """Deferred caching off: responses still waiting are cached now, later stops cache at once."""
+        args = getattr(self, "_lane_args", None)
+        if args is not None:
+            self.engine.lane_config(*args, False)
 
     def lane_restart(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int], n_known: int) -> None:
         """(Re)start a request from its context (prompt, then the rest); its next ``lane_step`` row must carry

@@ -90,6 +90,7 @@ def _busy(ms: float) -> None:
 
 MODES = {  # name -> proposer options (in-process unless "overlap")
     "sync": {},
+    "sync-defer": {"defer_cache": True},
     "sync-python": {"native_step": False},
     "overlap": {},
 }
@@ -132,8 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dataset", default="code_alpaca", help="trace set (specdec-eval replay names)")
     ap.add_argument("--batch-sizes", default="8,64", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--modes", default="sync,sync-python,overlap", type=lambda s: s.split(","),
-                    help="sync: in-process, native one-call step; sync-python: the Python path; overlap: helper "
-                         "process")
+                    help="sync: in-process, native one-call step; sync-defer: the same with defer_cache; "
+                         "sync-python: the Python path; overlap: helper process")
     ap.add_argument("--k", type=int, default=16, help="num_speculative_tokens (drafts padded to k)")
     ap.add_argument("--steps", type=int, default=60, help="timed steps per run")
     ap.add_argument("--engine-work-ms", type=float, default=1.0, help="engine-thread work between propose and take")

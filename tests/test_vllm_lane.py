@@ -85,7 +85,7 @@ class FakeEngine:
             lengths[row], prompts[row] = len(r["seq"]), r["prompt"]
         self.clock.t += 1e-3 + 20e-6 * verified
         results = [core.step(order, sampled, lengths, self.tokens, num_prompt_tokens=prompts) for core in cores]
-        assert results[0] == results[1]
+        assert all(r == results[0] for r in results)
         return dict(zip(order, results[0]))
 
     def churn(self, step: int) -> None:
@@ -190,3 +190,40 @@ def test_force_resync_and_reset_restart_requests_from_their_context():
     started = [c.stats.started for c in cores]
     drafts = eng.step(cores, drafts)
     assert [c.stats.started - s for c, s in zip(cores, started)] == [len(eng.reqs)] * 2
+
+
+def lane_core(clock: FakeClock, **opts) -> ProposerCore:
+    options = SpecdecOptions.from_dict({"num_speculative_tokens": 8, **opts})
+    return ProposerCore(SuffixDrafter(backend="native"), options, max_model_len=MAX_LEN, target_params=5e7,
+                        clock=clock)
+
+
+def test_deferred_caching_keeps_requests_in_step_and_caches_every_response():
+    """defer_cache: responses reach the global trie from a background thread after the next step has drafted
+    (timing decides when a step sees them, so only invariants are checked against caching at stop)."""
+    stats = {}
+    for defer in (False, True):
+        eng = FakeEngine(seed=6)
+        core = lane_core(eng.clock, defer_cache=defer)
+        drafts: dict[str, list[int]] = {}
+        for step in range(120):
+            eng.churn(step)
+            drafts = eng.step([core], drafts)
+            assert all(len(d) <= 8 for d in drafts.values())
+        stats[defer] = core.stats_dict()
+        active = stats[defer]["active_requests"]
+        core.close()
+        assert core.guard.drafter.global_stats()["cached_requests"] == stats[defer]["stopped"] + active
+    assert stats[True]["resyncs"] == 0 and stats[True]["stopped"] == stats[False]["stopped"] > 5
+    assert stats[True]["accepted_tokens"] >= 0.9 * stats[False]["accepted_tokens"]
+
+
+def test_releasing_the_lane_caches_retired_responses():
+    drafter = SuffixDrafter(backend="native")
+    core = ProposerCore(drafter, SpecdecOptions.from_dict({"defer_cache": True}), max_model_len=MAX_LEN)
+    drafter.start("a", [1, 2, 3])
+    drafter.extend("a", [4, 5, 6, 7])
+    drafter.stop("a")  # retired: cached after the next lane step, or when deferral ends
+    assert drafter.global_stats()["cached_requests"] == 0
+    core._leave_lane()
+    assert drafter.global_stats()["cached_requests"] == 1

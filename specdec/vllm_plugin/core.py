@@ -79,7 +79,7 @@ class ProposerCore:
         self.lane: Lane | None = None
         self._lane_overruns = 0
         if options.native_step and options.deadline_mode == "auto":
-            self.lane = find_lane(drafter)
+            self.lane = find_lane(drafter, defer_cache=options.defer_cache)
 
     # ----------------------------------------------------------------- the step
     def step(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],
@@ -167,6 +167,7 @@ class ProposerCore:
         if lane is not None:
             for rid in list(lane.request_ids):
                 lane.stop(rid)
+            lane.lane_release()
 
     def reset(self) -> None:
         """Forget all per-request state (after a bookkeeping failure): every request restarts from its context."""
@@ -391,6 +392,7 @@ class ProposerCore:
         if self.lane is not None:
             for rid in list(self.lane.request_ids):
                 self.lane.stop(rid)
+            self.lane.lane_release()  # deferred responses are cached now
         if self.worker is not None:
             self.worker.close()
         self.guard.drafter.close()

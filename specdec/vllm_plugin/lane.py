@@ -33,19 +33,21 @@ class Lane(Protocol):
     def lane_restart(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int],
                      n_known: int) -> None: ...
     def lane_invalidate(self, request_id: str) -> None: ...
+    def lane_release(self) -> None: ...
     def lane_step(self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]], lengths: Any,
                   **decisions: Any) -> tuple[list[list[int]], list[int], int, int]: ...
     def stop(self, request_id: str) -> None: ...
 
 
-def find_lane(drafter: Any) -> Lane | None:
-    """The drafter's lane, or None (no native one-call step: the Python path runs)."""
+def find_lane(drafter: Any, *, defer_cache: bool = False) -> Lane | None:
+    """The drafter's lane, or None (no native one-call step: the Python path runs). ``defer_cache``: see
+    ``SuffixDrafter.lane_config``."""
     get = getattr(drafter, "native_lane", None)
     lane = get() if callable(get) else None
     if lane is not None:
         lane.lane_config(probe_tokens=PROBE_TOKENS, accept_alpha=ACCEPT_EMA_ALPHA, calib_decay=CALIB_DECAY,
                          min_calib_mass=MIN_CALIBRATION_MASS, min_calib=MIN_CALIBRATION,
-                         max_calib=MAX_CALIBRATION, max_cut=MAX_CUT)
+                         max_calib=MAX_CALIBRATION, max_cut=MAX_CUT, defer_cache=defer_cache)
     return lane
 
 

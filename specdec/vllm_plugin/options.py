@@ -52,6 +52,9 @@ class SpecdecOptions(ConfigBase):
     native_step: bool = rng(True, doc="a drafter with a native one-call step (suffix, native backend) runs every "
                                       "row's bookkeeping, drafting and cut in one C++ call (same drafts as the "
                                       "Python path); needs deadline_mode='auto' (inline, overrun -> Python path)")
+    defer_cache: bool = rng(False, doc="native step (experimental, not yet measured on the GPU): finished responses "
+                                       "reach the suffix drafter's global cache on a background thread after the "
+                                       "next step has drafted, instead of on the critical path when they stop")
     strict: bool = rng(False, doc="re-raise drafter errors (debugging only: a failure then fails the engine)")
     adaptive: bool = rng(True, doc="skip or shorten drafting when it cannot pay (batch size, acceptance)")
     min_path_prob: float = rng(0.0, lo=0.0, hi=1.0,
