@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -471,6 +472,7 @@ struct LaneConfig {
     double factor = 8.0, offset = 0.0, min_prob = 0.1;  // draft parameters (SuffixConfig)
     bool use_local = true, use_global = true;
     bool defer_cache = false;  // stopped requests' responses are cached by the Cacher thread (see there)
+    double defer_wait_us = 0;  // a lane step waits this long for the cacher before drafting without the global trie
 };
 
 struct Request {
@@ -512,6 +514,17 @@ public:
         if (pid_ != getpid()) abandon();
         std::lock_guard<std::mutex> lock(mu_);
         return !busy_;
+    }
+
+    // Wait at most `us` microseconds for the thread to be idle; true if it is.
+    bool wait_for(double us) {
+        if (thread_ == nullptr) return true;
+        if (pid_ != getpid()) {
+            abandon();
+            return true;
+        }
+        std::unique_lock<std::mutex> lock(mu_);
+        return done_.wait_for(lock, std::chrono::duration<double, std::micro>(us), [this] { return !busy_; });
     }
 
     void wait() {

@@ -148,14 +148,16 @@ class SuffixDrafter(Drafter):
         return self._ids
 
     def lane_config(self, *, probe_tokens: int, accept_alpha: float, calib_decay: float, min_calib_mass: float,
-                    min_calib: float, max_calib: float, max_cut: float, defer_cache: bool = False) -> None:
+                    min_calib: float, max_calib: float, max_cut: float, defer_cache: bool = False,
+                    defer_wait_us: float = 0.0) -> None:
         """The proposer's constants for ``lane_step`` (see specdec/vllm_plugin/core.py). ``defer_cache``: a stop
         only retires the request; its response reaches the global trie on a background thread after the next
-        ``lane_step`` has drafted (a call that finds that thread busy works without the global trie)."""
+        ``lane_step`` has drafted; a step waits at most ``defer_wait_us`` for that thread, then drafts without the
+        global trie."""
         c = self.config
         self._lane_args = (probe_tokens, accept_alpha, calib_decay, min_calib_mass, min_calib, max_calib, max_cut,
                            c.max_spec_factor, c.max_spec_offset, c.min_token_prob, c.use_local, c.use_global)
-        self.engine.lane_config(*self._lane_args, defer_cache)
+        self.engine.lane_config(*self._lane_args, defer_cache, defer_wait_us)
 
     def lane_release(self) -> None:
         """Deferred caching off: responses still waiting are cached now, later stops cache at once."""

@@ -91,20 +91,25 @@ def _busy(ms: float) -> None:
 MODES = {  # name -> proposer options (in-process unless "overlap")
     "sync": {},
     "sync-defer": {"defer_cache": True},
+    "sync-defer0": {"defer_cache": True, "defer_cache_wait_ms": 0.0},
+    "sync-defer2": {"defer_cache": True, "defer_cache_wait_ms": 2.0},
     "sync-python": {"native_step": False},
     "overlap": {},
 }
 
 
-def run(mode: str, records: list[Any], pool: list[Any], *, k: int, steps: int,
-        engine_work_ms: float) -> dict[str, Any]:
+def run(mode: str, records: list[Any], pool: list[Any], *, k: int, steps: int, engine_work_ms: float,
+        suffix_depth: int | None = None) -> dict[str, Any]:
     opts = SpecdecOptions.from_dict({"num_speculative_tokens": k, "draft_timeout_ms": 0, "pad_drafts": "on",
                                      "adaptive": False, **MODES[mode]})
     max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in pool) + 8
     eng = FakeEngine(records, pool, max_len)
     in_process = mode != "overlap"
-    proposer: Any = (ProposerCore(build_drafter("suffix"), opts, max_model_len=max_len) if in_process
-                     else OverlapCore(opts, max_model_len=max_len))
+    suffix_opts = {} if suffix_depth is None else {"max_depth": suffix_depth}
+    if suffix_opts:
+        opts = opts.replace(drafter_options={"suffix": suffix_opts})
+    proposer: Any = (ProposerCore(build_drafter("suffix", {"suffix": suffix_opts}), opts, max_model_len=max_len)
+                     if in_process else OverlapCore(opts, max_model_len=max_len))
     spent, drafts = 0.0, [[] for _ in records]
     step_fn: Callable[..., Any] = proposer.step if in_process else proposer.submit
     try:
@@ -124,6 +129,7 @@ def run(mode: str, records: list[Any], pool: list[Any], *, k: int, steps: int,
     finally:
         proposer.close()
     return {"mode": mode, "batch_size": len(records), "steps": steps, "engine_work_ms": engine_work_ms,
+            "suffix_depth": suffix_depth,
             "proposer_ms_per_step": 1e3 * spent / steps, "emitted_tokens": eng.emitted,
             "requests_started": eng.started}
 
@@ -139,6 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=60, help="timed steps per run")
     ap.add_argument("--engine-work-ms", type=float, default=1.0, help="engine-thread work between propose and take")
     ap.add_argument("--repeats", type=int, default=2, help="runs per mode (interleaved); the median is reported")
+    ap.add_argument("--suffix-depth", type=int, default=None, help="suffix drafter max_depth (default: its own)")
     ap.add_argument("--name", default="bench_proposer_cpu", help="results file name part")
     args = ap.parse_args(argv)
     _, all_records = load_traces(args.dataset, limit=max(args.batch_sizes) * 8)
@@ -147,7 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     for b in args.batch_sizes:
         records = all_records[:b]
         for mode in args.modes:
-            runs = [run(mode, records, all_records, k=args.k, steps=args.steps, engine_work_ms=args.engine_work_ms)
+            runs = [run(mode, records, all_records, k=args.k, steps=args.steps, engine_work_ms=args.engine_work_ms,
+                        suffix_depth=args.suffix_depth)
                     for _ in range(args.repeats)]
             row = sorted(runs, key=lambda r: r["proposer_ms_per_step"])[len(runs) // 2]
             row["all_ms_per_step"] = [r["proposer_ms_per_step"] for r in runs]

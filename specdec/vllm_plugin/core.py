@@ -79,7 +79,7 @@ class ProposerCore:
         self.lane: Lane | None = None
         self._lane_overruns = 0
         if options.native_step and options.deadline_mode == "auto":
-            self.lane = find_lane(drafter, defer_cache=options.defer_cache)
+            self.lane = find_lane(drafter, defer_cache=options.defer_cache, defer_wait_ms=options.defer_cache_wait_ms)
 
     # ----------------------------------------------------------------- the step
     def step(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],

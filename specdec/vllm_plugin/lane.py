@@ -39,7 +39,7 @@ class Lane(Protocol):
     def stop(self, request_id: str) -> None: ...
 
 
-def find_lane(drafter: Any, *, defer_cache: bool = False) -> Lane | None:
+def find_lane(drafter: Any, *, defer_cache: bool = False, defer_wait_ms: float = 0.0) -> Lane | None:
     """The drafter's lane, or None (no native one-call step: the Python path runs). ``defer_cache``: see
     ``SuffixDrafter.lane_config``."""
     get = getattr(drafter, "native_lane", None)
@@ -47,7 +47,8 @@ def find_lane(drafter: Any, *, defer_cache: bool = False) -> Lane | None:
     if lane is not None:
         lane.lane_config(probe_tokens=PROBE_TOKENS, accept_alpha=ACCEPT_EMA_ALPHA, calib_decay=CALIB_DECAY,
                          min_calib_mass=MIN_CALIBRATION_MASS, min_calib=MIN_CALIBRATION,
-                         max_calib=MAX_CALIBRATION, max_cut=MAX_CUT, defer_cache=defer_cache)
+                         max_calib=MAX_CALIBRATION, max_cut=MAX_CUT, defer_cache=defer_cache,
+                         defer_wait_us=1e3 * defer_wait_ms)
     return lane
 
 

@@ -55,6 +55,9 @@ class SpecdecOptions(ConfigBase):
     defer_cache: bool = rng(False, doc="native step (experimental, not yet measured on the GPU): finished responses "
                                        "reach the suffix drafter's global cache on a background thread after the "
                                        "next step has drafted, instead of on the critical path when they stop")
+    defer_cache_wait_ms: float = rng(0.5, lo=0.0, hi=1000.0,
+                                     doc="defer_cache: a step waits at most this long for the caching thread, "
+                                         "then drafts without the global cache")
     strict: bool = rng(False, doc="re-raise drafter errors (debugging only: a failure then fails the engine)")
     adaptive: bool = rng(True, doc="skip or shorten drafting when it cannot pay (batch size, acceptance)")
     min_path_prob: float = rng(0.0, lo=0.0, hi=1.0,
