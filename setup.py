@@ -13,7 +13,8 @@ setup(
             sources=["csrc/suffix_native.cpp"],
             depends=["csrc/suffix_lane.inc"],
             language="c++",
-            extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden"],
+            extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-pthread"],  # defer_cache's thread
+            extra_link_args=["-pthread"],
             optional=True,
         ),
         Extension(
