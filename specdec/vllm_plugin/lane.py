@@ -8,8 +8,10 @@ rare events (start, resync, stop) and the per-step decisions (spec or plain wind
 
 Same drafts, same statistics as the Python path (``tests/test_vllm_lane.py`` runs both over recorded traces with
 moving rows, finished requests, resyncs and padding). Switched by the ``native_step`` option (default on); used
-with ``deadline_mode="auto"`` only (a step runs inline: one that overruns ``draft_timeout_ms`` is dropped, counted,
-and the proposer falls back to the threaded Python path for good).
+with ``deadline_mode="auto"`` only (a step runs inline: one that overruns ``draft_timeout_ms`` is dropped and
+counted; after ``LANE_MAX_OVERRUNS`` of them the proposer falls back to the threaded Python path for good).
+``defer_cache`` (experimental, off): finished responses are cached by a background thread after the next step has
+drafted, instead of at stop (``SuffixDrafter.lane_config``).
 """
 from __future__ import annotations
 
