@@ -459,6 +459,11 @@ struct Book {
     double pred_ema = 0.0, acc_ema = 0.0;  // calibration sums
     double acceptance = NAN;  // acceptance EMA (NaN: none yet)
     bool fresh = false;       // just (re)started with n_known already counting this step's tokens
+
+    void clear_draft() {      // no draft this step
+        last_draft = last_real = 0;
+        last_pred = NAN;
+    }
 };
 
 // Constants of the one-call step, set once by lane_config (one source of truth: the Python side).
@@ -875,7 +880,6 @@ PyMethodDef Engine_methods[] = {
     {"local_nodes", reinterpret_cast<PyCFunction>(Engine_local_nodes), METH_VARARGS, "nodes of a request trie"},
     {"lane_config", reinterpret_cast<PyCFunction>(Engine_lane_config), METH_VARARGS, kLaneConfigDoc},
     {"lane_mark", reinterpret_cast<PyCFunction>(Engine_lane_mark), METH_VARARGS, "lane_mark(rid, n_known)"},
-    {"lane_book", reinterpret_cast<PyCFunction>(Engine_lane_book), METH_VARARGS, "lane_book(rid) -> tuple"},
     {"lane_step", reinterpret_cast<PyCFunction>(Engine_lane_step), METH_VARARGS, kLaneStepDoc},
     {nullptr, nullptr, 0, nullptr}};
 
