@@ -60,8 +60,8 @@ def _waiting(rows: list[dict[str, Any]]) -> None:
     and that as a share of the step (busy + gap)."""
     ref = {(r["dataset"], r["batch_size"]): r.get("gpu_gap_ms_per_step") for r in rows if r["method"] == "nospec-v1"}
     for r in rows:
-        gap, busy, base = r.get("gpu_gap_ms_per_step"), r.get("gpu_busy_ms_per_step"), ref.get((r["dataset"],
-                                                                                                r["batch_size"]))
+        base = ref.get((r["dataset"], r["batch_size"]))
+        gap, busy = r.get("gpu_gap_ms_per_step"), r.get("gpu_busy_ms_per_step")
         if gap is None or busy is None or base is None:
             continue
         r["gpu_wait_for_drafts_ms"] = gap - base

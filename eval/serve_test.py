@@ -25,8 +25,6 @@ from specdec.paths import TARGET_MODEL, model_path
 
 HOST = "127.0.0.1"
 SHUTDOWN_WAIT_S = 60
-
-
 SERVER_START_TIMEOUT_S = 300
 
 

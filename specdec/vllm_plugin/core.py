@@ -165,8 +165,7 @@ class ProposerCore:
         lane, self.lane = self.lane, None
         self._inline_banned = True
         if lane is not None:
-            for rid in list(lane.request_ids):
-                lane.stop(rid)
+            _stop_all(lane)
             lane.lane_release()
 
     def reset(self) -> None:
@@ -175,8 +174,7 @@ class ProposerCore:
             self._op(("stop", rid))
         self.requests.clear()
         if self.lane is not None:
-            for rid in list(self.lane.request_ids):
-                self.lane.stop(rid)
+            _stop_all(self.lane)
 
     def force_resync(self, request_id: str) -> None:
         """The request's next row restarts it from its full context (the caller is resending it)."""
@@ -390,9 +388,14 @@ class ProposerCore:
             self._pending.append(("stop", rid))
         self.requests.clear()
         if self.lane is not None:
-            for rid in list(self.lane.request_ids):
-                self.lane.stop(rid)
+            _stop_all(self.lane)
             self.lane.lane_release()  # deferred responses are cached now
         if self.worker is not None:
             self.worker.close()
         self.guard.drafter.close()
+
+
+def _stop_all(lane: Lane) -> None:
+    """Stop every request the lane's drafter holds (they restart from their context if seen again)."""
+    for rid in list(lane.request_ids):
+        lane.stop(rid)
