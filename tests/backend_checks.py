@@ -12,7 +12,7 @@ import torch
 from specdec.drafters import DraftRequest
 from specdec.drafters.model import ModelDrafter, ModelDrafterConfig
 from specdec.drafters.model_backends import DraftBackend, StepInput, make_backend
-from core_support import SAVED_VOCAB, hf_logits
+from core_support import SAVED_VOCAB, hf_logits, load_hf, save_tiny_llama
 
 ATOL = 1e-4  # fp32 logits vs fp32 with another op order
 VOCAB = SAVED_VOCAB
@@ -39,18 +39,37 @@ def check_prefill_then_decode(b: DraftBackend, hf: torch.nn.Module) -> None:
     close(b.forward([StepInput(st, [8], [15], [0])])[0][0], hf_logits(hf, seq + [7, 8])[-1])
 
 
-def check_ragged_batch(b: DraftBackend, hf: torch.nn.Module) -> None:
-    """3 requests of different lengths in one forward, then batched decodes and a mixed step."""
-    rng = np.random.default_rng(1)
-    seqs = [rng.integers(0, VOCAB, size=n).tolist() for n in (7, 1, 12)]
+RAGGED_LENGTHS = (7, 1, 12)  # requests of different lengths in one batch (one of a single token)
+
+
+def ragged_decode(b: DraftBackend, rng: np.random.Generator,
+                  steps: int) -> tuple[list[Any], list[list[int]], list[torch.Tensor]]:
+    """RAGGED_LENGTHS requests prefilled in one forward (every row wanted), then ``steps`` batched single-token
+    decodes: (their states, their token sequences, each one's logits per position [len, vocab])."""
+    seqs = [rng.integers(0, VOCAB, size=n).tolist() for n in RAGGED_LENGTHS]
     states = [b.new_state() for _ in seqs]
     got = b.forward([StepInput(s, q, list(range(len(q))), list(range(len(q)))) for s, q in zip(states, seqs)])
-    for _ in range(3):
+    for _ in range(steps):
         new = rng.integers(0, VOCAB, size=len(seqs)).tolist()
         out = b.forward([StepInput(s, [t], [len(q)], [0]) for s, t, q in zip(states, new, seqs)])
         for q, t in zip(seqs, new):
             q.append(t)
         got = [torch.cat([g, o]) for g, o in zip(got, out)]
+    return states, seqs, got
+
+
+def past_capacity_case(tmp_path: Path, name: str, capacity: int, *,
+                       seed: int) -> tuple[torch.nn.Module, DraftBackend, list[int]]:
+    """A tiny model whose positions reach past twice a backend's initial KV capacity, its HF twin, the backend,
+    and a random prompt just short of that capacity."""
+    path = save_tiny_llama(tmp_path, seed=3, max_pos=2 * capacity + 64, rms_norm_eps=1e-5)
+    prompt = np.random.default_rng(seed).integers(0, VOCAB, size=capacity - 2).tolist()
+    return load_hf(path), make_backend(name, path), prompt
+
+
+def check_ragged_batch(b: DraftBackend, hf: torch.nn.Module) -> None:
+    """3 requests of different lengths in one forward, then batched decodes and a mixed step."""
+    states, seqs, got = ragged_decode(b, np.random.default_rng(1), steps=3)
     # mixed: 2 tokens for the first request (last row only), 1 for the third, none for the second
     extra = [[3, 4], [9]]
     out = b.forward([StepInput(states[0], extra[0], [len(seqs[0]), len(seqs[0]) + 1], [1]),

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from backend_checks import ragged_decode
 from core_support import SAVED_VOCAB, hf_logits, load_hf, save_tiny_llama
 from specdec.drafters.cpu_info import apply_placement, parse_cpuinfo
 from specdec.drafters.model import ModelDrafter, ModelDrafterConfig, auto_candidates
@@ -42,16 +43,7 @@ def hf(tiny: Path) -> torch.nn.Module:
 def test_backend_matches_hf_logits(tiny: Path, hf: torch.nn.Module, name: str, atol: float | None) -> None:
     """Ragged batched prefill then batched decode steps: every row's logits equal HF's full forward."""
     b = make_backend(name, tiny)
-    rng = np.random.default_rng(0)
-    seqs = [rng.integers(0, VOCAB, size=n).tolist() for n in (7, 1, 12)]
-    states = [b.new_state() for _ in seqs]
-    got = b.forward([StepInput(s, q, list(range(len(q))), list(range(len(q)))) for s, q in zip(states, seqs)])
-    for step in range(4):
-        new = rng.integers(0, VOCAB, size=len(seqs)).tolist()
-        out = b.forward([StepInput(s, [t], [len(q)], [0]) for s, t, q in zip(states, new, seqs)])
-        for q, t in zip(seqs, new):
-            q.append(t)
-        got = [torch.cat([g, o]) for g, o in zip(got, out)]
+    states, seqs, got = ragged_decode(b, np.random.default_rng(0), steps=4)
     for q, g in zip(seqs, got):
         ref = hf_logits(hf, q)
         if atol is not None:

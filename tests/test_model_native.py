@@ -17,7 +17,7 @@ from specdec.drafters.model import ModelDrafter, ModelDrafterConfig
 from specdec.drafters.model_backends import BACKEND_NAMES, StepInput, make_backend
 from specdec.paths import DRAFT_MODEL, model_path
 from backend_checks import (check_drafter_equals_torch, check_matches_torch, check_prefill_then_decode,
-                            check_ragged_batch, check_tree_mask, close)
+                            check_ragged_batch, check_tree_mask, close, past_capacity_case)
 from core_support import SAVED_VOCAB, hf_logits, load_hf, save_tiny_llama
 
 native = pytest.importorskip("specdec.drafters._llama_native", reason="native extension not built")
@@ -84,10 +84,7 @@ def test_tree_mask_matches_paths(tiny: Path, hf: torch.nn.Module) -> None:
 
 
 def test_crop_then_redecode_equals_fresh_and_growth(tmp_path: Path) -> None:
-    path = save_tiny_llama(tmp_path, seed=3, max_pos=2 * INITIAL_CAPACITY + 64, rms_norm_eps=1e-5)
-    hf = load_hf(path)
-    b = make_backend("native", path)
-    prompt = np.random.default_rng(2).integers(0, VOCAB, size=INITIAL_CAPACITY - 2).tolist()
+    hf, b, prompt = past_capacity_case(tmp_path, "native", INITIAL_CAPACITY, seed=2)
     st = b.new_state()
     b.forward([StepInput(st, prompt, list(range(len(prompt))), [len(prompt) - 1])])
     n = len(prompt)

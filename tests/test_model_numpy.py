@@ -12,7 +12,7 @@ from specdec.drafters.model_backends import BACKEND_NAMES, StepInput, make_backe
 from specdec.drafters.model_numpy import INITIAL_CAPACITY, NumpyLlamaBackend, blas_threads
 from specdec.paths import DRAFT_MODEL, model_path
 from backend_checks import (check_drafter_equals_torch, check_matches_torch, check_prefill_then_decode,
-                            check_ragged_batch, check_tree_mask, close)
+                            check_ragged_batch, check_tree_mask, close, past_capacity_case)
 from core_support import SAVED_VOCAB, hf_logits, load_hf, save_tiny_llama
 
 VOCAB = SAVED_VOCAB
@@ -67,10 +67,7 @@ def test_crop_then_redecode_equals_fresh(tiny: Path, hf: torch.nn.Module) -> Non
 
 
 def test_growth_beyond_initial_capacity(tmp_path: Path) -> None:
-    path = save_tiny_llama(tmp_path, seed=3, max_pos=2 * INITIAL_CAPACITY + 64, rms_norm_eps=1e-5)
-    hf = load_hf(path)
-    b = make_backend("numpy", path)
-    seq = np.random.default_rng(3).integers(0, VOCAB, size=INITIAL_CAPACITY - 2).tolist()
+    hf, b, seq = past_capacity_case(tmp_path, "numpy", INITIAL_CAPACITY, seed=3)
     st = b.new_state()
     got = [b.forward([StepInput(st, seq, list(range(len(seq))), [len(seq) - 1])])[0]]
     for tok in range(6):  # single-token steps across the capacity boundary
