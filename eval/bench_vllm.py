@@ -35,6 +35,9 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "suffix": {"method": "suffix"},  # ArcticInference 0.1.1 cache, vLLM's defaults (k = depth = 24)
     "specdec": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16},
     "specdec-async": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True},
+    # vLLM's async scheduling (the engine prepares step N+1 while the GPU runs step N; drafts filled just in time)
+    "specdec-sched": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
+                      "async_mode": "schedule"},
     "specdec-hedge": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
                       "async_mode": "hedge"},
     # the draft model on the host CPU: the native forward on 8 threads (half the GPU host's cores), named rather

@@ -25,7 +25,8 @@ VLLM_KEYS = frozenset({
     "draft_sample_method", "synthetic_acceptance_rates", "synthetic_acceptance_length", "max_model_len",
 })
 PAD_CHOICES = ("auto", "on", "off", True, False)
-KEY_ALIASES = {"async": "async_drafting"}  # `async` is a Python keyword; users write "async": true
+KEY_ALIASES = {"async": "async_drafting"}
+ASYNC_MODES = ("overlap", "schedule", "hedge")  # `async` is a Python keyword; users write "async": true
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,12 @@ class SpecdecOptions(ConfigBase):
                                    "(same tokenizer as the served model; checked at start)")
     num_speculative_tokens: int = rng(16, lo=1, hi=MAX_SPEC_LEN, doc="max draft tokens per request per step")
     async_drafting: bool = rng(False, doc="draft off the critical path (key: 'async'); how: async_mode")
-    async_mode: str = rng("overlap", choices=("overlap", "hedge"),
-                          doc="'overlap': the proposer runs in a helper process while vLLM processes the step's "
-                              "outputs (specdec.vllm_plugin.overlap); 'hedge': specdec.pipeline.AsyncDrafter "
-                              "pre-drafts likely outcomes on a background thread")
+    async_mode: str = rng("overlap", choices=ASYNC_MODES,
+                          doc="'schedule': vLLM's async scheduling (TP=PP=1): the engine prepares step N+1 while "
+                              "the GPU runs step N, drafts are filled into a GPU buffer just before vLLM reads them "
+                              "(specdec.vllm_plugin.scheduled); 'overlap': the proposer runs in a helper process "
+                              "while vLLM processes the step's outputs (specdec.vllm_plugin.overlap); 'hedge': "
+                              "specdec.pipeline.AsyncDrafter pre-drafts likely outcomes on a background thread")
     async_options: dict = rng({}, doc="keyword options for AsyncDrafter (async_mode='hedge')")
     draft_timeout_ms: float = rng(50.0, lo=0.0, hi=60_000.0,
                                   doc="per-step drafting deadline; past it the step gets no draft (0 = no deadline)")

@@ -31,7 +31,7 @@ _WRAPPED = "_specdec_wrapped"
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default when the user sets none (the value is filled in after our hook)
 AUTO_CUDAGRAPH_MAX_TOKENS = 2048  # cap of the automatic capture-size raise (capture time and memory)
 VLLM_DEFAULT_CAPTURE_TOKENS = 512  # vLLM's own cap on the default capture size
-_state = {"registered": False, "runner_patched": False, "take_patched": False}
+_state = {"registered": False, "runner_patched": False, "take_patched": False, "async_patched": False}
 
 
 def _vllm_version() -> str:
@@ -137,6 +137,9 @@ def register() -> None:
         return
     _check_version("EngineArgs.create_speculative_config")
     patch_engine_args(EngineArgs)  # AsyncEngineArgs subclasses EngineArgs and inherits the wrapper
+    from specdec.vllm_plugin.async_patch import patch_vllm_config
+
+    patch_vllm_config()  # lifts the async-scheduling whitelist for async_mode="schedule" only
 
 
 def patch_runner_class(runner_cls: Any) -> bool:
@@ -212,4 +215,8 @@ def ensure_runner_patch() -> bool:
         return False
     _check_version("GPUModelRunner.propose_draft_token_ids")
     _state["runner_patched"] = patch_runner_class(GPUModelRunner)
+    if _state["runner_patched"]:
+        from specdec.vllm_plugin.async_patch import patch_async_runner
+
+        _state["async_patched"] = patch_async_runner(GPUModelRunner)
     return _state["runner_patched"]

@@ -13,6 +13,7 @@ This module imports vLLM only inside functions (CPU tests build it from a fake `
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import weakref
@@ -90,11 +91,17 @@ class SpecdecProposer:
         self._target_tokenizer = target_tokenizer
         # "async" in overlap mode: the whole ProposerCore lives in a helper process (created on the drafting rank)
         self.overlapped = self.options.async_drafting and self.options.async_mode == "overlap" and drafter is None
+        self.schedule_mode = self.options.async_drafting and self.options.async_mode == "schedule"
         self.overlap: Any = None  # OverlapCore, built at the first propose on the drafting rank
+        self.scheduled: Any = None  # ScheduledDrafting, built at the first step under vLLM's async scheduling
         self.core: ProposerCore | None = None
         if not self.overlapped:
+            # schedule mode: vLLM reserves k draft slots per request anyway, so every row is padded to k and the
+            # controller's plain (no-draft) A/B windows would save nothing
+            core_options = (dataclasses.replace(self.options, pad_drafts="on", ab_windows=False)
+                            if self.schedule_mode else self.options)
             self.core = ProposerCore(drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer),
-                                     self.options, **self._core_args)
+                                     core_options, **self._core_args)
         logger.info("specdec: drafter=%s k=%d pad_drafts=%s (target ~%.0fM parameters) async=%s",
                     self.options.drafter, self.options.num_speculative_tokens, self.options.pad_mode,
                     params / 1e6, self.options.async_mode if self.options.async_drafting else "off")
@@ -177,6 +184,20 @@ class SpecdecProposer:
                                          self.options, **self._core_args)
             return [[] for _ in range(n)]
 
+    def scheduled_for(self, runner: Any) -> Any:
+        """The ``ScheduledDrafting`` of this proposer (schedule mode under vLLM's async scheduling), or None."""
+        if not self.schedule_mode or self.core is None:
+            return None
+        if self.scheduled is None:
+            from specdec.vllm_plugin.scheduled import ScheduledDrafting
+
+            k = int(getattr(runner, "num_spec_tokens", 0) or self.options.num_speculative_tokens)
+            self.scheduled = ScheduledDrafting(self.core, k=k, max_rows=int(runner.max_num_reqs),
+                                               device=runner.device)
+            logger.info("specdec: drafting under vLLM's async scheduling (k=%d, up to %d rows)", k,
+                        runner.max_num_reqs)
+        return self.scheduled
+
     def collect_deferred(self) -> list[list[int]] | None:
         """Drafts of the step submitted by the last ``propose`` (overlap mode), or None if none is pending."""
         if self.overlap is None:
@@ -188,6 +209,8 @@ class SpecdecProposer:
         return int(k) if isinstance(k, int) and k > 0 else None
 
     def stats(self) -> dict[str, Any]:
+        if self.scheduled is not None:
+            return self.scheduled.stats()
         if self.core is not None:
             return self.core.stats_dict()
         return self.overlap.stats() if self.overlap is not None else {"mode": "overlap", "steps": 0}

@@ -1,0 +1,185 @@
+"""vLLM patches of ``async_mode="schedule"`` (see ``scheduled.py``): the async-scheduling whitelist, runner hooks.
+
+1. ``patch_vllm_config``: ``VllmConfig.__post_init__`` refuses async scheduling for ``custom_class`` methods. For
+   our proposer only, with ``"async": true, "async_mode": "schedule"``, TP = PP = 1, and only when the method's
+   source still contains the whitelist test this patch was written against, ``custom_class`` is added to the
+   whitelist's ``NgramGPUTypes`` for the duration of that call (the module global is restored right after).
+   vLLM then applies the side effects it applies to every async speculative method (cascade attention off).
+   Anything unexpected: logged once, synchronous scheduling stays.
+2. ``patch_async_runner``: three ``GPUModelRunner`` methods, each a pass-through unless the runner's drafter is
+   our proposer in schedule mode and the runner really uses async scheduling:
+   - ``_bookkeeping_sync`` (start): the valid-token counts vLLM's async path needs
+     (``_copy_valid_sampled_token_count``, which must run before the bookkeeping, as for vLLM's GPU drafters)
+     and the capture of the sampled tokens;
+   - ``propose_draft_token_ids``: returns the draft buffer (``ScheduledDrafting.submit``);
+   - ``_prepare_input_ids`` (start): fills the buffer (``ScheduledDrafting.fill``).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from typing import Any, Literal, get_args
+
+import numpy as np
+
+logger = logging.getLogger("specdec.vllm")
+
+_WRAPPED = "_specdec_wrapped"
+WHITELIST_SOURCE = "get_args(NgramGPUTypes)"  # the expression of vLLM 0.26-0.32's async whitelist
+RUNNER_SIGNATURES = {  # method -> leading parameters this patch relies on
+    "_bookkeeping_sync": ["self", "scheduler_output", "sampler_output"],
+    "propose_draft_token_ids": ["self", "scheduler_output", "sampled_token_ids"],
+    "_prepare_input_ids": ["self", "scheduler_output"],
+}
+RUNNER_ATTRS = ("_copy_valid_sampled_token_count", "discard_request_mask", "use_async_scheduling")
+
+
+def wants_schedule(additional_config: Any) -> bool:
+    """True if our options (``additional_config["specdec"]``) ask for async_mode='schedule'."""
+    from specdec.vllm_plugin.options import ADDITIONAL_CONFIG_KEY, normalise_keys
+
+    ours = additional_config.get(ADDITIONAL_CONFIG_KEY) if isinstance(additional_config, dict) else None
+    if not isinstance(ours, dict):
+        return False
+    ours = normalise_keys(ours)
+    return bool(ours.get("async_drafting")) and ours.get("async_mode") == "schedule"
+
+
+def _ours(config: Any) -> bool:
+    from specdec.vllm_plugin.options import PROPOSER_PATH
+
+    spec = getattr(config, "speculative_config", None)
+    return (spec is not None and getattr(spec, "method", None) == "custom_class"
+            and getattr(spec, "model", None) == PROPOSER_PATH and wants_schedule(getattr(config, "additional_config", None)))
+
+
+def patch_vllm_config() -> bool:
+    """Wrap ``VllmConfig.__post_init__`` (idempotent). Returns True if wrapped."""
+    try:
+        import vllm.config.vllm as module
+    except Exception as exc:  # noqa: BLE001
+        logger.debug("specdec: vllm.config.vllm not importable (%r)", exc)
+        return False
+    return wrap_post_init(module)
+
+
+def wrap_post_init(module: Any) -> bool:
+    """``patch_vllm_config`` on a given module (the one defining ``VllmConfig`` and ``NgramGPUTypes``)."""
+    cls = getattr(module, "VllmConfig", None)
+    orig = getattr(cls, "__post_init__", None)
+    if orig is None:
+        return False
+    if getattr(orig, _WRAPPED, False):
+        return True
+    try:
+        source_ok = WHITELIST_SOURCE in inspect.getsource(orig) and hasattr(module, "NgramGPUTypes")
+    except (OSError, TypeError):
+        source_ok = False
+
+    @functools.wraps(orig)
+    def __post_init__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _ours(self):
+            return orig(self, *args, **kwargs)
+        par = getattr(self, "parallel_config", None)
+        sizes = (getattr(par, "tensor_parallel_size", 1), getattr(par, "pipeline_parallel_size", 1))
+        if not source_ok or sizes != (1, 1):
+            why = "TP and PP must be 1" if source_ok else "this vLLM's async-scheduling whitelist is not the one patched"
+            logger.warning("specdec: async_mode='schedule' unavailable (%s); vLLM schedules synchronously and "
+                           "specdec drafts in-process", why)
+            return orig(self, *args, **kwargs)
+        saved = module.NgramGPUTypes
+        module.NgramGPUTypes = Literal[(*get_args(saved), "custom_class")]  # type: ignore[misc]
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            module.NgramGPUTypes = saved
+
+    setattr(__post_init__, _WRAPPED, True)
+    cls.__post_init__ = __post_init__
+    return True
+
+
+def _scheduled(runner: Any) -> Any:
+    """The runner's ScheduledDrafting, or None when this runner does not draft in schedule mode."""
+    from specdec.vllm_plugin.proposer import SpecdecProposer
+
+    drafter = getattr(runner, "drafter", None)
+    if not isinstance(drafter, SpecdecProposer) or not getattr(runner, "use_async_scheduling", False):
+        return None
+    return drafter.scheduled_for(runner)
+
+
+def _capture(runner: Any, sched: Any, sampler_output: Any) -> None:
+    from specdec.vllm_plugin.scheduled import valid_counts
+
+    sampled = sampler_output.sampled_token_ids  # [rows, k+1] on the GPU, -1 = rejected
+    rows = int(sampled.shape[0])
+    req_ids = list(runner.input_batch.req_ids[:rows])
+    discard = [int(i) for i in np.nonzero(runner.discard_request_mask.np[:rows])[0]]
+    backup = []
+    for i in discard:  # the row's last context token (vLLM's own drafters do the same)
+        try:
+            backup.append(int(runner.requests[req_ids[i]].get_token_id(int(runner.input_batch.num_tokens_no_spec[i]) - 1)))
+        except (ValueError, IndexError, KeyError):
+            backup.append(0)
+    nxt, counts = valid_counts(sampled, discard, backup, int(runner.input_batch.vocab_size))
+    runner._copy_valid_sampled_token_count(nxt, counts)
+    sched.capture(sampled, req_ids, set(discard), runner.requests)
+
+
+def _check(runner_cls: Any) -> str:
+    for name, lead in RUNNER_SIGNATURES.items():
+        fn = getattr(runner_cls, name, None)
+        if fn is None:
+            return f"{name} is missing"
+        params = list(inspect.signature(fn).parameters)
+        if params[:len(lead)] != lead:
+            return f"{name}{params} has an unexpected signature"
+    return ""
+
+
+def patch_async_runner(runner_cls: Any) -> bool:
+    """Wrap the three runner methods (idempotent). Returns True if patched."""
+    problem = _check(runner_cls)
+    if problem:
+        logger.warning("specdec: async_mode='schedule' cannot hook this vLLM (%s); schedule mode will draft "
+                       "synchronously", problem)
+        return False
+    if getattr(runner_cls._bookkeeping_sync, _WRAPPED, False):
+        return True
+    orig_book, orig_prop, orig_prep = (runner_cls._bookkeeping_sync, runner_cls.propose_draft_token_ids,
+                                       runner_cls._prepare_input_ids)
+
+    @functools.wraps(orig_book)
+    def _bookkeeping_sync(self: Any, scheduler_output: Any, sampler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        sched = _scheduled(self)
+        if sched is not None and self.speculative_config is not None:
+            _capture(self, sched, sampler_output)
+        return orig_book(self, scheduler_output, sampler_output, *args, **kwargs)
+
+    @functools.wraps(orig_prop)
+    def propose_draft_token_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        sched = _scheduled(self)
+        if sched is None:
+            return orig_prop(self, scheduler_output, *args, **kwargs)
+        k = getattr(scheduler_output, "num_spec_tokens_to_schedule", None)
+        metadata = self.input_batch.sampling_metadata
+        eager = bool(getattr(scheduler_output, "has_structured_output_requests", False)
+                     or getattr(metadata, "output_token_ids", None))
+        return sched.submit(list(self.input_batch.req_ids), k=k if isinstance(k, int) and k > 0 else None,
+                            eager=eager)
+
+    @functools.wraps(orig_prep)
+    def _prepare_input_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        sched = _scheduled(self)
+        if sched is not None and sched.job is not None:
+            sched.fill(getattr(self, "_draft_token_ids", None))
+        return orig_prep(self, scheduler_output, *args, **kwargs)
+
+    for fn in (_bookkeeping_sync, propose_draft_token_ids, _prepare_input_ids):
+        setattr(fn, _WRAPPED, True)
+    runner_cls._bookkeeping_sync = _bookkeeping_sync
+    runner_cls.propose_draft_token_ids = propose_draft_token_ids
+    runner_cls._prepare_input_ids = _prepare_input_ids
+    return True

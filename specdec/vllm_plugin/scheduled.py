@@ -1,0 +1,319 @@
+"""Drafting under vLLM's async scheduling (``"async": true, "async_mode": "schedule"``).
+
+With async scheduling vLLM's engine runs one step ahead of the GPU: while the GPU verifies step N, the CPU
+schedules and prepares step N+1, and nothing waits for step N's tokens on the host. vLLM allows it only for
+GPU drafters (EAGLE, ``ngram_gpu``): step N+1's drafts must be a GPU tensor (``runner._draft_token_ids``,
+``[rows of step N, k]``), and the tokens in ``token_ids_cpu`` are ``-1`` placeholders. This module lets a CPU
+drafter take part (the plugin lifts the whitelist for our method only, version-checked):
+
+1. ``capture`` (runner hook at the start of ``_bookkeeping_sync``, every step): a non-blocking copy of the
+   sampled tokens ``[rows, k+1]`` (``-1`` = rejected) to a pinned ring slot, on a side stream; the step's request
+   ids, its discarded rows (partial prefills) and, for requests seen for the first time, their prompt. The same
+   hook hands vLLM the GPU-side counts its async path needs (``valid_counts``: valid tokens and last token per
+   row, tensor ops, no host sync), as vLLM's own GPU drafters do before the bookkeeping.
+2. ``submit`` (instead of vLLM's ``propose_draft_token_ids``, same call): hands vLLM a GPU buffer
+   ``[rows, k]`` as the drafts. The buffer is not filled yet.
+3. ``fill`` (runner hook at the start of ``_prepare_input_ids`` of step N+1, the last moment before vLLM
+   scatters the drafts into its input ids): waits for step N's copy (the GPU has finished step N by then, or
+   nearly), turns the captured tokens into the rows ``ProposerCore.step`` expects (real tokens, real context
+   lengths, contexts from this module's own token history), drafts, pads every row to k, and enqueues the
+   host-to-device copy on the current stream, ahead of vLLM's scatter.
+
+So the GPU idles only for the drafting itself (not for vLLM's output processing and scheduling, which the
+synchronous path also puts between two forward passes). The scheduler reserves k draft slots for every decoding
+request (fixed k, or vLLM's ``num_speculative_tokens_per_batch_size`` schedule); rows are padded with the
+drafter's chain past its confidence cut, then filler (any token id is lossless: verification decides).
+
+Fallbacks: a step whose drafts vLLM copies to the host right after sampling (structured output, penalties)
+is filled at once (``eager``). A drafting error or overrun gives that step all-filler drafts (no speculation
+in effect), counted and logged once. A request first seen mid-generation whose tokens are placeholders is
+"blind": it gets filler drafts for the rest of its life (counted). TP > 1 and PP > 1 are refused at start.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+logger = logging.getLogger("specdec.vllm")
+
+RING_SLOTS = 4  # pinned buffers for sampled tokens; a slot is reused only after its step was read
+MAX_ABSENT_STEPS = 4096  # a request absent this long forgets its history (it restarts from vLLM's if it returns)
+PLACEHOLDER = -1  # vLLM's rejected-token / async placeholder id
+
+
+@dataclass
+class Capture:
+    """One step's sampled tokens on their way to the host."""
+
+    slot: int
+    rows: int
+    width: int
+    req_ids: list[str]
+    discard: set[int]
+    event: Any = None  # torch.cuda.Event (None: copied synchronously, CPU tensors)
+
+
+@dataclass
+class FeedStats:
+    captures: int = 0
+    fills: int = 0
+    eager_fills: int = 0
+    skipped_fills: int = 0  # vLLM replaced our buffer (e.g. a row too close to max_model_len): nothing to fill
+    blind_requests: int = 0
+    errors: int = 0
+    wait_seconds: float = 0.0
+    draft_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Rows:
+    """What ``ProposerCore.step`` reads for one step: new tokens, context lengths, contexts by row."""
+
+    req_ids: list[str]
+    sampled: list[list[int]]
+    lengths: np.ndarray  # [rows] int64 context length after the new tokens
+    prompt_lens: np.ndarray  # [rows] int64
+    contexts: "HistoryView" = field(repr=False)
+
+
+class HistoryView:
+    """Stands in for vLLM's ``token_ids_cpu`` [rows, max_model_len]: row i reads request i's token history."""
+
+    def __init__(self, req_ids: Sequence[str], history: dict[str, list[int]]) -> None:
+        self.req_ids, self.history = req_ids, history
+
+    def __getitem__(self, index: tuple[int, slice]) -> np.ndarray:
+        row, cols = index
+        return np.asarray(self.history[self.req_ids[row]], dtype=np.int64)[cols]
+
+
+class TokenFeed:
+    """Host-side record of every request's real tokens, fed from captured sampled-token tensors.
+
+    ``history[rid]`` = prompt + every token the verifier emitted for it (this module's own copy: under async
+    scheduling vLLM's host arrays hold placeholders). ``pending[rid]``: tokens emitted since the last draft.
+    """
+
+    def __init__(self) -> None:
+        self.history: dict[str, list[int]] = {}
+        self.prompt_len: dict[str, int] = {}
+        self.pending: dict[str, list[int]] = {}
+        self.blind: set[str] = set()
+        self.last_seen: dict[str, int] = {}
+        self.step = 0
+        self.stats = FeedStats()
+
+    def admit(self, rid: str, prompt: Sequence[int] | None, outputs: Sequence[int] | None, *,
+              returning: bool) -> None:
+        """A request appears in a step: record its context if new (or back after an absence and known to vLLM)."""
+        if rid in self.history and not returning:
+            return
+        outs = list(outputs or ())
+        if prompt is None or any(t < 0 for t in outs):
+            if rid not in self.history and rid not in self.blind:  # nothing real to start from
+                self.blind.add(rid)
+                self.stats.blind_requests += 1
+            return
+        self.blind.discard(rid)
+        self.history[rid] = list(prompt) + outs  # vLLM's own record wins when it is complete
+        self.prompt_len[rid] = len(prompt)
+        self.pending[rid] = []
+
+    def add(self, req_ids: Sequence[str], tokens: np.ndarray, discard: set[int]) -> None:
+        """One captured step: ``tokens`` [rows, width] int (``-1`` = rejected); discarded rows emit nothing."""
+        self.step += 1
+        for i, rid in enumerate(req_ids):
+            self.last_seen[rid] = self.step
+            hist = self.history.get(rid)
+            if hist is None or i in discard:
+                continue
+            row = tokens[i]
+            new = row[row >= 0].tolist()
+            hist.extend(new)
+            self.pending[rid].extend(new)
+        if self.step % 256 == 0:
+            self._forget_absent()
+
+    def rows(self, req_ids: Sequence[str]) -> Rows:
+        """The rows of one draft request (in the step's row order); pending tokens are handed out once."""
+        n = len(req_ids)
+        sampled: list[list[int]] = []
+        lengths = np.zeros(n, dtype=np.int64)
+        prompts = np.zeros(n, dtype=np.int64)
+        for i, rid in enumerate(req_ids):
+            hist = self.history.get(rid)
+            if hist is None:
+                sampled.append([])
+                continue
+            sampled.append(self.pending[rid])
+            self.pending[rid] = []
+            lengths[i] = len(hist)
+            prompts[i] = self.prompt_len[rid]
+        return Rows(list(req_ids), sampled, lengths, prompts, HistoryView(list(req_ids), self.history))
+
+    def _forget_absent(self) -> None:
+        old = [rid for rid, seen in self.last_seen.items() if self.step - seen > MAX_ABSENT_STEPS]
+        for rid in old:
+            for table in (self.history, self.prompt_len, self.pending, self.last_seen):
+                table.pop(rid, None)
+            self.blind.discard(rid)
+
+
+def pad_rows(drafts: Sequence[Sequence[int]], out: np.ndarray, fillers: Sequence[int]) -> None:
+    """Write drafts into ``out`` [rows, k]: each row its draft, then its filler token up to k."""
+    k = out.shape[1]
+    for i, d in enumerate(drafts):
+        m = min(len(d), k)
+        if m:
+            out[i, :m] = d[:m]
+        if m < k:
+            out[i, m:] = fillers[i]
+
+
+def valid_counts(sampled: Any, discard_rows: Sequence[int], backup: Sequence[int], vocab_size: int) -> tuple[Any, Any]:
+    """vLLM's per-row (next token, valid count) from sampled ``[rows, k+1]`` (-1 = rejected), as tensor ops.
+
+    next = the row's last valid token; count = number of valid tokens. Discarded rows (partial prefills): count
+    0 and next = ``backup`` (the row's last context token), as vLLM's own drafters report them.
+    """
+    import torch
+
+    valid = (sampled >= 0) & (sampled < vocab_size)  # [rows, k+1] bool
+    counts = valid.sum(dim=1).to(torch.int32)  # [rows]
+    last = (counts.to(torch.int64) - 1).clamp(min=0).unsqueeze(1)  # [rows, 1]
+    nxt = sampled.gather(1, last).squeeze(1).to(torch.int32)  # [rows]
+    if discard_rows:
+        idx = torch.tensor(list(discard_rows), dtype=torch.int64).to(sampled.device, non_blocking=True)
+        counts.index_fill_(0, idx, 0)
+        nxt.index_copy_(0, idx, torch.tensor(list(backup), dtype=torch.int32).to(sampled.device, non_blocking=True))
+    return nxt, counts
+
+
+class ScheduledDrafting:
+    """The three calls of the module docstring, bound to one model runner and one ``ProposerCore``."""
+
+    def __init__(self, core: Any, *, k: int, max_rows: int, device: Any) -> None:
+        import torch
+
+        self.core = core
+        self.k = k
+        self.device = torch.device(device)
+        cuda = self.device.type == "cuda"
+        self.stream = torch.cuda.Stream(device=self.device) if cuda else None
+        pin = cuda
+        self.ring = [torch.zeros((max_rows, k + 1), dtype=torch.int32, pin_memory=pin) for _ in range(RING_SLOTS)]
+        self.host_drafts = [torch.zeros((max_rows, k), dtype=torch.int32, pin_memory=pin) for _ in range(2)]
+        self.fills = 0
+        self.gpu_drafts = torch.zeros((max_rows, k), dtype=torch.int32, device=self.device)
+        self.queue: list[Capture] = []
+        self.last_req_ids: set[str] = set()
+        self.next_slot = 0
+        self.feed = TokenFeed()
+        self.job: tuple[list[str], int | None, Any] | None = None  # (req ids, k of the step, the tensor handed out)
+        self._error_logged = False
+
+    # ----------------------------------------------------------------- 1. capture (every step)
+    def capture(self, sampled: Any, req_ids: Sequence[str], discard: set[int], requests: dict[str, Any]) -> None:
+        """Start the copy of ``sampled`` [rows, w] (w <= k+1) and note the step's rows (runner: after sampling)."""
+        import torch
+
+        if len(self.queue) >= RING_SLOTS - 1:
+            self._drain(upto=1)  # oldest first: its slot is reused next
+        rows, width = int(sampled.shape[0]), int(sampled.shape[1])
+        prev = self.last_req_ids
+        for rid in req_ids[:rows]:
+            returning = rid not in prev and rid in self.feed.history
+            if rid not in self.feed.history or returning:
+                state = requests.get(rid)
+                self.feed.admit(rid, getattr(state, "prompt_token_ids", None), getattr(state, "output_token_ids", None),
+                                returning=returning)
+        slot = self.next_slot
+        self.next_slot = (slot + 1) % RING_SLOTS
+        dst = self.ring[slot][:rows, :width]
+        event = None
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.stream):
+                dst.copy_(sampled, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self.stream)
+            sampled.record_stream(self.stream)
+        else:
+            dst.copy_(sampled)
+        self.queue.append(Capture(slot, rows, width, list(req_ids[:rows]), set(discard), event))
+        self.last_req_ids = set(req_ids[:rows])
+        self.feed.stats.captures += 1
+
+    def _drain(self, upto: int | None = None) -> None:
+        """Read captured steps in order (waiting for their copies) into the token feed."""
+        import time
+
+        count = len(self.queue) if upto is None else min(upto, len(self.queue))
+        for cap in self.queue[:count]:
+            if cap.event is not None:
+                t0 = time.perf_counter()
+                cap.event.synchronize()
+                self.feed.stats.wait_seconds += time.perf_counter() - t0
+            tokens = self.ring[cap.slot][:cap.rows, :cap.width].numpy()
+            self.feed.add(cap.req_ids, tokens, cap.discard)
+        del self.queue[:count]
+
+    # ----------------------------------------------------------------- 2. submit (instead of propose)
+    def submit(self, req_ids: Sequence[str], *, k: int | None, eager: bool) -> Any:
+        """The draft tensor [rows, k] for ``runner._draft_token_ids`` (filled later, or now if ``eager``)."""
+        rows = len(req_ids)
+        out = self.gpu_drafts[:rows]
+        self.job = (list(req_ids), k, out)
+        if eager:
+            self.feed.stats.eager_fills += 1
+            self.fill(out)
+        return out
+
+    # ----------------------------------------------------------------- 3. fill (before vLLM reads the drafts)
+    def fill(self, current: Any) -> bool:
+        """Draft the pending job into the GPU buffer if vLLM still holds it (``current``). True if filled."""
+        import time
+
+        job, self.job = self.job, None
+        if job is None:
+            return False
+        req_ids, k, out = job
+        if current is None or current.data_ptr() != out.data_ptr() or current.shape != out.shape:
+            self.feed.stats.skipped_fills += 1  # vLLM zeroed the drafts this step (max_model_len guard)
+            self._drain()  # the tokens stay pending: the next draft request hands them to the core
+            return False
+        t0 = time.perf_counter()
+        self._drain()
+        rows = self.feed.rows(req_ids)
+        n = len(req_ids)
+        try:
+            drafts = self.core.step(rows.req_ids, rows.sampled, rows.lengths, rows.contexts,
+                                    num_prompt_tokens=rows.prompt_lens, k=k)
+        except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
+            if getattr(self.core.options, "strict", False):
+                raise
+            self.feed.stats.errors += 1
+            if not self._error_logged:
+                self._error_logged = True
+                logger.warning("specdec: drafting failed under async scheduling (%r); that step gets no draft "
+                               "(logged once, counted in stats)", exc)
+            self.core.reset()
+            drafts = [[] for _ in range(n)]
+        host = self.host_drafts[self.fills % 2][:n]  # two buffers: the previous copy may still be in flight
+        fillers = [self.feed.history[r][-1] if r in self.feed.history and self.feed.history[r] else 0
+                   for r in req_ids]
+        pad_rows(drafts, host.numpy(), fillers)
+        out.copy_(host, non_blocking=out.is_cuda)
+        self.fills += 1
+        self.feed.stats.fills += 1
+        self.feed.stats.draft_seconds += time.perf_counter() - t0
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        return {"schedule": self.feed.stats.as_dict(), **self.core.stats_dict()}

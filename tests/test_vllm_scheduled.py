@@ -1,0 +1,264 @@
+"""Drafting under vLLM's async scheduling (``async_mode="schedule"``), on the CPU with a simulated engine.
+
+The fake engine runs vLLM's async timeline: step N's sampled tokens ([rows, k+1], -1 = rejected) are captured
+after sampling, vLLM gets an unfilled draft buffer at once, and the buffer is filled only when step N+1 prepares
+its inputs; step N+1 then verifies exactly those drafts (the previous step's row order), greedily, against fixed
+target sequences. Host-side vLLM state holds placeholders (-1) for outputs, as under async scheduling.
+A synchronous ``ProposerCore`` twin is fed the true rows (real tokens, lengths, contexts) at the same moments:
+its drafts, padded to k, must equal the filled buffer row for row, every step (rows move, requests join, finish,
+pause and come back, partial prefills are discarded, one step's buffer is replaced by vLLM's zeros).
+"""
+from __future__ import annotations
+
+import importlib.util
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from specdec.drafters.suffix import SuffixDrafter
+from specdec.vllm_plugin.core import ProposerCore
+from specdec.vllm_plugin.options import SpecdecOptions
+from specdec.vllm_plugin.scheduled import ScheduledDrafting, TokenFeed, pad_rows, valid_counts
+
+K = 6
+MAX_ROWS = 12
+MAX_LEN = 4096
+VOCAB = 100
+
+
+def target_sequence(seed: int, length: int = 500) -> list[int]:
+    rng = random.Random(seed)
+    phrases = [[rng.randrange(50) for _ in range(rng.randint(3, 9))] for _ in range(6)]
+    out: list[int] = []
+    while len(out) < length:
+        out += rng.choice(phrases) if rng.random() < 0.85 else [rng.randrange(50, 90)]
+    return out[:length]
+
+
+def test_valid_counts_next_token_and_discarded_rows():
+    sampled = torch.tensor([[5, 6, -1, -1], [7, -1, -1, -1], [1, 2, 3, 4], [9, 9, 9, -1]], dtype=torch.int32)
+    nxt, counts = valid_counts(sampled, [3], [42], VOCAB)
+    assert counts.tolist() == [2, 1, 4, 0] and counts.dtype == torch.int32
+    assert nxt.tolist() == [6, 7, 4, 42] and nxt.dtype == torch.int32
+    big = torch.tensor([[5, VOCAB + 3, -1]], dtype=torch.int32)  # out-of-vocabulary ids are not tokens
+    assert valid_counts(big, [], [], VOCAB)[1].tolist() == [1]
+
+
+def test_pad_rows_fills_each_row_to_k_with_its_filler():
+    out = np.full((3, 4), -7, dtype=np.int32)
+    pad_rows([[1, 2], [], [3, 4, 5, 6, 7]], out, [9, 8, 0])
+    assert out.tolist() == [[1, 2, 9, 9], [8, 8, 8, 8], [3, 4, 5, 6]]
+
+
+def test_token_feed_history_pending_discard_blind_and_returning():
+    feed = TokenFeed()
+    feed.admit("a", [1, 2, 3], [], returning=False)
+    feed.admit("b", [4], [7, -1], returning=False)  # mid-generation with placeholders: nothing real to start from
+    feed.admit("c", None, [], returning=False)  # prompt embeddings: no token ids
+    assert feed.blind == {"b", "c"} and feed.stats.blind_requests == 2
+    feed.add(["a", "b"], np.array([[10, 11, -1], [5, 5, 5]]), discard=set())
+    feed.add(["a"], np.array([[12, -1, -1]]), discard=set())
+    feed.add(["a"], np.array([[99, 99, 99]]), discard={0})  # a partial prefill: its row is garbage
+    rows = feed.rows(["b", "a"])
+    assert rows.sampled == [[], [10, 11, 12]] and rows.lengths.tolist() == [0, 6] and rows.prompt_lens.tolist() == [0, 3]
+    assert rows.contexts[1, :6].tolist() == [1, 2, 3, 10, 11, 12]
+    assert feed.rows(["a"]).sampled == [[]]  # handed out once
+    feed.admit("a", [1, 2, 3], [10, 11, -1], returning=True)  # back with placeholders: our history stands
+    assert feed.history["a"] == [1, 2, 3, 10, 11, 12]
+    feed.admit("a", [1, 2, 3], [10, 11, 12, 13], returning=True)  # back with vLLM's full record: it wins
+    assert feed.history["a"] == [1, 2, 3, 10, 11, 12, 13] and feed.pending["a"] == []
+
+
+class AsyncEngine:
+    """vLLM's async timeline over fake requests (see the module docstring)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.reqs: dict[str, dict] = {}
+        self.paused: dict[str, dict] = {}
+        self.state: dict[str, SimpleNamespace] = {}  # what the runner's ``requests`` holds
+        self.next_id = 0
+        self.order: list[str] = []  # previous step's rows
+        self.prev_drafts: torch.Tensor | None = None  # [prev rows, K] as vLLM reads them
+        self.unseen: dict[str, list[int]] = {}  # tokens the synchronous twin has not been given yet
+
+    def add(self) -> None:
+        rid = f"r{self.next_id}"
+        target = target_sequence(self.next_id)
+        p = self.rng.randint(20, 100)
+        self.reqs[rid] = {"seq": target[:p], "target": target, "prompt": p, "prefill": self.rng.random() < 0.3}
+        self.state[rid] = SimpleNamespace(prompt_token_ids=target[:p], output_token_ids=[])
+        self.next_id += 1
+
+    def churn(self, step: int) -> None:
+        for rid in [r for r, v in self.reqs.items() if len(v["seq"]) > len(v["target"]) - 30]:
+            del self.reqs[rid]
+        if step % 9 == 4 and self.reqs:  # paused (not scheduled) for a few steps, then back
+            rid = self.rng.choice(list(self.reqs))
+            self.paused[rid] = self.reqs.pop(rid)
+        if step % 9 == 7:
+            self.reqs.update(self.paused)
+            self.paused.clear()
+        while len(self.reqs) < MAX_ROWS - self.rng.randint(0, 3):
+            self.add()
+
+    def verify(self) -> tuple[list[str], torch.Tensor, set[int], list[list[int]]]:
+        order = list(self.reqs)
+        self.rng.shuffle(order)
+        prev_row = {rid: i for i, rid in enumerate(self.order)}
+        sampled = torch.full((len(order), K + 1), -1, dtype=torch.int32)
+        discard: set[int] = set()
+        emitted: list[list[int]] = []
+        for row, rid in enumerate(order):
+            r = self.reqs[rid]
+            if r["prefill"]:
+                r["prefill"] = False
+                discard.add(row)
+                sampled[row] = torch.randint(0, VOCAB, (K + 1,), dtype=torch.int32)  # garbage
+                emitted.append([])
+                continue
+            i = prev_row.get(rid)
+            draft = self.prev_drafts[i].tolist() if (i is not None and self.prev_drafts is not None) else []
+            out: list[int] = []
+            for d in draft + [None]:
+                want = r["target"][len(r["seq"])]
+                out.append(want)
+                r["seq"].append(want)
+                if d != want:
+                    break
+            sampled[row, :len(out)] = torch.tensor(out, dtype=torch.int32)
+            emitted.append(out)
+            self.unseen.setdefault(rid, []).extend(out)
+        self.order = order
+        return order, sampled, discard, emitted
+
+    def bookkeep(self, order: list[str], discard: set[int]) -> None:
+        """vLLM's async bookkeeping (after the capture): one placeholder per decoding row."""
+        for row, rid in enumerate(order):
+            if row not in discard:
+                self.state[rid].output_token_ids.append(-1)
+
+    def twin_step(self, core: ProposerCore, order: list[str]) -> list[list[int]]:
+        tokens = np.zeros((len(order), MAX_LEN), np.int32)
+        lengths, prompts, sampled = np.zeros(len(order), np.int64), np.zeros(len(order), np.int64), []
+        for row, rid in enumerate(order):
+            r = self.reqs[rid]
+            tokens[row, :len(r["seq"])] = r["seq"]
+            lengths[row], prompts[row] = len(r["seq"]), r["prompt"]
+            sampled.append(self.unseen.pop(rid, []))
+        return core.step(order, sampled, lengths, tokens, num_prompt_tokens=prompts)
+
+
+def make_core(clock, **opts) -> ProposerCore:
+    options = SpecdecOptions.from_dict({"num_speculative_tokens": K, "pad_drafts": "on", "ab_windows": False, **opts})
+    return ProposerCore(SuffixDrafter(), options, max_model_len=MAX_LEN, target_params=5e7, clock=clock)
+
+
+@pytest.mark.parametrize("opts", [{}, {"adaptive": False}, {"native_step": False}])
+def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts):
+    clock = SimpleNamespace(t=0.0)
+    tick = lambda: clock.t  # noqa: E731
+    eng = AsyncEngine(seed=3)
+    sched = ScheduledDrafting(make_core(tick, **opts), k=K, max_rows=2 * MAX_ROWS, device="cpu")
+    twin = make_core(tick, **opts)
+    stolen = torch.zeros((2 * MAX_ROWS, K), dtype=torch.int32)
+    out = None
+    for step in range(150):
+        if out is not None:  # step N+1 prepares its inputs: the buffer from step N is filled now
+            current = stolen[:out.shape[0]] if step == 60 else out  # step 60: vLLM zeroed the drafts
+            filled = sched.fill(current)
+            if filled:
+                want = np.zeros((out.shape[0], K), np.int32)
+                drafts = eng.twin_step(twin, eng.order)
+                fillers = [eng.reqs[r]["seq"][-1] for r in eng.order]
+                pad_rows(drafts, want, fillers)
+                assert out.numpy().tolist() == want.tolist(), step
+                eng.prev_drafts = out.clone()
+            else:
+                eng.prev_drafts = None  # vLLM verifies zeros: nothing accepted
+        eng.churn(step)
+        clock.t += 1e-3
+        order, sampled, discard, _ = eng.verify()
+        sched.capture(sampled, order, discard, eng.state)
+        eng.bookkeep(order, discard)
+        out = sched.submit(order, k=None, eager=False)
+    for r in eng.reqs.values():  # lossless: every emitted token is the target's
+        assert r["seq"] == r["target"][:len(r["seq"])]
+    st = sched.stats()["schedule"]
+    assert st["skipped_fills"] == 1 and st["fills"] >= 140 and st["errors"] == 0 and st["blind_requests"] == 0
+    stats = sched.core.stats_dict()
+    assert stats["accepted_tokens"] > 200 and stats["stopped"] > 5
+
+
+def test_eager_fill_and_a_failing_drafter_never_stop_generation():
+    clock = SimpleNamespace(t=0.0)
+    eng = AsyncEngine(seed=5)
+    core = make_core(lambda: clock.t, strict=False)
+    sched = ScheduledDrafting(core, k=K, max_rows=MAX_ROWS, device="cpu")
+    eng.churn(0)
+    order, sampled, discard, _ = eng.verify()
+    sched.capture(sampled, order, discard, eng.state)
+    out = sched.submit(order, k=None, eager=True)  # structured output / penalties: filled at once
+    assert sched.job is None and sched.stats()["schedule"]["eager_fills"] == 1
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("drafter crashed")
+
+    core.step = boom
+    eng.prev_drafts = out.clone()
+    order, sampled, discard, _ = eng.verify()
+    sched.capture(sampled, order, discard, eng.state)
+    out = sched.submit(order, k=None, eager=False)
+    assert sched.fill(out)
+    assert sched.stats()["schedule"]["errors"] == 1
+    last = [eng.reqs[r]["seq"][-1] for r in order]
+    assert out[:, 0].tolist() == last  # filler only: no speculation this step, generation goes on
+
+
+def test_whitelist_patch_adds_custom_class_for_our_schedule_mode_only():
+    from typing import Literal, get_args
+
+    from specdec.vllm_plugin.async_patch import wrap_post_init
+    from specdec.vllm_plugin.options import PROPOSER_PATH
+
+    module = SimpleNamespace(NgramGPUTypes=Literal["ngram_gpu"])
+    seen: list[tuple] = []
+
+    class VllmConfig:
+        def __init__(self, spec: dict | None, tp: int = 1) -> None:
+            self.speculative_config = SimpleNamespace(method="custom_class", model=PROPOSER_PATH)
+            self.additional_config = {"specdec": spec} if spec is not None else {}
+            self.parallel_config = SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=1)
+            self.__post_init__()
+
+        def __post_init__(self) -> None:  # the whitelist test as vLLM writes it: get_args(NgramGPUTypes)
+            allowed = self.speculative_config.method in get_args(module.NgramGPUTypes)
+            seen.append((allowed, get_args(module.NgramGPUTypes)))
+
+    module.VllmConfig = VllmConfig
+    assert wrap_post_init(module) and wrap_post_init(module)  # idempotent
+    VllmConfig({"async": True, "async_mode": "schedule"})
+    VllmConfig({"async": True})  # overlap mode: vLLM's rule stands
+    VllmConfig({"async_drafting": True, "async_mode": "schedule"}, tp=2)  # TP > 1: refused, synchronous
+    VllmConfig(None)
+    assert [a for a, _ in seen] == [True, False, False, False]
+    assert get_args(module.NgramGPUTypes) == ("ngram_gpu",)  # restored after the call
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable here (CI: /opt/vllm-venv)")
+def test_real_vllm_has_the_hooks_and_the_whitelist_this_mode_patches():
+    import inspect
+
+    import vllm.config.vllm as module
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from specdec.vllm_plugin.async_patch import RUNNER_ATTRS, WHITELIST_SOURCE, _check
+
+    assert _check(GPUModelRunner) == ""
+    assert hasattr(GPUModelRunner, RUNNER_ATTRS[0])
+    assert WHITELIST_SOURCE in inspect.getsource(module.VllmConfig.__post_init__)
+    src = inspect.getsource(GPUModelRunner._prepare_input_ids)
+    assert "self._draft_token_ids" in src  # the drafts are read there, after our fill
