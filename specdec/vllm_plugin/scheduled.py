@@ -185,8 +185,8 @@ def valid_counts(sampled: Any, discard_rows: Sequence[int], backup: Sequence[int
     import torch
 
     valid = (sampled >= 0) & (sampled < vocab_size)  # [rows, k+1] bool
-    counts = valid.sum(dim=1).to(torch.int32)  # [rows]
-    last = (counts.to(torch.int64) - 1).clamp(min=0).unsqueeze(1)  # [rows, 1]
+    counts = valid.sum(dim=1, dtype=torch.int32)  # [rows]
+    last = valid.sum(dim=1, keepdim=True).sub_(1).clamp_(min=0)  # [rows, 1] int64
     nxt = sampled.gather(1, last).squeeze(1).to(torch.int32)  # [rows]
     if discard_rows:
         idx = torch.tensor(list(discard_rows), dtype=torch.int64).to(sampled.device, non_blocking=True)
@@ -206,6 +206,7 @@ class ScheduledDrafting:
         self.device = torch.device(device)
         cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(device=self.device) if cuda else None
+        self.events = [torch.cuda.Event() if cuda else None for _ in range(RING_SLOTS)]
         pin = cuda
         self.ring = [torch.zeros((max_rows, k + 1), dtype=torch.int32, pin_memory=pin) for _ in range(RING_SLOTS)]
         self.host_drafts = [torch.zeros((max_rows, k), dtype=torch.int32, pin_memory=pin) for _ in range(2)]
@@ -236,12 +237,11 @@ class ScheduledDrafting:
         slot = self.next_slot
         self.next_slot = (slot + 1) % RING_SLOTS
         dst = self.ring[slot][:rows, :width]
-        event = None
+        event = self.events[slot]
         if self.stream is not None:
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            self.stream.wait_stream(torch.cuda.current_stream())  # the runner's device is the current one
             with torch.cuda.stream(self.stream):
                 dst.copy_(sampled, non_blocking=True)
-                event = torch.cuda.Event()
                 event.record(self.stream)
             sampled.record_stream(self.stream)
         else:
