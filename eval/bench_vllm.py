@@ -52,6 +52,12 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "specdec-model-async": {"method": "specdec", "drafter": "model", "num_speculative_tokens": 4, "async": True,
                             "drafter_options": {"model": {"num_threads": 8, "backend": "native"}}},
 }
+# --shape: model configs of real sizes (random weights); keys override the shared target's config.json
+SHAPES: dict[str, dict[str, Any]] = {
+    "llama-8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": False},
+}
+SHAPE_DIR = Path("/tmp/specdec_shapes")
 LOSSLESS_BATCHES = (1, 8, 64)
 LOSSLESS_MAX_TOKENS = 128
 PROFILE_TOP = 45  # functions listed per sort order in --profile output
@@ -232,6 +238,20 @@ def _spec_config(method: str, override: dict[str, Any], variants: dict[str, Any]
     return {**base, **override} if method.startswith("specdec") else dict(base)
 
 
+def shaped_model(model: str, shape: str) -> str:
+    """``model`` itself, or a folder with its tokenizer and config resized to ``SHAPES[shape]`` (no weights)."""
+    if not shape:
+        return model
+    src, dst = Path(model), SHAPE_DIR / shape
+    dst.mkdir(parents=True, exist_ok=True)
+    config = {**json.loads((src / "config.json").read_text()), **SHAPES[shape]}
+    (dst / "config.json").write_text(json.dumps(config, indent=1))
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (src / name).exists():
+            (dst / name).write_text((src / name).read_text())
+    return str(dst)
+
+
 def _profiled(fn: Any, path: Path) -> Any:
     """Run ``fn()`` under cProfile; write the top functions by own and by cumulative time to ``path``."""
     import cProfile
@@ -266,9 +286,12 @@ def worker(args: argparse.Namespace) -> None:
     if cc:
         extra["compilation_config"] = cc
     t0 = time.perf_counter()
-    llm = LLM(model=args.model, dtype=args.dtype, speculative_config=spec, max_model_len=args.max_model_len,
-              gpu_memory_utilization=args.gpu_mem, max_num_seqs=max(args.batch_sizes), seed=0,
-              enforce_eager=args.eager, disable_log_stats=False, tensor_parallel_size=args.tp, **extra)
+    if args.shape:
+        extra["load_format"] = "dummy"
+    llm = LLM(model=shaped_model(args.model, args.shape), dtype=args.dtype, speculative_config=spec,
+              max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_mem,
+              max_num_seqs=max(args.batch_sizes), seed=0, enforce_eager=args.eager, disable_log_stats=False,
+              tensor_parallel_size=args.tp, **extra)
     startup = time.perf_counter() - t0
     lossless = args.dtype == "float32"
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=not lossless, detokenize=False)
@@ -333,7 +356,7 @@ def _spawn(args: argparse.Namespace, method: str, dtype: str, batches: list[int]
            "--datasets", ",".join(args.datasets), "--max-model-len", str(args.max_model_len),
            "--gpu-mem", str(args.gpu_mem), "--specdec-config", args.specdec_config or "{}",
            "--variants", args.variants or "{}", "--tp", str(args.tp), "--compilation-config", args.compilation_config or "null",
-           "--profile-dir", args.profile_dir if method in args.profile_methods else ""]
+           "--profile-dir", args.profile_dir if method in args.profile_methods else "", "--shape", args.shape]
     if eager:
         cmd.append("--eager")
     print(f"=== {method} ({dtype}) ===", flush=True)
@@ -350,7 +373,8 @@ def write_doc(args: argparse.Namespace, runs: dict, lossless: dict, t_start: flo
     device = args.device or versions.get("gpu", "gpu").replace("NVIDIA ", "").split()[0].lower()
     doc = {
         "date": time.strftime("%Y-%m-%d"), "device": device, "versions": versions,
-        "settings": {"model": Path(args.model).name, "methods": {m: _spec_config(m, {}, json.loads(args.variants or "{}"))
+        "settings": {"model": Path(args.model).name + (f" shape {args.shape} (random weights)" if args.shape else ""),
+                     "shape": SHAPES.get(args.shape), "methods": {m: _spec_config(m, {}, json.loads(args.variants or "{}"))
                                                              for m in args.methods},
                      "variants": json.loads(args.variants or "{}"),
                      "compilation_config": json.loads(args.compilation_config or "null"),
@@ -408,6 +432,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--methods", default="nospec,ngram,suffix,specdec", type=lambda s: s.split(","))
     ap.add_argument("--datasets", default="code,agentic", type=lambda s: s.split(","))
     ap.add_argument("--batch-sizes", default="1,8,32,64", type=lambda s: [int(x) for x in s.split(",")])
+    ap.add_argument("--shape", default="", choices=("",) + tuple(SHAPES),
+                    help="benchmark a model of this shape with random weights (vLLM load_format='dummy') and the "
+                         "shared target's tokenizer: GPU step times of a real size (speed only; outputs are noise)")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--gpu-mem", type=float, default=0.3)
