@@ -123,7 +123,8 @@ def _capture(runner: Any, sched: Any, sampler_output: Any) -> None:
             backup.append(int(runner.requests[req_ids[i]].get_token_id(int(runner.input_batch.num_tokens_no_spec[i]) - 1)))
         except (ValueError, IndexError, KeyError):
             backup.append(0)
-    nxt, counts = valid_counts(sampled, discard, backup, int(runner.input_batch.vocab_size))
+    # the rejection sampler emits -1 or ids < vocab size: the vocabulary bound is not checked (one kernel less)
+    nxt, counts = valid_counts(sampled, discard, backup, 0)
     runner._copy_valid_sampled_token_count(nxt, counts)
     sched.capture(sampled, req_ids, set(discard), runner.requests)
 

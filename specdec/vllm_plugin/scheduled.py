@@ -64,8 +64,9 @@ class FeedStats:
     skipped_fills: int = 0  # vLLM replaced our buffer (e.g. a row too close to max_model_len): nothing to fill
     blind_requests: int = 0
     errors: int = 0
-    wait_seconds: float = 0.0
-    draft_seconds: float = 0.0
+    wait_seconds: float = 0.0  # fill: waiting for a step's sampled tokens (the GPU still running it)
+    draft_seconds: float = 0.0  # fill: the whole call, waiting included
+    capture_seconds: float = 0.0  # capture: counts, copy and bookkeeping on the engine thread
 
     def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -184,7 +185,7 @@ def valid_counts(sampled: Any, discard_rows: Sequence[int], backup: Sequence[int
     """
     import torch
 
-    valid = (sampled >= 0) & (sampled < vocab_size)  # [rows, k+1] bool
+    valid = sampled.ge(0) if vocab_size <= 0 else (sampled >= 0) & (sampled < vocab_size)  # [rows, k+1] bool
     counts = valid.sum(dim=1, dtype=torch.int32)  # [rows]
     last = valid.sum(dim=1, keepdim=True).sub_(1).clamp_(min=0)  # [rows, 1] int64
     nxt = sampled.gather(1, last).squeeze(1).to(torch.int32)  # [rows]
@@ -222,8 +223,11 @@ class ScheduledDrafting:
     # ----------------------------------------------------------------- 1. capture (every step)
     def capture(self, sampled: Any, req_ids: Sequence[str], discard: set[int], requests: dict[str, Any]) -> None:
         """Start the copy of ``sampled`` [rows, w] (w <= k+1) and note the step's rows (runner: after sampling)."""
+        import time
+
         import torch
 
+        t0 = time.perf_counter()
         if len(self.queue) >= RING_SLOTS - 1:
             self._drain(upto=1)  # oldest first: its slot is reused next
         rows, width = int(sampled.shape[0]), int(sampled.shape[1])
@@ -249,6 +253,7 @@ class ScheduledDrafting:
         self.queue.append(Capture(slot, rows, width, list(req_ids[:rows]), set(discard), event))
         self.last_req_ids = set(req_ids[:rows])
         self.feed.stats.captures += 1
+        self.feed.stats.capture_seconds += time.perf_counter() - t0
 
     def _drain(self, upto: int | None = None) -> None:
         """Read captured steps in order (waiting for their copies) into the token feed."""
