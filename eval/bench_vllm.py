@@ -40,6 +40,9 @@ METHODS: dict[str, dict[str, Any] | None] = {
     # vLLM's async scheduling (the engine prepares step N+1 while the GPU runs step N; drafts filled just in time)
     "specdec-sched": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
                       "async_mode": "schedule"},
+    # the same with k by batch size (vLLM's scheduler reserves k slots for every request under async scheduling)
+    "specdec-sched-dyn": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
+                          "async_mode": "schedule", "num_speculative_tokens_per_batch_size": [[1, 16, 16], [17, 1024, 8]]},
     "specdec-hedge": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
                       "async_mode": "hedge"},
     # the draft model on the host CPU: the native forward on 8 threads (half the GPU host's cores), named rather
