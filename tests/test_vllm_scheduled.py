@@ -262,3 +262,61 @@ def test_real_vllm_has_the_hooks_and_the_whitelist_this_mode_patches():
     assert WHITELIST_SOURCE in inspect.getsource(module.VllmConfig.__post_init__)
     src = inspect.getsource(GPUModelRunner._prepare_input_ids)
     assert "self._draft_token_ids" in src  # the drafts are read there, after our fill
+
+
+class FakeRunner:
+    """The slice of vLLM's GPUModelRunner the schedule-mode hooks touch (same method signatures)."""
+
+    def __init__(self, drafter, *, use_async: bool = True) -> None:
+        self.drafter, self.use_async_scheduling = drafter, use_async
+        self.speculative_config = SimpleNamespace(method="custom_class")
+        self.max_num_reqs, self.device, self.num_spec_tokens = 4, "cpu", K
+        pattern = [1, 2, 3, 4, 5] * 8
+        self.requests = {r: SimpleNamespace(prompt_token_ids=list(pattern), output_token_ids=[],
+                                            get_token_id=lambda i: pattern[i % 5]) for r in ("a", "b")}
+        self.input_batch = SimpleNamespace(req_ids=["a", "b"], num_tokens_no_spec=np.array([40, 40]), vocab_size=100,
+                                           sampling_metadata=SimpleNamespace(output_token_ids=[]))
+        self.discard_request_mask = SimpleNamespace(np=np.zeros(4, dtype=bool))
+        self._draft_token_ids = None
+        self.calls: list = []
+
+    def _bookkeeping_sync(self, scheduler_output, sampler_output, logits=None, hidden_states=None, n=0):
+        self.calls.append("bookkeeping")
+
+    def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *rest):
+        self.calls.append("propose")
+        return [[9], [9]]
+
+    def _prepare_input_ids(self, scheduler_output, num_reqs=0, total=0, cu=None):
+        drafts = self._draft_token_ids
+        self.calls.append(("prepare", drafts.tolist() if torch.is_tensor(drafts) else drafts))
+
+    def _copy_valid_sampled_token_count(self, next_token_ids, counts):
+        self.calls.append(("counts", next_token_ids.tolist(), counts.tolist()))
+
+
+def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
+    from specdec.vllm_plugin.async_patch import patch_async_runner
+    from specdec.vllm_plugin.proposer import SpecdecProposer
+
+    cfg = SimpleNamespace(additional_config={"specdec": {"async": True, "async_mode": "schedule", "adaptive": False}},
+                          speculative_config=SimpleNamespace(num_speculative_tokens=K),
+                          model_config=SimpleNamespace(max_model_len=512))
+    assert patch_async_runner(FakeRunner) and patch_async_runner(FakeRunner)  # idempotent
+    prop = SpecdecProposer(cfg, patch_runner=False)
+    assert prop.schedule_mode and prop.core.options.pad_mode == "on" and not prop.core.options.ab_windows
+    runner = FakeRunner(prop)
+    step = SimpleNamespace(num_spec_tokens_to_schedule=K, has_structured_output_requests=False)
+    sampled = torch.tensor([[1, 2, -1, -1, -1, -1, -1], [1, -1, -1, -1, -1, -1, -1]], dtype=torch.int32)
+    runner._bookkeeping_sync(step, SimpleNamespace(sampled_token_ids=sampled))
+    runner._draft_token_ids = runner.propose_draft_token_ids(step, [], None)
+    runner._prepare_input_ids(step, 2, 0, None)
+    assert runner.calls[0] == ("counts", [2, 1], [2, 1]) and runner.calls[1] == "bookkeeping"
+    assert "propose" not in runner.calls  # vLLM's own propose (a list) is never reached in schedule mode
+    kind, drafts = runner.calls[-1]
+    assert kind == "prepare" and len(drafts) == 2 and all(len(d) == K for d in drafts)
+    assert drafts[0][:3] == [3, 4, 5] and drafts[1][:3] == [2, 3, 4]  # the prompt's pattern continues
+    plain = FakeRunner(prop, use_async=False)  # synchronous scheduling: every hook passes through
+    plain._bookkeeping_sync(step, SimpleNamespace(sampled_token_ids=sampled))
+    assert plain.propose_draft_token_ids(step, [], None) == [[9], [9]]
+    assert plain.calls == ["bookkeeping", "propose"]
