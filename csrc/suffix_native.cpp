@@ -47,33 +47,69 @@ inline uint64_t edge_key(int32_t parent, int32_t token) {
 }
 
 // Open-addressing (linear probing, backward-shift deletion) map: (parent, token) -> child node.
+// Growing is incremental: at half load a table of twice the size takes over and every insert moves
+// MIGRATE_SLOTS slots of the old table into it, so no single call rehashes the whole map (a one-shot rehash
+// of a large global trie stalled a drafting step for tens of milliseconds). While the old table is being
+// drained, lookups try the new table first, then the old one; keys erased from the old table leave a
+// tombstone (nothing is inserted there any more, and moving stops at tombstones).
 class EdgeMap {
 public:
     EdgeMap() { reset(16); }
 
     int32_t find(uint64_t key) const {
-        size_t i = mix64(key) & mask_;
-        while (true) {
-            uint64_t k = keys_[i];
-            if (k == key) return vals_[i];
-            if (k == EMPTY_KEY) return NIL;
-            i = (i + 1) & mask_;
-        }
+        int32_t v = probe(keys_, mask_, vals_, key);
+        if (v != NIL || old_keys_.empty()) return v;
+        return probe(old_keys_, old_mask_, old_vals_, key);
     }
 
+    // `key` must be absent (callers look it up first).
     void insert(uint64_t key, int32_t val) {
-        if ((size_ + 1) * 2 > keys_.size()) grow();
-        size_t i = mix64(key) & mask_;
-        while (keys_[i] != EMPTY_KEY) i = (i + 1) & mask_;
-        keys_[i] = key;
-        vals_[i] = val;
+        if (!old_keys_.empty()) migrate(MIGRATE_SLOTS);
+        else if ((size_ + 1) * 2 > keys_.size()) start_growing();
+        put(key, val);
         ++size_;
     }
 
     void erase(uint64_t key) {
+        bool found = erase_main(key);
+        if (!old_keys_.empty()) found = tomb_old(key) || found;  // a moved key's old copy must go too
+        if (found) --size_;
+    }
+
+    size_t memory_bytes() const {
+        return (keys_.capacity() + old_keys_.capacity()) * sizeof(uint64_t) +
+               (vals_.capacity() + old_vals_.capacity()) * sizeof(int32_t);
+    }
+
+private:
+    static constexpr uint64_t TOMB_KEY = ~0ull - 1;  // never a real key: parents are >= 0 int32
+    static constexpr size_t MIGRATE_SLOTS = 8;  // old slots moved per insert: drained within old_size / 8 inserts
+    std::vector<uint64_t> keys_, old_keys_;
+    std::vector<int32_t> vals_, old_vals_;
+    size_t mask_ = 0, old_mask_ = 0, size_ = 0, moved_ = 0;  // size_: distinct keys in both tables
+
+    static int32_t probe(const std::vector<uint64_t>& keys, size_t mask, const std::vector<int32_t>& vals,
+                         uint64_t key) {
+        size_t i = mix64(key) & mask;
+        while (true) {
+            uint64_t k = keys[i];
+            if (k == key) return vals[i];
+            if (k == EMPTY_KEY) return NIL;
+            i = (i + 1) & mask;
+        }
+    }
+
+    void put(uint64_t key, int32_t val) {
+        size_t i = mix64(key) & mask_;
+        while (keys_[i] != EMPTY_KEY) i = (i + 1) & mask_;
+        keys_[i] = key;
+        vals_[i] = val;
+    }
+
+    bool erase_main(uint64_t key) {
         size_t i = mix64(key) & mask_;
         while (keys_[i] != key) {
-            if (keys_[i] == EMPTY_KEY) return;
+            if (keys_[i] == EMPTY_KEY) return false;
             i = (i + 1) & mask_;
         }
         size_t j = i;
@@ -89,32 +125,66 @@ public:
             }
         }
         keys_[i] = EMPTY_KEY;
-        --size_;
+        return true;
     }
 
-    size_t memory_bytes() const { return keys_.capacity() * sizeof(uint64_t) + vals_.capacity() * sizeof(int32_t); }
-
-private:
-    std::vector<uint64_t> keys_;
-    std::vector<int32_t> vals_;
-    size_t mask_ = 0, size_ = 0;
+    bool tomb_old(uint64_t key) {
+        size_t i = mix64(key) & old_mask_;
+        while (old_keys_[i] != key) {
+            if (old_keys_[i] == EMPTY_KEY) return false;
+            i = (i + 1) & old_mask_;
+        }
+        old_keys_[i] = TOMB_KEY;
+        return true;
+    }
 
     void reset(size_t cap) {
         keys_.assign(cap, EMPTY_KEY);
         vals_.assign(cap, NIL);
         mask_ = cap - 1;
-        size_ = 0;
     }
 
-    void grow() {
-        std::vector<uint64_t> old_keys;
-        std::vector<int32_t> old_vals;
-        old_keys.swap(keys_);
-        old_vals.swap(vals_);
-        reset(old_keys.size() * 2);
-        for (size_t i = 0; i < old_keys.size(); ++i)
-            if (old_keys[i] != EMPTY_KEY) insert(old_keys[i], old_vals[i]);
+    void start_growing() {
+        old_keys_.swap(keys_);
+        old_vals_.swap(vals_);
+        old_mask_ = mask_;
+        moved_ = 0;
+        reset(old_keys_.size() * 2);
     }
+
+    void migrate(size_t slots) {
+        size_t end = std::min(moved_ + slots, old_keys_.size());
+        for (; moved_ < end; ++moved_) {
+            uint64_t k = old_keys_[moved_];
+            if (k != EMPTY_KEY && k != TOMB_KEY) put(k, old_vals_[moved_]);
+        }
+        if (moved_ == old_keys_.size()) {  // drained: drop the old table
+            std::vector<uint64_t>().swap(old_keys_);
+            std::vector<int32_t>().swap(old_vals_);
+        }
+    }
+};
+
+// Fixed-size pages of T: growing never moves existing elements (a vector's doubling copied every node of a
+// large trie at once), and references stay valid.
+template <typename T>
+class PagedVector {
+public:
+    static constexpr size_t PAGE_BITS = 11;  // 2,048 nodes (~90 KB): small tries stay small
+    static constexpr size_t PAGE = size_t(1) << PAGE_BITS;
+
+    T& operator[](size_t i) { return pages_[i >> PAGE_BITS][i & (PAGE - 1)]; }
+    const T& operator[](size_t i) const { return pages_[i >> PAGE_BITS][i & (PAGE - 1)]; }
+    size_t size() const { return size_; }
+    size_t capacity() const { return pages_.size() * PAGE; }
+    void push_back(const T& value) {
+        if (size_ == capacity()) pages_.emplace_back(new T[PAGE]);
+        (*this)[size_++] = value;
+    }
+
+private:
+    std::vector<std::unique_ptr<T[]>> pages_;
+    size_t size_ = 0;
 };
 
 // A node is explicit (its children are stored) or an implicit leaf: a substring that occurs exactly once,
@@ -249,7 +319,7 @@ public:
 
 private:
     int depth_;
-    std::vector<Node> nodes_;
+    PagedVector<Node> nodes_;
     std::vector<int32_t> free_;
     EdgeMap map_;
     std::unordered_map<int32_t, std::vector<int32_t>> seqs_;

@@ -183,6 +183,38 @@ def test_reference_equals_native_random():
                 b.extend(rid, toks)
 
 
+def test_reference_equals_native_while_tables_grow_and_evict():
+    """Large tries: the native edge map grows incrementally (old and new tables live side by side for a while)
+    and node pages are added, while evictions erase edges; drafts must still equal the reference's."""
+    from specdec.drafters._suffix_native import Engine
+
+    rng = random.Random(11)
+    for limits in ((3, 100_000), (50, 900)):
+        a, b = Engine(8, *limits), RefEngine(8, *limits)
+        phrases = [[rng.randrange(40) for _ in range(rng.randint(2, 7))] for _ in range(12)]
+        active: list[int] = []
+        for op in range(400):
+            r = rng.random()
+            if r < 0.15 or not active:
+                prompt = [t for _ in range(rng.randint(5, 60)) for t in rng.choice(phrases)]
+                a.start(op, prompt)
+                b.start(op, prompt)
+                active.append(op)
+            elif r < 0.3:
+                rid = active.pop(rng.randrange(len(active)))
+                a.stop(rid)
+                b.stop(rid)
+            else:
+                rid = rng.choice(active)
+                args = (rid, 8, False, 1.0, 0.0, 0.0, True, True)
+                da, db = a.draft(*args), b.draft(*args)
+                assert (da[0], da[1], da[4], da[5]) == (db[0], db[1], db[4], db[5])
+                toks = rng.choice(phrases) if rng.random() < 0.8 else [rng.randrange(40, 60)]
+                a.extend(rid, toks)
+                b.extend(rid, toks)
+        assert a.memory_bytes() > 100_000  # large enough that both tables grew many times
+
+
 def replay_tokens(drafter, prompt, response, *, budget, tree, rid="r"):
     """The replay loop: draft, accept the longest matching path, emit accepted + bonus, extend."""
     drafter.start(rid, prompt)
