@@ -71,7 +71,8 @@ PROFILE_TOP = 45  # functions listed per sort order in --profile output
 # --------------------------------------------------------------------------- worker (one engine)
 class StepTimer:
     """Wraps GPUModelRunner.execute_model / propose_draft_token_ids and the executor's take_draft_token_ids (engine
-    in-process) to time drafting: the time spent in propose plus the wait for the drafts' hand-off.
+    in-process) to time drafting: the time spent in propose plus the wait for the drafts' hand-off (schedule mode:
+    its capture and fill hooks instead of propose).
 
     GPU idle gaps (V1 model runner): a CUDA event is recorded on the runner's stream when a forward pass is
     enqueued (``_model_forward``) and one after the step's sampling work (``_bookkeeping_sync`` entry). The GPU
@@ -104,6 +105,10 @@ class StepTimer:
         for name, hook in (("_model_forward", self._forward_started), ("_bookkeeping_sync", self._sampling_done)):
             if hasattr(GPUModelRunner, name):
                 setattr(GPUModelRunner, name, self._marked(getattr(GPUModelRunner, name), hook))
+        from specdec.vllm_plugin.scheduled import ScheduledDrafting  # schedule mode drafts in two runner hooks
+
+        ScheduledDrafting.capture = self._timed(ScheduledDrafting.capture)
+        ScheduledDrafting.fill = self._timed(ScheduledDrafting.fill)
         try:  # the hand-off of drafts to the scheduler: where overlapped drafting ("async") waits for its helper
             from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
