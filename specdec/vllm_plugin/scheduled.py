@@ -129,13 +129,17 @@ class TokenFeed:
     def add(self, req_ids: Sequence[str], tokens: np.ndarray, discard: set[int]) -> None:
         """One captured step: ``tokens`` [rows, width] int (``-1`` = rejected); discarded rows emit nothing."""
         self.step += 1
+        valid = tokens >= 0  # [rows, width]
+        flat = tokens[valid].tolist()  # row-major: row 0's tokens, then row 1's, ... (one conversion per step)
+        ends = np.cumsum(valid.sum(axis=1)).tolist()  # [rows] end of each row's tokens in ``flat``
+        start = 0
         for i, rid in enumerate(req_ids):
+            new = flat[start:ends[i]]
+            start = ends[i]
             self.last_seen[rid] = self.step
             hist = self.history.get(rid)
             if hist is None or i in discard:
                 continue
-            row = tokens[i]
-            new = row[row >= 0].tolist()
             hist.extend(new)
             self.pending[rid].extend(new)
         if self.step % 256 == 0:
