@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.eval.bench_vllm_report import markdown, summarise  # noqa: F401 - re-exported
+from specdec.eval.model_shapes import SHAPES, shaped_model
 from specdec.paths import TARGET_MODEL, model_path
 
 METHODS: dict[str, dict[str, Any] | None] = {
@@ -57,12 +58,6 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "specdec-model-async": {"method": "specdec", "drafter": "model", "num_speculative_tokens": 4, "async": True,
                             "drafter_options": {"model": {"num_threads": 8, "backend": "native"}}},
 }
-# --shape: model configs of real sizes (random weights); keys override the shared target's config.json
-SHAPES: dict[str, dict[str, Any]] = {
-    "llama-8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": False},
-}
-SHAPE_DIR = Path("/tmp/specdec_shapes")
 LOSSLESS_BATCHES = (1, 8, 64)
 LOSSLESS_MAX_TOKENS = 128
 PROFILE_TOP = 45  # functions listed per sort order in --profile output
@@ -246,20 +241,6 @@ def _spec_config(method: str, override: dict[str, Any], variants: dict[str, Any]
     if base is None:
         return None
     return {**base, **override} if method.startswith("specdec") else dict(base)
-
-
-def shaped_model(model: str, shape: str) -> str:
-    """``model`` itself, or a folder with its tokenizer and config resized to ``SHAPES[shape]`` (no weights)."""
-    if not shape:
-        return model
-    src, dst = Path(model), SHAPE_DIR / shape
-    dst.mkdir(parents=True, exist_ok=True)
-    config = {**json.loads((src / "config.json").read_text()), **SHAPES[shape]}
-    (dst / "config.json").write_text(json.dumps(config, indent=1))
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        if (src / name).exists():
-            (dst / name).write_text((src / name).read_text())
-    return str(dst)
 
 
 def _profiled(fn: Any, path: Path) -> Any:

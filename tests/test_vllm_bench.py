@@ -64,3 +64,21 @@ def test_gpu_wait_for_drafts_is_the_gap_beyond_nospec_v1s():
     doc = {"date": "2026-11-22", "device": "h100", "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
            "summary": s}
     assert "| specdec | 0.750 / 4.250; wait 10.0% |" in markdown(doc)
+
+
+def test_shaped_model_resizes_the_config_and_keeps_the_tokenizer(tmp_path, monkeypatch):
+    import json
+
+    from specdec.eval import model_shapes
+
+    src = tmp_path / "small"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"hidden_size": 640, "vocab_size": 16384, "model_type": "llama"}))
+    (src / "tokenizer.json").write_text('{"model": {}}')
+    monkeypatch.setattr(model_shapes, "SHAPE_DIR", tmp_path / "shapes")
+    assert model_shapes.shaped_model(str(src), "") == str(src)  # no shape: the model itself
+    out = model_shapes.shaped_model(str(src), "llama-8b")
+    config = json.loads((tmp_path / "shapes" / "llama-8b" / "config.json").read_text())
+    assert out.endswith("llama-8b") and config["hidden_size"] == 4096 and config["num_hidden_layers"] == 32
+    assert config["vocab_size"] == 16384 and config["model_type"] == "llama"  # the tokenizer's vocabulary stays
+    assert (tmp_path / "shapes" / "llama-8b" / "tokenizer.json").read_text() == '{"model": {}}'
