@@ -40,11 +40,11 @@ def target_sequence(seed: int, length: int = 500) -> list[int]:
 
 def test_valid_counts_next_token_and_discarded_rows():
     sampled = torch.tensor([[5, 6, -1, -1], [7, -1, -1, -1], [1, 2, 3, 4], [9, 9, 9, -1]], dtype=torch.int32)
-    nxt, counts = valid_counts(sampled, [3], [42], VOCAB)
+    nxt, counts = valid_counts(sampled, [3], [42], vocab_size=VOCAB)
     assert counts.tolist() == [2, 1, 4, 0] and counts.dtype == torch.int32
     assert nxt.tolist() == [6, 7, 4, 42] and nxt.dtype == torch.int32
     big = torch.tensor([[5, VOCAB + 3, -1]], dtype=torch.int32)  # out-of-vocabulary ids are not tokens
-    assert valid_counts(big, [], [], VOCAB)[1].tolist() == [1]
+    assert valid_counts(big, [], [], vocab_size=VOCAB)[1].tolist() == [1]
 
 
 def test_pad_rows_fills_each_row_to_k_with_its_filler():
@@ -182,7 +182,7 @@ def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts):
         eng.churn(step)
         clock.t += 1e-3
         order, sampled, discard, _ = eng.verify()
-        sched.capture(sampled, order, discard, eng.state)
+        sched.capture(sampled, order, discard, requests=eng.state)
         eng.bookkeep(order, discard)
         out = sched.submit(order, k=None, eager=False)
     for r in eng.reqs.values():  # lossless: every emitted token is the target's
@@ -200,7 +200,7 @@ def test_eager_fill_and_a_failing_drafter_never_stop_generation():
     sched = ScheduledDrafting(core, k=K, max_rows=MAX_ROWS, device="cpu")
     eng.churn(0)
     order, sampled, discard, _ = eng.verify()
-    sched.capture(sampled, order, discard, eng.state)
+    sched.capture(sampled, order, discard, requests=eng.state)
     out = sched.submit(order, k=None, eager=True)  # structured output / penalties: filled at once
     assert sched.job is None and sched.stats()["schedule"]["eager_fills"] == 1
 
@@ -210,7 +210,7 @@ def test_eager_fill_and_a_failing_drafter_never_stop_generation():
     core.step = boom
     eng.prev_drafts = out.clone()
     order, sampled, discard, _ = eng.verify()
-    sched.capture(sampled, order, discard, eng.state)
+    sched.capture(sampled, order, discard, requests=eng.state)
     out = sched.submit(order, k=None, eager=False)
     assert sched.fill(out)
     assert sched.stats()["schedule"]["errors"] == 1
@@ -320,3 +320,14 @@ def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
     plain._bookkeeping_sync(step, SimpleNamespace(sampled_token_ids=sampled))
     assert plain.propose_draft_token_ids(step, [], None) == [[9], [9]]
     assert plain.calls == ["bookkeeping", "propose"]
+
+
+def test_k_of_the_step_bounds_the_real_draft_and_the_rest_is_filler():
+    clock = SimpleNamespace(t=0.0)
+    sched = ScheduledDrafting(make_core(lambda: clock.t, adaptive=False), k=K, max_rows=4, device="cpu")
+    pattern = [1, 2, 3, 4, 5] * 8
+    state = {"a": SimpleNamespace(prompt_token_ids=pattern, output_token_ids=[])}
+    sched.capture(torch.tensor([[1, 2, -1, -1, -1, -1, -1]], dtype=torch.int32), ["a"], set(), requests=state)
+    out = sched.submit(["a"], k=3, eager=False)  # vLLM's per-batch-size schedule asked for 3 draft tokens
+    assert sched.fill(out)
+    assert out[0].tolist() == [3, 4, 5] + [2] * (K - 3)  # 3 drafted, then the row's last token as filler

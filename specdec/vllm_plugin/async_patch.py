@@ -124,9 +124,9 @@ def _capture(runner: Any, sched: Any, sampler_output: Any) -> None:
         except (ValueError, IndexError, KeyError):
             backup.append(0)
     # the rejection sampler emits -1 or ids < vocab size: the vocabulary bound is not checked (one kernel less)
-    nxt, counts = valid_counts(sampled, discard, backup, 0)
+    nxt, counts = valid_counts(sampled, discard, backup)
     runner._copy_valid_sampled_token_count(nxt, counts)
-    sched.capture(sampled, req_ids, set(discard), runner.requests)
+    sched.capture(sampled, req_ids, set(discard), requests=runner.requests)
 
 
 def _check(runner_cls: Any) -> str:

@@ -181,11 +181,13 @@ def pad_rows(drafts: Sequence[Sequence[int]], out: np.ndarray, fillers: Sequence
             out[i, m:] = fillers[i]
 
 
-def valid_counts(sampled: Any, discard_rows: Sequence[int], backup: Sequence[int], vocab_size: int) -> tuple[Any, Any]:
+def valid_counts(sampled: Any, discard_rows: Sequence[int], backup: Sequence[int], *,
+                 vocab_size: int = 0) -> tuple[Any, Any]:
     """vLLM's per-row (next token, valid count) from sampled ``[rows, k+1]`` (-1 = rejected), as tensor ops.
 
     next = the row's last valid token; count = number of valid tokens. Discarded rows (partial prefills): count
-    0 and next = ``backup`` (the row's last context token), as vLLM's own drafters report them.
+    0 and next = ``backup`` (the row's last context token), as vLLM's own drafters report them. ``vocab_size`` > 0
+    also treats ids at or above it as rejected (vLLM's kernel does; its rejection sampler emits none).
     """
     import torch
 
@@ -225,7 +227,8 @@ class ScheduledDrafting:
         self._error_logged = False
 
     # ----------------------------------------------------------------- 1. capture (every step)
-    def capture(self, sampled: Any, req_ids: Sequence[str], discard: set[int], requests: dict[str, Any]) -> None:
+    def capture(self, sampled: Any, req_ids: Sequence[str], discard: set[int], *,
+                requests: dict[str, Any]) -> None:
         """Start the copy of ``sampled`` [rows, w] (w <= k+1) and note the step's rows (runner: after sampling)."""
         import time
 
