@@ -40,11 +40,17 @@ def target_sequence(seed: int, length: int = 500) -> list[int]:
 
 def test_valid_counts_next_token_and_discarded_rows():
     sampled = torch.tensor([[5, 6, -1, -1], [7, -1, -1, -1], [1, 2, 3, 4], [9, 9, 9, -1]], dtype=torch.int32)
-    nxt, counts = valid_counts(sampled, [3], [42], vocab_size=VOCAB)
+    mask = torch.tensor([False, False, False, True])
+    backup = torch.tensor([0, 0, 0, 42], dtype=torch.int32)
+    nxt, counts = valid_counts(sampled, mask, backup, vocab_size=VOCAB)
     assert counts.tolist() == [2, 1, 4, 0] and counts.dtype == torch.int32
     assert nxt.tolist() == [6, 7, 4, 42] and nxt.dtype == torch.int32
+    assert valid_counts(sampled)[0].tolist() == [6, 7, 4, 9]  # no discarded rows
     big = torch.tensor([[5, VOCAB + 3, -1]], dtype=torch.int32)  # out-of-vocabulary ids are not tokens
-    assert valid_counts(big, [], [], vocab_size=VOCAB)[1].tolist() == [1]
+    assert valid_counts(big, vocab_size=VOCAB)[1].tolist() == [1]
+    sched = ScheduledDrafting(make_core(lambda: 0.0), k=K, max_rows=4, device="cpu")
+    nxt, counts = sched.counts(sampled, {3: 42}, mask)  # the runner hook's path: backups from the slot's buffer
+    assert nxt.tolist() == [6, 7, 4, 42] and counts.tolist() == [2, 1, 4, 0]
 
 
 def test_pad_rows_fills_each_row_to_k_with_its_filler():
@@ -276,7 +282,7 @@ class FakeRunner:
                                             get_token_id=lambda i: pattern[i % 5]) for r in ("a", "b")}
         self.input_batch = SimpleNamespace(req_ids=["a", "b"], num_tokens_no_spec=np.array([40, 40]), vocab_size=100,
                                            sampling_metadata=SimpleNamespace(output_token_ids=[]))
-        self.discard_request_mask = SimpleNamespace(np=np.zeros(4, dtype=bool))
+        self.discard_request_mask = SimpleNamespace(np=np.zeros(4, dtype=bool), gpu=torch.zeros(4, dtype=torch.bool))
         self._draft_token_ids = None
         self.calls: list = []
 
@@ -316,6 +322,9 @@ def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
     kind, drafts = runner.calls[-1]
     assert kind == "prepare" and len(drafts) == 2 and all(len(d) == K for d in drafts)
     assert drafts[0][:3] == [3, 4, 5] and drafts[1][:3] == [2, 3, 4]  # the prompt's pattern continues
+    runner.discard_request_mask.np[1] = runner.discard_request_mask.gpu[1] = True  # row b: a partial prefill
+    runner._bookkeeping_sync(step, SimpleNamespace(sampled_token_ids=sampled))
+    assert runner.calls[-1] == "bookkeeping" and runner.calls[-2] == ("counts", [2, 5], [2, 0])  # b: its last token
     plain = FakeRunner(prop, use_async=False)  # synchronous scheduling: every hook passes through
     plain._bookkeeping_sync(step, SimpleNamespace(sampled_token_ids=sampled))
     assert plain.propose_draft_token_ids(step, [], None) == [[9], [9]]

@@ -111,20 +111,18 @@ def _scheduled(runner: Any) -> Any:
 
 
 def _capture(runner: Any, sched: Any, sampler_output: Any) -> None:
-    from specdec.vllm_plugin.scheduled import valid_counts
-
     sampled = sampler_output.sampled_token_ids  # [rows, k+1] on the GPU, -1 = rejected
     rows = int(sampled.shape[0])
     req_ids = list(runner.input_batch.req_ids[:rows])
-    discard = [int(i) for i in np.nonzero(runner.discard_request_mask.np[:rows])[0]]
-    backup = []
-    for i in discard:  # the row's last context token (vLLM's own drafters do the same)
+    mask = runner.discard_request_mask  # vLLM's CpuGpuBuffer: .np on the host, .gpu on the device
+    discard: dict[int, int] = {}
+    for i in np.nonzero(mask.np[:rows])[0].tolist():  # the row's last context token (as vLLM's drafters do)
         try:
-            backup.append(int(runner.requests[req_ids[i]].get_token_id(int(runner.input_batch.num_tokens_no_spec[i]) - 1)))
+            discard[i] = int(runner.requests[req_ids[i]].get_token_id(int(runner.input_batch.num_tokens_no_spec[i]) - 1))
         except (ValueError, IndexError, KeyError):
-            backup.append(0)
-    # the rejection sampler emits -1 or ids < vocab size: the vocabulary bound is not checked (one kernel less)
-    nxt, counts = valid_counts(sampled, discard, backup)
+            discard[i] = 0
+    device_mask = getattr(mask, "gpu", None)
+    nxt, counts = sched.counts(sampled, discard, device_mask[:rows] if device_mask is not None else None)
     runner._copy_valid_sampled_token_count(nxt, counts)
     sched.capture(sampled, req_ids, set(discard), requests=runner.requests)
 

@@ -181,13 +181,13 @@ def pad_rows(drafts: Sequence[Sequence[int]], out: np.ndarray, fillers: Sequence
             out[i, m:] = fillers[i]
 
 
-def valid_counts(sampled: Any, discard_rows: Sequence[int], backup: Sequence[int], *,
-                 vocab_size: int = 0) -> tuple[Any, Any]:
+def valid_counts(sampled: Any, discard_mask: Any = None, backup: Any = None, *, vocab_size: int = 0) -> tuple[Any, Any]:
     """vLLM's per-row (next token, valid count) from sampled ``[rows, k+1]`` (-1 = rejected), as tensor ops.
 
-    next = the row's last valid token; count = number of valid tokens. Discarded rows (partial prefills): count
-    0 and next = ``backup`` (the row's last context token), as vLLM's own drafters report them. ``vocab_size`` > 0
-    also treats ids at or above it as rejected (vLLM's kernel does; its rejection sampler emits none).
+    next = the row's last valid token; count = number of valid tokens. Rows of ``discard_mask`` ([rows] bool, same
+    device; partial prefills): count 0 and next = ``backup`` ([rows] int32, the row's last context token), as
+    vLLM's own drafters report them. ``vocab_size`` > 0 also treats ids at or above it as rejected (vLLM's kernel
+    does; its rejection sampler emits none). No host synchronisation.
     """
     import torch
 
@@ -195,10 +195,9 @@ def valid_counts(sampled: Any, discard_rows: Sequence[int], backup: Sequence[int
     counts = valid.sum(dim=1, dtype=torch.int32)  # [rows]
     last = valid.sum(dim=1, keepdim=True).sub_(1).clamp_(min=0)  # [rows, 1] int64
     nxt = sampled.gather(1, last).squeeze(1).to(torch.int32)  # [rows]
-    if discard_rows:
-        idx = torch.tensor(list(discard_rows), dtype=torch.int64).to(sampled.device, non_blocking=True)
-        counts.index_fill_(0, idx, 0)
-        nxt.index_copy_(0, idx, torch.tensor(list(backup), dtype=torch.int32).to(sampled.device, non_blocking=True))
+    if discard_mask is not None:
+        counts.masked_fill_(discard_mask, 0)
+        nxt = torch.where(discard_mask, backup, nxt)
     return nxt, counts
 
 
@@ -217,6 +216,7 @@ class ScheduledDrafting:
         pin = cuda
         self.ring = [torch.zeros((max_rows, k + 1), dtype=torch.int32, pin_memory=pin) for _ in range(RING_SLOTS)]
         self.host_drafts = [torch.zeros((max_rows, k), dtype=torch.int32, pin_memory=pin) for _ in range(2)]
+        self.backups = [torch.zeros(max_rows, dtype=torch.int32, pin_memory=pin) for _ in range(RING_SLOTS)]
         self.fills = 0
         self.gpu_drafts = torch.zeros((max_rows, k), dtype=torch.int32, device=self.device)
         self.queue: list[Capture] = []
@@ -227,6 +227,18 @@ class ScheduledDrafting:
         self._error_logged = False
 
     # ----------------------------------------------------------------- 1. capture (every step)
+    def counts(self, sampled: Any, discard: dict[int, int], discard_mask: Any) -> tuple[Any, Any]:
+        """``valid_counts`` for this step; ``discard`` = {row: its last context token}, ``discard_mask`` [rows]
+        bool on the device. The backups go up from a pinned buffer of the slot the step's capture will use."""
+        if not discard:
+            return valid_counts(sampled)
+        host = self.backups[self.next_slot][:int(sampled.shape[0])]
+        host.zero_()
+        for row, token in discard.items():
+            host[row] = token
+        return valid_counts(sampled, discard_mask, host.to(self.device, non_blocking=True))
+
+
     def capture(self, sampled: Any, req_ids: Sequence[str], discard: set[int], *,
                 requests: dict[str, Any]) -> None:
         """Start the copy of ``sampled`` [rows, w] (w <= k+1) and note the step's rows (runner: after sampling)."""
