@@ -17,7 +17,9 @@ Mechanisms, all cheap per step:
    runs either with drafts ("spec") or without ("plain"), and its throughput (emitted tokens / wall time between
    proposer calls, so drafting cost is included) feeds an EMA per bucket (buckets: 1, 2, 3-4, 5-8, ...). A bucket
    drafts while spec >= ``min_speedup`` x plain; every ``probe_every``-th window runs the other mode to keep
-   both estimates fresh. This is what makes specdec no slower than no speculation at any batch size.
+   both estimates fresh. This keeps specdec no slower than the same engine without drafts. It cannot see vLLM's
+   own no-spec engine, which is faster still on a host-bound target (Model Runner V2, async scheduling: every
+   CPU drafter runs on V1 with synchronous scheduling); measured in docs/vllm.md, run 17.
 """
 from __future__ import annotations
 
