@@ -498,14 +498,25 @@ int length_cap(int m, const DraftParams& p) {
     return cap > 1e9 ? 1000000000 : static_cast<int>(cap);
 }
 
+constexpr double BOUND_SLACK = 1e-9;  // rounding margin of the score bound below (it must never skip a winner)
+
 // Best draft over all match lengths of `front` in trie `t` (longest first; strictly better replaces).
+// Bounds on a draft's score (sum of its nodes' path probabilities): <= its number of levels (the nodes of one
+// depth are disjoint continuations, their paths sum to <= 1), and every node's path is <= q1, the probability of
+// the most likely first token, so a chain scores <= levels x q1 and a tree <= nodes x q1. Match lengths whose bound
+// cannot beat the best so far are skipped without walking their chain or tree (same result, less work).
 void best_draft(const Trie& t, const std::vector<Cursor>& front, const DraftParams& p, int source, Draft& best,
                 Draft& tmp) {
     for (size_t m = front.size(); m-- > 1;) {
         int cap = length_cap(static_cast<int>(m), p);
         double bound = std::min(static_cast<double>(p.budget), static_cast<double>(cap));
         if (bound <= best.score) break;
-        if (!t.has_continuation(front[m])) continue;
+        int32_t tok;
+        double q1;
+        Cursor next;
+        if (!best_step(t, front[m], tok, q1, next)) continue;  // nothing follows this match
+        double reach = p.tree ? std::min(bound, p.budget * q1) : bound * q1;
+        if (reach + BOUND_SLACK <= best.score) continue;
         tmp.clear();
         if (p.tree) draft_tree(t, front[m], cap, p.budget, p.min_prob, tmp);
         else draft_chain(t, front[m], cap, p.budget, p.min_prob, tmp);
