@@ -1,6 +1,7 @@
 """Helpers for the core tests: tiny random Llama targets and test drafters (oracle, noisy, random, ...)."""
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Sequence
 
@@ -247,3 +248,14 @@ class HFModelDrafter(_Tracking):
             prev = len(tokens) - 1
             ctx.append(best)
         return TokenTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int32), probs)
+
+
+def target_sequence(seed: int, length: int = 600) -> list[int]:
+    """A repetitive token stream (phrases from a small pool, occasional noise tokens): a greedy target's output
+    that a suffix drafter sometimes hits and sometimes misses."""
+    rng = random.Random(seed)
+    phrases = [[rng.randrange(50) for _ in range(rng.randint(3, 9))] for _ in range(6)]
+    out: list[int] = []
+    while len(out) < length:
+        out += rng.choice(phrases) if rng.random() < 0.85 else [rng.randrange(50, 90)]
+    return out[:length]

@@ -149,6 +149,33 @@ def test_config_errors_and_registry():
     assert isinstance(d, SuffixDrafter) and d.backend == "python"
 
 
+def run_twin_engines(a, b, rng, *, ops: int, p_start: float, p_stop: float, prompt, draft_args, tokens) -> None:
+    """Random start / stop / draft-then-extend operations on the native engine ``a`` and the reference ``b``:
+    every draft must be the same (tokens, parents, match length, source; probabilities and score to rounding)."""
+    active: list[int] = []
+    for op in range(ops):
+        r = rng.random()
+        if r < p_start or not active:
+            ids = prompt()
+            a.start(op, ids)
+            b.start(op, ids)
+            active.append(op)
+        elif r < p_stop:
+            rid = active.pop(rng.randrange(len(active)))
+            a.stop(rid)
+            b.stop(rid)
+        else:
+            rid = rng.choice(active)
+            args = (rid, *draft_args())
+            da, db = a.draft(*args), b.draft(*args)
+            assert (da[0], da[1], da[4], da[5]) == (db[0], db[1], db[4], db[5])
+            np.testing.assert_allclose(da[2], db[2], rtol=0, atol=1e-12)
+            assert da[3] == pytest.approx(db[3], abs=1e-9)
+            toks = tokens()
+            a.extend(rid, toks)
+            b.extend(rid, toks)
+
+
 @pytest.mark.skipif(not native_available(), reason="native core not built")
 def test_reference_equals_native_random():
     from specdec.drafters._suffix_native import Engine
@@ -157,32 +184,16 @@ def test_reference_equals_native_random():
     for _ in range(150):
         depth, vocab = rng.choice([2, 3, 5, 8]), rng.choice([2, 3, 5])
         limits = (rng.choice([1, 2, 50]), rng.choice([6, 30, 1000]))
-        a, b = Engine(depth, *limits), RefEngine(depth, *limits)
-        active: list[int] = []
-        for op in range(40):
-            r = rng.random()
-            if r < 0.2 or not active:
-                prompt = [rng.randrange(vocab) for _ in range(rng.randint(0, 20))]
-                a.start(op, prompt)
-                b.start(op, prompt)
-                active.append(op)
-            elif r < 0.35:
-                rid = active.pop(rng.randrange(len(active)))
-                a.stop(rid)
-                b.stop(rid)
-            else:
-                rid = rng.choice(active)
-                args = (rid, rng.choice([1, 3, 8]), rng.random() < 0.5, rng.choice([0.5, 1.0, 3.0]),
-                        rng.choice([0.0, 1.0]), rng.choice([0.0, 0.1, 0.4]), rng.random() < 0.8, rng.random() < 0.8)
-                da, db = a.draft(*args), b.draft(*args)
-                assert (da[0], da[1], da[4], da[5]) == (db[0], db[1], db[4], db[5])
-                np.testing.assert_allclose(da[2], db[2], rtol=0, atol=1e-12)
-                assert da[3] == pytest.approx(db[3], abs=1e-9)
-                toks = [rng.randrange(vocab) for _ in range(rng.randint(1, 4))]
-                a.extend(rid, toks)
-                b.extend(rid, toks)
+        run_twin_engines(
+            Engine(depth, *limits), RefEngine(depth, *limits), rng, ops=40, p_start=0.2, p_stop=0.35,
+            prompt=lambda: [rng.randrange(vocab) for _ in range(rng.randint(0, 20))],
+            draft_args=lambda: (rng.choice([1, 3, 8]), rng.random() < 0.5, rng.choice([0.5, 1.0, 3.0]),
+                                rng.choice([0.0, 1.0]), rng.choice([0.0, 0.1, 0.4]), rng.random() < 0.8,
+                                rng.random() < 0.8),
+            tokens=lambda: [rng.randrange(vocab) for _ in range(rng.randint(1, 4))])
 
 
+@pytest.mark.skipif(not native_available(), reason="native core not built")
 def test_reference_equals_native_while_tables_grow_and_evict():
     """Large tries: the native edge map grows incrementally (old and new tables live side by side for a while)
     and node pages are added, while evictions erase edges; drafts must still equal the reference's."""
@@ -190,28 +201,13 @@ def test_reference_equals_native_while_tables_grow_and_evict():
 
     rng = random.Random(11)
     for limits in ((3, 100_000), (50, 900)):
-        a, b = Engine(8, *limits), RefEngine(8, *limits)
+        a = Engine(8, *limits)
         phrases = [[rng.randrange(40) for _ in range(rng.randint(2, 7))] for _ in range(12)]
-        active: list[int] = []
-        for op in range(400):
-            r = rng.random()
-            if r < 0.15 or not active:
-                prompt = [t for _ in range(rng.randint(5, 60)) for t in rng.choice(phrases)]
-                a.start(op, prompt)
-                b.start(op, prompt)
-                active.append(op)
-            elif r < 0.3:
-                rid = active.pop(rng.randrange(len(active)))
-                a.stop(rid)
-                b.stop(rid)
-            else:
-                rid = rng.choice(active)
-                args = (rid, 8, False, 1.0, 0.0, 0.0, True, True)
-                da, db = a.draft(*args), b.draft(*args)
-                assert (da[0], da[1], da[4], da[5]) == (db[0], db[1], db[4], db[5])
-                toks = rng.choice(phrases) if rng.random() < 0.8 else [rng.randrange(40, 60)]
-                a.extend(rid, toks)
-                b.extend(rid, toks)
+        run_twin_engines(
+            a, RefEngine(8, *limits), rng, ops=400, p_start=0.15, p_stop=0.3,
+            prompt=lambda: [t for _ in range(rng.randint(5, 60)) for t in rng.choice(phrases)],
+            draft_args=lambda: (8, False, 1.0, 0.0, 0.0, True, True),
+            tokens=lambda: rng.choice(phrases) if rng.random() < 0.8 else [rng.randrange(40, 60)])
         assert a.memory_bytes() > 100_000  # large enough that both tables grew many times
 
 

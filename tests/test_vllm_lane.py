@@ -13,6 +13,7 @@ import random
 import numpy as np
 import pytest
 
+from core_support import target_sequence
 from specdec.drafters.suffix import SuffixDrafter, native_available
 from specdec.vllm_plugin.core import ProposerCore
 from specdec.vllm_plugin.options import SpecdecOptions
@@ -23,16 +24,6 @@ MAX_LEN = 2048
 MAX_ROWS = 16
 STAT_KEYS = ("steps", "rows", "drafted_tokens", "accepted_tokens", "emitted_tokens", "resyncs", "started", "stopped",
              "plain_steps", "timeouts")
-
-
-def target_sequence(seed: int, length: int = 600) -> list[int]:
-    """A repetitive token stream: phrases from a small pool with occasional noise tokens."""
-    rng = random.Random(seed)
-    phrases = [[rng.randrange(50) for _ in range(rng.randint(3, 9))] for _ in range(6)]
-    out: list[int] = []
-    while len(out) < length:
-        out += rng.choice(phrases) if rng.random() < 0.85 else [rng.randrange(50, 90)]
-    return out[:length]
 
 
 class FakeClock:

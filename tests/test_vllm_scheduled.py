@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from core_support import target_sequence
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.vllm_plugin.core import ProposerCore
 from specdec.vllm_plugin.options import SpecdecOptions
@@ -27,15 +28,6 @@ K = 6
 MAX_ROWS = 12
 MAX_LEN = 4096
 VOCAB = 100
-
-
-def target_sequence(seed: int, length: int = 500) -> list[int]:
-    rng = random.Random(seed)
-    phrases = [[rng.randrange(50) for _ in range(rng.randint(3, 9))] for _ in range(6)]
-    out: list[int] = []
-    while len(out) < length:
-        out += rng.choice(phrases) if rng.random() < 0.85 else [rng.randrange(50, 90)]
-    return out[:length]
 
 
 def test_valid_counts_next_token_and_discarded_rows():
@@ -93,7 +85,7 @@ class AsyncEngine:
 
     def add(self) -> None:
         rid = f"r{self.next_id}"
-        target = target_sequence(self.next_id)
+        target = target_sequence(self.next_id, 500)
         p = self.rng.randint(20, 100)
         self.reqs[rid] = {"seq": target[:p], "target": target, "prompt": p, "prefill": self.rng.random() < 0.3}
         self.state[rid] = SimpleNamespace(prompt_token_ids=target[:p], output_token_ids=[])
@@ -261,10 +253,10 @@ def test_real_vllm_has_the_hooks_and_the_whitelist_this_mode_patches():
     import vllm.config.vllm as module
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from specdec.vllm_plugin.async_patch import RUNNER_ATTRS, WHITELIST_SOURCE, _check
+    from specdec.vllm_plugin.async_patch import RUNNER_METHODS, WHITELIST_SOURCE, _check
 
     assert _check(GPUModelRunner) == ""
-    assert hasattr(GPUModelRunner, RUNNER_ATTRS[0])
+    assert all(callable(getattr(GPUModelRunner, name, None)) for name in RUNNER_METHODS)
     assert WHITELIST_SOURCE in inspect.getsource(module.VllmConfig.__post_init__)
     src = inspect.getsource(GPUModelRunner._prepare_input_ids)
     assert "self._draft_token_ids" in src  # the drafts are read there, after our fill
