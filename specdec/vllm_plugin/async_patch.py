@@ -32,7 +32,7 @@ RUNNER_SIGNATURES = {  # method -> leading parameters this patch relies on
     "propose_draft_token_ids": ["self", "scheduler_output", "sampled_token_ids"],
     "_prepare_input_ids": ["self", "scheduler_output"],
 }
-RUNNER_ATTRS = ("_copy_valid_sampled_token_count", "discard_request_mask", "use_async_scheduling")
+RUNNER_METHODS = ("_copy_valid_sampled_token_count",)  # called by the capture hook
 
 
 def wants_schedule(additional_config: Any) -> bool:
@@ -135,7 +135,8 @@ def _check(runner_cls: Any) -> str:
         params = list(inspect.signature(fn).parameters)
         if params[:len(lead)] != lead:
             return f"{name}{params} has an unexpected signature"
-    return ""
+    missing = [name for name in RUNNER_METHODS if not callable(getattr(runner_cls, name, None))]
+    return f"{', '.join(missing)} missing" if missing else ""
 
 
 def patch_async_runner(runner_cls: Any) -> bool:

@@ -13,7 +13,6 @@ This module imports vLLM only inside functions (CPU tests build it from a fake `
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sys
 import weakref
@@ -98,7 +97,7 @@ class SpecdecProposer:
         if not self.overlapped:
             # schedule mode: vLLM reserves k draft slots per request anyway, so every row is padded to k and the
             # controller's plain (no-draft) A/B windows would save nothing
-            core_options = (dataclasses.replace(self.options, pad_drafts="on", ab_windows=False)
+            core_options = (self.options.replace(pad_drafts="on", ab_windows=False)
                             if self.schedule_mode else self.options)
             self.core = ProposerCore(drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer),
                                      core_options, **self._core_args)

@@ -208,7 +208,6 @@ class ScheduledDrafting:
         import torch
 
         self.core = core
-        self.k = k
         self.device = torch.device(device)
         cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(device=self.device) if cuda else None
@@ -250,8 +249,9 @@ class ScheduledDrafting:
         if len(self.queue) >= RING_SLOTS - 1:
             self._drain(upto=1)  # oldest first: its slot is reused next
         rows, width = int(sampled.shape[0]), int(sampled.shape[1])
+        ids = list(req_ids[:rows])
         prev = self.last_req_ids
-        for rid in req_ids[:rows]:
+        for rid in ids:
             returning = rid not in prev and rid in self.feed.history
             if rid not in self.feed.history or returning:
                 state = requests.get(rid)
@@ -269,8 +269,8 @@ class ScheduledDrafting:
             sampled.record_stream(self.stream)
         else:
             dst.copy_(sampled)
-        self.queue.append(Capture(slot, rows, width, list(req_ids[:rows]), set(discard), event))
-        self.last_req_ids = set(req_ids[:rows])
+        self.queue.append(Capture(slot, rows, width, ids, set(discard), event))
+        self.last_req_ids = set(ids)
         self.feed.stats.captures += 1
         self.feed.stats.capture_seconds += time.perf_counter() - t0
 
