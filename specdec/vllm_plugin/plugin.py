@@ -31,6 +31,7 @@ _WRAPPED = "_specdec_wrapped"
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default when the user sets none (the value is filled in after our hook)
 AUTO_CUDAGRAPH_MAX_TOKENS = 2048  # cap of the automatic capture-size raise (capture time and memory)
 VLLM_DEFAULT_CAPTURE_TOKENS = 512  # vLLM's own cap on the default capture size
+FULL_CUDAGRAPH_MODE = "FULL"  # vLLM's CUDAGraphMode name: full graphs for every batch shape (full_cudagraphs)
 _state = {"registered": False, "runner_patched": False, "take_patched": False, "async_patched": False}
 
 
@@ -75,6 +76,37 @@ def rewrite_engine_args(engine_args: Any) -> bool:
     engine_args.speculative_config = theirs
     engine_args.additional_config = extra
     raise_cudagraph_capture(engine_args, options.cudagraph_max_tokens, options.num_speculative_tokens)
+    if options.full_cudagraphs:
+        request_full_cudagraphs(engine_args)
+    return True
+
+
+def request_full_cudagraphs(engine_args: Any) -> bool:
+    """Ask for ``cudagraph_mode=FULL`` unless the user chose a mode or ``enforce_eager``. Returns True if set.
+
+    Our steps verify a different number of draft tokens per request, so vLLM's default (FULL_AND_PIECEWISE: one
+    full graph only for uniform batches of k+1 tokens per request) runs them as piecewise graphs, with attention
+    launched eagerly between the pieces of every layer: host time that a small target cannot hide. FULL keeps
+    mixed batches in one graph; vLLM itself downgrades FULL where the attention backend's graph support is
+    weaker (``resolve_cudagraph_mode_and_sizes``), so asking is safe.
+    """
+    if getattr(engine_args, "enforce_eager", False):
+        return False
+    cc = getattr(engine_args, "compilation_config", None)
+    if isinstance(cc, dict):
+        if cc.get("cudagraph_mode") is not None:
+            return False
+        cc["cudagraph_mode"] = FULL_CUDAGRAPH_MODE
+        return True
+    if cc is None or not hasattr(cc, "cudagraph_mode") or cc.cudagraph_mode is not None:
+        return False
+    try:
+        from vllm.config import CUDAGraphMode  # only reached inside vLLM's engine-args path
+        cc.cudagraph_mode = CUDAGraphMode[FULL_CUDAGRAPH_MODE]
+    except (ImportError, KeyError, AttributeError) as exc:  # another vLLM layout: keep its default
+        logger.warning("specdec: could not request cudagraph_mode=%s (%s); vLLM's default stays",
+                       FULL_CUDAGRAPH_MODE, exc)
+        return False
     return True
 
 
