@@ -88,22 +88,14 @@ def test_rewrite_raises_the_cudagraph_capture_limit_unless_the_user_set_one():
     assert fixed.max_cudagraph_capture_size == 4096
 
 
-def test_rewrite_asks_for_full_cudagraphs_unless_the_user_chose_a_mode():
-    def cc(mode=None):
-        return SimpleNamespace(max_cudagraph_capture_size=None, cudagraph_capture_sizes=None, cudagraph_mode=mode)
-
-    as_dict = _args(compilation_config={})
+def test_rewrite_replaces_full_cudagraph_mode_which_breaks_verification():
+    as_dict = _args(compilation_config={"cudagraph_mode": "FULL"})
     plugin.rewrite_engine_args(as_dict)
-    assert as_dict.compilation_config["cudagraph_mode"] == "FULL"
-    for user in (_args(compilation_config={"cudagraph_mode": "PIECEWISE"}), _args(compilation_config=cc("NONE")),
-                 _args(compilation_config=cc(), enforce_eager=True),
-                 _args(compilation_config=cc(), speculative_config={"method": "specdec", "full_cudagraphs": False})):
-        before = dict(user.compilation_config) if isinstance(user.compilation_config, dict) \
-            else user.compilation_config.cudagraph_mode
-        plugin.rewrite_engine_args(user)
-        after = dict(user.compilation_config) if isinstance(user.compilation_config, dict) \
-            else user.compilation_config.cudagraph_mode
-        assert after == before
+    assert as_dict.compilation_config["cudagraph_mode"] == "FULL_AND_PIECEWISE"
+    for mode in (None, "PIECEWISE", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "NONE"):
+        kept = _args(compilation_config={"cudagraph_mode": mode})
+        plugin.rewrite_engine_args(kept)
+        assert kept.compilation_config["cudagraph_mode"] == mode
 
 
 def test_patch_engine_args_is_idempotent_and_rewrites_before_the_original():
@@ -219,11 +211,11 @@ def test_real_engine_args_rewrite_builds_a_custom_class_speculative_config():
     assert ea.additional_config["specdec"]["draft_timeout_ms"] == 9.0
     from vllm.config import CUDAGraphMode
 
-    assert ea.compilation_config.cudagraph_mode == CUDAGraphMode.FULL  # full_cudagraphs (default)
-    mine = EngineArgs(model="unused", speculative_config={"method": "specdec"},
-                      compilation_config={"cudagraph_mode": "PIECEWISE"})
-    plugin.rewrite_engine_args(mine)
-    assert mine.compilation_config.cudagraph_mode == CUDAGraphMode.PIECEWISE  # the user's choice stays
+    assert ea.compilation_config.cudagraph_mode is None  # vLLM's default stays
+    full = EngineArgs(model="unused", speculative_config={"method": "specdec"},
+                      compilation_config={"cudagraph_mode": "FULL"})
+    plugin.rewrite_engine_args(full)
+    assert full.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE
     from vllm.config import SpeculativeConfig
 
     fields = getattr(SpeculativeConfig, "__dataclass_fields__", {})

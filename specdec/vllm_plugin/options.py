@@ -82,10 +82,6 @@ class SpecdecOptions(ConfigBase):
                                     doc="-1: raise vLLM's max_cudagraph_capture_size to max_num_seqs x (k+1) "
                                         "(at most 2048) when the user set no capture sizes, so verify batches "
                                         "stay in CUDA graphs; 0: leave vLLM's default; N: use N")
-    full_cudagraphs: bool = rng(True, doc="ask vLLM for cudagraph_mode FULL (mixed batches, whose requests verify different "
-                                          "draft lengths, replay one CUDA graph instead of piecewise graphs with eager "
-                                          "attention) unless the user set cudagraph_mode; vLLM falls back to its default "
-                                          "where the attention backend cannot (e.g. FlashAttention 2)")
     draft_ranks: str = rng("driver", choices=("driver", "all"),
                            doc="TP>1: 'driver' = only TP rank 0 drafts (the others' drafts are never read)")
     log_every_s: float = rng(60.0, lo=0.0, hi=86_400.0, doc="log drafting stats this often (0 = never)")

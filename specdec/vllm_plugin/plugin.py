@@ -31,7 +31,8 @@ _WRAPPED = "_specdec_wrapped"
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default when the user sets none (the value is filled in after our hook)
 AUTO_CUDAGRAPH_MAX_TOKENS = 2048  # cap of the automatic capture-size raise (capture time and memory)
 VLLM_DEFAULT_CAPTURE_TOKENS = 512  # vLLM's own cap on the default capture size
-FULL_CUDAGRAPH_MODE = "FULL"  # vLLM's CUDAGraphMode name: full graphs for every batch shape (full_cudagraphs)
+UNSAFE_CUDAGRAPH_MODE = "FULL"  # vLLM CUDAGraphMode that replays mixed verify batches from full graphs (run 18)
+SAFE_CUDAGRAPH_MODE = "FULL_AND_PIECEWISE"  # vLLM's default: full graphs for uniform batches only
 _state = {"registered": False, "runner_patched": False, "take_patched": False, "async_patched": False}
 
 
@@ -76,37 +77,36 @@ def rewrite_engine_args(engine_args: Any) -> bool:
     engine_args.speculative_config = theirs
     engine_args.additional_config = extra
     raise_cudagraph_capture(engine_args, options.cudagraph_max_tokens, options.num_speculative_tokens)
-    if options.full_cudagraphs:
-        request_full_cudagraphs(engine_args)
+    guard_full_cudagraphs(engine_args)
     return True
 
 
-def request_full_cudagraphs(engine_args: Any) -> bool:
-    """Ask for ``cudagraph_mode=FULL`` unless the user chose a mode or ``enforce_eager``. Returns True if set.
+def guard_full_cudagraphs(engine_args: Any) -> bool:
+    """Replace a user's ``cudagraph_mode=FULL`` by FULL_AND_PIECEWISE (warned). Returns True if replaced.
 
-    Our steps verify a different number of draft tokens per request, so vLLM's default (FULL_AND_PIECEWISE: one
-    full graph only for uniform batches of k+1 tokens per request) runs them as piecewise graphs, with attention
-    launched eagerly between the pieces of every layer: host time that a small target cannot hide. FULL keeps
-    mixed batches in one graph; vLLM itself downgrades FULL where the attention backend's graph support is
-    weaker (``resolve_cudagraph_mode_and_sizes``), so asking is safe.
+    FULL also replays mixed batches (requests verifying different draft lengths) from full CUDA graphs. On vLLM
+    0.26 with FlashAttention 3 that breaks speculative verification: greedy outputs differed from no-spec on 8/8
+    prompts at batch 1 and 64/64 at batch 64, and acceptance collapsed, for vLLM's own ``ngram`` as for ours
+    (H200, ``eval/results/2026-11-22_h200_vllm_bench_run18_full_cudagraphs.md``). Lossless output comes first.
     """
-    if getattr(engine_args, "enforce_eager", False):
-        return False
     cc = getattr(engine_args, "compilation_config", None)
-    if isinstance(cc, dict):
-        if cc.get("cudagraph_mode") is not None:
+    mode = cc.get("cudagraph_mode") if isinstance(cc, dict) else getattr(cc, "cudagraph_mode", None)
+    if mode is None or getattr(mode, "name", str(mode)).upper() != UNSAFE_CUDAGRAPH_MODE:
+        return False
+    safe = SAFE_CUDAGRAPH_MODE
+    if not isinstance(cc, dict):
+        try:
+            from vllm.config import CUDAGraphMode  # only reached inside vLLM's engine-args path
+            safe = CUDAGraphMode[SAFE_CUDAGRAPH_MODE]
+        except (ImportError, KeyError) as exc:
+            logger.warning("specdec: cudagraph_mode=FULL may change outputs and could not be replaced (%s)", exc)
             return False
-        cc["cudagraph_mode"] = FULL_CUDAGRAPH_MODE
-        return True
-    if cc is None or not hasattr(cc, "cudagraph_mode") or cc.cudagraph_mode is not None:
-        return False
-    try:
-        from vllm.config import CUDAGraphMode  # only reached inside vLLM's engine-args path
-        cc.cudagraph_mode = CUDAGraphMode[FULL_CUDAGRAPH_MODE]
-    except (ImportError, KeyError, AttributeError) as exc:  # another vLLM layout: keep its default
-        logger.warning("specdec: could not request cudagraph_mode=%s (%s); vLLM's default stays",
-                       FULL_CUDAGRAPH_MODE, exc)
-        return False
+    if isinstance(cc, dict):
+        cc["cudagraph_mode"] = safe
+    else:
+        cc.cudagraph_mode = safe
+    logger.warning("specdec: cudagraph_mode=FULL changes speculative outputs on vLLM 0.26 (mixed verify batches "
+                   "in full CUDA graphs; measured for vLLM's ngram too): using %s instead", SAFE_CUDAGRAPH_MODE)
     return True
 
 
