@@ -27,6 +27,7 @@ from typing import Any
 
 from specdec.eval.bench_vllm_report import markdown, summarise  # noqa: F401 - re-exported
 from specdec.eval.model_shapes import SHAPES, shaped_model
+from specdec.eval.step_trace import StepTrace
 from specdec.paths import TARGET_MODEL, model_path
 
 METHODS: dict[str, dict[str, Any] | None] = {
@@ -76,7 +77,8 @@ class StepTimer:
     (whatever the CPU does meanwhile: vLLM's bookkeeping and scheduling, drafting), ``busy`` = elapsed(start,
     end) of a step. "GPU waiting for drafts" = a method's gap minus no-spec's (``nospec-v1``: same runner)."""
 
-    def __init__(self) -> None:
+    def __init__(self, trace: StepTrace | None = None) -> None:
+        self.trace = trace  # per-step records (--trace)
         self.steps = 0
         self.draft_s = 0.0
         self.gpu_on = False  # record events (only inside measured generate calls; never during graph capture)
@@ -93,9 +95,13 @@ class StepTimer:
         @functools.wraps(run)  # keeps the signature visible (the plugin's runner patch checks it)
         def execute_model(self: Any, *a: Any, **kw: Any) -> Any:
             timer.steps += 1
+            if timer.trace is not None and timer.gpu_on:
+                timer.trace.step(a[0] if a else kw.get("scheduler_output"), timer.draft_s)
             return run(self, *a, **kw)
 
         GPUModelRunner.execute_model = execute_model
+        if self.trace is not None:
+            self.trace.install()
         GPUModelRunner.propose_draft_token_ids = self._timed(prop)
         for name, hook in (("_model_forward", self._forward_started), ("_bookkeeping_sync", self._sampling_done)):
             if hasattr(GPUModelRunner, name):
@@ -126,7 +132,7 @@ class StepTimer:
     def _sampling_done(self) -> None:
         end = self._event()
         if end is not None and self._start is not None:
-            self.events.append((self._start, end))
+            self.events.append((self._start, end, self.trace.current if self.trace is not None else -1))
         self._start = None
 
     @staticmethod
@@ -141,10 +147,17 @@ class StepTimer:
     def collect_gpu(self) -> None:
         """Fold the events of the generate call that just finished (all complete) into busy/gap totals."""
         ev = self.events
-        for (s0, e0), (s1, _e1) in zip(ev, ev[1:]):
-            self.busy_ms += s0.elapsed_time(e0)
-            self.gap_ms += e0.elapsed_time(s1)
+        per_step: dict[int, tuple[float, float | None]] = {}
+        for (s0, e0, i0), (s1, _e1, _i1) in zip(ev, ev[1:]):
+            busy, gap = s0.elapsed_time(e0), e0.elapsed_time(s1)
+            self.busy_ms += busy
+            self.gap_ms += gap
             self.gap_n += 1
+            per_step[i0] = (busy, gap)
+        if ev:
+            per_step.setdefault(ev[-1][2], (ev[-1][0].elapsed_time(ev[-1][1]), None))
+        if self.trace is not None:
+            self.trace.end_call(self.draft_s, per_step)
         self.events, self._start = [], None
 
     def _timed(self, fn: Any) -> Any:
@@ -215,6 +228,7 @@ def _run_batch(llm: Any, prompts: list[list[int]], batch: int, sp: Any, timer: S
         "acceptance_rate": accepted / drafted if drafted else None,
         "engine_steps": steps, "draft_ms_per_step": 1e3 * draft_s / max(steps, 1), "draft_share": draft_s / wall,
         "outputs": outs,
+        **({"trace": timer.trace.cell()} if timer.trace is not None else {}),
     }
 
 
@@ -269,7 +283,7 @@ def worker(args: argparse.Namespace) -> None:
     prompts = json.loads(Path(args.prompts).read_text())
     from vllm import LLM, SamplingParams
 
-    timer = StepTimer()
+    timer = StepTimer(StepTrace() if args.trace else None)
     timer.install()
     spec = _spec_config(args.method, json.loads(args.specdec_config or "{}"), variants)
     extra: dict[str, Any] = {}
@@ -348,6 +362,8 @@ def _spawn(args: argparse.Namespace, method: str, dtype: str, batches: list[int]
            "--gpu-mem", str(args.gpu_mem), "--specdec-config", args.specdec_config or "{}",
            "--variants", args.variants or "{}", "--tp", str(args.tp), "--compilation-config", args.compilation_config or "null",
            "--profile-dir", args.profile_dir if method in args.profile_methods else "", "--shape", args.shape]
+    if args.trace:
+        cmd.append("--trace")
     if eager:
         cmd.append("--eager")
     print(f"=== {method} ({dtype}) ===", flush=True)
@@ -437,6 +453,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile-dir", default="", help="write cProfile tables per cell here (--profile-methods)")
     ap.add_argument("--profile-methods", default="", type=lambda s: [m for m in s.split(",") if m],
                     help="methods run under cProfile (slower: their timings are not comparable)")
+    ap.add_argument("--trace", action="store_true", help="record every engine step of the speed cells (width, "
+                    "tokens, drafting, CUDA-graph mode, GPU busy/gap): python -m specdec.eval.step_trace RESULTS")
     ap.add_argument("--lossless", action="store_true", help="add float32 runs: no-spec vs specdec methods")
     ap.add_argument("--lossless-methods", default="", type=lambda s: [m for m in s.split(",") if m],
                     help="methods compared with no-spec in float32 (default: the specdec methods of --methods)")

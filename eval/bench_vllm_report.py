@@ -23,11 +23,13 @@ def first_diffs(a: list[list[int]], ref: list[list[int]]) -> list[dict[str, int]
 def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Strip outputs, add ratios to no-spec and bf16 mismatch counts; the fp32 lossless comparison."""
     base = runs.get("nospec")
-    rows = []
+    rows, traces = [], {}
     for method, run in runs.items():
         for ds, cells in run["datasets"].items():
             for b, cell in cells.items():
-                row = {k: v for k, v in cell.items() if k != "outputs"}
+                row = {k: v for k, v in cell.items() if k not in ("outputs", "trace")}
+                if cell.get("trace"):
+                    traces[f"{method}|{ds}|{b}"] = cell["trace"]
                 row.update(method=method, dataset=ds)
                 ref = base["datasets"].get(ds, {}).get(b) if base else None
                 if ref is not None:
@@ -52,6 +54,8 @@ def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any
     out["startup_s"] = {m: r["startup_s"] for m, r in runs.items()}
     out["engine_config"] = {m: r.get("engine_config") for m, r in runs.items()}
     out["specdec_stats"] = {m: r.get("specdec_stats") for m, r in runs.items() if r.get("specdec_stats")}
+    if traces:
+        out["traces"] = traces  # per-step records (--trace): python -m specdec.eval.step_trace RESULTS.json
     return out
 
 

@@ -1,0 +1,166 @@
+"""Per-step trace of a vLLM engine (benchmark diagnostics): where a step's time goes, by batch width.
+
+``bench_vllm --trace`` records, for every engine step of a measured cell (V1 model runner, engine in-process):
+
+* ``period_ms``: host time from this step's ``execute_model`` to the next one's (the step's wall period;
+  ``None`` for the last step of a ``generate`` call),
+* ``reqs`` / ``tokens`` / ``spec``: requests scheduled, tokens scheduled, draft tokens among them,
+* ``draft_ms``: time in the drafting hooks during the period (``StepTimer``),
+* ``cg``: the CUDA-graph mode vLLM's dispatcher chose for the forward pass (``F`` full, ``P`` piecewise,
+  ``N`` none/eager, ``?`` not seen),
+* ``busy_ms`` / ``gap_ms``: GPU time of the step and the GPU's idle gap after it (CUDA events, ``StepTimer``).
+
+``python -m specdec.eval.step_trace RESULTS.json [--method M] [--dataset D] [--batch-size B]`` prints, per cell,
+a table by width bucket (requests in the step): steps, mean period / draft / busy / gap, share of the cell's
+wall, share of piecewise or eager steps. A closed batch (all prompts submitted at once) ends with a tail of
+stragglers; the table shows how much of the wall that tail takes.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+CG_CODES = {"FULL": "F", "PIECEWISE": "P", "NONE": "N"}  # vLLM CUDAGraphMode names -> one-letter codes
+WIDTH_EDGES = (1, 2, 4, 8, 16, 32, 48, 64, 128, 256)  # bucket upper bounds (requests per step)
+
+
+class StepTrace:
+    """Collects one record per engine step (see the module docstring); ``cell()`` returns and clears them."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self._cg = "?"
+        self._draft_at_start = 0.0
+
+    def install(self) -> None:
+        """Wrap vLLM's CUDA-graph dispatcher to note the mode of each forward pass (V1 runner)."""
+        try:
+            from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+        except ImportError:
+            return
+        trace, dispatch = self, CudagraphDispatcher.dispatch
+
+        @functools.wraps(dispatch)
+        def wrapped(self: Any, *a: Any, **kw: Any) -> Any:
+            out = dispatch(self, *a, **kw)
+            mode = out[0] if isinstance(out, tuple) else out
+            trace._cg = CG_CODES.get(getattr(mode, "name", str(mode)), "?")
+            return out
+
+        CudagraphDispatcher.dispatch = wrapped
+
+    def step(self, scheduler_output: Any, draft_s_total: float) -> None:
+        """Called at ``execute_model`` entry with the engine's running drafting total (seconds)."""
+        now = time.perf_counter()
+        if self.rows and self.rows[-1]["period_ms"] is None:
+            last = self.rows[-1]
+            last["period_ms"] = 1e3 * (now - last["t"])
+            last["draft_ms"] = 1e3 * (draft_s_total - self._draft_at_start)
+            last["cg"] = self._cg
+        self._draft_at_start, self._cg = draft_s_total, "?"
+        spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
+        per_req = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+        self.rows.append({"t": now, "reqs": len(per_req), "period_ms": None, "draft_ms": None, "cg": "?",
+                          "tokens": int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0),
+                          "spec": sum(len(v) for v in spec.values())})
+
+    @property
+    def current(self) -> int:
+        """Index of the step being executed (for GPU events recorded during it)."""
+        return len(self.rows) - 1
+
+    def end_call(self, draft_s_total: float, gpu: dict[int, tuple[float, float | None]]) -> None:
+        """A ``generate`` call finished: close its last step; ``gpu`` = step index -> (busy ms, gap ms after)."""
+        if self.rows and self.rows[-1]["period_ms"] is None:
+            last = self.rows[-1]
+            last["draft_ms"] = 1e3 * (draft_s_total - self._draft_at_start)
+            last["cg"] = self._cg
+            last["period_ms"] = -1.0  # marks "closed, period unknown" (no next step)
+        for i, (busy, gap) in gpu.items():
+            if 0 <= i < len(self.rows):
+                self.rows[i]["busy_ms"], self.rows[i]["gap_ms"] = busy, gap
+
+    def cell(self) -> dict[str, list[Any]]:
+        """The cell's steps as columns (periods of -1 -> None), then cleared."""
+        cols = ("reqs", "tokens", "spec", "period_ms", "draft_ms", "busy_ms", "gap_ms")
+        out: dict[str, list[Any]] = {c: [] for c in cols}
+        for r in self.rows:
+            for c in cols:
+                v = r.get(c)
+                out[c].append(None if v is None or (c == "period_ms" and v < 0) else
+                              (round(v, 4) if isinstance(v, float) else v))
+        out["cg"] = "".join(r["cg"] for r in self.rows)  # type: ignore[assignment]
+        self.rows = []
+        return out
+
+
+def _bucket(width: int) -> str:
+    lo = 0
+    for hi in WIDTH_EDGES:
+        if width <= hi:
+            return f"{lo + 1}-{hi}" if hi > lo + 1 else str(hi)
+        lo = hi
+    return f">{WIDTH_EDGES[-1]}"
+
+
+def _mean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarise_trace(trace: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Rows per width bucket: steps, mean period/draft/busy/gap (ms), share of traced wall, non-full share."""
+    n = len(trace["reqs"])
+    total = sum(p for p in trace["period_ms"] if p is not None) or 1.0
+    groups: dict[str, list[int]] = {}
+    for i in range(n):
+        groups.setdefault(_bucket(trace["reqs"][i]), []).append(i)
+    rows = []
+    for name, idx in sorted(groups.items(), key=lambda kv: -min(trace["reqs"][i] for i in kv[1])):
+        col = {c: [trace[c][i] for i in idx] for c in ("period_ms", "draft_ms", "busy_ms", "gap_ms", "tokens", "spec")}
+        cg = [trace["cg"][i] for i in idx]
+        rows.append({"width": name, "steps": len(idx),
+                     "wall_share": sum(p for p in col["period_ms"] if p is not None) / total,
+                     **{f"{c}_mean": _mean(col[c]) for c in ("period_ms", "draft_ms", "busy_ms", "gap_ms",
+                                                             "tokens", "spec")},
+                     "not_full_share": sum(c in "PN" for c in cg) / len(cg)})
+    return rows
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    head = "| width | steps | wall share | period ms | draft ms | busy ms | gap ms | tokens | draft tokens | not full |"
+    lines = [head, "| --- " * 10 + "|"]
+    f = lambda v, d=2: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
+    for r in rows:
+        lines.append(f"| {r['width']} | {r['steps']} | {f(r['wall_share'])} | {f(r['period_ms_mean'])} | "
+                     f"{f(r['draft_ms_mean'])} | {f(r['busy_ms_mean'])} | {f(r['gap_ms_mean'])} | "
+                     f"{f(r['tokens_mean'], 0)} | {f(r['spec_mean'], 0)} | {f(r['not_full_share'])} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", help="a bench_vllm results JSON written with --trace")
+    ap.add_argument("--method", default="", help="only this method")
+    ap.add_argument("--dataset", default="", help="only this dataset")
+    ap.add_argument("--batch-size", type=int, default=0, help="only this batch size")
+    args = ap.parse_args(argv)
+    doc = json.loads(Path(args.results).read_text())
+    traces = doc.get("summary", {}).get("traces", {})
+    if not traces:
+        raise SystemExit(f"{args.results}: no traces (run bench_vllm with --trace)")
+    for key, trace in traces.items():
+        method, dataset, bs = key.split("|")
+        if (args.method and method != args.method) or (args.dataset and dataset != args.dataset) or \
+                (args.batch_size and int(bs) != args.batch_size):
+            continue
+        print(f"\n{method} {dataset} bs {bs}: {len(trace['reqs'])} steps")
+        print(format_rows(summarise_trace(trace)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""The benchmark's per-step trace: records, GPU attachment, width buckets (hand-checked numbers)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from specdec.eval import step_trace
+from specdec.eval.step_trace import StepTrace, summarise_trace
+
+
+def _sched(widths: dict[str, int], spec: dict[str, list[int]] | None = None) -> SimpleNamespace:
+    return SimpleNamespace(num_scheduled_tokens=widths, total_num_scheduled_tokens=sum(widths.values()),
+                           scheduled_spec_decode_tokens=spec or {})
+
+
+def test_trace_records_periods_drafting_graph_modes_and_gpu(monkeypatch):
+    clock = iter([0.0, 0.004, 0.010, 0.012])
+    monkeypatch.setattr(step_trace.time, "perf_counter", lambda: next(clock))
+    tr = StepTrace()
+    tr.step(_sched({"a": 3, "b": 3}, {"a": [5, 6], "b": [7, 8]}), draft_s_total=0.0)
+    tr._cg = "F"  # what the dispatcher wrapper notes during the forward pass
+    tr.step(_sched({"a": 1}), draft_s_total=0.001)  # 1 ms of drafting during step 0's period
+    tr._cg = "P"
+    tr.step(_sched({"a": 2}, {"a": [9]}), draft_s_total=0.0015)
+    tr.end_call(0.0025, {0: (0.5, 1.0), 1: (0.3, 0.2), 2: (0.4, None)})
+    tr.step(_sched({"c": 1}), draft_s_total=0.0025)  # a second generate call: new step, no GPU record
+    tr.end_call(0.0025, {})
+    cell = tr.cell()
+    assert cell["reqs"] == [2, 1, 1, 1]
+    assert cell["tokens"] == [6, 1, 2, 1]
+    assert cell["spec"] == [4, 0, 1, 0]
+    assert cell["period_ms"] == pytest.approx([4.0, 6.0, None, None])  # last step of each call: no next step
+    assert cell["draft_ms"] == pytest.approx([1.0, 0.5, 1.0, 0.0])
+    assert cell["cg"] == "FP??"
+    assert cell["busy_ms"] == [0.5, 0.3, 0.4, None] and cell["gap_ms"] == [1.0, 0.2, None, None]
+    assert tr.cell()["reqs"] == []  # cleared
+
+
+def test_summary_groups_steps_by_width_and_shares_the_wall():
+    trace = {"reqs": [64, 64, 40, 3, 1], "tokens": [1088, 1088, 680, 51, 17], "spec": [1024, 1024, 640, 48, 16],
+             "period_ms": [5.0, 5.0, 4.0, 2.0, None], "draft_ms": [1.0, 1.0, 0.5, 0.1, 0.1],
+             "busy_ms": [1.5, 1.5, 1.0, 0.5, 0.5], "gap_ms": [3.5, 3.5, 3.0, 1.5, None], "cg": "FFPNF"}
+    rows = {r["width"]: r for r in summarise_trace(trace)}
+    assert list(rows) == ["49-64", "33-48", "3-4", "1"]  # widest first
+    assert rows["49-64"]["steps"] == 2 and rows["49-64"]["wall_share"] == pytest.approx(10 / 16)
+    assert rows["49-64"]["period_ms_mean"] == pytest.approx(5.0) and rows["49-64"]["not_full_share"] == 0.0
+    assert rows["33-48"]["not_full_share"] == 1.0 and rows["3-4"]["not_full_share"] == 1.0
+    assert rows["1"]["period_ms_mean"] is None and rows["1"]["gap_ms_mean"] is None
+    assert "| 49-64 | 2 | 0.62 |" in step_trace.format_rows(summarise_trace(trace))
