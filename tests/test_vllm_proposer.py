@@ -10,7 +10,7 @@ import pytest
 
 from specdec.drafters.base import Drafter
 from specdec.tree import TokenTree, best_chain
-from specdec.vllm_plugin.adaptive import AdaptiveController, bucket_of
+from specdec.vllm_plugin.adaptive import BucketState, AdaptiveController, bucket_of
 from specdec.vllm_plugin.core import ProposerCore
 from specdec.vllm_plugin.options import SpecdecOptions
 from specdec.vllm_plugin.proposer import SpecdecProposer
@@ -410,6 +410,40 @@ def test_auto_deadline_mode_goes_inline_for_a_fast_drafter_and_back_on_an_overru
     core.close()
 
 
+def test_a_wrong_plain_lead_is_retried_within_a_few_windows():
+    from specdec.vllm_plugin.adaptive import PLAIN_PROBE_EVERY
+
+    ctl = AdaptiveController(window_steps=1, probe_every=32, ab_windows=True)
+    b = bucket_of(64)
+    st = ctl.buckets.setdefault(b, BucketState())
+    st.add("spec", 60, 0.020)  # a stale one-window estimate (say from a warm-up): spec 3,000 tok/s
+    st.add("plain", 64, 0.010)  # plain 6,400 tok/s
+    now, modes = 0.0, []
+    for _ in range(12):  # in fact spec emits 6x the tokens of a plain step for 1.1x its time
+        mode = ctl.mode(64, now)
+        modes.append(mode)
+        now += 0.011 if mode == "spec" else 0.010
+        ctl.observe(384 if mode == "spec" else 64)
+    first_spec = modes.index("spec")
+    assert first_spec < PLAIN_PROBE_EVERY  # the old schedule held plain for 31 windows
+    assert modes[first_spec:].count("plain") <= 1  # one spec window fixes the estimate; then spec stays
+    assert ctl.buckets[b].best_mode(1.0) == "spec"
+
+
+def test_spec_probes_back_off_while_plain_keeps_winning():
+    ctl = AdaptiveController(window_steps=1, probe_every=32, ab_windows=True)
+    now, modes = 0.0, []
+    for _ in range(200):  # drafting really loses here: 3x the time for 1.5x the tokens
+        mode = ctl.mode(64, now)
+        modes.append(mode)
+        now += 0.003 if mode == "spec" else 0.001
+        ctl.observe(96 if mode == "spec" else 64)
+    probes = [i for i, m in enumerate(modes[10:], start=10) if m == "spec"]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] == 32  # 4, 8, 16, then every 32 windows
+    assert len(probes) <= 9
+
+
 def test_windows_with_a_prefill_do_not_feed_the_estimate():
     ctl = AdaptiveController(window_steps=2, probe_every=4, ab_windows=True)
     ctl.mode(4, 0.0)
@@ -453,7 +487,7 @@ def test_proposer_stops_drafting_when_spec_steps_cost_more_than_they_emit(spec_s
     half the time (wrong_at=2 of 4), so a spec step emits ~3 tokens per request vs 1."""
     now = [0.0]
     drafter = OracleDrafter(wrong_at=2)
-    opts = SpecdecOptions.from_dict({"num_speculative_tokens": 4, "draft_timeout_ms": 0})
+    opts = SpecdecOptions.from_dict({"num_speculative_tokens": 4, "draft_timeout_ms": 0, "ab_windows": True})
     core = ProposerCore(drafter, opts, max_model_len=4096, clock=lambda: now[0])
     runner = FakeRunner(max_model_len=4096)
     for i in range(4):

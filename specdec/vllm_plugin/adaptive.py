@@ -11,13 +11,14 @@ Mechanisms, all cheap per step:
    running requests) is a fixed floor on top.
 2. **Per-request acceptance.** A request whose acceptance EMA (accepted / drafted) falls below ``min_acceptance``
    drafts at most ``PROBE_TOKENS`` tokens per step until it recovers.
-3. **Throughput A/B per batch-size bucket** (``ab_windows``, on by default). vLLM's speculative step has a
+3. **Throughput A/B per batch-size bucket** (``ab_windows``, off by default since GPU run 19). vLLM's speculative step has a
    large fixed cost beside the per-token one (measured on an H200 with the 53M target: a spec step costs
    2-3x a plain one at batch 8-64 even with ~3 draft tokens per request), which a per-token fit cannot see. Steps are grouped in windows of ``probe_window_steps``; each window
    runs either with drafts ("spec") or without ("plain"), and its throughput (emitted tokens / wall time between
    proposer calls, so drafting cost is included) feeds an EMA per bucket (buckets: 1, 2, 3-4, 5-8, ...). A bucket
    drafts while spec >= ``min_speedup`` x plain; every ``probe_every``-th window runs the other mode to keep
-   both estimates fresh. This keeps specdec no slower than the same engine without drafts. It cannot see vLLM's
+   both estimates fresh (while plain leads, spec is re-tried after ``PLAIN_PROBE_EVERY`` windows, then after twice
+   as many each time, up to ``probe_every``). This keeps specdec no slower than the same engine without drafts. It cannot see vLLM's
    own no-spec engine, which is faster still on a host-bound target (Model Runner V2, async scheduling: every
    CPU drafter runs on V1 with synchronous scheduling); measured in docs/vllm.md, run 17.
 """
@@ -30,6 +31,7 @@ PROBE_TOKENS = 2  # draft length for requests whose acceptance is poor
 EMA_ALPHA_MIN = 0.1  # weight of the newest window in a mode's throughput estimate (after the first 10)
 ACCEPT_EMA_ALPHA = 0.2  # weight of the newest step in a request's acceptance EMA
 MAX_CUT = 0.9  # the confidence threshold never exceeds this
+PLAIN_PROBE_EVERY = 4  # while plain leads a bucket, every 4th window drafts again (spec is the normal mode)
 SPEC_BIAS = 1.03  # hysteresis: plain must beat spec by 3% (measurement noise) before drafting stops
 
 
@@ -52,6 +54,8 @@ class BucketState:
     plain_sec: float = 0.0
     plain_n: int = 0
     windows: int = 0  # completed windows
+    since_probe: int = 0  # windows opened since the last probe of the other mode
+    plain_gap: int = PLAIN_PROBE_EVERY  # while plain leads: windows between spec probes (doubles per probe)
 
     @property
     def spec_tps(self) -> float | None:
@@ -144,9 +148,21 @@ class AdaptiveController:
     def _next_mode(self, b: int) -> str:
         st = self.buckets.setdefault(b, BucketState())
         best = st.best_mode(self.min_speedup)
-        if st.spec_tps is not None and st.plain_tps is not None and (st.windows + 1) % self.probe_every == 0:
-            return "plain" if best == "spec" else "spec"
-        return best
+        if st.spec_tps is None or st.plain_tps is None:
+            return best
+        # drafting is the normal mode: while plain leads, spec is re-tried after PLAIN_PROBE_EVERY windows, then
+        # after twice as many each time plain still leads (up to probe_every), so that a noisy early estimate
+        # cannot hold a bucket in plain mode for long (measured: 30-step lock-ins with a fixed probe_every)
+        if best == "spec":
+            st.plain_gap = PLAIN_PROBE_EVERY
+        every = self.probe_every if best == "spec" else min(st.plain_gap, self.probe_every)
+        st.since_probe += 1
+        if st.since_probe < every:
+            return best
+        st.since_probe = 0
+        if best == "plain":
+            st.plain_gap = min(2 * st.plain_gap, self.probe_every)
+        return "plain" if best == "spec" else "spec"
 
     def _close(self, w: Window, now: float) -> None:
         elapsed = now - w.t_start

@@ -69,7 +69,10 @@ class SpecdecOptions(ConfigBase):
                                        doc="adaptive: the fixed floor grows by this much per running request")
     min_acceptance: float = rng(0.1, lo=0.0, hi=1.0,
                                 doc="adaptive: a request whose acceptance EMA falls below drafts 1 token")
-    ab_windows: bool = rng(True, doc="adaptive: A/B-test spec vs plain windows per batch-size bucket")
+    ab_windows: bool = rng(False, doc="adaptive: A/B-test spec vs plain windows per batch-size bucket (off by default: "
+                                      "in vLLM 0.26 a plain step of a speculative engine runs piecewise CUDA graphs "
+                                      "and cost 2.2x a no-spec step, and noisy early estimates held whole batches in "
+                                      "plain mode; GPU run 19, docs/vllm.md)")
     probe_window_steps: int = rng(1, lo=1, hi=100_000, doc="adaptive: steps per throughput-measurement window")
     probe_every: int = rng(32, lo=2, hi=1000, doc="adaptive: every Nth window of a batch bucket runs the other mode")
     min_speedup: float = rng(1.0, lo=0.5, hi=2.0,
