@@ -280,6 +280,9 @@ def worker(args: argparse.Namespace) -> None:
         os.environ[key] = str(value)
     if args.method == "nospec-v1" or variants.get(args.method, {}).get("base") == "nospec-v1":  # plain no-spec uses Model Runner V2 where it can; spec methods force V1
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    cpus = variants.get(args.method, {}).get("cpus")
+    if cpus:  # pin the engine process (threads started later inherit it): host-speed noise between processes
+        os.sched_setaffinity(0, [int(c) for c in cpus])
     prompts = json.loads(Path(args.prompts).read_text())
     from vllm import LLM, SamplingParams
 
@@ -302,7 +305,7 @@ def worker(args: argparse.Namespace) -> None:
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=not lossless, detokenize=False)
     result: dict[str, Any] = {"method": args.method, "dtype": args.dtype, "speculative_config": spec,
                               "startup_s": startup, "datasets": {}}
-    result["engine_config"] = _engine_config(llm)
+    result["engine_config"] = {**_engine_config(llm), "cpu_affinity": sorted(os.sched_getaffinity(0))}
     variant = variants.get(args.method, {})
     args.batch_sizes = [b for b in args.batch_sizes if b in variant.get("batch_sizes", args.batch_sizes)]
     for name in [d for d in args.datasets if d in variant.get("datasets", args.datasets)]:
@@ -447,8 +450,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gpu-mem", type=float, default=0.3)
     ap.add_argument("--specdec-config", default="", help="JSON merged into the specdec methods' config")
     ap.add_argument("--variants", default="", help='JSON {"name": {"base": "specdec", "spec": {...}, '
-                    '"compilation_config": {...}, "env": {...}, "batch_sizes": [...], "datasets": [...]}}: extra '
-                    'methods, usable in --methods (batch_sizes/datasets: a subset of the run\'s)')
+                    '"compilation_config": {...}, "env": {...}, "batch_sizes": [...], "datasets": [...], '
+                    '"cpus": [...]}}: extra methods, usable in --methods (batch_sizes/datasets: a subset of the '
+                    'run\'s; cpus: CPU ids the engine process is pinned to)')
     ap.add_argument("--compilation-config", default="", help="JSON compilation_config for every method's engine")
     ap.add_argument("--profile-dir", default="", help="write cProfile tables per cell here (--profile-methods)")
     ap.add_argument("--profile-methods", default="", type=lambda s: [m for m in s.split(",") if m],
