@@ -10,7 +10,7 @@
   ``N`` none/eager, ``?`` not seen),
 * ``busy_ms`` / ``gap_ms``: GPU time of the step and the GPU's idle gap after it (CUDA events, ``StepTimer``).
 
-``python -m specdec.eval.step_trace RESULTS.json [--method M] [--dataset D] [--batch-size B]`` prints, per cell,
+``python -m specdec.eval.step_trace RESULTS.json [--method M] [--dataset D] [--batch-size B] [--plot P.png]`` prints, per cell,
 a table by width bucket (requests in the step): steps, mean period / draft / busy / gap, share of the cell's
 wall, share of piecewise or eager steps. A closed batch (all prompts submitted at once) ends with a tail of
 stragglers; the table shows how much of the wall that tail takes.
@@ -142,24 +142,62 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def plot_traces(traces: dict[str, dict[str, list[Any]]], path: Path) -> None:
+    """One panel per cell: per-step GPU busy, drafting and the rest of the host gap (stacked, ms) and the batch
+    width (right axis), so the tail of stragglers and vLLM's own per-step host work are visible."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(traces), 1, figsize=(10, 2.4 * len(traces)), squeeze=False, sharex=True)
+    for ax, (key, t) in zip(axes[:, 0], traces.items()):
+        n = len(t["reqs"])
+        busy = [b or 0.0 for b in t["busy_ms"]]
+        draft = [d or 0.0 for d in t["draft_ms"]]
+        other = [max(0.0, (g or 0.0) - d) for g, d in zip(t["gap_ms"], draft)]
+        xs = range(n)
+        ax.bar(xs, busy, width=1.0, color="tab:green", label="GPU busy")
+        ax.bar(xs, draft, width=1.0, bottom=busy, color="tab:red", label="drafting")
+        ax.bar(xs, other, width=1.0, bottom=[b + d for b, d in zip(busy, draft)], color="tab:gray",
+               label="other host work (GPU idle)")
+        ax.set_ylabel("ms per step")
+        method, dataset, bs = key.split("|")
+        ax.set_title(f"{method} / {dataset} / batch {bs}", fontsize=9, loc="left")
+        width_ax = ax.twinx()
+        width_ax.plot(xs, t["reqs"], color="black", linewidth=1.0)
+        width_ax.set_ylabel("requests")
+    axes[0, 0].legend(loc="upper right", fontsize=8)
+    axes[-1, 0].set_xlabel("engine step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", help="a bench_vllm results JSON written with --trace")
     ap.add_argument("--method", default="", help="only this method")
     ap.add_argument("--dataset", default="", help="only this dataset")
     ap.add_argument("--batch-size", type=int, default=0, help="only this batch size")
+    ap.add_argument("--plot", default="", help="also write a PNG: one panel per selected cell (per-step ms, width)")
     args = ap.parse_args(argv)
     doc = json.loads(Path(args.results).read_text())
     traces = doc.get("summary", {}).get("traces", {})
     if not traces:
         raise SystemExit(f"{args.results}: no traces (run bench_vllm with --trace)")
+    chosen = {}
     for key, trace in traces.items():
         method, dataset, bs = key.split("|")
         if (args.method and method != args.method) or (args.dataset and dataset != args.dataset) or \
-                (args.batch_size and int(bs) != args.batch_size):
+                (args.batch_size and int(bs) != args.batch_size) or not trace["reqs"]:
             continue
+        chosen[key] = trace
         print(f"\n{method} {dataset} bs {bs}: {len(trace['reqs'])} steps")
         print(format_rows(summarise_trace(trace)))
+    if args.plot and chosen:
+        plot_traces(chosen, Path(args.plot))
+        print(f"\nplot: {args.plot}")
 
 
 if __name__ == "__main__":
