@@ -5,6 +5,7 @@
 * ``period_ms``: host time from this step's ``execute_model`` to the next one's (the step's wall period;
   ``None`` for the last step of a ``generate`` call),
 * ``reqs`` / ``tokens`` / ``spec``: requests scheduled, tokens scheduled, draft tokens among them,
+* ``emitted``: tokens the step emitted (what the scheduler's ``update_from_output`` receives),
 * ``draft_ms``: time in the drafting hooks during the period (``StepTimer``),
 * ``cg``: the CUDA-graph mode vLLM's dispatcher chose for the forward pass (``F`` full, ``P`` piecewise,
   ``N`` none/eager, ``?`` not seen),
@@ -33,6 +34,7 @@ class StepTrace:
 
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
+        self._by_output: dict[int, int] = {}  # id(scheduler output) -> its row (this cell)
         self._cg = "?"
         self._draft_at_start = 0.0
 
@@ -52,6 +54,26 @@ class StepTrace:
             return out
 
         CudagraphDispatcher.dispatch = wrapped
+        try:
+            from vllm.v1.core.sched.scheduler import Scheduler
+        except ImportError:
+            return
+        update = Scheduler.update_from_output
+
+        @functools.wraps(update)
+        def counted(self: Any, scheduler_output: Any, model_runner_output: Any, *a: Any, **kw: Any) -> Any:
+            trace.emitted(getattr(model_runner_output, "sampled_token_ids", None), scheduler_output)
+            return update(self, scheduler_output, model_runner_output, *a, **kw)
+
+        Scheduler.update_from_output = counted
+
+    def emitted(self, sampled: Any, scheduler_output: Any = None) -> None:
+        """Tokens a step emitted (its rows' sampled lists, as the scheduler receives them), credited to the step
+        that ran ``scheduler_output`` (with async scheduling the update comes after the next step started)."""
+        if not self.rows or not isinstance(sampled, list):
+            return
+        row = self._by_output.get(id(scheduler_output), len(self.rows) - 1)
+        self.rows[row]["emitted"] = sum(len(s) for s in sampled)
 
     def step(self, scheduler_output: Any, draft_s_total: float) -> None:
         """Called at ``execute_model`` entry with the engine's running drafting total (seconds)."""
@@ -62,6 +84,7 @@ class StepTrace:
             last["draft_ms"] = 1e3 * (draft_s_total - self._draft_at_start)
             last["cg"] = self._cg
         self._draft_at_start, self._cg = draft_s_total, "?"
+        self._by_output[id(scheduler_output)] = len(self.rows)
         spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
         per_req = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
         self.rows.append({"t": now, "reqs": len(per_req), "period_ms": None, "draft_ms": None, "cg": "?",
@@ -86,7 +109,7 @@ class StepTrace:
 
     def cell(self) -> dict[str, list[Any]]:
         """The cell's steps as columns (periods of -1 -> None), then cleared."""
-        cols = ("reqs", "tokens", "spec", "period_ms", "draft_ms", "busy_ms", "gap_ms")
+        cols = ("reqs", "tokens", "spec", "emitted", "period_ms", "draft_ms", "busy_ms", "gap_ms")
         out: dict[str, list[Any]] = {c: [] for c in cols}
         for r in self.rows:
             for c in cols:
@@ -94,7 +117,7 @@ class StepTrace:
                 out[c].append(None if v is None or (c == "period_ms" and v < 0) else
                               (round(v, 4) if isinstance(v, float) else v))
         out["cg"] = "".join(r["cg"] for r in self.rows)  # type: ignore[assignment]
-        self.rows = []
+        self.rows, self._by_output = [], {}
         return out
 
 
@@ -121,24 +144,27 @@ def summarise_trace(trace: dict[str, list[Any]]) -> list[dict[str, Any]]:
         groups.setdefault(_bucket(trace["reqs"][i]), []).append(i)
     rows = []
     for name, idx in sorted(groups.items(), key=lambda kv: -min(trace["reqs"][i] for i in kv[1])):
-        col = {c: [trace[c][i] for i in idx] for c in ("period_ms", "draft_ms", "busy_ms", "gap_ms", "tokens", "spec")}
+        col = {c: [trace.get(c, [None] * n)[i] for i in idx]
+               for c in ("period_ms", "draft_ms", "busy_ms", "gap_ms", "tokens", "spec", "emitted")}
         cg = [trace["cg"][i] for i in idx]
         rows.append({"width": name, "steps": len(idx),
                      "wall_share": sum(p for p in col["period_ms"] if p is not None) / total,
                      **{f"{c}_mean": _mean(col[c]) for c in ("period_ms", "draft_ms", "busy_ms", "gap_ms",
-                                                             "tokens", "spec")},
+                                                             "tokens", "spec", "emitted")},
                      "not_full_share": sum(c in "PN" for c in cg) / len(cg)})
     return rows
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
-    head = "| width | steps | wall share | period ms | draft ms | busy ms | gap ms | tokens | draft tokens | not full |"
-    lines = [head, "| --- " * 10 + "|"]
+    head = ("| width | steps | wall share | period ms | draft ms | busy ms | gap ms | tokens | draft tokens | "
+            "emitted | not full |")
+    lines = [head, "| --- " * 11 + "|"]
     f = lambda v, d=2: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
     for r in rows:
         lines.append(f"| {r['width']} | {r['steps']} | {f(r['wall_share'])} | {f(r['period_ms_mean'])} | "
                      f"{f(r['draft_ms_mean'])} | {f(r['busy_ms_mean'])} | {f(r['gap_ms_mean'])} | "
-                     f"{f(r['tokens_mean'], 0)} | {f(r['spec_mean'], 0)} | {f(r['not_full_share'])} |")
+                     f"{f(r['tokens_mean'], 0)} | {f(r['spec_mean'], 0)} | {f(r['emitted_mean'], 0)} | "
+                     f"{f(r['not_full_share'])} |")
     return "\n".join(lines)
 
 

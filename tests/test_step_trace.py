@@ -20,9 +20,11 @@ def test_trace_records_periods_drafting_graph_modes_and_gpu(monkeypatch):
     tr = StepTrace()
     tr.step(_sched({"a": 3, "b": 3}, {"a": [5, 6], "b": [7, 8]}), draft_s_total=0.0)
     tr._cg = "F"  # what the dispatcher wrapper notes during the forward pass
-    tr.step(_sched({"a": 1}), draft_s_total=0.001)  # 1 ms of drafting during step 0's period
+    tr.emitted([[5, 6, 1], [7, 2]])  # step 0: a accepted 2 drafts + bonus, b 1 + bonus
+    tr.step(second := _sched({"a": 1}), draft_s_total=0.001)  # 1 ms of drafting during step 0's period
     tr._cg = "P"
     tr.step(_sched({"a": 2}, {"a": [9]}), draft_s_total=0.0015)
+    tr.emitted([[4]], second)  # async scheduling: step 1's update arrives after step 2 started
     tr.end_call(0.0025, {0: (0.5, 1.0), 1: (0.3, 0.2), 2: (0.4, None)})
     tr.step(_sched({"c": 1}), draft_s_total=0.0025)  # a second generate call: new step, no GPU record
     tr.end_call(0.0025, {})
@@ -30,6 +32,7 @@ def test_trace_records_periods_drafting_graph_modes_and_gpu(monkeypatch):
     assert cell["reqs"] == [2, 1, 1, 1]
     assert cell["tokens"] == [6, 1, 2, 1]
     assert cell["spec"] == [4, 0, 1, 0]
+    assert cell["emitted"] == [5, 1, None, None]
     assert cell["period_ms"] == pytest.approx([4.0, 6.0, None, None])  # last step of each call: no next step
     assert cell["draft_ms"] == pytest.approx([1.0, 0.5, 1.0, 0.0])
     assert cell["cg"] == "FP??"
@@ -47,4 +50,5 @@ def test_summary_groups_steps_by_width_and_shares_the_wall():
     assert rows["49-64"]["period_ms_mean"] == pytest.approx(5.0) and rows["49-64"]["not_full_share"] == 0.0
     assert rows["33-48"]["not_full_share"] == 1.0 and rows["3-4"]["not_full_share"] == 1.0
     assert rows["1"]["period_ms_mean"] is None and rows["1"]["gap_ms_mean"] is None
+    assert rows["49-64"]["emitted_mean"] is None  # older traces have no emitted column
     assert "| 49-64 | 2 | 0.62 |" in step_trace.format_rows(summarise_trace(trace))
