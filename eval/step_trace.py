@@ -1,4 +1,5 @@
-"""Per-step trace of a vLLM engine (benchmark diagnostics): where a step's time goes, by batch width.
+"""Engine-step instrumentation for the vLLM benchmark: ``StepTimer`` (drafting time, GPU busy time and idle gaps
+per cell) and ``StepTrace`` (a record per step: where a step's time goes, by batch width).
 
 ``bench_vllm --trace`` records, for every engine step of a measured cell (V1 model runner, engine in-process):
 
@@ -119,6 +120,116 @@ class StepTrace:
         out["cg"] = "".join(r["cg"] for r in self.rows)  # type: ignore[assignment]
         self.rows, self._by_output = [], {}
         return out
+
+
+class StepTimer:
+    """Wraps GPUModelRunner.execute_model / propose_draft_token_ids and the executor's take_draft_token_ids (engine
+    in-process) to time drafting: the time spent in propose plus the wait for the drafts' hand-off (schedule mode:
+    its capture and fill hooks instead of propose).
+
+    GPU idle gaps (V1 model runner): a CUDA event is recorded on the runner's stream when a forward pass is
+    enqueued (``_model_forward``) and one after the step's sampling work (``_bookkeeping_sync`` entry). The GPU
+    reaches the second when that step's work is done and the first of the next step when the next forward's work
+    begins, so ``gap`` = elapsed(end of step N, start of step N+1) is the GPU's idle time between forward passes
+    (whatever the CPU does meanwhile: vLLM's bookkeeping and scheduling, drafting), ``busy`` = elapsed(start,
+    end) of a step. "GPU waiting for drafts" = a method's gap minus no-spec's (``nospec-v1``: same runner)."""
+
+    def __init__(self, trace: StepTrace | None = None) -> None:
+        self.trace = trace  # per-step records (--trace)
+        self.steps = 0
+        self.draft_s = 0.0
+        self.gpu_on = False  # record events (only inside measured generate calls; never during graph capture)
+        self.events: list[tuple[Any, Any]] = []  # (forward start, sampling end) per step of one generate call
+        self._start: Any = None
+        self.gap_ms = self.busy_ms = 0.0
+        self.gap_n = 0
+
+    def install(self) -> None:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+        timer, run, prop = self, GPUModelRunner.execute_model, GPUModelRunner.propose_draft_token_ids
+
+        @functools.wraps(run)  # keeps the signature visible (the plugin's runner patch checks it)
+        def execute_model(self: Any, *a: Any, **kw: Any) -> Any:
+            timer.steps += 1
+            if timer.trace is not None and timer.gpu_on:
+                timer.trace.step(a[0] if a else kw.get("scheduler_output"), timer.draft_s)
+            return run(self, *a, **kw)
+
+        GPUModelRunner.execute_model = execute_model
+        if self.trace is not None:
+            self.trace.install()
+        GPUModelRunner.propose_draft_token_ids = self._timed(prop)
+        for name, hook in (("_model_forward", self._forward_started), ("_bookkeeping_sync", self._sampling_done)):
+            if hasattr(GPUModelRunner, name):
+                setattr(GPUModelRunner, name, self._marked(getattr(GPUModelRunner, name), hook))
+        from specdec.vllm_plugin.scheduled import (
+            ScheduledDrafting,  # schedule mode drafts in two runner hooks
+        )
+
+        ScheduledDrafting.capture = self._timed(ScheduledDrafting.capture)
+        ScheduledDrafting.fill = self._timed(ScheduledDrafting.fill)
+        try:  # the hand-off of drafts to the scheduler: where overlapped drafting ("async") waits for its helper
+            from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+            UniProcExecutor.take_draft_token_ids = self._timed(UniProcExecutor.take_draft_token_ids)
+        except (ImportError, AttributeError):
+            pass
+
+    def _event(self) -> Any:
+        import torch
+
+        if not self.gpu_on or torch.cuda.is_current_stream_capturing():
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def _forward_started(self) -> None:
+        self._start = self._event()
+
+    def _sampling_done(self) -> None:
+        end = self._event()
+        if end is not None and self._start is not None:
+            self.events.append((self._start, end, self.trace.current if self.trace is not None else -1))
+        self._start = None
+
+    @staticmethod
+    def _marked(fn: Any, hook: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            hook()
+            return fn(*a, **kw)
+
+        return wrapper
+
+    def collect_gpu(self) -> None:
+        """Fold the events of the generate call that just finished (all complete) into busy/gap totals."""
+        ev = self.events
+        per_step: dict[int, tuple[float, float | None]] = {}
+        for (s0, e0, i0), (s1, _e1, _i1) in zip(ev, ev[1:]):
+            busy, gap = s0.elapsed_time(e0), e0.elapsed_time(s1)
+            self.busy_ms += busy
+            self.gap_ms += gap
+            self.gap_n += 1
+            per_step[i0] = (busy, gap)
+        if ev:
+            per_step.setdefault(ev[-1][2], (ev[-1][0].elapsed_time(ev[-1][1]), None))
+        if self.trace is not None:
+            self.trace.end_call(self.draft_s, per_step)
+        self.events, self._start = [], None
+
+    def _timed(self, fn: Any) -> Any:
+        """``fn`` with its wall time added to ``draft_s`` (signature kept visible for the plugin's checks)."""
+        @functools.wraps(fn)
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.draft_s += time.perf_counter() - t0
+
+        return wrapper
 
 
 def _bucket(width: int) -> str:
