@@ -52,3 +52,33 @@ def test_summary_groups_steps_by_width_and_shares_the_wall():
     assert rows["1"]["period_ms_mean"] is None and rows["1"]["gap_ms_mean"] is None
     assert rows["49-64"]["emitted_mean"] is None  # older traces have no emitted column
     assert "| 49-64 | 2 | 0.62 |" in step_trace.format_rows(summarise_trace(trace))
+
+
+def test_timer_and_trace_hooks_keep_vllm_signatures(monkeypatch):
+    """On a real vLLM (CI's vLLM venv): the wrapped runner, dispatcher and scheduler methods keep their signatures
+    (the plugin's runner patch checks them)."""
+    vllm_runner = pytest.importorskip("vllm.v1.worker.gpu_model_runner")
+    import inspect
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+    from specdec.eval.step_trace import StepTimer
+
+    runner = vllm_runner.GPUModelRunner
+    names = [(runner, n) for n in ("execute_model", "propose_draft_token_ids", "_model_forward", "_bookkeeping_sync")]
+    names += [(CudagraphDispatcher, "dispatch"), (Scheduler, "update_from_output")]
+    before = {}
+    for owner, name in names:
+        before[(owner, name)] = inspect.signature(getattr(owner, name))
+        monkeypatch.setattr(owner, name, getattr(owner, name))  # restored after the test
+    from specdec.vllm_plugin.scheduled import ScheduledDrafting
+
+    for name in ("capture", "fill"):
+        monkeypatch.setattr(ScheduledDrafting, name, getattr(ScheduledDrafting, name))
+    timer = StepTimer(StepTrace())
+    timer.install()
+    for owner, name in names:
+        fn = getattr(owner, name)
+        assert hasattr(fn, "__wrapped__") and inspect.signature(fn) == before[(owner, name)]
+    assert runner._bookkeeping_sync.__wrapped__ is not None  # GPU events mark each step's end there
