@@ -76,6 +76,14 @@ public:
         if (found) --size_;
     }
 
+    // An empty map sized for `n` keys at once (no growth while they go in); otherwise a no-op.
+    void reserve(size_t n) {
+        if (size_ != 0 || !old_keys_.empty()) return;
+        size_t cap = keys_.size();
+        while (cap < 2 * n + 2) cap *= 2;
+        if (cap != keys_.size()) reset(cap);
+    }
+
     size_t memory_bytes() const {
         return (keys_.capacity() + old_keys_.capacity()) * sizeof(uint64_t) +
                (vals_.capacity() + old_vals_.capacity()) * sizeof(int32_t);
@@ -211,6 +219,7 @@ public:
     explicit Trie(int depth) : depth_(depth) { nodes_.push_back(BLANK); }
 
     int depth() const { return depth_; }
+    void reserve_edges(size_t n) { map_.reserve(n); }
     const Node& node(int32_t i) const { return nodes_[i]; }
     int32_t child(int32_t n, int32_t tok) const { return map_.find(edge_key(n, tok)); }
     size_t live_nodes() const { return nodes_.size() - free_.size(); }
@@ -529,6 +538,7 @@ void best_draft(const Trie& t, const std::vector<Cursor>& front, const DraftPara
 }
 
 constexpr int32_t LOCAL_SEQ = 0;
+constexpr size_t LOCAL_EDGES_PER_TOKEN = 3;  // a prompt's local trie: ~3 edges per token (OpenHands, depth 64)
 
 // The vLLM proposer's per-request bookkeeping, kept here for the one-call step (suffix_lane.inc);
 // mirrors specdec/vllm_plugin/core.py::RequestState.
@@ -697,6 +707,7 @@ struct Engine {
     void start(int64_t rid, const int32_t* toks, size_t n, bool global_ok = true) {
         Request& r = requests[rid];
         r.local = std::make_unique<Trie>(depth);
+        r.local->reserve_edges(n * LOCAL_EDGES_PER_TOKEN);  // the prompt's edges go in without table growth
         std::vector<int32_t>& ctx = r.local->seq(LOCAL_SEQ);
         ctx.assign(toks, toks + n);
         r.prompt_len = n;
