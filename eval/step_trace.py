@@ -28,6 +28,8 @@ from typing import Any
 
 CG_CODES = {"FULL": "F", "PIECEWISE": "P", "NONE": "N"}  # vLLM CUDAGraphMode names -> one-letter codes
 WIDTH_EDGES = (1, 2, 4, 8, 16, 32, 48, 64, 128, 256)  # bucket upper bounds (requests per step)
+MIN_FIT_STEPS = 8  # fit_step_cost needs at least this many steps
+FULL_WIDTH_SHARE = 0.75  # --fit: steps at least this share of the cell's widest step
 
 
 class StepTrace:
@@ -266,6 +268,36 @@ def summarise_trace(trace: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def fit_step_cost(traces: list[dict[str, list[Any]]], *, min_width: int) -> dict[str, float] | None:
+    """Least-squares fit over decode steps at least ``min_width`` requests wide (prefill steps left out):
+    period = a + b x emitted tokens, and drafting = c + d x emitted. Returns a / c in ms, b / d in µs per token,
+    R² of the period fit and the steps used; None without emitted counts or with fewer than MIN_FIT_STEPS steps."""
+    import numpy as np
+
+    rows = []
+    for t in traces:
+        for i, width in enumerate(t["reqs"]):
+            period, emitted = t["period_ms"][i], (t.get("emitted") or [None] * len(t["reqs"]))[i]
+            prefill = t["tokens"][i] - t["spec"][i] != width
+            if period is None or emitted is None or prefill or width < min_width:
+                continue
+            rows.append((emitted, period, t["draft_ms"][i] or 0.0, t["spec"][i]))
+    if len(rows) < MIN_FIT_STEPS:
+        return None
+    data = np.array(rows, dtype=float)  # [steps, 4]: emitted, period ms, drafting ms, draft tokens
+    if not data[:, 3].any():  # no step verified a draft (no speculation): no slope to fit
+        return {"period_ms": float(data[:, 1].mean()), "period_us_per_token": None,
+                "draft_ms": float(data[:, 2].mean()), "draft_us_per_token": None, "r2": None, "steps": len(data)}
+    design = np.stack([np.ones(len(data)), data[:, 0]], axis=1)  # [steps, 2]
+    (a, b), *_ = np.linalg.lstsq(design, data[:, 1], rcond=None)
+    (c, d), *_ = np.linalg.lstsq(design, data[:, 2], rcond=None)
+    resid = data[:, 1] - design @ np.array([a, b])
+    spread = ((data[:, 1] - data[:, 1].mean()) ** 2).sum()
+    return {"period_ms": float(a), "period_us_per_token": 1e3 * float(b), "draft_ms": float(c),
+            "draft_us_per_token": 1e3 * float(d), "r2": float(1 - (resid ** 2).sum() / spread) if spread else 1.0,
+            "steps": len(data)}
+
+
 def format_rows(rows: list[dict[str, Any]]) -> str:
     head = ("| width | steps | wall share | period ms | draft ms | busy ms | gap ms | tokens | draft tokens | "
             "emitted | not full |")
@@ -318,6 +350,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dataset", default="", help="only this dataset")
     ap.add_argument("--batch-size", type=int, default=0, help="only this batch size")
     ap.add_argument("--plot", default="", help="also write a PNG: one panel per selected cell (per-step ms, width)")
+    ap.add_argument("--fit", action="store_true", help="per method, fit period and drafting = a + b x emitted "
+                    "tokens over near-full-width decode steps of the selected cells (traces with emitted counts)")
     args = ap.parse_args(argv)
     doc = json.loads(Path(args.results).read_text())
     traces = doc.get("summary", {}).get("traces", {})
@@ -332,6 +366,19 @@ def main(argv: list[str] | None = None) -> None:
         chosen[key] = trace
         print(f"\n{method} {dataset} bs {bs}: {len(trace['reqs'])} steps")
         print(format_rows(summarise_trace(trace)))
+    if args.fit:
+        by_method: dict[str, list[dict[str, list[Any]]]] = {}
+        for key, trace in chosen.items():
+            by_method.setdefault(key.split("|")[0], []).append(trace)
+        print("\n| method | steps | period ms | + µs per emitted token | R² | drafting ms | + µs per token |")
+        print("| --- " * 7 + "|")
+        for method, group in by_method.items():
+            width = int(FULL_WIDTH_SHARE * max(max(t["reqs"]) for t in group))
+            fit = fit_step_cost(group, min_width=width)
+            if fit is not None:
+                f = lambda v, d=1: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
+                print(f"| {method} | {fit['steps']} | {f(fit['period_ms'], 2)} | {f(fit['period_us_per_token'])} | "
+                      f"{f(fit['r2'], 2)} | {f(fit['draft_ms'], 2)} | {f(fit['draft_us_per_token'])} |")
     if args.plot and chosen:
         plot_traces(chosen, Path(args.plot))
         print(f"\nplot: {args.plot}")

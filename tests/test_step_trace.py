@@ -54,6 +54,25 @@ def test_summary_groups_steps_by_width_and_shares_the_wall():
     assert "| 49-64 | 2 | 0.62 |" in step_trace.format_rows(summarise_trace(trace))
 
 
+def test_step_cost_fit_recovers_a_known_line_and_skips_prefill_and_narrow_steps():
+    from specdec.eval.step_trace import fit_step_cost
+
+    emitted = [64, 100, 150, 200, 260, 300, 380, 450, 500, 640]
+    trace = {"reqs": [64] * 10 + [64, 8], "tokens": [64 + 1024] * 10 + [9000, 8 + 128],
+             "spec": [1024] * 10 + [0, 128], "emitted": emitted + [64, 40],
+             "period_ms": [3.0 + 0.006 * e for e in emitted] + [20.0, 9.0],  # 3 ms + 6 us per token
+             "draft_ms": [0.2 + 0.002 * e for e in emitted] + [5.0, 5.0]}
+    fit = fit_step_cost([trace], min_width=48)
+    assert fit is not None and fit["steps"] == 10  # the prefill step and the 8-wide step are left out
+    assert fit["period_ms"] == pytest.approx(3.0) and fit["period_us_per_token"] == pytest.approx(6.0)
+    assert fit["draft_ms"] == pytest.approx(0.2) and fit["draft_us_per_token"] == pytest.approx(2.0)
+    assert fit["r2"] == pytest.approx(1.0)
+    assert fit_step_cost([{**trace, "emitted": [None] * 12}], min_width=48) is None  # older traces
+    plain = fit_step_cost([{**trace, "spec": [0] * 12, "tokens": [64] * 10 + [9000, 8]}], min_width=48)
+    assert plain is not None and plain["period_us_per_token"] is None
+    assert plain["period_ms"] == pytest.approx(sum(trace["period_ms"][:10]) / 10)
+
+
 def test_timer_and_trace_hooks_keep_vllm_signatures(monkeypatch):
     """On a real vLLM (CI's vLLM venv): the wrapped runner, dispatcher and scheduler methods keep their signatures
     (the plugin's runner patch checks them)."""
