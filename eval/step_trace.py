@@ -271,7 +271,8 @@ def summarise_trace(trace: dict[str, list[Any]]) -> list[dict[str, Any]]:
 def fit_step_cost(traces: list[dict[str, list[Any]]], *, min_width: int) -> dict[str, float] | None:
     """Least-squares fit over decode steps at least ``min_width`` requests wide (prefill steps left out):
     period = a + b x emitted tokens, and drafting = c + d x emitted. Returns a / c in ms, b / d in µs per token,
-    R² of the period fit and the steps used; None without emitted counts or with fewer than MIN_FIT_STEPS steps."""
+    R² of the period fit, the steps used and their throughput (emitted tokens / wall: the rate while the batch is
+    full, which a closed batch's total hides); None without emitted counts or with fewer than MIN_FIT_STEPS steps."""
     import numpy as np
 
     rows = []
@@ -285,9 +286,11 @@ def fit_step_cost(traces: list[dict[str, list[Any]]], *, min_width: int) -> dict
     if len(rows) < MIN_FIT_STEPS:
         return None
     data = np.array(rows, dtype=float)  # [steps, 4]: emitted, period ms, drafting ms, draft tokens
+    tokens_per_s = 1e3 * float(data[:, 0].sum() / data[:, 1].sum())  # while the batch is (nearly) full
     if not data[:, 3].any():  # no step verified a draft (no speculation): no slope to fit
         return {"period_ms": float(data[:, 1].mean()), "period_us_per_token": None,
-                "draft_ms": float(data[:, 2].mean()), "draft_us_per_token": None, "r2": None, "steps": len(data)}
+                "draft_ms": float(data[:, 2].mean()), "draft_us_per_token": None, "r2": None, "steps": len(data),
+                "tokens_per_s": tokens_per_s}
     design = np.stack([np.ones(len(data)), data[:, 0]], axis=1)  # [steps, 2]
     (a, b), *_ = np.linalg.lstsq(design, data[:, 1], rcond=None)
     (c, d), *_ = np.linalg.lstsq(design, data[:, 2], rcond=None)
@@ -295,7 +298,7 @@ def fit_step_cost(traces: list[dict[str, list[Any]]], *, min_width: int) -> dict
     spread = ((data[:, 1] - data[:, 1].mean()) ** 2).sum()
     return {"period_ms": float(a), "period_us_per_token": 1e3 * float(b), "draft_ms": float(c),
             "draft_us_per_token": 1e3 * float(d), "r2": float(1 - (resid ** 2).sum() / spread) if spread else 1.0,
-            "steps": len(data)}
+            "steps": len(data), "tokens_per_s": tokens_per_s}
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
@@ -370,14 +373,16 @@ def main(argv: list[str] | None = None) -> None:
         by_method: dict[str, list[dict[str, list[Any]]]] = {}
         for key, trace in chosen.items():
             by_method.setdefault(key.split("|")[0], []).append(trace)
-        print("\n| method | steps | period ms | + µs per emitted token | R² | drafting ms | + µs per token |")
-        print("| --- " * 7 + "|")
+        print("\n| method | steps | tok/s at full width | period ms | + µs per emitted token | R² | drafting ms | "
+              "+ µs per token |")
+        print("| --- " * 8 + "|")
         for method, group in by_method.items():
             width = int(FULL_WIDTH_SHARE * max(max(t["reqs"]) for t in group))
             fit = fit_step_cost(group, min_width=width)
             if fit is not None:
                 f = lambda v, d=1: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
-                print(f"| {method} | {fit['steps']} | {f(fit['period_ms'], 2)} | {f(fit['period_us_per_token'])} | "
+                print(f"| {method} | {fit['steps']} | {fit['tokens_per_s']:,.0f} | {f(fit['period_ms'], 2)} | "
+                      f"{f(fit['period_us_per_token'])} | "
                       f"{f(fit['r2'], 2)} | {f(fit['draft_ms'], 2)} | {f(fit['draft_us_per_token'])} |")
     if args.plot and chosen:
         plot_traces(chosen, Path(args.plot))

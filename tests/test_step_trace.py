@@ -67,6 +67,7 @@ def test_step_cost_fit_recovers_a_known_line_and_skips_prefill_and_narrow_steps(
     assert fit["period_ms"] == pytest.approx(3.0) and fit["period_us_per_token"] == pytest.approx(6.0)
     assert fit["draft_ms"] == pytest.approx(0.2) and fit["draft_us_per_token"] == pytest.approx(2.0)
     assert fit["r2"] == pytest.approx(1.0)
+    assert fit["tokens_per_s"] == pytest.approx(1e3 * sum(emitted) / sum(3.0 + 0.006 * e for e in emitted))
     assert fit_step_cost([{**trace, "emitted": [None] * 12}], min_width=48) is None  # older traces
     plain = fit_step_cost([{**trace, "spec": [0] * 12, "tokens": [64] * 10 + [9000, 8]}], min_width=48)
     assert plain is not None and plain["period_us_per_token"] is None
