@@ -82,10 +82,7 @@ class StepTrace:
         """Called at ``execute_model`` entry with the engine's running drafting total (seconds)."""
         now = time.perf_counter()
         if self.rows and self.rows[-1]["period_ms"] is None:
-            last = self.rows[-1]
-            last["period_ms"] = 1e3 * (now - last["t"])
-            last["draft_ms"] = 1e3 * (draft_s_total - self._draft_at_start)
-            last["cg"] = self._cg
+            self._close_last(1e3 * (now - self.rows[-1]["t"]), draft_s_total)
         self._draft_at_start, self._cg = draft_s_total, "?"
         self._by_output[id(scheduler_output)] = len(self.rows)
         spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
@@ -102,13 +99,17 @@ class StepTrace:
     def end_call(self, draft_s_total: float, gpu: dict[int, tuple[float, float | None]]) -> None:
         """A ``generate`` call finished: close its last step; ``gpu`` = step index -> (busy ms, gap ms after)."""
         if self.rows and self.rows[-1]["period_ms"] is None:
-            last = self.rows[-1]
-            last["draft_ms"] = 1e3 * (draft_s_total - self._draft_at_start)
-            last["cg"] = self._cg
-            last["period_ms"] = -1.0  # marks "closed, period unknown" (no next step)
+            self._close_last(-1.0, draft_s_total)  # -1: closed, period unknown (no next step)
         for i, (busy, gap) in gpu.items():
             if 0 <= i < len(self.rows):
                 self.rows[i]["busy_ms"], self.rows[i]["gap_ms"] = busy, gap
+
+    def _close_last(self, period_ms: float, draft_s_total: float) -> None:
+        """The open step ends: its period, the drafting done since it began, its CUDA-graph mode."""
+        last = self.rows[-1]
+        last["period_ms"] = period_ms
+        last["draft_ms"] = 1e3 * (draft_s_total - self._draft_at_start)
+        last["cg"] = self._cg
 
     def cell(self) -> dict[str, list[Any]]:
         """The cell's steps as columns (periods of -1 -> None), then cleared."""
@@ -141,7 +142,7 @@ class StepTimer:
         self.steps = 0
         self.draft_s = 0.0
         self.gpu_on = False  # record events (only inside measured generate calls; never during graph capture)
-        self.events: list[tuple[Any, Any]] = []  # (forward start, sampling end) per step of one generate call
+        self.events: list[tuple[Any, Any, int]] = []  # (forward start, sampling end, trace row) per step of a call
         self._start: Any = None
         self.gap_ms = self.busy_ms = 0.0
         self.gap_n = 0
@@ -255,15 +256,15 @@ def summarise_trace(trace: dict[str, list[Any]]) -> list[dict[str, Any]]:
     groups: dict[str, list[int]] = {}
     for i in range(n):
         groups.setdefault(_bucket(trace["reqs"][i]), []).append(i)
+    names = ("period_ms", "draft_ms", "busy_ms", "gap_ms", "tokens", "spec", "emitted")
+    columns = {c: trace.get(c) or [None] * n for c in names}  # older traces lack "emitted"
     rows = []
     for name, idx in sorted(groups.items(), key=lambda kv: -min(trace["reqs"][i] for i in kv[1])):
-        col = {c: [trace.get(c, [None] * n)[i] for i in idx]
-               for c in ("period_ms", "draft_ms", "busy_ms", "gap_ms", "tokens", "spec", "emitted")}
+        col = {c: [columns[c][i] for i in idx] for c in names}
         cg = [trace["cg"][i] for i in idx]
         rows.append({"width": name, "steps": len(idx),
                      "wall_share": sum(p for p in col["period_ms"] if p is not None) / total,
-                     **{f"{c}_mean": _mean(col[c]) for c in ("period_ms", "draft_ms", "busy_ms", "gap_ms",
-                                                             "tokens", "spec", "emitted")},
+                     **{f"{c}_mean": _mean(col[c]) for c in names},
                      "not_full_share": sum(c in "PN" for c in cg) / len(cg)})
     return rows
 
@@ -277,8 +278,9 @@ def fit_step_cost(traces: list[dict[str, list[Any]]], *, min_width: int) -> dict
 
     rows = []
     for t in traces:
+        emitted_col = t.get("emitted") or [None] * len(t["reqs"])  # older traces lack it
         for i, width in enumerate(t["reqs"]):
-            period, emitted = t["period_ms"][i], (t.get("emitted") or [None] * len(t["reqs"]))[i]
+            period, emitted = t["period_ms"][i], emitted_col[i]
             prefill = t["tokens"][i] - t["spec"][i] != width
             if period is None or emitted is None or prefill or width < min_width:
                 continue
@@ -301,11 +303,16 @@ def fit_step_cost(traces: list[dict[str, list[Any]]], *, min_width: int) -> dict
             "steps": len(data), "tokens_per_s": tokens_per_s}
 
 
+def _fmt(value: float | None, digits: int = 2) -> str:
+    """A table cell: ``-`` for a missing value."""
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def format_rows(rows: list[dict[str, Any]]) -> str:
     head = ("| width | steps | wall share | period ms | draft ms | busy ms | gap ms | tokens | draft tokens | "
             "emitted | not full |")
     lines = [head, "| --- " * 11 + "|"]
-    f = lambda v, d=2: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
+    f = _fmt
     for r in rows:
         lines.append(f"| {r['width']} | {r['steps']} | {f(r['wall_share'])} | {f(r['period_ms_mean'])} | "
                      f"{f(r['draft_ms_mean'])} | {f(r['busy_ms_mean'])} | {f(r['gap_ms_mean'])} | "
@@ -380,10 +387,10 @@ def main(argv: list[str] | None = None) -> None:
             width = int(FULL_WIDTH_SHARE * max(max(t["reqs"]) for t in group))
             fit = fit_step_cost(group, min_width=width)
             if fit is not None:
-                f = lambda v, d=1: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
-                print(f"| {method} | {fit['steps']} | {fit['tokens_per_s']:,.0f} | {f(fit['period_ms'], 2)} | "
-                      f"{f(fit['period_us_per_token'])} | "
-                      f"{f(fit['r2'], 2)} | {f(fit['draft_ms'], 2)} | {f(fit['draft_us_per_token'])} |")
+                f = _fmt
+                print(f"| {method} | {fit['steps']} | {fit['tokens_per_s']:,.0f} | {f(fit['period_ms'])} | "
+                      f"{f(fit['period_us_per_token'], 1)} | "
+                      f"{f(fit['r2'], 2)} | {f(fit['draft_ms'], 2)} | {f(fit['draft_us_per_token'], 1)} |")
     if args.plot and chosen:
         plot_traces(chosen, Path(args.plot))
         print(f"\nplot: {args.plot}")

@@ -93,18 +93,15 @@ def guard_full_cudagraphs(engine_args: Any) -> bool:
     mode = cc.get("cudagraph_mode") if isinstance(cc, dict) else getattr(cc, "cudagraph_mode", None)
     if mode is None or getattr(mode, "name", str(mode)).upper() != UNSAFE_CUDAGRAPH_MODE:
         return False
-    safe = SAFE_CUDAGRAPH_MODE
-    if not isinstance(cc, dict):
+    if isinstance(cc, dict):
+        cc["cudagraph_mode"] = SAFE_CUDAGRAPH_MODE
+    else:
         try:
             from vllm.config import CUDAGraphMode  # only reached inside vLLM's engine-args path
-            safe = CUDAGraphMode[SAFE_CUDAGRAPH_MODE]
+            cc.cudagraph_mode = CUDAGraphMode[SAFE_CUDAGRAPH_MODE]
         except (ImportError, KeyError) as exc:
             logger.warning("specdec: cudagraph_mode=FULL may change outputs and could not be replaced (%s)", exc)
             return False
-    if isinstance(cc, dict):
-        cc["cudagraph_mode"] = safe
-    else:
-        cc.cudagraph_mode = safe
     logger.warning("specdec: cudagraph_mode=FULL changes speculative outputs on vLLM 0.26 (mixed verify batches "
                    "in full CUDA graphs; measured for vLLM's ngram too): using %s instead", SAFE_CUDAGRAPH_MODE)
     return True
