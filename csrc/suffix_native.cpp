@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <chrono>
 #include <condition_variable>
@@ -25,10 +26,15 @@
 #include <deque>
 #include <memory>
 #include <queue>
+#include <stdexcept>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
 
 constexpr int32_t NIL = -1;
 constexpr uint64_t EMPTY_KEY = ~0ull;
@@ -567,8 +573,51 @@ struct LaneConfig {
     double max_cut = 0.9;           // the confidence threshold never exceeds this
     double factor = 8.0, offset = 0.0, min_prob = 0.1;  // draft parameters (SuffixConfig)
     bool use_local = true, use_global = true;
-    bool defer_cache = false;  // stopped requests' responses are cached by the Cacher thread (see there)
+    bool defer_cache = false;  // stopped requests' responses are cached by the cacher thread (see JobThread)
     double defer_wait_us = 0;  // a lane step waits this long for the cacher before drafting without the global trie
+};
+
+struct LaneStep {  // one lane call's per-step decisions
+    int k = 0;
+    long long max_model_len = 0;
+    bool spec = false, pad = false, adaptive = false;
+    double min_acceptance = 0, floor = 0, value = 0;
+    bool global_ok = true;  // the global trie may be read (no deferred caching running)
+};
+
+// One vLLM step handed to the lane thread (lane_submit), and its result (lane_collect): see suffix_lane_async.inc.
+struct LaneRow {
+    int64_t rid;          // engine request id (-1: none)
+    int64_t n;            // context length after the new tokens
+    uint32_t begin, end;  // its new tokens in LaneJob::tokens
+    int32_t restart;      // index in LaneJob::restarts, or -1
+};
+
+struct LaneRestart {
+    int64_t rid;
+    size_t prompt;                // prompt length within ctx
+    std::vector<int32_t> ctx;     // the row's whole context (from vLLM's token buffer)
+    bool resync;                  // the request was known: its old state is stopped first
+};
+
+struct LaneJob {
+    LaneStep s;
+    std::vector<int64_t> stops;   // requests absent from the batch, stopped first
+    std::vector<LaneRow> rows;
+    std::vector<int32_t> tokens;  // every row's new tokens, back to back
+    std::vector<LaneRestart> restarts;
+    std::vector<int32_t> out;     // drafts, back to back
+    std::vector<uint32_t> out_end;  // per row: end of its draft in `out`
+    long long accepted = 0, drafted = 0, carried = 0;  // carried: accepted of a job never collected
+    std::string error;            // what the job threw (reported by lane_collect)
+    Clock::time_point t_launch, t_start, t_end;  // submitted, started on the lane thread, finished
+    bool pending = false;         // submitted and not collected
+};
+
+struct LanePrep {  // lane_prepare: stops and starts known when vLLM schedules a step, run while it executes
+    std::vector<int64_t> stops;
+    std::vector<std::pair<int64_t, std::vector<int32_t>>> starts;  // (engine id, prompt)
+    std::string error;
 };
 
 struct Request {
@@ -583,18 +632,29 @@ struct Request {
 
 struct Engine;
 
-// Deferred response caching (lane_config defer_cache, off by default): a stop only moves the request into
-// `Engine::retired`; after the next lane_step has drafted, this thread inserts those responses into the global
-// trie (and frees the requests' tries) while the engine does its other work. The main thread reads the global
-// trie only while the thread is idle (idle() takes the mutex: the thread's writes are then visible); a call that
-// finds it busy works without the global trie (drafts from the request's own context; its global match front is
-// rebuilt later). Reporting calls wait for it. After a fork the parent's thread does not exist: it is abandoned.
-class Cacher {
+// A worker thread that runs one job at a time, used twice by the engine:
+// - deferred response caching (lane_config defer_cache, off by default): a stop only moves the request into
+//   `Engine::retired`; after the next lane_step has drafted, the cacher inserts those responses into the global
+//   trie (and frees the requests' tries) while the engine does its other work. The main thread reads the global
+//   trie only while the cacher is idle (idle() takes the mutex: the thread's writes are then visible); a call that
+//   finds it busy works without the global trie (drafts from the request's own context; its global match front is
+//   rebuilt later). Reporting calls wait for it.
+// - the asynchronous lane step (suffix_lane_async.inc): the whole step of one vLLM batch runs here with the GIL
+//   released while vLLM processes the step's outputs; every Python entry point waits for it first.
+// After a fork the parent's thread does not exist: it is abandoned.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+
+class JobThread {
 public:
-    Cacher() = default;
-    Cacher(const Cacher&) = delete;
-    Cacher& operator=(const Cacher&) = delete;
-    ~Cacher() {
+    JobThread() = default;
+    JobThread(const JobThread&) = delete;
+    JobThread& operator=(const JobThread&) = delete;
+    ~JobThread() {
         if (thread_ == nullptr || pid_ != getpid()) return;  // never started, or the parent's (forked child)
         {
             std::lock_guard<std::mutex> lock(mu_);
@@ -604,6 +664,10 @@ public:
         thread_->join();
         delete thread_;
     }
+
+    // Spin (instead of sleeping) up to `us` microseconds: the thread waiting for its next job after one, and
+    // callers waiting for a job to finish. Saves the futex wake-ups (tens of us each) at the cost of a busy core.
+    void set_spin(double us) { spin_us_ = us; }
 
     bool idle() {
         if (thread_ == nullptr) return true;
@@ -619,6 +683,7 @@ public:
             abandon();
             return true;
         }
+        if (spin_until_idle(std::min(us, spin_us_))) return true;
         std::unique_lock<std::mutex> lock(mu_);
         return done_.wait_for(lock, std::chrono::duration<double, std::micro>(us), [this] { return !busy_; });
     }
@@ -626,6 +691,7 @@ public:
     void wait() {
         if (thread_ == nullptr) return;
         if (pid_ != getpid()) return abandon();
+        if (spin_until_idle(spin_us_)) return;
         std::unique_lock<std::mutex> lock(mu_);
         done_.wait(lock, [this] { return !busy_; });
     }
@@ -641,6 +707,8 @@ public:
             std::lock_guard<std::mutex> lock(mu_);
             job_ = std::move(job);
             busy_ = true;
+            busy_flag_.store(true, std::memory_order_release);
+            posted_.store(true, std::memory_order_release);
         }
         cv_.notify_all();
     }
@@ -649,20 +717,43 @@ private:
     void abandon() {
         thread_ = nullptr;  // leaked on purpose: joining a thread of the parent process is undefined
         busy_ = stop_ = false;
+        busy_flag_.store(false);
+        posted_.store(false);
         job_ = nullptr;
+    }
+
+    // true once the thread is idle (its job's writes visible: release store after the job, acquire load here)
+    bool spin_until_idle(double us) {
+        if (us <= 0) return false;
+        Clock::time_point end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                   std::chrono::duration<double, std::micro>(us));
+        while (busy_flag_.load(std::memory_order_acquire)) {
+            if (Clock::now() >= end) return false;
+            cpu_relax();
+        }
+        return true;
     }
 
     void loop() {
         std::unique_lock<std::mutex> lock(mu_);
         for (;;) {
+            if (spin_us_ > 0 && job_ == nullptr && !stop_) {  // the next job comes soon: look for it awake
+                lock.unlock();
+                Clock::time_point end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                           std::chrono::duration<double, std::micro>(spin_us_));
+                while (!posted_.load(std::memory_order_acquire) && Clock::now() < end) cpu_relax();
+                lock.lock();
+            }
             cv_.wait(lock, [this] { return stop_ || job_ != nullptr; });
             if (job_ == nullptr) return;  // stop requested with nothing to do
             std::function<void()> job = std::move(job_);
             job_ = nullptr;
+            posted_.store(false, std::memory_order_relaxed);
             lock.unlock();
             job();
             lock.lock();
             busy_ = false;
+            busy_flag_.store(false, std::memory_order_release);
             done_.notify_all();
         }
     }
@@ -673,6 +764,8 @@ private:
     std::condition_variable cv_, done_;
     std::function<void()> job_;
     bool busy_ = false, stop_ = false;
+    std::atomic<bool> busy_flag_{false}, posted_{false};  // mirrors of busy_ / job_ != nullptr for spinning
+    double spin_us_ = 0;
 };
 
 struct Engine {
@@ -689,7 +782,10 @@ struct Engine {
     int64_t steps_without_global = 0;  // lane steps that found the cacher busy (defer_cache)
     std::vector<Request> retired;  // stopped, response not yet cached (defer_cache; main thread's)
     std::vector<Request> caching;  // handed to the cacher
-    Cacher cacher;                 // declared last: destroyed (joined) first
+    LaneJob job;                   // the asynchronous lane step (suffix_lane_async.inc)
+    LanePrep prep;                 // the step's early stops and starts (lane_prepare)
+    JobThread cacher;              // declared last: destroyed (joined) first
+    JobThread lane_thread;         // runs `job`; joined before everything it touches is destroyed
 
     Engine(int d, int64_t mr, int64_t mt) : depth(d), max_requests(mr), max_tokens(mt), global(d) {}
 
@@ -811,6 +907,10 @@ struct PyEngine {
     Engine* engine;
 };
 
+// Every entry point first waits (GIL released) for an asynchronous lane step still running and settles one that
+// was never collected (suffix_lane_async.inc): only one thread drives the engine at a time.
+void quiesce(Engine& e);
+
 bool read_tokens(PyObject* obj, std::vector<int32_t>& out) {
     out.clear();
     Py_buffer view;
@@ -881,6 +981,7 @@ PyObject* Engine_start(PyEngine* self, PyObject* args) {
     if (!PyArg_ParseTuple(args, "LO", &rid, &toks)) return nullptr;
     if (!read_tokens(toks, g_tokens)) return nullptr;
     Engine& e = *self->engine;
+    quiesce(e);
     e.start(rid, g_tokens.data(), g_tokens.size(), e.global_ok());
     Py_RETURN_NONE;
 }
@@ -889,6 +990,7 @@ PyObject* Engine_extend(PyEngine* self, PyObject* args) {
     long long rid;
     PyObject* toks;
     if (!PyArg_ParseTuple(args, "LO", &rid, &toks)) return nullptr;
+    quiesce(*self->engine);
     auto it = self->engine->requests.find(rid);
     if (it == self->engine->requests.end()) {
         PyErr_Format(PyExc_KeyError, "request %lld is not active (call start first)", rid);
@@ -902,6 +1004,7 @@ PyObject* Engine_extend(PyEngine* self, PyObject* args) {
 PyObject* Engine_stop(PyEngine* self, PyObject* args) {
     long long rid;
     if (!PyArg_ParseTuple(args, "L", &rid)) return nullptr;
+    quiesce(*self->engine);
     self->engine->stop(rid);
     Py_RETURN_NONE;
 }
@@ -923,6 +1026,7 @@ PyObject* Engine_draft(PyEngine* self, PyObject* args) {
                           &use_global))
         return nullptr;
     p.tree = tree != 0;
+    quiesce(*self->engine);
     auto it = self->engine->requests.find(rid);
     if (it == self->engine->requests.end()) {
         PyErr_Format(PyExc_KeyError, "request %lld is not active (call start first)", rid);
@@ -936,11 +1040,13 @@ PyObject* Engine_draft(PyEngine* self, PyObject* args) {
 }
 
 PyObject* Engine_memory_bytes(PyEngine* self, PyObject*) {
+    quiesce(*self->engine);
     self->engine->cacher.wait();
     return PyLong_FromSize_t(self->engine->memory_bytes());
 }
 
 PyObject* Engine_global_stats(PyEngine* self, PyObject*) {
+    quiesce(*self->engine);
     self->engine->cacher.wait();
     Engine* e = self->engine;
     return Py_BuildValue("{s:n,s:n,s:L,s:n,s:L,s:n}", "nodes", static_cast<Py_ssize_t>(e->global.live_nodes()),
@@ -954,12 +1060,14 @@ PyObject* Engine_global_stats(PyEngine* self, PyObject*) {
 PyObject* Engine_local_nodes(PyEngine* self, PyObject* args) {
     long long rid;
     if (!PyArg_ParseTuple(args, "L", &rid)) return nullptr;
+    quiesce(*self->engine);
     auto it = self->engine->requests.find(rid);
     if (it == self->engine->requests.end()) return PyLong_FromLong(0);
     return PyLong_FromSize_t(it->second.local->live_nodes());
 }
 
 #include "suffix_lane.inc"
+#include "suffix_lane_async.inc"
 
 PyMethodDef Engine_methods[] = {
     {"start", reinterpret_cast<PyCFunction>(Engine_start), METH_VARARGS, "start(rid, prompt_ids)"},
@@ -973,6 +1081,10 @@ PyMethodDef Engine_methods[] = {
     {"lane_config", reinterpret_cast<PyCFunction>(Engine_lane_config), METH_VARARGS, kLaneConfigDoc},
     {"lane_mark", reinterpret_cast<PyCFunction>(Engine_lane_mark), METH_VARARGS, "lane_mark(rid, n_known)"},
     {"lane_step", reinterpret_cast<PyCFunction>(Engine_lane_step), METH_VARARGS, kLaneStepDoc},
+    {"lane_submit", reinterpret_cast<PyCFunction>(Engine_lane_submit), METH_VARARGS, kLaneSubmitDoc},
+    {"lane_collect", reinterpret_cast<PyCFunction>(Engine_lane_collect), METH_VARARGS, kLaneCollectDoc},
+    {"lane_spin", reinterpret_cast<PyCFunction>(Engine_lane_spin), METH_VARARGS, kLaneSpinDoc},
+    {"lane_prepare", reinterpret_cast<PyCFunction>(Engine_lane_prepare), METH_VARARGS, kLanePrepareDoc},
     {nullptr, nullptr, 0, nullptr}};
 
 PyTypeObject EngineType = {PyVarObject_HEAD_INIT(nullptr, 0)};

@@ -192,6 +192,58 @@ class SuffixDrafter(Drafter):
         return self.engine.lane_step(rids, rows, lengths, k, max_model_len, spec, pad, adaptive, min_acceptance,
                                      floor, value)
 
+    def lane_submit(self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]], lengths: Any, token_ids: Any,
+                    num_prompt_tokens: Any, *, stops: Sequence[str], k: int, max_model_len: int, spec: bool,
+                    pad: bool, adaptive: bool, min_acceptance: float, floor: float, value: float) -> None:
+        """``lane_step`` on the engine's own thread (GIL released), collected by ``lane_collect``: first the
+        ``stops`` (request ids absent from the batch), then every row as ``lane_step`` does it; rows that must
+        restart (new request, unexpected length) restart there from ``token_ids`` [rows, max_len] (row i's
+        context, vLLM's ``token_ids_cpu``) with ``num_prompt_tokens`` [rows] prompt lengths (or None).
+        Every other call on this drafter waits for the step first."""
+        ids = self._ids
+        stop_ids = [ids.pop(r) for r in stops if r in ids]
+        rows = sampled if type(sampled) is list else list(sampled)
+        rids = []
+        for r, toks in zip(req_ids, rows):
+            rid = ids.get(r, -1)
+            if rid < 0 and len(toks):  # a new request: it starts on the lane thread
+                rid = ids[r] = self._next_id
+                self._next_id += 1
+            rids.append(rid)
+        try:
+            self.engine.lane_submit(rids, rows, lengths, token_ids, num_prompt_tokens, stop_ids, k, max_model_len,
+                                    spec, pad, adaptive, min_acceptance, floor, value)
+        except Exception:
+            for rid in stop_ids:  # already forgotten here: stop them in the engine too
+                self.engine.stop(rid)
+            raise
+
+    def lane_collect(self, timeout_s: float | None) -> tuple[list[list[int]], int, int, int, int, tuple] | None:
+        """The submitted step's (drafts, accepted, drafted, started, resyncs, (wake_us, run_us, window_us,
+        wait_us)); None if it is still running after ``timeout_s`` (None: wait for it): its drafts are then dropped
+        (vLLM goes on without them). Timing: submit to the job's start, the job, submit to this call, the wait."""
+        return self.engine.lane_collect(-1.0 if timeout_s is None else 1e6 * timeout_s)
+
+    def lane_prepare(self, stops: Sequence[str], starts: Sequence[tuple[str, Sequence[int]]]) -> None:
+        """Early lifecycle on the engine's thread (GIL released), before the step that needs it: stop ``stops``
+        (finished requests) and start ``starts`` ((request id, prompt ids): new requests, whose first
+        ``lane_submit`` row then extends by the first sampled token). Runs while vLLM executes the step."""
+        ids = self._ids
+        stop_ids = [ids.pop(r) for r in stops if r in ids]
+        start_ids = []
+        for r, prompt in starts:
+            if r in ids:  # a request id seen again starts over
+                stop_ids.append(ids[r])
+            rid = ids[r] = self._next_id
+            self._next_id += 1
+            start_ids.append((rid, prompt))
+        self.engine.lane_prepare(stop_ids, start_ids)
+
+    def lane_spin(self, us: float) -> None:
+        """After a step, the lane thread looks for the next one awake for up to ``us`` (and ``lane_collect`` spins
+        that long before sleeping): no futex wake-ups, one busy core. 0: sleep at once."""
+        self.engine.lane_spin(float(us))
+
     # ----------------------------------------------------------------- introspection
     def active_requests(self) -> list[str]:
         return list(self._ids)

@@ -25,6 +25,7 @@ from specdec.eval.results import results_path, write_results
 from specdec.vllm_plugin.core import ProposerCore
 from specdec.vllm_plugin.options import SpecdecOptions
 from specdec.vllm_plugin.overlap import OverlapCore
+from specdec.vllm_plugin.threaded import ThreadedProposerCore
 
 CONTEXT_TOKENS = 1500  # prompt tail kept per request (the GPU benchmark's agentic prompts are 1.5k tokens)
 WARMUP_STEPS = 2  # untimed first steps (requests start: their prompts are indexed)
@@ -96,7 +97,9 @@ MODES = {  # name -> proposer options (in-process unless "overlap")
     "sync-defer2": {"defer_cache": True, "defer_cache_wait_ms": 2.0},
     "sync-python": {"native_step": False},
     "overlap": {},
+    "thread": {"async_drafting": True, "async_mode": "thread"},
 }
+DEFERRED = ("overlap", "thread")  # modes whose drafts are collected after the engine work
 
 
 def tail_ms(times: list[float]) -> dict[str, float]:
@@ -117,11 +120,12 @@ def run(mode: str, records: list[Any], pool: list[Any], *, k: int, steps: int, e
     suffix_opts = {} if suffix_depth is None else {"max_depth": suffix_depth}
     if suffix_opts:
         opts = opts.replace(drafter_options={"suffix": suffix_opts})
-    proposer: Any = (ProposerCore(build_drafter("suffix", {"suffix": suffix_opts}), opts, max_model_len=max_len)
+    core_cls = ThreadedProposerCore if mode == "thread" else ProposerCore
+    proposer: Any = (core_cls(build_drafter("suffix", {"suffix": suffix_opts}), opts, max_model_len=max_len)
                      if in_process else OverlapCore(opts, max_model_len=max_len))
     spent, drafts = 0.0, [[] for _ in records]
     per_step: list[float] = []
-    step_fn: Callable[..., Any] = proposer.step if in_process else proposer.submit
+    step_fn: Callable[..., Any] = proposer.submit if mode in DEFERRED else proposer.step
     gc.collect()
     gc.freeze()  # as vLLM's engine core does after start-up: the long-lived heap leaves the collector's scans
     try:
@@ -131,7 +135,7 @@ def run(mode: str, records: list[Any], pool: list[Any], *, k: int, steps: int, e
             out = step_fn(eng.ids, sampled, eng.n, eng.tokens, num_prompt_tokens=eng.prompt)
             t = time.perf_counter() - t0
             _busy(engine_work_ms)
-            if mode == "overlap":
+            if mode in DEFERRED:
                 t1 = time.perf_counter()
                 out = proposer.collect()
                 t += time.perf_counter() - t1
@@ -154,7 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-sizes", default="8,64", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--modes", default="sync,sync-python,overlap", type=lambda s: s.split(","),
                     help="sync: in-process, native one-call step; sync-defer: the same with defer_cache; "
-                         "sync-python: the Python path; overlap: helper process")
+                         "sync-python: the Python path; overlap: helper process; thread: the native step on "
+                         "its own thread (async_mode='thread')")
     ap.add_argument("--k", type=int, default=16, help="num_speculative_tokens (drafts padded to k)")
     ap.add_argument("--steps", type=int, default=60, help="timed steps per run")
     ap.add_argument("--engine-work-ms", type=float, default=1.0, help="engine-thread work between propose and take")

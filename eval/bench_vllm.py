@@ -39,7 +39,14 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "ngram-gpu": {"method": "ngram_gpu", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
     "suffix": {"method": "suffix"},  # ArcticInference 0.1.1 cache, vLLM's defaults (k = depth = 24)
     "specdec": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16},
+    # async_mode "thread" (the default mode): the native step on the suffix engine's own thread, GIL released,
+    # beside vLLM's update_from_output; stops and starts while the GPU runs the step
     "specdec-async": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True},
+    "specdec-thread": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
+                       "async_mode": "thread"},
+    # the proposer in a helper process (pipes)
+    "specdec-overlap": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
+                        "async_mode": "overlap"},
     # vLLM's async scheduling (the engine prepares step N+1 while the GPU runs step N; drafts filled just in time)
     "specdec-sched": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
                       "async_mode": "schedule"},

@@ -146,8 +146,10 @@ def test_runner_patch_binds_the_input_batch_before_propose():
     assert not plugin.patch_runner_class(OddRunner)  # unexpected signature: left alone
 
 
-def test_async_overlap_proposer_defers_drafts_to_take_draft_token_ids():
-    """propose() submits to the helper and returns placeholders; take_draft_token_ids() swaps the drafts in."""
+@pytest.mark.parametrize("mode", ["overlap", "thread"])
+def test_async_proposer_defers_drafts_to_take_draft_token_ids(mode):
+    """propose() submits (to the helper process / the drafter's thread) and returns placeholders;
+    take_draft_token_ids() swaps the drafts in."""
     import numpy as np
 
     from specdec.vllm_plugin.proposer import SpecdecProposer
@@ -169,11 +171,12 @@ def test_async_overlap_proposer_defers_drafts_to_take_draft_token_ids():
         def take_draft_token_ids(self):
             return self._get_draft_token_ids_cpu()
 
-    cfg = SimpleNamespace(additional_config={"specdec": {"async": True, "adaptive": False, "draft_timeout_ms": 0}},
+    cfg = SimpleNamespace(additional_config={"specdec": {"async": True, "async_mode": mode, "adaptive": False,
+                                                         "draft_timeout_ms": 0}},
                           speculative_config=SimpleNamespace(num_speculative_tokens=3),
                           model_config=SimpleNamespace(max_model_len=64))
     prop = SpecdecProposer(cfg, patch_runner=False)
-    assert prop.overlapped and prop.core is None
+    assert prop.overlapped == (mode == "overlap") and prop.threaded == (mode == "thread")
     assert plugin.patch_runner_class(FakeRunner) and plugin.take_hook_installed()
     runner = FakeRunner(prop)
     try:
@@ -235,6 +238,14 @@ def test_real_custom_class_hook_and_runner_signature():
     assert list(inspect.signature(GPUModelRunner.take_draft_token_ids).parameters) == ["self"]
     src = inspect.getsource(GPUModelRunner._get_draft_token_ids_cpu)
     assert "isinstance(self._draft_token_ids, list)" in src
+    # thread mode stops and starts requests as a step begins executing
+    assert list(inspect.signature(GPUModelRunner.execute_model).parameters)[:2] == ["self", "scheduler_output"]
+    from dataclasses import fields
+
+    from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+
+    assert {"scheduled_new_reqs", "finished_req_ids"} <= {f.name for f in fields(SchedulerOutput)}
+    assert {"req_id", "prompt_token_ids"} <= {f.name for f in fields(NewRequestData)}
 
 
 @needs_vllm

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -38,6 +38,16 @@ PAD_DEFAULT_PERIOD_S = 1e-3  # step period assumed before any is measured
 PERIOD_EMA = 0.9  # decay of the step-period average
 LANE_MAX_OVERRUNS = 3  # native-step calls over the deadline before the proposer falls back to the Python path
 Op = tuple  # ("start", rid, prompt) | ("extend", rid, tokens) | ("stop", rid)
+
+
+class StepPlan(NamedTuple):
+    """One step's decisions, taken before drafting (``ProposerCore._begin``)."""
+
+    t0: float  # clock at the step's start
+    rows: int
+    k: int  # draft length limit this step
+    mode: str  # "spec" or "plain"
+    running: int  # rows with new tokens
 
 
 class ProposerCore:
@@ -78,6 +88,7 @@ class ProposerCore:
         # the drafter's one-call step (native suffix), inline: only where deadlines may be checked after the fact
         self.lane: Lane | None = None
         self._lane_overruns = 0
+        self._started_early: set[str] = set()  # started before their first step (threaded prepare): a prefill
         if options.native_step and options.deadline_mode == "auto":
             self.lane = find_lane(drafter, defer_cache=options.defer_cache, defer_wait_ms=options.defer_cache_wait_ms)
 
@@ -87,6 +98,19 @@ class ProposerCore:
              num_prompt_tokens: np.ndarray | None = None, k: int | None = None) -> list[list[int]]:
         """One proposer call. Arrays are vLLM's: ``num_tokens_no_spec`` [max_num_reqs] int32,
         ``token_ids_cpu`` [max_num_reqs, max_model_len] int32, ``num_prompt_tokens`` [max_num_reqs]."""
+        plan = self._begin(req_ids, sampled_token_ids, k)
+        self._stop_absent(set(req_ids[:plan.rows]))
+        if self.lane is not None:
+            drafts = self._step_lane(req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+                                     num_prompt_tokens, k=plan.k, mode=plan.mode, running=plan.running)
+        else:
+            drafts = self._step_rows(req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+                                     num_prompt_tokens, k=plan.k, mode=plan.mode, running=plan.running)
+        self.stats.propose_seconds += self.clock() - plan.t0
+        return self._end(plan, drafts)
+
+    def _begin(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]], k: int | None) -> StepPlan:
+        """A step's statistics, cost observations and decisions, before any drafter call."""
         t0 = self.clock()
         n_rows = len(sampled_token_ids)
         if len(req_ids) < n_rows:
@@ -97,27 +121,26 @@ class ProposerCore:
         emitted = sum(len(s) for s in sampled_token_ids)
         self.stats.emitted_tokens += emitted
         known = self.lane.request_ids if self.lane is not None else self.requests
-        prefilled = any(not s or rid not in known for rid, s in zip(req_ids, sampled_token_ids))
+        early = self._started_early
+        prefilled = any(not s or rid not in known or rid in early for rid, s in zip(req_ids, sampled_token_ids))
+        if early:  # keep those still prefilling (no token yet): their first token's step is a prefill step too
+            self._started_early = {r for r, s in zip(req_ids, sampled_token_ids) if r in early and not s}
         self.adaptive.observe(emitted, prefill=prefilled)
         if self._last_t is not None and not prefilled:
             self._cost(self._last_bucket).observe(t0 - self._last_t, self._last_verified, emitted)
             self._period_s = PERIOD_EMA * self._period_s + (1 - PERIOD_EMA) * (t0 - self._last_t)
-        self._stop_absent(set(req_ids[:n_rows]))
         running = sum(1 for s in sampled_token_ids if s)
         mode = self.adaptive.mode(running, t0) if running else "plain"
         self._pad_now = self._should_pad(running, k)
-        if self.lane is not None:
-            drafts = self._step_lane(req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
-                                     num_prompt_tokens, k=k, mode=mode, running=running)
-        else:
-            drafts = self._step_rows(req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
-                                     num_prompt_tokens, k=k, mode=mode, running=running)
+        return StepPlan(t0, n_rows, k, mode, running)
+
+    def _end(self, plan: StepPlan, drafts: list[list[int]]) -> list[list[int]]:
+        """Record what the step handed vLLM."""
         drafted = sum(len(d) for d in drafts)
-        self._last_t, self._last_verified = t0, running + drafted
-        self._last_bucket = bucket_of(running)
+        self._last_t, self._last_verified = plan.t0, plan.running + drafted
+        self._last_bucket = bucket_of(plan.running)
         self.stats.drafted_tokens += drafted
-        self.stats.plain_steps += mode == "plain"
-        self.stats.propose_seconds += self.clock() - t0
+        self.stats.plain_steps += plan.mode == "plain"
         self._maybe_log()
         return drafts
 
@@ -141,11 +164,7 @@ class ProposerCore:
         """The one-call path (``lane.py``): same drafts as ``_step_rows``. A step over the deadline is dropped
         (counted); after LANE_MAX_OVERRUNS of them the Python path (threaded, deadline-checked) takes over."""
         assert self.lane is not None
-        enabled = self.adaptive.enabled
-        value = self._cost(bucket_of(running)).token_cost() if enabled else 0.0
-        decisions = {"k": k, "max_model_len": self.max_model_len, "spec": mode != "plain", "pad": self._pad_now,
-                     "adaptive": enabled, "min_acceptance": self.adaptive.min_acceptance,
-                     "floor": self.adaptive.cut(running) if enabled else self.adaptive.min_path_prob, "value": value}
+        decisions = self._lane_decisions(k=k, mode=mode, running=running)
         t0 = self.clock()
         drafts, counts = lane_step(self.lane, req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
                                    num_prompt_tokens=num_prompt_tokens, decisions=decisions)
@@ -159,6 +178,14 @@ class ProposerCore:
             self._on_timeout(sum(1 for d in drafts if d))
             return [[] for _ in drafts]
         return drafts
+
+    def _lane_decisions(self, *, k: int, mode: str, running: int) -> dict[str, Any]:
+        """The keyword arguments of ``Lane.lane_step`` besides the rows."""
+        enabled = self.adaptive.enabled
+        value = self._cost(bucket_of(running)).token_cost() if enabled else 0.0
+        return {"k": k, "max_model_len": self.max_model_len, "spec": mode != "plain", "pad": self._pad_now,
+                "adaptive": enabled, "min_acceptance": self.adaptive.min_acceptance,
+                "floor": self.adaptive.cut(running) if enabled else self.adaptive.min_path_prob, "value": value}
 
     def _leave_lane(self) -> None:
         """Back to the Python path: the lane's requests stop (they restart from their context when next seen)."""

@@ -26,7 +26,7 @@ VLLM_KEYS = frozenset({
 })
 PAD_CHOICES = ("auto", "on", "off", True, False)
 KEY_ALIASES = {"async": "async_drafting"}  # `async` is a Python keyword; users write "async": true
-ASYNC_MODES = ("overlap", "schedule", "hedge")
+ASYNC_MODES = ("thread", "overlap", "schedule", "hedge")
 
 
 @dataclass(frozen=True)
@@ -39,11 +39,13 @@ class SpecdecOptions(ConfigBase):
                                    "(same tokenizer as the served model; checked at start)")
     num_speculative_tokens: int = rng(16, lo=1, hi=MAX_SPEC_LEN, doc="max draft tokens per request per step")
     async_drafting: bool = rng(False, doc="draft off the critical path (key: 'async'); how: async_mode")
-    async_mode: str = rng("overlap", choices=ASYNC_MODES,
+    async_mode: str = rng("thread", choices=ASYNC_MODES,
                           doc="'schedule': vLLM's async scheduling (TP=PP=1): the engine prepares step N+1 while "
                               "the GPU runs step N, drafts are filled into a GPU buffer just before vLLM reads them "
                               "(specdec.vllm_plugin.scheduled); 'overlap': the proposer runs in a helper process "
-                              "while vLLM processes the step's outputs (specdec.vllm_plugin.overlap); 'hedge': "
+                              "while vLLM processes the step's outputs (specdec.vllm_plugin.overlap); 'thread': the suffix drafter's native step runs on its own "
+                              "thread with the GIL released while vLLM processes the step's outputs "
+                              "(specdec.vllm_plugin.threaded; other drafters draft synchronously); 'hedge': "
                               "specdec.pipeline.AsyncDrafter pre-drafts likely outcomes on a background thread")
     async_options: dict = rng({}, doc="keyword options for AsyncDrafter (async_mode='hedge')")
     draft_timeout_ms: float = rng(50.0, lo=0.0, hi=60_000.0,
@@ -55,6 +57,10 @@ class SpecdecOptions(ConfigBase):
     native_step: bool = rng(True, doc="a drafter with a native one-call step (suffix, native backend) runs every "
                                       "row's bookkeeping, drafting and cut in one C++ call (same drafts as the "
                                       "Python path); needs deadline_mode='auto' (inline, overrun -> Python path)")
+    thread_spin_us: float = rng(3000.0, lo=0.0, hi=100_000.0,
+                                doc="async_mode='thread': after a step the drafter's thread looks for the next one "
+                                    "awake for up to this long, and the engine thread spins that long before "
+                                    "sleeping while it waits for drafts (saves thread wake-ups, keeps a core busy)")
     defer_cache: bool = rng(False, doc="native step (experimental; GPU run 17: less drafting time, not faster end to end): finished responses "
                                        "reach the suffix drafter's global cache on a background thread after the "
                                        "next step has drafted, instead of on the critical path when they stop")

@@ -33,7 +33,8 @@ AUTO_CUDAGRAPH_MAX_TOKENS = 2048  # cap of the automatic capture-size raise (cap
 VLLM_DEFAULT_CAPTURE_TOKENS = 512  # vLLM's own cap on the default capture size
 UNSAFE_CUDAGRAPH_MODE = "FULL"  # vLLM CUDAGraphMode that replays mixed verify batches from full graphs (run 18)
 SAFE_CUDAGRAPH_MODE = "FULL_AND_PIECEWISE"  # vLLM's default: full graphs for uniform batches only
-_state = {"registered": False, "runner_patched": False, "take_patched": False, "async_patched": False}
+_state = {"registered": False, "runner_patched": False, "take_patched": False, "execute_patched": False,
+          "async_patched": False}
 
 
 def _vllm_version() -> str:
@@ -195,6 +196,33 @@ def patch_runner_class(runner_cls: Any) -> bool:
     setattr(propose_draft_token_ids, _WRAPPED, True)
     runner_cls.propose_draft_token_ids = propose_draft_token_ids
     _state["take_patched"] = patch_take_draft_token_ids(runner_cls)
+    _state["execute_patched"] = patch_execute_model(runner_cls)
+    return True
+
+
+def patch_execute_model(runner_cls: Any) -> bool:
+    """Wrap ``runner_cls.execute_model`` so the thread mode's proposer sees each step's scheduler output as vLLM
+    starts executing it (finished requests stop, new ones start while the GPU runs: ``prepare_step``)."""
+    orig = getattr(runner_cls, "execute_model", None)
+    if orig is None:
+        return False
+    if getattr(orig, _WRAPPED, False):
+        return True
+    if list(inspect.signature(orig).parameters)[:2] != ["self", "scheduler_output"]:
+        logger.warning("specdec: %s.execute_model has an unexpected signature; thread mode starts and stops "
+                       "requests when it drafts", runner_cls.__name__)
+        return False
+    from specdec.vllm_plugin.proposer import SpecdecProposer
+
+    @functools.wraps(orig)
+    def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        drafter = getattr(self, "drafter", None)
+        if isinstance(drafter, SpecdecProposer):
+            drafter.prepare_step(scheduler_output)
+        return orig(self, scheduler_output, *args, **kwargs)
+
+    setattr(execute_model, _WRAPPED, True)
+    runner_cls.execute_model = execute_model
     return True
 
 

@@ -91,6 +91,7 @@ class SpecdecProposer:
         # "async" in overlap mode: the whole ProposerCore lives in a helper process (created on the drafting rank)
         self.overlapped = self.options.async_drafting and self.options.async_mode == "overlap" and drafter is None
         self.schedule_mode = self.options.async_drafting and self.options.async_mode == "schedule"
+        self.threaded = self.options.async_drafting and self.options.async_mode == "thread"
         self.overlap: Any = None  # OverlapCore, built at the first propose on the drafting rank
         self.scheduled: Any = None  # ScheduledDrafting, built at the first step under vLLM's async scheduling
         self.core: ProposerCore | None = None
@@ -99,8 +100,11 @@ class SpecdecProposer:
             # controller's plain (no-draft) A/B windows would save nothing
             core_options = (self.options.replace(pad_drafts="on", ab_windows=False)
                             if self.schedule_mode else self.options)
-            self.core = ProposerCore(drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer),
-                                     core_options, **self._core_args)
+            core_cls = ProposerCore
+            if self.threaded:
+                from specdec.vllm_plugin.threaded import ThreadedProposerCore as core_cls
+            self.core = core_cls(drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer),
+                                 core_options, **self._core_args)
         logger.info("specdec: drafter=%s k=%d pad_drafts=%s (target ~%.0fM parameters) async=%s",
                     self.options.drafter, self.options.num_speculative_tokens, self.options.pad_mode,
                     params / 1e6, self.options.async_mode if self.options.async_drafting else "off")
@@ -150,6 +154,8 @@ class SpecdecProposer:
             return self._propose_overlapped(n, args, kwargs)
         assert self.core is not None
         try:
+            if self.threaded:
+                return self._propose_threaded(n, args, kwargs)
             return self.core.step(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             if self.options.strict:
@@ -157,6 +163,33 @@ class SpecdecProposer:
             self.core.guard.record_error(exc, [str(r) for r in list(batch.req_ids)[:n]])
             self.core.reset()  # forget state: every request resyncs from its full context
             return [[] for _ in range(n)]
+
+    def prepare_step(self, scheduler_output: Any) -> None:
+        """Thread mode, called by the runner patch as vLLM starts executing a step: finished requests stop and
+        new ones start on the drafter's thread while the GPU runs. Never raises (``submit`` catches up)."""
+        if not self.threaded or self.core is None:
+            return
+        if self._is_driver is None:
+            self._is_driver = self.options.draft_ranks == "all" or _tp_rank() == 0
+        if not self._is_driver:
+            return
+        try:
+            new = [(r.req_id, r.prompt_token_ids) for r in getattr(scheduler_output, "scheduled_new_reqs", ())]
+            self.core.prepare(getattr(scheduler_output, "finished_req_ids", ()) or (), new)
+        except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
+            if self.options.strict:
+                raise
+            self.core.guard.record_error(exc, [])
+            self.core.reset()
+
+    def _propose_threaded(self, n: int, args: tuple, kwargs: dict[str, Any]) -> list[list[int]]:
+        """Start the step on the drafter's thread; with the take hook the drafts are collected later."""
+        from specdec.vllm_plugin.plugin import take_hook_installed
+
+        self.core.submit(*args, **kwargs)
+        if take_hook_installed():
+            return [[] for _ in range(n)]  # placeholder; replaced in take_draft_token_ids
+        return self.core.collect() or [[] for _ in range(n)]
 
     def _propose_overlapped(self, n: int, args: tuple, kwargs: dict[str, Any]) -> list[list[int]]:
         """Submit to the helper; with the take hook the drafts are collected later (``collect_deferred``)."""
@@ -198,7 +231,17 @@ class SpecdecProposer:
         return self.scheduled
 
     def collect_deferred(self) -> list[list[int]] | None:
-        """Drafts of the step submitted by the last ``propose`` (overlap mode), or None if none is pending."""
+        """Drafts of the step submitted by the last ``propose`` (overlap and thread modes), or None if none is
+        pending. Never raises (a failed step -> no drafts, counted and logged once)."""
+        if self.threaded and self.core is not None:
+            try:
+                return self.core.collect()
+            except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
+                if self.options.strict:
+                    raise
+                self.core.guard.record_error(exc, [])
+                self.core.reset()
+                return None
         if self.overlap is None:
             return None
         return self.overlap.collect()

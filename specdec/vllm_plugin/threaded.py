@@ -1,0 +1,134 @@
+"""``async_mode="thread"``: the native one-call step on the drafter's own thread, beside vLLM's output processing.
+
+vLLM 0.26's synchronous engine loop, per step::
+
+    execute_model -> sample_tokens (-> our propose) -> scheduler.update_from_output -> post_step (take drafts)
+
+Drafting is needed only at ``take_draft_token_ids``. ``ThreadedProposerCore.submit`` (called from ``propose``) takes
+the step's decisions in Python as ``ProposerCore.step`` does, hands the rows to the native suffix engine
+(``SuffixDrafter.lane_submit``: a copy of the rows, no trie work) and returns; the engine's lane thread then runs the
+whole step (stops, extends, restarts, drafting, cut, padding) with the GIL released while vLLM's scheduler runs
+``update_from_output`` in Python. ``collect`` (from the plugin's ``take_draft_token_ids`` hook) waits for it, at
+most ``draft_timeout_ms``: a later step gets no drafts (counted as a timeout, logged once) and its drafts are
+dropped. Same drafts as the synchronous path step for step (``tests/test_vllm_thread.py``).
+
+The overlap mode (``overlap.py``) does the same with a helper process, whose pipe round trip costs more than it
+hides; a thread needs no copy of the drafter's state and no pickling, and the trie work never holds the GIL.
+Drafters without a native lane (``ngram``, ``model``, compositions, the Python suffix backend) draft synchronously
+in ``submit``; so does every drafter after ``LANE_MAX_OVERRUNS`` late steps (``ProposerCore._leave_lane``).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from specdec.vllm_plugin.adaptive import bucket_of
+from specdec.vllm_plugin.core import LANE_MAX_OVERRUNS, ProposerCore, StepPlan
+
+logger = logging.getLogger("specdec.vllm")
+# what lane_collect reports per step (us): submit -> the job starts on the drafter's thread, the job itself,
+# submit -> collect is called (the window vLLM's own work gives the job), collect's wait
+TIMING_KEYS = ("wake_us", "run_us", "window_us", "wait_us")
+
+
+class ThreadedProposerCore(ProposerCore):
+    """``ProposerCore`` whose step is split in ``submit`` (at propose) and ``collect`` (at take)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._plan: StepPlan | None = None  # a submitted lane step
+        self._ready: list[list[int]] | None = None  # drafts of a step drafted synchronously in submit
+        self.stats_collect_seconds = 0.0  # engine-thread time spent waiting in collect
+        self.timing: dict[int, list[float]] = {}  # bucket -> [steps, wake, run, window, wait] (us sums)
+        if self.lane is not None:
+            self.lane.lane_spin(self.options.thread_spin_us)
+        else:
+            logger.info("specdec: async_mode='thread' needs the suffix drafter's native step; drafting "
+                        "synchronously (drafter %r)", self.options.drafter)
+
+    def prepare(self, finished: Iterable[str], new: Iterable[tuple[str, Sequence[int] | None]]) -> None:
+        """When vLLM starts executing a step (its scheduler output known, no tokens sampled yet): stop the
+        requests that finished and start the new ones from their prompts, on the drafter's thread while the GPU
+        runs. Optional (``submit`` stops and starts whatever this missed); the drafts are the same either way up
+        to the order in which responses reach the global trie."""
+        if self.lane is None:
+            return
+        if self._plan is not None:  # a step submitted but never collected: vLLM went on without its drafts
+            plan, self._plan = self._plan, None
+            self._end(plan, [[] for _ in range(plan.rows)])
+        known = self.lane.request_ids
+        stops = [r for r in finished if r in known]
+        starts = [(r, p) for r, p in new if p]  # prompt_token_ids is None for prompt embeddings: restart later
+        if not stops and not starts:
+            return
+        self.stats.stopped += len(stops)
+        self.stats.started += len(starts)
+        self._started_early.update(r for r, _ in starts)
+        self.lane.lane_prepare(stops, starts)
+
+    def submit(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],
+               num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray, *,
+               num_prompt_tokens: np.ndarray | None = None, k: int | None = None) -> None:
+        """Start a step (same arguments as ``ProposerCore.step``); its drafts come from ``collect``."""
+        if self._plan is not None:  # the previous step was never collected: vLLM went on without its drafts
+            plan, self._plan = self._plan, None  # (the engine clears their books before the next step)
+            self._end(plan, [[] for _ in range(plan.rows)])
+        if self.lane is None:
+            self._ready = self.step(req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+                                    num_prompt_tokens=num_prompt_tokens, k=k)
+            return
+        plan = self._begin(req_ids, sampled_token_ids, k)
+        present = set(req_ids[:plan.rows])
+        stops = [r for r in self.lane.request_ids if r not in present]
+        self.stats.stopped += len(stops)
+        decisions = self._lane_decisions(k=plan.k, mode=plan.mode, running=plan.running)
+        rows = list(req_ids[:plan.rows])
+        self.lane.lane_submit(rows, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, num_prompt_tokens,
+                              stops=stops, **decisions)
+        self._plan = plan
+        self.stats.propose_seconds += self.clock() - plan.t0
+
+    def collect(self) -> list[list[int]] | None:
+        """Drafts of the submitted step (None if none was submitted), waiting at most ``draft_timeout_ms`` (0: no
+        deadline). A step still running then gets no drafts: counted, and after LANE_MAX_OVERRUNS of them drafting
+        goes synchronous (the Python path) for good."""
+        if self._ready is not None:
+            drafts, self._ready = self._ready, None
+            return drafts
+        plan, self._plan = self._plan, None
+        if plan is None:
+            return None
+        if self.lane is None:  # left the lane meanwhile (reset paths): nothing to collect
+            return self._end(plan, [[] for _ in range(plan.rows)])
+        t0 = self.clock()
+        result = self.lane.lane_collect(self.timeout_s if self.timeout_s > 0 else None)
+        spent = self.clock() - t0
+        self.stats.propose_seconds += spent
+        self.stats_collect_seconds += spent
+        if result is None:
+            self._lane_overruns += 1
+            if self._lane_overruns >= LANE_MAX_OVERRUNS:
+                self._leave_lane()
+            self._on_timeout(plan.running)
+            return self._end(plan, [[] for _ in range(plan.rows)])
+        drafts, accepted, _drafted, started, resyncs, timing = result
+        sums = self.timing.setdefault(bucket_of(plan.running), [0.0] * (1 + len(TIMING_KEYS)))
+        sums[0] += 1
+        for i, us in enumerate(timing, 1):
+            sums[i] += us
+        self.stats.accepted_tokens += accepted
+        self.stats.started += started
+        self.stats.resyncs += resyncs
+        return self._end(plan, drafts)
+
+    def stats_dict(self) -> dict[str, Any]:
+        d = super().stats_dict()
+        d["async_mode"] = "thread"
+        d["collect_wait_ms_per_step"] = 1e3 * self.stats_collect_seconds / max(self.stats.steps, 1)
+        d["thread_spin_us"] = self.options.thread_spin_us
+        d["thread_timing_us"] = {  # per batch-size bucket, means per collected step
+            str(b): {"steps": int(v[0]), **{k: v[i] / v[0] for i, k in enumerate(TIMING_KEYS, 1)}}
+            for b, v in sorted(self.timing.items()) if v[0]}
+        return d
