@@ -118,25 +118,27 @@ class ProposerCore:
         k = self.k if k is None else max(0, min(int(k), self.k))
         self.stats.steps += 1
         self.stats.rows += n_rows
-        emitted = sum(len(s) for s in sampled_token_ids)
+        lens = list(map(len, sampled_token_ids))  # [rows] new tokens per row (C-level loops below: ~64 rows)
+        emitted, running = sum(lens), n_rows - lens.count(0)
         self.stats.emitted_tokens += emitted
         known = self.lane.request_ids if self.lane is not None else self.requests
+        rows = set(req_ids[:n_rows])
         early = self._started_early
-        prefilled = any(not s or rid not in known or rid in early for rid, s in zip(req_ids, sampled_token_ids))
+        prefilled = running < n_rows or not known.keys() >= rows or not early.isdisjoint(rows)
         if early:  # keep those still prefilling (no token yet): their first token's step is a prefill step too
-            self._started_early = {r for r, s in zip(req_ids, sampled_token_ids) if r in early and not s}
+            self._started_early = {r for r, n in zip(req_ids, lens) if r in early and not n}
         self.adaptive.observe(emitted, prefill=prefilled)
         if self._last_t is not None and not prefilled:
             self._cost(self._last_bucket).observe(t0 - self._last_t, self._last_verified, emitted)
             self._period_s = PERIOD_EMA * self._period_s + (1 - PERIOD_EMA) * (t0 - self._last_t)
-        running = sum(1 for s in sampled_token_ids if s)
         mode = self.adaptive.mode(running, t0) if running else "plain"
         self._pad_now = self._should_pad(running, k)
         return StepPlan(t0, n_rows, k, mode, running)
 
-    def _end(self, plan: StepPlan, drafts: list[list[int]]) -> list[list[int]]:
-        """Record what the step handed vLLM."""
-        drafted = sum(len(d) for d in drafts)
+    def _end(self, plan: StepPlan, drafts: list[list[int]], drafted: int | None = None) -> list[list[int]]:
+        """Record what the step handed vLLM (``drafted``: their token count, if known)."""
+        if drafted is None:
+            drafted = sum(map(len, drafts))
         self._last_t, self._last_verified = plan.t0, plan.running + drafted
         self._last_bucket = bucket_of(plan.running)
         self.stats.drafted_tokens += drafted

@@ -81,7 +81,7 @@ class ThreadedProposerCore(ProposerCore):
             return
         plan = self._begin(req_ids, sampled_token_ids, k)
         present = set(req_ids[:plan.rows])
-        stops = [r for r in self.lane.request_ids if r not in present]
+        stops = [r for r in self.lane.request_ids if r not in present]  # in start order, as the sync path
         self.stats.stopped += len(stops)
         decisions = self._lane_decisions(k=plan.k, mode=plan.mode, running=plan.running)
         rows = list(req_ids[:plan.rows])
@@ -113,7 +113,7 @@ class ThreadedProposerCore(ProposerCore):
                 self._leave_lane()
             self._on_timeout(plan.running)
             return self._end(plan, [[] for _ in range(plan.rows)])
-        drafts, accepted, _drafted, started, resyncs, timing = result
+        drafts, accepted, drafted, started, resyncs, timing = result
         sums = self.timing.setdefault(bucket_of(plan.running), [0.0] * (1 + len(TIMING_KEYS)))
         sums[0] += 1
         for i, us in enumerate(timing, 1):
@@ -121,7 +121,7 @@ class ThreadedProposerCore(ProposerCore):
         self.stats.accepted_tokens += accepted
         self.stats.started += started
         self.stats.resyncs += resyncs
-        return self._end(plan, drafts)
+        return self._end(plan, drafts, drafted)
 
     def stats_dict(self) -> dict[str, Any]:
         d = super().stats_dict()
