@@ -38,7 +38,9 @@ METHODS: dict[str, dict[str, Any] | None] = {
     # vLLM's own GPU n-gram drafter: the one model-free method vLLM runs with async scheduling
     "ngram-gpu": {"method": "ngram_gpu", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
     "suffix": {"method": "suffix"},  # ArcticInference 0.1.1 cache, vLLM's defaults (k = depth = 24)
+    # the default configuration ("async": true, async_mode "thread" since run 29) and the synchronous path
     "specdec": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16},
+    "specdec-sync": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": False},
     # async_mode "thread" (the default mode): the native step on the suffix engine's own thread, GIL released,
     # beside vLLM's update_from_output; stops and starts while the GPU runs the step
     "specdec-async": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True},
@@ -58,13 +60,15 @@ METHODS: dict[str, dict[str, Any] | None] = {
     # the draft model on the host CPU: the native forward on 8 threads (half the GPU host's cores), named rather
     # than calibrated at engine start (backend=auto would also build and time ONNX Runtime and numpy)
     "specdec-hybrid": {"method": "specdec", "drafter": ["suffix", "model"], "num_speculative_tokens": 8,
-                       "drafter_options": {"model": {"num_threads": 8, "backend": "native"}}},
+                       "async": False, "drafter_options": {"model": {"num_threads": 8, "backend": "native"}}},
     "specdec-hybrid-async": {"method": "specdec", "drafter": ["suffix", "model"], "num_speculative_tokens": 8,
-                             "async": True, "drafter_options": {"model": {"num_threads": 8, "backend": "native"}}},
+                             "async": True, "async_mode": "overlap",
+                             "drafter_options": {"model": {"num_threads": 8, "backend": "native"}}},
     # k=4: each draft token is one model step
-    "specdec-model": {"method": "specdec", "drafter": "model", "num_speculative_tokens": 4,
+    "specdec-model": {"method": "specdec", "drafter": "model", "num_speculative_tokens": 4, "async": False,
                       "drafter_options": {"model": {"num_threads": 8, "backend": "native"}}},
     "specdec-model-async": {"method": "specdec", "drafter": "model", "num_speculative_tokens": 4, "async": True,
+                            "async_mode": "overlap",
                             "drafter_options": {"model": {"num_threads": 8, "backend": "native"}}},
 }
 LOSSLESS_BATCHES = (1, 8, 64)

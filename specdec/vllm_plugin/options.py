@@ -38,7 +38,7 @@ class SpecdecOptions(ConfigBase):
     draft_model: str = rng("", doc="shorthand for drafter_options={'model': {'path': ...}}: the draft model folder "
                                    "(same tokenizer as the served model; checked at start)")
     num_speculative_tokens: int = rng(16, lo=1, hi=MAX_SPEC_LEN, doc="max draft tokens per request per step")
-    async_drafting: bool = rng(False, doc="draft off the critical path (key: 'async'); how: async_mode")
+    async_drafting: bool = rng(True, doc="draft off the critical path (key: 'async'; false: the synchronous path); how: async_mode")
     async_mode: str = rng("thread", choices=ASYNC_MODES,
                           doc="'schedule': vLLM's async scheduling (TP=PP=1): the engine prepares step N+1 while "
                               "the GPU runs step N, drafts are filled into a GPU buffer just before vLLM reads them "
