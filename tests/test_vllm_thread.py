@@ -220,3 +220,26 @@ def test_the_runner_patch_prepares_each_step_from_the_scheduler_output():
     assert prop.core.stats.started == 1 and prop.core.stats.resyncs == 0
     Runner().execute_model(SimpleNamespace(scheduled_new_reqs=[], finished_req_ids={"a", "never-seen"}))
     assert prop.core.stats.stopped == 1 and prop.core.lane.request_ids == {}
+
+
+def test_a_failed_step_is_counted_and_the_proposer_starts_over(monkeypatch):
+    cfg = SimpleNamespace(additional_config={"specdec": {"adaptive": False}},  # async thread: the default
+                          speculative_config=SimpleNamespace(num_speculative_tokens=4),
+                          model_config=SimpleNamespace(max_model_len=64))
+    prop = SpecdecProposer(cfg, patch_runner=False)
+    assert prop.threaded
+    ctx = np.tile(np.arange(64, dtype=np.int32) % 5, (1, 1))
+    prop.bind_step(SimpleNamespace(req_ids=["a"], num_prompt_tokens=None))
+    monkeypatch.setattr("specdec.vllm_plugin.plugin.take_hook_installed", lambda: True)  # collect at take
+    assert prop.propose([[int(ctx[0, 9])]], np.array([10], np.int32), ctx) == [[]]  # placeholder
+    lane = prop.core.lane
+
+    def broken(timeout_s):
+        raise RuntimeError("lane step failed: injected")
+
+    monkeypatch.setattr(lane, "lane_collect", broken)
+    assert prop.collect_deferred() is None  # take keeps the placeholders: no drafts, no exception
+    assert prop.core.guard.stats.errors == 1 and lane.request_ids == {}  # state forgotten
+    monkeypatch.undo()
+    assert prop.propose([[int(ctx[0, 10])]], np.array([11], np.int32), ctx) == [ctx[0, 11:15].tolist()]
+    assert set(lane.request_ids) == {"a"} and prop.core.stats.resyncs == 0  # restarted from its context

@@ -158,11 +158,17 @@ class SpecdecProposer:
                 return self._propose_threaded(n, args, kwargs)
             return self.core.step(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
-            if self.options.strict:
-                raise
-            self.core.guard.record_error(exc, [str(r) for r in list(batch.req_ids)[:n]])
-            self.core.reset()  # forget state: every request resyncs from its full context
+            self._drafting_failed(exc, [str(r) for r in list(batch.req_ids)[:n]])
             return [[] for _ in range(n)]
+
+    def _drafting_failed(self, exc: Exception, req_ids: list[str]) -> None:
+        """Count and log (once per error type) a failed proposer step, forget all drafter state (every request
+        restarts from its full context); ``strict`` re-raises instead."""
+        if self.options.strict:
+            raise exc
+        assert self.core is not None
+        self.core.guard.record_error(exc, req_ids)
+        self.core.reset()
 
     def prepare_step(self, scheduler_output: Any) -> None:
         """Thread mode, called by the runner patch as vLLM starts executing a step: finished requests stop and
@@ -177,10 +183,7 @@ class SpecdecProposer:
             new = [(r.req_id, r.prompt_token_ids) for r in getattr(scheduler_output, "scheduled_new_reqs", ())]
             self.core.prepare(getattr(scheduler_output, "finished_req_ids", ()) or (), new)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
-            if self.options.strict:
-                raise
-            self.core.guard.record_error(exc, [])
-            self.core.reset()
+            self._drafting_failed(exc, [])
 
     def _propose_threaded(self, n: int, args: tuple, kwargs: dict[str, Any]) -> list[list[int]]:
         """Start the step on the drafter's thread; with the take hook the drafts are collected later."""
@@ -237,10 +240,7 @@ class SpecdecProposer:
             try:
                 return self.core.collect()
             except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
-                if self.options.strict:
-                    raise
-                self.core.guard.record_error(exc, [])
-                self.core.reset()
+                self._drafting_failed(exc, [])
                 return None
         if self.overlap is None:
             return None

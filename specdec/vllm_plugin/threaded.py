@@ -55,9 +55,7 @@ class ThreadedProposerCore(ProposerCore):
         to the order in which responses reach the global trie."""
         if self.lane is None:
             return
-        if self._plan is not None:  # a step submitted but never collected: vLLM went on without its drafts
-            plan, self._plan = self._plan, None
-            self._end(plan, [[] for _ in range(plan.rows)])
+        self._drop_uncollected()
         known = self.lane.request_ids
         stops = [r for r in finished if r in known]
         starts = [(r, p) for r, p in new if p]  # prompt_token_ids is None for prompt embeddings: restart later
@@ -72,9 +70,7 @@ class ThreadedProposerCore(ProposerCore):
                num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray, *,
                num_prompt_tokens: np.ndarray | None = None, k: int | None = None) -> None:
         """Start a step (same arguments as ``ProposerCore.step``); its drafts come from ``collect``."""
-        if self._plan is not None:  # the previous step was never collected: vLLM went on without its drafts
-            plan, self._plan = self._plan, None  # (the engine clears their books before the next step)
-            self._end(plan, [[] for _ in range(plan.rows)])
+        self._drop_uncollected()
         if self.lane is None:
             self._ready = self.step(req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
                                     num_prompt_tokens=num_prompt_tokens, k=k)
@@ -89,6 +85,13 @@ class ThreadedProposerCore(ProposerCore):
                               stops=stops, **decisions)
         self._plan = plan
         self.stats.propose_seconds += self.clock() - plan.t0
+
+    def _drop_uncollected(self) -> None:
+        """A step submitted but never collected: vLLM went on without its drafts (the engine clears them from the
+        request books before its next call)."""
+        if self._plan is not None:
+            plan, self._plan = self._plan, None
+            self._end(plan, [[] for _ in range(plan.rows)])
 
     def collect(self) -> list[list[int]] | None:
         """Drafts of the submitted step (None if none was submitted), waiting at most ``draft_timeout_ms`` (0: no
