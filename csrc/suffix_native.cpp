@@ -35,7 +35,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-
 constexpr int32_t NIL = -1;
 constexpr uint64_t EMPTY_KEY = ~0ull;
 
@@ -597,7 +596,7 @@ struct LaneRestart {
     int64_t rid;
     size_t prompt;                // prompt length within ctx
     std::vector<int32_t> ctx;     // the row's whole context (from vLLM's token buffer)
-    bool resync;                  // the request was known: its old state is stopped first
+    bool resync;                  // the request was known (a resync: its old state is stopped first)
 };
 
 struct LaneJob {

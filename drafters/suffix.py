@@ -82,10 +82,7 @@ class SuffixDrafter(Drafter):
     def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
         if request_id in self._ids:
             self.stop(request_id)
-        rid = self._next_id
-        self._next_id += 1
-        self._ids[request_id] = rid
-        self.engine.start(rid, _as_ids(prompt_ids))
+        self.engine.start(self._new_engine_id(request_id), _as_ids(prompt_ids))
 
     def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
         rid = self._ids.get(request_id)
@@ -201,22 +198,16 @@ class SuffixDrafter(Drafter):
         context, vLLM's ``token_ids_cpu``) with ``num_prompt_tokens`` [rows] prompt lengths (or None).
         Every other call on this drafter waits for the step first."""
         ids = self._ids
-        stop_ids = [ids.pop(r) for r in stops if r in ids]
+        stop_ids = self._forget(stops)
         rows = sampled if type(sampled) is list else list(sampled)
         rids = []
         for r, toks in zip(req_ids, rows):
             rid = ids.get(r, -1)
             if rid < 0 and len(toks):  # a new request: it starts on the lane thread
-                rid = ids[r] = self._next_id
-                self._next_id += 1
+                rid = self._new_engine_id(r)
             rids.append(rid)
-        try:
-            self.engine.lane_submit(rids, rows, lengths, token_ids, num_prompt_tokens, stop_ids, k, max_model_len,
-                                    spec, pad, adaptive, min_acceptance, floor, value)
-        except Exception:
-            for rid in stop_ids:  # already forgotten here: stop them in the engine too
-                self.engine.stop(rid)
-            raise
+        self._hand_over(stop_ids, self.engine.lane_submit, rids, rows, lengths, token_ids, num_prompt_tokens, stop_ids,
+                        k, max_model_len, spec, pad, adaptive, min_acceptance, floor, value)
 
     def lane_collect(self, timeout_s: float | None) -> tuple[list[list[int]], int, int, int, int, tuple] | None:
         """The submitted step's (drafts, accepted, drafted, started, resyncs, (wake_us, run_us, window_us,
@@ -228,16 +219,34 @@ class SuffixDrafter(Drafter):
         """Early lifecycle on the engine's thread (GIL released), before the step that needs it: stop ``stops``
         (finished requests) and start ``starts`` ((request id, prompt ids): new requests, whose first
         ``lane_submit`` row then extends by the first sampled token). Runs while vLLM executes the step."""
-        ids = self._ids
-        stop_ids = [ids.pop(r) for r in stops if r in ids]
+        stop_ids = self._forget(stops)
         start_ids = []
         for r, prompt in starts:
-            if r in ids:  # a request id seen again starts over
-                stop_ids.append(ids[r])
-            rid = ids[r] = self._next_id
-            self._next_id += 1
-            start_ids.append((rid, prompt))
-        self.engine.lane_prepare(stop_ids, start_ids)
+            stop_ids += self._forget([r])  # a request id seen again starts over
+            start_ids.append((self._new_engine_id(r), prompt))
+        self._hand_over(stop_ids, self.engine.lane_prepare, stop_ids, start_ids)
+
+    # ----------------------------------------------------------------- engine ids
+    def _new_engine_id(self, request_id: str) -> int:
+        """A fresh engine id for the request (the engine starts it under that id)."""
+        rid = self._ids[request_id] = self._next_id
+        self._next_id += 1
+        return rid
+
+    def _forget(self, request_ids: Sequence[str]) -> list[int]:
+        """Engine ids of those requests, dropped from the id map (the caller has the engine stop them)."""
+        ids = self._ids
+        return [ids.pop(r) for r in request_ids if r in ids]
+
+    def _hand_over(self, stop_ids: list[int], call: Any, *args: Any) -> None:
+        """``call(*args)``, an engine call that stops ``stop_ids`` among other things; if it fails, they are
+        stopped here (the id map has forgotten them already)."""
+        try:
+            call(*args)
+        except Exception:
+            for rid in stop_ids:
+                self.engine.stop(rid)
+            raise
 
     def lane_spin(self, us: float) -> None:
         """After a step, the lane thread looks for the next one awake for up to ``us`` (and ``lane_collect`` spins

@@ -257,13 +257,18 @@ class ProposerCore:
             return mode == "on"
         return 0 < running * (k + 1) * self._token_s <= PAD_MAX_STEP_SHARE * self._period_s
 
+    def _absent(self, present: set[str]) -> list[str]:
+        """Requests the drafter holds that are not in this step's batch (in start order): to be stopped."""
+        known = self.lane.request_ids if self.lane is not None else self.requests
+        return [r for r in known if r not in present]
+
     def _stop_absent(self, present: set[str]) -> None:
         if self.lane is not None:
-            for rid in [r for r in self.lane.request_ids if r not in present]:
+            for rid in self._absent(present):
                 self.lane.stop(rid)
                 self.stats.stopped += 1
             return
-        for rid in [r for r in self.requests if r not in present]:
+        for rid in self._absent(present):
             del self.requests[rid]
             self._op(("stop", rid))
             self.stats.stopped += 1

@@ -38,14 +38,16 @@ class SpecdecOptions(ConfigBase):
     draft_model: str = rng("", doc="shorthand for drafter_options={'model': {'path': ...}}: the draft model folder "
                                    "(same tokenizer as the served model; checked at start)")
     num_speculative_tokens: int = rng(16, lo=1, hi=MAX_SPEC_LEN, doc="max draft tokens per request per step")
-    async_drafting: bool = rng(True, doc="draft off the critical path (key: 'async'; false: the synchronous path); how: async_mode")
+    async_drafting: bool = rng(True, doc="draft off the critical path (key: 'async'; false: the synchronous path); "
+                                         "how: async_mode")
     async_mode: str = rng("thread", choices=ASYNC_MODES,
                           doc="'schedule': vLLM's async scheduling (TP=PP=1): the engine prepares step N+1 while "
                               "the GPU runs step N, drafts are filled into a GPU buffer just before vLLM reads them "
                               "(specdec.vllm_plugin.scheduled); 'overlap': the proposer runs in a helper process "
-                              "while vLLM processes the step's outputs (specdec.vllm_plugin.overlap); 'thread': the suffix drafter's native step runs on its own "
-                              "thread with the GIL released while vLLM processes the step's outputs "
-                              "(specdec.vllm_plugin.threaded; other drafters draft synchronously); 'hedge': "
+                              "while vLLM processes the step's outputs (specdec.vllm_plugin.overlap); 'thread': "
+                              "the suffix drafter's native step runs on its own thread with the GIL released "
+                              "while vLLM processes the step's outputs (specdec.vllm_plugin.threaded; other "
+                              "drafters draft synchronously); 'hedge': "
                               "specdec.pipeline.AsyncDrafter pre-drafts likely outcomes on a background thread")
     async_options: dict = rng({}, doc="keyword options for AsyncDrafter (async_mode='hedge')")
     draft_timeout_ms: float = rng(50.0, lo=0.0, hi=60_000.0,

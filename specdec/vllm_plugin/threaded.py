@@ -76,8 +76,7 @@ class ThreadedProposerCore(ProposerCore):
                                     num_prompt_tokens=num_prompt_tokens, k=k)
             return
         plan = self._begin(req_ids, sampled_token_ids, k)
-        present = set(req_ids[:plan.rows])
-        stops = [r for r in self.lane.request_ids if r not in present]  # in start order, as the sync path
+        stops = self._absent(set(req_ids[:plan.rows]))
         self.stats.stopped += len(stops)
         decisions = self._lane_decisions(k=plan.k, mode=plan.mode, running=plan.running)
         rows = list(req_ids[:plan.rows])
@@ -103,8 +102,7 @@ class ThreadedProposerCore(ProposerCore):
         plan, self._plan = self._plan, None
         if plan is None:
             return None
-        if self.lane is None:  # left the lane meanwhile (reset paths): nothing to collect
-            return self._end(plan, [[] for _ in range(plan.rows)])
+        assert self.lane is not None  # a plan is only submitted to the lane, and only collect leaves it
         t0 = self.clock()
         result = self.lane.lane_collect(self.timeout_s if self.timeout_s > 0 else None)
         spent = self.clock() - t0
