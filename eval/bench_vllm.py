@@ -34,6 +34,9 @@ from specdec.paths import TARGET_MODEL, model_path
 METHODS: dict[str, dict[str, Any] | None] = {
     "nospec": None,
     "nospec-v1": None,  # no-spec on vLLM's V1 model runner, the runner every CPU-drafter method runs on
+    # the same with vLLM's synchronous scheduling, which vLLM 0.26 imposes on every CPU drafter: the reference that
+    # splits "GPU waiting" into what synchronous scheduling costs and what speculation adds (bench_vllm_report)
+    "nospec-sync": None,
     "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
     # vLLM's own GPU n-gram drafter: the one model-free method vLLM runs with async scheduling
     "ngram-gpu": {"method": "ngram_gpu", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
@@ -71,6 +74,7 @@ METHODS: dict[str, dict[str, Any] | None] = {
                             "async_mode": "overlap",
                             "drafter_options": {"model": {"num_threads": 8, "backend": "native"}}},
 }
+V1_REFERENCES = ("nospec-v1", "nospec-sync")  # no-spec engines forced onto the V1 model runner
 LOSSLESS_BATCHES = (1, 8, 64)
 LOSSLESS_MAX_TOKENS = 128
 PROFILE_TOP = 45  # functions listed per sort order in --profile output
@@ -182,7 +186,8 @@ def worker(args: argparse.Namespace) -> None:
     variants = json.loads(args.variants or "{}")
     for key, value in (variants.get(args.method, {}).get("env") or {}).items():
         os.environ[key] = str(value)
-    if args.method == "nospec-v1" or variants.get(args.method, {}).get("base") == "nospec-v1":  # plain no-spec uses Model Runner V2 where it can; spec methods force V1
+    base = variants.get(args.method, {}).get("base", args.method)
+    if base in V1_REFERENCES:  # plain no-spec uses Model Runner V2 where it can; spec methods force V1
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     cpus = variants.get(args.method, {}).get("cpus")
     if cpus:  # pin the engine process (threads started later inherit it): host-speed noise between processes
@@ -193,7 +198,7 @@ def worker(args: argparse.Namespace) -> None:
     timer = StepTimer(StepTrace() if args.trace else None)
     timer.install()
     spec = _spec_config(args.method, json.loads(args.specdec_config or "{}"), variants)
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"async_scheduling": False} if base == "nospec-sync" else {}
     cc = variants.get(args.method, {}).get("compilation_config") or json.loads(args.compilation_config or "null")
     if cc:
         extra["compilation_config"] = cc

@@ -61,8 +61,14 @@ def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any
 
 def _waiting(rows: list[dict[str, Any]]) -> None:
     """"GPU waiting for drafts" per row: its GPU idle gap per step minus no-spec's (``nospec-v1``: same runner),
-    and that as a share of the step (busy + gap)."""
+    and that as a share of the step (busy + gap). With ``nospec-sync`` in the run (no-spec, same runner, vLLM's
+    synchronous scheduling) the wait of a speculative method is split in three parts (ms per step, and shares):
+    ``sync_scheduling`` = nospec-sync's gap - nospec-v1's (what synchronous scheduling, imposed by vLLM 0.26 on
+    every CPU drafter, costs even without speculation), ``drafting`` = the method's drafting time on the engine
+    thread (``draft_ms_per_step``), ``speculation`` = the rest (vLLM's own host work for speculative steps)."""
     ref = {(r["dataset"], r["batch_size"]): r.get("gpu_gap_ms_per_step") for r in rows if r["method"] == "nospec-v1"}
+    sync_ref = {(r["dataset"], r["batch_size"]): r.get("gpu_gap_ms_per_step") for r in rows
+                if r["method"] == "nospec-sync" and r.get("gpu_gap_ms_per_step") is not None}
     for r in rows:
         base = ref.get((r["dataset"], r["batch_size"]))
         gap, busy = r.get("gpu_gap_ms_per_step"), r.get("gpu_busy_ms_per_step")
@@ -70,6 +76,12 @@ def _waiting(rows: list[dict[str, Any]]) -> None:
             continue
         r["gpu_wait_for_drafts_ms"] = gap - base
         r["gpu_wait_for_drafts_share"] = (gap - base) / (gap + busy) if gap + busy > 0 else None
+        sync = sync_ref.get((r["dataset"], r["batch_size"]))
+        if sync is not None and not r["method"].startswith("nospec") and gap + busy > 0:
+            draft = r.get("draft_ms_per_step") or 0.0
+            parts = {"sync_scheduling": sync - base, "speculation": gap - draft - sync, "drafting": draft}
+            r["gpu_wait_parts_ms"] = parts
+            r["gpu_wait_parts_share"] = {k: v / (gap + busy) for k, v in parts.items()}
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -122,5 +134,20 @@ def _gap_table(rows: list[dict[str, Any]], ds: str, batches: list[int]) -> list[
             share = r.get("gpu_wait_for_drafts_share")
             txt.append(f"{r['gpu_gap_ms_per_step']:.3f} / {r['gpu_busy_ms_per_step']:.3f}"
                        + (f"; wait {100 * share:.1f}%" if share is not None else ""))
+        lines.append(f"| {method} | " + " | ".join(txt) + " |")
+    return lines + [""] + _parts_table(mine, ds, batches)
+
+
+def _parts_table(mine: list[dict[str, Any]], ds: str, batches: list[int]) -> list[str]:
+    """The wait split by ``_waiting`` (shares of the step), where nospec-sync was measured."""
+    parted = [r for r in mine if r.get("gpu_wait_parts_share")]
+    if not parted:
+        return []
+    lines = [f"### {ds}: waiting split, share of step: synchronous scheduling + speculation (vLLM) + drafting", "",
+             "| method | " + " | ".join(f"bs {b}" for b in batches) + " |", "| --- |" + " --- |" * len(batches)]
+    for method in dict.fromkeys(r["method"] for r in parted):
+        cells = {r["batch_size"]: r["gpu_wait_parts_share"] for r in parted if r["method"] == method}
+        txt = [(f"{100 * c['sync_scheduling']:.1f}% + {100 * c['speculation']:.1f}% + {100 * c['drafting']:.1f}%"
+                if (c := cells.get(b)) else "-") for b in batches]
         lines.append(f"| {method} | " + " | ".join(txt) + " |")
     return lines + [""]

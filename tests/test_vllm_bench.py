@@ -66,6 +66,24 @@ def test_gpu_wait_for_drafts_is_the_gap_beyond_nospec_v1s():
     assert "| specdec | 0.750 / 4.250; wait 10.0% |" in markdown(doc)
 
 
+def test_gpu_wait_is_split_into_sync_scheduling_speculation_and_drafting():
+    ref = [[1, 2, 3]]
+    cells = {m: _cell(100.0, ref) for m in ("nospec", "nospec-v1", "nospec-sync", "specdec")}
+    cells["nospec-v1"].update(gpu_gap_ms_per_step=1.0, gpu_busy_ms_per_step=0.5)
+    cells["nospec-sync"].update(gpu_gap_ms_per_step=1.5, gpu_busy_ms_per_step=0.5)
+    cells["specdec"].update(gpu_gap_ms_per_step=2.25, gpu_busy_ms_per_step=1.75, draft_ms_per_step=0.25)
+    s = summarise({m: _run(m, {"8": c}) for m, c in cells.items()}, {})
+    row = {r["method"]: r for r in s["rows"]}
+    assert row["specdec"]["gpu_wait_for_drafts_ms"] == 1.25  # 2.25 - 1.0
+    assert row["specdec"]["gpu_wait_parts_ms"] == {"sync_scheduling": 0.5, "speculation": 0.5, "drafting": 0.25}
+    assert row["specdec"]["gpu_wait_parts_share"] == {"sync_scheduling": 0.125, "speculation": 0.125,
+                                                      "drafting": 0.0625}
+    assert "gpu_wait_parts_ms" not in row["nospec-sync"]  # the references are not split
+    doc = {"date": "2026-11-22", "device": "h100", "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
+           "summary": s}
+    assert "| specdec | 12.5% + 12.5% + 6.2% |" in markdown(doc)
+
+
 def test_shaped_model_resizes_the_config_and_keeps_the_tokenizer(tmp_path, monkeypatch):
     import json
 
