@@ -24,11 +24,13 @@
 #include <thread>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <queue>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -629,9 +631,28 @@ struct Request {
     uint64_t global_version = ~0ull;
 };
 
+constexpr size_t CACHE_LINES = 128;  // alignment of per-worker data: no two workers write one cache-line pair
+
+// Per-thread working memory of matching and drafting (the engine's own, or one per lane worker).
+struct alignas(CACHE_LINES) Scratch {
+    std::vector<Cursor> front;
+    Draft best, tmp;
+};
+
+// A per-worker count of a lane job.
+struct alignas(CACHE_LINES) WorkerCount {
+    long long value = 0;
+};
+
+// One row's draft of a lane job, written by whichever worker drafts the row.
+struct alignas(CACHE_LINES) RowChain {
+    std::vector<int32_t> tokens;
+};
+
 struct Engine;
 
 #include "job_thread.inc"  // JobThread: the cacher and the lane thread
+#include "worker_pool.inc"  // WorkerPool: helpers of the lane thread
 
 struct Engine {
     int depth;
@@ -641,26 +662,31 @@ struct Engine {
     std::deque<std::pair<int32_t, int64_t>> cached;  // (sequence id in the global trie, tokens)
     int64_t cached_tokens = 0;
     std::unordered_map<int64_t, Request> requests;
-    std::vector<Cursor> tmp_front;
-    Draft best, tmp;
+    Scratch scratch;                 // the calling thread's (lane workers have their own: `lane_scratch`)
+    std::vector<Scratch> lane_scratch;  // per lane worker
+    std::vector<Request*> lane_rows;    // the lane job's requests by row
+    std::vector<RowChain> lane_chains;  // the lane job's drafts by row
     LaneConfig lane;
     int64_t steps_without_global = 0;  // lane steps that found the cacher busy (defer_cache)
     std::vector<Request> retired;  // stopped, response not yet cached (defer_cache; main thread's)
     std::vector<Request> caching;  // handed to the cacher
     LaneJob job;                   // the asynchronous lane step (suffix_lane_async.inc)
     LanePrep prep;                 // the step's early stops and starts (lane_prepare)
+    WorkerPool workers;            // the lane thread's helpers (destroyed after the lane thread is joined)
     JobThread cacher;              // declared last: destroyed (joined) first
     JobThread lane_thread;         // runs `job`; joined before everything it touches is destroyed
 
     Engine(int d, int64_t mr, int64_t mt) : depth(d), max_requests(mr), max_tokens(mt), global(d) {}
 
-    void refresh_global(Request& r) {
+    // Rows of one lane step may extend and draft on several threads at once: each touches its own request and
+    // its thread's scratch, and only reads the global trie (stops, starts and caching happen between such runs).
+    void refresh_global(Request& r, Scratch& s) {
         if (r.global_version == version) return;
         r.global_front.assign(1, Cursor{0, 0});
         const std::vector<int32_t>& ctx = r.local->seq(LOCAL_SEQ);
         size_t n = ctx.size();
         size_t from = n > static_cast<size_t>(depth) ? n - depth : 0;
-        for (size_t i = from; i < n; ++i) global.step_match(r.global_front, ctx[i], tmp_front);
+        for (size_t i = from; i < n; ++i) global.step_match(r.global_front, ctx[i], s.front);
         r.global_version = version;
     }
 
@@ -675,17 +701,21 @@ struct Engine {
         r.local_front.assign(1, 0);
         for (size_t i = 0; i < n; ++i) r.local->append(r.local_front, LOCAL_SEQ, i);
         r.global_version = ~0ull;
-        if (global_ok) refresh_global(r);
+        if (global_ok) refresh_global(r, scratch);
     }
 
     void extend(Request& r, const int32_t* toks, size_t n, bool global_ok = true) {
+        extend(r, toks, n, global_ok, scratch);
+    }
+
+    void extend(Request& r, const int32_t* toks, size_t n, bool global_ok, Scratch& s) {
         bool fresh = global_ok && r.global_version == version;
         if (!global_ok) r.global_version = ~0ull;
         std::vector<int32_t>& ctx = r.local->seq(LOCAL_SEQ);
         for (size_t i = 0; i < n; ++i) {
             ctx.push_back(toks[i]);
             r.local->append(r.local_front, LOCAL_SEQ, ctx.size() - 1);
-            if (fresh) global.step_match(r.global_front, toks[i], tmp_front);
+            if (fresh) global.step_match(r.global_front, toks[i], s.front);
         }
     }
 
@@ -745,18 +775,22 @@ struct Engine {
     }
 
     const Draft& draft(Request& r, const DraftParams& p, bool use_local, bool use_global) {
-        best.clear();
-        if (p.budget <= 0) return best;
+        return draft(r, p, use_local, use_global, scratch);
+    }
+
+    const Draft& draft(Request& r, const DraftParams& p, bool use_local, bool use_global, Scratch& s) {
+        s.best.clear();
+        if (p.budget <= 0) return s.best;
         if (use_local) {
             r.local_cursors.resize(r.local_front.size());
             for (size_t i = 0; i < r.local_front.size(); ++i) r.local_cursors[i] = Cursor{r.local_front[i], 0};
-            best_draft(*r.local, r.local_cursors, p, 0, best, tmp);
+            best_draft(*r.local, r.local_cursors, p, 0, s.best, s.tmp);
         }
         if (use_global) {
-            refresh_global(r);
-            best_draft(global, r.global_front, p, 1, best, tmp);
+            refresh_global(r, s);
+            best_draft(global, r.global_front, p, 1, s.best, s.tmp);
         }
-        return best;
+        return s.best;
     }
 
     size_t memory_bytes() const {
@@ -949,6 +983,7 @@ PyMethodDef Engine_methods[] = {
     {"lane_submit", reinterpret_cast<PyCFunction>(Engine_lane_submit), METH_VARARGS, kLaneSubmitDoc},
     {"lane_collect", reinterpret_cast<PyCFunction>(Engine_lane_collect), METH_VARARGS, kLaneCollectDoc},
     {"lane_spin", reinterpret_cast<PyCFunction>(Engine_lane_spin), METH_VARARGS, kLaneSpinDoc},
+    {"lane_threads", reinterpret_cast<PyCFunction>(Engine_lane_threads), METH_VARARGS, kLaneThreadsDoc},
     {"lane_prepare", reinterpret_cast<PyCFunction>(Engine_lane_prepare), METH_VARARGS, kLanePrepareDoc},
     {nullptr, nullptr, 0, nullptr}};
 

@@ -253,6 +253,12 @@ class SuffixDrafter(Drafter):
         that long before sleeping): no futex wake-ups, one busy core. 0: sleep at once."""
         self.engine.lane_spin(float(us))
 
+    def lane_threads(self, n: int) -> None:
+        """Threads that share the rows of one ``lane_submit`` job: the lane thread and ``n - 1`` helpers (rows are
+        independent: each extends and drafts its own request, the global trie is only read). Same drafts and
+        statistics for every ``n``."""
+        self.engine.lane_threads(int(n))
+
     # ----------------------------------------------------------------- introspection
     def active_requests(self) -> list[str]:
         return list(self._ids)

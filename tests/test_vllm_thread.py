@@ -78,6 +78,8 @@ def run(eng: FakeEngine, cores: list, steps: int) -> None:
     {"adaptive": False, "min_path_prob": 0.3},
     {"min_path_prob_per_seq": 0.02, "min_acceptance": 0.6},
     {"thread_spin_us": 2000.0},  # the drafter's thread and the collecting caller spin instead of sleeping
+    {"lane_threads": 1},  # the drafter's thread alone (the default shares the rows with 3 helpers)
+    {"lane_threads": 8, "pad_drafts": "on", "thread_spin_us": 500.0},  # about as many threads as rows
 ])
 def test_threaded_drafts_and_stats_equal_the_synchronous_native_step(opts):
     eng = FakeEngine(seed=1)
@@ -186,6 +188,10 @@ def test_bad_token_buffer_is_an_error_naming_it_and_the_proposer_goes_on(caplog)
 def test_threads_mode_is_validated_and_other_drafters_draft_synchronously():
     with pytest.raises(ConfigError, match="async_mode.*'threads'|'threads'.*async_mode"):
         SpecdecOptions.from_dict({"async_drafting": True, "async_mode": "threads"})
+    with pytest.raises(ConfigError, match="lane_threads"):
+        SpecdecOptions.from_dict({"lane_threads": 0})
+    with pytest.raises(ValueError, match=r"lane_threads: 65 is outside \[1, 64\]"):
+        SuffixDrafter(backend="native").lane_threads(65)
     core = ThreadedProposerCore(SuffixDrafter(backend="python"), SpecdecOptions.from_dict({"adaptive": False}),
                                 max_model_len=MAX_LEN)
     assert core.lane is None
