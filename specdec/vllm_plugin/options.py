@@ -63,10 +63,11 @@ class SpecdecOptions(ConfigBase):
                                 doc="async_mode='thread': after a step the drafter's thread looks for the next one "
                                     "awake for up to this long, and the engine thread spins that long before "
                                     "sleeping while it waits for drafts (saves thread wake-ups, keeps a core busy)")
-    lane_threads: int = rng(4, lo=1, hi=64,
+    lane_threads: int = rng(1, lo=1, hi=64,
                             doc="async_mode='thread': threads that share the rows of one step's job (the drafter's "
                                 "thread and lane_threads - 1 helpers that sleep between steps); same drafts for "
-                                "every value")
+                                "every value (GPU run 37: 4 threads cut the job at 49-64 rows from 410 to 235 us, "
+                                "end to end unresolved, so 1 by default)")
     defer_cache: bool = rng(False, doc="native step (experimental; GPU run 17: less drafting time, not faster end to end): finished responses "
                                        "reach the suffix drafter's global cache on a background thread after the "
                                        "next step has drafted, instead of on the critical path when they stop")
