@@ -1,5 +1,6 @@
-// SPMD thread pool shared by the native cores (llama_native.cpp, suffix_native.cpp). Header-only, in an anonymous
-// namespace: each extension module gets its own copy.
+// SPMD thread pool of the native draft-model forward (llama_native.cpp): every thread runs every job, with
+// barriers inside. Header-only, in an anonymous namespace. (The suffix engine's lane job uses WorkerPool in
+// worker_pool.inc instead: independent rows handed out one at a time, a late helper never holds the caller up.)
 #pragma once
 
 #include <algorithm>
