@@ -48,6 +48,7 @@ class StepPlan(NamedTuple):
     k: int  # draft length limit this step
     mode: str  # "spec" or "plain"
     running: int  # rows with new tokens
+    present: set[str]  # the step's request ids (those the drafter holds beyond them are stopped)
 
 
 class ProposerCore:
@@ -99,7 +100,7 @@ class ProposerCore:
         """One proposer call. Arrays are vLLM's: ``num_tokens_no_spec`` [max_num_reqs] int32,
         ``token_ids_cpu`` [max_num_reqs, max_model_len] int32, ``num_prompt_tokens`` [max_num_reqs]."""
         plan = self._begin(req_ids, sampled_token_ids, k)
-        self._stop_absent(set(req_ids[:plan.rows]))
+        self._stop_absent(plan.present)
         if self.lane is not None:
             drafts = self._step_lane(req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
                                      num_prompt_tokens, k=plan.k, mode=plan.mode, running=plan.running)
@@ -133,7 +134,7 @@ class ProposerCore:
             self._period_s = PERIOD_EMA * self._period_s + (1 - PERIOD_EMA) * (t0 - self._last_t)
         mode = self.adaptive.mode(running, t0) if running else "plain"
         self._pad_now = self._should_pad(running, k)
-        return StepPlan(t0, n_rows, k, mode, running)
+        return StepPlan(t0, n_rows, k, mode, running, rows)
 
     def _end(self, plan: StepPlan, drafts: list[list[int]], drafted: int | None = None) -> list[list[int]]:
         """Record what the step handed vLLM (``drafted``: their token count, if known)."""

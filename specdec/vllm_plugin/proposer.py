@@ -137,9 +137,7 @@ class SpecdecProposer:
         """Drafts per row: ``sampled_token_ids`` [num_reqs] lists, ``num_tokens_no_spec`` [max_num_reqs] int32,
         ``token_ids_cpu`` [max_num_reqs, max_model_len] int32. Never raises (a bookkeeping failure -> no drafts)."""
         n = len(sampled_token_ids)
-        if self._is_driver is None:
-            self._is_driver = self.options.draft_ranks == "all" or _tp_rank() == 0
-        if not self._is_driver:
+        if not self._drafts_here():
             return [[] for _ in range(n)]
         batch = self._batch()
         if batch is None:
@@ -161,6 +159,12 @@ class SpecdecProposer:
             self._drafting_failed(exc, [str(r) for r in list(batch.req_ids)[:n]])
             return [[] for _ in range(n)]
 
+    def _drafts_here(self) -> bool:
+        """Whether this rank keeps drafter state and drafts (``draft_ranks``; decided once, at the first call)."""
+        if self._is_driver is None:
+            self._is_driver = self.options.draft_ranks == "all" or _tp_rank() == 0
+        return self._is_driver
+
     def _drafting_failed(self, exc: Exception, req_ids: list[str]) -> None:
         """Count and log (once per error type) a failed proposer step, forget all drafter state (every request
         restarts from its full context); ``strict`` re-raises instead."""
@@ -175,9 +179,7 @@ class SpecdecProposer:
         new ones start on the drafter's thread while the GPU runs. Never raises (``submit`` catches up)."""
         if not self.threaded or self.core is None:
             return
-        if self._is_driver is None:
-            self._is_driver = self.options.draft_ranks == "all" or _tp_rank() == 0
-        if not self._is_driver:
+        if not self._drafts_here():
             return
         try:
             new = [(r.req_id, r.prompt_token_ids) for r in getattr(scheduler_output, "scheduled_new_reqs", ())]

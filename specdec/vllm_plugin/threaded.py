@@ -77,7 +77,7 @@ class ThreadedProposerCore(ProposerCore):
                                     num_prompt_tokens=num_prompt_tokens, k=k)
             return
         plan = self._begin(req_ids, sampled_token_ids, k)
-        stops = self._absent(set(req_ids[:plan.rows]))
+        stops = self._absent(plan.present)
         self.stats.stopped += len(stops)
         decisions = self._lane_decisions(k=plan.k, mode=plan.mode, running=plan.running)
         rows = list(req_ids[:plan.rows])
