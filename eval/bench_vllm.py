@@ -292,7 +292,7 @@ def write_doc(args: argparse.Namespace, runs: dict, lossless: dict, t_start: flo
     device = args.device or versions.get("gpu", "gpu").replace("NVIDIA ", "").split()[0].lower()
     doc = {
         "date": time.strftime("%Y-%m-%d"), "device": device, "versions": versions,
-        "settings": {"model": Path(args.model).name + (f" shape {args.shape} (random weights)" if args.shape else ""),
+        "settings": {"model": _model_label(args),
                      "shape": SHAPES.get(args.shape), "methods": {m: _spec_config(m, {}, json.loads(args.variants or "{}"))
                                                              for m in args.methods},
                      "variants": json.loads(args.variants or "{}"),
@@ -317,6 +317,17 @@ def write_doc(args: argparse.Namespace, runs: dict, lossless: dict, t_start: flo
     return doc
 
 
+def _model_label(args: argparse.Namespace) -> str:
+    if args.shape:
+        return f"{Path(args.model).name} shape {args.shape} (random weights)"
+    if args.inflate:
+        from specdec.eval.inflate_model import param_count
+
+        params = param_count(json.loads((Path(args.model) / "config.json").read_text())) / 1e9
+        return f"{Path(args.model).name} ({params:.1f}B parameters: {TARGET_MODEL} inflated, same function)"
+    return Path(args.model).name
+
+
 def driver(args: argparse.Namespace) -> None:
     args.prompts = str(Path(args.prompts).resolve())
     if not Path(args.prompts).exists():
@@ -327,6 +338,13 @@ def driver(args: argparse.Namespace) -> None:
     runs: dict[str, Any] = {}
     lossless: dict[str, Any] = {}
     t_start = time.perf_counter()
+    if args.inflate:  # built once (own process, GPU if present), reused by every engine and later calls
+        from specdec.eval.inflate_model import INFLATE_DIR
+
+        out = INFLATE_DIR / f"{Path(args.model).name}-{args.inflate}"
+        subprocess.check_call([sys.executable, "-m", "specdec.eval.inflate_model", "--model", args.model,
+                               "--shape", args.inflate, "--out", str(out)])
+        args.model = str(out)
     if not args.lossless_only:
         for method in args.methods:
             res = _spawn(args, method, "bfloat16", args.batch_sizes, args.max_tokens, args.eager_bench, tmp)
@@ -354,6 +372,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shape", default="", choices=("",) + tuple(SHAPES),
                     help="benchmark a model of this shape with random weights (vLLM load_format='dummy') and the "
                          "shared target's tokenizer: GPU step times of a real size (speed only; outputs are noise)")
+    ap.add_argument("--inflate", default="", choices=("", "llama-8b"),
+                    help="benchmark the target inflated to this size (specdec.eval.inflate_model: same outputs, an "
+                         "8B model's step time); built under /tmp/specdec_shapes on first use")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--gpu-mem", type=float, default=0.3)
@@ -385,6 +406,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eager", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.shape and args.inflate:
+        ap.error("--shape and --inflate exclude each other: --shape is random weights, --inflate the real model")
     known = set(METHODS) | set(json.loads(args.variants or "{}"))
     for m in args.methods + args.lossless_methods:
         if m not in known:
