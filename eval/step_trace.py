@@ -172,6 +172,7 @@ class StepTimer:
 
         ScheduledDrafting.capture = self._timed(ScheduledDrafting.capture)
         ScheduledDrafting.fill = self._timed(ScheduledDrafting.fill)
+        ScheduledDrafting.finish = self._timed(ScheduledDrafting.finish)  # device wait: drafting happens here
         try:  # the hand-off of drafts to the scheduler: where overlapped drafting ("async") waits for its helper
             from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
@@ -209,6 +210,8 @@ class StepTimer:
     def collect_gpu(self) -> None:
         """Fold the events of the generate call that just finished (all complete) into busy/gap totals."""
         ev = self.events
+        if ev:  # async scheduling: generate() can return before the GPU ran the last step's recorded work
+            ev[-1][1].synchronize()
         per_step: dict[int, tuple[float, float | None]] = {}
         for (s0, e0, i0), (s1, _e1, _i1) in zip(ev, ev[1:]):
             busy, gap = s0.elapsed_time(e0), e0.elapsed_time(s1)

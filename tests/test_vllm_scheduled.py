@@ -155,19 +155,53 @@ def make_core(clock, **opts) -> ProposerCore:
     return ProposerCore(SuffixDrafter(), options, max_model_len=MAX_LEN, target_params=5e7, clock=clock)
 
 
-@pytest.mark.parametrize("opts", [{}, {"adaptive": False}, {"native_step": False}])
-def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts):
+class FakeDeviceWait:
+    """The GPU's wait on the CPU: ``enqueue_copy`` queues the copy, ``release`` performs it (as the stream would
+    once the word reaches seq); ``fires`` stands for the watchdog's releases."""
+
+    def __init__(self) -> None:
+        self.seq, self.fires = 0, 0
+        self.pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.released: list[int] = []
+
+    def usable(self, dst: torch.Tensor) -> bool:
+        return True
+
+    def enqueue_copy(self, dst: torch.Tensor, src: torch.Tensor) -> int:
+        self.seq += 1
+        self.pending[self.seq] = (dst, src)
+        return self.seq
+
+    def release(self, seq: int) -> None:
+        dst, src = self.pending.pop(seq)
+        dst.copy_(src)
+        self.released.append(seq)
+
+    def fired(self) -> int:
+        return self.fires
+
+
+@pytest.mark.parametrize(("opts", "device_wait"), [({}, False), ({"adaptive": False}, False),
+                                                   ({"native_step": False}, False), ({}, True),
+                                                   ({"native_step": False}, True)])
+def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, device_wait):
     clock = SimpleNamespace(t=0.0)
     tick = lambda: clock.t  # noqa: E731
     eng = AsyncEngine(seed=3)
-    sched = ScheduledDrafting(make_core(tick, **opts), k=K, max_rows=2 * MAX_ROWS, device="cpu")
+    dw = FakeDeviceWait() if device_wait else None
+    sched = ScheduledDrafting(make_core(tick, **opts), k=K, max_rows=2 * MAX_ROWS, device="cpu", device_wait=dw)
     twin = make_core(tick, **opts)
     stolen = torch.zeros((2 * MAX_ROWS, K), dtype=torch.int32)
     out = None
     for step in range(150):
         if out is not None:  # step N+1 prepares its inputs: the buffer from step N is filled now
             current = stolen[:out.shape[0]] if step == 60 else out  # step 60: vLLM zeroed the drafts
+            before = out.clone()
             filled = sched.fill(current)
+            if filled and dw is not None:  # the stream waits: nothing copied until the end of execute_model
+                assert torch.equal(out, before) and sched.deferred is not None and dw.pending
+                sched.finish()
+                assert sched.deferred is None and not dw.pending and dw.released[-1] == dw.seq
             if filled:
                 want = np.zeros((out.shape[0], K), np.int32)
                 drafts = eng.twin_step(twin, eng.order)
@@ -187,6 +221,7 @@ def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts):
         assert r["seq"] == r["target"][:len(r["seq"])]
     st = sched.stats()["schedule"]
     assert st["skipped_fills"] == 1 and st["fills"] >= 140 and st["errors"] == 0 and st["blind_requests"] == 0
+    assert st["deferred_fills"] == (st["fills"] if device_wait else 0) and st["watchdog_releases"] == 0
     stats = sched.core.stats_dict()
     assert stats["accepted_tokens"] > 200 and stats["stopped"] > 5
 
@@ -214,6 +249,43 @@ def test_eager_fill_and_a_failing_drafter_never_stop_generation():
     assert sched.stats()["schedule"]["errors"] == 1
     last = [eng.reqs[r]["seq"][-1] for r in order]
     assert out[:, 0].tolist() == last  # filler only: no speculation this step, generation goes on
+
+
+def test_device_wait_always_releases_and_the_watchdog_switches_it_off():
+    clock = SimpleNamespace(t=0.0)
+    eng = AsyncEngine(seed=7)
+    core = make_core(lambda: clock.t, strict=False)
+    dw = FakeDeviceWait()
+    sched = ScheduledDrafting(core, k=K, max_rows=MAX_ROWS, device="cpu", device_wait=dw)
+    eng.churn(0)
+
+    def step(eager: bool = False) -> torch.Tensor:
+        order, sampled, discard, _ = eng.verify()
+        sched.capture(sampled, order, discard, requests=eng.state)
+        return sched.submit(order, k=None, eager=eager)
+
+    out = step(eager=True)  # vLLM reads these drafts on the host right away: never deferred
+    assert sched.deferred is None and not dw.pending and sched.stats()["schedule"]["eager_fills"] == 1
+    real_step = core.step
+    core.step = lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("drafter crashed"))
+    out = step()
+    assert sched.fill(out) and sched.deferred is not None
+    sched.finish()  # the drafter failed: the stream is released all the same, with filler drafts
+    assert dw.released == [1] and sched.stats()["schedule"]["errors"] == 1
+    assert out[:, 0].tolist() == [eng.reqs[r]["seq"][-1] for r in eng.order]
+    core.step = real_step
+    out = step()
+    assert sched.fill(out)
+    assert sched.fill(out) is False and dw.released == [1, 2]  # a second fill first releases the pending one
+    for fires in (1, 3):  # the watchdog released steps: counted; at WATCHDOG_LIMIT the host fills from then on
+        dw.fires = fires
+        out = step()
+        assert sched.fill(out) and sched.deferred is not None
+        sched.finish()
+    st = sched.stats()["schedule"]
+    assert st["watchdog_releases"] == 3 and sched.device_wait is None
+    out = step()
+    assert sched.fill(out) and sched.deferred is None and not dw.pending  # host fill: drafted at once
 
 
 def test_whitelist_patch_adds_custom_class_for_our_schedule_mode_only():
@@ -292,6 +364,12 @@ class FakeRunner:
     def _copy_valid_sampled_token_count(self, next_token_ids, counts):
         self.calls.append(("counts", next_token_ids.tolist(), counts.tolist()))
 
+    def execute_model(self, scheduler_output, intermediate_tensors=None):
+        self._prepare_input_ids(scheduler_output, 2, 0, None)
+        self.calls.append("execute")
+        if getattr(scheduler_output, "fail", False):
+            raise RuntimeError("vLLM failed after preparing the inputs")
+
 
 def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
     from specdec.vllm_plugin.async_patch import patch_async_runner
@@ -317,6 +395,18 @@ def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
     runner.discard_request_mask.np[1] = runner.discard_request_mask.gpu[1] = True  # row b: a partial prefill
     runner._bookkeeping_sync(step, SimpleNamespace(sampled_token_ids=sampled))
     assert runner.calls[-1] == "bookkeeping" and runner.calls[-2] == ("counts", [2, 5], [2, 0])  # b: its last token
+    prop.scheduled.device_wait = dw = FakeDeviceWait()  # the GPU waits: filled at the end of execute_model
+    runner._bookkeeping_sync(step, SimpleNamespace(sampled_token_ids=sampled))
+    runner._draft_token_ids = runner.propose_draft_token_ids(step, [], None)
+    runner.execute_model(step)
+    assert runner.calls[-1] == "execute" and dw.released == [1] and prop.scheduled.deferred is None
+    kind, seen = runner.calls[-2]
+    assert kind == "prepare" and seen == drafts  # vLLM enqueued its reads before the drafts existed (the stream waits)
+    runner._bookkeeping_sync(step, SimpleNamespace(sampled_token_ids=sampled))
+    runner._draft_token_ids = runner.propose_draft_token_ids(step, [], None)
+    with pytest.raises(RuntimeError, match="after preparing"):
+        runner.execute_model(SimpleNamespace(**vars(step), fail=True))
+    assert dw.released == [1, 2]  # released even when vLLM raised
     plain = FakeRunner(prop, use_async=False)  # synchronous scheduling: every hook passes through
     plain._bookkeeping_sync(step, SimpleNamespace(sampled_token_ids=sampled))
     assert plain.propose_draft_token_ids(step, [], None) == [[9], [9]]

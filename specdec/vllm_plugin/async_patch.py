@@ -12,7 +12,9 @@
      (``_copy_valid_sampled_token_count``, which must run before the bookkeeping, as for vLLM's GPU drafters)
      and the capture of the sampled tokens;
    - ``propose_draft_token_ids``: returns the draft buffer (``ScheduledDrafting.submit``);
-   - ``_prepare_input_ids`` (start): fills the buffer (``ScheduledDrafting.fill``).
+   - ``_prepare_input_ids`` (start): fills the buffer (``ScheduledDrafting.fill``), or with the device wait
+     enqueues the stream's wait and the buffer's copy;
+   - ``execute_model`` (end, always): drafts a deferred fill and releases the stream (``ScheduledDrafting.finish``).
 """
 from __future__ import annotations
 
@@ -31,7 +33,14 @@ RUNNER_SIGNATURES = {  # method -> leading parameters this patch relies on
     "_bookkeeping_sync": ["self", "scheduler_output", "sampler_output"],
     "propose_draft_token_ids": ["self", "scheduler_output", "sampled_token_ids"],
     "_prepare_input_ids": ["self", "scheduler_output"],
+    "execute_model": ["self", "scheduler_output"],
 }
+_hooked = {"finish": False}  # execute_model carries the finish hook (device wait needs it)
+
+
+def finish_hooked() -> bool:
+    """True once ``execute_model`` ends with ``ScheduledDrafting.finish`` (required by the device wait)."""
+    return _hooked["finish"]
 RUNNER_METHODS = ("_copy_valid_sampled_token_count",)  # called by the capture hook
 
 
@@ -148,8 +157,8 @@ def patch_async_runner(runner_cls: Any) -> bool:
         return False
     if getattr(runner_cls._bookkeeping_sync, _WRAPPED, False):
         return True
-    orig_book, orig_prop, orig_prep = (runner_cls._bookkeeping_sync, runner_cls.propose_draft_token_ids,
-                                       runner_cls._prepare_input_ids)
+    orig_book, orig_prop, orig_prep, orig_exec = (runner_cls._bookkeeping_sync, runner_cls.propose_draft_token_ids,
+                                                  runner_cls._prepare_input_ids, runner_cls.execute_model)
 
     @functools.wraps(orig_book)
     def _bookkeeping_sync(self: Any, scheduler_output: Any, sampler_output: Any, *args: Any, **kwargs: Any) -> Any:
@@ -177,9 +186,20 @@ def patch_async_runner(runner_cls: Any) -> bool:
             sched.fill(getattr(self, "_draft_token_ids", None))
         return orig_prep(self, scheduler_output, *args, **kwargs)
 
-    for fn in (_bookkeeping_sync, propose_draft_token_ids, _prepare_input_ids):
+    @functools.wraps(orig_exec)
+    def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return orig_exec(self, scheduler_output, *args, **kwargs)
+        finally:  # whatever happened: a stream waiting for this step's drafts is released here
+            sched = _scheduled(self)
+            if sched is not None and sched.deferred is not None:
+                sched.finish()
+
+    for fn in (_bookkeeping_sync, propose_draft_token_ids, _prepare_input_ids, execute_model):
         setattr(fn, _WRAPPED, True)
     runner_cls._bookkeeping_sync = _bookkeeping_sync
     runner_cls.propose_draft_token_ids = propose_draft_token_ids
     runner_cls._prepare_input_ids = _prepare_input_ids
+    runner_cls.execute_model = execute_model
+    _hooked["finish"] = True
     return True

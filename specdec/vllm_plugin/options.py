@@ -68,6 +68,10 @@ class SpecdecOptions(ConfigBase):
                                 "thread and lane_threads - 1 helpers that sleep between steps); same drafts for "
                                 "every value (GPU run 37: 4 threads cut the job at 49-64 rows from 410 to 235 us, "
                                 "end to end unresolved, so 1 by default)")
+    device_wait: bool = rng(True, doc="async_mode='schedule': the GPU, not the host, waits for a step's drafts "
+                                      "(a CUDA stream wait on a pinned word; drafting at the end of execute_model, "
+                                      "after vLLM prepared and launched the step; watchdog at draft_timeout_ms); "
+                                      "false or unavailable: drafts filled on the host before vLLM reads them")
     defer_cache: bool = rng(False, doc="native step (experimental; GPU run 17: less drafting time, not faster end to end): finished responses "
                                        "reach the suffix drafter's global cache on a background thread after the "
                                        "next step has drafted, instead of on the critical path when they stop")

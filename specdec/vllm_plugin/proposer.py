@@ -229,10 +229,17 @@ class SpecdecProposer:
             from specdec.vllm_plugin.scheduled import ScheduledDrafting
 
             k = int(getattr(runner, "num_spec_tokens", 0) or self.options.num_speculative_tokens)
+            device_wait, why = None, "device_wait is off"
+            if self.options.device_wait:
+                from specdec.vllm_plugin.async_patch import finish_hooked
+                from specdec.vllm_plugin.device_wait import DeviceWait
+
+                device_wait, why = (DeviceWait.create(runner.device, timeout_ms=self.options.draft_timeout_ms or 50.0)
+                                    if finish_hooked() else (None, "execute_model could not be hooked"))
             self.scheduled = ScheduledDrafting(self.core, k=k, max_rows=int(runner.max_num_reqs),
-                                               device=runner.device)
-            logger.info("specdec: drafting under vLLM's async scheduling (k=%d, up to %d rows)", k,
-                        runner.max_num_reqs)
+                                               device=runner.device, device_wait=device_wait)
+            logger.info("specdec: drafting under vLLM's async scheduling (k=%d, up to %d rows; %s)", k,
+                        runner.max_num_reqs, "the GPU waits for drafts" if device_wait else f"host fill: {why}")
         return self.scheduled
 
     def collect_deferred(self) -> list[list[int]] | None:

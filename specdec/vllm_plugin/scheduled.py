@@ -42,6 +42,7 @@ logger = logging.getLogger("specdec.vllm")
 RING_SLOTS = 4  # pinned buffers for sampled tokens; a slot is reused only after its step was read
 MAX_ABSENT_STEPS = 4096  # a request absent this long forgets its history (it restarts from vLLM's if it returns)
 PLACEHOLDER = -1  # vLLM's rejected-token / async placeholder id
+WATCHDOG_LIMIT = 3  # device wait: watchdog releases after which the host fills instead
 
 
 @dataclass
@@ -64,8 +65,10 @@ class FeedStats:
     skipped_fills: int = 0  # vLLM replaced our buffer (e.g. a row too close to max_model_len): nothing to fill
     blind_requests: int = 0
     errors: int = 0
+    deferred_fills: int = 0  # device wait: the GPU waited for the drafts, drafted at the end of execute_model
+    watchdog_releases: int = 0  # device wait: steps whose wait the watchdog released (stale drafts verified)
     wait_seconds: float = 0.0  # fill: waiting for a step's sampled tokens (the GPU still running it)
-    draft_seconds: float = 0.0  # fill: the whole call, waiting included
+    draft_seconds: float = 0.0  # fill (device wait: finish): the whole call, waiting included
     capture_seconds: float = 0.0  # capture: counts, copy and bookkeeping on the engine thread
 
     def as_dict(self) -> dict[str, float]:
@@ -204,10 +207,13 @@ def valid_counts(sampled: Any, discard_mask: Any = None, backup: Any = None, *, 
 class ScheduledDrafting:
     """The three calls of the module docstring, bound to one model runner and one ``ProposerCore``."""
 
-    def __init__(self, core: Any, *, k: int, max_rows: int, device: Any) -> None:
+    def __init__(self, core: Any, *, k: int, max_rows: int, device: Any, device_wait: Any = None) -> None:
         import torch
 
         self.core = core
+        self.device_wait = device_wait  # DeviceWait: the GPU waits for the drafts, the host does not (fill/finish)
+        self.deferred: tuple[list[str], int | None, Any, int] | None = None  # (req ids, k, host buffer, seq)
+        self._watchdog_seen = 0
         self.device = torch.device(device)
         cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(device=self.device) if cuda else None
@@ -296,14 +302,16 @@ class ScheduledDrafting:
         self.job = (list(req_ids), k, out)
         if eager:
             self.feed.stats.eager_fills += 1
-            self.fill(out)
+            self.fill(out, defer=False)  # vLLM reads these drafts on the host right after sampling
         return out
 
     # ----------------------------------------------------------------- 3. fill (before vLLM reads the drafts)
-    def fill(self, current: Any) -> bool:
+    def fill(self, current: Any, *, defer: bool = True) -> bool:
         """Draft the pending job into the GPU buffer if vLLM still holds it (``current``). True if filled."""
         import time
 
+        if self.deferred is not None:  # not expected: a second fill before the step's end; release the first
+            self.finish()
         job, self.job = self.job, None
         if job is None:
             return False
@@ -313,6 +321,53 @@ class ScheduledDrafting:
             self._drain()  # the tokens stay pending: the next draft request hands them to the core
             return False
         t0 = time.perf_counter()
+        n = len(req_ids)
+        host = self.host_drafts[self.fills % 2][:n]  # two buffers: the previous copy may still be in flight
+        self.fills += 1
+        if defer and self.device_wait is not None and self.device_wait.usable(out):
+            seq = self.device_wait.enqueue_copy(out, host)  # the stream waits for seq, then copies; finish() drafts
+            self.deferred = (req_ids, k, host, seq)
+            self.feed.stats.deferred_fills += 1
+            return True
+        self._draft_into(host, req_ids, k)
+        out.copy_(host, non_blocking=out.is_cuda)
+        self.feed.stats.fills += 1
+        self.feed.stats.draft_seconds += time.perf_counter() - t0
+        return True
+
+    def finish(self) -> None:
+        """End of the runner's ``execute_model`` (the step is launched): draft a deferred fill into its pinned
+        buffer and release the GPU's wait. Always releases, whatever happens."""
+        import time
+
+        job, self.deferred = self.deferred, None
+        if job is None:
+            return
+        req_ids, k, host, seq = job
+        t0 = time.perf_counter()
+        try:
+            self._draft_into(host, req_ids, k)
+        finally:
+            self.device_wait.release(seq)
+            self.feed.stats.fills += 1
+            self.feed.stats.draft_seconds += time.perf_counter() - t0
+            self._check_watchdog()
+
+    def _check_watchdog(self) -> None:
+        """Steps released by the watchdog (drafting past the deadline, or a stream blocked before ``finish``):
+        counted; after ``WATCHDOG_LIMIT`` of them the device wait is switched off (host fills from then on)."""
+        fired = self.device_wait.fired()
+        if fired == self._watchdog_seen:
+            return
+        self.feed.stats.watchdog_releases += fired - self._watchdog_seen
+        self._watchdog_seen = fired
+        if fired >= WATCHDOG_LIMIT:
+            logger.warning("specdec: the GPU's wait for drafts was released by the watchdog %d times; filling "
+                           "drafts from the host from now on", fired)
+            self.device_wait = None
+
+    def _draft_into(self, host: Any, req_ids: list[str], k: int | None) -> None:
+        """Drain captured steps, draft ``req_ids`` and write the padded drafts into ``host`` [rows, k] (pinned)."""
         self._drain()
         rows = self.feed.rows(req_ids)
         n = len(req_ids)
@@ -329,15 +384,9 @@ class ScheduledDrafting:
                                "(logged once, counted in stats)", exc)
             self.core.reset()
             drafts = [[] for _ in range(n)]
-        host = self.host_drafts[self.fills % 2][:n]  # two buffers: the previous copy may still be in flight
         fillers = [self.feed.history[r][-1] if r in self.feed.history and self.feed.history[r] else 0
                    for r in req_ids]
         pad_rows(drafts, host.numpy(), fillers)
-        out.copy_(host, non_blocking=out.is_cuda)
-        self.fills += 1
-        self.feed.stats.fills += 1
-        self.feed.stats.draft_seconds += time.perf_counter() - t0
-        return True
 
     def stats(self) -> dict[str, Any]:
         return {"schedule": self.feed.stats.as_dict(), **self.core.stats_dict()}

@@ -1,0 +1,63 @@
+"""``specdec._host_flag.Flag``: the pinned sequence word of schedule mode's device wait and its watchdog."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+host_flag = pytest.importorskip("specdec._host_flag", reason="the _host_flag extension is not built")
+
+DEADLINE_US = 2_000.0  # the watchdog's deadline in these tests
+LONG_US = 5_000_000.0  # a deadline no test reaches
+
+
+def _word() -> tuple[torch.Tensor, object]:
+    word = torch.zeros(32, dtype=torch.int32)
+    return word, host_flag.Flag(word.data_ptr())
+
+
+def _wait_for(pred, timeout_s: float = 2.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.001)
+    return pred()
+
+
+def test_release_only_raises_the_word_cyclically():
+    word, flag = _word()
+    assert flag.release(3) and word[0].item() == 3 and flag.value() == 3
+    assert not flag.release(2) and word[0].item() == 3  # never lowered
+    word[0] = -5  # 0xFFFFFFFB: 2 is "after" it cyclically, as the driver's GEQ compares
+    assert flag.release(2) and word[0].item() == 2
+    flag.close()
+
+
+def test_the_watchdog_stores_the_armed_value_at_the_deadline_unless_released():
+    word, flag = _word()
+    flag.arm(5, DEADLINE_US)
+    assert _wait_for(lambda: word[0].item() == 5) and flag.fired() == 1
+    flag.arm(7, LONG_US)
+    flag.release(7)  # the owner released in time: the deadline stores nothing, nothing counted
+    flag.arm(8, DEADLINE_US)
+    flag.release(8)
+    time.sleep(3 * DEADLINE_US / 1e6)
+    assert word[0].item() == 8 and flag.fired() == 1
+    flag.arm(9, LONG_US)
+    flag.arm(10, LONG_US)  # 9 was never released: stored now, counted like a deadline
+    assert word[0].item() == 9 and flag.fired() == 2
+    flag.close()
+
+
+def test_bad_arguments_and_a_closed_flag_name_the_problem():
+    with pytest.raises(ValueError, match="4-byte aligned"):
+        host_flag.Flag(3)
+    word, flag = _word()
+    with pytest.raises(ValueError, match="timeout_us must be > 0"):
+        flag.arm(1, 0.0)
+    flag.close()
+    flag.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        flag.release(1)
