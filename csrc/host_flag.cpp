@@ -123,7 +123,7 @@ PyObject* Flag_arm(Flag* self, PyObject* args) {
     double timeout_us = 0.0;
     if (!PyArg_ParseTuple(args, "kd", &value, &timeout_us)) return nullptr;
     if (!(timeout_us > 0.0)) {
-        PyErr_Format(PyExc_ValueError, "arm(value, timeout_us): timeout_us must be > 0, got %g", timeout_us);
+        PyErr_SetString(PyExc_ValueError, "arm(value, timeout_us): timeout_us must be > 0");
         return nullptr;
     }
     State* st = live(self);

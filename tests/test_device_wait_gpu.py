@@ -27,8 +27,10 @@ def test_the_copy_waits_for_the_release_and_carries_the_late_drafts(dw):
     dst = torch.full((ROWS, K), -1, dtype=torch.int32, device="cuda")
     seq = dw.enqueue_copy(dst, host)
     after = dst + 1  # a kernel behind the wait (vLLM's scatter and forward stand here)
+    behind = torch.cuda.Event()
+    behind.record()
     time.sleep(0.02)
-    assert not torch.cuda.current_stream().query()  # still waiting for the word
+    assert not behind.query() and dw.flag.value() == seq - 1  # still waiting for the word
     host.copy_(torch.arange(ROWS * K, dtype=torch.int32).view(ROWS, K))  # the drafts, written after the enqueue
     dw.release(seq)
     torch.cuda.synchronize()

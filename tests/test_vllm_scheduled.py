@@ -366,9 +366,14 @@ class FakeRunner:
 
     def execute_model(self, scheduler_output, intermediate_tensors=None):
         self._prepare_input_ids(scheduler_output, 2, 0, None)
-        self.calls.append("execute")
         if getattr(scheduler_output, "fail", False):
             raise RuntimeError("vLLM failed after preparing the inputs")
+        self._model_forward()
+        self.calls.append("execute")
+
+    def _model_forward(self, input_ids=None, positions=None):
+        dw = getattr(getattr(self.drafter, "scheduled", None), "device_wait", None)
+        self.calls.append(("forward", list(dw.released) if dw is not None else None))
 
 
 def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
@@ -400,7 +405,8 @@ def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
     runner._draft_token_ids = runner.propose_draft_token_ids(step, [], None)
     runner.execute_model(step)
     assert runner.calls[-1] == "execute" and dw.released == [1] and prop.scheduled.deferred is None
-    kind, seen = runner.calls[-2]
+    assert runner.calls[-2] == ("forward", [1])  # released before the forward's launch
+    kind, seen = runner.calls[-3]
     assert kind == "prepare" and seen == drafts  # vLLM enqueued its reads before the drafts existed (the stream waits)
     runner._bookkeeping_sync(step, SimpleNamespace(sampled_token_ids=sampled))
     runner._draft_token_ids = runner.propose_draft_token_ids(step, [], None)

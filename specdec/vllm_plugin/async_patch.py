@@ -14,7 +14,10 @@
    - ``propose_draft_token_ids``: returns the draft buffer (``ScheduledDrafting.submit``);
    - ``_prepare_input_ids`` (start): fills the buffer (``ScheduledDrafting.fill``), or with the device wait
      enqueues the stream's wait and the buffer's copy;
-   - ``execute_model`` (end, always): drafts a deferred fill and releases the stream (``ScheduledDrafting.finish``).
+   - ``_model_forward`` (start): drafts a deferred fill and releases the stream (``ScheduledDrafting.finish``):
+     every input of the step is enqueued by then, and the forward's launch is the next thing; later host work
+     of ``execute_model`` may block on the stream (vLLM 0.26's logits GEMM did, run 43), so not later;
+   - ``execute_model`` (end, always): the same if the step never reached the forward (an error, an early return).
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ RUNNER_SIGNATURES = {  # method -> leading parameters this patch relies on
     "propose_draft_token_ids": ["self", "scheduler_output", "sampled_token_ids"],
     "_prepare_input_ids": ["self", "scheduler_output"],
     "execute_model": ["self", "scheduler_output"],
+    "_model_forward": ["self"],
 }
 _hooked = {"finish": False}  # execute_model carries the finish hook (device wait needs it)
 
@@ -157,8 +161,9 @@ def patch_async_runner(runner_cls: Any) -> bool:
         return False
     if getattr(runner_cls._bookkeeping_sync, _WRAPPED, False):
         return True
-    orig_book, orig_prop, orig_prep, orig_exec = (runner_cls._bookkeeping_sync, runner_cls.propose_draft_token_ids,
-                                                  runner_cls._prepare_input_ids, runner_cls.execute_model)
+    orig_book, orig_prop, orig_prep, orig_exec, orig_fwd = (
+        runner_cls._bookkeeping_sync, runner_cls.propose_draft_token_ids, runner_cls._prepare_input_ids,
+        runner_cls.execute_model, runner_cls._model_forward)
 
     @functools.wraps(orig_book)
     def _bookkeeping_sync(self: Any, scheduler_output: Any, sampler_output: Any, *args: Any, **kwargs: Any) -> Any:
@@ -195,11 +200,19 @@ def patch_async_runner(runner_cls: Any) -> bool:
             if sched is not None and sched.deferred is not None:
                 sched.finish()
 
-    for fn in (_bookkeeping_sync, propose_draft_token_ids, _prepare_input_ids, execute_model):
+    @functools.wraps(orig_fwd)
+    def _model_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sched = _scheduled(self)
+        if sched is not None and sched.deferred is not None:
+            sched.finish()  # inputs enqueued: draft now and let the stream go on before the forward's launch
+        return orig_fwd(self, *args, **kwargs)
+
+    for fn in (_bookkeeping_sync, propose_draft_token_ids, _prepare_input_ids, execute_model, _model_forward):
         setattr(fn, _WRAPPED, True)
     runner_cls._bookkeeping_sync = _bookkeeping_sync
     runner_cls.propose_draft_token_ids = propose_draft_token_ids
     runner_cls._prepare_input_ids = _prepare_input_ids
     runner_cls.execute_model = execute_model
+    runner_cls._model_forward = _model_forward
     _hooked["finish"] = True
     return True

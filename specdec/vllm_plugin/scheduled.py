@@ -31,7 +31,9 @@ in effect), counted and logged once. A request first seen mid-generation whose t
 """
 from __future__ import annotations
 
+import faulthandler
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -43,6 +45,7 @@ RING_SLOTS = 4  # pinned buffers for sampled tokens; a slot is reused only after
 MAX_ABSENT_STEPS = 4096  # a request absent this long forgets its history (it restarts from vLLM's if it returns)
 PLACEHOLDER = -1  # vLLM's rejected-token / async placeholder id
 WATCHDOG_LIMIT = 3  # device wait: watchdog releases after which the host fills instead
+_DEBUG_WAIT = os.environ.get("SPECDEC_DEBUG_DEVICE_WAIT") == "1"  # stacks of a step whose finish() is late
 
 
 @dataclass
@@ -326,6 +329,8 @@ class ScheduledDrafting:
         self.fills += 1
         if defer and self.device_wait is not None and self.device_wait.usable(out):
             seq = self.device_wait.enqueue_copy(out, host)  # the stream waits for seq, then copies; finish() drafts
+            if _DEBUG_WAIT:  # every thread's stack if finish() has not come within the watchdog's deadline
+                faulthandler.dump_traceback_later(self.device_wait.timeout_us / 2e6, exit=False)
             self.deferred = (req_ids, k, host, seq)
             self.feed.stats.deferred_fills += 1
             return True
@@ -336,8 +341,9 @@ class ScheduledDrafting:
         return True
 
     def finish(self) -> None:
-        """End of the runner's ``execute_model`` (the step is launched): draft a deferred fill into its pinned
-        buffer and release the GPU's wait. Always releases, whatever happens."""
+        """Start of the runner's ``_model_forward`` (the step's inputs are enqueued; safety net: the end of
+        ``execute_model``): draft a deferred fill into its pinned buffer and release the GPU's wait. Always
+        releases, whatever happens."""
         import time
 
         job, self.deferred = self.deferred, None
@@ -345,6 +351,8 @@ class ScheduledDrafting:
             return
         req_ids, k, host, seq = job
         t0 = time.perf_counter()
+        if _DEBUG_WAIT:
+            faulthandler.cancel_dump_traceback_later()
         try:
             self._draft_into(host, req_ids, k)
         finally:
