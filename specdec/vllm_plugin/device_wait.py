@@ -25,6 +25,7 @@ logger = logging.getLogger("specdec.vllm")
 CU_STREAM_WAIT_VALUE_GEQ = 0x0  # cyclic: (int32)(word - value) >= 0
 CUDA_SUCCESS = 0
 SELF_TEST_TIMEOUT_US = 2_000_000.0  # the start-up check's watchdog (a failed wait costs at most this)
+SELF_TEST_HOLD_S = 0.005  # the start-up check: the stream must still be waiting this long after the wait
 FLAG_WORDS = 32  # the word sits alone in a 128-byte pinned block
 
 
@@ -86,10 +87,13 @@ class DeviceWait:
         return dw, ""
 
     def _self_test(self, device: Any) -> str:
-        """A side stream waits for the word, the host stores it; the stream must pass (not by the watchdog)."""
+        """The device's current stream (the one vLLM runs on) waits for the word: an event behind the wait must
+        still be pending ``SELF_TEST_HOLD_S`` later, and pass once the host stores the word (not the watchdog)."""
+        import time
+
         import torch
 
-        stream = torch.cuda.Stream(device=device)
+        stream = torch.cuda.current_stream(device)
         done = torch.cuda.Event()
         seq = self.seq + 1
         try:
@@ -97,7 +101,9 @@ class DeviceWait:
         except RuntimeError as exc:
             return str(exc)
         done.record(stream)
+        time.sleep(SELF_TEST_HOLD_S)
         if done.query():
+            self.release(seq)
             return "the stream did not wait for the word"
         self.release(seq)
         done.synchronize()
