@@ -27,6 +27,10 @@ CUDA_SUCCESS = 0
 SELF_TEST_TIMEOUT_US = 2_000_000.0  # the start-up check's watchdog (a failed wait costs at most this)
 SELF_TEST_HOLD_S = 0.005  # the start-up check: the stream must still be waiting this long after the wait
 FLAG_WORDS = 32  # the word sits alone in a 128-byte pinned block
+# the watchdog's deadline, from the wait's enqueue: longer than any step the host may legitimately take to
+# release, i.e. the previous step's remaining GPU work plus drafting (a chunked-prefill step of the 8B-sized
+# target ran 0.2 s; a 50 ms deadline fired on those, run 44). Only a stream blocked before release reaches it.
+STALL_TIMEOUT_MS = 2000.0
 
 
 def _driver() -> tuple[Any, Any] | str:

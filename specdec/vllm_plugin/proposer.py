@@ -234,7 +234,9 @@ class SpecdecProposer:
                 from specdec.vllm_plugin.async_patch import finish_hooked
                 from specdec.vllm_plugin.device_wait import DeviceWait
 
-                device_wait, why = (DeviceWait.create(runner.device, timeout_ms=self.options.draft_timeout_ms or 50.0)
+                from specdec.vllm_plugin.device_wait import STALL_TIMEOUT_MS
+
+                device_wait, why = (DeviceWait.create(runner.device, timeout_ms=STALL_TIMEOUT_MS)
                                     if finish_hooked() else (None, "execute_model could not be hooked"))
             self.scheduled = ScheduledDrafting(self.core, k=k, max_rows=int(runner.max_num_reqs),
                                                device=runner.device, device_wait=device_wait)
