@@ -428,3 +428,11 @@ def test_k_of_the_step_bounds_the_real_draft_and_the_rest_is_filler():
     out = sched.submit(["a"], k=3, eager=False)  # vLLM's per-batch-size schedule asked for 3 draft tokens
     assert sched.fill(out)
     assert out[0].tolist() == [3, 4, 5] + [2] * (K - 3)  # 3 drafted, then the row's last token as filler
+    narrow = torch.tensor([[3, 4, 5, -1], [1, -1, -1, -1]], dtype=torch.int32)  # a k=3 step: [rows, 4]
+    sched.capture(narrow, ["a", "b"], set(), requests={**state, "b": state["a"]})
+    assert sched.queue[-1].rows == 2 and sched._slot_view(sched.queue[-1].slot, 2, 4).is_contiguous()
+    sched._drain()
+    assert sched.feed.history["a"][-3:] == [3, 4, 5] and sched.feed.history["b"][-1] == 1
+    out = sched.submit(["a"], k=3, eager=False)
+    assert sched.fill(out)
+    assert out[0].tolist() == [1, 2, 3] + [5] * (K - 3)  # the narrow step's tokens reached the drafter
