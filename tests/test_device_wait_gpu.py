@@ -25,6 +25,8 @@ def dw():
 def test_the_copy_waits_for_the_release_and_carries_the_late_drafts(dw):
     host = torch.zeros((ROWS, K), dtype=torch.int32, pin_memory=True)
     dst = torch.full((ROWS, K), -1, dtype=torch.int32, device="cuda")
+    _ = dst + 1  # load the kernel now: with lazy module loading, loading a kernel while the stream waits blocks
+    torch.cuda.synchronize()  # the host (until the watchdog), which made this test fail on the H200 at first
     seq = dw.enqueue_copy(dst, host)
     after = dst + 1  # a kernel behind the wait (vLLM's scatter and forward stand here)
     behind = torch.cuda.Event()
