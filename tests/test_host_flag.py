@@ -61,3 +61,22 @@ def test_bad_arguments_and_a_closed_flag_name_the_problem():
     flag.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
         flag.release(1)
+
+
+def test_grace_runs_from_the_gpu_reaching_the_wait():
+    """With a reached word (the stream writes seq there as it starts waiting) the watchdog stores the value
+    ``grace`` after it sees the arrival, however long before that the value was armed."""
+    block = torch.zeros(32, dtype=torch.int32)
+    word, reached = block[0:1], block[16:17]  # separate cache lines, as DeviceWait lays them out
+    flag = host_flag.Flag(word.data_ptr(), reached.data_ptr())
+    flag.arm(1, LONG_US, DEADLINE_US)
+    time.sleep(10 * DEADLINE_US / 1e6)  # the GPU still runs the previous step: grace has not started
+    assert word.item() == 0 and flag.fired() == 0
+    reached[0] = 1  # the stream arrives at the wait
+    assert _wait_for(lambda: word.item() == 1) and flag.fired() == 1
+    flag.arm(2, LONG_US, DEADLINE_US)
+    reached[0] = 2
+    flag.release(2)  # the owner in time: nothing stored by the watchdog
+    time.sleep(3 * DEADLINE_US / 1e6)
+    assert word.item() == 2 and flag.fired() == 1
+    flag.close()

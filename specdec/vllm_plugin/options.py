@@ -70,7 +70,8 @@ class SpecdecOptions(ConfigBase):
                                 "end to end unresolved, so 1 by default)")
     device_wait: bool = rng(True, doc="async_mode='schedule': the GPU, not the host, waits for a step's drafts "
                                       "(a CUDA stream wait on a pinned word; drafting at the end of execute_model, "
-                                      "after vLLM enqueued the step's inputs; a watchdog frees a stream left waiting 2 s); "
+                                      "after vLLM enqueued the step's inputs; a watchdog frees the stream draft_timeout_ms after the GPU "
+                                      "started waiting, or 2 s after the wait was enqueued); "
                                       "false or unavailable: drafts filled on the host before vLLM reads them")
     defer_cache: bool = rng(False, doc="native step (experimental; GPU run 17: less drafting time, not faster end to end): finished responses "
                                        "reach the suffix drafter's global cache on a background thread after the "

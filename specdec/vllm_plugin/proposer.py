@@ -236,7 +236,8 @@ class SpecdecProposer:
 
                 from specdec.vllm_plugin.device_wait import STALL_TIMEOUT_MS
 
-                device_wait, why = (DeviceWait.create(runner.device, timeout_ms=STALL_TIMEOUT_MS)
+                device_wait, why = (DeviceWait.create(runner.device, timeout_ms=STALL_TIMEOUT_MS,
+                                                      grace_ms=self.options.draft_timeout_ms)
                                     if finish_hooked() else (None, "execute_model could not be hooked"))
             self.scheduled = ScheduledDrafting(self.core, k=k, max_rows=int(runner.max_num_reqs),
                                                device=runner.device, device_wait=device_wait)
