@@ -45,3 +45,20 @@ def test_the_watchdog_frees_a_stream_nobody_releases(dw):
     t0 = time.perf_counter()
     torch.cuda.synchronize()  # would hang without the watchdog
     assert time.perf_counter() - t0 < 10 * TIMEOUT_MS / 1e3 and dw.fired() == 1 and dst.tolist() == [1] * 4
+
+
+def test_the_grace_runs_from_the_streams_arrival():
+    """The stream marks its arrival at the wait; unreleased, it is freed ``grace_ms`` later, not at the stall bound."""
+    from specdec.vllm_plugin.device_wait import DeviceWait
+
+    wait, why = DeviceWait.create("cuda", timeout_ms=10_000.0, grace_ms=20.0)
+    assert wait is not None, why
+    try:
+        assert wait.grace_us == 20_000.0  # the self-test saw the arrival word written
+        dst = torch.zeros(4, dtype=torch.int32, device="cuda")
+        wait.enqueue_copy(dst, torch.ones(4, dtype=torch.int32, pin_memory=True))
+        t0 = time.perf_counter()
+        torch.cuda.synchronize()
+        assert time.perf_counter() - t0 < 1.0 and wait.fired() == 1 and dst.tolist() == [1] * 4
+    finally:
+        wait.close()
