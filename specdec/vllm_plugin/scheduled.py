@@ -18,6 +18,10 @@ drafter take part (the plugin lifts the whitelist for our method only, version-c
    nearly), turns the captured tokens into the rows ``ProposerCore.step`` expects (real tokens, real context
    lengths, contexts from this module's own token history), drafts, pads every row to k, and enqueues the
    host-to-device copy on the current stream, ahead of vLLM's scatter.
+   With the device wait (``device_wait.py``, default where the driver allows) the fill only enqueues, on the
+   stream, a wait on a pinned word and the copy of the pinned draft buffer, and stops finished requests; the
+   drafting itself (``finish``) runs at the start of ``_model_forward``, once vLLM has enqueued the step's other
+   inputs, and releases the wait. The GPU then idles for the drafting only.
 
 So the GPU idles only for the drafting itself (not for vLLM's output processing and scheduling, which the
 synchronous path also puts between two forward passes). The scheduler reserves k draft slots for every decoding
@@ -47,6 +51,7 @@ MAX_ABSENT_STEPS = 4096  # a request absent this long forgets its history (it re
 PLACEHOLDER = -1  # vLLM's rejected-token / async placeholder id
 WATCHDOG_LIMIT = 3  # device wait: watchdog releases after which the host fills instead
 _DEBUG_WAIT = os.environ.get("SPECDEC_DEBUG_DEVICE_WAIT") == "1"  # stacks of a step whose finish() is late
+DEBUG_DUMP_S = 0.05  # SPECDEC_DEBUG_DEVICE_WAIT=1: dump every thread's stack when finish() comes this long after fill
 
 
 @dataclass
@@ -69,7 +74,7 @@ class FeedStats:
     skipped_fills: int = 0  # vLLM replaced our buffer (e.g. a row too close to max_model_len): nothing to fill
     blind_requests: int = 0
     errors: int = 0
-    deferred_fills: int = 0  # device wait: the GPU waited for the drafts, drafted at the end of execute_model
+    deferred_fills: int = 0  # device wait: the GPU waited for the drafts, drafted as the forward was launched
     watchdog_releases: int = 0  # device wait: steps whose wait the watchdog released (stale drafts verified)
     wait_seconds: float = 0.0  # fill: waiting for a step's sampled tokens (the GPU still running it)
     draft_seconds: float = 0.0  # fill (device wait: finish): the whole call, waiting included
@@ -344,7 +349,7 @@ class ScheduledDrafting:
             seq = self.device_wait.enqueue_copy(out, host)  # the stream waits for seq, then copies; finish() drafts
             self._stop_early(req_ids)
             if _DEBUG_WAIT:  # every thread's stack if finish() has not come within the watchdog's deadline
-                faulthandler.dump_traceback_later(self.device_wait.timeout_us / 2e6, exit=False)
+                faulthandler.dump_traceback_later(DEBUG_DUMP_S, exit=False)
             self.deferred = (req_ids, k, host, seq)
             self.feed.stats.deferred_fills += 1
             return True
