@@ -100,3 +100,39 @@ def test_shaped_model_resizes_the_config_and_keeps_the_tokenizer(tmp_path, monke
     assert out.endswith("llama-8b") and config["hidden_size"] == 4096 and config["num_hidden_layers"] == 32
     assert config["vocab_size"] == 16384 and config["model_type"] == "llama"  # the tokenizer's vocabulary stays
     assert (tmp_path / "shapes" / "llama-8b" / "tokenizer.json").read_text() == '{"model": {}}'
+
+
+def test_inflate_builds_once_and_every_engine_gets_the_inflated_model(tmp_path, monkeypatch):
+    import json
+    from pathlib import Path
+
+    from specdec.eval import bench_vllm, inflate_model
+
+    src = tmp_path / "code-target-53m"
+    src.mkdir()
+    cfg = {"hidden_size": 640, "intermediate_size": 1728, "num_hidden_layers": 10, "num_attention_heads": 10,
+           "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 16384, "tie_word_embeddings": True}
+    (src / "config.json").write_text(json.dumps(cfg))
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps({"policy": "test", "datasets": {"code": {"warmup": [[1]], "bs1": [[1, 2]]}}}))
+    built, spawned = [], []
+
+    def check_call(cmd):  # the inflate subprocess: writes the config it would write
+        out = Path(cmd[cmd.index("--out") + 1])
+        built.append(cmd)
+        out.mkdir(parents=True, exist_ok=True)
+        big = inflate_model.inflated_config(cfg, inflate_model.INFLATE_SHAPES["llama-8b"])
+        (out / "config.json").write_text(json.dumps(big))
+        return 0
+
+    monkeypatch.setattr(inflate_model, "INFLATE_DIR", tmp_path / "shapes")
+    monkeypatch.setattr(bench_vllm.subprocess, "check_call", check_call)
+    monkeypatch.setattr(bench_vllm, "_spawn", lambda args, method, *a: spawned.append((method, args.model)))
+    bench_vllm.main(["--prompts", str(prompts), "--model", str(src), "--inflate", "llama-8b", "--methods",
+                     "nospec-v1,specdec-sched", "--datasets", "code", "--batch-sizes", "1",
+                     "--out-dir", str(tmp_path / "out")])
+    want = str(tmp_path / "shapes" / "code-target-53m-llama-8b")
+    assert len(built) == 1 and built[0][built[0].index("--shape") + 1] == "llama-8b"
+    assert spawned == [("nospec-v1", want), ("specdec-sched", want)]
+    doc = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
+    assert doc["settings"]["model"].startswith("code-target-53m-llama-8b (6.9B parameters: code-target-53m inflated")
