@@ -198,7 +198,7 @@ def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, 
             current = stolen[:out.shape[0]] if step == 60 else out  # step 60: vLLM zeroed the drafts
             before = out.clone()
             filled = sched.fill(current)
-            if filled and dw is not None:  # the stream waits: nothing copied until the end of execute_model
+            if filled and dw is not None:  # the stream waits: nothing copied before finish() (the forward)
                 assert torch.equal(out, before) and sched.deferred is not None and dw.pending
                 stopped = sched.core.stats_dict()["stopped"]  # finished requests stopped at fill already
                 sched.finish()
@@ -402,7 +402,7 @@ def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
     runner.discard_request_mask.np[1] = runner.discard_request_mask.gpu[1] = True  # row b: a partial prefill
     runner._bookkeeping_sync(step, SimpleNamespace(sampled_token_ids=sampled))
     assert runner.calls[-1] == "bookkeeping" and runner.calls[-2] == ("counts", [2, 5], [2, 0])  # b: its last token
-    prop.scheduled.device_wait = dw = FakeDeviceWait()  # the GPU waits: filled at the end of execute_model
+    prop.scheduled.device_wait = dw = FakeDeviceWait()  # the GPU waits: filled as the forward is launched
     runner._bookkeeping_sync(step, SimpleNamespace(sampled_token_ids=sampled))
     runner._draft_token_ids = runner.propose_draft_token_ids(step, [], None)
     runner.execute_model(step)

@@ -69,7 +69,7 @@ class SpecdecOptions(ConfigBase):
                                 "every value (GPU run 37: 4 threads cut the job at 49-64 rows from 410 to 235 us, "
                                 "end to end unresolved, so 1 by default)")
     device_wait: bool = rng(True, doc="async_mode='schedule': the GPU, not the host, waits for a step's drafts "
-                                      "(a CUDA stream wait on a pinned word; drafting at the end of execute_model, "
+                                      "(a CUDA stream wait on a pinned word; drafting at the start of _model_forward, "
                                       "after vLLM enqueued the step's inputs; a watchdog frees the stream draft_timeout_ms after the GPU "
                                       "started waiting, or 2 s after the wait was enqueued); "
                                       "false or unavailable: drafts filled on the host before vLLM reads them")
