@@ -978,7 +978,8 @@ PyMethodDef Engine_methods[] = {
     {"global_stats", reinterpret_cast<PyCFunction>(Engine_global_stats), METH_NOARGS, "global trie stats"},
     {"local_nodes", reinterpret_cast<PyCFunction>(Engine_local_nodes), METH_VARARGS, "nodes of a request trie"},
     {"lane_config", reinterpret_cast<PyCFunction>(Engine_lane_config), METH_VARARGS, kLaneConfigDoc},
-    {"lane_mark", reinterpret_cast<PyCFunction>(Engine_lane_mark), METH_VARARGS, "lane_mark(rid, n_known)"},
+    {"lane_mark", reinterpret_cast<PyCFunction>(Engine_lane_mark), METH_VARARGS, "lane_mark(rid, n_known, fresh=True): the request's book knows n_known tokens; fresh: its next row carries "
+     "exactly n_known (no extend), else it extends n_known by the row's sampled tokens"},
     {"lane_step", reinterpret_cast<PyCFunction>(Engine_lane_step), METH_VARARGS, kLaneStepDoc},
     {"lane_submit", reinterpret_cast<PyCFunction>(Engine_lane_submit), METH_VARARGS, kLaneSubmitDoc},
     {"lane_collect", reinterpret_cast<PyCFunction>(Engine_lane_collect), METH_VARARGS, kLaneCollectDoc},

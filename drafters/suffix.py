@@ -170,6 +170,15 @@ class SuffixDrafter(Drafter):
             self.extend(request_id, rest_ids)
         self.engine.lane_mark(self._ids[request_id], n_known)
 
+    def lane_start(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int]) -> None:
+        """Start a request from its context before its next row (prompt, then the rest); that row extends the
+        context by its sampled tokens, as if the request had been running (``lane_restart``: the row's tokens are
+        already in the context)."""
+        self.start(request_id, prompt_ids)
+        if len(rest_ids):
+            self.extend(request_id, rest_ids)
+        self.engine.lane_mark(self._ids[request_id], len(prompt_ids) + len(rest_ids), False)
+
     def lane_invalidate(self, request_id: str) -> None:
         """Make the request's next ``lane_step`` row ask for a restart (its context is about to be resent)."""
         rid = self._ids.get(request_id)

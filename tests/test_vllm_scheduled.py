@@ -200,9 +200,12 @@ def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, 
             filled = sched.fill(current)
             if filled and dw is not None:  # the stream waits: nothing copied before finish() (the forward)
                 assert torch.equal(out, before) and sched.deferred is not None and dw.pending
-                stopped = sched.core.stats_dict()["stopped"]  # finished requests stopped at fill already
+                before_finish = sched.core.stats_dict()  # finished requests stopped, new ones started at fill
                 sched.finish()
-                assert sched.core.stats_dict()["stopped"] == stopped
+                after = sched.core.stats_dict()
+                assert after["stopped"] == before_finish["stopped"]
+                if opts.get("native_step", True):  # the native lane: no row restarts in finish either
+                    assert after["started"] == before_finish["started"] and after["resyncs"] == before_finish["resyncs"]
                 assert sched.deferred is None and not dw.pending and dw.released[-1] == dw.seq
             if filled:
                 want = np.zeros((out.shape[0], K), np.int32)
@@ -225,7 +228,7 @@ def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, 
     assert st["skipped_fills"] == 1 and st["fills"] >= 140 and st["errors"] == 0 and st["blind_requests"] == 0
     assert st["deferred_fills"] == (st["fills"] if device_wait else 0) and st["watchdog_releases"] == 0
     stats = sched.core.stats_dict()
-    assert stats["accepted_tokens"] > 200 and stats["stopped"] > 5
+    assert stats["accepted_tokens"] > 200 and stats["stopped"] > 5 and stats["started"] > 5
 
 
 def test_eager_fill_and_a_failing_drafter_never_stop_generation():

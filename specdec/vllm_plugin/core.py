@@ -263,6 +263,18 @@ class ProposerCore:
         known = self.lane.request_ids if self.lane is not None else self.requests
         return [r for r in known if r not in present]
 
+    def start_early(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int]) -> bool:
+        """Start a request the native lane does not hold from its context (its next row then extends it by its new
+        tokens): schedule mode's device wait does it while the GPU still runs the previous step, instead of the
+        step restarting the row from its context. Same drafts. False (nothing done) without the lane or if the
+        request is already held."""
+        if self.lane is None or request_id in self.lane.request_ids:
+            return False
+        self.lane.lane_start(request_id, prompt_ids, rest_ids)
+        self.stats.started += 1
+        self._started_early.add(request_id)
+        return True
+
     def stop_absent(self, present: Iterable[str]) -> None:
         """Stop now the requests the next ``step`` would stop first (those not in ``present``, its request ids):
         schedule mode's device wait does it while the GPU still runs the previous step. Same drafts."""

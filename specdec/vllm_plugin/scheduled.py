@@ -347,7 +347,7 @@ class ScheduledDrafting:
         self.fills += 1
         if defer and self.device_wait is not None and self.device_wait.usable(out):
             seq = self.device_wait.enqueue_copy(out, host)  # the stream waits for seq, then copies; finish() drafts
-            self._stop_early(req_ids)
+            self._prepare_early(req_ids)
             if _DEBUG_WAIT:  # every thread's stack if finish() has not come within the watchdog's deadline
                 faulthandler.dump_traceback_later(DEBUG_DUMP_S, exit=False)
             self.deferred = (req_ids, k, host, seq)
@@ -380,16 +380,26 @@ class ScheduledDrafting:
             self.feed.stats.draft_seconds += time.perf_counter() - t0
             self._check_watchdog()
 
-    def _stop_early(self, req_ids: list[str]) -> None:
-        """Stop the requests the deferred step will not draft for (finished, aborted, preempted) while the GPU
-        still runs the previous step: a stop caches the response in the suffix drafter's global trie, work that
-        would otherwise fall between the two forward passes. Never raises (``finish`` stops whatever is left)."""
+    def _prepare_early(self, req_ids: list[str]) -> None:
+        """While the GPU still runs the previous step, do the deferred step's request lifecycle: stop the requests
+        it will not draft for (finished, aborted, preempted: a stop caches the response in the suffix drafter's
+        global trie) and start those the drafter does not hold from the context known so far (new requests build
+        their tries from the prompt). Both would otherwise fall between the two forward passes. Same drafts.
+        Never raises (``finish`` stops and restarts whatever is left)."""
         try:
             self.core.stop_absent(req_ids)
+            feed = self.feed
+            for rid in req_ids:
+                hist = feed.history.get(rid)
+                if hist is None:
+                    continue
+                known = len(hist) - len(feed.pending[rid])  # tokens already handed to the drafter's rows
+                p = feed.prompt_len[rid]
+                self.core.start_early(rid, hist[:p], hist[p:known])
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             if getattr(self.core.options, "strict", False):
                 raise
-            logger.debug("specdec: early stops failed (%r); the step's drafting stops them", exc)
+            logger.debug("specdec: early stops and starts failed (%r); the step's drafting does them", exc)
 
     def _check_watchdog(self) -> None:
         """Steps released by the watchdog (drafting past the deadline, or a stream blocked before ``finish``):
