@@ -291,6 +291,11 @@ def test_device_wait_always_releases_and_the_watchdog_switches_it_off():
     assert st["watchdog_releases"] == 3 and sched.device_wait is None
     out = step()
     assert sched.fill(out) and sched.deferred is None and not dw.pending  # host fill: drafted at once
+    broken = FakeDeviceWait()
+    broken.enqueue_copy = lambda dst, src: (_ for _ in ()).throw(RuntimeError("cuStreamWaitValue32 failed"))
+    sched.device_wait = broken
+    out = step()
+    assert sched.fill(out) and sched.deferred is None and sched.device_wait is None  # refused: host fill, for good
 
 
 def test_whitelist_patch_adds_custom_class_for_our_schedule_mode_only():

@@ -345,8 +345,8 @@ class ScheduledDrafting:
         n = len(req_ids)
         host = self.host_drafts[self.fills % 2][:n]  # two buffers: the previous copy may still be in flight
         self.fills += 1
-        if defer and self.device_wait is not None and self.device_wait.usable(out):
-            seq = self.device_wait.enqueue_copy(out, host)  # the stream waits for seq, then copies; finish() drafts
+        seq = self._enqueue_wait(out, host) if defer else None
+        if seq is not None:  # the stream waits for seq, then copies the buffer; finish() drafts
             self._prepare_early(req_ids)
             if _DEBUG_WAIT:  # every thread's stack if finish() has not come within the watchdog's deadline
                 faulthandler.dump_traceback_later(DEBUG_DUMP_S, exit=False)
@@ -379,6 +379,18 @@ class ScheduledDrafting:
             self.feed.stats.fills += 1
             self.feed.stats.draft_seconds += time.perf_counter() - t0
             self._check_watchdog()
+
+    def _enqueue_wait(self, out: Any, host: Any) -> int | None:
+        """The device wait's seq for this step's copy of ``host`` into ``out``, or None (host fill): no device
+        wait, not usable here, or the driver refused (then off for good, logged once)."""
+        if self.device_wait is None or not self.device_wait.usable(out):
+            return None
+        try:
+            return self.device_wait.enqueue_copy(out, host)
+        except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
+            logger.warning("specdec: the GPU's wait for drafts failed (%r); filling drafts from the host", exc)
+            self.device_wait = None
+            return None
 
     def _prepare_early(self, req_ids: list[str]) -> None:
         """While the GPU still runs the previous step, do the deferred step's request lifecycle: stop the requests
