@@ -113,14 +113,16 @@ def wrap_post_init(module: Any) -> bool:
     return True
 
 
-def _scheduled(runner: Any) -> Any:
-    """The runner's ScheduledDrafting, or None when this runner does not draft in schedule mode."""
+def _scheduled(runner: Any, *, create: bool = True) -> Any:
+    """The runner's ScheduledDrafting, or None when this runner does not draft in schedule mode. ``create``
+    False: only an existing one (the forward hooks also run in vLLM's warm-up and CUDA-graph capture, where the
+    device wait's start-up self-test must not run)."""
     from specdec.vllm_plugin.proposer import SpecdecProposer
 
     drafter = getattr(runner, "drafter", None)
     if not isinstance(drafter, SpecdecProposer) or not getattr(runner, "use_async_scheduling", False):
         return None
-    return drafter.scheduled_for(runner)
+    return drafter.scheduled_for(runner) if create else drafter.scheduled
 
 
 def _capture(runner: Any, sched: Any, sampler_output: Any) -> None:
@@ -196,13 +198,13 @@ def patch_async_runner(runner_cls: Any) -> bool:
         try:
             return orig_exec(self, scheduler_output, *args, **kwargs)
         finally:  # whatever happened: a stream waiting for this step's drafts is released here
-            sched = _scheduled(self)
+            sched = _scheduled(self, create=False)
             if sched is not None and sched.deferred is not None:
                 sched.finish()
 
     @functools.wraps(orig_fwd)
     def _model_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        sched = _scheduled(self)
+        sched = _scheduled(self, create=False)
         if sched is not None and sched.deferred is not None:
             sched.finish()  # inputs enqueued: draft now and let the stream go on before the forward's launch
         return orig_fwd(self, *args, **kwargs)
