@@ -315,7 +315,9 @@ def write_doc(args: argparse.Namespace, runs: dict, lossless: dict, t_start: flo
         "summary": summarise(runs, lossless),
     }
     name = f"{doc['date']}_{device}_vllm_{'lossless' if args.lossless_only else 'bench'}"
-    (Path(args.out_dir) / f"{name}.json").write_text(json.dumps(doc, indent=1))
+    # compact: the per-step traces (--trace) are ~1 MB indented, and every GPU call carries the repo (the .md is the
+    # human-readable copy)
+    (Path(args.out_dir) / f"{name}.json").write_text(json.dumps(doc, separators=(",", ":")))
     (Path(args.out_dir) / f"{name}.md").write_text(markdown(doc))
     return doc
 
