@@ -39,12 +39,6 @@ RUNNER_SIGNATURES = {  # method -> leading parameters this patch relies on
     "execute_model": ["self", "scheduler_output"],
     "_model_forward": ["self"],
 }
-_hooked = {"finish": False}  # execute_model carries the finish hook (device wait needs it)
-
-
-def finish_hooked() -> bool:
-    """True once ``execute_model`` ends with ``ScheduledDrafting.finish`` (required by the device wait)."""
-    return _hooked["finish"]
 RUNNER_METHODS = ("_copy_valid_sampled_token_count",)  # called by the capture hook
 
 
@@ -125,6 +119,13 @@ def _scheduled(runner: Any, *, create: bool = True) -> Any:
     return drafter.scheduled_for(runner) if create else drafter.scheduled
 
 
+def _finish_deferred(runner: Any) -> None:
+    """Draft a deferred fill and release the stream waiting for it (device wait), if there is one."""
+    sched = _scheduled(runner, create=False)
+    if sched is not None and sched.deferred is not None:
+        sched.finish()
+
+
 def _capture(runner: Any, sched: Any, sampler_output: Any) -> None:
     sampled = sampler_output.sampled_token_ids  # [rows, k+1] on the GPU, -1 = rejected
     rows = int(sampled.shape[0])
@@ -198,15 +199,11 @@ def patch_async_runner(runner_cls: Any) -> bool:
         try:
             return orig_exec(self, scheduler_output, *args, **kwargs)
         finally:  # whatever happened: a stream waiting for this step's drafts is released here
-            sched = _scheduled(self, create=False)
-            if sched is not None and sched.deferred is not None:
-                sched.finish()
+            _finish_deferred(self)
 
     @functools.wraps(orig_fwd)
     def _model_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        sched = _scheduled(self, create=False)
-        if sched is not None and sched.deferred is not None:
-            sched.finish()  # inputs enqueued: draft now and let the stream go on before the forward's launch
+        _finish_deferred(self)  # inputs enqueued: draft now and let the stream go on before the forward's launch
         return orig_fwd(self, *args, **kwargs)
 
     for fn in (_bookkeeping_sync, propose_draft_token_ids, _prepare_input_ids, execute_model, _model_forward):
@@ -216,5 +213,4 @@ def patch_async_runner(runner_cls: Any) -> bool:
     runner_cls._prepare_input_ids = _prepare_input_ids
     runner_cls.execute_model = execute_model
     runner_cls._model_forward = _model_forward
-    _hooked["finish"] = True
     return True

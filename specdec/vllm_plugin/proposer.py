@@ -230,15 +230,11 @@ class SpecdecProposer:
 
             k = int(getattr(runner, "num_spec_tokens", 0) or self.options.num_speculative_tokens)
             device_wait, why = None, "device_wait is off"
-            if self.options.device_wait:
-                from specdec.vllm_plugin.async_patch import finish_hooked
-                from specdec.vllm_plugin.device_wait import DeviceWait
+            if self.options.device_wait:  # reached only through the runner hooks, which release it (async_patch)
+                from specdec.vllm_plugin.device_wait import STALL_TIMEOUT_MS, DeviceWait
 
-                from specdec.vllm_plugin.device_wait import STALL_TIMEOUT_MS
-
-                device_wait, why = (DeviceWait.create(runner.device, timeout_ms=STALL_TIMEOUT_MS,
-                                                      grace_ms=self.options.draft_timeout_ms)
-                                    if finish_hooked() else (None, "execute_model could not be hooked"))
+                device_wait, why = DeviceWait.create(runner.device, timeout_ms=STALL_TIMEOUT_MS,
+                                                     grace_ms=self.options.draft_timeout_ms)
             self.scheduled = ScheduledDrafting(self.core, k=k, max_rows=int(runner.max_num_reqs),
                                                device=runner.device, device_wait=device_wait)
             logger.info("specdec: drafting under vLLM's async scheduling (k=%d, up to %d rows; %s)", k,
