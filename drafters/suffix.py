@@ -165,19 +165,22 @@ class SuffixDrafter(Drafter):
     def lane_restart(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int], n_known: int) -> None:
         """(Re)start a request from its context (prompt, then the rest); its next ``lane_step`` row must carry
         context length ``n_known`` and does not extend (the row's tokens are already in ``rest_ids``)."""
-        self.start(request_id, prompt_ids)
-        if len(rest_ids):
-            self.extend(request_id, rest_ids)
-        self.engine.lane_mark(self._ids[request_id], n_known)
+        self._lane_begin(request_id, prompt_ids, rest_ids, n_known, fresh=True)
 
     def lane_start(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int]) -> None:
         """Start a request from its context before its next row (prompt, then the rest); that row extends the
         context by its sampled tokens, as if the request had been running (``lane_restart``: the row's tokens are
         already in the context)."""
+        self._lane_begin(request_id, prompt_ids, rest_ids, len(prompt_ids) + len(rest_ids), fresh=False)
+
+    def _lane_begin(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int], n_known: int, *,
+                    fresh: bool) -> None:
+        """Start from the context (prompt, then the rest) and set the lane's book: ``n_known`` tokens, ``fresh``
+        (the next row carries exactly ``n_known``) or not (the next row extends it by its sampled tokens)."""
         self.start(request_id, prompt_ids)
         if len(rest_ids):
             self.extend(request_id, rest_ids)
-        self.engine.lane_mark(self._ids[request_id], len(prompt_ids) + len(rest_ids), False)
+        self.engine.lane_mark(self._ids[request_id], n_known, fresh)
 
     def lane_invalidate(self, request_id: str) -> None:
         """Make the request's next ``lane_step`` row ask for a restart (its context is about to be resent)."""
