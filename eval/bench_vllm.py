@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.eval.bench_vllm_report import markdown, summarise  # noqa: F401 - re-exported
-from specdec.eval.model_shapes import SHAPES, shaped_model
+from specdec.eval.model_shapes import INFLATE_SHAPES, SHAPES, shaped_model
 from specdec.eval.step_trace import StepTimer, StepTrace
 
 from specdec.paths import TARGET_MODEL, model_path
@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shape", default="", choices=("",) + tuple(SHAPES),
                     help="benchmark a model of this shape with random weights (vLLM load_format='dummy') and the "
                          "shared target's tokenizer: GPU step times of a real size (speed only; outputs are noise)")
-    ap.add_argument("--inflate", default="", choices=("", "llama-8b"),
+    ap.add_argument("--inflate", default="", choices=("",) + tuple(INFLATE_SHAPES),
                     help="benchmark the target inflated to this size (specdec.eval.inflate_model: same outputs, an "
                          "8B model's step time); built under /tmp/specdec_shapes on first use")
     ap.add_argument("--max-tokens", type=int, default=256)

@@ -38,18 +38,12 @@ from typing import Any
 
 import torch
 
+from specdec.eval.model_shapes import INFLATE_SHAPES, SHAPE_DIR
+
 INIT_STD = 0.02  # std of the weights that cannot reach the output
 COPY_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 MARKER = "inflated.json"  # written last: a folder without it is incomplete
-INFLATE_DIR = Path("/tmp/specdec_shapes")  # where the benchmark builds inflated checkpoints
-
-# target sizes; head_dim is the source's (RoPE must not change). llama-8b: Llama-3-8B's hidden/intermediate/layers
-# and q width (4096 = 64 heads x 64), 8 key/value heads (512 wide; Llama-3-8B: 1024), ~7.0B parameters with the
-# shared 16k vocabulary: a forward pass of an 8B model's cost.
-INFLATE_SHAPES: dict[str, dict[str, int]] = {
-    "llama-8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-                 "num_attention_heads": 64, "num_key_value_heads": 8},
-}
+INFLATE_DIR = SHAPE_DIR  # where the benchmark builds inflated checkpoints
 
 
 class InflateError(ValueError):
