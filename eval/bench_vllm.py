@@ -55,6 +55,10 @@ METHODS: dict[str, dict[str, Any] | None] = {
     # vLLM's async scheduling (the engine prepares step N+1 while the GPU runs step N; drafts filled just in time)
     "specdec-sched": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
                       "async_mode": "schedule"},
+    # vLLM's uniform k slots per request under async scheduling (draft_slots "adaptive", the default, reserves each
+    # request only as many slots as its latest draft had tokens past the confidence cut)
+    "specdec-sched-uniform": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
+                              "async_mode": "schedule", "draft_slots": "uniform"},
     # the same with k by batch size (vLLM's scheduler reserves k slots for every request under async scheduling)
     "specdec-sched-dyn": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
                           "async_mode": "schedule", "num_speculative_tokens_per_batch_size": [[1, 16, 16], [17, 1024, 8]]},

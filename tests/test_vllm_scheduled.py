@@ -82,6 +82,7 @@ class AsyncEngine:
         self.order: list[str] = []  # previous step's rows
         self.prev_drafts: torch.Tensor | None = None  # [prev rows, K] as vLLM reads them
         self.unseen: dict[str, list[int]] = {}  # tokens the synchronous twin has not been given yet
+        self.slots: dict[str, int] | None = None  # per-request draft slots of the step (None: K for every row)
 
     def add(self) -> None:
         rid = f"r{self.next_id}"
@@ -120,6 +121,8 @@ class AsyncEngine:
                 continue
             i = prev_row.get(rid)
             draft = self.prev_drafts[i].tolist() if (i is not None and self.prev_drafts is not None) else []
+            if self.slots is not None:  # vLLM reads the first slots of the row only
+                draft = draft[:self.slots.get(rid, K)]
             out: list[int] = []
             for d in draft + [None]:
                 want = r["target"][len(r["seq"])]
@@ -446,3 +449,125 @@ def test_k_of_the_step_bounds_the_real_draft_and_the_rest_is_filler():
     out = sched.submit(["a"], k=3, eager=False)
     assert sched.fill(out)
     assert out[0].tolist() == [1, 2, 3] + [5] * (K - 3)  # the narrow step's tokens reached the drafter
+
+
+def test_adaptive_slots_follow_each_requests_latest_draft_and_stay_lossless():
+    """draft_slots='adaptive': after each fill the slot book holds every row's draft length (cut by confidence,
+    not padded); the next step verifies only that many of the row's drafts (as vLLM's scheduler, patched, reserves
+    them), the buffer still equals the synchronous twin's, and every emitted token is the target's."""
+    from specdec.vllm_plugin.slots import SlotBook
+
+    clock = SimpleNamespace(t=0.0)
+    tick = lambda: clock.t  # noqa: E731
+    opts = {"pad_drafts": "off", "min_path_prob": 0.3}
+    eng = AsyncEngine(seed=11)
+    book = SlotBook(K)
+    sched = ScheduledDrafting(make_core(tick, **opts), k=K, max_rows=2 * MAX_ROWS, device="cpu", slot_book=book)
+    twin = make_core(tick, **opts)
+    out = None
+    short = 0
+    for step in range(120):
+        if out is not None:
+            reserved = dict(book.table)  # what the scheduler gave this step's rows (from the previous drafts)
+            assert sched.fill(out)
+            drafts = eng.twin_step(twin, eng.order)
+            want = np.zeros((out.shape[0], K), np.int32)
+            pad_rows(drafts, want, [eng.reqs[r]["seq"][-1] for r in eng.order])
+            assert out.numpy().tolist() == want.tolist(), step
+            assert book.table == {r: min(K, len(d)) for r, d in zip(eng.order, drafts)}, step
+            short += sum(n < K for n in reserved.values())
+            eng.prev_drafts, eng.slots = out.clone(), reserved
+        eng.churn(step)
+        clock.t += 1e-3
+        order, sampled, discard, emitted = eng.verify()
+        for row, rid in enumerate(order):  # never more than 1 + the row's slots
+            if eng.slots is not None and row not in discard:
+                assert len(emitted[row]) <= 1 + eng.slots.get(rid, K)
+        sched.capture(sampled, order, discard, requests=eng.state)
+        eng.bookkeep(order, discard)
+        out = sched.submit(order, k=None, eager=False)
+    for r in eng.reqs.values():
+        assert r["seq"] == r["target"][:len(r["seq"])]
+    assert short > 100  # the cut left rows with fewer than K slots
+    assert sched.core.stats_dict()["accepted_tokens"] > 100
+    assert "slot_share" in sched.stats()["schedule"]
+
+
+def test_slot_book_tables_clamps_and_placeholders():
+    from specdec.vllm_plugin.slots import SlotBook
+
+    book = SlotBook(4)
+    assert book.slots("new", 4) == 4  # unknown request: vLLM's k
+    book.note(["a", "b", "c"], [0, 2, 9])
+    assert book.table == {"a": 0, "b": 2, "c": 4}
+    assert [book.slots(r, 4) for r in "abc"] == [0, 2, 4]
+    assert book.slots("b", 1) == 1  # never more than vLLM reserved (its k by batch size)
+    assert book.placeholders(2) == [-1, -1] and book.placeholders(2) is book.placeholders(2)
+    book.note(["c"], [1])
+    assert book.table == {"c": 1}  # requests that left the batch drop out
+    assert book.as_dict()["slots_offered"] == 17 and book.as_dict()["slots_granted"] == 11
+    with pytest.raises(ValueError, match="k=0"):
+        SlotBook(0)
+
+
+class FakeAsyncScheduler:
+    """vLLM's AsyncScheduler._update_after_schedule, reduced to what the slot patch relies on."""
+
+    def __init__(self, k: int, fail: bool = False) -> None:
+        self._spec_token_placeholders = [-1] * k
+        self.requests = {r: SimpleNamespace(is_prefill_chunk=r == "p", spec_token_ids=[]) for r in ("a", "b", "p")}
+        self.fail = fail
+
+    def _update_after_schedule(self, scheduler_output):
+        if self.fail:
+            self.requests = None  # the patch's own work then fails: it must not raise
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests[req_id] if self.requests else None
+            if request is None or request.is_prefill_chunk:
+                continue
+            request.spec_token_ids = self._spec_token_placeholders
+
+
+def test_scheduler_patch_trims_placeholders_only_while_a_book_is_registered():
+    from specdec.vllm_plugin import slots
+    from specdec.vllm_plugin.async_patch import patch_async_scheduler
+
+    class Scheduler(FakeAsyncScheduler):
+        pass
+
+    assert patch_async_scheduler(Scheduler) and patch_async_scheduler(Scheduler)  # idempotent
+    out = SimpleNamespace(num_scheduled_tokens={"a": 5, "b": 5, "p": 100})
+    sch = Scheduler(4)
+    try:
+        slots.register(None)
+        sch._update_after_schedule(out)
+        assert sch.requests["a"].spec_token_ids is sch._spec_token_placeholders  # no book: vLLM's k slots
+        book = slots.SlotBook(4)
+        book.note(["a", "b"], [1, 7])
+        slots.register(book)
+        sch._update_after_schedule(out)
+        assert sch.requests["a"].spec_token_ids == [-1] and sch.requests["b"].spec_token_ids == [-1] * 4
+        assert sch.requests["p"].spec_token_ids == []  # a prefill chunk keeps what vLLM gave it
+        bad = Scheduler(4, fail=True)
+        bad._update_after_schedule(SimpleNamespace(num_scheduled_tokens={}))  # the patch failing: logged, no raise
+    finally:
+        slots.register(None)
+
+    class Other:
+        def _update_after_schedule(self, scheduler_output):
+            return None
+
+    assert not patch_async_scheduler(Other)  # not the method this patch was written against: left alone
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable here (CI: /opt/vllm-venv)")
+def test_real_vllm_async_scheduler_is_the_one_the_slot_patch_expects():
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from specdec.vllm_plugin.async_patch import patch_async_scheduler
+
+    class Sub(AsyncScheduler):
+        pass
+
+    assert patch_async_scheduler(Sub)
+    assert not getattr(AsyncScheduler._update_after_schedule, "_specdec_wrapped", False)  # the subclass only

@@ -18,6 +18,9 @@
      every input of the step is enqueued by then, and the forward's launch is the next thing; later host work
      of ``execute_model`` may block on the stream (vLLM 0.26's logits GEMM did, run 43), so not later;
    - ``execute_model`` (end, always): the same if the step never reached the forward (an error, an early return).
+3. ``patch_async_scheduler`` (``draft_slots="adaptive"``): ``AsyncScheduler._update_after_schedule`` (end) trims
+   the ``k`` draft placeholders vLLM just gave each decoding request to the slots of its latest draft
+   (``slots.SlotBook``); a pass-through while no slot book is registered (another method, uniform slots).
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ RUNNER_SIGNATURES = {  # method -> leading parameters this patch relies on
     "_model_forward": ["self"],
 }
 RUNNER_METHODS = ("_copy_valid_sampled_token_count",)  # called by the capture hook
+SCHEDULER_SOURCE = "spec_token_ids = self._spec_token_placeholders"  # vLLM 0.26-0.32: the placeholders it hands out
 
 
 def wants_schedule(additional_config: Any) -> bool:
@@ -191,7 +195,8 @@ def patch_async_runner(runner_cls: Any) -> bool:
     def _prepare_input_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         sched = _scheduled(self)
         if sched is not None and sched.job is not None:
-            sched.fill(getattr(self, "_draft_token_ids", None))
+            verified = getattr(scheduler_output, "total_num_scheduled_tokens", 0)
+            sched.fill(getattr(self, "_draft_token_ids", None), verified=verified if isinstance(verified, int) else 0)
         return orig_prep(self, scheduler_output, *args, **kwargs)
 
     @functools.wraps(orig_exec)
@@ -214,3 +219,63 @@ def patch_async_runner(runner_cls: Any) -> bool:
     runner_cls.execute_model = execute_model
     runner_cls._model_forward = _model_forward
     return True
+
+
+def patch_async_scheduler(scheduler_cls: Any) -> bool:
+    """Wrap ``scheduler_cls._update_after_schedule`` (idempotent; see item 3 of the module docstring). Returns
+    True if wrapped; False (logged) when the method is not the one this patch was written against."""
+    orig = getattr(scheduler_cls, "_update_after_schedule", None)
+    if orig is None:
+        return False
+    if getattr(orig, _WRAPPED, False):
+        return True
+    try:
+        ok = (list(inspect.signature(orig).parameters)[:2] == ["self", "scheduler_output"]
+              and SCHEDULER_SOURCE in inspect.getsource(orig))
+    except (OSError, TypeError):
+        ok = False
+    if not ok:
+        logger.warning("specdec: %s._update_after_schedule is not the one draft_slots='adaptive' was written "
+                       "for; every request keeps vLLM's k draft slots", scheduler_cls.__name__)
+        return False
+    logged: list[bool] = []
+
+    @functools.wraps(orig)
+    def _update_after_schedule(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(self, scheduler_output, *args, **kwargs)
+        from specdec.vllm_plugin.slots import active
+
+        book = active()
+        if book is not None:
+            try:
+                trim_placeholders(self, scheduler_output, book)
+            except Exception as exc:  # noqa: BLE001 - scheduling must never fail because of drafting
+                if not logged:
+                    logged.append(True)
+                    logger.warning("specdec: per-request draft slots failed (%r); vLLM's k slots stay (logged "
+                                   "once)", exc)
+        return out
+
+    setattr(_update_after_schedule, _WRAPPED, True)
+    scheduler_cls._update_after_schedule = _update_after_schedule
+    return True
+
+
+def trim_placeholders(scheduler: Any, scheduler_output: Any, book: Any) -> int:
+    """Give each request vLLM just handed its shared placeholder list (decoding requests, not prefill chunks)
+    ``book.slots`` placeholders instead. Returns the number of requests trimmed."""
+    shared = scheduler._spec_token_placeholders  # [k of the next step] (-1 each), one list for every request
+    reserved = len(shared)
+    if reserved == 0:
+        return 0
+    trimmed = 0
+    requests = scheduler.requests
+    for rid in scheduler_output.num_scheduled_tokens:
+        request = requests.get(rid)
+        if request is None or request.spec_token_ids is not shared:
+            continue
+        n = book.slots(rid, reserved)
+        if n < reserved:
+            request.spec_token_ids = book.placeholders(n)
+            trimmed += 1
+    return trimmed

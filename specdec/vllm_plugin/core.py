@@ -147,6 +147,12 @@ class ProposerCore:
         self._maybe_log()
         return drafts
 
+    def note_verified(self, tokens: int) -> None:
+        """The tokens the last step's verify batch really held (schedule mode: vLLM's reserved slots, not the
+        drafts' lengths), for the step-cost fit."""
+        if tokens > 0:
+            self._last_verified = int(tokens)
+
     def _step_rows(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],
                    num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray, num_prompt_tokens: np.ndarray | None,
                    *, k: int, mode: str, running: int) -> list[list[int]]:

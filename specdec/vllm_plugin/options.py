@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from specdec.config import ConfigBase, ConfigError, rng
+from specdec.vllm_plugin.slots import SLOT_MODES
 
 METHOD = "specdec"  # the friendly method name users write
 PROPOSER_PATH = "specdec.vllm_plugin.proposer.SpecdecProposer"  # the custom_class it becomes
@@ -73,6 +74,11 @@ class SpecdecOptions(ConfigBase):
                                       "after vLLM enqueued the step's inputs; a watchdog frees the stream draft_timeout_ms after the GPU "
                                       "started waiting, or 2 s after the wait was enqueued); "
                                       "false or unavailable: drafts filled on the host before vLLM reads them")
+    draft_slots: str = rng("adaptive", choices=SLOT_MODES,
+                           doc="async_mode='schedule': 'adaptive': each request's next step reserves as many draft "
+                               "slots as its latest draft has tokens past the confidence cut (vLLM verifies only "
+                               "those; specdec.vllm_plugin.slots); 'uniform': k slots for every request (vLLM's "
+                               "async scheduling)")
     defer_cache: bool = rng(False, doc="native step (experimental; GPU run 17: less drafting time, not faster end to end): finished responses "
                                        "reach the suffix drafter's global cache on a background thread after the "
                                        "next step has drafted, instead of on the critical path when they stop")

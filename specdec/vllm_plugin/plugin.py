@@ -34,7 +34,7 @@ VLLM_DEFAULT_CAPTURE_TOKENS = 512  # vLLM's own cap on the default capture size
 UNSAFE_CUDAGRAPH_MODE = "FULL"  # vLLM CUDAGraphMode that replays mixed verify batches from full graphs (run 18)
 SAFE_CUDAGRAPH_MODE = "FULL_AND_PIECEWISE"  # vLLM's default: full graphs for uniform batches only
 _state = {"registered": False, "runner_patched": False, "take_patched": False, "execute_patched": False,
-          "async_patched": False}
+          "async_patched": False, "scheduler_patched": False}
 
 
 def _vllm_version() -> str:
@@ -273,7 +273,13 @@ def ensure_runner_patch() -> bool:
     _check_version("GPUModelRunner.propose_draft_token_ids")
     _state["runner_patched"] = patch_runner_class(GPUModelRunner)
     if _state["runner_patched"]:
-        from specdec.vllm_plugin.async_patch import patch_async_runner
+        from specdec.vllm_plugin.async_patch import patch_async_runner, patch_async_scheduler
 
         _state["async_patched"] = patch_async_runner(GPUModelRunner)
+        try:  # the scheduler lives in this process with the one-GPU executor (the only one schedule mode runs on)
+            from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+        except Exception as exc:  # noqa: BLE001
+            logger.debug("specdec: AsyncScheduler not importable (%r); uniform draft slots", exc)
+        else:
+            _state["scheduler_patched"] = patch_async_scheduler(AsyncScheduler)
     return _state["runner_patched"]

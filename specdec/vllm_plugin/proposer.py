@@ -235,8 +235,14 @@ class SpecdecProposer:
 
                 device_wait, why = DeviceWait.create(runner.device, timeout_ms=STALL_TIMEOUT_MS,
                                                      grace_ms=self.options.draft_timeout_ms)
+            book = None
+            if self.options.draft_slots == "adaptive":
+                from specdec.vllm_plugin.slots import SlotBook, register
+
+                book = SlotBook(k)
+                register(book)  # the scheduler (same process) trims each request's slots to its draft
             self.scheduled = ScheduledDrafting(self.core, k=k, max_rows=int(runner.max_num_reqs),
-                                               device=runner.device, device_wait=device_wait)
+                                               device=runner.device, device_wait=device_wait, slot_book=book)
             logger.info("specdec: drafting under vLLM's async scheduling (k=%d, up to %d rows; %s)", k,
                         runner.max_num_reqs, "the GPU waits for drafts" if device_wait else f"host fill: {why}")
         return self.scheduled
@@ -266,6 +272,11 @@ class SpecdecProposer:
         return self.overlap.stats() if self.overlap is not None else {"mode": "overlap", "steps": 0}
 
     def close(self) -> None:
+        if self.scheduled is not None and self.scheduled.slot_book is not None:
+            from specdec.vllm_plugin.slots import active, register
+
+            if active() is self.scheduled.slot_book:
+                register(None)
         if self.core is not None:
             self.core.close()
         if self.overlap is not None:

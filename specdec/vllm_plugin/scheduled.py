@@ -24,9 +24,12 @@ drafter take part (the plugin lifts the whitelist for our method only, version-c
    inputs, and releases the wait. The GPU then idles for the drafting only.
 
 So the GPU idles only for the drafting itself (not for vLLM's output processing and scheduling, which the
-synchronous path also puts between two forward passes). The scheduler reserves k draft slots for every decoding
-request (fixed k, or vLLM's ``num_speculative_tokens_per_batch_size`` schedule); rows are padded with the
-drafter's chain past its confidence cut, then filler (any token id is lossless: verification decides).
+synchronous path also puts between two forward passes). vLLM's scheduler reserves k draft slots for every
+decoding request (fixed k, or vLLM's ``num_speculative_tokens_per_batch_size`` schedule); with
+``draft_slots="adaptive"`` (default) each request's next step keeps only as many as its latest draft has tokens
+past the confidence cut (``slots.py``). Rows are padded with the drafter's chain past its confidence cut, then
+filler, up to the buffer's width (any token id is lossless: verification decides; vLLM reads a row's first
+slots only).
 
 Fallbacks: a step whose drafts vLLM copies to the host right after sampling (structured output, penalties)
 is filled at once (``eager``). A drafting error or overrun gives that step all-filler drafts (no speculation
@@ -221,10 +224,12 @@ def valid_counts(sampled: Any, discard_mask: Any = None, backup: Any = None, *, 
 class ScheduledDrafting:
     """The three calls of the module docstring, bound to one model runner and one ``ProposerCore``."""
 
-    def __init__(self, core: Any, *, k: int, max_rows: int, device: Any, device_wait: Any = None) -> None:
+    def __init__(self, core: Any, *, k: int, max_rows: int, device: Any, device_wait: Any = None,
+                 slot_book: Any = None) -> None:
         import torch
 
         self.core = core
+        self.slot_book = slot_book  # SlotBook: each request's next step gets the slots of its latest draft
         self.device_wait = device_wait  # DeviceWait: the GPU waits for the drafts, the host does not (fill/finish)
         self.deferred: tuple[list[str], int | None, Any, int] | None = None  # (req ids, k, host buffer, seq)
         self._watchdog_seen = 0
@@ -243,6 +248,7 @@ class ScheduledDrafting:
         self.next_slot = 0
         self.feed = TokenFeed()
         self.job: tuple[list[str], int | None, Any] | None = None  # (req ids, k of the step, the tensor handed out)
+        self._verified = 0  # tokens vLLM scheduled for the step being filled
         self._error_logged = False
 
     # ----------------------------------------------------------------- 1. capture (every step)
@@ -327,8 +333,9 @@ class ScheduledDrafting:
         return out
 
     # ----------------------------------------------------------------- 3. fill (before vLLM reads the drafts)
-    def fill(self, current: Any, *, defer: bool = True) -> bool:
-        """Draft the pending job into the GPU buffer if vLLM still holds it (``current``). True if filled."""
+    def fill(self, current: Any, *, defer: bool = True, verified: int = 0) -> bool:
+        """Draft the pending job into the GPU buffer if vLLM still holds it (``current``). True if filled.
+        ``verified``: the tokens vLLM scheduled for this step (its verify batch; for the proposer's cost fit)."""
         import time
 
         if self.deferred is not None:  # not expected: a second fill before the step's end; release the first
@@ -342,6 +349,7 @@ class ScheduledDrafting:
             self._drain()  # the tokens stay pending: the next draft request hands them to the core
             return False
         t0 = time.perf_counter()
+        self._verified = verified
         n = len(req_ids)
         host = self.host_drafts[self.fills % 2][:n]  # two buffers: the previous copy may still be in flight
         self.fills += 1
@@ -434,6 +442,7 @@ class ScheduledDrafting:
         try:
             drafts = self.core.step(rows.req_ids, rows.sampled, rows.lengths, rows.contexts,
                                     num_prompt_tokens=rows.prompt_lens, k=k)
+            self.core.note_verified(self._verified)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             if getattr(self.core.options, "strict", False):
                 raise
@@ -447,6 +456,11 @@ class ScheduledDrafting:
         fillers = [self.feed.history[r][-1] if r in self.feed.history and self.feed.history[r] else 0
                    for r in req_ids]
         pad_rows(drafts, host.numpy(), fillers)
+        if self.slot_book is not None:
+            self.slot_book.note(req_ids, [len(d) for d in drafts])
 
     def stats(self) -> dict[str, Any]:
-        return {"schedule": self.feed.stats.as_dict(), **self.core.stats_dict()}
+        out = {"schedule": self.feed.stats.as_dict(), **self.core.stats_dict()}
+        if self.slot_book is not None:
+            out["schedule"].update(self.slot_book.as_dict())
+        return out

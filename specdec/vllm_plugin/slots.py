@@ -1,0 +1,78 @@
+"""Per-request draft slots under vLLM's async scheduling (``async_mode="schedule"``, ``draft_slots="adaptive"``).
+
+Under async scheduling vLLM's scheduler reserves the draft slots of step N+1 before step N's drafts exist: every
+decoding request gets ``k`` placeholder tokens (``AsyncScheduler._update_after_schedule``), and the verifier runs
+``rows x (k + 1)`` tokens per step whatever the drafts are worth. On an 8B-sized target at batch 64 that verify
+work is most of what makes a speculative step dearer than a plain one (GPU runs 44-47: 22.4 ms per step with
+1,088 tokens against 18.0 ms for the synchronous path, which verifies only the drafts it has).
+
+``SlotBook`` records, after each drafting step, how many tokens each request's draft really carries: its chain up
+to the proposer's confidence cut (the cost-model cut of ``adaptive.py``: a token is drafted only if its calibrated
+acceptance probability pays for its verification). The scheduler patch (``async_patch.patch_async_scheduler``)
+then gives the request that many placeholders for its next step instead of ``k``. A request without a
+confident draft verifies its one sampled token, as in plain decoding; its next draft (still computed every step)
+sets its slots for the step after. Small batches, where the proposer pads every draft to ``k`` (``pad_drafts``:
+full CUDA graphs), keep ``k`` slots. Any draft token id in any slot is lossless: the verifier decides.
+
+The book is shared between the runner (writer, after drafting) and the scheduler (reader), which live in the
+same process with vLLM's one-GPU executor (the only one schedule mode runs under). Never imports vLLM.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+logger = logging.getLogger("specdec.vllm")
+
+SLOT_MODES = ("uniform", "adaptive")
+
+
+class SlotBook:
+    """request id -> draft slots of its next scheduled step (see the module docstring).
+
+    ``note`` replaces the whole table with the rows of the latest drafting step (requests that left the batch drop
+    out); a request not in the table (new, or back from preemption) gets ``k``."""
+
+    def __init__(self, k: int) -> None:
+        if k < 1:
+            raise ValueError(f"k={k}: a slot book needs at least one draft slot per request")
+        self.k = k
+        self.table: dict[str, int] = {}
+        self._placeholders = [[-1] * n for n in range(k + 1)]  # read-only lists handed to vLLM, by length
+        self.granted = 0  # slots handed out (statistics)
+        self.offered = 0  # slots vLLM would have reserved (k per decoding request)
+
+    def note(self, req_ids: Sequence[str], draft_lengths: Sequence[int]) -> None:
+        """After drafting a step: ``draft_lengths`` [rows] = tokens of each row's draft worth verifying."""
+        k = self.k
+        self.table = {rid: min(k, max(0, int(n))) for rid, n in zip(req_ids, draft_lengths)}
+
+    def slots(self, request_id: str, reserved: int) -> int:
+        """Slots for the request's next step, at most ``reserved`` (what vLLM's scheduler set aside)."""
+        n = min(self.table.get(request_id, self.k), reserved)
+        self.granted += n
+        self.offered += reserved
+        return n
+
+    def placeholders(self, n: int) -> list[int]:
+        """A shared read-only list of ``n`` placeholder ids (vLLM's ``-1``), as vLLM's own scheduler hands out."""
+        return self._placeholders[n]
+
+    def as_dict(self) -> dict[str, float]:
+        return {"slots_granted": self.granted, "slots_offered": self.offered,
+                "slot_share": self.granted / self.offered if self.offered else 1.0}
+
+
+class _Registry:
+    """The slot book of the proposer running in this process (the scheduler reads it), or None."""
+
+    book: SlotBook | None = None
+
+
+def register(book: SlotBook | None) -> None:
+    """Make ``book`` the one the scheduler patch applies (None: vLLM's uniform slots)."""
+    _Registry.book = book
+
+
+def active() -> SlotBook | None:
+    return _Registry.book
