@@ -398,7 +398,10 @@ def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
                           model_config=SimpleNamespace(max_model_len=512))
     assert patch_async_runner(FakeRunner) and patch_async_runner(FakeRunner)  # idempotent
     prop = SpecdecProposer(cfg, patch_runner=False)
-    assert prop.schedule_mode and prop.core.options.pad_mode == "on" and not prop.core.options.ab_windows
+    assert prop.schedule_mode and prop.core.options.pad_mode == "auto" and not prop.core.options.ab_windows
+    uniform = SimpleNamespace(**{**cfg.__dict__, "additional_config": {"specdec": {
+        "async": True, "async_mode": "schedule", "draft_slots": "uniform"}}})
+    assert SpecdecProposer(uniform, patch_runner=False).core.options.pad_mode == "on"  # k slots: pad every row
     runner = FakeRunner(prop)
     step = SimpleNamespace(num_spec_tokens_to_schedule=K, has_structured_output_requests=False)
     sampled = torch.tensor([[1, 2, -1, -1, -1, -1, -1], [1, -1, -1, -1, -1, -1, -1]], dtype=torch.int32)

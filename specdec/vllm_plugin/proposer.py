@@ -96,10 +96,13 @@ class SpecdecProposer:
         self.scheduled: Any = None  # ScheduledDrafting, built at the first step under vLLM's async scheduling
         self.core: ProposerCore | None = None
         if not self.overlapped:
-            # schedule mode: vLLM reserves k draft slots per request anyway, so every row is padded to k and the
-            # controller's plain (no-draft) A/B windows would save nothing
-            core_options = (self.options.replace(pad_drafts="on", ab_windows=False)
-                            if self.schedule_mode else self.options)
+            # schedule mode: the controller's plain (no-draft) A/B windows would save nothing (vLLM reserves the
+            # slots before the drafts exist); with vLLM's uniform k slots every row is padded to k, with adaptive
+            # slots the drafts stay cut (their lengths are the next step's slots) and pad_drafts decides as usual
+            core_options = self.options
+            if self.schedule_mode:
+                pad = {"pad_drafts": "on"} if self.options.draft_slots == "uniform" else {}
+                core_options = self.options.replace(ab_windows=False, **pad)
             core_cls = ProposerCore
             if self.threaded:
                 from specdec.vllm_plugin.threaded import ThreadedProposerCore as core_cls
