@@ -429,12 +429,6 @@ def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
     with pytest.raises(RuntimeError, match="after preparing"):
         runner.execute_model(SimpleNamespace(**vars(step), fail=True))
     assert dw.released == [1, 2]  # released even when vLLM raised
-    prop.scheduled.release_after_launch = True  # the forward enqueued behind the wait, then drafting and release
-    runner._bookkeeping_sync(step, SimpleNamespace(sampled_token_ids=sampled))
-    runner._draft_token_ids = runner.propose_draft_token_ids(step, [], None)
-    runner.execute_model(step)
-    assert runner.calls[-2] == ("forward", [1, 2]) and dw.released == [1, 2, 3]  # released after the launch
-    prop.scheduled.release_after_launch = False
     plain = FakeRunner(prop, use_async=False)  # synchronous scheduling: every hook passes through
     plain._bookkeeping_sync(step, SimpleNamespace(sampled_token_ids=sampled))
     assert plain.propose_draft_token_ids(step, [], None) == [[9], [9]]

@@ -17,7 +17,6 @@
    - ``_model_forward`` (start): drafts a deferred fill and releases the stream (``ScheduledDrafting.finish``):
      every input of the step is enqueued by then, and the forward's launch is the next thing; later host work
      of ``execute_model`` may block on the stream (vLLM 0.26's logits GEMM did, run 43), so not later;
-     with ``release_after_launch`` at the end of ``_model_forward`` instead (the forward enqueued behind the wait);
    - ``execute_model`` (end, always): the same if the step never reached the forward (an error, an early return).
 3. ``patch_async_scheduler`` (``draft_slots="adaptive"``): ``AsyncScheduler._update_after_schedule`` (end) trims
    the ``k`` draft placeholders vLLM just gave each decoding request to the slots of its latest draft
@@ -209,12 +208,6 @@ def patch_async_runner(runner_cls: Any) -> bool:
 
     @functools.wraps(orig_fwd)
     def _model_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        sched = _scheduled(self, create=False)
-        if sched is not None and sched.deferred is not None and sched.release_after_launch:
-            try:  # the forward's kernels are enqueued behind the wait: the GPU then waits for the drafting only
-                return orig_fwd(self, *args, **kwargs)
-            finally:
-                _finish_deferred(self)
         _finish_deferred(self)  # inputs enqueued: draft now and let the stream go on before the forward's launch
         return orig_fwd(self, *args, **kwargs)
 

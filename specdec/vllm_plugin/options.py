@@ -74,11 +74,6 @@ class SpecdecOptions(ConfigBase):
                                       "after vLLM enqueued the step's inputs; a watchdog frees the stream draft_timeout_ms after the GPU "
                                       "started waiting, or 2 s after the wait was enqueued); "
                                       "false or unavailable: drafts filled on the host before vLLM reads them")
-    release_after_launch: bool = rng(False, doc="device_wait: draft and release the GPU's wait after vLLM has "
-                                                "launched the step's forward (behind the wait), not before: the "
-                                                "GPU then waits for the drafting only, not for the launch (piecewise "
-                                                "CUDA graphs, mixed draft lengths); a forward that blocks the host "
-                                                "on the stream costs one watchdog release (three: host fills)")
     draft_slots: str = rng("adaptive", choices=SLOT_MODES,
                            doc="async_mode='schedule': 'adaptive': each request's next step reserves as many draft "
                                "slots as its latest draft has tokens past the confidence cut (vLLM verifies only "

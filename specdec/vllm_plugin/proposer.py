@@ -245,8 +245,7 @@ class SpecdecProposer:
                 book = SlotBook(k)
                 register(book)  # the scheduler (same process) trims each request's slots to its draft
             self.scheduled = ScheduledDrafting(self.core, k=k, max_rows=int(runner.max_num_reqs),
-                                               device=runner.device, device_wait=device_wait, slot_book=book,
-                                               release_after_launch=self.options.release_after_launch)
+                                               device=runner.device, device_wait=device_wait, slot_book=book)
             logger.info("specdec: drafting under vLLM's async scheduling (k=%d, up to %d rows; %s)", k,
                         runner.max_num_reqs, "the GPU waits for drafts" if device_wait else f"host fill: {why}")
         return self.scheduled

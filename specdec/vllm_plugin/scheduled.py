@@ -225,11 +225,10 @@ class ScheduledDrafting:
     """The three calls of the module docstring, bound to one model runner and one ``ProposerCore``."""
 
     def __init__(self, core: Any, *, k: int, max_rows: int, device: Any, device_wait: Any = None,
-                 slot_book: Any = None, release_after_launch: bool = False) -> None:
+                 slot_book: Any = None) -> None:
         import torch
 
         self.core = core
-        self.release_after_launch = release_after_launch  # device wait: finish() after the forward's launch
         self.slot_book = slot_book  # SlotBook: each request's next step gets the slots of its latest draft
         self.device_wait = device_wait  # DeviceWait: the GPU waits for the drafts, the host does not (fill/finish)
         self.deferred: tuple[list[str], int | None, Any, int] | None = None  # (req ids, k, host buffer, seq)
