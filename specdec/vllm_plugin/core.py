@@ -86,6 +86,7 @@ class ProposerCore:
         self._token_s = 2.0 * target_params / ASSUMED_GPU_FLOPS  # GPU seconds per verified token (estimate)
         self._period_s = PAD_DEFAULT_PERIOD_S
         self._pad_now = False
+        self.pad_below_rows = 0  # pad_drafts="auto" also pads below this many running requests (schedule mode)
         # the drafter's one-call step (native suffix), inline: only where deadlines may be checked after the fact
         self.lane: Lane | None = None
         self._lane_overruns = 0
@@ -262,6 +263,8 @@ class ProposerCore:
         mode = self.options.pad_mode
         if mode != "auto":
             return mode == "on"
+        if running < self.pad_below_rows:
+            return True
         return 0 < running * (k + 1) * self._token_s <= PAD_MAX_STEP_SHARE * self._period_s
 
     def _absent(self, present: set[str]) -> list[str]:

@@ -108,6 +108,8 @@ class SpecdecProposer:
                 from specdec.vllm_plugin.threaded import ThreadedProposerCore as core_cls
             self.core = core_cls(drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer),
                                  core_options, **self._core_args)
+            if self.schedule_mode and self.options.draft_slots == "adaptive":
+                self.core.pad_below_rows = self.options.adaptive_slots_from
         logger.info("specdec: drafter=%s k=%d pad_drafts=%s (target ~%.0fM parameters) async=%s",
                     self.options.drafter, self.options.num_speculative_tokens, self.options.pad_mode,
                     params / 1e6, self.options.async_mode if self.options.async_drafting else "off")
