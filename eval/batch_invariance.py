@@ -41,8 +41,10 @@ def main(argv: list[str] | None = None) -> None:
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, detokenize=False)
 
     def engine(spec: dict | None) -> LLM:
+        # eager, as the lossless check runs (and a second engine's CUDA-graph capture in one process trips
+        # PyTorch's caching allocator: run 53)
         return LLM(model=args.model, dtype="float32", max_model_len=2048, gpu_memory_utilization=0.3,
-                   max_num_seqs=args.batch_size, seed=0, speculative_config=spec)
+                   max_num_seqs=args.batch_size, seed=0, speculative_config=spec, enforce_eager=True)
 
     def run(llm: LLM, batch: int) -> list[list[int]]:
         outs: list[list[int]] = []
