@@ -82,8 +82,9 @@ class SpecdecOptions(ConfigBase):
     adaptive_slots_from: int = rng(48, lo=1, hi=1 << 16,
                                    doc="draft_slots='adaptive' with pad_drafts='auto': below this many running "
                                        "requests every row keeps k slots and is padded (uniform batches run full "
-                                       "CUDA graphs; GPU runs 49-50 on an 8B-sized target: adaptive slots won at "
-                                       "batch 64, +2.6% code / +15% agentic, lost at 8-32, up to -11%)")
+                                       "CUDA graphs; GPU runs 49-51 on an 8B-sized target: adaptive slots won at "
+                                       "batch 64 on agentic prompts, +13-15%, code -2.5% to +9.7%, and lost at "
+                                       "8-32, up to -14%)")
     defer_cache: bool = rng(False, doc="native step (experimental; GPU run 17: less drafting time, not faster end to end): finished responses "
                                        "reach the suffix drafter's global cache on a background thread after the "
                                        "next step has drafted, instead of on the critical path when they stop")
