@@ -79,12 +79,13 @@ class SpecdecOptions(ConfigBase):
                                "slots as its latest draft has tokens past the confidence cut (vLLM verifies only "
                                "those; specdec.vllm_plugin.slots); 'uniform': k slots for every request (vLLM's "
                                "async scheduling)")
-    adaptive_slots_from: int = rng(48, lo=1, hi=1 << 16,
+    adaptive_slots_from: int = rng(16, lo=1, hi=1 << 16,
                                    doc="draft_slots='adaptive' with pad_drafts='auto': below this many running "
                                        "requests every row keeps k slots and is padded (uniform batches run full "
-                                       "CUDA graphs; GPU runs 49-51 on an 8B-sized target: adaptive slots won at "
-                                       "batch 64 on agentic prompts, +13-15%, code -2.5% to +9.7%, and lost at "
-                                       "8-32, up to -14%)")
+                                       "CUDA graphs). GPU runs 49-54, 8B-sized target: adaptive slots lost at "
+                                       "batch 8 (-10%), won at batch 64 on agentic prompts (+13-15%); run 54, same "
+                                       "run: from 16 rows vs from 48, +1.6% / +4.9% at batch 32 (code / agentic), "
+                                       "-0.9% / +4.7% at batch 64")
     defer_cache: bool = rng(False, doc="native step (experimental; GPU run 17: less drafting time, not faster end to end): finished responses "
                                        "reach the suffix drafter's global cache on a background thread after the "
                                        "next step has drafted, instead of on the critical path when they stop")
