@@ -19,10 +19,7 @@ same process with vLLM's one-GPU executor (the only one schedule mode runs under
 """
 from __future__ import annotations
 
-import logging
 from typing import Sequence
-
-logger = logging.getLogger("specdec.vllm")
 
 SLOT_MODES = ("uniform", "adaptive")
 
