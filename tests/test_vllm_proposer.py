@@ -520,3 +520,28 @@ def test_draft_model_option_fills_the_model_drafters_path_and_target_tokenizer()
     opts = SpecdecOptions.from_dict({"draft_model": "/a", "drafter_options": {"model": {"path": "/b"}}})
     assert opts.resolved_drafter_options()["model"]["path"] == "/b"
     assert opts.drafter_options == {"model": {"path": "/b"}}
+
+
+def test_async_mode_auto_resolves_by_target_size_and_parallelism():
+    from specdec.vllm_plugin.options import AUTO_SCHEDULE_MIN_PARAMS, resolve_async_mode
+    from specdec.vllm_plugin.proposer import SpecdecProposer
+
+    assert resolve_async_mode("auto", params=AUTO_SCHEDULE_MIN_PARAMS) == "schedule"
+    assert resolve_async_mode("auto", params=5.3e7) == "thread"
+    assert resolve_async_mode("auto", params=8e9, tp=2) == "thread"  # schedule mode runs on one GPU only
+    assert resolve_async_mode("overlap", params=8e9) == "overlap"  # an explicit mode stands
+    llama8b = SimpleNamespace(hidden_size=4096, num_hidden_layers=32, intermediate_size=14336, num_attention_heads=32,
+                              num_key_value_heads=8, vocab_size=128256)
+
+    def proposer(hf):
+        cfg = SimpleNamespace(additional_config={"specdec": {"adaptive": False}},
+                              speculative_config=SimpleNamespace(num_speculative_tokens=4),
+                              model_config=SimpleNamespace(max_model_len=512, hf_config=hf),
+                              parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1))
+        return SpecdecProposer(cfg, patch_runner=False)
+
+    big, small = proposer(llama8b), proposer(None)
+    assert big.options.async_mode == "schedule" and big.schedule_mode and not big.threaded
+    assert small.options.async_mode == "thread" and small.threaded and not small.schedule_mode
+    big.close()
+    small.close()

@@ -310,11 +310,17 @@ def test_whitelist_patch_adds_custom_class_for_our_schedule_mode_only():
     module = SimpleNamespace(NgramGPUTypes=Literal["ngram_gpu"])
     seen: list[tuple] = []
 
+    llama8b = SimpleNamespace(hidden_size=4096, num_hidden_layers=32, intermediate_size=14336, num_attention_heads=32,
+                              num_key_value_heads=8, vocab_size=128256)
+    small = SimpleNamespace(hidden_size=640, num_hidden_layers=10, intermediate_size=1728, num_attention_heads=10,
+                            vocab_size=32000)
+
     class VllmConfig:
-        def __init__(self, spec: dict | None, tp: int = 1) -> None:
+        def __init__(self, spec: dict | None, tp: int = 1, hf: SimpleNamespace | None = None) -> None:
             self.speculative_config = SimpleNamespace(method="custom_class", model=PROPOSER_PATH)
             self.additional_config = {"specdec": spec} if spec is not None else {}
             self.parallel_config = SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=1)
+            self.model_config = SimpleNamespace(hf_config=hf)
             self.__post_init__()
 
         def __post_init__(self) -> None:  # the whitelist test as vLLM writes it: get_args(NgramGPUTypes)
@@ -324,10 +330,14 @@ def test_whitelist_patch_adds_custom_class_for_our_schedule_mode_only():
     module.VllmConfig = VllmConfig
     assert wrap_post_init(module) and wrap_post_init(module)  # idempotent
     VllmConfig({"async": True, "async_mode": "schedule"})
-    VllmConfig({"async": True})  # overlap mode: vLLM's rule stands
+    VllmConfig({"async": True, "async_mode": "thread"})  # thread mode: vLLM's rule stands
     VllmConfig({"async_drafting": True, "async_mode": "schedule"}, tp=2)  # TP > 1: refused, synchronous
     VllmConfig(None)
-    assert [a for a, _ in seen] == [True, False, False, False]
+    VllmConfig({}, hf=llama8b)  # async_mode "auto" (default) on an 8B target: schedule mode
+    VllmConfig({}, hf=small)  # ... on the 53M target: thread mode
+    VllmConfig({}, hf=llama8b, tp=2)  # ... on two GPUs: thread mode
+    VllmConfig({"async": False}, hf=llama8b)  # the synchronous path
+    assert [a for a, _ in seen] == [True, False, False, False, True, False, False, False]
     assert get_args(module.NgramGPUTypes) == ("ngram_gpu",)  # restored after the call
 
 

@@ -46,23 +46,31 @@ RUNNER_METHODS = ("_copy_valid_sampled_token_count",)  # called by the capture h
 SCHEDULER_SOURCE = "spec_token_ids = self._spec_token_placeholders"  # vLLM 0.26-0.32: the placeholders it hands out
 
 
-def wants_schedule(additional_config: Any) -> bool:
-    """True if our options (``additional_config["specdec"]``) ask for async_mode='schedule'."""
-    from specdec.vllm_plugin.options import ADDITIONAL_CONFIG_KEY, normalise_keys
+def wants_schedule(additional_config: Any, *, params: float = 0.0, tp: int = 1, pp: int = 1) -> bool:
+    """True if our options (``additional_config["specdec"]``) ask for async_mode='schedule', or for 'auto' with a
+    target of ``params`` parameters that resolves to it (``options.resolve_async_mode``)."""
+    from specdec.vllm_plugin.options import ADDITIONAL_CONFIG_KEY, SpecdecOptions, normalise_keys, resolve_async_mode
 
     ours = additional_config.get(ADDITIONAL_CONFIG_KEY) if isinstance(additional_config, dict) else None
     if not isinstance(ours, dict):
         return False
     ours = normalise_keys(ours)
-    return bool(ours.get("async_drafting")) and ours.get("async_mode") == "schedule"
+    if not ours.get("async_drafting", SpecdecOptions.async_drafting):
+        return False
+    mode = ours.get("async_mode", SpecdecOptions.async_mode)
+    return resolve_async_mode(mode, params=params, tp=tp, pp=pp) == "schedule" if mode == "auto" else mode == "schedule"
 
 
 def _ours(config: Any) -> bool:
-    from specdec.vllm_plugin.options import PROPOSER_PATH
+    from specdec.vllm_plugin.options import PROPOSER_PATH, estimate_params
 
     spec = getattr(config, "speculative_config", None)
-    return (spec is not None and getattr(spec, "method", None) == "custom_class"
-            and getattr(spec, "model", None) == PROPOSER_PATH and wants_schedule(getattr(config, "additional_config", None)))
+    if spec is None or getattr(spec, "method", None) != "custom_class" or getattr(spec, "model", None) != PROPOSER_PATH:
+        return False
+    par = getattr(config, "parallel_config", None)
+    params = estimate_params(getattr(getattr(config, "model_config", None), "hf_config", None))
+    return wants_schedule(getattr(config, "additional_config", None), params=params,
+                          tp=getattr(par, "tensor_parallel_size", 1), pp=getattr(par, "pipeline_parallel_size", 1))
 
 
 def patch_vllm_config() -> bool:

@@ -25,7 +25,8 @@ import numpy as np
 from specdec.drafters.base import Drafter
 from specdec.drafters.registry import build_drafter
 from specdec.vllm_plugin.core import ProposerCore
-from specdec.vllm_plugin.options import SpecdecOptions, options_from_vllm_config
+from specdec.vllm_plugin.options import (SpecdecOptions, estimate_params,  # noqa: F401 - re-exported
+                                         options_from_vllm_config, resolve_async_mode)
 
 logger = logging.getLogger("specdec.vllm")
 INSTANCES: "weakref.WeakSet[SpecdecProposer]" = weakref.WeakSet()  # live proposers of this process (for stats)
@@ -42,29 +43,6 @@ def build_proposer_drafter(options: SpecdecOptions, *, target_tokenizer: str = "
 
         drafter = AsyncDrafter(drafter, **dict(options.async_options))
     return drafter
-
-
-def estimate_params(hf_config: Any) -> float:
-    """Parameter count of a decoder-only transformer from its Hugging Face config (0.0 if the fields are missing).
-
-    Per layer: attention q/o (2 h^2) + k/v (2 h x kv_heads x head_dim) + gated MLP (3 h x i); plus embeddings
-    (and the LM head unless tied).
-    Only an estimate for pad_drafts="auto" (MoE and exotic layouts count as dense).
-    """
-    text = getattr(hf_config, "text_config", None) or hf_config
-    try:
-        h = int(text.hidden_size)
-        layers = int(text.num_hidden_layers)
-        inter = int(getattr(text, "intermediate_size", 4 * h))
-        heads = int(getattr(text, "num_attention_heads", 1))
-        kv = int(getattr(text, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(text, "head_dim", None) or h // heads)
-        vocab = int(getattr(text, "vocab_size", 0))
-    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
-        return 0.0
-    per_layer = 2 * h * h + 2 * h * kv * head_dim + 3 * h * inter
-    embeddings = vocab * h * (1 if getattr(text, "tie_word_embeddings", False) else 2)  # + untied LM head
-    return float(layers * per_layer + embeddings)
 
 
 def _tp_rank() -> int:
@@ -86,6 +64,11 @@ class SpecdecProposer:
         tokenizer = str(getattr(model_config, "tokenizer", "") or "")
         target_tokenizer = tokenizer if os.path.isdir(tokenizer) else ""  # local folders only (no hub access)
         params = estimate_params(getattr(model_config, "hf_config", None))
+        if self.options.async_mode == "auto":
+            par = getattr(vllm_config, "parallel_config", None)
+            mode = resolve_async_mode("auto", params=params, tp=getattr(par, "tensor_parallel_size", 1),
+                                      pp=getattr(par, "pipeline_parallel_size", 1))
+            self.options = self.options.replace(async_mode=mode)
         self._core_args = {"max_model_len": max_model_len, "target_params": params}
         self._target_tokenizer = target_tokenizer
         # "async" in overlap mode: the whole ProposerCore lives in a helper process (created on the drafting rank)
