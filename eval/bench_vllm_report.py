@@ -1,9 +1,18 @@
-"""Summary and markdown table of a vLLM benchmark run (``specdec.eval.bench_vllm``): ratios to no-spec, bf16
-mismatch counts, the float32 lossless comparison."""
+"""Summary and markdown table of a vLLM benchmark run (``specdec.eval.bench_vllm``): ratios to no-spec and to the
+same run's peers, bf16 mismatch counts, the float32 lossless comparison.
+
+    python -m specdec.eval.bench_vllm_report eval/results/RESULTS.json [--write]   # re-render the markdown
+"""
 from __future__ import annotations
 
+import argparse
 import json
+from pathlib import Path
 from typing import Any
+
+REFERENCES = ("nospec", "nospec-v1", "nospec-sync")  # no-spec engines, the first one present is the ratio base
+PEERS = ("suffix", "ngram", "specdec-sync")  # what specdec methods are compared with in the same run
+PEER_LABELS = {"suffix": "suffix", "ngram": "ngram", "specdec-sync": "sync"}
 
 
 def _mismatches(a: list[list[int]], b: list[list[int]]) -> int:
@@ -22,7 +31,8 @@ def first_diffs(a: list[list[int]], ref: list[list[int]]) -> list[dict[str, int]
 
 def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Strip outputs, add ratios to no-spec and bf16 mismatch counts; the fp32 lossless comparison."""
-    base = runs.get("nospec")
+    ref_name = reference_method(runs)
+    base = runs.get(ref_name) if ref_name else None
     rows, traces = [], {}
     for method, run in runs.items():
         for ds, cells in run["datasets"].items():
@@ -32,10 +42,10 @@ def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any
                     traces[f"{method}|{ds}|{b}"] = cell["trace"]
                 row.update(method=method, dataset=ds)
                 ref = base["datasets"].get(ds, {}).get(b) if base else None
-                if ref is not None:
-                    row["speedup_vs_nospec"] = cell["tokens_per_s"] / ref["tokens_per_s"]
+                if ref is not None and "outputs" in cell and "outputs" in ref:
                     row["mismatches_vs_nospec"] = _mismatches(cell["outputs"], ref["outputs"])
                 rows.append(row)
+    add_ratios(rows)
     _waiting(rows)
     out: dict[str, Any] = {"rows": rows}
     ref32, spec32 = lossless.get("nospec"), {k: v for k, v in lossless.items() if k != "nospec"}
@@ -57,6 +67,28 @@ def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any
     if traces:
         out["traces"] = traces  # per-step records (--trace): python -m specdec.eval.step_trace RESULTS.json
     return out
+
+
+def reference_method(methods: Any) -> str | None:
+    """The run's no-spec reference: the first of ``REFERENCES`` among ``methods``."""
+    return next((m for m in REFERENCES if m in methods), None)
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Tokens/s ratios from the summary rows: ``speedup_vs_nospec`` (to the run's no-spec reference, named in
+    ``reference``) on every row, and ``speedup_vs_peers`` {peer: ratio} on the specdec rows (peers of ``PEERS`` measured
+    in the same run, same dataset and batch size)."""
+    tps = {(r["method"], r["dataset"], r["batch_size"]): r["tokens_per_s"] for r in rows}
+    ref = reference_method({r["method"] for r in rows})
+    for r in rows:
+        key = (r["dataset"], r["batch_size"])
+        base = tps.get((ref, *key))
+        if base:
+            r["speedup_vs_nospec"], r["reference"] = r["tokens_per_s"] / base, ref
+        if r["method"].startswith("specdec") and r["method"] not in PEERS:
+            peers = {p: r["tokens_per_s"] / tps[(p, *key)] for p in PEERS if tps.get((p, *key))}
+            if peers:
+                r["speedup_vs_peers"] = peers
 
 
 def _waiting(rows: list[dict[str, Any]]) -> None:
@@ -106,6 +138,7 @@ def markdown(doc: dict[str, Any]) -> str:
                 txt.append(f"{r['tokens_per_s']:,.0f}{sp}; MAT {r['mat']:.2f}; {r['draft_ms_per_step']:.2f} ms{mm}")
             lines.append(f"| {method} | " + " | ".join(txt) + " |")
         lines.append("")
+        lines += _peer_table(rows, ds, doc["settings"]["batch_sizes"])
         lines += _gap_table(rows, ds, doc["settings"]["batch_sizes"])
     if doc["summary"].get("lossless_fp32"):
         lines += ["## Greedy lossless check, float32 (EOS respected)", "",
@@ -138,6 +171,21 @@ def _gap_table(rows: list[dict[str, Any]], ds: str, batches: list[int]) -> list[
     return lines + [""] + _parts_table(mine, ds, batches)
 
 
+def _peer_table(rows: list[dict[str, Any]], ds: str, batches: list[int]) -> list[str]:
+    """Tokens/s of each specdec method over the same run's peers (``add_ratios``), where any was measured."""
+    mine = [r for r in rows if r["dataset"] == ds and r.get("speedup_vs_peers")]
+    if not mine:
+        return []
+    lines = [f"### {ds}: specdec tokens/s over the same run's peers", "",
+             "| method | " + " | ".join(f"bs {b}" for b in batches) + " |", "| --- |" + " --- |" * len(batches)]
+    for method in dict.fromkeys(r["method"] for r in mine):
+        cells = {r["batch_size"]: r["speedup_vs_peers"] for r in mine if r["method"] == method}
+        txt = [", ".join(f"{v:.2f}x {PEER_LABELS[p]}" for p, v in c.items()) if (c := cells.get(b)) else "-"
+               for b in batches]
+        lines.append(f"| {method} | " + " | ".join(txt) + " |")
+    return lines + [""]
+
+
 def _parts_table(mine: list[dict[str, Any]], ds: str, batches: list[int]) -> list[str]:
     """The wait split by ``_waiting`` (shares of the step), where nospec-sync was measured."""
     parted = [r for r in mine if r.get("gpu_wait_parts_share")]
@@ -151,3 +199,28 @@ def _parts_table(mine: list[dict[str, Any]], ds: str, batches: list[int]) -> lis
                 if (c := cells.get(b)) else "-") for b in batches]
         lines.append(f"| {method} | " + " | ".join(txt) + " |")
     return lines + [""]
+
+
+def rerender(path: Path) -> str:
+    """The markdown of a results JSON, its ratios recomputed from the summary rows (results written before a ratio
+    existed, or with ``nospec-v1`` as the only no-spec engine, get them)."""
+    doc = json.loads(path.read_text())
+    add_ratios(doc["summary"]["rows"])
+    return markdown(doc)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", nargs="+", type=Path, help="benchmark results JSON files (bench_vllm's)")
+    ap.add_argument("--write", action="store_true", help="write each markdown beside its JSON (same name, .md)")
+    args = ap.parse_args(argv)
+    for path in args.results:
+        md = rerender(path)
+        if args.write:
+            path.with_suffix(".md").write_text(md)
+        else:
+            print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -136,3 +136,30 @@ def test_inflate_builds_once_and_every_engine_gets_the_inflated_model(tmp_path, 
     assert spawned == [("nospec-v1", want), ("specdec-sched", want)]
     doc = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
     assert doc["settings"]["model"].startswith("code-target-53m-llama-8b (6.9B parameters: code-target-53m inflated")
+
+
+def test_ratios_use_nospec_v1_when_it_is_the_only_reference_and_compare_specdec_with_its_peers(tmp_path):
+    import json
+
+    from specdec.eval.bench_vllm_report import main
+
+    ref = [[1, 2, 3]]
+    tps = {"nospec-v1": 100.0, "suffix": 200.0, "ngram": 160.0, "specdec-sync": 250.0, "specdec-sched": 320.0}
+    runs = {m: _run(m, {"8": _cell(v, ref)}) for m, v in tps.items()}
+    s = summarise(runs, {})
+    row = {r["method"]: r for r in s["rows"]}
+    assert row["specdec-sched"]["speedup_vs_nospec"] == 3.2 and row["specdec-sched"]["reference"] == "nospec-v1"
+    assert row["specdec-sched"]["mismatches_vs_nospec"] == 0
+    assert row["specdec-sched"]["speedup_vs_peers"] == {"suffix": 1.6, "ngram": 2.0, "specdec-sync": 1.28}
+    assert "speedup_vs_peers" not in row["specdec-sync"] and "speedup_vs_peers" not in row["suffix"]  # peers
+    doc = {"date": "2026-11-22", "device": "h200", "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
+           "summary": s}
+    md = markdown(doc)
+    assert "| specdec-sched | 320 (3.20x); MAT 1.00; 0.10 ms, 0/1 mm |" in md
+    assert "| specdec-sched | 1.60x suffix, 2.00x ngram, 1.28x sync |" in md
+    for r in doc["summary"]["rows"]:  # a results file written before the ratios existed: re-rendered with them
+        r.pop("speedup_vs_nospec", None), r.pop("speedup_vs_peers", None)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(doc))
+    main([str(path), "--write"])
+    assert "| specdec-sched | 1.60x suffix, 2.00x ngram, 1.28x sync |" in path.with_suffix(".md").read_text()
