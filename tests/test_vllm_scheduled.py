@@ -585,3 +585,74 @@ def test_real_vllm_async_scheduler_is_the_one_the_slot_patch_expects():
 
     assert patch_async_scheduler(Sub)
     assert not getattr(AsyncScheduler._update_after_schedule, "_specdec_wrapped", False)  # the subclass only
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable here (CI: /opt/vllm-venv)")
+def test_real_vllm_async_scheduler_schedules_each_request_its_slots():
+    """vLLM's own AsyncScheduler (CPU, no model run) with the slot patch: a step's scheduled tokens per request are
+    1 + the slots the book held when the previous step was scheduled (vLLM reserves step N+1's placeholders at the
+    end of scheduling step N), and vLLM's placeholder accounting stays consistent as outputs arrive."""
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from specdec.paths import TARGET_MODEL, model_path
+    from specdec.vllm_plugin import slots
+    from specdec.vllm_plugin.async_patch import patch_async_scheduler
+
+    if not model_path(TARGET_MODEL).is_dir():
+        pytest.skip("the shared target model is not here (SPECDEC_SHARED)")
+    k, blocks = 4, 200
+    cache = CacheConfig(block_size=16, cache_dtype="auto", enable_prefix_caching=False)
+    cache.num_gpu_blocks = blocks
+    config = VllmConfig(model_config=ModelConfig(model=str(model_path(TARGET_MODEL)), max_model_len=512, seed=0),
+                        scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=1024,
+                                                         max_model_len=512, is_encoder_decoder=False),
+                        cache_config=cache, device_config=DeviceConfig("cpu"),
+                        speculative_config=SpeculativeConfig(method="ngram", num_speculative_tokens=k,
+                                                             prompt_lookup_max=3, prompt_lookup_min=2))
+    kv = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
+        ["layer"], FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32))])
+
+    class Patched(AsyncScheduler):
+        pass
+
+    assert patch_async_scheduler(Patched)
+    sch = Patched(vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config),
+                  block_size=16)
+    params = SamplingParams(temperature=0.0, max_tokens=32)
+    for rid in ("a", "b"):
+        sch.add_request(Request(request_id=rid, prompt_token_ids=list(range(10, 30)), sampling_params=params,
+                                pooling_params=None))
+
+    def output(step, tokens):
+        ids = list(step.num_scheduled_tokens)
+        return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                 sampled_token_ids=[tokens[r] for r in ids])
+
+    book = slots.SlotBook(k)
+    try:
+        slots.register(book)
+        book.note(["a", "b"], [0, 2])
+        s1 = sch.schedule()  # the prefills; step 2's placeholders follow the book as it is now
+        assert s1.num_scheduled_tokens == {"a": 20, "b": 20}
+        s2 = sch.schedule()  # async: before step 1's tokens are known
+        assert s2.num_scheduled_tokens == {"a": 1, "b": 3}
+        assert {r: len(t) for r, t in s2.scheduled_spec_decode_tokens.items()} == {"b": 2}
+        sch.update_from_output(s1, output(s1, {"a": [7], "b": [8]}))
+        book.note(["a", "b"], [3, 0])
+        s3 = sch.schedule()  # its slots were reserved when step 2 was scheduled
+        assert s3.num_scheduled_tokens == {"a": 1, "b": 3}
+        sch.update_from_output(s2, output(s2, {"a": [9], "b": [5, 6, 7]}))  # b: both drafts accepted + bonus
+        s4 = sch.schedule()
+        assert s4.num_scheduled_tokens == {"a": 4, "b": 1}
+        assert list(sch.requests["a"].output_token_ids) == [7, 9]
+        assert list(sch.requests["b"].output_token_ids) == [8, 5, 6, 7]
+        assert all(sch.requests[r].num_output_placeholders >= 0 for r in ("a", "b"))
+        assert book.as_dict()["slot_share"] < 0.5
+    finally:
+        slots.register(None)

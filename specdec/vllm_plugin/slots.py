@@ -9,9 +9,10 @@ work is most of what makes a speculative step dearer than a plain one (GPU runs 
 ``SlotBook`` records, after each drafting step, how many tokens each request's draft really carries: its chain up
 to the proposer's confidence cut (the cost-model cut of ``adaptive.py``: a token is drafted only if its calibrated
 acceptance probability pays for its verification). The scheduler patch (``async_patch.patch_async_scheduler``)
-then gives the request that many placeholders for its next step instead of ``k``. A request without a
-confident draft verifies its one sampled token, as in plain decoding; its next draft (still computed every step)
-sets its slots for the step after. Small batches, where the proposer pads every draft to ``k`` (``pad_drafts``:
+then gives the request that many placeholders instead of ``k``. vLLM reserves step N+2's placeholders at the end
+of scheduling step N+1, after step N's drafting (``finish``, at step N's forward): a step's slots follow the drafts
+of two steps before. A request without a confident draft verifies its one sampled token, as in plain decoding;
+its later drafts (still computed every step) set its slots again. Small batches, where the proposer pads every draft to ``k`` (``pad_drafts``:
 full CUDA graphs), keep ``k`` slots. Any draft token id in any slot is lossless: the verifier decides.
 
 The book is shared between the runner (writer, after drafting) and the scheduler (reader), which live in the
