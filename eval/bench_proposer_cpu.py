@@ -96,6 +96,8 @@ MODES = {  # name -> proposer options (in-process unless "overlap")
     "sync-defer0": {"defer_cache": True, "defer_cache_wait_ms": 0.0},
     "sync-defer2": {"defer_cache": True, "defer_cache_wait_ms": 2.0},
     "sync-python": {"native_step": False},
+    "sync-2t": {"lane_threads": 2},  # the native step's rows drafted by the engine thread and one helper
+    "sync-4t": {"lane_threads": 4},
     "overlap": {},
     "thread": {"async_drafting": True, "async_mode": "thread"},
 }

@@ -102,6 +102,8 @@ def twins(clock: FakeClock | None = None, **opts) -> list[ProposerCore]:
     {"pad_drafts": "on"},
     {"adaptive": False, "min_path_prob": 0.3},
     {"min_path_prob_per_seq": 0.02, "min_acceptance": 0.6},
+    {"lane_threads": 3},  # the engine thread and two helpers draft the rows of each step
+    {"lane_threads": 4, "pad_drafts": "on", "min_path_prob": 0.2},
 ])
 def test_lane_drafts_and_stats_equal_the_python_path(opts):
     eng = FakeEngine(seed=1)

@@ -68,10 +68,14 @@ class SpecdecOptions(ConfigBase):
                                     "awake for up to this long, and the engine thread spins that long before "
                                     "sleeping while it waits for drafts (saves thread wake-ups, keeps a core busy)")
     lane_threads: int = rng(1, lo=1, hi=64,
-                            doc="async_mode='thread': threads that share the rows of one step's job (the drafter's "
-                                "thread and lane_threads - 1 helpers that sleep between steps); same drafts for "
-                                "every value (GPU run 37: 4 threads cut the job at 49-64 rows from 410 to 235 us, "
-                                "end to end unresolved, so 1 by default)")
+                            doc="threads that share the rows of one step's drafting with the native step (the "
+                                "drafting thread and lane_threads - 1 helpers that sleep between steps; every mode: "
+                                "the engine thread's lane_step in schedule and synchronous modes, the lane thread's "
+                                "job in thread mode); same drafts for every value (GPU run 37, thread mode: 4 "
+                                "threads cut the job at 49-64 rows from 410 to 235 us, end to end unresolved, so 1 "
+                                "by default; not yet measured on a GPU in schedule mode, where the GPU waits for the "
+                                "drafting; 2-core CPU, 64 rows, eval/bench_proposer_cpu.py: 0.965 -> 0.909 ms per "
+                                "step on agentic traces, 0.124 -> 0.139 ms on code_alpaca's short jobs)")
     device_wait: bool = rng(True, doc="async_mode='schedule': the GPU, not the host, waits for a step's drafts "
                                       "(a CUDA stream wait on a pinned word; drafting at the start of _model_forward, "
                                       "after vLLM enqueued the step's inputs; a watchdog frees the stream draft_timeout_ms after the GPU "

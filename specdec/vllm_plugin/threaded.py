@@ -44,7 +44,6 @@ class ThreadedProposerCore(ProposerCore):
         self.timing: dict[int, list[float]] = {}  # bucket -> [steps, wake, run, window, wait] (us sums)
         if self.lane is not None:
             self.lane.lane_spin(self.options.thread_spin_us)
-            self.lane.lane_threads(self.options.lane_threads)
         else:
             logger.info("specdec: async_mode='thread' needs the suffix drafter's native step; drafting "
                         "synchronously (drafter %r)", self.options.drafter)
