@@ -96,6 +96,7 @@ class Rows:
     lengths: np.ndarray  # [rows] int64 context length after the new tokens
     prompt_lens: np.ndarray  # [rows] int64
     contexts: "HistoryView" = field(repr=False)
+    fillers: list[int] = field(default_factory=list, repr=False)  # [rows] last known token (0: none): padding
 
 
 class HistoryView:
@@ -142,40 +143,45 @@ class TokenFeed:
         self.pending[rid] = []
 
     def add(self, req_ids: Sequence[str], tokens: np.ndarray, discard: set[int]) -> None:
-        """One captured step: ``tokens`` [rows, width] int (``-1`` = rejected); discarded rows emit nothing."""
+        """One captured step: ``tokens`` [rows, width] int (``-1`` = rejected); discarded rows emit nothing.
+        (On the GPU's critical path in schedule mode: one conversion per step, plain list work per row.)"""
         self.step += 1
-        valid = tokens >= 0  # [rows, width]
-        flat = tokens[valid].tolist()  # row-major: row 0's tokens, then row 1's, ... (one conversion per step)
-        ends = np.cumsum(valid.sum(axis=1)).tolist()  # [rows] end of each row's tokens in ``flat``
-        start = 0
-        for i, rid in enumerate(req_ids):
-            new = flat[start:ends[i]]
-            start = ends[i]
-            self.last_seen[rid] = self.step
-            hist = self.history.get(rid)
-            if hist is None or i in discard:
+        step, seen, history, pending = self.step, self.last_seen, self.history, self.pending
+        counts = (tokens >= 0).cumprod(axis=1).sum(axis=1).tolist()  # [rows] leading valid tokens (-1 = rejected)
+        for i, (rid, row, c) in enumerate(zip(req_ids, tokens.tolist(), counts)):
+            seen[rid] = step
+            hist = history.get(rid)
+            if hist is None or not c or i in discard:
                 continue
-            hist.extend(new)
-            self.pending[rid].extend(new)
-        if self.step % 256 == 0:
+            new = row[:c]
+            hist += new
+            pending[rid] += new
+        if step % 256 == 0:
             self._forget_absent()
 
     def rows(self, req_ids: Sequence[str]) -> Rows:
         """The rows of one draft request (in the step's row order); pending tokens are handed out once."""
-        n = len(req_ids)
         sampled: list[list[int]] = []
-        lengths = np.zeros(n, dtype=np.int64)
-        prompts = np.zeros(n, dtype=np.int64)
-        for i, rid in enumerate(req_ids):
-            hist = self.history.get(rid)
+        lengths: list[int] = []
+        prompts: list[int] = []
+        fillers: list[int] = []
+        history, pending, prompt_len = self.history, self.pending, self.prompt_len
+        for rid in req_ids:
+            hist = history.get(rid)
             if hist is None:
                 sampled.append([])
+                lengths.append(0)
+                prompts.append(0)
+                fillers.append(0)
                 continue
-            sampled.append(self.pending[rid])
-            self.pending[rid] = []
-            lengths[i] = len(hist)
-            prompts[i] = self.prompt_len[rid]
-        return Rows(list(req_ids), sampled, lengths, prompts, HistoryView(list(req_ids), self.history))
+            sampled.append(pending[rid])
+            pending[rid] = []
+            lengths.append(len(hist))
+            prompts.append(prompt_len[rid])
+            fillers.append(hist[-1] if hist else 0)
+        ids = list(req_ids)
+        return Rows(ids, sampled, np.array(lengths, dtype=np.int64), np.array(prompts, dtype=np.int64),
+                    HistoryView(ids, history), fillers)
 
     def _forget_absent(self) -> None:
         old = [rid for rid, seen in self.last_seen.items() if self.step - seen > MAX_ABSENT_STEPS]
@@ -453,9 +459,7 @@ class ScheduledDrafting:
                                "(logged once, counted in stats)", exc)
             self.core.reset()
             drafts = [[] for _ in range(n)]
-        fillers = [self.feed.history[r][-1] if r in self.feed.history and self.feed.history[r] else 0
-                   for r in req_ids]
-        pad_rows(drafts, host.numpy(), fillers)
+        pad_rows(drafts, host.numpy(), rows.fillers)
         if self.slot_book is not None:
             self.slot_book.note(req_ids, [len(d) for d in drafts])
 
