@@ -41,12 +41,15 @@ METHODS: dict[str, dict[str, Any] | None] = {
     # vLLM's own GPU n-gram drafter: the one model-free method vLLM runs with async scheduling
     "ngram-gpu": {"method": "ngram_gpu", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
     "suffix": {"method": "suffix"},  # ArcticInference 0.1.1 cache, vLLM's defaults (k = depth = 24)
-    # the default configuration ("async": true, async_mode "thread" since run 29) and the synchronous path
+    # the default configuration ("async": true; async_mode "auto" since stop 17: schedule mode for targets of 1e9+
+    # parameters on one GPU, thread mode below) and the synchronous path
     "specdec": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16},
     "specdec-sync": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": False},
-    # async_mode "thread" (the default mode): the native step on the suffix engine's own thread, GIL released,
-    # beside vLLM's update_from_output; stops and starts while the GPU runs the step
-    "specdec-async": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True},
+    # async_mode "thread" (the default mode from run 29 to stop 16; "specdec-async" keeps that meaning): the native
+    # step on the suffix engine's own thread, GIL released, beside vLLM's update_from_output; stops and starts while
+    # the GPU runs the step
+    "specdec-async": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
+                      "async_mode": "thread"},
     "specdec-thread": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
                        "async_mode": "thread"},
     # the proposer in a helper process (pipes)
