@@ -44,8 +44,8 @@ class SpecdecOptions(ConfigBase):
                                          "how: async_mode")
     async_mode: str = rng("auto", choices=ASYNC_MODES,
                           doc="'auto': 'schedule' for a target of at least 1e9 parameters on one GPU (TP = PP = 1), "
-                              "else 'thread' (GPU runs 44-54: on an 8B-sized target schedule mode was the faster "
-                              "at every batch size, on the host-bound 53M one thread mode); 'schedule': vLLM's async scheduling (TP=PP=1): the engine prepares step N+1 while "
+                              "else 'thread' (GPU run 55, 8B-sized target, batch 1-64: schedule mode faster in 7 "
+                              "of 8 cells; on the host-bound 53M target thread mode); 'schedule': vLLM's async scheduling (TP=PP=1): the engine prepares step N+1 while "
                               "the GPU runs step N, drafts are filled into a GPU buffer just before vLLM reads them "
                               "(specdec.vllm_plugin.scheduled); 'overlap': the proposer runs in a helper process "
                               "while vLLM processes the step's outputs (specdec.vllm_plugin.overlap); 'thread': "
@@ -156,7 +156,7 @@ def estimate_params(hf_config: Any) -> float:
 
     Per layer: attention q/o (2 h^2) + k/v (2 h x kv_heads x head_dim) + gated MLP (3 h x i); plus embeddings
     (and the LM head unless tied).
-    Only an estimate for pad_drafts="auto" (MoE and exotic layouts count as dense).
+    Only an estimate, for pad_drafts="auto" and async_mode="auto" (MoE and exotic layouts count as dense).
     """
     text = getattr(hf_config, "text_config", None) or hf_config
     try:
