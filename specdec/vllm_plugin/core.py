@@ -282,9 +282,14 @@ class ProposerCore:
         if self.lane is None or request_id in self.lane.request_ids:
             return False
         self.lane.lane_start(request_id, prompt_ids, rest_ids)
-        self.stats.started += 1
-        self._started_early.add(request_id)
+        self.note_started_early([request_id])
         return True
+
+    def note_started_early(self, request_ids: Sequence[str]) -> None:
+        """Requests started before their first step (``start_early``, thread mode's ``prepare``): counted, and their
+        first step, a prefill step, kept out of the step-cost fit (``_begin``)."""
+        self.stats.started += len(request_ids)
+        self._started_early.update(request_ids)
 
     def stop_absent(self, present: Iterable[str]) -> None:
         """Stop now the requests the next ``step`` would stop first (those not in ``present``, its request ids):

@@ -62,8 +62,7 @@ class ThreadedProposerCore(ProposerCore):
         if not stops and not starts:
             return
         self.stats.stopped += len(stops)
-        self.stats.started += len(starts)
-        self._started_early.update(r for r, _ in starts)
+        self.note_started_early([r for r, _ in starts])
         self.lane.lane_prepare(stops, starts)
 
     def submit(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],
