@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 REFERENCES = ("nospec", "nospec-v1", "nospec-sync")  # no-spec engines, the first one present is the ratio base
 PEERS = ("suffix", "ngram", "specdec-sync")  # what specdec methods are compared with in the same run
@@ -173,31 +173,30 @@ def _gap_table(rows: list[dict[str, Any]], ds: str, batches: list[int]) -> list[
 
 def _peer_table(rows: list[dict[str, Any]], ds: str, batches: list[int]) -> list[str]:
     """Tokens/s of each specdec method over the same run's peers (``add_ratios``), where any was measured."""
-    mine = [r for r in rows if r["dataset"] == ds and r.get("speedup_vs_peers")]
-    if not mine:
-        return []
-    lines = [f"### {ds}: specdec tokens/s over the same run's peers", "",
-             "| method | " + " | ".join(f"bs {b}" for b in batches) + " |", "| --- |" + " --- |" * len(batches)]
-    for method in dict.fromkeys(r["method"] for r in mine):
-        cells = {r["batch_size"]: r["speedup_vs_peers"] for r in mine if r["method"] == method}
-        txt = [", ".join(f"{v:.2f}x {PEER_LABELS[p]}" for p, v in c.items()) if (c := cells.get(b)) else "-"
-               for b in batches]
-        lines.append(f"| {method} | " + " | ".join(txt) + " |")
-    return lines + [""]
+    return _method_table([r for r in rows if r["dataset"] == ds], "speedup_vs_peers", batches,
+                         f"{ds}: specdec tokens/s over the same run's peers",
+                         lambda c: ", ".join(f"{v:.2f}x {PEER_LABELS[p]}" for p, v in c.items()))
 
 
 def _parts_table(mine: list[dict[str, Any]], ds: str, batches: list[int]) -> list[str]:
     """The wait split by ``_waiting`` (shares of the step), where nospec-sync was measured."""
-    parted = [r for r in mine if r.get("gpu_wait_parts_share")]
-    if not parted:
+    return _method_table(mine, "gpu_wait_parts_share", batches,
+                         f"{ds}: waiting split, share of step: synchronous scheduling + speculation (vLLM) + drafting",
+                         lambda c: f"{100 * c['sync_scheduling']:.1f}% + {100 * c['speculation']:.1f}% + "
+                                   f"{100 * c['drafting']:.1f}%")
+
+
+def _method_table(rows: list[dict[str, Any]], key: str, batches: list[int], title: str,
+                  cell: Callable[[Any], str]) -> list[str]:
+    """A method x batch-size table of ``cell(row[key])`` over the rows that have ``key`` ([] if none has)."""
+    mine = [r for r in rows if r.get(key)]
+    if not mine:
         return []
-    lines = [f"### {ds}: waiting split, share of step: synchronous scheduling + speculation (vLLM) + drafting", "",
-             "| method | " + " | ".join(f"bs {b}" for b in batches) + " |", "| --- |" + " --- |" * len(batches)]
-    for method in dict.fromkeys(r["method"] for r in parted):
-        cells = {r["batch_size"]: r["gpu_wait_parts_share"] for r in parted if r["method"] == method}
-        txt = [(f"{100 * c['sync_scheduling']:.1f}% + {100 * c['speculation']:.1f}% + {100 * c['drafting']:.1f}%"
-                if (c := cells.get(b)) else "-") for b in batches]
-        lines.append(f"| {method} | " + " | ".join(txt) + " |")
+    lines = [f"### {title}", "", "| method | " + " | ".join(f"bs {b}" for b in batches) + " |",
+             "| --- |" + " --- |" * len(batches)]
+    for method in dict.fromkeys(r["method"] for r in mine):
+        cells = {r["batch_size"]: r[key] for r in mine if r["method"] == method}
+        lines.append(f"| {method} | " + " | ".join(cell(c) if (c := cells.get(b)) else "-" for b in batches) + " |")
     return lines + [""]
 
 

@@ -46,10 +46,10 @@ RUNNER_METHODS = ("_copy_valid_sampled_token_count",)  # called by the capture h
 SCHEDULER_SOURCE = "spec_token_ids = self._spec_token_placeholders"  # vLLM 0.26-0.32: the placeholders it hands out
 
 
-def wants_schedule(additional_config: Any, *, params: float = 0.0, tp: int = 1, pp: int = 1) -> bool:
-    """True if our options (``additional_config["specdec"]``) ask for async_mode='schedule', or for 'auto' with a
-    target of ``params`` parameters that resolves to it (``options.resolve_async_mode``)."""
-    from specdec.vllm_plugin.options import ADDITIONAL_CONFIG_KEY, SpecdecOptions, normalise_keys, resolve_async_mode
+def wants_schedule(additional_config: Any, vllm_config: Any = None) -> bool:
+    """True if our options (``additional_config["specdec"]``) ask for async_mode='schedule', or for 'auto' and
+    ``vllm_config`` (its target's size, TP, PP) resolves it so (``options.async_mode_for``)."""
+    from specdec.vllm_plugin.options import ADDITIONAL_CONFIG_KEY, SpecdecOptions, async_mode_for, normalise_keys
 
     ours = additional_config.get(ADDITIONAL_CONFIG_KEY) if isinstance(additional_config, dict) else None
     if not isinstance(ours, dict):
@@ -57,20 +57,16 @@ def wants_schedule(additional_config: Any, *, params: float = 0.0, tp: int = 1, 
     ours = normalise_keys(ours)
     if not ours.get("async_drafting", SpecdecOptions.async_drafting):
         return False
-    mode = ours.get("async_mode", SpecdecOptions.async_mode)
-    return resolve_async_mode(mode, params=params, tp=tp, pp=pp) == "schedule" if mode == "auto" else mode == "schedule"
+    return async_mode_for(ours.get("async_mode", SpecdecOptions.async_mode), vllm_config) == "schedule"
 
 
 def _ours(config: Any) -> bool:
-    from specdec.vllm_plugin.options import PROPOSER_PATH, estimate_params
+    from specdec.vllm_plugin.options import PROPOSER_PATH
 
     spec = getattr(config, "speculative_config", None)
-    if spec is None or getattr(spec, "method", None) != "custom_class" or getattr(spec, "model", None) != PROPOSER_PATH:
-        return False
-    par = getattr(config, "parallel_config", None)
-    params = estimate_params(getattr(getattr(config, "model_config", None), "hf_config", None))
-    return wants_schedule(getattr(config, "additional_config", None), params=params,
-                          tp=getattr(par, "tensor_parallel_size", 1), pp=getattr(par, "pipeline_parallel_size", 1))
+    return (spec is not None and getattr(spec, "method", None) == "custom_class"
+            and getattr(spec, "model", None) == PROPOSER_PATH
+            and wants_schedule(getattr(config, "additional_config", None), config))
 
 
 def patch_vllm_config() -> bool:
@@ -91,10 +87,7 @@ def wrap_post_init(module: Any) -> bool:
         return False
     if getattr(orig, _WRAPPED, False):
         return True
-    try:
-        source_ok = WHITELIST_SOURCE in inspect.getsource(orig) and hasattr(module, "NgramGPUTypes")
-    except (OSError, TypeError):
-        source_ok = False
+    source_ok = _source_has(orig, WHITELIST_SOURCE) and hasattr(module, "NgramGPUTypes")
 
     @functools.wraps(orig)
     def __post_init__(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -117,6 +110,15 @@ def wrap_post_init(module: Any) -> bool:
     setattr(__post_init__, _WRAPPED, True)
     cls.__post_init__ = __post_init__
     return True
+
+
+def _source_has(fn: Any, text: str) -> bool:
+    """Whether ``fn``'s source contains ``text`` (False when the source cannot be read): the version check of a
+    patch written against that code."""
+    try:
+        return text in inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
 
 
 def _scheduled(runner: Any, *, create: bool = True) -> Any:
@@ -238,11 +240,10 @@ def patch_async_scheduler(scheduler_cls: Any) -> bool:
     if getattr(orig, _WRAPPED, False):
         return True
     try:
-        ok = (list(inspect.signature(orig).parameters)[:2] == ["self", "scheduler_output"]
-              and SCHEDULER_SOURCE in inspect.getsource(orig))
-    except (OSError, TypeError):
-        ok = False
-    if not ok:
+        lead = list(inspect.signature(orig).parameters)[:2]
+    except TypeError:
+        lead = []
+    if lead != ["self", "scheduler_output"] or not _source_has(orig, SCHEDULER_SOURCE):
         logger.warning("specdec: %s._update_after_schedule is not the one draft_slots='adaptive' was written "
                        "for; every request keeps vLLM's k draft slots", scheduler_cls.__name__)
         return False

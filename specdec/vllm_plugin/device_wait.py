@@ -5,7 +5,8 @@ Under vLLM's async scheduling the runner prepares step N+1 while the GPU runs st
 tokens: everything vLLM still prepares after that point (attention metadata, the graph launch) then runs while
 the GPU idles (0.9-2.2 ms per step on an 8B-sized target, run 41). With a device wait the runner enqueues, on its
 stream, "wait until the pinned word >= seq" and the copy of the pinned draft buffer, and prepares on without
-waiting; at the end of ``execute_model`` (the step is launched) it drafts, writes the buffer and stores ``seq``.
+waiting; at the start of ``_model_forward`` (every input enqueued, the forward's launch next) it drafts, writes
+the buffer and stores ``seq`` (``execute_model``'s end releases too, for steps that never reach the forward).
 The GPU then idles only for the drafting itself.
 
 ``cuStreamWaitValue32`` (the CUDA driver's stream memory operation) is called through ctypes; the word and its

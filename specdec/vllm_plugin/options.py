@@ -182,6 +182,14 @@ def resolve_async_mode(mode: str, *, params: float, tp: int = 1, pp: int = 1) ->
     return "schedule" if params >= AUTO_SCHEDULE_MIN_PARAMS and (tp, pp) == (1, 1) else "thread"
 
 
+def async_mode_for(mode: str, vllm_config: Any) -> str:
+    """``resolve_async_mode`` for a vLLM config: its target's estimated size, its TP and PP sizes."""
+    par = getattr(vllm_config, "parallel_config", None)
+    params = estimate_params(getattr(getattr(vllm_config, "model_config", None), "hf_config", None))
+    return resolve_async_mode(mode, params=params, tp=getattr(par, "tensor_parallel_size", 1),
+                              pp=getattr(par, "pipeline_parallel_size", 1))
+
+
 def normalise_keys(data: Mapping[str, Any]) -> dict[str, Any]:
     """kebab-case -> snake_case and the ``async`` alias."""
     out: dict[str, Any] = {}

@@ -25,8 +25,9 @@ import numpy as np
 from specdec.drafters.base import Drafter
 from specdec.drafters.registry import build_drafter
 from specdec.vllm_plugin.core import ProposerCore
-from specdec.vllm_plugin.options import (SpecdecOptions, estimate_params,  # noqa: F401 - re-exported
-                                         options_from_vllm_config, resolve_async_mode)
+from specdec.vllm_plugin.options import (SpecdecOptions, async_mode_for,
+                                         estimate_params,  # noqa: F401 - re-exported
+                                         options_from_vllm_config)
 
 logger = logging.getLogger("specdec.vllm")
 INSTANCES: "weakref.WeakSet[SpecdecProposer]" = weakref.WeakSet()  # live proposers of this process (for stats)
@@ -65,10 +66,7 @@ class SpecdecProposer:
         target_tokenizer = tokenizer if os.path.isdir(tokenizer) else ""  # local folders only (no hub access)
         params = estimate_params(getattr(model_config, "hf_config", None))
         if self.options.async_mode == "auto":
-            par = getattr(vllm_config, "parallel_config", None)
-            mode = resolve_async_mode("auto", params=params, tp=getattr(par, "tensor_parallel_size", 1),
-                                      pp=getattr(par, "pipeline_parallel_size", 1))
-            self.options = self.options.replace(async_mode=mode)
+            self.options = self.options.replace(async_mode=async_mode_for("auto", vllm_config))
         self._core_args = {"max_model_len": max_model_len, "target_params": params}
         self._target_tokenizer = target_tokenizer
         # "async" in overlap mode: the whole ProposerCore lives in a helper process (created on the drafting rank)

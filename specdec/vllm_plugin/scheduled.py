@@ -237,7 +237,7 @@ class ScheduledDrafting:
         self.core = core
         self.slot_book = slot_book  # SlotBook: each request's next step gets the slots of its latest draft
         self.device_wait = device_wait  # DeviceWait: the GPU waits for the drafts, the host does not (fill/finish)
-        self.deferred: tuple[list[str], int | None, Any, int] | None = None  # (req ids, k, host buffer, seq)
+        self.deferred: tuple[list[str], int | None, Any, int, int] | None = None  # (req ids, k, host, seq, verified)
         self._watchdog_seen = 0
         self.device = torch.device(device)
         cuda = self.device.type == "cuda"
@@ -254,7 +254,6 @@ class ScheduledDrafting:
         self.next_slot = 0
         self.feed = TokenFeed()
         self.job: tuple[list[str], int | None, Any] | None = None  # (req ids, k of the step, the tensor handed out)
-        self._verified = 0  # tokens vLLM scheduled for the step being filled
         self._error_logged = False
 
     # ----------------------------------------------------------------- 1. capture (every step)
@@ -355,7 +354,6 @@ class ScheduledDrafting:
             self._drain()  # the tokens stay pending: the next draft request hands them to the core
             return False
         t0 = time.perf_counter()
-        self._verified = verified
         n = len(req_ids)
         host = self.host_drafts[self.fills % 2][:n]  # two buffers: the previous copy may still be in flight
         self.fills += 1
@@ -364,10 +362,10 @@ class ScheduledDrafting:
             self._prepare_early(req_ids)
             if _DEBUG_WAIT:  # every thread's stack if finish() has not come within the watchdog's deadline
                 faulthandler.dump_traceback_later(DEBUG_DUMP_S, exit=False)
-            self.deferred = (req_ids, k, host, seq)
+            self.deferred = (req_ids, k, host, seq, verified)
             self.feed.stats.deferred_fills += 1
             return True
-        self._draft_into(host, req_ids, k)
+        self._draft_into(host, req_ids, k, verified)
         out.copy_(host, non_blocking=out.is_cuda)
         self.feed.stats.fills += 1
         self.feed.stats.draft_seconds += time.perf_counter() - t0
@@ -382,12 +380,12 @@ class ScheduledDrafting:
         job, self.deferred = self.deferred, None
         if job is None:
             return
-        req_ids, k, host, seq = job
+        req_ids, k, host, seq, verified = job
         t0 = time.perf_counter()
         if _DEBUG_WAIT:
             faulthandler.cancel_dump_traceback_later()
         try:
-            self._draft_into(host, req_ids, k)
+            self._draft_into(host, req_ids, k, verified)
         finally:
             self.device_wait.release(seq)
             self.feed.stats.fills += 1
@@ -440,15 +438,16 @@ class ScheduledDrafting:
                            "drafts from the host from now on", fired)
             self.device_wait = None
 
-    def _draft_into(self, host: Any, req_ids: list[str], k: int | None) -> None:
-        """Drain captured steps, draft ``req_ids`` and write the padded drafts into ``host`` [rows, k] (pinned)."""
+    def _draft_into(self, host: Any, req_ids: list[str], k: int | None, verified: int) -> None:
+        """Drain captured steps, draft ``req_ids`` and write the padded drafts into ``host`` [rows, k] (pinned);
+        ``verified``: the tokens vLLM scheduled for the step (the proposer's cost fit)."""
         self._drain()
         rows = self.feed.rows(req_ids)
         n = len(req_ids)
         try:
             drafts = self.core.step(rows.req_ids, rows.sampled, rows.lengths, rows.contexts,
                                     num_prompt_tokens=rows.prompt_lens, k=k)
-            self.core.note_verified(self._verified)
+            self.core.note_verified(verified)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             if getattr(self.core.options, "strict", False):
                 raise
