@@ -172,7 +172,8 @@ class StepTimer:
 
         ScheduledDrafting.capture = self._timed(ScheduledDrafting.capture)
         ScheduledDrafting.fill = self._timed(ScheduledDrafting.fill)
-        ScheduledDrafting.finish = self._timed(ScheduledDrafting.finish)  # device wait: drafting happens here
+        # device wait: the drafting (inline in finish, or on the finisher thread with finish_thread)
+        ScheduledDrafting._finish_job = self._timed(ScheduledDrafting._finish_job)
         try:  # the hand-off of drafts to the scheduler: where overlapped drafting ("async") waits for its helper
             from vllm.v1.executor.uniproc_executor import UniProcExecutor
 

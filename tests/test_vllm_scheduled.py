@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -184,15 +185,18 @@ class FakeDeviceWait:
         return self.fires
 
 
-@pytest.mark.parametrize(("opts", "device_wait"), [({}, False), ({"adaptive": False}, False),
-                                                   ({"native_step": False}, False), ({}, True),
-                                                   ({"native_step": False}, True)])
-def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, device_wait):
+@pytest.mark.parametrize(("opts", "device_wait", "finish_thread"),
+                         [({}, False, False), ({"adaptive": False}, False, False), ({"native_step": False}, False, False),
+                          ({}, True, False), ({"native_step": False}, True, False), ({}, True, True),
+                          ({"native_step": False}, True, True)])
+def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, device_wait, finish_thread):
     clock = SimpleNamespace(t=0.0)
     tick = lambda: clock.t  # noqa: E731
     eng = AsyncEngine(seed=3)
     dw = FakeDeviceWait() if device_wait else None
-    sched = ScheduledDrafting(make_core(tick, **opts), k=K, max_rows=2 * MAX_ROWS, device="cpu", device_wait=dw)
+    sched = ScheduledDrafting(make_core(tick, **opts), k=K, max_rows=2 * MAX_ROWS, device="cpu", device_wait=dw,
+                              finish_thread=finish_thread)
+    assert sched.stats()["schedule"]["finish_thread"] is finish_thread
     twin = make_core(tick, **opts)
     stolen = torch.zeros((2 * MAX_ROWS, K), dtype=torch.int32)
     out = None
@@ -204,7 +208,10 @@ def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, 
             if filled and dw is not None:  # the stream waits: nothing copied before finish() (the forward)
                 assert torch.equal(out, before) and sched.deferred is not None and dw.pending
                 before_finish = sched.core.stats_dict()  # finished requests stopped, new ones started at fill
-                sched.finish()
+                sched.finish(background=True)  # finish_thread: drafts on the finisher thread
+                if finish_thread:
+                    assert sched.deferred is None
+                    sched.join()  # the end of execute_model
                 after = sched.core.stats_dict()
                 assert after["stopped"] == before_finish["stopped"]
                 if opts.get("native_step", True):  # the native lane: no row restarts in finish either
@@ -228,6 +235,7 @@ def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, 
     for r in eng.reqs.values():  # lossless: every emitted token is the target's
         assert r["seq"] == r["target"][:len(r["seq"])]
     st = sched.stats()["schedule"]
+    sched.close()
     assert st["skipped_fills"] == 1 and st["fills"] >= 140 and st["errors"] == 0 and st["blind_requests"] == 0
     assert st["deferred_fills"] == (st["fills"] if device_wait else 0) and st["watchdog_releases"] == 0
     stats = sched.core.stats_dict()
@@ -444,6 +452,58 @@ def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
     plain._bookkeeping_sync(step, SimpleNamespace(sampled_token_ids=sampled))
     assert plain.propose_draft_token_ids(step, [], None) == [[9], [9]]
     assert plain.calls == ["bookkeeping", "propose"]
+
+
+class GatedDeviceWait(FakeDeviceWait):
+    """The release blocks until the test opens the gate, and records which thread released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.threads = threading.Event(), []
+
+    def release(self, seq: int) -> None:
+        assert self.gate.wait(5.0), "the gate never opened"
+        self.threads.append(threading.current_thread().name)
+        super().release(seq)
+
+
+def test_finish_thread_launches_the_forward_before_the_drafts_exist_and_joins_at_the_end():
+    from specdec.vllm_plugin.async_patch import patch_async_runner
+    from specdec.vllm_plugin.proposer import SpecdecProposer
+
+    cfg = SimpleNamespace(additional_config={"specdec": {"async": True, "async_mode": "schedule", "adaptive": False,
+                                                          "finish_thread": True}},
+                          speculative_config=SimpleNamespace(num_speculative_tokens=K),
+                          model_config=SimpleNamespace(max_model_len=512))
+    assert patch_async_runner(FakeRunner)
+    prop = SpecdecProposer(cfg, patch_runner=False)
+    assert prop.core.options.finish_thread
+    runner = FakeRunner(prop)
+    sched = prop.scheduled_for(runner)  # on the CPU: no device wait, so no finisher thread (host fill)
+    assert sched._finisher is None and not sched.stats()["schedule"]["finish_thread"]
+    prop.scheduled = None
+    dw = GatedDeviceWait()
+    step = SimpleNamespace(num_spec_tokens_to_schedule=K, has_structured_output_requests=False)
+    sampled = torch.tensor([[1, 2, -1, -1, -1, -1, -1], [1, -1, -1, -1, -1, -1, -1]], dtype=torch.int32)
+    from specdec.vllm_plugin.scheduled import ScheduledDrafting
+
+    prop.scheduled = ScheduledDrafting(prop.core, k=K, max_rows=4, device="cpu", device_wait=dw, finish_thread=True)
+    forward = runner._model_forward
+
+    def model_forward(*a, **kw):  # the forward's launch: the drafts are not released yet; then let them go
+        forward(*a, **kw)
+        dw.gate.set()
+
+    runner._model_forward = model_forward
+    runner._bookkeeping_sync(step, SimpleNamespace(sampled_token_ids=sampled))
+    runner._draft_token_ids = runner.propose_draft_token_ids(step, [], None)
+    runner.execute_model(step)
+    assert ("forward", []) in runner.calls  # launched while the finisher thread was still drafting
+    assert dw.released == [1] and dw.threads[0].startswith("specdec-finish")  # joined by execute_model's end
+    drafts = runner._draft_token_ids.tolist()
+    assert drafts[0][:3] == [3, 4, 5] and drafts[1][:3] == [2, 3, 4]  # the same drafts as the inline path
+    prop.close()
+    assert prop.scheduled._finisher is None
 
 
 def test_k_of_the_step_bounds_the_real_draft_and_the_rest_is_filler():

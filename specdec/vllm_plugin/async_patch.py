@@ -17,7 +17,10 @@
    - ``_model_forward`` (start): drafts a deferred fill and releases the stream (``ScheduledDrafting.finish``):
      every input of the step is enqueued by then, and the forward's launch is the next thing; later host work
      of ``execute_model`` may block on the stream (vLLM 0.26's logits GEMM did, run 43), so not later;
-   - ``execute_model`` (end, always): the same if the step never reached the forward (an error, an early return).
+     with ``finish_thread`` the drafting runs on a worker thread instead, and this thread launches the forward
+     (queued behind the stream's wait) meanwhile;
+   - ``execute_model`` (end, always): waits for that worker; drafts and releases if the step never reached the
+     forward (an error, an early return).
 3. ``patch_async_scheduler`` (``draft_slots="adaptive"``): ``AsyncScheduler._update_after_schedule`` (end) trims
    the ``k`` draft placeholders vLLM just gave each decoding request to the slots of its latest draft
    (``slots.SlotBook``); a pass-through while no slot book is registered (another method, uniform slots).
@@ -133,11 +136,16 @@ def _scheduled(runner: Any, *, create: bool = True) -> Any:
     return drafter.scheduled_for(runner) if create else drafter.scheduled
 
 
-def _finish_deferred(runner: Any) -> None:
-    """Draft a deferred fill and release the stream waiting for it (device wait), if there is one."""
+def _finish_deferred(runner: Any, *, background: bool = False) -> None:
+    """Draft a deferred fill and release the stream waiting for it (device wait), if there is one; ``background``:
+    on the finisher thread if there is one (``finish_thread``). Otherwise first wait for a finisher still running."""
     sched = _scheduled(runner, create=False)
-    if sched is not None and sched.deferred is not None:
-        sched.finish()
+    if sched is None:
+        return
+    if not background:
+        sched.join()
+    if sched.deferred is not None:
+        sched.finish(background=background)
 
 
 def _capture(runner: Any, sched: Any, sampler_output: Any) -> None:
@@ -218,7 +226,9 @@ def patch_async_runner(runner_cls: Any) -> bool:
 
     @functools.wraps(orig_fwd)
     def _model_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _finish_deferred(self)  # inputs enqueued: draft now and let the stream go on before the forward's launch
+        # inputs enqueued: draft now and let the stream go on before the forward's launch (finish_thread: the
+        # drafting runs on the finisher thread while this thread launches the forward behind the stream's wait)
+        _finish_deferred(self, background=True)
         return orig_fwd(self, *args, **kwargs)
 
     for fn in (_bookkeeping_sync, propose_draft_token_ids, _prepare_input_ids, execute_model, _model_forward):

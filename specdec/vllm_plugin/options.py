@@ -81,6 +81,9 @@ class SpecdecOptions(ConfigBase):
                                       "after vLLM enqueued the step's inputs; a watchdog frees the stream draft_timeout_ms after the GPU "
                                       "started waiting, or 2 s after the wait was enqueued); "
                                       "false or unavailable: drafts filled on the host before vLLM reads them")
+    finish_thread: bool = rng(False, doc="async_mode='schedule' with device_wait: the drafting that releases the GPU's "
+                                         "wait runs on a worker thread, so the engine thread launches the forward "
+                                         "(queued behind the wait) at the same time instead of after it")
     draft_slots: str = rng("adaptive", choices=SLOT_MODES,
                            doc="async_mode='schedule': 'adaptive': each request's next step reserves as many draft "
                                "slots as its latest draft has tokens past the confidence cut (vLLM verifies only "

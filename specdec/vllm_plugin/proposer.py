@@ -228,7 +228,8 @@ class SpecdecProposer:
                 book = SlotBook(k)
                 register(book)  # the scheduler (same process) trims each request's slots to its draft
             self.scheduled = ScheduledDrafting(self.core, k=k, max_rows=int(runner.max_num_reqs),
-                                               device=runner.device, device_wait=device_wait, slot_book=book)
+                                               device=runner.device, device_wait=device_wait, slot_book=book,
+                                               finish_thread=self.options.finish_thread)
             logger.info("specdec: drafting under vLLM's async scheduling (k=%d, up to %d rows; %s)", k,
                         runner.max_num_reqs, "the GPU waits for drafts" if device_wait else f"host fill: {why}")
         return self.scheduled
@@ -258,6 +259,8 @@ class SpecdecProposer:
         return self.overlap.stats() if self.overlap is not None else {"mode": "overlap", "steps": 0}
 
     def close(self) -> None:
+        if self.scheduled is not None:
+            self.scheduled.close()
         if self.scheduled is not None and self.scheduled.slot_book is not None:
             from specdec.vllm_plugin.slots import active, register
 

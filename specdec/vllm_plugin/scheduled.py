@@ -39,18 +39,17 @@ in effect), counted and logged once. A request first seen mid-generation whose t
 from __future__ import annotations
 
 import faulthandler
-import itertools
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
-import numpy as np
+from specdec.vllm_plugin.feed import (  # noqa: F401 - re-exported (tests, tools)
+    FeedStats, HistoryView, Rows, TokenFeed, pad_rows, valid_counts)
 
 logger = logging.getLogger("specdec.vllm")
 
 RING_SLOTS = 4  # pinned buffers for sampled tokens; a slot is reused only after its step was read
-MAX_ABSENT_STEPS = 4096  # a request absent this long forgets its history (it restarts from vLLM's if it returns)
 PLACEHOLDER = -1  # vLLM's rejected-token / async placeholder id
 WATCHDOG_LIMIT = 3  # device wait: watchdog releases after which the host fills instead
 _DEBUG_WAIT = os.environ.get("SPECDEC_DEBUG_DEVICE_WAIT") == "1"  # stacks of a step whose finish() is late
@@ -69,169 +68,11 @@ class Capture:
     event: Any = None  # torch.cuda.Event (None: copied synchronously, CPU tensors)
 
 
-@dataclass
-class FeedStats:
-    captures: int = 0
-    fills: int = 0
-    eager_fills: int = 0
-    skipped_fills: int = 0  # vLLM replaced our buffer (e.g. a row too close to max_model_len): nothing to fill
-    blind_requests: int = 0
-    errors: int = 0
-    deferred_fills: int = 0  # device wait: the GPU waited for the drafts, drafted as the forward was launched
-    watchdog_releases: int = 0  # device wait: steps whose wait the watchdog released (stale drafts verified)
-    wait_seconds: float = 0.0  # fill: waiting for a step's sampled tokens (the GPU still running it)
-    draft_seconds: float = 0.0  # fill (device wait: finish): the whole call, waiting included
-    capture_seconds: float = 0.0  # capture: counts, copy and bookkeeping on the engine thread
-
-    def as_dict(self) -> dict[str, float]:
-        return dict(self.__dict__)
-
-
-@dataclass
-class Rows:
-    """What ``ProposerCore.step`` reads for one step: new tokens, context lengths, contexts by row."""
-
-    req_ids: list[str]
-    sampled: list[list[int]]
-    lengths: np.ndarray  # [rows] int64 context length after the new tokens
-    prompt_lens: np.ndarray  # [rows] int64
-    contexts: "HistoryView" = field(repr=False)
-    fillers: list[int] = field(default_factory=list, repr=False)  # [rows] last known token (0: none): padding
-
-
-class HistoryView:
-    """Stands in for vLLM's ``token_ids_cpu`` [rows, max_model_len]: row i reads request i's token history."""
-
-    def __init__(self, req_ids: Sequence[str], history: dict[str, list[int]]) -> None:
-        self.req_ids, self.history = req_ids, history
-
-    def __getitem__(self, index: tuple[int, slice]) -> np.ndarray:
-        row, cols = index
-        return np.asarray(self.history[self.req_ids[row]], dtype=np.int64)[cols]
-
-
-class TokenFeed:
-    """Host-side record of every request's real tokens, fed from captured sampled-token tensors.
-
-    ``history[rid]`` = prompt + every token the verifier emitted for it (this module's own copy: under async
-    scheduling vLLM's host arrays hold placeholders). ``pending[rid]``: tokens emitted since the last draft.
-    """
-
-    def __init__(self) -> None:
-        self.history: dict[str, list[int]] = {}
-        self.prompt_len: dict[str, int] = {}
-        self.pending: dict[str, list[int]] = {}
-        self.blind: set[str] = set()
-        self.last_seen: dict[str, int] = {}
-        self.step = 0
-        self.stats = FeedStats()
-
-    def admit(self, rid: str, prompt: Sequence[int] | None, outputs: Sequence[int] | None, *,
-              returning: bool) -> None:
-        """A request appears in a step: record its context if new (or back after an absence and known to vLLM)."""
-        if rid in self.history and not returning:
-            return
-        outs = list(outputs or ())
-        if prompt is None or any(t < 0 for t in outs):
-            if rid not in self.history and rid not in self.blind:  # nothing real to start from
-                self.blind.add(rid)
-                self.stats.blind_requests += 1
-            return
-        self.blind.discard(rid)
-        self.history[rid] = list(prompt) + outs  # vLLM's own record wins when it is complete
-        self.prompt_len[rid] = len(prompt)
-        self.pending[rid] = []
-
-    def add(self, req_ids: Sequence[str], tokens: np.ndarray, discard: set[int]) -> None:
-        """One captured step: ``tokens`` [rows, width] int (``-1`` = rejected); discarded rows emit nothing.
-        (On the GPU's critical path in schedule mode: one conversion per step, plain list work per row.)"""
-        self.step += 1
-        step, seen, history, pending = self.step, self.last_seen, self.history, self.pending
-        counts = (tokens >= 0).cumprod(axis=1).sum(axis=1).tolist()  # [rows] leading valid tokens (-1 = rejected)
-        for i, (rid, row, c) in enumerate(zip(req_ids, tokens.tolist(), counts)):
-            seen[rid] = step
-            hist = history.get(rid)
-            if hist is None or not c or i in discard:
-                continue
-            new = row[:c]
-            hist += new
-            pending[rid] += new
-        if step % 256 == 0:
-            self._forget_absent()
-
-    def rows(self, req_ids: Sequence[str]) -> Rows:
-        """The rows of one draft request (in the step's row order); pending tokens are handed out once."""
-        sampled: list[list[int]] = []
-        lengths: list[int] = []
-        prompts: list[int] = []
-        fillers: list[int] = []
-        history, pending, prompt_len = self.history, self.pending, self.prompt_len
-        for rid in req_ids:
-            hist = history.get(rid)
-            if hist is None:
-                sampled.append([])
-                lengths.append(0)
-                prompts.append(0)
-                fillers.append(0)
-                continue
-            sampled.append(pending[rid])
-            pending[rid] = []
-            lengths.append(len(hist))
-            prompts.append(prompt_len[rid])
-            fillers.append(hist[-1] if hist else 0)
-        ids = list(req_ids)
-        return Rows(ids, sampled, np.array(lengths, dtype=np.int64), np.array(prompts, dtype=np.int64),
-                    HistoryView(ids, history), fillers)
-
-    def _forget_absent(self) -> None:
-        old = [rid for rid, seen in self.last_seen.items() if self.step - seen > MAX_ABSENT_STEPS]
-        for rid in old:
-            for table in (self.history, self.prompt_len, self.pending, self.last_seen):
-                table.pop(rid, None)
-            self.blind.discard(rid)
-
-
-def pad_rows(drafts: Sequence[Sequence[int]], out: np.ndarray, fillers: Sequence[int]) -> None:
-    """Write drafts into ``out`` [rows, k]: each row its draft, then its filler token up to k (three array
-    operations instead of a row loop: half the time at 64 rows)."""
-    n, k = len(drafts), out.shape[1]
-    if n == 0:
-        return
-    lens = np.fromiter(map(len, drafts), dtype=np.int64, count=n)  # [rows]
-    if lens.max() > k:
-        drafts = [d[:k] for d in drafts]
-        np.minimum(lens, k, out=lens)
-    flat = np.fromiter(itertools.chain.from_iterable(drafts), dtype=out.dtype, count=int(lens.sum()))
-    rows = out[:n]
-    rows[:] = np.asarray(fillers[:n], dtype=out.dtype)[:, None]
-    rows[np.arange(k) < lens[:, None]] = flat  # row-major, as ``flat`` is
-
-
-def valid_counts(sampled: Any, discard_mask: Any = None, backup: Any = None, *, vocab_size: int = 0) -> tuple[Any, Any]:
-    """vLLM's per-row (next token, valid count) from sampled ``[rows, k+1]`` (-1 = rejected), as tensor ops.
-
-    next = the row's last valid token; count = number of valid tokens. Rows of ``discard_mask`` ([rows] bool, same
-    device; partial prefills): count 0 and next = ``backup`` ([rows] int32, the row's last context token), as
-    vLLM's own drafters report them. ``vocab_size`` > 0 also treats ids at or above it as rejected (vLLM's kernel
-    does; its rejection sampler emits none). No host synchronisation.
-    """
-    import torch
-
-    valid = sampled.ge(0) if vocab_size <= 0 else (sampled >= 0) & (sampled < vocab_size)  # [rows, k+1] bool
-    counts = valid.sum(dim=1, dtype=torch.int32)  # [rows]
-    last = valid.sum(dim=1, keepdim=True).sub_(1).clamp_(min=0)  # [rows, 1] int64
-    nxt = sampled.gather(1, last).squeeze(1).to(torch.int32)  # [rows]
-    if discard_mask is not None:
-        counts.masked_fill_(discard_mask, 0)
-        nxt = torch.where(discard_mask, backup, nxt)
-    return nxt, counts
-
-
 class ScheduledDrafting:
     """The three calls of the module docstring, bound to one model runner and one ``ProposerCore``."""
 
     def __init__(self, core: Any, *, k: int, max_rows: int, device: Any, device_wait: Any = None,
-                 slot_book: Any = None) -> None:
+                 slot_book: Any = None, finish_thread: bool = False) -> None:
         import torch
 
         self.core = core
@@ -255,6 +96,14 @@ class ScheduledDrafting:
         self.feed = TokenFeed()
         self.job: tuple[list[str], int | None, Any] | None = None  # (req ids, k of the step, the tensor handed out)
         self._error_logged = False
+        # finish_thread (device wait only): the deferred drafting runs on this one worker thread, so the engine
+        # thread launches the forward (queued behind the stream's wait) while the drafting runs
+        self._finisher: Any = None
+        self._running: Any = None  # the finisher's Future of the step being drafted
+        if finish_thread and device_wait is not None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-finish")
 
     # ----------------------------------------------------------------- 1. capture (every step)
     def counts(self, sampled: Any, discard: dict[int, int], discard_mask: Any) -> tuple[Any, Any]:
@@ -276,6 +125,7 @@ class ScheduledDrafting:
 
         import torch
 
+        self.join()  # the finisher's drafting drains the same queue
         t0 = time.perf_counter()
         if len(self.queue) >= RING_SLOTS - 1:
             self._drain(upto=1)  # oldest first: its slot is reused next
@@ -343,6 +193,7 @@ class ScheduledDrafting:
         ``verified``: the tokens vLLM scheduled for this step (its verify batch; for the proposer's cost fit)."""
         import time
 
+        self.join()
         if self.deferred is not None:  # not expected: a second fill before the step's end; release the first
             self.finish()
         job, self.job = self.job, None
@@ -371,15 +222,35 @@ class ScheduledDrafting:
         self.feed.stats.draft_seconds += time.perf_counter() - t0
         return True
 
-    def finish(self) -> None:
+    def finish(self, *, background: bool = False) -> None:
         """Start of the runner's ``_model_forward`` (the step's inputs are enqueued; safety net: the end of
         ``execute_model``): draft a deferred fill into its pinned buffer and release the GPU's wait. Always
-        releases, whatever happens."""
-        import time
-
+        releases, whatever happens. ``background`` (with ``finish_thread``): on the finisher thread; returns at
+        once (``join`` waits for it)."""
         job, self.deferred = self.deferred, None
         if job is None:
             return
+        if background and self._finisher is not None:
+            self._running = self._finisher.submit(self._finish_job, job)
+            return
+        self._finish_job(job)
+
+    def join(self) -> None:
+        """Wait for a drafting running on the finisher thread. Called before anything else reads the feed, the
+        core or the slot book (capture, fill, the end of ``execute_model``). Never raises unless ``strict``."""
+        running, self._running = self._running, None
+        if running is None:
+            return
+        try:
+            running.result()
+        except Exception as exc:  # noqa: BLE001 - _finish_job already released the stream and counted it
+            if getattr(self.core.options, "strict", False):
+                raise
+            logger.debug("specdec: the finisher thread failed (%r)", exc)
+
+    def _finish_job(self, job: tuple[list[str], int | None, Any, int, int]) -> None:
+        import time
+
         req_ids, k, host, seq, verified = job
         t0 = time.perf_counter()
         if _DEBUG_WAIT:
@@ -391,6 +262,14 @@ class ScheduledDrafting:
             self.feed.stats.fills += 1
             self.feed.stats.draft_seconds += time.perf_counter() - t0
             self._check_watchdog()
+
+    def close(self) -> None:
+        """Release a pending wait and stop the finisher thread."""
+        self.join()
+        self.finish()
+        if self._finisher is not None:
+            self._finisher.shutdown(wait=True)
+            self._finisher = None
 
     def _enqueue_wait(self, out: Any, host: Any) -> int | None:
         """The device wait's seq for this step's copy of ``host`` into ``out``, or None (host fill): no device
@@ -463,7 +342,8 @@ class ScheduledDrafting:
             self.slot_book.note(req_ids, [len(d) for d in drafts])
 
     def stats(self) -> dict[str, Any]:
-        out = {"schedule": self.feed.stats.as_dict(), **self.core.stats_dict()}
+        out = {"schedule": {**self.feed.stats.as_dict(), "finish_thread": self._finisher is not None},
+               **self.core.stats_dict()}
         if self.slot_book is not None:
             out["schedule"].update(self.slot_book.as_dict())
         return out
