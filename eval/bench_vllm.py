@@ -3,14 +3,17 @@
     python -m specdec.eval.prepare_prompts                      # CPU machine: device_inputs/prompts.json
     # GPU machine (vLLM staged, project installed with pip -e .):
     python -m specdec.eval.bench_vllm --prompts device_inputs/prompts.json --out-dir $OUT \
-        --methods nospec,ngram,suffix,specdec,specdec-async --lossless
+        --methods nospec,ngram,suffix,specdec,specdec-async --lossless [--load closed|sustained|both]
 
 Each method runs in its own subprocess (a fresh engine; vLLM's engine core in-process so drafting time can be
 timed). Per dataset: warm-up on a disjoint prompt set, then batch sizes 1/8/32/64, each on its own disjoint prompts
 (cache policy: see prepare_prompts). Greedy, ``--max-tokens`` new tokens with ignore_eos. Reported per cell:
 tokens/s, TPOT, MAT (= output tokens / (output tokens - accepted), bonus included), ms per step spent in
 ``propose_draft_token_ids`` (drafting, on the critical path) and its share of wall time, and bf16 output
-mismatches against no-spec. ``--lossless`` adds float32 runs (no-spec vs specdec, EOS respected) at batch
+mismatches against no-spec. ``--load`` (``bench_vllm_load``): ``closed`` (the default) submits each batch size's
+prompts b at a time, ``sustained`` runs a ``sus{b}`` set (more prompts than b) with at most b in flight, a new
+request as one finishes, its cells keyed "sus{b}" beside the closed cells' "b"; ``both`` runs each load in an engine
+of its own per method. ``--lossless`` adds float32 runs (no-spec vs specdec, EOS respected) at batch
 1/8/64 and counts prompts compared and identical. Writes eval/results/<date>_<device>_vllm_bench.json (+ .md).
 """
 from __future__ import annotations
@@ -25,8 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specdec.eval.bench_vllm_load import run_closed, run_sustained
 from specdec.eval.bench_vllm_report import markdown, summarise  # noqa: F401 - re-exported
 from specdec.eval.model_shapes import INFLATE_SHAPES, SHAPES, shaped_model
+from specdec.eval.prepare_prompts import SUSTAINED_FACTOR
 from specdec.eval.step_trace import StepTimer, StepTrace
 
 from specdec.paths import TARGET_MODEL, model_path
@@ -85,71 +90,14 @@ METHODS: dict[str, dict[str, Any] | None] = {
                             "drafter_options": {"model": {"num_threads": 8, "backend": "native"}}},
 }
 V1_REFERENCES = ("nospec-v1", "nospec-sync")  # no-spec engines forced onto the V1 model runner
+LOADS = {"closed": ("closed",), "sustained": ("sustained",), "both": ("closed", "sustained")}  # --load -> engines
+SUSTAINED_SET = "sus"  # prompts file: "sus{b}" = the sustained set of concurrency b; results: its cell's key
 LOSSLESS_BATCHES = (1, 8, 64)
 LOSSLESS_MAX_TOKENS = 128
 PROFILE_TOP = 45  # functions listed per sort order in --profile output
 
 
 # --------------------------------------------------------------------------- worker (one engine)
-def _spec_counters(llm: Any) -> dict[str, float]:
-    out: dict[str, float] = {}
-    try:
-        for m in llm.get_metrics():
-            if "spec_decode_num" in m.name and hasattr(m, "value"):
-                key = m.name.split("spec_decode_num_")[-1].replace("_total", "")
-                out[key] = out.get(key, 0.0) + float(m.value)
-    except Exception:  # noqa: BLE001 - metrics are optional
-        pass
-    return out
-
-
-def _tpot_ms(outputs: list[Any]) -> float | None:
-    vals = []
-    for o in outputs:
-        m = getattr(o, "metrics", None)
-        first, last = getattr(m, "first_token_ts", None), getattr(m, "last_token_ts", None)
-        n = len(o.outputs[0].token_ids)
-        if first and last and n > 1 and last > first:
-            vals.append((last - first) / (n - 1) * 1e3)
-    return sum(vals) / len(vals) if vals else None
-
-
-def _run_batch(llm: Any, prompts: list[list[int]], batch: int, sp: Any, timer: StepTimer) -> dict[str, Any]:
-    c0, s0, d0 = _spec_counters(llm), timer.steps, timer.draft_s
-    g0, b0, n0 = timer.gap_ms, timer.busy_ms, timer.gap_n
-    wall, outs, tpots = 0.0, [], []
-    for i in range(0, len(prompts), batch):
-        chunk = [{"prompt_token_ids": p} for p in prompts[i:i + batch]]
-        timer.gpu_on = True
-        t0 = time.perf_counter()
-        res = llm.generate(chunk, sp, use_tqdm=False)
-        wall += time.perf_counter() - t0
-        timer.gpu_on = False
-        timer.collect_gpu()
-        outs += [list(r.outputs[0].token_ids) for r in res]
-        t = _tpot_ms(res)
-        if t is not None:
-            tpots.append(t)
-    c1 = _spec_counters(llm)
-    n_out = sum(map(len, outs))
-    accepted = c1.get("accepted_tokens", 0.0) - c0.get("accepted_tokens", 0.0)
-    drafted = c1.get("draft_tokens", 0.0) - c0.get("draft_tokens", 0.0)
-    steps, draft_s = timer.steps - s0, timer.draft_s - d0
-    gaps = timer.gap_n - n0
-    return {
-        "gpu_gap_ms_per_step": (timer.gap_ms - g0) / gaps if gaps else None,
-        "gpu_busy_ms_per_step": (timer.busy_ms - b0) / gaps if gaps else None,
-        "batch_size": batch, "prompts": len(prompts), "output_tokens": n_out, "wall_s": wall,
-        "tokens_per_s": n_out / wall,
-        "tpot_ms": sum(tpots) / len(tpots) if tpots else 1e3 * wall * batch / max(n_out, 1),
-        "mat": n_out / max(n_out - accepted, 1), "accepted_tokens": accepted, "drafted_tokens": drafted,
-        "acceptance_rate": accepted / drafted if drafted else None,
-        "engine_steps": steps, "draft_ms_per_step": 1e3 * draft_s / max(steps, 1), "draft_share": draft_s / wall,
-        "outputs": outs,
-        **({"trace": timer.trace.cell()} if timer.trace is not None else {}),
-    }
-
-
 def _engine_config(llm: Any) -> dict[str, Any]:
     """What the engine actually ran with (async scheduling, CUDA graph mode and capture limit)."""
     try:
@@ -223,23 +171,12 @@ def worker(args: argparse.Namespace) -> None:
     lossless = args.dtype == "float32"
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=not lossless, detokenize=False)
     result: dict[str, Any] = {"method": args.method, "dtype": args.dtype, "speculative_config": spec,
-                              "startup_s": startup, "datasets": {}}
+                              "startup_s": startup, "load": args.load, "datasets": {}}
     result["engine_config"] = {**_engine_config(llm), "cpu_affinity": sorted(os.sched_getaffinity(0))}
     variant = variants.get(args.method, {})
     args.batch_sizes = [b for b in args.batch_sizes if b in variant.get("batch_sizes", args.batch_sizes)]
     for name in [d for d in args.datasets if d in variant.get("datasets", args.datasets)]:
-        sets = prompts["datasets"][name]
-        llm.generate([{"prompt_token_ids": p} for p in sets["warmup"]], sp, use_tqdm=False)
-        cells = {}
-        for b in args.batch_sizes:
-            run = lambda: _run_batch(llm, sets[f"bs{b}"], b, sp, timer)  # noqa: E731
-            if args.profile_dir:
-                Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
-                run = functools.partial(_profiled, run, Path(args.profile_dir) / f"profile_{args.method}_{name}_bs{b}.txt")
-            cells[str(b)] = cell = run()
-            print(f"[{args.method} {args.dtype}] {name} bs{b}: {cell['tokens_per_s']:.0f} tok/s, MAT "
-                  f"{cell['mat']:.2f}, draft {cell['draft_ms_per_step']:.3f} ms/step", flush=True)
-        result["datasets"][name] = cells
+        result["datasets"][name] = _dataset_cells(args, llm, name, prompts["datasets"][name], sp, timer)
     try:
         from specdec.vllm_plugin.proposer import INSTANCES
 
@@ -247,6 +184,43 @@ def worker(args: argparse.Namespace) -> None:
     except Exception:  # noqa: BLE001
         pass
     Path(args.worker_out).write_text(json.dumps(result))
+
+
+def _dataset_cells(args: argparse.Namespace, llm: Any, name: str, sets: dict[str, list[list[int]]], sp: Any,
+                   timer: StepTimer) -> dict[str, Any]:
+    """One dataset on this engine: the warm-up, then a cell per batch size, keyed "b" (closed load) or "sus{b}"
+    (sustained load; batch sizes without a sustained set in the prompts file are skipped)."""
+    llm.generate([{"prompt_token_ids": p} for p in sets["warmup"]], sp, use_tqdm=False)
+    feed_sp = _final_only(sp) if args.load == "sustained" else sp
+    cells = {}
+    for b in args.batch_sizes:
+        if args.load == "sustained":
+            key = label = f"{SUSTAINED_SET}{b}"
+            if key not in sets:
+                print(f"[{args.method}] {name}: no {key} set in {args.prompts}: batch {b} skipped (sustained load)",
+                      flush=True)
+                continue
+            run = functools.partial(run_sustained, llm, sets[key], b, feed_sp, timer, request_prefix=f"{name}-{key}")
+        else:
+            key, label = str(b), f"bs{b}"
+            run = functools.partial(run_closed, llm, sets[f"bs{b}"], b, sp, timer)
+        if args.profile_dir:
+            Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
+            out = Path(args.profile_dir) / f"profile_{args.method}_{name}_{label}.txt"
+            run = functools.partial(_profiled, run, out)
+        cells[key] = cell = run()
+        print(f"[{args.method} {args.dtype}] {name} {label}: {cell['tokens_per_s']:.0f} tok/s, MAT "
+              f"{cell['mat']:.2f}, draft {cell['draft_ms_per_step']:.3f} ms/step", flush=True)
+    return cells
+
+
+def _final_only(sp: Any) -> Any:
+    """``sp`` asking for each request's final output only (what ``LLM.generate`` sets before adding requests)."""
+    from vllm.sampling_params import RequestOutputKind
+
+    out = sp.clone()
+    out.output_kind = RequestOutputKind.FINAL_ONLY
+    return out
 
 
 # --------------------------------------------------------------------------- driver
@@ -275,24 +249,38 @@ def _versions() -> dict[str, str]:
 
 
 def _spawn(args: argparse.Namespace, method: str, dtype: str, batches: list[int], max_tokens: int,
-           eager: bool, tmp: Path) -> dict[str, Any] | None:
-    out = tmp / f"{method}_{dtype}.json"
+           eager: bool, tmp: Path, *, load: str = "closed") -> dict[str, Any] | None:
+    out = tmp / f"{method}_{dtype}{'' if load == 'closed' else '_' + load}.json"
     cmd = [sys.executable, "-m", "specdec.eval.bench_vllm", "--worker", "--method", method, "--dtype", dtype,
            "--prompts", args.prompts, "--model", args.model, "--worker-out", str(out),
            "--max-tokens", str(max_tokens), "--batch-sizes", ",".join(map(str, batches)),
            "--datasets", ",".join(args.datasets), "--max-model-len", str(args.max_model_len),
            "--gpu-mem", str(args.gpu_mem), "--specdec-config", args.specdec_config or "{}",
            "--variants", args.variants or "{}", "--tp", str(args.tp), "--compilation-config", args.compilation_config or "null",
-           "--profile-dir", args.profile_dir if method in args.profile_methods else "", "--shape", args.shape]
+           "--profile-dir", args.profile_dir if method in args.profile_methods else "", "--shape", args.shape,
+           "--load", load]
     if args.trace:
         cmd.append("--trace")
     if eager:
         cmd.append("--eager")
-    print(f"=== {method} ({dtype}) ===", flush=True)
+    what = f"{method} ({dtype}{'' if load == 'closed' else ', ' + load + ' load'})"
+    print(f"=== {what} ===", flush=True)
     t0 = time.perf_counter()
     rc = subprocess.call(cmd, timeout=args.method_timeout_s)
-    print(f"=== {method} ({dtype}) rc={rc} in {time.perf_counter() - t0:.0f} s ===", flush=True)
+    print(f"=== {what} rc={rc} in {time.perf_counter() - t0:.0f} s ===", flush=True)
     return json.loads(out.read_text()) if rc == 0 and out.exists() else None
+
+
+def _merge_loads(closed: dict[str, Any] | None, sustained: dict[str, Any] | None) -> dict[str, Any] | None:
+    """One method's result from its two engines (``--load both``): the closed engine's, its datasets' cells joined
+    by the sustained engine's ("sus{b}"), whose own startup, engine config and specdec stats go under
+    ``sustained_engine``."""
+    if closed is None or sustained is None:
+        return closed or sustained
+    names = dict.fromkeys([*closed["datasets"], *sustained["datasets"]])
+    datasets = {n: {**closed["datasets"].get(n, {}), **sustained["datasets"].get(n, {})} for n in names}
+    engine = {k: sustained.get(k) for k in ("startup_s", "engine_config", "specdec_stats")}
+    return {**closed, "load": "both", "datasets": datasets, "sustained_engine": engine}
 
 
 def write_doc(args: argparse.Namespace, runs: dict, lossless: dict, t_start: float) -> dict[str, Any]:
@@ -312,6 +300,7 @@ def write_doc(args: argparse.Namespace, runs: dict, lossless: dict, t_start: flo
                      "cuda_graphs": not args.eager_bench, "datasets": args.datasets,
                      "prompts_per_batch": {b: len(prompts["datasets"][args.datasets[0]][f"bs{b}"])
                                            for b in args.batch_sizes},
+                     "load": args.load, **_sustained_settings(args, prompts),
                      "cache_policy": prompts["policy"],
                      "lossless": {"dtype": "float32", "batch_sizes": list(LOSSLESS_BATCHES),
                                   "max_tokens": LOSSLESS_MAX_TOKENS, "eos": "respected", "enforce_eager": True}
@@ -327,6 +316,15 @@ def write_doc(args: argparse.Namespace, runs: dict, lossless: dict, t_start: flo
     (Path(args.out_dir) / f"{name}.json").write_text(json.dumps(doc, separators=(",", ":")))
     (Path(args.out_dir) / f"{name}.md").write_text(markdown(doc))
     return doc
+
+
+def _sustained_settings(args: argparse.Namespace, prompts: dict[str, Any]) -> dict[str, Any]:
+    """Prompts per sustained cell (concurrency -> prompts, first dataset), where the run has sustained load."""
+    if "sustained" not in LOADS[args.load]:
+        return {}
+    sets = prompts["datasets"][args.datasets[0]]
+    return {"sustained_prompts": {b: len(sets[f"{SUSTAINED_SET}{b}"]) for b in args.batch_sizes
+                                  if f"{SUSTAINED_SET}{b}" in sets}}
 
 
 def _model_label(args: argparse.Namespace) -> str:
@@ -359,7 +357,11 @@ def driver(args: argparse.Namespace) -> None:
         args.model = str(out)
     if not args.lossless_only:
         for method in args.methods:
-            res = _spawn(args, method, "bfloat16", args.batch_sizes, args.max_tokens, args.eager_bench, tmp)
+            res = None
+            for load in LOADS[args.load]:  # --load both: a fresh engine per load (see prepare_prompts)
+                part = _spawn(args, method, "bfloat16", args.batch_sizes, args.max_tokens, args.eager_bench, tmp,
+                              load=load)
+                res = part if load == "closed" else _merge_loads(res, part)
             if res is not None:
                 runs[method] = res
                 write_doc(args, runs, lossless, t_start)
@@ -387,6 +389,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--inflate", default="", choices=("",) + tuple(INFLATE_SHAPES),
                     help="benchmark the target inflated to this size (specdec.eval.inflate_model: same outputs, an "
                          "8B model's step time); built under /tmp/specdec_shapes on first use")
+    ap.add_argument("--load", default="closed", choices=tuple(LOADS),
+                    help="closed: each batch size b = b prompts submitted together (a closed batch); sustained: the "
+                         f"prompts file's sus{{b}} set ({SUSTAINED_FACTOR} x b prompts) with at most b in flight, a "
+                         "new request as one finishes; both: each, in an engine of its own per method")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--gpu-mem", type=float, default=0.3)

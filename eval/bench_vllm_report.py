@@ -13,6 +13,17 @@ from typing import Any, Callable
 REFERENCES = ("nospec", "nospec-v1", "nospec-sync")  # no-spec engines, the first one present is the ratio base
 PEERS = ("suffix", "ngram", "specdec-sync")  # what specdec methods are compared with in the same run
 PEER_LABELS = {"suffix": "suffix", "ngram": "ngram", "specdec-sync": "sync"}
+CLOSED, SUSTAINED = "closed", "sustained"  # a cell's load (bench_vllm --load); results without one are closed
+SPEED_COLUMNS = "tokens/s (x no-spec) | MAT | draft ms/step | bf16 mismatches vs no-spec"
+
+
+def load_of(row: dict[str, Any]) -> str:
+    return row.get("load", CLOSED)
+
+
+def _key(row: dict[str, Any]) -> tuple[str, int, str]:
+    """What ratios pair rows by: dataset, batch size (a sustained cell's concurrency) and load."""
+    return row["dataset"], row["batch_size"], load_of(row)
 
 
 def _mismatches(a: list[list[int]], b: list[list[int]]) -> int:
@@ -38,8 +49,9 @@ def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any
         for ds, cells in run["datasets"].items():
             for b, cell in cells.items():
                 row = {k: v for k, v in cell.items() if k not in ("outputs", "trace")}
-                if cell.get("trace"):
-                    traces[f"{method}|{ds}|{b}"] = cell["trace"]
+                if cell.get("trace"):  # step_trace reads "method|dataset|batch size"
+                    traces[f"{method}|{ds}|{b}" if load_of(cell) == CLOSED else
+                           f"{method}|{ds}:{load_of(cell)}|{cell['batch_size']}"] = cell["trace"]
                 row.update(method=method, dataset=ds)
                 ref = base["datasets"].get(ds, {}).get(b) if base else None
                 if ref is not None and "outputs" in cell and "outputs" in ref:
@@ -64,6 +76,8 @@ def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any
     out["startup_s"] = {m: r["startup_s"] for m, r in runs.items()}
     out["engine_config"] = {m: r.get("engine_config") for m, r in runs.items()}
     out["specdec_stats"] = {m: r.get("specdec_stats") for m, r in runs.items() if r.get("specdec_stats")}
+    if any("sustained_engine" in r for r in runs.values()):  # --load both: the sustained cells' own engines
+        out["sustained_engine"] = {m: r["sustained_engine"] for m, r in runs.items() if "sustained_engine" in r}
     if traces:
         out["traces"] = traces  # per-step records (--trace): python -m specdec.eval.step_trace RESULTS.json
     return out
@@ -77,11 +91,11 @@ def reference_method(methods: Any) -> str | None:
 def add_ratios(rows: list[dict[str, Any]]) -> None:
     """Tokens/s ratios from the summary rows: ``speedup_vs_nospec`` (to the run's no-spec reference, named in
     ``reference``) on every row, and ``speedup_vs_peers`` {peer: ratio} on the specdec rows (peers of ``PEERS`` measured
-    in the same run, same dataset and batch size)."""
-    tps = {(r["method"], r["dataset"], r["batch_size"]): r["tokens_per_s"] for r in rows}
+    in the same run, same dataset, batch size and load)."""
+    tps = {(r["method"], *_key(r)): r["tokens_per_s"] for r in rows}
     ref = reference_method({r["method"] for r in rows})
     for r in rows:
-        key = (r["dataset"], r["batch_size"])
+        key = _key(r)
         base = tps.get((ref, *key))
         if base:
             r["speedup_vs_nospec"], r["reference"] = r["tokens_per_s"] / base, ref
@@ -98,17 +112,17 @@ def _waiting(rows: list[dict[str, Any]]) -> None:
     ``sync_scheduling`` = nospec-sync's gap - nospec-v1's (what synchronous scheduling, imposed by vLLM 0.26 on
     every CPU drafter, costs even without speculation), ``drafting`` = the method's drafting time on the engine
     thread (``draft_ms_per_step``), ``speculation`` = the rest (vLLM's own host work for speculative steps)."""
-    ref = {(r["dataset"], r["batch_size"]): r.get("gpu_gap_ms_per_step") for r in rows if r["method"] == "nospec-v1"}
-    sync_ref = {(r["dataset"], r["batch_size"]): r.get("gpu_gap_ms_per_step") for r in rows
+    ref = {_key(r): r.get("gpu_gap_ms_per_step") for r in rows if r["method"] == "nospec-v1"}
+    sync_ref = {_key(r): r.get("gpu_gap_ms_per_step") for r in rows
                 if r["method"] == "nospec-sync" and r.get("gpu_gap_ms_per_step") is not None}
     for r in rows:
-        base = ref.get((r["dataset"], r["batch_size"]))
+        base = ref.get(_key(r))
         gap, busy = r.get("gpu_gap_ms_per_step"), r.get("gpu_busy_ms_per_step")
         if gap is None or busy is None or base is None:
             continue
         r["gpu_wait_for_drafts_ms"] = gap - base
         r["gpu_wait_for_drafts_share"] = (gap - base) / (gap + busy) if gap + busy > 0 else None
-        sync = sync_ref.get((r["dataset"], r["batch_size"]))
+        sync = sync_ref.get(_key(r))
         if sync is not None and not r["method"].startswith("nospec") and gap + busy > 0:
             draft = r.get("draft_ms_per_step") or 0.0
             parts = {"sync_scheduling": sync - base, "speculation": gap - draft - sync, "drafting": draft}
@@ -120,26 +134,16 @@ def markdown(doc: dict[str, Any]) -> str:
     rows = doc["summary"]["rows"]
     lines = [f"# vLLM benchmark {doc['date']} on {doc['device']}", "",
              f"Settings: {json.dumps(doc['settings'])}", "", f"Cache policy: {doc['settings']['cache_policy']}", ""]
+    batches = doc["settings"]["batch_sizes"]
+    closed = [r for r in rows if load_of(r) == CLOSED]
+    methods = list(dict.fromkeys(r["method"] for r in closed))  # every closed table lists every method
     for ds in dict.fromkeys(r["dataset"] for r in rows):
-        lines += [f"## {ds}: tokens/s (x no-spec) | MAT | draft ms/step | bf16 mismatches vs no-spec", "",
-                  "| method | " + " | ".join(f"bs {b}" for b in doc["settings"]["batch_sizes"]) + " |",
-                  "| --- |" + " --- |" * len(doc["settings"]["batch_sizes"])]
-        for method in dict.fromkeys(r["method"] for r in rows):
-            cells = {r["batch_size"]: r for r in rows if r["dataset"] == ds and r["method"] == method}
-            txt = []
-            for b in doc["settings"]["batch_sizes"]:
-                r = cells.get(b)
-                if r is None:
-                    txt.append("-")
-                    continue
-                sp = f" ({r['speedup_vs_nospec']:.2f}x)" if "speedup_vs_nospec" in r else ""
-                mm = f", {r['mismatches_vs_nospec']}/{r['prompts']} mm" if method != "nospec" and \
-                    "mismatches_vs_nospec" in r else ""
-                txt.append(f"{r['tokens_per_s']:,.0f}{sp}; MAT {r['mat']:.2f}; {r['draft_ms_per_step']:.2f} ms{mm}")
-            lines.append(f"| {method} | " + " | ".join(txt) + " |")
-        lines.append("")
-        lines += _peer_table(rows, ds, doc["settings"]["batch_sizes"])
-        lines += _gap_table(rows, ds, doc["settings"]["batch_sizes"])
+        mine = [r for r in closed if r["dataset"] == ds]
+        if mine:
+            lines += [f"## {ds}: {SPEED_COLUMNS}", ""]
+            lines += _speed_table(mine, methods, batches, [f"bs {b}" for b in batches])
+            lines += _peer_table(mine, ds, batches) + _gap_table(mine, ds, batches)
+        lines += _sustained_tables([r for r in rows if r["dataset"] == ds and load_of(r) == SUSTAINED], ds)
     if doc["summary"].get("lossless_fp32"):
         lines += ["## Greedy lossless check, float32 (EOS respected)", "",
                   "| method | dataset | bs | identical | mean output tokens |", "| --- | --- | --- | --- | --- |"]
@@ -149,13 +153,53 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _gap_table(rows: list[dict[str, Any]], ds: str, batches: list[int]) -> list[str]:
-    """GPU idle gap per step (ms), busy per step (ms) and waiting-for-drafts share, where measured."""
-    mine = [r for r in rows if r["dataset"] == ds and r.get("gpu_gap_ms_per_step") is not None]
+def _sustained_tables(rows: list[dict[str, Any]], ds: str) -> list[str]:
+    """A dataset's sustained-load cells (``bench_vllm --load sustained``): the closed tables' columns and ratios,
+    one column per concurrency cap b, headed with its prompt count N ([] if the run has none)."""
+    if not rows:
+        return []
+    batches = sorted({r["batch_size"] for r in rows})
+    prompts = {r["batch_size"]: r["prompts"] for r in rows}
+    heads = [f"b {b}, N {prompts[b]}" for b in batches]
+    name = f"{ds}, sustained load"
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    lines = [f"## {name}: N prompts, at most b in flight: {SPEED_COLUMNS}", ""]
+    lines += _speed_table(rows, methods, batches, heads)
+    return lines + _peer_table(rows, name, batches, heads) + _gap_table(rows, name, batches, heads)
+
+
+def _speed_table(rows: list[dict[str, Any]], methods: list[str], batches: list[int], heads: list[str]) -> list[str]:
+    """Tokens/s (x no-spec), MAT, drafting ms per step and bf16 mismatches per method and batch size."""
+    lines = ["| method | " + " | ".join(heads) + " |", "| --- |" + " --- |" * len(batches)]
+    for method in methods:
+        cells = {r["batch_size"]: r for r in rows if r["method"] == method}
+        txt = []
+        for b in batches:
+            r = cells.get(b)
+            if r is None:
+                txt.append("-")
+                continue
+            sp = f" ({r['speedup_vs_nospec']:.2f}x)" if "speedup_vs_nospec" in r else ""
+            mm = f", {r['mismatches_vs_nospec']}/{r['prompts']} mm" if method != "nospec" and \
+                "mismatches_vs_nospec" in r else ""
+            txt.append(f"{r['tokens_per_s']:,.0f}{sp}; MAT {r['mat']:.2f}; {r['draft_ms_per_step']:.2f} ms{mm}")
+        lines.append(f"| {method} | " + " | ".join(txt) + " |")
+    return lines + [""]
+
+
+def _heads(batches: list[int], heads: list[str] | None) -> str:
+    return "| method | " + " | ".join(heads or [f"bs {b}" for b in batches]) + " |"
+
+
+def _gap_table(rows: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None
+               ) -> list[str]:
+    """GPU idle gap per step (ms), busy per step (ms) and waiting-for-drafts share, where measured (``rows``: one
+    dataset and load; ``name`` titles the table, ``heads`` the batch-size columns, default "bs b")."""
+    mine = [r for r in rows if r.get("gpu_gap_ms_per_step") is not None]
     if not mine:
         return []
-    lines = [f"### {ds}: GPU idle gap / busy per step (ms) | waiting for drafts (gap - nospec-v1 gap) share of step",
-             "", "| method | " + " | ".join(f"bs {b}" for b in batches) + " |", "| --- |" + " --- |" * len(batches)]
+    lines = [f"### {name}: GPU idle gap / busy per step (ms) | waiting for drafts (gap - nospec-v1 gap) share of step",
+             "", _heads(batches, heads), "| --- |" + " --- |" * len(batches)]
     for method in dict.fromkeys(r["method"] for r in mine):
         cells = {r["batch_size"]: r for r in mine if r["method"] == method}
         txt = []
@@ -168,32 +212,32 @@ def _gap_table(rows: list[dict[str, Any]], ds: str, batches: list[int]) -> list[
             txt.append(f"{r['gpu_gap_ms_per_step']:.3f} / {r['gpu_busy_ms_per_step']:.3f}"
                        + (f"; wait {100 * share:.1f}%" if share is not None else ""))
         lines.append(f"| {method} | " + " | ".join(txt) + " |")
-    return lines + [""] + _parts_table(mine, ds, batches)
+    return lines + [""] + _parts_table(mine, name, batches, heads)
 
 
-def _peer_table(rows: list[dict[str, Any]], ds: str, batches: list[int]) -> list[str]:
+def _peer_table(rows: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None
+                ) -> list[str]:
     """Tokens/s of each specdec method over the same run's peers (``add_ratios``), where any was measured."""
-    return _method_table([r for r in rows if r["dataset"] == ds], "speedup_vs_peers", batches,
-                         f"{ds}: specdec tokens/s over the same run's peers",
-                         lambda c: ", ".join(f"{v:.2f}x {PEER_LABELS[p]}" for p, v in c.items()))
+    return _method_table(rows, "speedup_vs_peers", batches, f"{name}: specdec tokens/s over the same run's peers",
+                         lambda c: ", ".join(f"{v:.2f}x {PEER_LABELS[p]}" for p, v in c.items()), heads)
 
 
-def _parts_table(mine: list[dict[str, Any]], ds: str, batches: list[int]) -> list[str]:
+def _parts_table(mine: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None
+                 ) -> list[str]:
     """The wait split by ``_waiting`` (shares of the step), where nospec-sync was measured."""
     return _method_table(mine, "gpu_wait_parts_share", batches,
-                         f"{ds}: waiting split, share of step: synchronous scheduling + speculation (vLLM) + drafting",
+                         f"{name}: waiting split, share of step: synchronous scheduling + speculation (vLLM) + drafting",
                          lambda c: f"{100 * c['sync_scheduling']:.1f}% + {100 * c['speculation']:.1f}% + "
-                                   f"{100 * c['drafting']:.1f}%")
+                                   f"{100 * c['drafting']:.1f}%", heads)
 
 
 def _method_table(rows: list[dict[str, Any]], key: str, batches: list[int], title: str,
-                  cell: Callable[[Any], str]) -> list[str]:
+                  cell: Callable[[Any], str], heads: list[str] | None = None) -> list[str]:
     """A method x batch-size table of ``cell(row[key])`` over the rows that have ``key`` ([] if none has)."""
     mine = [r for r in rows if r.get(key)]
     if not mine:
         return []
-    lines = [f"### {title}", "", "| method | " + " | ".join(f"bs {b}" for b in batches) + " |",
-             "| --- |" + " --- |" * len(batches)]
+    lines = [f"### {title}", "", _heads(batches, heads), "| --- |" + " --- |" * len(batches)]
     for method in dict.fromkeys(r["method"] for r in mine):
         cells = {r["batch_size"]: r[key] for r in mine if r["method"] == method}
         lines.append(f"| {method} | " + " | ".join(cell(c) if (c := cells.get(b)) else "-" for b in batches) + " |")

@@ -86,3 +86,89 @@ def test_preset_runs(tmp_path) -> None:
         build_settings(drafters=None, budgets=None, tree=None, preset=str(y))
     s = build_settings(drafters=None, budgets=None, tree=None, preset="eval_anchors")
     assert len(s) == 4 and s[1].options == {"arctic": {"max_depth": 64}}
+
+
+# --------------------------------------------------------------------------- bench_vllm's prompt sets (prepare_prompts)
+def test_closed_picks_keep_the_original_rule():
+    from specdec.eval.prepare_prompts import closed_picks
+
+    # 3 instances of 10, 4, 7 calls, 5 prompts: 2 evenly spaced calls per instance (the start left out), first 5
+    assert closed_picks([10, 4, 7], 5) == [(0, 3), (0, 6), (1, 1), (1, 2), (2, 2)]
+
+
+def test_sustained_picks_spread_evenly_and_take_all_of_short_instances():
+    from specdec.eval.prepare_prompts import sustained_picks
+
+    picks = sustained_picks([12, 2, 9], 12)  # q = 5: 5 + 2 + 5 = 12
+    assert len(picks) == len(set(picks)) == 12
+    assert [sum(i == k for i, _ in picks) for k in range(3)] == [5, 2, 5]
+    assert all(0 <= c < n for (i, c), n in ((p, [12, 2, 9][p[0]]) for p in picks))
+    assert sustained_picks([3, 3], 4) == [(0, 1), (0, 2), (1, 1), (1, 2)]  # q = 2, the same spread per instance
+    with pytest.raises(SystemExit, match="8 prompts wanted, its instances have only 5"):
+        sustained_picks([2, 3], 8)
+
+
+def test_check_disjoint_names_the_repeated_prompt():
+    from specdec.eval.prepare_prompts import check_disjoint
+
+    check_disjoint("code", {"warmup": [[0, 1]], "bs1": [[0, 2]], "sus32": [[0, 3]]})
+    with pytest.raises(SystemExit, match=r"code: prompt sus32\[1\] repeats bs1\[0\]"):
+        check_disjoint("code", {"warmup": [[0, 1]], "bs1": [[0, 2]], "sus32": [[0, 3], [0, 2]]})
+
+
+def test_code_sustained_sets_are_mbpp_after_the_warmup_disjoint_and_sized(tmp_path, monkeypatch):
+    from specdec.eval import prepare_prompts as pp
+
+    data = tmp_path / "data"
+    (data / "human_eval").mkdir(parents=True)
+    (data / "mbpp").mkdir()
+    with gzip.open(data / "human_eval" / "HumanEval.jsonl.gz", "wt") as fh:
+        fh.write("".join(json.dumps({"prompt": f"def f{i}():\n"}) + "\n" for i in range(200)))
+    tasks = [{"text": f"task {i}", "test_list": [f"assert f({i})"]} for i in range(40)]
+    tasks[15] = dict(tasks[5])  # MBPP repeats a task: offered once
+    (data / "mbpp" / "mbpp.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    monkeypatch.setattr(pp, "data_dir", lambda: data)
+    monkeypatch.setattr(pp, "SUSTAINED_BATCHES", (2, 3))
+    monkeypatch.setattr(pp, "WARMUP_PROMPTS", 4)
+
+    class CharTok:
+        def encode(self, text: str, add_special_tokens: bool = False):
+            return type("Enc", (), {"ids": [ord(c) for c in text]})()
+
+    sets = pp.code_sets(CharTok(), 64)
+
+    def text(ids: list[int]) -> str:
+        return "".join(map(chr, ids[1:]))  # BOS first
+    assert [len(sets[k]) for k in ("sus2", "sus3")] == [8, 12]  # SUSTAINED_FACTOR x b
+    # the warm-up's format, right after it, opening the function the test calls
+    assert text(sets["sus2"][0]) == '"""task 4\nassert f(4)\n"""\ndef f('
+    assert text(sets["sus3"][-1]) == '"""task 24\nassert f(24)\n"""\ndef f('  # 4 + 8 + 12 distinct tasks + the repeat
+    pp.check_disjoint("code", sets)
+    monkeypatch.setattr(pp, "SUSTAINED_BATCHES", (2, 8))
+    with pytest.raises(SystemExit, match="MBPP has 35 distinct tasks after the warm-up: sustained set sus8 needs 40"):
+        pp.code_sets(CharTok(), 64)
+
+
+def test_code_sets_from_the_shared_data_keep_the_closed_sets_and_add_disjoint_sustained_ones():
+    from specdec.eval import prepare_prompts as pp
+
+    needed = [pp.data_dir() / "mbpp" / "mbpp.jsonl", pp.data_dir() / "human_eval" / "HumanEval.jsonl.gz",
+              pp.model_path(pp.TARGET_MODEL) / "tokenizer.json"]
+    if not all(p.exists() for p in needed):
+        pytest.skip("shared data or target tokenizer not present")
+    sets = pp.code_sets(pp._tokenizer(), 1024)
+    assert {k: len(v) for k, v in sets.items()} == {"warmup": 16, "bs1": 8, "bs8": 16, "bs32": 32, "bs64": 64,
+                                                    "sus32": 128, "sus64": 256}
+    pp.check_disjoint("code", sets)
+
+
+def test_mbpp_header_names_the_function_the_test_calls():
+    from specdec.eval.prepare_prompts import _mbpp_header
+
+    def task(test: str) -> dict:
+        return {"text": "t", "test_list": [test]}
+
+    assert _mbpp_header(task("assert remove_Occ(\"hello\",\"l\") == \"heo\"")) == "def remove_Occ("
+    assert _mbpp_header(task("assert not is_not_prime(2)")) == "def is_not_prime("
+    assert _mbpp_header(task("assert set(similar_elements((3, 4), (5, 4))) == set((4,))")) == "def similar_elements("
+    assert _mbpp_header(task("assert math.isclose(volume(3), 1)")) == ""  # no plain call first: no header

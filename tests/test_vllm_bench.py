@@ -127,7 +127,7 @@ def test_inflate_builds_once_and_every_engine_gets_the_inflated_model(tmp_path, 
 
     monkeypatch.setattr(inflate_model, "INFLATE_DIR", tmp_path / "shapes")
     monkeypatch.setattr(bench_vllm.subprocess, "check_call", check_call)
-    monkeypatch.setattr(bench_vllm, "_spawn", lambda args, method, *a: spawned.append((method, args.model)))
+    monkeypatch.setattr(bench_vllm, "_spawn", lambda args, method, *a, **kw: spawned.append((method, args.model)))
     bench_vllm.main(["--prompts", str(prompts), "--model", str(src), "--inflate", "llama-8b", "--methods",
                      "nospec-v1,specdec-sched", "--datasets", "code", "--batch-sizes", "1",
                      "--out-dir", str(tmp_path / "out")])
@@ -163,3 +163,192 @@ def test_ratios_use_nospec_v1_when_it_is_the_only_reference_and_compare_specdec_
     path.write_text(json.dumps(doc))
     main([str(path), "--write"])
     assert "| specdec-sched | 1.60x suffix, 2.00x ngram, 1.28x sync |" in path.with_suffix(".md").read_text()
+
+
+# --------------------------------------------------------------------------- sustained load (bench_vllm --load)
+class FakeEngine:
+    """vLLM's LLMEngine as the feed loop uses it: request i of prompt [n, ...] finishes n steps after it was added
+    (its output: the prompt's ids + 100); each step takes ``STEP_S`` on ``clock``; steps also report unfinished
+    requests, as an engine with cumulative outputs would."""
+
+    STEP_S = 0.5
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock, self.steps = clock, 0
+        self.running: dict[str, list] = {}  # request id -> [steps left, prompt]
+        self.added: list[tuple[int, str, list[int]]] = []  # (step, request id, prompt ids)
+        self.widths: list[int] = []
+
+    def add_request(self, request_id: str, prompt: dict, params: object) -> str:
+        assert request_id not in self.running and params == "sp"
+        self.added.append((self.steps, request_id, prompt["prompt_token_ids"]))
+        self.running[request_id] = [prompt["prompt_token_ids"][0], prompt["prompt_token_ids"]]
+        return request_id + "-internal"
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running)
+
+    def step(self) -> list:
+        from types import SimpleNamespace
+
+        self.steps += 1
+        self.clock[0] += self.STEP_S
+        self.widths.append(len(self.running))
+        outs = []
+        for rid, state in list(self.running.items()):
+            state[0] -= 1
+            ids = [t + 100 for t in state[1]]
+            outs.append(SimpleNamespace(request_id=rid, finished=state[0] == 0, metrics=None,
+                                        outputs=[SimpleNamespace(token_ids=ids)]))
+            if state[0] == 0:
+                del self.running[rid]
+        return outs
+
+
+def _fake_clock(monkeypatch) -> list[float]:
+    from specdec.eval import bench_vllm_load
+
+    clock = [10.0]
+    monkeypatch.setattr(bench_vllm_load.time, "perf_counter", lambda: clock[0])
+    return clock
+
+
+def test_feed_keeps_at_most_b_in_flight_and_refills_as_requests_finish(monkeypatch):
+    from specdec.eval.bench_vllm_load import feed
+
+    engine = FakeEngine(_fake_clock(monkeypatch))
+    prompts = [[3, 0], [1, 1], [1, 2], [2, 3], [1, 4]]  # first id: steps to finish
+    outs, wall = feed(engine, prompts, 2, "sp", request_prefix="code-sus2")
+    # step 1 finishes prompt 1 -> prompt 2 enters; step 2 finishes 2 -> 3 enters; step 3 finishes 0 -> 4 enters
+    assert [(step, rid) for step, rid, _ in engine.added] == [
+        (0, "code-sus2-0"), (0, "code-sus2-1"), (1, "code-sus2-2"), (2, "code-sus2-3"), (3, "code-sus2-4")]
+    assert [ids for _, _, ids in engine.added] == prompts  # each prompt submitted once, in order
+    assert engine.widths == [2, 2, 2, 2] and max(engine.widths) <= 2
+    assert [o.outputs[0].token_ids for o in outs] == [[t + 100 for t in p] for p in prompts]  # prompt order
+    assert wall == 4 * FakeEngine.STEP_S
+
+
+def test_feed_with_fewer_prompts_than_the_cap_submits_them_all_at_once(monkeypatch):
+    from specdec.eval.bench_vllm_load import feed
+
+    engine = FakeEngine(_fake_clock(monkeypatch))
+    outs, wall = feed(engine, [[2, 7], [1, 8]], 64, "sp")
+    assert [(s, r) for s, r, _ in engine.added] == [(0, "sus-0"), (0, "sus-1")]
+    assert engine.widths == [2, 1] and wall == 1.0 and len(outs) == 2
+
+
+def test_sustained_cell_books_tokens_wall_mat_and_steps(monkeypatch):
+    from types import SimpleNamespace
+
+    from specdec.eval.bench_vllm_load import run_sustained
+    from specdec.eval.step_trace import StepTimer
+
+    engine = FakeEngine(_fake_clock(monkeypatch))
+    counters = {"accepted": 0.0}
+    step = engine.step
+
+    def counted_step() -> list:
+        timer.steps += 1  # what StepTimer's execute_model wrapper does
+        counters["accepted"] += 1.0
+        return step()
+
+    engine.step = counted_step
+    def metrics() -> list:  # vLLM's counters: one acceptance per step, four drafts per acceptance
+        return [SimpleNamespace(name="vllm:spec_decode_num_accepted_tokens_total", value=counters["accepted"]),
+                SimpleNamespace(name="vllm:spec_decode_num_draft_tokens_total", value=4 * counters["accepted"])]
+
+    llm = SimpleNamespace(llm_engine=engine, get_metrics=metrics)
+    timer = StepTimer()
+    prompts = [[2, 5, 6], [1, 7, 8], [3, 9, 1], [1, 2, 3]]
+    cell = run_sustained(llm, prompts, 2, "sp", timer)
+    assert cell["load"] == "sustained" and cell["concurrency"] == 2 and cell["batch_size"] == 2
+    assert cell["prompts"] == 4 and cell["output_tokens"] == 12
+    assert cell["outputs"] == [[t + 100 for t in p] for p in prompts]
+    assert cell["engine_steps"] == 4 and cell["wall_s"] == 2.0 and cell["tokens_per_s"] == 6.0
+    assert cell["accepted_tokens"] == 4.0 and cell["mat"] == 12 / 8 and cell["acceptance_rate"] == 0.25
+    assert cell["gpu_gap_ms_per_step"] is None and timer.gpu_on is False  # no GPU events on a fake engine
+
+
+def _sus(cell: dict, b: int = 8) -> dict:
+    return {**cell, "load": "sustained", "concurrency": b, "prompts": len(cell["outputs"])}
+
+
+def test_sustained_cells_get_their_own_ratios_mismatches_and_tables():
+    ref, other = [[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 5, 0]]
+    tps = {"nospec-v1": (100.0, 200.0), "suffix": (150.0, 250.0), "specdec-sched": (300.0, 500.0)}
+    runs = {m: _run(m, {"8": {**_cell(c, ref), "load": "closed"},
+                        "sus8": _sus(_cell(s, other if m == "specdec-sched" else ref))})
+            for m, (c, s) in tps.items()}
+    for m, run in runs.items():
+        run["datasets"]["code"]["sus8"].update(gpu_gap_ms_per_step=1.0 if m == "nospec-v1" else 2.0,
+                                               gpu_busy_ms_per_step=3.0, trace={"reqs": [8]})
+    s = summarise(runs, {})
+    row = {(r["method"], r["load"]): r for r in s["rows"]}
+    assert row[("specdec-sched", "closed")]["speedup_vs_nospec"] == 3.0
+    assert row[("specdec-sched", "sustained")]["speedup_vs_nospec"] == 2.5  # against no-spec's sustained cell
+    assert row[("specdec-sched", "sustained")]["speedup_vs_peers"] == {"suffix": 2.0}
+    assert row[("specdec-sched", "sustained")]["mismatches_vs_nospec"] == 1
+    assert row[("specdec-sched", "closed")]["mismatches_vs_nospec"] == 0
+    assert row[("specdec-sched", "sustained")]["gpu_wait_for_drafts_ms"] == 1.0
+    assert "gpu_wait_for_drafts_ms" not in row[("specdec-sched", "closed")]  # closed cells: no GPU figures
+    assert set(s["traces"]) == {f"{m}|code:sustained|8" for m in tps}  # step_trace's "method|dataset|batch"
+    doc = {"date": "2026-11-22", "device": "h200", "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
+           "summary": s}
+    md = markdown(doc)
+    closed, sustained = md.split("## code, sustained load: N prompts, at most b in flight: tokens/s (x no-spec)")
+    assert "| specdec-sched | 300 (3.00x); MAT 1.00; 0.10 ms, 0/2 mm |" in closed
+    assert "| method | b 8, N 2 |" in sustained
+    assert "| specdec-sched | 500 (2.50x); MAT 1.00; 0.10 ms, 1/2 mm |" in sustained
+    assert "### code, sustained load: specdec tokens/s over the same run's peers" in sustained
+    assert "| specdec-sched | 2.00x suffix |" in sustained and "| specdec-sched | 2.00x suffix |" in closed
+    assert "### code, sustained load: GPU idle gap / busy per step (ms)" in sustained
+    assert "| specdec-sched | 2.000 / 3.000; wait 20.0% |" in sustained
+    assert "GPU idle gap" not in closed
+
+
+def test_a_sustained_only_run_has_no_closed_tables():
+    runs = {m: _run(m, {"sus8": _sus(_cell(v, [[1, 2]]))}) for m, v in (("nospec", 10.0), ("specdec", 30.0))}
+    doc = {"date": "2026-11-22", "device": "h200", "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
+           "summary": summarise(runs, {})}
+    md = markdown(doc)
+    assert "## code: tokens/s" not in md and "| specdec | 30 (3.00x); MAT 1.00; 0.10 ms, 0/1 mm |" in md
+
+
+def test_load_both_runs_each_load_in_its_own_engine_and_joins_the_cells(tmp_path, monkeypatch):
+    import json
+
+    from specdec.eval import bench_vllm
+
+    prompts = tmp_path / "prompts.json"
+    sets = {"warmup": [[1]], "bs8": [[1, 2]], "bs32": [[3]], "sus32": [[4], [5], [6]]}
+    prompts.write_text(json.dumps({"policy": "test", "datasets": {"code": sets}}))
+    calls = []
+
+    def spawn(args, method, dtype, batches, max_tokens, eager, tmp, *, load="closed"):
+        calls.append((method, load))
+        key = "32" if load == "closed" else "sus32"
+        cell = _sus(_cell(50.0, [[1]]), 32) if load == "sustained" else {**_cell(40.0, [[1]]), "load": "closed"}
+        return {"method": method, "dtype": dtype, "startup_s": 1.0 if load == "closed" else 2.0, "load": load,
+                "datasets": {"code": {key: cell}}}
+
+    monkeypatch.setattr(bench_vllm, "_spawn", spawn)
+    bench_vllm.main(["--prompts", str(prompts), "--methods", "nospec,specdec", "--datasets", "code",
+                     "--batch-sizes", "8,32", "--load", "both", "--out-dir", str(tmp_path / "out")])
+    assert calls == [("nospec", "closed"), ("nospec", "sustained"), ("specdec", "closed"), ("specdec", "sustained")]
+    doc = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
+    assert doc["settings"]["load"] == "both" and doc["settings"]["sustained_prompts"] == {"32": 3}
+    rows = {(r["method"], r["load"]): r for r in doc["summary"]["rows"]}
+    assert rows[("specdec", "sustained")]["concurrency"] == 32 and rows[("specdec", "closed")]["batch_size"] == 8
+    assert doc["summary"]["sustained_engine"]["specdec"]["startup_s"] == 2.0
+    assert doc["summary"]["startup_s"]["specdec"] == 1.0
+
+
+def test_merge_loads_keeps_either_side_alone():
+    from specdec.eval.bench_vllm import _merge_loads
+
+    closed = {"method": "m", "startup_s": 1.0, "datasets": {"code": {"8": {"a": 1}}}}
+    sustained = {"method": "m", "startup_s": 2.0, "datasets": {"code": {"sus8": {"b": 2}}, "agentic": {"sus8": {}}}}
+    assert _merge_loads(closed, None) is closed and _merge_loads(None, sustained) is sustained
+    merged = _merge_loads(closed, sustained)
+    assert merged["datasets"] == {"code": {"8": {"a": 1}, "sus8": {"b": 2}}, "agentic": {"sus8": {}}}
+    assert merged["load"] == "both" and merged["sustained_engine"]["startup_s"] == 2.0

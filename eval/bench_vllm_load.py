@@ -1,0 +1,142 @@
+"""The vLLM benchmark's two load modes (``bench_vllm --load``), each measuring one cell on one engine.
+
+* ``closed``: batch size b = exactly b prompts submitted together (``LLM.generate`` over chunks of b). With
+  speculative decoding requests finish at different times, so each chunk ends with a tail of stragglers.
+* ``sustained``: ``SUSTAINED_FACTOR`` x b prompts (``prepare_prompts``' ``sus{b}`` sets) through the engine with at
+  most b in flight: the first b added, then one new request each time one finishes (continuous batching, as a
+  server keeps its batch full), until all are done.
+
+Both return the same cell fields (tokens/s over the wall time, MAT, acceptance, engine steps, drafting time, GPU
+idle gap and busy time per step, the outputs in prompt order for the bf16 mismatch count), with ``load`` naming
+the mode; a sustained cell adds ``concurrency``.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from specdec.eval.step_trace import StepTimer
+
+SUSTAINED_REQUEST_PREFIX = "sus"  # request ids "<prefix>-<prompt index>" (LLM.generate's ids are bare numbers)
+MS_PER_S = 1e3
+
+
+def spec_counters(llm: Any) -> dict[str, float]:
+    """vLLM's speculative-decoding counters (accepted and drafted tokens so far), {} if it reports none."""
+    out: dict[str, float] = {}
+    try:
+        for m in llm.get_metrics():
+            if "spec_decode_num" in m.name and hasattr(m, "value"):
+                key = m.name.split("spec_decode_num_")[-1].replace("_total", "")
+                out[key] = out.get(key, 0.0) + float(m.value)
+    except Exception:  # noqa: BLE001 - metrics are optional
+        pass
+    return out
+
+
+def tpot_ms(outputs: list[Any]) -> float | None:
+    """Mean time per output token after the first (ms) over requests whose metrics carry both timestamps."""
+    vals = []
+    for o in outputs:
+        m = getattr(o, "metrics", None)
+        first, last = getattr(m, "first_token_ts", None), getattr(m, "last_token_ts", None)
+        n = len(o.outputs[0].token_ids)
+        if first and last and n > 1 and last > first:
+            vals.append((last - first) / (n - 1) * MS_PER_S)
+    return sum(vals) / len(vals) if vals else None
+
+
+def feed(engine: Any, prompts: list[list[int]], concurrency: int, params: Any, *,
+         request_prefix: str = SUSTAINED_REQUEST_PREFIX) -> tuple[list[Any], float]:
+    """Run ``prompts`` through ``engine`` (vLLM's ``LLMEngine``: ``add_request``, ``step``,
+    ``has_unfinished_requests``) with at most ``concurrency`` requests in flight, a new one added as soon as a step
+    reports one finished. Returns the finished outputs in prompt order and the seconds from the first add to the
+    step that finished the last request. Request ids: ``<request_prefix>-<prompt index>``."""
+    outputs: list[Any] = [None] * len(prompts)
+    index: dict[str, int] = {}
+
+    def add() -> None:
+        i = len(index)
+        index[f"{request_prefix}-{i}"] = i
+        engine.add_request(f"{request_prefix}-{i}", {"prompt_token_ids": prompts[i]}, params)
+
+    t0 = time.perf_counter()
+    while len(index) < min(concurrency, len(prompts)):
+        add()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outputs[index[out.request_id]] = out
+                if len(index) < len(prompts):
+                    add()
+    wall = time.perf_counter() - t0
+    missing = [i for i, o in enumerate(outputs) if o is None]
+    if missing:
+        raise RuntimeError(f"sustained load: {len(missing)} of {len(prompts)} requests never finished "
+                           f"(first: prompt {missing[0]})")
+    return outputs, wall
+
+
+def run_closed(llm: Any, prompts: list[list[int]], batch: int, sp: Any, timer: StepTimer) -> dict[str, Any]:
+    """A closed-batch cell: ``LLM.generate`` over chunks of ``batch`` prompts (wall = the sum of the calls)."""
+    def measure() -> tuple[list[list[int]], float, list[float]]:
+        wall, outs, tpots = 0.0, [], []
+        for i in range(0, len(prompts), batch):
+            chunk = [{"prompt_token_ids": p} for p in prompts[i:i + batch]]
+            timer.gpu_on = True
+            t0 = time.perf_counter()
+            res = llm.generate(chunk, sp, use_tqdm=False)
+            wall += time.perf_counter() - t0
+            timer.gpu_on = False
+            timer.collect_gpu()
+            outs += [list(r.outputs[0].token_ids) for r in res]
+            t = tpot_ms(res)
+            if t is not None:
+                tpots.append(t)
+        return outs, wall, tpots
+
+    return {**measured_cell(llm, timer, batch, measure), "load": "closed"}
+
+
+def run_sustained(llm: Any, prompts: list[list[int]], concurrency: int, sp: Any, timer: StepTimer, *,
+                  request_prefix: str = SUSTAINED_REQUEST_PREFIX) -> dict[str, Any]:
+    """A sustained-load cell: ``feed`` on the LLM's engine (``sp`` should ask for final outputs only, as
+    ``LLM.generate`` does, so steps do not build a partial output per request; ``request_prefix`` unique per cell
+    of an engine)."""
+    def measure() -> tuple[list[list[int]], float, list[float]]:
+        timer.gpu_on = True
+        res, wall = feed(llm.llm_engine, prompts, concurrency, sp, request_prefix=request_prefix)
+        timer.gpu_on = False
+        timer.collect_gpu()
+        t = tpot_ms(res)
+        return [list(r.outputs[0].token_ids) for r in res], wall, [] if t is None else [t]
+
+    return {**measured_cell(llm, timer, concurrency, measure), "load": "sustained", "concurrency": concurrency}
+
+
+def measured_cell(llm: Any, timer: StepTimer, batch: int,
+                  measure: Callable[[], tuple[list[list[int]], float, list[float]]]) -> dict[str, Any]:
+    """Run ``measure`` (-> outputs in prompt order, wall seconds, TPOTs in ms) and book the cell: tokens/s, MAT and
+    acceptance from vLLM's counters, engine steps, drafting and GPU gap/busy from ``timer`` (deltas over the run)."""
+    c0, s0, d0 = spec_counters(llm), timer.steps, timer.draft_s
+    g0, b0, n0 = timer.gap_ms, timer.busy_ms, timer.gap_n
+    outs, wall, tpots = measure()
+    c1 = spec_counters(llm)
+    n_out = sum(map(len, outs))
+    accepted = c1.get("accepted_tokens", 0.0) - c0.get("accepted_tokens", 0.0)
+    drafted = c1.get("draft_tokens", 0.0) - c0.get("draft_tokens", 0.0)
+    steps, draft_s = timer.steps - s0, timer.draft_s - d0
+    gaps = timer.gap_n - n0
+    return {
+        "gpu_gap_ms_per_step": (timer.gap_ms - g0) / gaps if gaps else None,
+        "gpu_busy_ms_per_step": (timer.busy_ms - b0) / gaps if gaps else None,
+        "batch_size": batch, "prompts": len(outs), "output_tokens": n_out, "wall_s": wall,
+        "tokens_per_s": n_out / wall,
+        "tpot_ms": sum(tpots) / len(tpots) if tpots else MS_PER_S * wall * batch / max(n_out, 1),
+        "mat": n_out / max(n_out - accepted, 1), "accepted_tokens": accepted, "drafted_tokens": drafted,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "engine_steps": steps, "draft_ms_per_step": MS_PER_S * draft_s / max(steps, 1), "draft_share": draft_s / wall,
+        "outputs": outs,
+        **({"trace": timer.trace.cell()} if timer.trace is not None else {}),
+    }
