@@ -634,6 +634,30 @@ def test_scheduler_patch_trims_placeholders_only_while_a_book_is_registered():
     assert not patch_async_scheduler(Other)  # not the method this patch was written against: left alone
 
 
+def test_prefill_steps_cap_the_decoding_requests_slots():
+    from specdec.vllm_plugin.async_patch import cap_prefill_steps
+    from specdec.vllm_plugin.slots import SlotBook
+
+    book = SlotBook(4, prefill_cap=1)
+
+    def req(spec, chunk=False):
+        return SimpleNamespace(spec_token_ids=spec, is_prefill_chunk=chunk)
+
+    running = [req([-1] * 4), req([-1]), req([]), req([5, 6, 7])]
+    sch = SimpleNamespace(running=running, waiting=[])
+    assert cap_prefill_steps(sch, book) == 0 and running[0].spec_token_ids == [-1] * 4  # decode-only step
+    sch.waiting = ["new request"]
+    assert cap_prefill_steps(sch, book) == 1
+    assert running[0].spec_token_ids == [-1] and running[1].spec_token_ids == [-1]  # capped / already short
+    assert running[2].spec_token_ids == [] and running[3].spec_token_ids == [5, 6, 7]  # none / real draft ids
+    sch.waiting = []
+    running[2].is_prefill_chunk, running[2].spec_token_ids = True, [-1] * 3
+    running[0].spec_token_ids = [-1] * 4
+    assert cap_prefill_steps(sch, book) == 1  # a prompt still being chunked is a prefill too (and keeps its own)
+    assert running[2].spec_token_ids == [-1] * 3
+    assert book.as_dict()["prefill_steps"] == 2 and book.as_dict()["prefill_trimmed_slots"] == 6
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable here (CI: /opt/vllm-venv)")
 def test_real_vllm_async_scheduler_is_the_one_the_slot_patch_expects():
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -714,5 +738,17 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots():
         assert list(sch.requests["b"].output_token_ids) == [8, 5, 6, 7]
         assert all(sch.requests[r].num_output_placeholders >= 0 for r in ("a", "b"))
         assert book.as_dict()["slot_share"] < 0.5
+        book.prefill_cap = 1  # prefill_step_slots: a step carrying a prefill verifies at most 1 draft per request
+        book.note(["a", "b"], [3, 3])
+        sch.update_from_output(s3, output(s3, {"a": [1], "b": [2]}))
+        s5 = sch.schedule()  # slots reserved at s4: a 0, b 3 (the book of then)
+        sch.add_request(Request(request_id="c", prompt_token_ids=list(range(40, 60)), sampling_params=params,
+                                pooling_params=None))
+        s6 = sch.schedule()  # c waits: a and b (3 slots each, reserved at s5) keep 1
+        assert s6.num_scheduled_tokens == {"a": 2, "b": 2, "c": 20}
+        assert book.as_dict()["prefill_steps"] == 1
+        for s, toks in ((s4, {"a": [3], "b": [4]}), (s5, {"a": [5], "b": [6]}), (s6, {"a": [7], "b": [8], "c": [9]})):
+            sch.update_from_output(s, output(s, toks))
+        assert all(sch.requests[r].num_output_placeholders >= 0 for r in ("a", "b", "c"))
     finally:
         slots.register(None)

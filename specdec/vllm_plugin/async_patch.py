@@ -23,7 +23,9 @@
      forward (an error, an early return).
 3. ``patch_async_scheduler`` (``draft_slots="adaptive"``): ``AsyncScheduler._update_after_schedule`` (end) trims
    the ``k`` draft placeholders vLLM just gave each decoding request to the slots of its latest draft
-   (``slots.SlotBook``); a pass-through while no slot book is registered (another method, uniform slots).
+   (``slots.SlotBook``); a pass-through while no slot book is registered (another method, uniform slots). With
+   the book's ``prefill_cap`` (``prefill_step_slots``), ``schedule`` (start) also caps the placeholders of every
+   decoding request when the step about to be scheduled will carry a prefill (``cap_prefill_steps``).
 """
 from __future__ import annotations
 
@@ -47,6 +49,8 @@ RUNNER_SIGNATURES = {  # method -> leading parameters this patch relies on
 }
 RUNNER_METHODS = ("_copy_valid_sampled_token_count",)  # called by the capture hook
 SCHEDULER_SOURCE = "spec_token_ids = self._spec_token_placeholders"  # vLLM 0.26-0.32: the placeholders it hands out
+SCHEDULE_SOURCE = "request.num_tokens_with_spec"  # vLLM 0.26-0.32's schedule: 1 + len(spec_token_ids) per decode
+PLACEHOLDER = -1  # vLLM's placeholder draft id under async scheduling
 
 
 def wants_schedule(additional_config: Any, vllm_config: Any = None) -> bool:
@@ -277,7 +281,56 @@ def patch_async_scheduler(scheduler_cls: Any) -> bool:
 
     setattr(_update_after_schedule, _WRAPPED, True)
     scheduler_cls._update_after_schedule = _update_after_schedule
+    _wrap_schedule(scheduler_cls, logged)
     return True
+
+
+def _wrap_schedule(scheduler_cls: Any, logged: list[bool]) -> None:
+    """``schedule`` (start): the prefill steps' cap (``cap_prefill_steps``), if the book has one. Left alone when
+    vLLM's ``schedule`` is not the one it was written against (the cap then never applies, logged)."""
+    orig_schedule = getattr(scheduler_cls, "schedule", None)
+    if orig_schedule is None or not _source_has(orig_schedule, SCHEDULE_SOURCE):
+        logger.info("specdec: %s.schedule is not the one prefill_step_slots was written for; no prefill cap",
+                    scheduler_cls.__name__)
+        return
+
+    @functools.wraps(orig_schedule)
+    def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from specdec.vllm_plugin.slots import active
+
+        book = active()
+        if book is not None and book.prefill_cap >= 0:
+            try:
+                cap_prefill_steps(self, book)
+            except Exception as exc:  # noqa: BLE001 - scheduling must never fail because of drafting
+                if not logged:
+                    logged.append(True)
+                    logger.warning("specdec: the prefill steps' slot cap failed (%r); vLLM's slots stay (logged "
+                                   "once)", exc)
+        return orig_schedule(self, *args, **kwargs)
+
+    setattr(schedule, _WRAPPED, True)
+    scheduler_cls.schedule = schedule
+
+
+def cap_prefill_steps(scheduler: Any, book: Any) -> int:
+    """Before vLLM schedules a step: if it will carry a prefill (a waiting request, or a running one whose prompt
+    is still being chunked), every decoding request keeps at most ``book.prefill_cap`` draft placeholders (vLLM
+    schedules ``1 + len(spec_token_ids)`` tokens for it). Returns the number of requests capped."""
+    running = scheduler.running
+    if not len(scheduler.waiting) and not any(r.is_prefill_chunk for r in running):
+        return 0
+    cap, capped, taken = book.prefill_cap, 0, 0
+    for request in running:
+        spec = request.spec_token_ids
+        if request.is_prefill_chunk or len(spec) <= cap or spec[0] != PLACEHOLDER:
+            continue  # a prefill chunk, already short, or real draft ids (not schedule mode's placeholders)
+        taken += len(spec) - cap
+        request.spec_token_ids = book.placeholders(cap)
+        capped += 1
+    book.prefill_steps += 1
+    book.prefill_trimmed += taken
+    return capped
 
 
 def trim_placeholders(scheduler: Any, scheduler_output: Any, book: Any) -> int:

@@ -15,6 +15,11 @@ of two steps before. A request without a confident draft verifies its one sample
 its later drafts (still computed every step) set its slots again. Small batches, where the proposer pads every draft to ``k`` (``pad_drafts``:
 full CUDA graphs), keep ``k`` slots. Any draft token id in any slot is lossless: the verifier decides.
 
+``prefill_cap`` (>= 0, ``prefill_step_slots``): a step that will also carry a prefill (a request waiting, or a
+prompt still being chunked) is compute-bound, so every verified draft token costs its full share of the GEMMs;
+before vLLM schedules such a step each decoding request keeps at most ``prefill_cap`` of its placeholders
+(``async_patch.cap_prefill_steps``).
+
 The book is shared between the runner (writer, after drafting) and the scheduler (reader), which live in the
 same process with vLLM's one-GPU executor (the only one schedule mode runs under). Never imports vLLM.
 """
@@ -31,10 +36,13 @@ class SlotBook:
     ``note`` replaces the whole table with the rows of the latest drafting step (requests that left the batch drop
     out); a request not in the table (new, or back from preemption) gets ``k``."""
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, *, prefill_cap: int = -1) -> None:
         if k < 1:
             raise ValueError(f"k={k}: a slot book needs at least one draft slot per request")
         self.k = k
+        self.prefill_cap = prefill_cap  # slots per request on steps that carry a prefill (-1: no cap)
+        self.prefill_steps = 0  # steps scheduled with the prefill cap (statistics)
+        self.prefill_trimmed = 0  # slots those steps took away
         self.table: dict[str, int] = {}
         self._placeholders = [[-1] * n for n in range(k + 1)]  # read-only lists handed to vLLM, by length
         self.granted = 0  # slots handed out (statistics)
@@ -58,7 +66,8 @@ class SlotBook:
 
     def as_dict(self) -> dict[str, float]:
         return {"slots_granted": self.granted, "slots_offered": self.offered,
-                "slot_share": self.granted / self.offered if self.offered else 1.0}
+                "slot_share": self.granted / self.offered if self.offered else 1.0,
+                "prefill_steps": self.prefill_steps, "prefill_trimmed_slots": self.prefill_trimmed}
 
 
 class _Registry:
