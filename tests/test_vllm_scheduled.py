@@ -635,23 +635,27 @@ def test_scheduler_patch_trims_placeholders_only_while_a_book_is_registered():
 
 
 def test_prefill_steps_cap_the_decoding_requests_slots():
-    from specdec.vllm_plugin.async_patch import cap_prefill_steps
+    from specdec.vllm_plugin.async_patch import PREFILL_HEAVY_TOKENS, cap_prefill_steps
     from specdec.vllm_plugin.slots import SlotBook
 
     book = SlotBook(4, prefill_cap=1)
 
-    def req(spec, chunk=False):
-        return SimpleNamespace(spec_token_ids=spec, is_prefill_chunk=chunk)
+    def req(spec, chunk=False, todo=0):
+        return SimpleNamespace(spec_token_ids=spec, is_prefill_chunk=chunk, num_tokens=100 + todo,
+                               num_computed_tokens=100)
 
     running = [req([-1] * 4), req([-1]), req([]), req([5, 6, 7])]
     sch = SimpleNamespace(running=running, waiting=[])
     assert cap_prefill_steps(sch, book) == 0 and running[0].spec_token_ids == [-1] * 4  # decode-only step
-    sch.waiting = ["new request"]
+    sch.waiting = [req([], todo=PREFILL_HEAVY_TOKENS - 1)]
+    assert cap_prefill_steps(sch, book) == 0 and book.prefill_steps == 0  # a light prefill rides along for free
+    sch.waiting = [req([], todo=PREFILL_HEAVY_TOKENS // 2), req([], todo=PREFILL_HEAVY_TOKENS // 2)]
     assert cap_prefill_steps(sch, book) == 1
     assert running[0].spec_token_ids == [-1] and running[1].spec_token_ids == [-1]  # capped / already short
     assert running[2].spec_token_ids == [] and running[3].spec_token_ids == [5, 6, 7]  # none / real draft ids
     sch.waiting = []
     running[2].is_prefill_chunk, running[2].spec_token_ids = True, [-1] * 3
+    running[2].num_tokens += PREFILL_HEAVY_TOKENS
     running[0].spec_token_ids = [-1] * 4
     assert cap_prefill_steps(sch, book) == 1  # a prompt still being chunked is a prefill too (and keeps its own)
     assert running[2].spec_token_ids == [-1] * 3
@@ -672,7 +676,7 @@ def test_real_vllm_async_scheduler_is_the_one_the_slot_patch_expects():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable here (CI: /opt/vllm-venv)")
-def test_real_vllm_async_scheduler_schedules_each_request_its_slots():
+def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch):
     """vLLM's own AsyncScheduler (CPU, no model run) with the slot patch: a step's scheduled tokens per request are
     1 + the slots the book held when the previous step was scheduled (vLLM reserves step N+1's placeholders at the
     end of scheduling step N), and vLLM's placeholder accounting stays consistent as outputs arrive."""
@@ -685,7 +689,7 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots():
     from vllm.v1.structured_output import StructuredOutputManager
 
     from specdec.paths import TARGET_MODEL, model_path
-    from specdec.vllm_plugin import slots
+    from specdec.vllm_plugin import async_patch, slots
     from specdec.vllm_plugin.async_patch import patch_async_scheduler
 
     if not model_path(TARGET_MODEL).is_dir():
@@ -744,6 +748,7 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots():
         s5 = sch.schedule()  # slots reserved at s4: a 0, b 3 (the book of then)
         sch.add_request(Request(request_id="c", prompt_token_ids=list(range(40, 60)), sampling_params=params,
                                 pooling_params=None))
+        monkeypatch.setattr(async_patch, "PREFILL_HEAVY_TOKENS", 20)  # c's 20 tokens count as a heavy prefill
         s6 = sch.schedule()  # c waits: a and b (3 slots each, reserved at s5) keep 1
         assert s6.num_scheduled_tokens == {"a": 2, "b": 2, "c": 20}
         assert book.as_dict()["prefill_steps"] == 1
