@@ -94,7 +94,7 @@ class SpecdecOptions(ConfigBase):
                                       "least 512 prompt tokens of waiting requests or prompts still being chunked) "
                                       "every decoding request verifies at most this many draft tokens (such steps "
                                       "are compute-bound: each verified token costs its full share of the GEMMs); "
-                                      "-1: no cap. GPU runs 58-59, 8B-sized target, sustained load: agentic +2-5% "
+                                      "-1: no cap. GPU runs 58-60, 8B-sized target, sustained load: agentic +1-5% "
                                       "at batch 32-64, code unchanged")
     adaptive_slots_from: int = rng(16, lo=1, hi=1 << 16,
                                    doc="draft_slots='adaptive' with pad_drafts='auto': below this many running "
