@@ -21,7 +21,9 @@ drafter take part (the plugin lifts the whitelist for our method only, version-c
    With the device wait (``device_wait.py``, default where the driver allows) the fill only enqueues, on the
    stream, a wait on a pinned word and the copy of the pinned draft buffer, and stops finished requests; the
    drafting itself (``finish``) runs at the start of ``_model_forward``, once vLLM has enqueued the step's other
-   inputs, and releases the wait. The GPU then idles for the drafting only.
+   inputs, and releases the wait. The GPU then idles for the drafting only. (``finish_thread``, off: that
+   drafting runs on a worker thread while the engine thread launches the forward behind the wait; slower on
+   the H200 in GPU run 56, the two contend for the GIL.)
 
 So the GPU idles only for the drafting itself (not for vLLM's output processing and scheduling, which the
 synchronous path also puts between two forward passes). vLLM's scheduler reserves k draft slots for every
