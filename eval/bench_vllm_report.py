@@ -170,25 +170,25 @@ def _sustained_tables(rows: list[dict[str, Any]], ds: str) -> list[str]:
 
 def _speed_table(rows: list[dict[str, Any]], methods: list[str], batches: list[int], heads: list[str]) -> list[str]:
     """Tokens/s (x no-spec), MAT, drafting ms per step and bf16 mismatches per method and batch size."""
-    lines = ["| method | " + " | ".join(heads) + " |", "| --- |" + " --- |" * len(batches)]
-    for method in methods:
+    def text(r: dict[str, Any]) -> str:
+        sp = f" ({r['speedup_vs_nospec']:.2f}x)" if "speedup_vs_nospec" in r else ""
+        mm = f", {r['mismatches_vs_nospec']}/{r['prompts']} mm" if r["method"] != "nospec" and \
+            "mismatches_vs_nospec" in r else ""
+        return f"{r['tokens_per_s']:,.0f}{sp}; MAT {r['mat']:.2f}; {r['draft_ms_per_step']:.2f} ms{mm}"
+
+    return _grid(rows, batches, heads, text, methods) + [""]
+
+
+def _grid(rows: list[dict[str, Any]], batches: list[int], heads: list[str] | None,
+          text: Callable[[dict[str, Any]], str], methods: list[str] | None = None) -> list[str]:
+    """A method x batch-size markdown table: header (``heads``, default "bs b"), then one line per method
+    (``methods``, default in row order) with ``text(row)`` per batch size, "-" where the method has no row."""
+    lines = ["| method | " + " | ".join(heads or [f"bs {b}" for b in batches]) + " |",
+             "| --- |" + " --- |" * len(batches)]
+    for method in methods or dict.fromkeys(r["method"] for r in rows):
         cells = {r["batch_size"]: r for r in rows if r["method"] == method}
-        txt = []
-        for b in batches:
-            r = cells.get(b)
-            if r is None:
-                txt.append("-")
-                continue
-            sp = f" ({r['speedup_vs_nospec']:.2f}x)" if "speedup_vs_nospec" in r else ""
-            mm = f", {r['mismatches_vs_nospec']}/{r['prompts']} mm" if method != "nospec" and \
-                "mismatches_vs_nospec" in r else ""
-            txt.append(f"{r['tokens_per_s']:,.0f}{sp}; MAT {r['mat']:.2f}; {r['draft_ms_per_step']:.2f} ms{mm}")
-        lines.append(f"| {method} | " + " | ".join(txt) + " |")
-    return lines + [""]
-
-
-def _heads(batches: list[int], heads: list[str] | None) -> str:
-    return "| method | " + " | ".join(heads or [f"bs {b}" for b in batches]) + " |"
+        lines.append(f"| {method} | " + " | ".join(text(cells[b]) if b in cells else "-" for b in batches) + " |")
+    return lines
 
 
 def _gap_table(rows: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None
@@ -198,20 +198,14 @@ def _gap_table(rows: list[dict[str, Any]], name: str, batches: list[int], heads:
     mine = [r for r in rows if r.get("gpu_gap_ms_per_step") is not None]
     if not mine:
         return []
+
+    def text(r: dict[str, Any]) -> str:
+        share = r.get("gpu_wait_for_drafts_share")
+        return (f"{r['gpu_gap_ms_per_step']:.3f} / {r['gpu_busy_ms_per_step']:.3f}"
+                + (f"; wait {100 * share:.1f}%" if share is not None else ""))
+
     lines = [f"### {name}: GPU idle gap / busy per step (ms) | waiting for drafts (gap - nospec-v1 gap) share of step",
-             "", _heads(batches, heads), "| --- |" + " --- |" * len(batches)]
-    for method in dict.fromkeys(r["method"] for r in mine):
-        cells = {r["batch_size"]: r for r in mine if r["method"] == method}
-        txt = []
-        for b in batches:
-            r = cells.get(b)
-            if r is None:
-                txt.append("-")
-                continue
-            share = r.get("gpu_wait_for_drafts_share")
-            txt.append(f"{r['gpu_gap_ms_per_step']:.3f} / {r['gpu_busy_ms_per_step']:.3f}"
-                       + (f"; wait {100 * share:.1f}%" if share is not None else ""))
-        lines.append(f"| {method} | " + " | ".join(txt) + " |")
+             "", *_grid(mine, batches, heads, text)]
     return lines + [""] + _parts_table(mine, name, batches, heads)
 
 
@@ -237,11 +231,7 @@ def _method_table(rows: list[dict[str, Any]], key: str, batches: list[int], titl
     mine = [r for r in rows if r.get(key)]
     if not mine:
         return []
-    lines = [f"### {title}", "", _heads(batches, heads), "| --- |" + " --- |" * len(batches)]
-    for method in dict.fromkeys(r["method"] for r in mine):
-        cells = {r["batch_size"]: r[key] for r in mine if r["method"] == method}
-        lines.append(f"| {method} | " + " | ".join(cell(c) if (c := cells.get(b)) else "-" for b in batches) + " |")
-    return lines + [""]
+    return [f"### {title}", "", *_grid(mine, batches, heads, lambda r: cell(r[key])), ""]
 
 
 def rerender(path: Path) -> str:
