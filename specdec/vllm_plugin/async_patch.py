@@ -37,6 +37,8 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
+from specdec.vllm_plugin.slots import PLACEHOLDER, active
+
 logger = logging.getLogger("specdec.vllm")
 
 _WRAPPED = "_specdec_wrapped"
@@ -51,7 +53,6 @@ RUNNER_SIGNATURES = {  # method -> leading parameters this patch relies on
 RUNNER_METHODS = ("_copy_valid_sampled_token_count",)  # called by the capture hook
 SCHEDULER_SOURCE = "spec_token_ids = self._spec_token_placeholders"  # vLLM 0.26-0.32: the placeholders it hands out
 SCHEDULE_SOURCE = "request.num_tokens_with_spec"  # vLLM 0.26-0.32's schedule: 1 + len(spec_token_ids) per decode
-PLACEHOLDER = -1  # vLLM's placeholder draft id under async scheduling
 # prefill_step_slots applies to steps with at least this many prompt tokens to compute: from there a step is
 # compute-bound on an H100/H200 whatever the dense model (the GEMMs' ridge is ~300 tokens), and each verified draft
 # token costs its full share. GPU run 58: capping every step with any prefill cost code prompts (~50 tokens, one
@@ -272,8 +273,6 @@ def patch_async_scheduler(scheduler_cls: Any) -> bool:
     @functools.wraps(orig)
     def _update_after_schedule(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig(self, scheduler_output, *args, **kwargs)
-        from specdec.vllm_plugin.slots import active
-
         book = active()
         if book is not None:
             try:
@@ -302,8 +301,6 @@ def _wrap_schedule(scheduler_cls: Any, logged: list[bool]) -> None:
 
     @functools.wraps(orig_schedule)
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
-        from specdec.vllm_plugin.slots import active
-
         book = active()
         if book is not None and book.prefill_cap >= 0:
             try:

@@ -46,13 +46,11 @@ import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from specdec.vllm_plugin.feed import (  # noqa: F401 - re-exported (tests, tools)
-    FeedStats, HistoryView, Rows, TokenFeed, pad_rows, valid_counts)
+from specdec.vllm_plugin.feed import TokenFeed, pad_rows, valid_counts
 
 logger = logging.getLogger("specdec.vllm")
 
 RING_SLOTS = 4  # pinned buffers for sampled tokens; a slot is reused only after its step was read
-PLACEHOLDER = -1  # vLLM's rejected-token / async placeholder id
 WATCHDOG_LIMIT = 3  # device wait: watchdog releases after which the host fills instead
 _DEBUG_WAIT = os.environ.get("SPECDEC_DEBUG_DEVICE_WAIT") == "1"  # stacks of a step whose finish() is late
 DEBUG_DUMP_S = 0.05  # SPECDEC_DEBUG_DEVICE_WAIT=1: dump every thread's stack when finish() comes this long after fill

@@ -15,10 +15,10 @@ of two steps before. A request without a confident draft verifies its one sample
 its later drafts (still computed every step) set its slots again. Small batches, where the proposer pads every draft to ``k`` (``pad_drafts``:
 full CUDA graphs), keep ``k`` slots. Any draft token id in any slot is lossless: the verifier decides.
 
-``prefill_cap`` (>= 0, ``prefill_step_slots``): a step that will also carry a prefill (a request waiting, or a
-prompt still being chunked) is compute-bound, so every verified draft token costs its full share of the GEMMs;
-before vLLM schedules such a step each decoding request keeps at most ``prefill_cap`` of its placeholders
-(``async_patch.cap_prefill_steps``).
+``prefill_cap`` (>= 0, ``prefill_step_slots``): a step that will also carry a heavy prefill (at least
+``async_patch.PREFILL_HEAVY_TOKENS`` prompt tokens of waiting requests or prompts still being chunked) is
+compute-bound, so every verified draft token costs its full share of the GEMMs; before vLLM schedules such a step
+each decoding request keeps at most ``prefill_cap`` of its placeholders (``async_patch.cap_prefill_steps``).
 
 The book is shared between the runner (writer, after drafting) and the scheduler (reader), which live in the
 same process with vLLM's one-GPU executor (the only one schedule mode runs under). Never imports vLLM.
@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Sequence
 
 SLOT_MODES = ("uniform", "adaptive")
+PLACEHOLDER = -1  # vLLM's draft-slot placeholder id under async scheduling (also its rejected-token id)
 
 
 class SlotBook:
@@ -44,7 +45,7 @@ class SlotBook:
         self.prefill_steps = 0  # steps scheduled with the prefill cap (statistics)
         self.prefill_trimmed = 0  # slots those steps took away
         self.table: dict[str, int] = {}
-        self._placeholders = [[-1] * n for n in range(k + 1)]  # read-only lists handed to vLLM, by length
+        self._placeholders = [[PLACEHOLDER] * n for n in range(k + 1)]  # read-only lists handed to vLLM, by length
         self.granted = 0  # slots handed out (statistics)
         self.offered = 0  # slots vLLM would have reserved (k per decoding request)
 
