@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from specdec.eval.step_trace import StepTimer
+from specdec.eval.step_trace import SPLIT_COLS, StepTimer
 
 SUSTAINED_REQUEST_PREFIX = "sus"  # request ids "<prefix>-<prompt index>" (LLM.generate's ids are bare numbers)
 MS_PER_S = 1e3
@@ -138,5 +138,20 @@ def measured_cell(llm: Any, timer: StepTimer, batch: int,
         "acceptance_rate": accepted / drafted if drafted else None,
         "engine_steps": steps, "draft_ms_per_step": MS_PER_S * draft_s / max(steps, 1), "draft_share": draft_s / wall,
         "outputs": outs,
-        **({"trace": timer.trace.cell()} if timer.trace is not None else {}),
+        **(_with_split(timer.trace.cell()) if timer.trace is not None else {}),
     }
+
+
+def _with_split(trace: dict[str, list[Any]]) -> dict[str, Any]:
+    """The cell's trace, and the means of its gap split (schedule mode's device wait; ``step_trace.SPLIT_COLS``)
+    over the steps that have one."""
+    out: dict[str, Any] = {"trace": trace}
+    split = {}
+    for col in SPLIT_COLS:
+        vals = [v for v in trace.get(col, ()) if v is not None]
+        if vals:
+            split[col] = sum(vals) / len(vals)
+            split[f"{col}_steps"] = len(vals)
+    if split:
+        out["gap_split_ms"] = split
+    return out

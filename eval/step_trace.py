@@ -11,6 +11,11 @@ per cell) and ``StepTrace`` (a record per step: where a step's time goes, by bat
 * ``cg``: the CUDA-graph mode vLLM's dispatcher chose for the forward pass (``F`` full, ``P`` piecewise,
   ``N`` none/eager, ``?`` not seen),
 * ``busy_ms`` / ``gap_ms``: GPU time of the step and the GPU's idle gap after it (CUDA events, ``StepTimer``).
+* schedule mode with the device wait, the gap split in two: ``held_ms`` = GPU time from the step's end until the
+  next step's stream is past its wait for drafts (and the draft copy), ``after_ms`` = from there to the next forward's
+  start (vLLM's input work queued behind the wait, the launch); host side, ``sync_ms`` = time the drafting spent
+  reading captured tokens (mostly waiting for the GPU to finish the step), ``finish_ms`` = the drafting call
+  (``ScheduledDrafting._finish_job``, ``sync_ms`` included).
 
 ``python -m specdec.eval.step_trace RESULTS.json [--method M] [--dataset D] [--batch-size B] [--plot P.png]`` prints, per cell,
 a table by width bucket (requests in the step): steps, mean period / draft / busy / gap, share of the cell's
@@ -30,6 +35,7 @@ CG_CODES = {"FULL": "F", "PIECEWISE": "P", "NONE": "N"}  # vLLM CUDAGraphMode na
 WIDTH_EDGES = (1, 2, 4, 8, 16, 32, 48, 64, 128, 256)  # bucket upper bounds (requests per step)
 MIN_FIT_STEPS = 8  # fit_step_cost needs at least this many steps
 FULL_WIDTH_SHARE = 0.75  # --fit: steps at least this share of the cell's widest step
+SPLIT_COLS = ("held_ms", "after_ms", "sync_ms", "finish_ms")  # schedule mode's gap split (module docstring)
 
 
 class StepTrace:
@@ -96,13 +102,18 @@ class StepTrace:
         """Index of the step being executed (for GPU events recorded during it)."""
         return len(self.rows) - 1
 
-    def end_call(self, draft_s_total: float, gpu: dict[int, tuple[float, float | None]]) -> None:
-        """A ``generate`` call finished: close its last step; ``gpu`` = step index -> (busy ms, gap ms after)."""
+    def end_call(self, draft_s_total: float, gpu: dict[int, tuple[float, float | None]],
+                 split: dict[int, dict[str, float]] | None = None) -> None:
+        """A ``generate`` call finished: close its last step; ``gpu`` = step index -> (busy ms, gap ms after);
+        ``split``: step index -> the gap's parts and the host's drafting times (``SPLIT_COLS``)."""
         if self.rows and self.rows[-1]["period_ms"] is None:
             self._close_last(-1.0, draft_s_total)  # -1: closed, period unknown (no next step)
         for i, (busy, gap) in gpu.items():
             if 0 <= i < len(self.rows):
                 self.rows[i]["busy_ms"], self.rows[i]["gap_ms"] = busy, gap
+        for i, parts in (split or {}).items():
+            if 0 <= i < len(self.rows):
+                self.rows[i].update(parts)
 
     def _close_last(self, period_ms: float, draft_s_total: float) -> None:
         """The open step ends: its period, the drafting done since it began, its CUDA-graph mode."""
@@ -113,7 +124,7 @@ class StepTrace:
 
     def cell(self) -> dict[str, list[Any]]:
         """The cell's steps as columns (periods of -1 -> None), then cleared."""
-        cols = ("reqs", "tokens", "spec", "emitted", "period_ms", "draft_ms", "busy_ms", "gap_ms")
+        cols = ("reqs", "tokens", "spec", "emitted", "period_ms", "draft_ms", "busy_ms", "gap_ms", *SPLIT_COLS)
         out: dict[str, list[Any]] = {c: [] for c in cols}
         for r in self.rows:
             for c in cols:
@@ -144,6 +155,11 @@ class StepTimer:
         self.gpu_on = False  # record events (only inside measured generate calls; never during graph capture)
         self.events: list[tuple[Any, Any, int]] = []  # (forward start, sampling end, trace row) per step of a call
         self._start: Any = None
+        # schedule mode, device wait: the event behind each step's wait for drafts, and the host's drafting times
+        self._held: Any = None  # recorded at the wait's enqueue (this step's, before its forward starts)
+        self.held_events: dict[int, Any] = {}  # trace row -> its wait event
+        self.host_split: dict[int, dict[str, float]] = {}  # trace row -> {"sync_ms", "finish_ms"}
+        self._sync_s = 0.0
         self.gap_ms = self.busy_ms = 0.0
         self.gap_n = 0
 
@@ -173,7 +189,14 @@ class StepTimer:
         ScheduledDrafting.capture = self._timed(ScheduledDrafting.capture)
         ScheduledDrafting.fill = self._timed(ScheduledDrafting.fill)
         # device wait: the drafting (inline in finish, or on the finisher thread with finish_thread)
-        ScheduledDrafting._finish_job = self._timed(ScheduledDrafting._finish_job)
+        ScheduledDrafting._finish_job = self._split(self._timed(ScheduledDrafting._finish_job), "finish_ms")
+        ScheduledDrafting._drain = self._split(ScheduledDrafting._drain, "sync_ms")
+        try:
+            from specdec.vllm_plugin.device_wait import DeviceWait
+
+            DeviceWait.enqueue_copy = self._marked_after(DeviceWait.enqueue_copy)
+        except ImportError:
+            pass
         try:  # the hand-off of drafts to the scheduler: where overlapped drafting ("async") waits for its helper
             from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
@@ -192,6 +215,34 @@ class StepTimer:
 
     def _forward_started(self) -> None:
         self._start = self._event()
+        if self._held is not None and self.trace is not None:
+            self.held_events[self.trace.current] = self._held
+        self._held = None
+
+    def _marked_after(self, fn: Any) -> Any:
+        """``DeviceWait.enqueue_copy`` followed by an event: the GPU reaches it once the wait is released."""
+        @functools.wraps(fn)
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            out = fn(*a, **kw)
+            if self.trace is not None:
+                self._held = self._event()
+            return out
+
+        return wrapper
+
+    def _split(self, fn: Any, key: str) -> Any:
+        """``fn`` with its wall time added to the current trace row's ``key`` (ms)."""
+        @functools.wraps(fn)
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                if self.trace is not None and self.gpu_on:
+                    row = self.host_split.setdefault(self.trace.current, {})
+                    row[key] = row.get(key, 0.0) + 1e3 * (time.perf_counter() - t0)
+
+        return wrapper
 
     def _sampling_done(self) -> None:
         end = self._event()
@@ -223,8 +274,22 @@ class StepTimer:
         if ev:
             per_step.setdefault(ev[-1][2], (ev[-1][0].elapsed_time(ev[-1][1]), None))
         if self.trace is not None:
-            self.trace.end_call(self.draft_s, per_step)
+            self.trace.end_call(self.draft_s, per_step, self._gap_split(ev))
         self.events, self._start = [], None
+        self.held_events, self.host_split, self._held = {}, {}, None
+
+    def _gap_split(self, ev: list[tuple[Any, Any, int]]) -> dict[int, dict[str, float]]:
+        """Per trace row: the gap after it split at the next step's wait event, and the host's drafting times
+        (the drafting that ends the gap after step N runs during step N+1's ``execute_model``)."""
+        out: dict[int, dict[str, float]] = {}
+        for (_s0, e0, i0), (s1, _e1, i1) in zip(ev, ev[1:]):
+            held = self.held_events.get(i1)
+            parts: dict[str, float] = dict(self.host_split.get(i1, {}))
+            if held is not None:
+                parts["held_ms"], parts["after_ms"] = e0.elapsed_time(held), held.elapsed_time(s1)
+            if parts:
+                out[i0] = parts
+        return out
 
     def _timed(self, fn: Any) -> Any:
         """``fn`` with its wall time added to ``draft_s`` (signature kept visible for the plugin's checks)."""

@@ -94,11 +94,49 @@ def test_timer_and_trace_hooks_keep_vllm_signatures(monkeypatch):
         monkeypatch.setattr(owner, name, getattr(owner, name))  # restored after the test
     from specdec.vllm_plugin.scheduled import ScheduledDrafting
 
-    for name in ("capture", "fill"):
+    from specdec.vllm_plugin.device_wait import DeviceWait
+
+    for name in ("capture", "fill", "_finish_job", "_drain"):
         monkeypatch.setattr(ScheduledDrafting, name, getattr(ScheduledDrafting, name))
+    monkeypatch.setattr(DeviceWait, "enqueue_copy", DeviceWait.enqueue_copy)
     timer = StepTimer(StepTrace())
     timer.install()
     for owner, name in names:
         fn = getattr(owner, name)
         assert hasattr(fn, "__wrapped__") and inspect.signature(fn) == before[(owner, name)]
     assert runner._bookkeeping_sync.__wrapped__ is not None  # GPU events mark each step's end there
+
+
+class FakeEvent:
+    """A CUDA event stand-in: ``t`` ms on the GPU's clock."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def elapsed_time(self, other: "FakeEvent") -> float:
+        return other.t - self.t
+
+    def synchronize(self) -> None:
+        pass
+
+
+def test_gap_split_at_the_next_steps_wait_event_and_host_times_of_that_step():
+    """Step 0 ends at 10 ms, step 1's wait is passed at 10.8 ms and its forward starts at 11.0 ms: the gap after
+    step 0 (1.0 ms) = 0.8 held + 0.2 after; the host's drafting times recorded during step 1 go to step 0's gap."""
+    from specdec.eval.step_trace import StepTimer
+
+    trace = StepTrace()
+    timer = StepTimer(trace)
+    for _ in range(3):
+        trace.step(object(), 0.0)
+    timer.events = [(FakeEvent(0.0), FakeEvent(10.0), 0), (FakeEvent(11.0), FakeEvent(20.0), 1),
+                    (FakeEvent(20.5), FakeEvent(30.0), 2)]
+    timer.held_events = {1: FakeEvent(10.8)}  # step 2 had no device wait (e.g. a host fill)
+    timer.host_split = {1: {"sync_ms": 9.5, "finish_ms": 10.1}, 2: {"sync_ms": 0.1}}
+    timer.collect_gpu()
+    cell = trace.cell()
+    assert cell["gap_ms"] == [1.0, 0.5, None]
+    assert cell["held_ms"][0] == pytest.approx(0.8) and cell["after_ms"][0] == pytest.approx(0.2)
+    assert cell["sync_ms"] == [9.5, 0.1, None] and cell["finish_ms"] == [10.1, None, None]
+    assert cell["held_ms"][1] is None and cell["after_ms"][1] is None
+    assert timer.held_events == {} and timer.host_split == {}

@@ -88,7 +88,8 @@ def lane_step(lane: Lane, req_ids: Sequence[str], sampled: Sequence[Sequence[int
             p = max(1, min(int(num_prompt_tokens[i]), n))
         ctx = np.asarray(token_ids_cpu[i, :n]).tolist()  # copy: the row's buffer changes later
         lane.lane_restart(rid, ctx[:p], ctx[p:], n)
-    # every row is now fresh (extended by the first call, or restarted): this call checks and drafts
+    # the first call changed nothing; the restarted rows are fresh (they hold their tokens): this call extends the
+    # others and drafts every row
     drafts, again, acc2, counts.drafted = lane.lane_step(ids, sampled, lengths, **decisions)
     if again:  # cannot happen: each was just restarted at exactly this length
         raise RuntimeError(f"lane: rows {again} still out of step after a restart")
