@@ -522,8 +522,9 @@ def test_draft_model_option_fills_the_model_drafters_path_and_target_tokenizer()
     assert opts.drafter_options == {"model": {"path": "/b"}}
 
 
-def test_async_mode_auto_resolves_by_target_size_and_parallelism():
-    from specdec.vllm_plugin.options import AUTO_SCHEDULE_MIN_PARAMS, resolve_async_mode
+def test_async_mode_and_lane_threads_auto_resolve_by_target_size_and_parallelism():
+    from specdec.vllm_plugin.options import (AUTO_SCHEDULE_MIN_PARAMS, SCHEDULE_LANE_THREADS, resolve_async_mode,
+                                             resolve_lane_threads)
     from specdec.vllm_plugin.proposer import SpecdecProposer
 
     assert resolve_async_mode("auto", params=AUTO_SCHEDULE_MIN_PARAMS) == "schedule"
@@ -543,5 +544,8 @@ def test_async_mode_auto_resolves_by_target_size_and_parallelism():
     big, small = proposer(llama8b), proposer(None)
     assert big.options.async_mode == "schedule" and big.schedule_mode and not big.threaded
     assert small.options.async_mode == "thread" and small.threaded and not small.schedule_mode
+    # lane_threads 0 ("auto"): the schedule mode's drafting (the GPU waits for it) on SCHEDULE_LANE_THREADS threads
+    assert big.core.options.lane_threads == SCHEDULE_LANE_THREADS and small.core.options.lane_threads == 1
+    assert resolve_lane_threads(0, schedule=False) == 1 and resolve_lane_threads(2, schedule=True) == 2
     big.close()
     small.close()

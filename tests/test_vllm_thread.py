@@ -189,7 +189,7 @@ def test_threads_mode_is_validated_and_other_drafters_draft_synchronously():
     with pytest.raises(ConfigError, match="async_mode.*'threads'|'threads'.*async_mode"):
         SpecdecOptions.from_dict({"async_drafting": True, "async_mode": "threads"})
     with pytest.raises(ConfigError, match="lane_threads"):
-        SpecdecOptions.from_dict({"lane_threads": 0})
+        SpecdecOptions.from_dict({"lane_threads": -1})
     with pytest.raises(ValueError, match=r"lane_threads: 65 is outside \[1, 64\]"):
         SuffixDrafter(backend="native").lane_threads(65)
     core = ThreadedProposerCore(SuffixDrafter(backend="python"), SpecdecOptions.from_dict({"adaptive": False}),

@@ -27,7 +27,7 @@ from specdec.drafters.registry import build_drafter
 from specdec.vllm_plugin.core import ProposerCore
 from specdec.vllm_plugin.options import (SpecdecOptions, async_mode_for,
                                          estimate_params,  # noqa: F401 - re-exported
-                                         options_from_vllm_config)
+                                         options_from_vllm_config, resolve_lane_threads)
 
 logger = logging.getLogger("specdec.vllm")
 INSTANCES: "weakref.WeakSet[SpecdecProposer]" = weakref.WeakSet()  # live proposers of this process (for stats)
@@ -80,10 +80,11 @@ class SpecdecProposer:
             # schedule mode: the controller's plain (no-draft) A/B windows would save nothing (vLLM reserves the
             # slots before the drafts exist); with vLLM's uniform k slots every row is padded to k, with adaptive
             # slots the drafts stay cut (their lengths are the next step's slots) and pad_drafts decides as usual
-            core_options = self.options
+            threads = resolve_lane_threads(self.options.lane_threads, schedule=self.schedule_mode)
+            core_options = self.options.replace(lane_threads=threads)
             if self.schedule_mode:
                 pad = {"pad_drafts": "on"} if self.options.draft_slots == "uniform" else {}
-                core_options = self.options.replace(ab_windows=False, **pad)
+                core_options = core_options.replace(ab_windows=False, **pad)
             core_cls = ProposerCore
             if self.threaded:
                 from specdec.vllm_plugin.threaded import ThreadedProposerCore as core_cls

@@ -128,7 +128,7 @@ class ThreadedProposerCore(ProposerCore):
         d["async_mode"] = "thread"
         d["collect_wait_ms_per_step"] = 1e3 * self.stats_collect_seconds / max(self.stats.steps, 1)
         d["thread_spin_us"] = self.options.thread_spin_us
-        d["lane_threads"] = self.options.lane_threads
+        d["lane_threads"] = max(1, self.options.lane_threads)
         d["thread_timing_us"] = {  # per batch-size bucket, means per collected step
             str(b): {"steps": int(v[0]), **{k: v[i] / v[0] for i, k in enumerate(TIMING_KEYS, 1)}}
             for b, v in sorted(self.timing.items()) if v[0]}
