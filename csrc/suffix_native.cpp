@@ -986,6 +986,7 @@ PyMethodDef Engine_methods[] = {
     {"lane_spin", reinterpret_cast<PyCFunction>(Engine_lane_spin), METH_VARARGS, kLaneSpinDoc},
     {"lane_threads", reinterpret_cast<PyCFunction>(Engine_lane_threads), METH_VARARGS, kLaneThreadsDoc},
     {"lane_prepare", reinterpret_cast<PyCFunction>(Engine_lane_prepare), METH_VARARGS, kLanePrepareDoc},
+    {"lane_refresh", reinterpret_cast<PyCFunction>(Engine_lane_refresh), METH_NOARGS, kLaneRefreshDoc},
     {nullptr, nullptr, 0, nullptr}};
 
 PyTypeObject EngineType = {PyVarObject_HEAD_INIT(nullptr, 0)};

@@ -182,6 +182,11 @@ class SuffixDrafter(Drafter):
             self.extend(request_id, rest_ids)
         self.engine.lane_mark(self._ids[request_id], n_known, fresh)
 
+    def lane_refresh(self) -> int:
+        """Bring every active request's match front in the global cache up to date (after stops cached their
+        responses) so that the next ``lane_step`` does not rebuild them; same drafts. Returns how many were stale."""
+        return int(self.engine.lane_refresh())
+
     def lane_invalidate(self, request_id: str) -> None:
         """Make the request's next ``lane_step`` row ask for a restart (its context is about to be resent)."""
         rid = self._ids.get(request_id)

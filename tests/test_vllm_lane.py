@@ -124,6 +124,46 @@ def test_lane_drafts_and_stats_equal_the_python_path(opts):
     assert a["active_requests"] == b["active_requests"] >= len(eng.reqs) - 4  # not yet started: prefilling
 
 
+class RepeatingEngine(FakeEngine):
+    """New requests decode the targets of earlier ones (4 distinct targets): the global cache of finished
+    responses gives longer matches than a request's own context, so a stale match front changes the drafts."""
+
+    def add(self) -> None:
+        rid = f"r{self.next_id}"
+        target = target_sequence(self.next_id % 4)
+        prompt = self.rng.randint(20, 120)
+        self.reqs[rid] = {"seq": target[:prompt], "target": target, "prompt": prompt, "prefill": False}
+        self.next_id += 1
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_early_stops_and_front_refreshes_keep_the_drafts(threads):
+    """Schedule mode stops absent requests and rebuilds the global-cache match fronts (``refresh_early``) before the
+    step, while the GPU still runs: the drafts and statistics stay those of the Python path."""
+    eng = RepeatingEngine(seed=2)
+    cores = twins(eng.clock, lane_threads=threads)
+    early, plain_step = cores[1], cores[1].step
+    refreshed = 0
+
+    def step(order, *args, **kwargs):
+        nonlocal refreshed
+        early.stop_absent(order)
+        refreshed += early.refresh_early()
+        assert early.refresh_early() == 0  # nothing is stale right after a refresh
+        return plain_step(order, *args, **kwargs)
+
+    early.step = step  # type: ignore[method-assign]
+    drafts: dict[str, list[int]] = {}
+    for i in range(120):
+        eng.churn(i)
+        drafts = eng.step(cores, drafts)
+    a, b = (c.stats_dict() for c in cores)
+    for key in STAT_KEYS:
+        assert a[key] == b[key], key
+    assert a["stopped"] > 5 and a["accepted_tokens"] > 50
+    assert refreshed > 20 and b["early_refreshes"] == refreshed and cores[0].refresh_early() == 0
+
+
 def test_lane_is_off_for_thread_deadlines_and_non_native_drafters():
     options = SpecdecOptions.from_dict({"deadline_mode": "thread"})
     assert ProposerCore(SuffixDrafter(backend="native"), options, max_model_len=MAX_LEN).lane is None

@@ -285,6 +285,16 @@ class ProposerCore:
         self.note_started_early([request_id])
         return True
 
+    def refresh_early(self) -> int:
+        """Rebuild now the global-cache match fronts that the stops made stale (the next ``step`` would rebuild them
+        while drafting): schedule mode's device wait does it while the GPU still runs the previous step. Same drafts.
+        Returns the requests refreshed (0 without the lane)."""
+        if self.lane is None:
+            return 0
+        n = self.lane.lane_refresh()
+        self.stats.early_refreshes += n
+        return n
+
     def note_started_early(self, request_ids: Sequence[str]) -> None:
         """Requests started before their first step (``start_early``, thread mode's ``prepare``): counted, and their
         first step, a prefill step, kept out of the step-cost fit (``_begin``)."""

@@ -287,7 +287,9 @@ class ScheduledDrafting:
         """While the GPU still runs the previous step, do the deferred step's request lifecycle: stop the requests
         it will not draft for (finished, aborted, preempted: a stop caches the response in the suffix drafter's
         global trie) and start those the drafter does not hold from the context known so far (new requests build
-        their tries from the prompt). Both would otherwise fall between the two forward passes. Same drafts.
+        their tries from the prompt), then rebuild the global-trie match fronts the stops made stale (every running
+        request's: O(rows x depth^2) at batch 64). All would otherwise fall between the two forward passes. Same
+        drafts.
         Never raises (``finish`` stops and restarts whatever is left)."""
         try:
             self.core.stop_absent(req_ids)
@@ -299,6 +301,7 @@ class ScheduledDrafting:
                 known = len(hist) - len(feed.pending[rid])  # tokens already handed to the drafter's rows
                 p = feed.prompt_len[rid]
                 self.core.start_early(rid, hist[:p], hist[p:known])
+            self.core.refresh_early()  # the stops above made every request's global-cache front stale
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             if getattr(self.core.options, "strict", False):
                 raise

@@ -48,6 +48,7 @@ class ProposerStats:
     started: int = 0
     stopped: int = 0
     plain_steps: int = 0
+    early_refreshes: int = 0  # global-cache match fronts rebuilt before the step (schedule mode, refresh_early)
 
     def as_dict(self) -> dict[str, float]:
         d = dict(self.__dict__)
