@@ -13,8 +13,11 @@ tokens/s, TPOT, MAT (= output tokens / (output tokens - accepted), bonus include
 mismatches against no-spec. ``--load`` (``bench_vllm_load``): ``closed`` (the default) submits each batch size's
 prompts b at a time, ``sustained`` runs a ``sus{b}`` set (more prompts than b) with at most b in flight, a new
 request as one finishes, its cells keyed "sus{b}" beside the closed cells' "b"; ``both`` runs each load in an engine
-of its own per method. ``--lossless`` adds float32 runs (no-spec vs specdec, EOS respected) at batch
-1/8/64 and counts prompts compared and identical. Writes eval/results/<date>_<device>_vllm_bench.json (+ .md).
+of its own per method. ``--output-lengths varied`` gives prompt i of each sustained cell its own ``max_tokens``
+(uniform over 128-384, mean 256, one seed: the same per prompt for every method; ``bench_vllm_load.varied_lengths``)
+instead of ``--max-tokens`` for all, so that no method runs in lockstep. ``--lossless`` adds float32 runs (no-spec vs
+specdec, EOS respected) at batch 1/8/64 and counts prompts compared and identical. Writes
+eval/results/<date>_<device>_vllm_bench.json (+ .md).
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specdec.eval.bench_vllm_load import run_closed, run_sustained
+from specdec.eval.bench_vllm_load import (FIXED, OUTPUT_LENGTHS, VARIED, VARIED_LENGTH_SEED, VARIED_LENGTHS,
+                                          run_closed, run_sustained, varied_lengths)
 from specdec.eval.bench_vllm_report import markdown, summarise  # noqa: F401 - re-exported
 from specdec.eval.model_shapes import INFLATE_SHAPES, SHAPES, shaped_model
 from specdec.eval.prepare_prompts import SUSTAINED_FACTOR
@@ -95,6 +99,7 @@ SUSTAINED_SET = "sus"  # prompts file: "sus{b}" = the sustained set of concurren
 LOSSLESS_BATCHES = (1, 8, 64)
 LOSSLESS_MAX_TOKENS = 128
 PROFILE_TOP = 45  # functions listed per sort order in --profile output
+TIMEOUT_RC = 124  # a worker past --method-timeout-s (killed): reported like timeout(1)
 
 
 # --------------------------------------------------------------------------- worker (one engine)
@@ -189,9 +194,11 @@ def worker(args: argparse.Namespace) -> None:
 def _dataset_cells(args: argparse.Namespace, llm: Any, name: str, sets: dict[str, list[list[int]]], sp: Any,
                    timer: StepTimer) -> dict[str, Any]:
     """One dataset on this engine: the warm-up, then a cell per batch size, keyed "b" (closed load) or "sus{b}"
-    (sustained load; batch sizes without a sustained set in the prompts file are skipped)."""
+    (sustained load; batch sizes without a sustained set in the prompts file are skipped; ``--output-lengths
+    varied``: per-prompt lengths, the cell marked ``output_lengths``)."""
     llm.generate([{"prompt_token_ids": p} for p in sets["warmup"]], sp, use_tqdm=False)
     feed_sp = _final_only(sp) if args.load == "sustained" else sp
+    varied = args.load == "sustained" and args.output_lengths == VARIED
     cells = {}
     for b in args.batch_sizes:
         if args.load == "sustained":
@@ -200,7 +207,8 @@ def _dataset_cells(args: argparse.Namespace, llm: Any, name: str, sets: dict[str
                 print(f"[{args.method}] {name}: no {key} set in {args.prompts}: batch {b} skipped (sustained load)",
                       flush=True)
                 continue
-            run = functools.partial(run_sustained, llm, sets[key], b, feed_sp, timer, request_prefix=f"{name}-{key}")
+            run = functools.partial(run_sustained, llm, sets[key], b, feed_sp, timer, request_prefix=f"{name}-{key}",
+                                    max_tokens=varied_lengths(len(sets[key])) if varied else None)
         else:
             key, label = str(b), f"bs{b}"
             run = functools.partial(run_closed, llm, sets[f"bs{b}"], b, sp, timer)
@@ -209,6 +217,8 @@ def _dataset_cells(args: argparse.Namespace, llm: Any, name: str, sets: dict[str
             out = Path(args.profile_dir) / f"profile_{args.method}_{name}_{label}.txt"
             run = functools.partial(_profiled, run, out)
         cells[key] = cell = run()
+        if varied:
+            cell["output_lengths"] = VARIED
         print(f"[{args.method} {args.dtype}] {name} {label}: {cell['tokens_per_s']:.0f} tok/s, MAT "
               f"{cell['mat']:.2f}, draft {cell['draft_ms_per_step']:.3f} ms/step", flush=True)
     return cells
@@ -258,7 +268,7 @@ def _spawn(args: argparse.Namespace, method: str, dtype: str, batches: list[int]
            "--gpu-mem", str(args.gpu_mem), "--specdec-config", args.specdec_config or "{}",
            "--variants", args.variants or "{}", "--tp", str(args.tp), "--compilation-config", args.compilation_config or "null",
            "--profile-dir", args.profile_dir if method in args.profile_methods else "", "--shape", args.shape,
-           "--load", load]
+           "--load", load, "--output-lengths", args.output_lengths]
     if args.trace:
         cmd.append("--trace")
     if eager:
@@ -266,7 +276,10 @@ def _spawn(args: argparse.Namespace, method: str, dtype: str, batches: list[int]
     what = f"{method} ({dtype}{'' if load == 'closed' else ', ' + load + ' load'})"
     print(f"=== {what} ===", flush=True)
     t0 = time.perf_counter()
-    rc = subprocess.call(cmd, timeout=args.method_timeout_s)
+    try:
+        rc = subprocess.call(cmd, timeout=args.method_timeout_s)
+    except subprocess.TimeoutExpired:  # the worker was killed; the other methods go on
+        rc = TIMEOUT_RC
     print(f"=== {what} rc={rc} in {time.perf_counter() - t0:.0f} s ===", flush=True)
     return json.loads(out.read_text()) if rc == 0 and out.exists() else None
 
@@ -301,6 +314,7 @@ def write_doc(args: argparse.Namespace, runs: dict, lossless: dict, t_start: flo
                      "prompts_per_batch": {b: len(prompts["datasets"][args.datasets[0]][f"bs{b}"])
                                            for b in args.batch_sizes},
                      "load": args.load, **_sustained_settings(args, prompts),
+                     "output_lengths": _output_lengths_setting(args.output_lengths),
                      "cache_policy": prompts["policy"],
                      "lossless": {"dtype": "float32", "batch_sizes": list(LOSSLESS_BATCHES),
                                   "max_tokens": LOSSLESS_MAX_TOKENS, "eos": "respected", "enforce_eager": True}
@@ -325,6 +339,13 @@ def _sustained_settings(args: argparse.Namespace, prompts: dict[str, Any]) -> di
     sets = prompts["datasets"][args.datasets[0]]
     return {"sustained_prompts": {b: len(sets[f"{SUSTAINED_SET}{b}"]) for b in args.batch_sizes
                                   if f"{SUSTAINED_SET}{b}" in sets}}
+
+
+def _output_lengths_setting(choice: str) -> str | dict[str, Any]:
+    """``--output-lengths`` as the results' settings record it: "fixed", or the varied lengths' bounds and seed."""
+    if choice == VARIED:
+        return {VARIED: list(VARIED_LENGTHS), "seed": VARIED_LENGTH_SEED}
+    return FIXED
 
 
 def _model_label(args: argparse.Namespace) -> str:
@@ -393,6 +414,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="closed: each batch size b = b prompts submitted together (a closed batch); sustained: the "
                          f"prompts file's sus{{b}} set ({SUSTAINED_FACTOR} x b prompts) with at most b in flight, a "
                          "new request as one finishes; both: each, in an engine of its own per method")
+    ap.add_argument("--output-lengths", default=FIXED, choices=OUTPUT_LENGTHS,
+                    help="fixed: every request asks for --max-tokens; varied (sustained load only; closed batches "
+                         "keep --max-tokens): prompt i of a sustained cell asks for a length drawn uniformly from "
+                         f"{VARIED_LENGTHS[0]}-{VARIED_LENGTHS[1]} (seed {VARIED_LENGTH_SEED}, the same per prompt "
+                         "for every method), so that no method runs in lockstep, as on a server")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--gpu-mem", type=float, default=0.3)
@@ -424,6 +450,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eager", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.output_lengths == VARIED and "sustained" not in LOADS[args.load] and not args.worker:
+        ap.error("--output-lengths varied applies to sustained-load cells only: add --load sustained or --load both")
     if args.shape and args.inflate:
         ap.error("--shape and --inflate exclude each other: --shape is random weights, --inflate the real model")
     known = set(METHODS) | set(json.loads(args.variants or "{}"))

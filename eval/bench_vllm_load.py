@@ -9,17 +9,44 @@
 Both return the same cell fields (tokens/s over the wall time, MAT, acceptance, engine steps, drafting time, GPU
 idle gap and busy time per step, the outputs in prompt order for the bf16 mismatch count), with ``load`` naming
 the mode; a sustained cell adds ``concurrency``.
+
+Output lengths (``bench_vllm --output-lengths``): every request asks for the same ``max_tokens`` (``fixed``), or,
+in sustained cells, prompt i asks for ``varied_lengths(N)[i]`` (``varied``: uniform over ``VARIED_LENGTHS``, drawn
+from one seed, so every method gets the same length per prompt). With one fixed length no-spec runs in lockstep
+under sustained load (all b requests finish in the same step, b successors prefill together), unlike a server.
 """
 from __future__ import annotations
 
+import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from specdec.eval.step_trace import SPLIT_COLS, StepTimer
 
 SUSTAINED_REQUEST_PREFIX = "sus"  # request ids "<prefix>-<prompt index>" (LLM.generate's ids are bare numbers)
 MS_PER_S = 1e3
+FIXED, VARIED = "fixed", "varied"
+OUTPUT_LENGTHS = (FIXED, VARIED)  # bench_vllm --output-lengths (varied: sustained cells only)
+VARIED_LENGTHS = (128, 384)  # varied: max_tokens uniform over [lo, hi] (inclusive): mean 256, the fixed length
+VARIED_LENGTH_SEED = 0  # one draw per cell from this seed: the same length per prompt for every method
+
+
+def varied_lengths(n: int) -> list[int]:
+    """Per-request ``max_tokens`` of a varied-length cell of ``n`` prompts: ``n`` integers uniform over
+    ``VARIED_LENGTHS`` (inclusive), drawn from ``VARIED_LENGTH_SEED`` (the same list on every call)."""
+    lo, hi = VARIED_LENGTHS
+    return [int(x) for x in np.random.default_rng(VARIED_LENGTH_SEED).integers(lo, hi + 1, size=n)]
+
+
+def with_max_tokens(params: Any, max_tokens: int) -> Any:
+    """A copy of ``params`` (vLLM's ``SamplingParams.clone``, else ``copy.copy``) asking for ``max_tokens``;
+    ``params`` itself is left as it is."""
+    out = params.clone() if hasattr(params, "clone") else copy.copy(params)
+    out.max_tokens = max_tokens
+    return out
 
 
 def spec_counters(llm: Any) -> dict[str, float]:
@@ -48,18 +75,24 @@ def tpot_ms(outputs: list[Any]) -> float | None:
 
 
 def feed(engine: Any, prompts: list[list[int]], concurrency: int, params: Any, *,
-         request_prefix: str = SUSTAINED_REQUEST_PREFIX) -> tuple[list[Any], float]:
+         request_prefix: str = SUSTAINED_REQUEST_PREFIX,
+         max_tokens: Sequence[int] | None = None) -> tuple[list[Any], float]:
     """Run ``prompts`` through ``engine`` (vLLM's ``LLMEngine``: ``add_request``, ``step``,
     ``has_unfinished_requests``) with at most ``concurrency`` requests in flight, a new one added as soon as a step
     reports one finished. Returns the finished outputs in prompt order and the seconds from the first add to the
-    step that finished the last request. Request ids: ``<request_prefix>-<prompt index>``."""
+    step that finished the last request. Request ids: ``<request_prefix>-<prompt index>``. ``max_tokens`` (one per
+    prompt): request i gets a copy of ``params`` asking for ``max_tokens[i]`` (made before the clock starts);
+    without it every request gets ``params``."""
+    if max_tokens is not None and len(max_tokens) != len(prompts):
+        raise ValueError(f"max_tokens: {len(max_tokens)} lengths for {len(prompts)} prompts")
+    per_request = [params] * len(prompts) if max_tokens is None else [with_max_tokens(params, n) for n in max_tokens]
     outputs: list[Any] = [None] * len(prompts)
     index: dict[str, int] = {}
 
     def add() -> None:
         i = len(index)
         index[f"{request_prefix}-{i}"] = i
-        engine.add_request(f"{request_prefix}-{i}", {"prompt_token_ids": prompts[i]}, params)
+        engine.add_request(f"{request_prefix}-{i}", {"prompt_token_ids": prompts[i]}, per_request[i])
 
     t0 = time.perf_counter()
     while len(index) < min(concurrency, len(prompts)):
@@ -100,13 +133,15 @@ def run_closed(llm: Any, prompts: list[list[int]], batch: int, sp: Any, timer: S
 
 
 def run_sustained(llm: Any, prompts: list[list[int]], concurrency: int, sp: Any, timer: StepTimer, *,
-                  request_prefix: str = SUSTAINED_REQUEST_PREFIX) -> dict[str, Any]:
+                  request_prefix: str = SUSTAINED_REQUEST_PREFIX,
+                  max_tokens: Sequence[int] | None = None) -> dict[str, Any]:
     """A sustained-load cell: ``feed`` on the LLM's engine (``sp`` should ask for final outputs only, as
     ``LLM.generate`` does, so steps do not build a partial output per request; ``request_prefix`` unique per cell
-    of an engine)."""
+    of an engine; ``max_tokens``: per-prompt lengths, as ``feed``'s)."""
     def measure() -> tuple[list[list[int]], float, list[float]]:
         timer.gpu_on = True
-        res, wall = feed(llm.llm_engine, prompts, concurrency, sp, request_prefix=request_prefix)
+        res, wall = feed(llm.llm_engine, prompts, concurrency, sp, request_prefix=request_prefix,
+                         max_tokens=max_tokens)
         timer.gpu_on = False
         timer.collect_gpu()
         t = tpot_ms(res)

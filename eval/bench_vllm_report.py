@@ -15,6 +15,7 @@ PEERS = ("suffix", "ngram", "specdec-sync")  # what specdec methods are compared
 PEER_LABELS = {"suffix": "suffix", "ngram": "ngram", "specdec-sync": "sync"}
 CLOSED, SUSTAINED = "closed", "sustained"  # a cell's load (bench_vllm --load); results without one are closed
 SPEED_COLUMNS = "tokens/s (x no-spec) | MAT | draft ms/step | bf16 mismatches vs no-spec"
+VARIED_KEY = "varied"  # settings["output_lengths"] of a --output-lengths varied run: {"varied": [lo, hi], "seed": s}
 
 
 def load_of(row: dict[str, Any]) -> str:
@@ -143,7 +144,8 @@ def markdown(doc: dict[str, Any]) -> str:
             lines += [f"## {ds}: {SPEED_COLUMNS}", ""]
             lines += _speed_table(mine, methods, batches, [f"bs {b}" for b in batches])
             lines += _peer_table(mine, ds, batches) + _gap_table(mine, ds, batches)
-        lines += _sustained_tables([r for r in rows if r["dataset"] == ds and load_of(r) == SUSTAINED], ds)
+        lines += _sustained_tables([r for r in rows if r["dataset"] == ds and load_of(r) == SUSTAINED], ds,
+                                   lengths=_lengths_note(doc["settings"]))
     if doc["summary"].get("lossless_fp32"):
         lines += ["## Greedy lossless check, float32 (EOS respected)", "",
                   "| method | dataset | bs | identical | mean output tokens |", "| --- | --- | --- | --- | --- |"]
@@ -153,15 +155,26 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _sustained_tables(rows: list[dict[str, Any]], ds: str) -> list[str]:
+def _lengths_note(settings: dict[str, Any]) -> str:
+    """What the sustained tables' titles add for the run's output lengths: ", output lengths lo-hi" where the
+    settings say varied (``bench_vllm --output-lengths varied``), "" for fixed lengths or results without the key."""
+    lengths = settings.get("output_lengths")
+    if not isinstance(lengths, dict) or VARIED_KEY not in lengths:
+        return ""
+    lo, hi = lengths[VARIED_KEY]
+    return f", output lengths {lo}-{hi}"
+
+
+def _sustained_tables(rows: list[dict[str, Any]], ds: str, *, lengths: str = "") -> list[str]:
     """A dataset's sustained-load cells (``bench_vllm --load sustained``): the closed tables' columns and ratios,
-    one column per concurrency cap b, headed with its prompt count N ([] if the run has none)."""
+    one column per concurrency cap b, headed with its prompt count N ([] if the run has none); ``lengths``: appended
+    to the tables' titles (``_lengths_note``)."""
     if not rows:
         return []
     batches = sorted({r["batch_size"] for r in rows})
     prompts = {r["batch_size"]: r["prompts"] for r in rows}
     heads = [f"b {b}, N {prompts[b]}" for b in batches]
-    name = f"{ds}, sustained load"
+    name = f"{ds}, sustained load{lengths}"
     methods = list(dict.fromkeys(r["method"] for r in rows))
     lines = [f"## {name}: N prompts, at most b in flight: {SPEED_COLUMNS}", ""]
     lines += _speed_table(rows, methods, batches, heads)

@@ -352,3 +352,185 @@ def test_merge_loads_keeps_either_side_alone():
     merged = _merge_loads(closed, sustained)
     assert merged["datasets"] == {"code": {"8": {"a": 1}, "sus8": {"b": 2}}, "agentic": {"sus8": {}}}
     assert merged["load"] == "both" and merged["sustained_engine"]["startup_s"] == 2.0
+
+
+# --------------------------------------------------------------------------- output lengths (--output-lengths)
+class LengthParams:
+    """SamplingParams as feed uses it: ``max_tokens``, ``clone`` (counted)."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens, self.clones = max_tokens, 0
+
+    def clone(self) -> LengthParams:
+        self.clones += 1
+        return LengthParams(self.max_tokens)
+
+
+class LengthEngine:
+    """vLLM's LLMEngine as the feed loop uses it: a request finishes after as many steps as its params'
+    ``max_tokens`` (ignore_eos), its output that many tokens; records the params each request was added with."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, list] = {}  # request id -> [tokens so far, params]
+        self.params: dict[str, object] = {}
+
+    def add_request(self, request_id: str, prompt: dict, params: object) -> str:
+        self.params[request_id] = params
+        self.running[request_id] = [[], params]
+        return request_id
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running)
+
+    def step(self) -> list:
+        from types import SimpleNamespace
+
+        outs = []
+        for rid, (tokens, params) in list(self.running.items()):
+            tokens.append(len(tokens))
+            done = len(tokens) == params.max_tokens
+            outs.append(SimpleNamespace(request_id=rid, finished=done, metrics=None,
+                                        outputs=[SimpleNamespace(token_ids=list(tokens))]))
+            if done:
+                del self.running[rid]
+        return outs
+
+
+def test_varied_lengths_are_seeded_bounded_and_average_the_fixed_length():
+    from specdec.eval.bench_vllm_load import VARIED_LENGTHS, varied_lengths
+
+    lengths = varied_lengths(256)
+    assert lengths == varied_lengths(256)  # the same draw for every method
+    assert varied_lengths(8) == lengths[:8]  # a prefix: one seed, drawn in prompt order
+    assert all(type(n) is int and VARIED_LENGTHS[0] <= n <= VARIED_LENGTHS[1] for n in lengths)
+    assert abs(sum(lengths) / len(lengths) - 256) < 20 and len(set(lengths)) > 100
+
+
+def test_feed_gives_each_request_its_own_length_and_leaves_sp_alone():
+    from types import SimpleNamespace
+
+    from specdec.eval.bench_vllm_load import feed
+
+    lengths = [3, 1, 4, 1, 5]
+    for sp in (LengthParams(256), SimpleNamespace(max_tokens=256, ignore_eos=True)):  # clone(), else copy.copy
+        engine = LengthEngine()
+        outs, _ = feed(engine, [[i] for i in range(5)], 2, sp, request_prefix="p", max_tokens=lengths)
+        assert [engine.params[f"p-{i}"].max_tokens for i in range(5)] == lengths
+        assert all(p is not sp for p in engine.params.values()) and sp.max_tokens == 256
+        assert [len(o.outputs[0].token_ids) for o in outs] == lengths
+    assert engine.params["p-0"].ignore_eos is True
+    fixed = LengthEngine()
+    sp = LengthParams(2)
+    feed(fixed, [[1], [2]], 2, sp)  # no lengths: every request gets sp itself
+    assert all(p is sp for p in fixed.params.values()) and sp.clones == 0
+
+
+def test_feed_rejects_a_length_list_of_the_wrong_size():
+    import pytest
+
+    from specdec.eval.bench_vllm_load import feed
+
+    with pytest.raises(ValueError, match="2 lengths for 3 prompts"):
+        feed(LengthEngine(), [[1], [2], [3]], 2, LengthParams(4), max_tokens=[1, 2])
+
+
+def test_varied_sustained_cells_use_the_seeded_lengths_and_closed_cells_keep_max_tokens(monkeypatch):
+    import argparse
+    from types import SimpleNamespace
+
+    from specdec.eval import bench_vllm
+    from specdec.eval.bench_vllm_load import varied_lengths
+    from specdec.eval.step_trace import StepTimer
+
+    monkeypatch.setattr(bench_vllm, "_final_only", lambda sp: sp)  # vLLM's RequestOutputKind: not on CPU
+    generated = []
+    llm = SimpleNamespace(llm_engine=LengthEngine(), get_metrics=list,
+                          generate=lambda prompts, sp, use_tqdm: generated.append(sp.max_tokens))
+    sets = {"warmup": [[1]], "sus2": [[i] for i in range(5)]}
+    args = argparse.Namespace(load="sustained", output_lengths="varied", batch_sizes=[2, 8], method="nospec",
+                              dtype="bfloat16", prompts="prompts.json", profile_dir="")
+    sp = LengthParams(256)
+    cells = bench_vllm._dataset_cells(args, llm, "code", sets, sp, StepTimer())
+    assert list(cells) == ["sus2"] and cells["sus2"]["output_lengths"] == "varied"
+    assert list(map(len, cells["sus2"]["outputs"])) == varied_lengths(5)
+    assert sp.max_tokens == 256 and generated == [256]  # the warm-up: the fixed length
+    args.output_lengths = "fixed"
+    llm.llm_engine = LengthEngine()
+    cells = bench_vllm._dataset_cells(args, llm, "code", sets, LengthParams(3), StepTimer())
+    assert "output_lengths" not in cells["sus2"] and list(map(len, cells["sus2"]["outputs"])) == [3] * 5
+
+
+def test_output_lengths_flag_reaches_the_workers_and_the_settings(tmp_path, monkeypatch):
+    import json
+
+    import pytest
+
+    from specdec.eval import bench_vllm
+
+    prompts = tmp_path / "prompts.json"
+    sets = {"warmup": [[1]], "bs8": [[1, 2]], "sus8": [[4], [5], [6]]}
+    prompts.write_text(json.dumps({"policy": "test", "datasets": {"code": sets}}))
+    cmds = []
+
+    def call(cmd, timeout):  # the worker subprocess: a result with one cell of its load
+        cmds.append(cmd)
+        load = cmd[cmd.index("--load") + 1]
+        cell = _sus(_cell(50.0, [[1]]), 8) if load == "sustained" else {**_cell(40.0, [[1]]), "load": "closed"}
+        if load == "sustained" and cmd[cmd.index("--output-lengths") + 1] == "varied":
+            cell["output_lengths"] = "varied"
+        result = {"method": cmd[cmd.index("--method") + 1], "dtype": "bfloat16", "startup_s": 1.0, "load": load,
+                  "datasets": {"code": {"8" if load == "closed" else "sus8": cell}}}
+        with open(cmd[cmd.index("--worker-out") + 1], "w") as f:
+            json.dump(result, f)
+        return 0
+
+    monkeypatch.setattr(bench_vllm.subprocess, "call", call)
+    base = ["--prompts", str(prompts), "--methods", "nospec,specdec", "--datasets", "code", "--batch-sizes", "8",
+            "--raw-dir", str(tmp_path / "raw")]
+    bench_vllm.main(base + ["--load", "both", "--output-lengths", "varied", "--out-dir", str(tmp_path / "out")])
+    assert len(cmds) == 4 and all(c[c.index("--output-lengths") + 1] == "varied" for c in cmds)
+    doc = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
+    assert doc["settings"]["output_lengths"] == {"varied": [128, 384], "seed": 0}
+    assert {r["load"]: r.get("output_lengths") for r in doc["summary"]["rows"]} == {"closed": None,
+                                                                                   "sustained": "varied"}
+    md = next((tmp_path / "out").glob("*.md")).read_text()
+    assert "## code, sustained load, output lengths 128-384: N prompts, at most b in flight" in md
+    assert '"output_lengths": {"varied": [128, 384], "seed": 0}' in md  # the settings line
+    assert "## code: tokens/s" in md  # closed tables: titled as before
+    cmds.clear()
+    bench_vllm.main(base + ["--load", "sustained", "--out-dir", str(tmp_path / "fixed")])
+    assert all(c[c.index("--output-lengths") + 1] == "fixed" for c in cmds)
+    doc = json.loads(next((tmp_path / "fixed").glob("*.json")).read_text())
+    assert doc["settings"]["output_lengths"] == "fixed"
+    md = next((tmp_path / "fixed").glob("*.md")).read_text()
+    assert "## code, sustained load: N prompts" in md and "output lengths" not in md.split("Cache policy")[1]
+    for bad in (["--output-lengths", "random", "--load", "sustained"], ["--output-lengths", "varied"]):
+        with pytest.raises(SystemExit) as exc:  # a bad choice; varied without sustained load
+            bench_vllm.main(base + bad)
+        assert exc.value.code == 2
+
+
+def test_the_report_titles_varied_sustained_tables_and_reads_results_without_the_key():
+    from specdec.eval.bench_vllm_report import _lengths_note
+
+    assert _lengths_note({"output_lengths": {"varied": [128, 384], "seed": 0}}) == ", output lengths 128-384"
+    assert _lengths_note({"output_lengths": "fixed"}) == "" and _lengths_note({}) == ""
+
+
+def test_real_sampling_params_are_cloned_with_each_length():
+    import pytest
+
+    vllm = pytest.importorskip("vllm")
+    from vllm.sampling_params import RequestOutputKind
+
+    from specdec.eval.bench_vllm_load import feed
+
+    sp = vllm.SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True, detokenize=False,
+                             output_kind=RequestOutputKind.FINAL_ONLY)
+    engine = LengthEngine()
+    outs, _ = feed(engine, [[1], [2], [3]], 2, sp, request_prefix="v", max_tokens=[2, 5, 3])
+    params = [engine.params[f"v-{i}"] for i in range(3)]
+    assert [p.max_tokens for p in params] == [2, 5, 3] and sp.max_tokens == 256
+    assert all(isinstance(p, vllm.SamplingParams) and p.ignore_eos and p.temperature == 0.0
+               and p.output_kind == RequestOutputKind.FINAL_ONLY for p in params)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [2, 5, 3]

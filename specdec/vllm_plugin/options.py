@@ -92,6 +92,9 @@ class SpecdecOptions(ConfigBase):
                                "slots as its latest draft has tokens past the confidence cut (vLLM verifies only "
                                "those; specdec.vllm_plugin.slots); 'uniform': k slots for every request (vLLM's "
                                "async scheduling)")
+    early_refresh: bool = rng(True, doc="async_mode='schedule' with the device wait: rebuild the global-cache match "
+                                        "fronts that stops made stale while the GPU still runs the previous step "
+                                        "(else while drafting, the GPU waiting); same drafts")
     prefill_step_slots: int = rng(0, lo=-1, hi=MAX_SPEC_LEN,
                                   doc="draft_slots='adaptive': on a step that will also carry a heavy prefill (at "
                                       "least 512 prompt tokens of waiting requests or prompts still being chunked) "
