@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec.eval.step_trace import SPLIT_COLS, StepTimer
+from specdec.eval.step_trace import SPLIT_COLS, StepTimer, host_late_share
 
 SUSTAINED_REQUEST_PREFIX = "sus"  # request ids "<prefix>-<prompt index>" (LLM.generate's ids are bare numbers)
 MS_PER_S = 1e3
@@ -188,5 +188,6 @@ def _with_split(trace: dict[str, list[Any]]) -> dict[str, Any]:
             split[col] = sum(vals) / len(vals)
             split[f"{col}_steps"] = len(vals)
     if split:
+        split["host_late_share"] = host_late_share(trace)
         out["gap_split_ms"] = split
     return out

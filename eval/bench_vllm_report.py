@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from specdec.eval.step_trace import host_late_share
+
 REFERENCES = ("nospec", "nospec-v1", "nospec-sync")  # no-spec engines, the first one present is the ratio base
 PEERS = ("suffix", "ngram", "specdec-sync")  # what specdec methods are compared with in the same run
 PEER_LABELS = {"suffix": "suffix", "ngram": "ngram", "specdec-sync": "sync"}
@@ -219,7 +221,21 @@ def _gap_table(rows: list[dict[str, Any]], name: str, batches: list[int], heads:
 
     lines = [f"### {name}: GPU idle gap / busy per step (ms) | waiting for drafts (gap - nospec-v1 gap) share of step",
              "", *_grid(mine, batches, heads, text)]
-    return lines + [""] + _parts_table(mine, name, batches, heads)
+    return lines + [""] + _parts_table(mine, name, batches, heads) + _split_table(mine, name, batches, heads)
+
+
+def _split_table(mine: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None
+                 ) -> list[str]:
+    """Schedule mode's gap split (``bench_vllm --trace``; ``step_trace.SPLIT_COLS``), where measured."""
+    def cell(c: dict[str, Any]) -> str:
+        late = c.get("host_late_share")
+        return (f"{c['held_ms']:.2f} + {c['after_ms']:.2f}; drafting {c['finish_ms'] - c['sync_ms']:.2f}"
+                + (f"; host late {100 * late:.0f}%" if late is not None else ""))
+
+    return _method_table([r for r in mine if "held_ms" in (r.get("gap_split_ms") or {})], "gap_split_ms", batches,
+                         f"{name}: GPU gap (ms) = held for drafts + after the wait; host drafting once the tokens "
+                         "arrived (ms); host late = steps whose tokens were ready before the drafting began",
+                         cell, heads)
 
 
 def _peer_table(rows: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None
@@ -252,7 +268,21 @@ def rerender(path: Path) -> str:
     existed, or with ``nospec-v1`` as the only no-spec engine, get them)."""
     doc = json.loads(path.read_text())
     add_ratios(doc["summary"]["rows"])
+    _fill_late_shares(doc["summary"])
     return markdown(doc)
+
+
+def _fill_late_shares(summary: dict[str, Any]) -> None:
+    """Rows with a gap split but no ``host_late_share`` (results written before it existed) get it from their trace."""
+    traces = summary.get("traces") or {}
+    for r in summary["rows"]:
+        split = r.get("gap_split_ms")
+        if not split or "host_late_share" in split:
+            continue
+        key = (f"{r['method']}|{r['dataset']}|{r['batch_size']}" if load_of(r) == CLOSED else
+               f"{r['method']}|{r['dataset']}:{load_of(r)}|{r['batch_size']}")
+        if key in traces:
+            split["host_late_share"] = host_late_share(traces[key])
 
 
 def main(argv: list[str] | None = None) -> None:

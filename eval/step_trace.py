@@ -15,7 +15,8 @@ per cell) and ``StepTrace`` (a record per step: where a step's time goes, by bat
   next step's stream is past its wait for drafts (and the draft copy), ``after_ms`` = from there to the next forward's
   start (vLLM's input work queued behind the wait, the launch); host side, ``sync_ms`` = time the drafting spent
   reading captured tokens (mostly waiting for the GPU to finish the step), ``finish_ms`` = the drafting call
-  (``ScheduledDrafting._finish_job``, ``sync_ms`` included).
+  (``ScheduledDrafting._finish_job``, ``sync_ms`` included); ``host_late_share`` = the share of steps whose tokens
+  were ready when the drafting began (the host, not the drafting, held the GPU).
 
 ``python -m specdec.eval.step_trace RESULTS.json [--method M] [--dataset D] [--batch-size B] [--plot P.png]`` prints, per cell,
 a table by width bucket (requests in the step): steps, mean period / draft / busy / gap, share of the cell's
@@ -36,6 +37,9 @@ WIDTH_EDGES = (1, 2, 4, 8, 16, 32, 48, 64, 128, 256)  # bucket upper bounds (req
 MIN_FIT_STEPS = 8  # fit_step_cost needs at least this many steps
 FULL_WIDTH_SHARE = 0.75  # --fit: steps at least this share of the cell's widest step
 SPLIT_COLS = ("held_ms", "after_ms", "sync_ms", "finish_ms")  # schedule mode's gap split (module docstring)
+# a step whose drafting waited less than this for its tokens found them ready: the host came late (its own loop,
+# not the drafting, then holds the GPU); reading 64 rows of tokens takes ~0.1 ms
+HOST_LATE_SYNC_MS = 0.3
 
 
 class StepTrace:
@@ -302,6 +306,15 @@ class StepTimer:
                 self.draft_s += time.perf_counter() - t0
 
         return wrapper
+
+
+def host_late_share(trace: dict[str, list[Any]]) -> float | None:
+    """Share of a schedule-mode cell's steps whose drafting found the step's tokens ready (``sync_ms`` under
+    ``HOST_LATE_SYNC_MS``): the host reached the drafting after the GPU had finished, so the GPU's wait is the host's
+    own loop (vLLM's scheduling and bookkeeping, ours) running past the step, not the drafting. None without
+    ``sync_ms``."""
+    sync = [v for v in trace.get("sync_ms") or () if v is not None]
+    return sum(v < HOST_LATE_SYNC_MS for v in sync) / len(sync) if sync else None
 
 
 def _bucket(width: int) -> str:

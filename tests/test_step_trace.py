@@ -140,3 +140,11 @@ def test_gap_split_at_the_next_steps_wait_event_and_host_times_of_that_step():
     assert cell["sync_ms"] == [9.5, 0.1, None] and cell["finish_ms"] == [10.1, None, None]
     assert cell["held_ms"][1] is None and cell["after_ms"][1] is None
     assert timer.held_events == {} and timer.host_split == {}
+
+
+def test_host_late_share_counts_steps_whose_tokens_were_ready():
+    from specdec.eval.step_trace import HOST_LATE_SYNC_MS, host_late_share
+
+    trace = {"sync_ms": [5.0, HOST_LATE_SYNC_MS / 2, None, 0.0, 2.0]}
+    assert host_late_share(trace) == pytest.approx(2 / 4)  # None: a step without drafting is left out
+    assert host_late_share({"reqs": [1, 2]}) is None and host_late_share({"sync_ms": [None]}) is None

@@ -534,3 +534,17 @@ def test_real_sampling_params_are_cloned_with_each_length():
     assert all(isinstance(p, vllm.SamplingParams) and p.ignore_eos and p.temperature == 0.0
                and p.output_kind == RequestOutputKind.FINAL_ONLY for p in params)
     assert [len(o.outputs[0].token_ids) for o in outs] == [2, 5, 3]
+
+
+def test_report_renders_the_gap_split_and_fills_late_shares_of_older_results():
+    from specdec.eval.bench_vllm_report import _fill_late_shares, _split_table
+
+    row = {"method": "specdec", "dataset": "code", "batch_size": 64, "load": "sustained",
+           "gap_split_ms": {"held_ms": 0.9, "after_ms": 0.08, "sync_ms": 4.0, "finish_ms": 4.6}}
+    summary = {"rows": [row], "traces": {"specdec|code:sustained|64": {"sync_ms": [4.0, 0.1, 3.0, 0.2]}}}
+    _fill_late_shares(summary)
+    assert row["gap_split_ms"]["host_late_share"] == 0.5
+    lines = _split_table([row], "code", [64], ["b 64"])
+    assert lines[0].startswith("### code: GPU gap (ms)")
+    assert "| specdec | 0.90 + 0.08; drafting 0.60; host late 50% |" in lines
+    assert _split_table([{**row, "gap_split_ms": None}], "code", [64]) == []
