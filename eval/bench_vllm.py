@@ -31,12 +31,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specdec.eval.bench_vllm_load import (FIXED, OUTPUT_LENGTHS, VARIED, VARIED_LENGTH_SEED, VARIED_LENGTHS,
-                                          run_closed, run_sustained, varied_lengths)
+from specdec.eval.bench_vllm_load import (
+    FIXED,
+    OUTPUT_LENGTHS,
+    VARIED,
+    VARIED_LENGTH_SEED,
+    VARIED_LENGTHS,
+    run_closed,
+    run_sustained,
+    varied_lengths,
+)
 from specdec.eval.bench_vllm_report import markdown, summarise  # noqa: F401 - re-exported
 from specdec.eval.model_shapes import INFLATE_SHAPES, SHAPES, shaped_model
 from specdec.eval.prepare_prompts import SUSTAINED_FACTOR
-from specdec.eval.step_trace import StepTimer, StepTrace
+from specdec.eval.step_timer import StepTimer
+from specdec.eval.step_trace import StepTrace
 
 from specdec.paths import TARGET_MODEL, model_path
 

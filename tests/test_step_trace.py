@@ -83,7 +83,7 @@ def test_timer_and_trace_hooks_keep_vllm_signatures(monkeypatch):
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
-    from specdec.eval.step_trace import StepTimer
+    from specdec.eval.step_timer import StepTimer
 
     runner = vllm_runner.GPUModelRunner
     names = [(runner, n) for n in ("execute_model", "propose_draft_token_ids", "_model_forward", "_bookkeeping_sync")]
@@ -123,7 +123,7 @@ class FakeEvent:
 def test_gap_split_at_the_next_steps_wait_event_and_host_times_of_that_step():
     """Step 0 ends at 10 ms, step 1's wait is passed at 10.8 ms and its forward starts at 11.0 ms: the gap after
     step 0 (1.0 ms) = 0.8 held + 0.2 after; the host's drafting times recorded during step 1 go to step 0's gap."""
-    from specdec.eval.step_trace import StepTimer
+    from specdec.eval.step_timer import StepTimer
 
     trace = StepTrace()
     timer = StepTimer(trace)

@@ -241,7 +241,7 @@ def test_sustained_cell_books_tokens_wall_mat_and_steps(monkeypatch):
     from types import SimpleNamespace
 
     from specdec.eval.bench_vllm_load import run_sustained
-    from specdec.eval.step_trace import StepTimer
+    from specdec.eval.step_timer import StepTimer
 
     engine = FakeEngine(_fake_clock(monkeypatch))
     counters = {"accepted": 0.0}
@@ -440,7 +440,7 @@ def test_varied_sustained_cells_use_the_seeded_lengths_and_closed_cells_keep_max
 
     from specdec.eval import bench_vllm
     from specdec.eval.bench_vllm_load import varied_lengths
-    from specdec.eval.step_trace import StepTimer
+    from specdec.eval.step_timer import StepTimer
 
     monkeypatch.setattr(bench_vllm, "_final_only", lambda sp: sp)  # vLLM's RequestOutputKind: not on CPU
     generated = []
