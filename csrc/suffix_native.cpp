@@ -670,6 +670,8 @@ struct Engine {
     int64_t steps_without_global = 0;  // lane steps that found the cacher busy (defer_cache)
     std::vector<Request> retired;  // stopped, response not yet cached (defer_cache; main thread's)
     std::vector<Request> caching;  // handed to the cacher
+    bool cache_refreshing = false;  // the cacher's job also rebuilds running requests' fronts (lane_cache_early)
+    Scratch cacher_scratch;         // the cacher's, for those rebuilds
     LaneJob job;                   // the asynchronous lane step (suffix_lane_async.inc)
     LanePrep prep;                 // the step's early stops and starts (lane_prepare)
     WorkerPool workers;            // the lane thread's helpers (destroyed after the lane thread is joined)
@@ -987,6 +989,7 @@ PyMethodDef Engine_methods[] = {
     {"lane_threads", reinterpret_cast<PyCFunction>(Engine_lane_threads), METH_VARARGS, kLaneThreadsDoc},
     {"lane_prepare", reinterpret_cast<PyCFunction>(Engine_lane_prepare), METH_VARARGS, kLanePrepareDoc},
     {"lane_refresh", reinterpret_cast<PyCFunction>(Engine_lane_refresh), METH_NOARGS, kLaneRefreshDoc},
+    {"lane_cache_early", reinterpret_cast<PyCFunction>(Engine_lane_cache_early), METH_NOARGS, kLaneCacheEarlyDoc},
     {nullptr, nullptr, 0, nullptr}};
 
 PyTypeObject EngineType = {PyVarObject_HEAD_INIT(nullptr, 0)};

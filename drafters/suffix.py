@@ -187,6 +187,12 @@ class SuffixDrafter(Drafter):
         responses) so that the next ``lane_step`` does not rebuild them; same drafts. Returns how many were stale."""
         return int(self.engine.lane_refresh())
 
+    def lane_cache_early(self) -> int:
+        """With ``defer_cache``: cache the stopped requests' responses and rebuild every running request's match front
+        on the caching thread (no GIL) while the caller goes on; every later call waits for that job, so the next
+        ``lane_step`` drafts as if both had been done inline. Returns the responses handed over."""
+        return int(self.engine.lane_cache_early())
+
     def lane_invalidate(self, request_id: str) -> None:
         """Make the request's next ``lane_step`` row ask for a restart (its context is about to be resent)."""
         rid = self._ids.get(request_id)

@@ -136,20 +136,28 @@ class RepeatingEngine(FakeEngine):
         self.next_id += 1
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_early_stops_and_front_refreshes_keep_the_drafts(threads):
-    """Schedule mode stops absent requests and rebuilds the global-cache match fronts (``refresh_early``) before the
-    step, while the GPU still runs: the drafts and statistics stay those of the Python path."""
+@pytest.mark.parametrize(("threads", "cache"), [(1, False), (3, False), (1, True), (3, True)])
+def test_early_stops_and_front_refreshes_keep_the_drafts(threads, cache):
+    """Schedule mode stops absent requests and rebuilds the global-cache match fronts before the step, while the GPU
+    still runs (``refresh_early``; with ``early_cache`` the caching and the rebuilds run on the caching thread,
+    ``cache_early``): the drafts and statistics stay those of the Python path."""
     eng = RepeatingEngine(seed=2)
     cores = twins(eng.clock, lane_threads=threads)
+    if cache:  # the lane of a schedule-mode proposer with early_cache: stops retire, cache_early caches
+        cores[1] = ProposerCore(SuffixDrafter(backend="native"), SpecdecOptions.from_dict(
+            {"num_speculative_tokens": 8, "lane_threads": threads, "defer_cache": True, "early_cache": True}),
+            max_model_len=MAX_LEN, target_params=5e7, clock=eng.clock)
     early, plain_step = cores[1], cores[1].step
-    refreshed = 0
+    handed = refreshed = 0
 
     def step(order, *args, **kwargs):
-        nonlocal refreshed
+        nonlocal handed, refreshed
         early.stop_absent(order)
-        refreshed += early.refresh_early()
-        assert early.refresh_early() == 0  # nothing is stale right after a refresh
+        if cache:
+            handed += early.cache_early()
+        else:
+            refreshed += early.refresh_early()
+            assert early.refresh_early() == 0  # nothing is stale right after a refresh
         return plain_step(order, *args, **kwargs)
 
     early.step = step  # type: ignore[method-assign]
@@ -161,7 +169,10 @@ def test_early_stops_and_front_refreshes_keep_the_drafts(threads):
     for key in STAT_KEYS:
         assert a[key] == b[key], key
     assert a["stopped"] > 5 and a["accepted_tokens"] > 50
-    assert refreshed > 20 and b["early_refreshes"] == refreshed and cores[0].refresh_early() == 0
+    if cache:  # every stopped request's response went through the caching thread
+        assert handed == b["early_cached"] == b["stopped"]
+    else:
+        assert refreshed > 20 and b["early_refreshes"] == refreshed and cores[0].refresh_early() == 0
 
 
 def test_lane_is_off_for_thread_deadlines_and_non_native_drafters():

@@ -154,6 +154,9 @@ class AsyncEngine:
         return core.step(order, sampled, lengths, tokens, num_prompt_tokens=prompts)
 
 
+EARLY_ONLY = ("early_cache", "defer_cache")  # schedule mode's early caching: the synchronous twin caches inline
+
+
 def make_core(clock, **opts) -> ProposerCore:
     options = SpecdecOptions.from_dict({"num_speculative_tokens": K, "pad_drafts": "on", "ab_windows": False, **opts})
     return ProposerCore(SuffixDrafter(), options, max_model_len=MAX_LEN, target_params=5e7, clock=clock)
@@ -188,7 +191,8 @@ class FakeDeviceWait:
 @pytest.mark.parametrize(("opts", "device_wait", "finish_thread"),
                          [({}, False, False), ({"adaptive": False}, False, False), ({"native_step": False}, False, False),
                           ({}, True, False), ({"native_step": False}, True, False), ({}, True, True),
-                          ({"native_step": False}, True, True)])
+                          ({"native_step": False}, True, True),
+                          ({"early_cache": True, "defer_cache": True}, True, False)])  # as the proposer sets it
 def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, device_wait, finish_thread):
     clock = SimpleNamespace(t=0.0)
     tick = lambda: clock.t  # noqa: E731
@@ -197,7 +201,7 @@ def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, 
     sched = ScheduledDrafting(make_core(tick, **opts), k=K, max_rows=2 * MAX_ROWS, device="cpu", device_wait=dw,
                               finish_thread=finish_thread)
     assert sched.stats()["schedule"]["finish_thread"] is finish_thread
-    twin = make_core(tick, **opts)
+    twin = make_core(tick, **{k: v for k, v in opts.items() if k not in EARLY_ONLY})  # the synchronous reference
     stolen = torch.zeros((2 * MAX_ROWS, K), dtype=torch.int32)
     out = None
     for step in range(150):
@@ -537,7 +541,7 @@ def test_adaptive_slots_follow_each_requests_latest_draft_and_stay_lossless():
     eng = AsyncEngine(seed=11)
     book = SlotBook(K)
     sched = ScheduledDrafting(make_core(tick, **opts), k=K, max_rows=2 * MAX_ROWS, device="cpu", slot_book=book)
-    twin = make_core(tick, **opts)
+    twin = make_core(tick, **{k: v for k, v in opts.items() if k not in EARLY_ONLY})  # the synchronous reference
     out = None
     short = 0
     for step in range(120):

@@ -295,6 +295,17 @@ class ProposerCore:
         self.stats.early_refreshes += n
         return n
 
+    def cache_early(self) -> int:
+        """Schedule mode's ``early_cache``: the early stops' responses go into the global cache, and every running
+        request's match front there is rebuilt, on the drafter's caching thread while the engine thread goes on
+        (the lane was configured with ``defer_cache``); the next ``step`` waits for it. Same drafts. Returns the
+        responses handed over (0 without the lane)."""
+        if self.lane is None:
+            return 0
+        n = self.lane.lane_cache_early()
+        self.stats.early_cached += n
+        return n
+
     def note_started_early(self, request_ids: Sequence[str]) -> None:
         """Requests started before their first step (``start_early``, thread mode's ``prepare``): counted, and their
         first step, a prefill step, kept out of the step-cost fit (``_begin``)."""

@@ -95,6 +95,14 @@ class SpecdecOptions(ConfigBase):
     early_refresh: bool = rng(True, doc="async_mode='schedule' with the device wait: rebuild the global-cache match "
                                         "fronts that stops made stale while the GPU still runs the previous step "
                                         "(else while drafting, the GPU waiting); same drafts")
+    early_cache: bool = rng(False, doc="async_mode='schedule' with the device wait: the early stops' responses are "
+                                       "cached in the suffix drafter's global trie, and the match fronts rebuilt, on "
+                                       "its caching thread (no GIL) while vLLM's engine thread goes on; the step's "
+                                       "drafting waits for that job (same drafts). The engine thread's fill at 64 "
+                                       "rows fell from 1.26 to 0.36 ms per step on the 2-core CPU, the drafting the "
+                                       "GPU waits for unchanged (eval/bench_schedule_cpu.py; results "
+                                       "2026-11-22_cpu-2core_bench_schedule_early_cache.json); not yet measured on "
+                                       "a GPU, hence off. Without the device wait it acts as defer_cache")
     prefill_step_slots: int = rng(0, lo=-1, hi=MAX_SPEC_LEN,
                                   doc="draft_slots='adaptive': on a step that will also carry a heavy prefill (at "
                                       "least 512 prompt tokens of waiting requests or prompts still being chunked) "

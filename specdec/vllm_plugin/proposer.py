@@ -84,7 +84,8 @@ class SpecdecProposer:
             core_options = self.options.replace(lane_threads=threads)
             if self.schedule_mode:
                 pad = {"pad_drafts": "on"} if self.options.draft_slots == "uniform" else {}
-                core_options = core_options.replace(ab_windows=False, **pad)
+                defer = {"defer_cache": True} if self.options.early_cache else {}  # stops retire; cache_early caches
+                core_options = core_options.replace(ab_windows=False, **pad, **defer)
             core_cls = ProposerCore
             if self.threaded:
                 from specdec.vllm_plugin.threaded import ThreadedProposerCore as core_cls
