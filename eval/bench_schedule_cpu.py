@@ -64,11 +64,14 @@ class HostWait:
 
 
 def run(config: str, records: list[Any], pool: list[Any], *, k: int, steps: int, gpu_ms: float,
-        threads: int) -> dict[str, Any]:
+        threads: int, adaptive: bool = True) -> dict[str, Any]:
+    """One configuration over ``steps`` timed steps (see the module docstring); ``adaptive`` False: the proposer's
+    cost model off (drafts then independent of timing: what the tests compare)."""
     import torch
 
     opts = SpecdecOptions.from_dict({"num_speculative_tokens": k, "ab_windows": False, "async_drafting": True,
-                                     "async_mode": "schedule", "lane_threads": threads, **CONFIGS[config]})
+                                     "async_mode": "schedule", "lane_threads": threads, "adaptive": adaptive,
+                                     **CONFIGS[config]})
     max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in pool) + 8
     eng = FakeEngine(records, pool, max_len)
     core = ProposerCore(build_drafter("suffix", {}), opts, max_model_len=max_len, target_params=7e9)

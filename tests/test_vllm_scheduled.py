@@ -761,3 +761,20 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch)
         assert all(sch.requests[r].num_output_placeholders >= 0 for r in ("a", "b", "c"))
     finally:
         slots.register(None)
+
+
+def test_schedule_cpu_benchmark_configs_draft_the_same():
+    """eval/bench_schedule_cpu: early caching and the refresh's place change where the work runs, not the drafts
+    (greedy verification against fixed responses: equal acceptance), and the early caching did hand responses over."""
+    from specdec.eval.bench_schedule_cpu import run
+    from specdec.eval.records import TraceRecord
+
+    rng = np.random.default_rng(2)
+    phrases = [rng.integers(0, 30, 7) for _ in range(3)]
+    records = [TraceRecord(str(i), rng.integers(0, 30, 50), np.concatenate([phrases[i % 3]] * 10)) for i in range(8)]
+    out = {c: run(c, records[:4], records, k=4, steps=60, gpu_ms=0.0, threads=2, adaptive=False)
+           for c in ("default", "early_cache", "no_early_refresh")}
+    accepted = {c: (r["accepted_tokens"], r["drafted_tokens"], r["emitted_per_step"]) for c, r in out.items()}
+    assert len(set(accepted.values())) == 1 and out["default"]["accepted_tokens"] > 100
+    assert out["early_cache"]["early_cached"] == out["early_cache"]["stopped"] > 3
+    assert out["default"]["early_cached"] == 0
