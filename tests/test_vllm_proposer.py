@@ -534,8 +534,8 @@ def test_async_mode_and_lane_threads_auto_resolve_by_target_size_and_parallelism
     llama8b = SimpleNamespace(hidden_size=4096, num_hidden_layers=32, intermediate_size=14336, num_attention_heads=32,
                               num_key_value_heads=8, vocab_size=128256)
 
-    def proposer(hf):
-        cfg = SimpleNamespace(additional_config={"specdec": {"adaptive": False}},
+    def proposer(hf, **extra):
+        cfg = SimpleNamespace(additional_config={"specdec": {"adaptive": False, **extra}},
                               speculative_config=SimpleNamespace(num_speculative_tokens=4),
                               model_config=SimpleNamespace(max_model_len=512, hf_config=hf),
                               parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1))
@@ -547,5 +547,11 @@ def test_async_mode_and_lane_threads_auto_resolve_by_target_size_and_parallelism
     # lane_threads 0 ("auto"): the schedule mode's drafting (the GPU waits for it) on SCHEDULE_LANE_THREADS threads
     assert big.core.options.lane_threads == SCHEDULE_LANE_THREADS and small.core.options.lane_threads == 1
     assert resolve_lane_threads(0, schedule=False) == 1 and resolve_lane_threads(2, schedule=True) == 2
+    # early_cache: the schedule-mode lane retires stopped requests (defer_cache) for cache_early to hand over
+    assert not big.core.options.defer_cache
+    cached, plain = proposer(llama8b, early_cache=True), proposer(None, early_cache=True)
+    assert cached.core.options.defer_cache and not plain.core.options.defer_cache  # thread mode: unchanged
+    cached.close()
+    plain.close()
     big.close()
     small.close()
