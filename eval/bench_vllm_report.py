@@ -44,6 +44,13 @@ def first_diffs(a: list[list[int]], ref: list[list[int]]) -> list[dict[str, int]
     return out
 
 
+def trace_key(method: str, dataset: str, cell: dict[str, Any]) -> str:
+    """The ``summary.traces`` key of a cell (or its row), as step_trace reads it: "method|dataset|batch size", the
+    dataset suffixed ":sustained" for a sustained-load cell."""
+    load = load_of(cell)
+    return f"{method}|{dataset}{'' if load == CLOSED else ':' + load}|{cell['batch_size']}"
+
+
 def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Strip outputs, add ratios to no-spec and bf16 mismatch counts; the fp32 lossless comparison."""
     ref_name = reference_method(runs)
@@ -53,9 +60,8 @@ def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any
         for ds, cells in run["datasets"].items():
             for b, cell in cells.items():
                 row = {k: v for k, v in cell.items() if k not in ("outputs", "trace")}
-                if cell.get("trace"):  # step_trace reads "method|dataset|batch size"
-                    traces[f"{method}|{ds}|{b}" if load_of(cell) == CLOSED else
-                           f"{method}|{ds}:{load_of(cell)}|{cell['batch_size']}"] = cell["trace"]
+                if cell.get("trace"):
+                    traces[trace_key(method, ds, cell)] = cell["trace"]
                 row.update(method=method, dataset=ds)
                 ref = base["datasets"].get(ds, {}).get(b) if base else None
                 if ref is not None and "outputs" in cell and "outputs" in ref:
@@ -280,8 +286,7 @@ def _fill_late_shares(summary: dict[str, Any]) -> None:
         split = r.get("gap_split_ms")
         if not split or "host_late_share" in split:
             continue
-        key = (f"{r['method']}|{r['dataset']}|{r['batch_size']}" if load_of(r) == CLOSED else
-               f"{r['method']}|{r['dataset']}:{load_of(r)}|{r['batch_size']}")
+        key = trace_key(r["method"], r["dataset"], r)
         if key in traces:
             split["host_late_share"] = host_late_share(traces[key])
 

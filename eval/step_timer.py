@@ -107,17 +107,12 @@ class StepTimer:
 
     def _split(self, fn: Any, key: str) -> Any:
         """``fn`` with its wall time added to the current trace row's ``key`` (ms)."""
-        @functools.wraps(fn)
-        def wrapper(*a: Any, **kw: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                if self.trace is not None and self.gpu_on:
-                    row = self.host_split.setdefault(self.trace.current, {})
-                    row[key] = row.get(key, 0.0) + 1e3 * (time.perf_counter() - t0)
+        def add(seconds: float) -> None:
+            if self.trace is not None and self.gpu_on:
+                row = self.host_split.setdefault(self.trace.current, {})
+                row[key] = row.get(key, 0.0) + 1e3 * seconds
 
-        return wrapper
+        return _wall_timed(fn, add)
 
     def _sampling_done(self) -> None:
         end = self._event()
@@ -168,12 +163,21 @@ class StepTimer:
 
     def _timed(self, fn: Any) -> Any:
         """``fn`` with its wall time added to ``draft_s`` (signature kept visible for the plugin's checks)."""
-        @functools.wraps(fn)
-        def wrapper(*a: Any, **kw: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                self.draft_s += time.perf_counter() - t0
+        def add(seconds: float) -> None:
+            self.draft_s += seconds
 
-        return wrapper
+        return _wall_timed(fn, add)
+
+
+def _wall_timed(fn: Any, add: Any) -> Any:
+    """``fn`` (signature kept visible through ``functools.wraps``) calling ``add(seconds)`` with each call's wall time,
+    whether it returns or raises."""
+    @functools.wraps(fn)
+    def wrapper(*a: Any, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            add(time.perf_counter() - t0)
+
+    return wrapper

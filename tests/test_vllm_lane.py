@@ -39,6 +39,9 @@ class FakeClock:
 class FakeEngine:
     """Requests decode their target sequences with greedy verification of the drafts; rows move every step."""
 
+    DISTINCT_TARGETS = 0  # > 0: request i decodes target i mod this (new requests repeat finished ones)
+    PREFILL_SHARE = 0.3  # requests whose first step is a partial prefill (no new tokens)
+
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)
         self.tokens = np.zeros((MAX_ROWS, MAX_LEN), np.int32)  # [rows, max_model_len] like token_ids_cpu
@@ -48,9 +51,10 @@ class FakeEngine:
 
     def add(self) -> None:
         rid = f"r{self.next_id}"
-        target = target_sequence(self.next_id)
+        target = target_sequence(self.next_id % self.DISTINCT_TARGETS if self.DISTINCT_TARGETS else self.next_id)
         prompt = self.rng.randint(20, 120)
-        self.reqs[rid] = {"seq": target[:prompt], "target": target, "prompt": prompt, "prefill": self.rng.random() < 0.3}
+        prefill = self.rng.random() < self.PREFILL_SHARE
+        self.reqs[rid] = {"seq": target[:prompt], "target": target, "prompt": prompt, "prefill": prefill}
         self.next_id += 1
 
     def step(self, cores: list[ProposerCore], drafts: dict[str, list[int]]) -> dict[str, list[int]]:
@@ -128,12 +132,8 @@ class RepeatingEngine(FakeEngine):
     """New requests decode the targets of earlier ones (4 distinct targets): the global cache of finished
     responses gives longer matches than a request's own context, so a stale match front changes the drafts."""
 
-    def add(self) -> None:
-        rid = f"r{self.next_id}"
-        target = target_sequence(self.next_id % 4)
-        prompt = self.rng.randint(20, 120)
-        self.reqs[rid] = {"seq": target[:prompt], "target": target, "prompt": prompt, "prefill": False}
-        self.next_id += 1
+    DISTINCT_TARGETS = 4
+    PREFILL_SHARE = 0.0
 
 
 @pytest.mark.parametrize(("threads", "cache"), [(1, False), (3, False), (1, True), (3, True)])

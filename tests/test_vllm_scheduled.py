@@ -21,6 +21,7 @@ import torch
 
 from core_support import target_sequence
 from specdec.drafters.suffix import SuffixDrafter
+from specdec.eval.bench_schedule_cpu import HostWait
 from specdec.vllm_plugin.core import ProposerCore
 from specdec.vllm_plugin.options import SpecdecOptions
 from specdec.vllm_plugin.scheduled import ScheduledDrafting, TokenFeed, pad_rows, valid_counts
@@ -162,26 +163,18 @@ def make_core(clock, **opts) -> ProposerCore:
     return ProposerCore(SuffixDrafter(), options, max_model_len=MAX_LEN, target_params=5e7, clock=clock)
 
 
-class FakeDeviceWait:
-    """The GPU's wait on the CPU: ``enqueue_copy`` queues the copy, ``release`` performs it (as the stream would
-    once the word reaches seq); ``fires`` stands for the watchdog's releases."""
+class FakeDeviceWait(HostWait):
+    """The GPU's wait on the CPU (the CPU bench's ``HostWait``: ``enqueue_copy`` queues the copy, ``release``
+    performs it, as the stream would once the word reaches seq), recording the releases; ``fires`` stands for the
+    watchdog's releases."""
 
     def __init__(self) -> None:
-        self.seq, self.fires = 0, 0
-        self.pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        super().__init__()
+        self.fires = 0
         self.released: list[int] = []
 
-    def usable(self, dst: torch.Tensor) -> bool:
-        return True
-
-    def enqueue_copy(self, dst: torch.Tensor, src: torch.Tensor) -> int:
-        self.seq += 1
-        self.pending[self.seq] = (dst, src)
-        return self.seq
-
     def release(self, seq: int) -> None:
-        dst, src = self.pending.pop(seq)
-        dst.copy_(src)
+        super().release(seq)
         self.released.append(seq)
 
     def fired(self) -> int:
