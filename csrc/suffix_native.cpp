@@ -411,7 +411,17 @@ struct DraftParams {
     int budget;
     bool tree;
     double factor, offset, min_prob;
+    double leaf_prior = 0.0;  // > 0: a continuation seen once gets (l + 1) / (l + 1 + leaf_prior), l = its match length
 };
+
+// P(next token | its path) from `count` of `total` occurrences. With `leaf_prior` > 0 a continuation seen only once
+// (a leaf, or a node of total 1) is not certain: Laplace's rule of succession over the `ell` tokens the context has
+// matched so far (the trie match plus the draft before it), (ell + 1) / (ell + 1 + leaf_prior). A long copy keeps
+// going, a short coincidental match fades after a few tokens (leaf_prior 1: a chain's path is (m + 1) / (m + n + 1)).
+inline double cont_prob(int32_t count, int32_t total, int ell, double leaf_prior) {
+    if (total == 1 && leaf_prior > 0) return (ell + 1.0) / (ell + 1.0 + leaf_prior);
+    return static_cast<double>(count) / static_cast<double>(total);
+}
 
 struct Draft {
     std::vector<int32_t> tokens, parents;
@@ -442,28 +452,30 @@ struct HeapItem {
     }
 };
 
-// Most likely next step from `c`: (token, P(token | c), next cursor); false when nothing follows.
-bool best_step(const Trie& t, const Cursor& c, int32_t& tok, double& q, Cursor& next) {
+// Most likely next step from `c`: (token, P(token | c), next cursor); false when nothing follows. `ell`: tokens
+// matched before it (see cont_prob).
+bool best_step(const Trie& t, const Cursor& c, int ell, double leaf_prior, int32_t& tok, double& q, Cursor& next) {
     if (t.is_leaf(c.node)) {
-        q = 1.0;
+        q = cont_prob(1, 1, ell, leaf_prior);
         return t.leaf_next(c, tok, next);
     }
     const Node& nd = t.node(c.node);
     if (nd.total <= 0 || nd.best == NIL) return false;
     const Node& b = t.node(nd.best);
-    q = static_cast<double>(b.count) / static_cast<double>(nd.total);
+    q = cont_prob(b.count, nd.total, ell, leaf_prior);
     tok = b.token;
     next = Cursor{nd.best, 0};
     return true;
 }
 
-void draft_chain(const Trie& t, Cursor cur, int max_len, int budget, double min_prob, Draft& out) {
-    double path = 1.0;
-    int limit = std::min(max_len, budget);
+void draft_chain(const Trie& t, Cursor cur, int m, int max_len, const DraftParams& p, Draft& out) {
+    double path = 1.0, min_prob = p.min_prob;
+    int limit = std::min(max_len, p.budget);
     int32_t tok;
     double q;
     Cursor next;
-    while (static_cast<int>(out.tokens.size()) < limit && best_step(t, cur, tok, q, next)) {
+    while (static_cast<int>(out.tokens.size()) < limit &&
+           best_step(t, cur, m + static_cast<int>(out.tokens.size()), p.leaf_prior, tok, q, next)) {
         if (path * q < min_prob) break;
         path *= q;
         out.parents.push_back(static_cast<int32_t>(out.tokens.size()) - 1);
@@ -474,29 +486,34 @@ void draft_chain(const Trie& t, Cursor cur, int max_len, int budget, double min_
     }
 }
 
-void push_children(const Trie& t, const Cursor& c, double path, int32_t parent, int32_t depth, double min_prob,
-                   int64_t& seq, std::priority_queue<HeapItem>& heap) {
+// Children of `c` (at `depth`, 1-based, below a match of `m` tokens) onto the heap.
+void push_children(const Trie& t, const Cursor& c, double path, int32_t parent, int32_t depth, int m,
+                   const DraftParams& p, int64_t& seq, std::priority_queue<HeapItem>& heap) {
+    const double min_prob = p.min_prob;
+    const int ell = m + depth - 1;
     if (t.is_leaf(c.node)) {
         int32_t tok;
         Cursor next;
-        if (t.leaf_next(c, tok, next) && path >= min_prob) heap.push(HeapItem{path, 1.0, seq++, tok, next, parent, depth});
+        double q = cont_prob(1, 1, ell, p.leaf_prior);
+        if (t.leaf_next(c, tok, next) && path * q >= min_prob)
+            heap.push(HeapItem{path * q, q, seq++, tok, next, parent, depth});
         return;
     }
     const Node& nd = t.node(c.node);
     if (nd.total <= 0) return;
     for (int32_t ch = nd.first; ch != NIL; ch = t.node(ch).next) {
-        double q = static_cast<double>(t.node(ch).count) / static_cast<double>(nd.total);
+        double q = cont_prob(t.node(ch).count, nd.total, ell, p.leaf_prior);
         double p = path * q;
         if (p >= min_prob) heap.push(HeapItem{p, q, seq++, t.node(ch).token, Cursor{ch, 0}, parent, depth});
     }
 }
 
-void draft_tree(const Trie& t, const Cursor& start, int max_depth, int budget, double min_prob, Draft& out) {
+void draft_tree(const Trie& t, const Cursor& start, int m, int max_depth, const DraftParams& p, Draft& out) {
     std::priority_queue<HeapItem> heap;
     int64_t seq = 0;
     if (max_depth < 1) return;
-    push_children(t, start, 1.0, -1, 1, min_prob, seq, heap);
-    while (!heap.empty() && static_cast<int>(out.tokens.size()) < budget) {
+    push_children(t, start, 1.0, -1, 1, m, p, seq, heap);
+    while (!heap.empty() && static_cast<int>(out.tokens.size()) < p.budget) {
         HeapItem it = heap.top();
         heap.pop();
         int32_t idx = static_cast<int32_t>(out.tokens.size());
@@ -504,7 +521,7 @@ void draft_tree(const Trie& t, const Cursor& start, int max_depth, int budget, d
         out.parents.push_back(it.parent);
         out.probs.push_back(it.prob);
         out.score += it.path;
-        if (it.depth < max_depth) push_children(t, it.cur, it.path, idx, it.depth + 1, min_prob, seq, heap);
+        if (it.depth < max_depth) push_children(t, it.cur, it.path, idx, it.depth + 1, m, p, seq, heap);
     }
 }
 
@@ -530,12 +547,12 @@ void best_draft(const Trie& t, const std::vector<Cursor>& front, const DraftPara
         int32_t tok;
         double q1;
         Cursor next;
-        if (!best_step(t, front[m], tok, q1, next)) continue;  // nothing follows this match
+        if (!best_step(t, front[m], static_cast<int>(m), p.leaf_prior, tok, q1, next)) continue;  // nothing follows
         double reach = p.tree ? std::min(bound, p.budget * q1) : bound * q1;
         if (reach + BOUND_SLACK <= best.score) continue;
         tmp.clear();
-        if (p.tree) draft_tree(t, front[m], cap, p.budget, p.min_prob, tmp);
-        else draft_chain(t, front[m], cap, p.budget, p.min_prob, tmp);
+        if (p.tree) draft_tree(t, front[m], static_cast<int>(m), cap, p, tmp);
+        else draft_chain(t, front[m], static_cast<int>(m), cap, p, tmp);
         if (tmp.score > best.score) {
             std::swap(best, tmp);
             best.match_len = static_cast<int>(m);
@@ -572,7 +589,7 @@ struct LaneConfig {
     double calib_decay = 0.8;       // decay of the calibration sums
     double min_calib_mass = 3.0, min_calib = 0.05, max_calib = 1.5;
     double max_cut = 0.9;           // the confidence threshold never exceeds this
-    double factor = 8.0, offset = 0.0, min_prob = 0.1;  // draft parameters (SuffixConfig)
+    double factor = 8.0, offset = 0.0, min_prob = 0.1, leaf_prior = 0.0;  // draft parameters (SuffixConfig)
     bool use_local = true, use_global = true;
     bool defer_cache = false;  // stopped requests' responses are cached by the cacher thread (see JobThread)
     double defer_wait_us = 0;  // a lane step waits this long for the cacher before drafting without the global trie
@@ -917,14 +934,14 @@ PyObject* int_list(const std::vector<int32_t>& v) {
     return list;
 }
 
-// draft(rid, budget, tree, factor, offset, min_prob, use_local, use_global)
+// draft(rid, budget, tree, factor, offset, min_prob, use_local, use_global, leaf_prior=0)
 //   -> (tokens, parents, probs, score, match_len, source)
 PyObject* Engine_draft(PyEngine* self, PyObject* args) {
     long long rid;
     DraftParams p;
     int tree, use_local, use_global;
-    if (!PyArg_ParseTuple(args, "Lipdddpp", &rid, &p.budget, &tree, &p.factor, &p.offset, &p.min_prob, &use_local,
-                          &use_global))
+    if (!PyArg_ParseTuple(args, "Lipdddpp|d", &rid, &p.budget, &tree, &p.factor, &p.offset, &p.min_prob, &use_local,
+                          &use_global, &p.leaf_prior))
         return nullptr;
     p.tree = tree != 0;
     quiesce(*self->engine);
@@ -975,7 +992,7 @@ PyMethodDef Engine_methods[] = {
     {"extend", reinterpret_cast<PyCFunction>(Engine_extend), METH_VARARGS, "extend(rid, token_ids)"},
     {"stop", reinterpret_cast<PyCFunction>(Engine_stop), METH_VARARGS, "stop(rid): cache the response"},
     {"draft", reinterpret_cast<PyCFunction>(Engine_draft), METH_VARARGS,
-     "draft(rid, budget, tree, factor, offset, min_prob, use_local, use_global)"},
+     "draft(rid, budget, tree, factor, offset, min_prob, use_local, use_global, leaf_prior=0)"},
     {"memory_bytes", reinterpret_cast<PyCFunction>(Engine_memory_bytes), METH_NOARGS, "bytes held"},
     {"global_stats", reinterpret_cast<PyCFunction>(Engine_global_stats), METH_NOARGS, "global trie stats"},
     {"local_nodes", reinterpret_cast<PyCFunction>(Engine_local_nodes), METH_VARARGS, "nodes of a request trie"},

@@ -48,6 +48,9 @@ class SuffixConfig(ConfigBase):
     max_spec_factor: float = rng(8.0, lo=0.0, hi=1000.0, doc="draft depth <= match_len * factor + offset")
     max_spec_offset: float = rng(0.0, lo=-1000.0, hi=1000.0, doc="see max_spec_factor")
     min_token_prob: float = rng(0.1, lo=0.0, hi=1.0, doc="stop growing a path below this path probability")
+    leaf_prior: float = rng(0.0, lo=0.0, hi=1000.0,
+                            doc="> 0: a continuation seen once is not certain: (l + 1) / (l + 1 + leaf_prior), l = "
+                                "tokens matched so far (0: probability 1, as count / total says)")
     max_cached_requests: int = rng(10_000, lo=0, hi=2**31 - 1, doc="responses kept in the global trie (0: none)")
     max_cached_tokens: int = rng(10_000_000, lo=0, hi=2**40, doc="response tokens kept in the global trie")
     use_local: bool = rng(True, doc="draft from the request's own prompt + output")
@@ -108,7 +111,7 @@ class SuffixDrafter(Drafter):
                 continue
             toks, parents, probs, _score, _m, src = self.engine.draft(
                 rid, req.budget, req.tree, c.max_spec_factor, c.max_spec_offset, c.min_token_prob,
-                c.use_local, c.use_global)
+                c.use_local, c.use_global, c.leaf_prior)
             self.last_sources.append(SOURCES[src] if src >= 0 else "")
             if not toks:
                 out.append(TokenTree.empty())
@@ -130,7 +133,7 @@ class SuffixDrafter(Drafter):
                 continue
             toks, _parents, probs, _score, _m, _src = self.engine.draft(
                 rid, req.budget, False, c.max_spec_factor, c.max_spec_offset, c.min_token_prob,
-                c.use_local, c.use_global)
+                c.use_local, c.use_global, c.leaf_prior)
             out.append((toks, list(accumulate(probs, mul)) if toks else None))
         return out
 
@@ -153,7 +156,8 @@ class SuffixDrafter(Drafter):
         global trie."""
         c = self.config
         self._lane_args = (probe_tokens, accept_alpha, calib_decay, min_calib_mass, min_calib, max_calib, max_cut,
-                           c.max_spec_factor, c.max_spec_offset, c.min_token_prob, c.use_local, c.use_global)
+                           c.max_spec_factor, c.max_spec_offset, c.min_token_prob, c.leaf_prior, c.use_local,
+                           c.use_global)
         self.engine.lane_config(*self._lane_args, defer_cache, defer_wait_us)
 
     def lane_release(self) -> None:

@@ -140,14 +140,23 @@ def length_cap(m: int, factor: float, offset: float) -> int:
     return max(0, int(math.floor(m * factor + offset + 1e-9)))
 
 
-def draft_chain(t: RefTrie, start: int, max_len: int, budget: int, min_prob: float, out: dict) -> None:
+def cont_prob(count: int, total: int, ell: int, leaf_prior: float) -> float:
+    """P(next token | its path) from ``count`` of ``total`` occurrences; with ``leaf_prior`` > 0 a continuation seen
+    once gets Laplace's rule of succession over the ``ell`` tokens matched so far: (ell + 1) / (ell + 1 + prior)."""
+    if total == 1 and leaf_prior > 0:
+        return (ell + 1.0) / (ell + 1.0 + leaf_prior)
+    return count / total
+
+
+def draft_chain(t: RefTrie, start: int, m: int, max_len: int, params: tuple, out: dict) -> None:
+    budget, _tree, _factor, _offset, min_prob, leaf_prior = params
     path, cur = 1.0, start
     limit = min(max_len, budget)
     while len(out["tokens"]) < limit:
         b = t.best[cur]
         if t.total[cur] <= 0 or b < 0:
             break
-        q = t.count[b] / t.total[cur]
+        q = cont_prob(t.count[b], t.total[cur], m + len(out["tokens"]), leaf_prior)
         if path * q < min_prob:
             break
         path *= q
@@ -158,26 +167,27 @@ def draft_chain(t: RefTrie, start: int, max_len: int, budget: int, min_prob: flo
         cur = b
 
 
-def _push_children(t: RefTrie, node: int, path: float, parent: int, depth: int, min_prob: float,
+def _push_children(t: RefTrie, node: int, path: float, parent: int, depth: int, m: int, params: tuple,
                    seq: list[int], heap: list) -> None:
+    min_prob, leaf_prior = params[4], params[5]
     total = t.total[node]
     if total <= 0:
         return
     for c in reversed(t.children[node].values()):  # newest first
-        q = t.count[c] / total
+        q = cont_prob(t.count[c], total, m + depth - 1, leaf_prior)
         p = path * q
         if p >= min_prob:
             heapq.heappush(heap, (-p, seq[0], q, c, parent, depth))
             seq[0] += 1
 
 
-def draft_tree(t: RefTrie, start: int, max_depth: int, budget: int, min_prob: float, out: dict) -> None:
+def draft_tree(t: RefTrie, start: int, m: int, max_depth: int, params: tuple, out: dict) -> None:
     if max_depth < 1:
         return
     heap: list = []
     seq = [0]
-    _push_children(t, start, 1.0, -1, 1, min_prob, seq, heap)
-    while heap and len(out["tokens"]) < budget:
+    _push_children(t, start, 1.0, -1, 1, m, params, seq, heap)
+    while heap and len(out["tokens"]) < params[0]:
         neg_p, _, q, c, parent, depth = heapq.heappop(heap)
         idx = len(out["tokens"])
         out["tokens"].append(t.token[c])
@@ -185,7 +195,7 @@ def draft_tree(t: RefTrie, start: int, max_depth: int, budget: int, min_prob: fl
         out["probs"].append(q)
         out["score"] += -neg_p
         if depth < max_depth:
-            _push_children(t, c, -neg_p, idx, depth + 1, min_prob, seq, heap)
+            _push_children(t, c, -neg_p, idx, depth + 1, m, params, seq, heap)
 
 
 def _empty() -> dict:
@@ -193,7 +203,7 @@ def _empty() -> dict:
 
 
 def best_draft(t: RefTrie, front: list[int], params: tuple, source: int, best: dict) -> dict:
-    budget, tree, factor, offset, min_prob = params
+    budget, tree, factor, offset, _min_prob, _leaf_prior = params
     for m in range(len(front) - 1, 0, -1):
         cap = length_cap(m, factor, offset)
         if min(budget, cap) <= best["score"]:
@@ -201,7 +211,7 @@ def best_draft(t: RefTrie, front: list[int], params: tuple, source: int, best: d
         if t.total[front[m]] <= 0:
             continue
         cand = _empty()
-        (draft_tree if tree else draft_chain)(t, front[m], cap, budget, min_prob, cand)
+        (draft_tree if tree else draft_chain)(t, front[m], m, cap, params, cand)
         if cand["score"] > best["score"]:
             cand["match_len"], cand["source"] = m, source
             best = cand
@@ -278,13 +288,14 @@ class RefEngine:
         self.version += 1
 
     def draft(self, rid: int, budget: int, tree: bool, factor: float, offset: float, min_prob: float,
-              use_local: bool, use_global: bool) -> tuple[list[int], list[int], list[float], float, int, int]:
+              use_local: bool, use_global: bool, leaf_prior: float = 0.0
+              ) -> tuple[list[int], list[int], list[float], float, int, int]:
         r = self.requests.get(rid)
         if r is None:
             raise KeyError(f"request {rid} is not active (call start first)")
         best = _empty()
         if budget > 0:
-            params = (budget, bool(tree), factor, offset, min_prob)
+            params = (budget, bool(tree), factor, offset, min_prob, leaf_prior)
             if use_local:
                 best = best_draft(r.local, r.local_front, params, 0, best)
             if use_global:

@@ -58,6 +58,30 @@ def test_tree_branching_and_chain_tie_break(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_leaf_prior_fades_single_occurrence_continuations(backend):
+    # "7 8" occurs once before the end, followed by 1 2 3 4 5: match length m = 2, every continuation seen once.
+    prompt = [7, 8, 1, 2, 3, 4, 5, 9, 7, 8]
+    plain = make(backend, max_spec_factor=8.0, min_token_prob=0.0)
+    plain.start("a", prompt)
+    np.testing.assert_allclose(plain.draft("a", 4).probs, [1.0] * 4)  # count / total: certain
+    d = make(backend, max_spec_factor=8.0, min_token_prob=0.0, leaf_prior=1.0)
+    d.start("a", prompt)
+    chain = d.draft("a", 4)
+    assert chain.tokens.tolist() == [1, 2, 3, 4]
+    np.testing.assert_allclose(chain.probs, [3 / 4, 4 / 5, 5 / 6, 6 / 7])  # (l + 1) / (l + 2), l = 2, 3, 4, 5
+    assert chain.expected_accepted() == pytest.approx(3 / 4 + 3 / 5 + 3 / 6 + 3 / 7)  # path = (m + 1) / (m + n + 1)
+    tree = d.draft("a", 4, tree=True)
+    np.testing.assert_allclose(tree.probs, chain.probs)
+    cut = make(backend, max_spec_factor=8.0, min_token_prob=0.55, leaf_prior=1.0)
+    cut.start("a", prompt)
+    assert cut.draft("a", 8).tokens.tolist() == [1, 2]  # paths 0.75, 0.6, then 0.5 < 0.55
+    # seen twice: count / total as before, the prior does not apply
+    twice = make(backend, min_token_prob=0.0, leaf_prior=1.0)
+    twice.start("a", [7, 8, 1, 2, 7, 8, 1, 2, 9, 7, 8])
+    np.testing.assert_allclose(twice.draft("a", 2).probs, [1.0, 1.0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_min_token_prob_stops_paths(backend):
     prompt = [1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2, 6, 1, 2]  # four continuations, 0.25 each
     d = make(backend, min_token_prob=0.3)
@@ -189,7 +213,7 @@ def test_reference_equals_native_random():
             prompt=lambda: [rng.randrange(vocab) for _ in range(rng.randint(0, 20))],
             draft_args=lambda: (rng.choice([1, 3, 8]), rng.random() < 0.5, rng.choice([0.5, 1.0, 3.0]),
                                 rng.choice([0.0, 1.0]), rng.choice([0.0, 0.1, 0.4]), rng.random() < 0.8,
-                                rng.random() < 0.8),
+                                rng.random() < 0.8, rng.choice([0.0, 0.0, 0.5, 2.0])),
             tokens=lambda: [rng.randrange(vocab) for _ in range(rng.randint(1, 4))])
 
 

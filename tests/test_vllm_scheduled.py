@@ -545,7 +545,9 @@ def test_adaptive_slots_follow_each_requests_latest_draft_and_stay_lossless():
             want = np.zeros((out.shape[0], K), np.int32)
             pad_rows(drafts, want, [eng.reqs[r]["seq"][-1] for r in eng.order])
             assert out.numpy().tolist() == want.tolist(), step
-            assert book.table == {r: min(K, len(d)) for r, d in zip(eng.order, drafts)}, step
+            drafted = {r: min(K, len(d)) for r, d in zip(eng.order, drafts) if r in book.table}
+            assert book.table == drafted, step  # rows with no new token (prefilling) are left out: k slots
+            assert not any(d for r, d in zip(eng.order, drafts) if r not in book.table), step
             short += sum(n < K for n in reserved.values())
             eng.prev_drafts, eng.slots = out.clone(), reserved
         eng.churn(step)
@@ -565,12 +567,13 @@ def test_adaptive_slots_follow_each_requests_latest_draft_and_stay_lossless():
 
 
 def test_slot_book_tables_clamps_and_placeholders():
-    from specdec.vllm_plugin.slots import SlotBook
+    from specdec.vllm_plugin.slots import PLACEHOLDER, UNKNOWN, SlotBook
 
     book = SlotBook(4)
     assert book.slots("new", 4) == 4  # unknown request: vLLM's k
-    book.note(["a", "b", "c"], [0, 2, 9])
-    assert book.table == {"a": 0, "b": 2, "c": 4}
+    book.note(["a", "b", "c", "p"], [0, 2, 9, UNKNOWN])
+    assert book.table == {"a": 0, "b": 2, "c": 4}  # "p" (no new token yet) keeps k
+    assert book.owns(book.placeholders(2)) and not book.owns([PLACEHOLDER] * 2)
     assert [book.slots(r, 4) for r in "abc"] == [0, 2, 4]
     assert book.slots("b", 1) == 1  # never more than vLLM reserved (its k by batch size)
     assert book.placeholders(2) == [-1, -1] and book.placeholders(2) is book.placeholders(2)
@@ -675,8 +678,9 @@ def test_real_vllm_async_scheduler_is_the_one_the_slot_patch_expects():
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable here (CI: /opt/vllm-venv)")
 def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch):
     """vLLM's own AsyncScheduler (CPU, no model run) with the slot patch: a step's scheduled tokens per request are
-    1 + the slots the book held when the previous step was scheduled (vLLM reserves step N+1's placeholders at the
-    end of scheduling step N), and vLLM's placeholder accounting stays consistent as outputs arrive."""
+    1 + the slots the book holds when that step is scheduled (vLLM reserved placeholders at the end of scheduling
+    the step before; the patch re-grants them from the newer book at the start of ``schedule``), and vLLM's
+    placeholder accounting stays consistent as outputs arrive."""
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
     from vllm.sampling_params import SamplingParams
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -730,11 +734,12 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch)
         assert {r: len(t) for r, t in s2.scheduled_spec_decode_tokens.items()} == {"b": 2}
         sch.update_from_output(s1, output(s1, {"a": [7], "b": [8]}))
         book.note(["a", "b"], [3, 0])
-        s3 = sch.schedule()  # its slots were reserved when step 2 was scheduled
-        assert s3.num_scheduled_tokens == {"a": 1, "b": 3}
+        s3 = sch.schedule()  # reserved when step 2 was scheduled (a 0, b 2), re-granted from the book of now
+        assert s3.num_scheduled_tokens == {"a": 4, "b": 1}
         sch.update_from_output(s2, output(s2, {"a": [9], "b": [5, 6, 7]}))  # b: both drafts accepted + bonus
         s4 = sch.schedule()
         assert s4.num_scheduled_tokens == {"a": 4, "b": 1}
+        assert {r: len(t) for r, t in s4.scheduled_spec_decode_tokens.items()} == {"a": 3}
         assert list(sch.requests["a"].output_token_ids) == [7, 9]
         assert list(sch.requests["b"].output_token_ids) == [8, 5, 6, 7]
         assert all(sch.requests[r].num_output_placeholders >= 0 for r in ("a", "b"))
@@ -742,7 +747,7 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch)
         book.prefill_cap = 1  # prefill_step_slots: a step carrying a prefill verifies at most 1 draft per request
         book.note(["a", "b"], [3, 3])
         sch.update_from_output(s3, output(s3, {"a": [1], "b": [2]}))
-        s5 = sch.schedule()  # slots reserved at s4: a 0, b 3 (the book of then)
+        s5 = sch.schedule()  # a 3, b 3: the book of now
         sch.add_request(Request(request_id="c", prompt_token_ids=list(range(40, 60)), sampling_params=params,
                                 pooling_params=None))
         monkeypatch.setattr(async_patch, "PREFILL_HEAVY_TOKENS", 20)  # c's 20 tokens count as a heavy prefill
@@ -771,3 +776,26 @@ def test_schedule_cpu_benchmark_configs_draft_the_same():
     assert len(set(accepted.values())) == 1 and out["default"]["accepted_tokens"] > 100
     assert out["early_cache"]["early_cached"] == out["early_cache"]["stopped"] > 3
     assert out["default"]["early_cached"] == 0
+
+
+def test_regrant_gives_running_requests_the_slots_of_their_latest_draft():
+    from specdec.vllm_plugin.async_patch import regrant_placeholders
+    from specdec.vllm_plugin.slots import SlotBook
+
+    book = SlotBook(4)
+    shared = [-1] * 4
+
+    def req(rid, spec, chunk=False):
+        return SimpleNamespace(request_id=rid, spec_token_ids=spec, is_prefill_chunk=chunk)
+
+    running = [req("a", book.placeholders(0)), req("b", shared), req("c", book.placeholders(1)),
+               req("d", [5, 6]), req("e", shared, chunk=True), req("f", book.placeholders(2))]
+    sch = SimpleNamespace(_spec_token_placeholders=shared, running=running)
+    book.note(["a", "b", "c", "d", "e"], [3, 1, 9, 0, 0])  # f: not drafted last step (no new token): k
+    assert regrant_placeholders(sch, book) == 4
+    assert [len(r.spec_token_ids) for r in running] == [3, 1, 4, 2, 4, 4]
+    assert running[2].spec_token_ids is shared and running[5].spec_token_ids is shared  # all k: vLLM's own list
+    assert running[3].spec_token_ids == [5, 6] and running[4].spec_token_ids is shared  # real ids, a prompt chunk
+    assert book.as_dict()["slots_granted"] == 3 + 1 + 4 + 4 and book.as_dict()["slots_offered"] == 16
+    sch._spec_token_placeholders = []
+    assert regrant_placeholders(sch, book) == 0  # vLLM reserved nothing (no speculative step)

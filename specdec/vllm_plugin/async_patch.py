@@ -23,9 +23,11 @@
      forward (an error, an early return).
 3. ``patch_async_scheduler`` (``draft_slots="adaptive"``): ``AsyncScheduler._update_after_schedule`` (end) trims
    the ``k`` draft placeholders vLLM just gave each decoding request to the slots of its latest draft
-   (``slots.SlotBook``); a pass-through while no slot book is registered (another method, uniform slots). With
-   the book's ``prefill_cap`` (``prefill_step_slots``), ``schedule`` (start) also caps the placeholders of every
-   decoding request when the step about to be scheduled will carry a prefill (``cap_prefill_steps``).
+   (``slots.SlotBook``); a pass-through while no slot book is registered (another method, uniform slots).
+   ``schedule`` (start) then gives each decoding request the slots of its draft made since
+   (``regrant_placeholders``: one drafting round fresher), and with the book's ``prefill_cap``
+   (``prefill_step_slots``) caps them when the step about to be scheduled will carry a prefill
+   (``cap_prefill_steps``).
 """
 from __future__ import annotations
 
@@ -276,7 +278,7 @@ def patch_async_scheduler(scheduler_cls: Any) -> bool:
         book = active()
         if book is not None:
             try:
-                trim_placeholders(self, scheduler_output, book)
+                trim_placeholders(self, scheduler_output, book, count=not self_schedule_wrapped(self))
             except Exception as exc:  # noqa: BLE001 - scheduling must never fail because of drafting
                 if not logged:
                     logged.append(True)
@@ -302,9 +304,11 @@ def _wrap_schedule(scheduler_cls: Any, logged: list[bool]) -> None:
     @functools.wraps(orig_schedule)
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         book = active()
-        if book is not None and book.prefill_cap >= 0:
+        if book is not None:
             try:
-                cap_prefill_steps(self, book)
+                regrant_placeholders(self, book)
+                if book.prefill_cap >= 0:
+                    cap_prefill_steps(self, book)
             except Exception as exc:  # noqa: BLE001 - scheduling must never fail because of drafting
                 if not logged:
                     logged.append(True)
@@ -348,9 +352,36 @@ def cap_prefill_steps(scheduler: Any, book: Any) -> int:
     return capped
 
 
-def trim_placeholders(scheduler: Any, scheduler_output: Any, book: Any) -> int:
+def self_schedule_wrapped(scheduler: Any) -> bool:
+    """``scheduler``'s ``schedule`` is ours (``regrant_placeholders`` then sets, and counts, the final slots)."""
+    return getattr(getattr(type(scheduler), "schedule", None), _WRAPPED, False)
+
+
+def regrant_placeholders(scheduler: Any, book: Any) -> int:
+    """Before vLLM schedules a step: every running request whose draft slots are placeholders (vLLM's shared list
+    or one of the book's) gets the slots of its latest draft. vLLM reserved them at the end of the previous
+    schedule, before the drafting of the step in flight had run; the book now holds that drafting's lengths, one
+    round fresher (the slots of step N+2 follow step N+1's drafts, not step N's). Returns the requests changed."""
+    shared = scheduler._spec_token_placeholders  # [k of the next step] (-1 each), one list for every request
+    reserved = len(shared)
+    if reserved == 0:
+        return 0
+    changed = 0
+    for request in scheduler.running:
+        spec = request.spec_token_ids
+        if request.is_prefill_chunk or not (spec is shared or book.owns(spec)):
+            continue  # a prompt chunk, or real draft ids (not schedule mode's placeholders)
+        n = book.slots(request.request_id, reserved)
+        if n != len(spec):
+            request.spec_token_ids = shared if n == reserved else book.placeholders(n)
+            changed += 1
+    return changed
+
+
+def trim_placeholders(scheduler: Any, scheduler_output: Any, book: Any, *, count: bool = True) -> int:
     """Give each request vLLM just handed its shared placeholder list (decoding requests, not prefill chunks)
-    ``book.slots`` placeholders instead. Returns the number of requests trimmed."""
+    ``book.slots`` placeholders instead (``regrant_placeholders`` refreshes them before the next schedule;
+    ``count``: these are the final slots, for the statistics). Returns the number of requests trimmed."""
     shared = scheduler._spec_token_placeholders  # [k of the next step] (-1 each), one list for every request
     reserved = len(shared)
     if reserved == 0:
@@ -361,7 +392,7 @@ def trim_placeholders(scheduler: Any, scheduler_output: Any, book: Any) -> int:
         request = requests.get(rid)
         if request is None or request.spec_token_ids is not shared:
             continue
-        n = book.slots(rid, reserved)
+        n = book.slots(rid, reserved, count=count)
         if n < reserved:
             request.spec_token_ids = book.placeholders(n)
             trimmed += 1

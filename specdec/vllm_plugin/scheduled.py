@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from specdec.vllm_plugin.feed import TokenFeed, pad_rows, valid_counts
+from specdec.vllm_plugin.slots import UNKNOWN
 
 logger = logging.getLogger("specdec.vllm")
 
@@ -344,8 +345,8 @@ class ScheduledDrafting:
             self.core.reset()
             drafts = [[] for _ in range(n)]
         pad_rows(drafts, host.numpy(), rows.fillers)
-        if self.slot_book is not None:
-            self.slot_book.note(req_ids, [len(d) for d in drafts])
+        if self.slot_book is not None:  # rows with no new token (prompts still prefilling) keep k slots
+            self.slot_book.note(req_ids, [len(d) if len(t) else UNKNOWN for d, t in zip(drafts, rows.sampled)])
 
     def stats(self) -> dict[str, Any]:
         out = {"schedule": {**self.feed.stats.as_dict(), "finish_thread": self._finisher is not None},

@@ -29,6 +29,7 @@ from typing import Sequence
 
 SLOT_MODES = ("uniform", "adaptive")
 PLACEHOLDER = -1  # vLLM's draft-slot placeholder id under async scheduling (also its rejected-token id)
+UNKNOWN = -1  # ``SlotBook.note``: a row without a draft length (no new token yet): its request gets k
 
 
 class SlotBook:
@@ -50,16 +51,23 @@ class SlotBook:
         self.offered = 0  # slots vLLM would have reserved (k per decoding request)
 
     def note(self, req_ids: Sequence[str], draft_lengths: Sequence[int]) -> None:
-        """After drafting a step: ``draft_lengths`` [rows] = tokens of each row's draft worth verifying."""
+        """After drafting a step: ``draft_lengths`` [rows] = tokens of each row's draft worth verifying; ``UNKNOWN``
+        for a row that had no new token to draft from (a prompt still prefilling): that request gets ``k``."""
         k = self.k
-        self.table = {rid: min(k, max(0, int(n))) for rid, n in zip(req_ids, draft_lengths)}
+        self.table = {rid: min(k, int(n)) for rid, n in zip(req_ids, draft_lengths) if n >= 0}
 
-    def slots(self, request_id: str, reserved: int) -> int:
-        """Slots for the request's next step, at most ``reserved`` (what vLLM's scheduler set aside)."""
+    def slots(self, request_id: str, reserved: int, *, count: bool = True) -> int:
+        """Slots for the request's next step, at most ``reserved`` (what vLLM's scheduler set aside); ``count``:
+        add them to the statistics (once per scheduled step)."""
         n = min(self.table.get(request_id, self.k), reserved)
-        self.granted += n
-        self.offered += reserved
+        if count:
+            self.granted += n
+            self.offered += reserved
         return n
+
+    def owns(self, ids: list[int]) -> bool:
+        """``ids`` is one of this book's placeholder lists (by identity: real draft ids never are)."""
+        return len(ids) <= self.k and ids is self._placeholders[len(ids)]
 
     def placeholders(self, n: int) -> list[int]:
         """A shared read-only list of ``n`` placeholder ids (vLLM's ``-1``), as vLLM's own scheduler hands out."""
