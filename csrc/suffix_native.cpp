@@ -590,6 +590,7 @@ struct LaneConfig {
     double min_calib_mass = 3.0, min_calib = 0.05, max_calib = 1.5;
     double max_cut = 0.9;           // the confidence threshold never exceeds this
     double factor = 8.0, offset = 0.0, min_prob = 0.1, leaf_prior = 0.0;  // draft parameters (SuffixConfig)
+    double pad_factor = 8.0;  // the factor of padded steps (verification free: SuffixConfig.free_spec_factor)
     bool use_local = true, use_global = true;
     bool defer_cache = false;  // stopped requests' responses are cached by the cacher thread (see JobThread)
     double defer_wait_us = 0;  // a lane step waits this long for the cacher before drafting without the global trie

@@ -32,6 +32,8 @@ class DraftRequest:
     request_id: str
     budget: int  # max draft tokens (tree nodes)
     tree: bool = False  # False: a chain is wanted (vLLM); True: any tree shape
+    free: bool = False  # the verifier checks `budget` tokens whatever the draft holds (a padded batch): a drafter
+    # may then draft further than where each verified token costs (suffix: free_spec_factor)
 
 
 class Drafter(abc.ABC):

@@ -48,6 +48,9 @@ class SuffixConfig(ConfigBase):
     max_spec_factor: float = rng(8.0, lo=0.0, hi=1000.0, doc="draft depth <= match_len * factor + offset")
     max_spec_offset: float = rng(0.0, lo=-1000.0, hi=1000.0, doc="see max_spec_factor")
     min_token_prob: float = rng(0.1, lo=0.0, hi=1.0, doc="stop growing a path below this path probability")
+    free_spec_factor: float = rng(-1.0, lo=-1.0, hi=1000.0,
+                                  doc="max_spec_factor for requests whose verification is free (DraftRequest.free: "
+                                      "vLLM batches padded to k); -1: max_spec_factor")
     leaf_prior: float = rng(0.0, lo=0.0, hi=1000.0,
                             doc="> 0: a continuation seen once is not certain: (l + 1) / (l + 1 + leaf_prior), l = "
                                 "tokens matched so far (0: probability 1, as count / total says)")
@@ -110,7 +113,7 @@ class SuffixDrafter(Drafter):
                 self.last_sources.append("")
                 continue
             toks, parents, probs, _score, _m, src = self.engine.draft(
-                rid, req.budget, req.tree, c.max_spec_factor, c.max_spec_offset, c.min_token_prob,
+                rid, req.budget, req.tree, self._factor(req.free), c.max_spec_offset, c.min_token_prob,
                 c.use_local, c.use_global, c.leaf_prior)
             self.last_sources.append(SOURCES[src] if src >= 0 else "")
             if not toks:
@@ -132,10 +135,15 @@ class SuffixDrafter(Drafter):
                 out.append(([], None))
                 continue
             toks, _parents, probs, _score, _m, _src = self.engine.draft(
-                rid, req.budget, False, c.max_spec_factor, c.max_spec_offset, c.min_token_prob,
+                rid, req.budget, False, self._factor(req.free), c.max_spec_offset, c.min_token_prob,
                 c.use_local, c.use_global, c.leaf_prior)
             out.append((toks, list(accumulate(probs, mul)) if toks else None))
         return out
+
+    def _factor(self, free: bool) -> float:
+        """The draft depth cap factor (``free_spec_factor`` for a request whose verification is free)."""
+        c = self.config
+        return c.free_spec_factor if free and c.free_spec_factor >= 0 else c.max_spec_factor
 
     # ----------------------------------------------------------------- one-call proposer step (native only)
     def native_lane(self) -> "SuffixDrafter | None":
@@ -156,8 +164,8 @@ class SuffixDrafter(Drafter):
         global trie."""
         c = self.config
         self._lane_args = (probe_tokens, accept_alpha, calib_decay, min_calib_mass, min_calib, max_calib, max_cut,
-                           c.max_spec_factor, c.max_spec_offset, c.min_token_prob, c.leaf_prior, c.use_local,
-                           c.use_global)
+                           c.max_spec_factor, c.max_spec_offset, c.min_token_prob, c.leaf_prior,
+                           self._factor(True), c.use_local, c.use_global)
         self.engine.lane_config(*self._lane_args, defer_cache, defer_wait_us)
 
     def lane_release(self) -> None:

@@ -280,3 +280,20 @@ def test_draft_chains_equal_the_best_path_of_chain_trees(backend):
         if fp and sp:
             assert fp == pytest.approx(sp, rel=1e-5)
     assert any(len(f[0]) for f in fast)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_free_requests_draft_with_free_spec_factor(backend):
+    from specdec.drafters.base import DraftRequest
+
+    prompt = [7, 8, 1, 2, 3, 4, 5, 9, 7, 8]  # match "7 8" (m = 2), then 1 2 3 4 5 9 7 8
+    d = make(backend, max_spec_factor=1.0, free_spec_factor=3.0, min_token_prob=0.0)
+    d.start("a", prompt)
+    dear, free = d.draft_batch([DraftRequest("a", 8), DraftRequest("a", 8, free=True)])
+    assert dear.tokens.tolist() == [1, 2]  # <= m x 1
+    assert free.tokens.tolist() == [1, 2, 3, 4, 5, 9]  # <= m x 3: the verifier checks 8 slots anyway
+    chains = d.draft_chains([DraftRequest("a", 8, free=True), DraftRequest("a", 8)])
+    assert [c[0] for c in chains] == [[1, 2, 3, 4, 5, 9], [1, 2]]
+    same = make(backend, max_spec_factor=1.0, min_token_prob=0.0)  # free_spec_factor -1: max_spec_factor
+    same.start("a", prompt)
+    assert same.draft_batch([DraftRequest("a", 8, free=True)])[0].tokens.tolist() == [1, 2]

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from specdec.drafters.registry import build_drafter
+from specdec.vllm_plugin.proposer import build_proposer_drafter
 from specdec.vllm_plugin.core import ProposerCore
 from specdec.vllm_plugin.options import SpecdecOptions
 from specdec.vllm_plugin.overlap import OverlapCore, RowStore
@@ -51,7 +51,7 @@ def _runner() -> FakeRunner:
 
 def test_overlapped_drafts_equal_the_in_process_core_step_for_step():
     options = SpecdecOptions.from_dict(OPTS)
-    local = ProposerCore(build_drafter("suffix"), options, max_model_len=48)
+    local = ProposerCore(build_proposer_drafter(options), options, max_model_len=48)  # the plugin's drafter
     expected = _steps(_runner(), local.step, 12)
     remote = OverlapCore(options, max_model_len=48)
     try:

@@ -257,7 +257,7 @@ class ProposerCore:
         if mode == "plain" or budget <= 0:
             return None
         pad = room if self._pad_now else 0  # uniform batches: every row submits exactly `room`
-        return Order(DraftRequest(rid, max(budget, pad), tree=False), budget, pad, int(sampled[-1]))
+        return Order(DraftRequest(rid, max(budget, pad), tree=False, free=pad > 0), budget, pad, int(sampled[-1]))
 
     def _should_pad(self, running: int, k: int) -> bool:
         """Pad this step's drafts to k? 'on'/'off' decide; 'auto' pads while the verify batch of running x (k+1)

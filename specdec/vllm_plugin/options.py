@@ -30,6 +30,8 @@ KEY_ALIASES = {"async": "async_drafting"}  # `async` is a Python keyword; users 
 ASYNC_MODES = ("auto", "thread", "overlap", "schedule", "hedge")
 AUTO_SCHEDULE_MIN_PARAMS = 1e9  # async_mode "auto": targets this large draft in "schedule" mode (one GPU), else "thread"
 SCHEDULE_LANE_THREADS = 4  # lane_threads 0 ("auto") in schedule mode (GPU run 64)
+VLLM_SUFFIX_SPEC_FACTOR = 1.0  # suffix drafts <= match length where verified tokens cost (GPU runs 70-72: +2-10% at batch 32-64)
+VLLM_SUFFIX_FREE_SPEC_FACTOR = 8.0  # ... <= 8x where rows are padded to k anyway (run 74: factor 1 lost 10% at batch 1-8 on code)
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,9 @@ class SpecdecOptions(ConfigBase):
     log_every_s: float = rng(60.0, lo=0.0, hi=86_400.0, doc="log drafting stats this often (0 = never)")
 
     def resolved_drafter_options(self, target_tokenizer: str = "") -> dict[str, dict[str, Any]]:
-        """``drafter_options`` with ``draft_model`` and the served model's tokenizer filled into the model's."""
+        """``drafter_options`` with ``draft_model`` and the served model's tokenizer filled into the model's, and the
+        suffix drafter's depth caps for vLLM (``VLLM_SUFFIX_SPEC_FACTOR``, ``VLLM_SUFFIX_FREE_SPEC_FACTOR``) unless
+        given."""
         opts = {k: dict(v) for k, v in self.drafter_options.items()}
         model = opts.setdefault("model", {})
         if self.draft_model:
@@ -160,6 +164,9 @@ class SpecdecOptions(ConfigBase):
         if target_tokenizer:
             model.setdefault("target_tokenizer", target_tokenizer)
         model.setdefault("shared_host", True)  # beside vLLM: no torch-OpenMP backends under backend=auto
+        suffix = opts.setdefault("suffix", {})
+        suffix.setdefault("max_spec_factor", VLLM_SUFFIX_SPEC_FACTOR)
+        suffix.setdefault("free_spec_factor", VLLM_SUFFIX_FREE_SPEC_FACTOR)
         return opts
 
     @property
