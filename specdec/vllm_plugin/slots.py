@@ -10,10 +10,12 @@ work is most of what makes a speculative step dearer than a plain one (GPU runs 
 to the proposer's confidence cut (the cost-model cut of ``adaptive.py``: a token is drafted only if its calibrated
 acceptance probability pays for its verification). The scheduler patch (``async_patch.patch_async_scheduler``)
 then gives the request that many placeholders instead of ``k``. vLLM reserves step N+2's placeholders at the end
-of scheduling step N+1, after step N's drafting (``finish``, at step N's forward): a step's slots follow the drafts
-of two steps before. A request without a confident draft verifies its one sampled token, as in plain decoding;
-its later drafts (still computed every step) set its slots again. Small batches, where the proposer pads every draft to ``k`` (``pad_drafts``:
-full CUDA graphs), keep ``k`` slots. Any draft token id in any slot is lossless: the verifier decides.
+of scheduling step N+1, when the book holds step N's drafts; at the start of scheduling step N+2 the patch re-grants
+them from the book as step N+1's drafting (``finish``, at step N+1's forward) left it (``regrant_placeholders``): a
+step's slots follow the drafts of the step before. A request without a confident draft verifies its one sampled
+token, as in plain decoding; its later drafts (still computed every step) set its slots again. Small batches, where
+the proposer pads every draft to ``k`` (``pad_drafts``: full CUDA graphs), keep ``k`` slots. Any draft token id in
+any slot is lossless: the verifier decides.
 
 ``prefill_cap`` (>= 0, ``prefill_step_slots``): a step that will also carry a heavy prefill (at least
 ``async_patch.PREFILL_HEAVY_TOKENS`` prompt tokens of waiting requests or prompts still being chunked) is
