@@ -30,8 +30,10 @@ KEY_ALIASES = {"async": "async_drafting"}  # `async` is a Python keyword; users 
 ASYNC_MODES = ("auto", "thread", "overlap", "schedule", "hedge")
 AUTO_SCHEDULE_MIN_PARAMS = 1e9  # async_mode "auto": targets this large draft in "schedule" mode (one GPU), else "thread"
 SCHEDULE_LANE_THREADS = 4  # lane_threads 0 ("auto") in schedule mode (GPU run 64)
-VLLM_SUFFIX_SPEC_FACTOR = 1.0  # suffix drafts <= match length where verified tokens cost (GPU runs 70-72: +2-10% at batch 32-64)
-VLLM_SUFFIX_FREE_SPEC_FACTOR = 8.0  # ... <= 8x where rows are padded to k anyway (run 74: factor 1 lost 10% at batch 1-8 on code)
+# suffix drafts <= their match length where verified tokens cost (GPU runs 70-72: +2-10% at batch 32-64), <= 8x
+# it where rows are padded to k anyway (run 74: the 1x cap lost 10% at batch 1-8 on code prompts)
+VLLM_SUFFIX_SPEC_FACTOR = 1.0
+VLLM_SUFFIX_FREE_SPEC_FACTOR = 8.0
 
 
 @dataclass(frozen=True)
@@ -103,8 +105,9 @@ class SpecdecOptions(ConfigBase):
                                        "drafting waits for that job (same drafts). The engine thread's fill at 64 "
                                        "rows fell from 1.26 to 0.36 ms per step on the 2-core CPU, the drafting the "
                                        "GPU waits for unchanged (eval/bench_schedule_cpu.py; results "
-                                       "2026-11-22_cpu-2core_bench_schedule_early_cache.json); not yet measured on "
-                                       "a GPU, hence off. Without the device wait it acts as defer_cache")
+                                       "2026-11-22_cpu-2core_bench_schedule_early_cache.json); on the H200 (run 77) "
+                                       "+6 / -3% at batch 32 on code / agentic prompts, flat at 64, hence off. "
+                                       "Without the device wait it acts as defer_cache")
     prefill_step_slots: int = rng(0, lo=-1, hi=MAX_SPEC_LEN,
                                   doc="draft_slots='adaptive': on a step that will also carry a heavy prefill (at "
                                       "least 512 prompt tokens of waiting requests or prompts still being chunked) "
