@@ -21,13 +21,13 @@
      (queued behind the stream's wait) meanwhile;
    - ``execute_model`` (end, always): waits for that worker; drafts and releases if the step never reached the
      forward (an error, an early return).
-3. ``patch_async_scheduler`` (``draft_slots="adaptive"``): ``AsyncScheduler._update_after_schedule`` (end) trims
-   the ``k`` draft placeholders vLLM just gave each decoding request to the slots of its latest draft
-   (``slots.SlotBook``); a pass-through while no slot book is registered (another method, uniform slots).
-   ``schedule`` (start) then gives each decoding request the slots of its draft made since
-   (``regrant_placeholders``: one drafting round fresher), and with the book's ``prefill_cap``
-   (``prefill_step_slots``) caps them when the step about to be scheduled will carry a prefill
-   (``cap_prefill_steps``).
+3. ``patch_async_scheduler`` (``draft_slots="adaptive"``): ``AsyncScheduler.schedule`` (start) gives each
+   running decoding request, instead of the ``k`` draft placeholders vLLM reserved at the end of the previous
+   schedule, the slots of its latest draft (``slots.SlotBook``, ``regrant_placeholders``), and with the book's
+   ``prefill_cap`` (``prefill_step_slots``) caps them when the step about to be scheduled will carry a prefill
+   (``cap_prefill_steps``); a pass-through while no slot book is registered (another method, uniform slots).
+   Where ``schedule`` is not the one this patch was written against, ``_update_after_schedule`` (end) trims the
+   placeholders as vLLM hands them out instead (``trim_placeholders``: one drafting round older, no cap).
 """
 from __future__ import annotations
 
@@ -271,14 +271,15 @@ def patch_async_scheduler(scheduler_cls: Any) -> bool:
                        "for; every request keeps vLLM's k draft slots", scheduler_cls.__name__)
         return False
     logged: list[bool] = []
+    regrants = _wrap_schedule(scheduler_cls, logged)  # True: the start of `schedule` sets every step's final slots
 
     @functools.wraps(orig)
     def _update_after_schedule(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig(self, scheduler_output, *args, **kwargs)
         book = active()
-        if book is not None:
+        if book is not None and not regrants:  # without the schedule hook: trimmed here, one drafting round older
             try:
-                trim_placeholders(self, scheduler_output, book, count=not self_schedule_wrapped(self))
+                trim_placeholders(self, scheduler_output, book)
             except Exception as exc:  # noqa: BLE001 - scheduling must never fail because of drafting
                 if not logged:
                     logged.append(True)
@@ -288,18 +289,19 @@ def patch_async_scheduler(scheduler_cls: Any) -> bool:
 
     setattr(_update_after_schedule, _WRAPPED, True)
     scheduler_cls._update_after_schedule = _update_after_schedule
-    _wrap_schedule(scheduler_cls, logged)
     return True
 
 
-def _wrap_schedule(scheduler_cls: Any, logged: list[bool]) -> None:
-    """``schedule`` (start): the prefill steps' cap (``cap_prefill_steps``), if the book has one. Left alone when
-    vLLM's ``schedule`` is not the one it was written against (the cap then never applies, logged)."""
+def _wrap_schedule(scheduler_cls: Any, logged: list[bool]) -> bool:
+    """``schedule`` (start): every running request's slots from the latest drafts (``regrant_placeholders``), then
+    the prefill steps' cap (``cap_prefill_steps``) if the book has one. Left alone when vLLM's ``schedule`` is not
+    the one it was written against (logged; slots are then trimmed when vLLM reserves them, and no cap applies).
+    Returns True if wrapped."""
     orig_schedule = getattr(scheduler_cls, "schedule", None)
     if orig_schedule is None or not _source_has(orig_schedule, SCHEDULE_SOURCE):
-        logger.info("specdec: %s.schedule is not the one prefill_step_slots was written for; no prefill cap",
-                    scheduler_cls.__name__)
-        return
+        logger.info("specdec: %s.schedule is not the one the slot re-grant and prefill_step_slots were written for; "
+                    "slots follow older drafts, no prefill cap", scheduler_cls.__name__)
+        return False
 
     @functools.wraps(orig_schedule)
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -312,12 +314,13 @@ def _wrap_schedule(scheduler_cls: Any, logged: list[bool]) -> None:
             except Exception as exc:  # noqa: BLE001 - scheduling must never fail because of drafting
                 if not logged:
                     logged.append(True)
-                    logger.warning("specdec: the prefill steps' slot cap failed (%r); vLLM's slots stay (logged "
+                    logger.warning("specdec: per-request draft slots failed (%r); vLLM's slots stay (logged "
                                    "once)", exc)
         return orig_schedule(self, *args, **kwargs)
 
     setattr(schedule, _WRAPPED, True)
     scheduler_cls.schedule = schedule
+    return True
 
 
 def prefill_tokens_pending(waiting: Any, running: Any, *, enough: int) -> int:
@@ -352,11 +355,6 @@ def cap_prefill_steps(scheduler: Any, book: Any) -> int:
     return capped
 
 
-def self_schedule_wrapped(scheduler: Any) -> bool:
-    """``scheduler``'s ``schedule`` is ours (``regrant_placeholders`` then sets, and counts, the final slots)."""
-    return getattr(getattr(type(scheduler), "schedule", None), _WRAPPED, False)
-
-
 def regrant_placeholders(scheduler: Any, book: Any) -> int:
     """Before vLLM schedules a step: every running request whose draft slots are placeholders (vLLM's shared list
     or one of the book's) gets the slots of its latest draft. vLLM reserved them at the end of the previous
@@ -378,10 +376,10 @@ def regrant_placeholders(scheduler: Any, book: Any) -> int:
     return changed
 
 
-def trim_placeholders(scheduler: Any, scheduler_output: Any, book: Any, *, count: bool = True) -> int:
+def trim_placeholders(scheduler: Any, scheduler_output: Any, book: Any) -> int:
     """Give each request vLLM just handed its shared placeholder list (decoding requests, not prefill chunks)
-    ``book.slots`` placeholders instead (``regrant_placeholders`` refreshes them before the next schedule;
-    ``count``: these are the final slots, for the statistics). Returns the number of requests trimmed."""
+    ``book.slots`` placeholders instead: the fallback where ``schedule`` could not be wrapped (its re-grant then
+    never runs). Returns the number of requests trimmed."""
     shared = scheduler._spec_token_placeholders  # [k of the next step] (-1 each), one list for every request
     reserved = len(shared)
     if reserved == 0:
@@ -392,7 +390,7 @@ def trim_placeholders(scheduler: Any, scheduler_output: Any, book: Any, *, count
         request = requests.get(rid)
         if request is None or request.spec_token_ids is not shared:
             continue
-        n = book.slots(rid, reserved, count=count)
+        n = book.slots(rid, reserved)
         if n < reserved:
             request.spec_token_ids = book.placeholders(n)
             trimmed += 1

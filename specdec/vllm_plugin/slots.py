@@ -58,13 +58,11 @@ class SlotBook:
         k = self.k
         self.table = {rid: min(k, int(n)) for rid, n in zip(req_ids, draft_lengths) if n >= 0}
 
-    def slots(self, request_id: str, reserved: int, *, count: bool = True) -> int:
-        """Slots for the request's next step, at most ``reserved`` (what vLLM's scheduler set aside); ``count``:
-        add them to the statistics (once per scheduled step)."""
+    def slots(self, request_id: str, reserved: int) -> int:
+        """Slots for the request's next step, at most ``reserved`` (what vLLM's scheduler set aside)."""
         n = min(self.table.get(request_id, self.k), reserved)
-        if count:
-            self.granted += n
-            self.offered += reserved
+        self.granted += n
+        self.offered += reserved
         return n
 
     def owns(self, ids: list[int]) -> bool:
