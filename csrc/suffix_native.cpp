@@ -503,8 +503,9 @@ void push_children(const Trie& t, const Cursor& c, double path, int32_t parent, 
     if (nd.total <= 0) return;
     for (int32_t ch = nd.first; ch != NIL; ch = t.node(ch).next) {
         double q = cont_prob(t.node(ch).count, nd.total, ell, p.leaf_prior);
-        double p = path * q;
-        if (p >= min_prob) heap.push(HeapItem{p, q, seq++, t.node(ch).token, Cursor{ch, 0}, parent, depth});
+        double child_path = path * q;
+        if (child_path >= min_prob)
+            heap.push(HeapItem{child_path, q, seq++, t.node(ch).token, Cursor{ch, 0}, parent, depth});
     }
 }
 
