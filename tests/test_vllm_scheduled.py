@@ -522,17 +522,19 @@ def test_k_of_the_step_bounds_the_real_draft_and_the_rest_is_filler():
     assert out[0].tolist() == [1, 2, 3] + [5] * (K - 3)  # the narrow step's tokens reached the drafter
 
 
-def test_adaptive_slots_follow_each_requests_latest_draft_and_stay_lossless():
+@pytest.mark.parametrize("growth", [0.0, 1.0])
+def test_adaptive_slots_follow_each_requests_latest_draft_and_stay_lossless(growth):
     """draft_slots='adaptive': after each fill the slot book holds every row's draft length (cut by confidence,
     not padded); the next step verifies only that many of the row's drafts (as vLLM's scheduler, patched, reserves
-    them), the buffer still equals the synchronous twin's, and every emitted token is the target's."""
+    them), or twice that with ``slot_growth`` 1, the buffer still equals the synchronous twin's, and every emitted
+    token is the target's."""
     from specdec.vllm_plugin.slots import SlotBook
 
     clock = SimpleNamespace(t=0.0)
     tick = lambda: clock.t  # noqa: E731
     opts = {"pad_drafts": "off", "min_path_prob": 0.3}
     eng = AsyncEngine(seed=11)
-    book = SlotBook(K)
+    book = SlotBook(K, growth=growth)
     sched = ScheduledDrafting(make_core(tick, **opts), k=K, max_rows=2 * MAX_ROWS, device="cpu", slot_book=book)
     twin = make_core(tick, **{k: v for k, v in opts.items() if k not in EARLY_ONLY})  # the synchronous reference
     out = None
@@ -546,7 +548,8 @@ def test_adaptive_slots_follow_each_requests_latest_draft_and_stay_lossless():
             pad_rows(drafts, want, [eng.reqs[r]["seq"][-1] for r in eng.order])
             assert out.numpy().tolist() == want.tolist(), step
             drafted = {r: min(K, len(d)) for r, d in zip(eng.order, drafts) if r in book.table}
-            assert book.table == drafted, step  # rows with no new token (prefilling) are left out: k slots
+            assert book.lengths == drafted, step  # rows with no new token (prefilling) are left out: k slots
+            assert book.table == {r: min(K, 2 * n if growth else n) for r, n in drafted.items()}, step
             assert not any(d for r, d in zip(eng.order, drafts) if r not in book.table), step
             short += sum(n < K for n in reserved.values())
             eng.prev_drafts, eng.slots = out.clone(), reserved
@@ -582,6 +585,42 @@ def test_slot_book_tables_clamps_and_placeholders():
     assert book.as_dict()["slots_offered"] == 17 and book.as_dict()["slots_granted"] == 11
     with pytest.raises(ValueError, match="k=0"):
         SlotBook(0)
+    with pytest.raises(ValueError, match="slot_growth=-1"):
+        SlotBook(4, growth=-1)
+
+
+def test_slot_growth_forecast_settles_its_extra_slots_and_stops_when_they_do_not_pay():
+    """``slot_growth``: L + ceil(g * L) slots (at most k) while the share of extra slots that held an accepted token
+    reaches the token cost; the share is settled from the step the grant was for (two schedules back at the note);
+    below the cost the forecast is the draft's length except on every GROWTH_PROBE_EVERY-th note."""
+    from specdec.vllm_plugin.slots import GROWTH_PROBE_EVERY, SlotBook
+
+    book = SlotBook(16, growth=1.0)
+    book.note(["a", "b", "c"], [0, 3, 10])
+    assert book.lengths == {"a": 0, "b": 3, "c": 10} and book.table == {"a": 0, "b": 6, "c": 16}
+    book.begin_schedule()  # schedule of step 1: grants from that note
+    assert [book.slots(r, 16) for r in "abc"] == [0, 6, 16]
+    assert book.slots("b", 5) == 5 and book.slots("b", 16, fresh=False) == 3  # vLLM's cap; the trim path: no growth
+    book.slots("b", 16)
+    book.note(["a", "b", "c"], [0, 3, 10], emitted=[1, 2, 9])  # step 0's tokens: step 1's grants not settled yet
+    assert book.extra_granted == 0 and book.paid is None
+    book.begin_schedule()  # schedule of step 2
+    book.slots("b", 16)
+    # step 1's tokens: b accepted 5 of its 6 slots (2 of 3 extra), c 12 (2 of 6 extra)
+    book.note(["a", "b", "c"], [0, 3, 10], emitted=[1, 6, 13], token_cost=0.5)
+    assert (book.extra_granted, book.extra_used) == (3 + 6, 2 + 2) and book.paid == pytest.approx(4 / 9)
+    assert not book.growing and book.table == book.lengths  # 4/9 < 0.5: the extra slots do not pay
+    book.begin_schedule()
+    assert book.slots("b", 16) == 3
+    for _ in range(GROWTH_PROBE_EVERY):
+        book.begin_schedule()
+        book.note(["b"], [3], emitted=[1], token_cost=0.5)
+        if book.growing:
+            break
+    assert book.growing and book.notes % GROWTH_PROBE_EVERY == 0 and book.table == {"b": 6}  # the probe
+    book.note(["b"], [3], emitted=[1], token_cost=0.4)
+    assert book.growing  # 4/9 >= 0.4
+    assert book.as_dict()["growth_extra_slots"] == 9
 
 
 class FakeAsyncScheduler:

@@ -365,6 +365,7 @@ def regrant_placeholders(scheduler: Any, book: Any) -> int:
     if reserved == 0:
         return 0
     changed = 0
+    book.begin_schedule()
     for request in scheduler.running:
         spec = request.spec_token_ids
         if request.is_prefill_chunk or not (spec is shared or book.owns(spec)):
@@ -390,7 +391,7 @@ def trim_placeholders(scheduler: Any, scheduler_output: Any, book: Any) -> int:
         request = requests.get(rid)
         if request is None or request.spec_token_ids is not shared:
             continue
-        n = book.slots(rid, reserved)
+        n = book.slots(rid, reserved, fresh=False)  # the book is a round older here: no growth
         if n < reserved:
             request.spec_token_ids = book.placeholders(n)
             trimmed += 1

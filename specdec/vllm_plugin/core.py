@@ -391,6 +391,11 @@ class ProposerCore:
     def _nothing(orders: list) -> tuple[list[list[int]], list[float | None], list[int]]:
         return [[] for _ in orders], [None for _ in orders], [0 for _ in orders]
 
+    def token_cost(self, running: int) -> float:
+        """The calibrated acceptance probability a verified draft token needs at ``running`` decoding rows (the
+        step-cost fit's; 0 with the adaptive controller off)."""
+        return self._cost(bucket_of(running)).token_cost() if self.adaptive.enabled else 0.0
+
     def _cost(self, bucket: int) -> StepCostModel:
         cost = self.costs.get(bucket)
         if cost is None:

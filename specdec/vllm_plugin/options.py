@@ -115,6 +115,12 @@ class SpecdecOptions(ConfigBase):
                                       "are compute-bound: each verified token costs its full share of the GEMMs); "
                                       "-1: no cap. GPU runs 58-60, 8B-sized target, sustained load: agentic +1-5% "
                                       "at batch 32-64, code unchanged")
+    slot_growth: float = rng(1.0, lo=0.0, hi=16.0,
+                             doc="draft_slots='adaptive': a request's next step gets L + ceil(slot_growth * L) slots "
+                                 "for a latest draft of L tokens (the slots follow the drafts one round late; a "
+                                 "suffix draft grows as its match is accepted), while the extra slots pay: the "
+                                 "share of them holding an accepted token must reach the cost model's token cost. "
+                                 "0: the latest draft's length")
     adaptive_slots_from: int = rng(16, lo=1, hi=1 << 16,
                                    doc="draft_slots='adaptive' with pad_drafts='auto': below this many running "
                                        "requests every row keeps k slots and is padded (uniform batches run full "

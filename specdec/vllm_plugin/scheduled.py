@@ -346,7 +346,9 @@ class ScheduledDrafting:
             drafts = [[] for _ in range(n)]
         pad_rows(drafts, host.numpy(), rows.fillers)
         if self.slot_book is not None:  # rows with no new token (prompts still prefilling) keep k slots
-            self.slot_book.note(req_ids, [len(d) if len(t) else UNKNOWN for d, t in zip(drafts, rows.sampled)])
+            emitted = list(map(len, rows.sampled))  # [rows] tokens from the step just verified
+            self.slot_book.note(req_ids, [len(d) if e else UNKNOWN for d, e in zip(drafts, emitted)],
+                                emitted=emitted, token_cost=self.core.token_cost(n - emitted.count(0)))
 
     def stats(self) -> dict[str, Any]:
         out = {"schedule": {**self.feed.stats.as_dict(), "finish_thread": self._finisher is not None},

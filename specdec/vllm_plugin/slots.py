@@ -17,6 +17,15 @@ token, as in plain decoding; its later drafts (still computed every step) set it
 the proposer pads every draft to ``k`` (``pad_drafts``: full CUDA graphs), keep ``k`` slots. Any draft token id in
 any slot is lossless: the verifier decides.
 
+``growth`` (``slot_growth``): the slots follow the drafts one round late, so a draft that grew since (a suffix match
+that lengthens as its copy is accepted: the depth cap is the match length) is cut to the older length. The forecast
+is ``L + ceil(growth * L)`` for a latest draft of ``L`` tokens, at most ``k``; ``note`` keeps it only while the extra
+slots pay: the share of them that ended up holding an accepted token (measured on the steps they were granted, an
+EMA) must reach the proposer's token cost (the acceptance probability a verified token needs, ``adaptive.py``).
+While they do not, one note in ``GROWTH_PROBE_EVERY`` still grows, so the share keeps being measured. CPU replay of
+the target's own outputs (``eval/bench_slot_forecast.py``): growth 1 recovered most of the round's lag in accepted
+tokens per step.
+
 ``prefill_cap`` (>= 0, ``prefill_step_slots``): a step that will also carry a heavy prefill (at least
 ``async_patch.PREFILL_HEAVY_TOKENS`` prompt tokens of waiting requests or prompts still being chunked) is
 compute-bound, so every verified draft token costs its full share of the GEMMs; before vLLM schedules such a step
@@ -27,11 +36,14 @@ same process with vLLM's one-GPU executor (the only one schedule mode runs under
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 SLOT_MODES = ("uniform", "adaptive")
 PLACEHOLDER = -1  # vLLM's draft-slot placeholder id under async scheduling (also its rejected-token id)
 UNKNOWN = -1  # ``SlotBook.note``: a row without a draft length (no new token yet): its request gets k
+GROWTH_EMA = 0.9  # decay per note of the extra slots' granted and used sums behind their paid share
+GROWTH_PROBE_EVERY = 8  # while growth does not pay, every 8th note still grows (keeps the share measured)
 
 
 class SlotBook:
@@ -40,27 +52,82 @@ class SlotBook:
     ``note`` replaces the whole table with the rows of the latest drafting step (requests that left the batch drop
     out); a request not in the table (new, or back from preemption) gets ``k``."""
 
-    def __init__(self, k: int, *, prefill_cap: int = -1) -> None:
+    def __init__(self, k: int, *, prefill_cap: int = -1, growth: float = 0.0) -> None:
         if k < 1:
             raise ValueError(f"k={k}: a slot book needs at least one draft slot per request")
+        if not growth >= 0:
+            raise ValueError(f"slot_growth={growth}: must be >= 0 (0: slots = the latest draft's length)")
         self.k = k
         self.prefill_cap = prefill_cap  # slots per request on steps that carry a prefill (-1: no cap)
+        self.growth = float(growth)
         self.prefill_steps = 0  # steps scheduled with the prefill cap (statistics)
         self.prefill_trimmed = 0  # slots those steps took away
-        self.table: dict[str, int] = {}
+        self.table: dict[str, int] = {}  # request id -> slots of its next step (the forecast)
+        self.lengths: dict[str, int] = {}  # request id -> its latest draft's length (the forecast's base)
         self._placeholders = [[PLACEHOLDER] * n for n in range(k + 1)]  # read-only lists handed to vLLM, by length
         self.granted = 0  # slots handed out (statistics)
         self.offered = 0  # slots vLLM would have reserved (k per decoding request)
+        self.paid: float | None = None  # EMA: share of the growth's extra slots that held an accepted token
+        self.growing = self.growth > 0
+        self.notes = self.growth_notes = 0
+        self.extra_granted = self.extra_used = 0  # growth's extra slots, settled (statistics)
+        self._ema_extra = self._ema_used = 0.0  # decayed sums behind ``paid``
+        self._grants: dict[str, tuple[int, int]] = {}  # this schedule's grants with extra slots: (base, slots)
+        self._grants_before: dict[str, tuple[int, int]] = {}  # the previous schedule's (its step's tokens come next)
 
-    def note(self, req_ids: Sequence[str], draft_lengths: Sequence[int]) -> None:
+    def note(self, req_ids: Sequence[str], draft_lengths: Sequence[int], *, emitted: Sequence[int] = (),
+             token_cost: float = 0.0) -> None:
         """After drafting a step: ``draft_lengths`` [rows] = tokens of each row's draft worth verifying; ``UNKNOWN``
-        for a row that had no new token to draft from (a prompt still prefilling): that request gets ``k``."""
+        for a row that had no new token to draft from (a prompt still prefilling): that request gets ``k``.
+        ``emitted`` [rows]: the tokens each row got from the step just verified (accepted + 1), which settle the
+        extra slots granted to that step; ``token_cost``: the acceptance probability a verified token needs."""
+        self.notes += 1
+        if emitted:
+            self._settle(req_ids, emitted)
+        probe = self.notes % GROWTH_PROBE_EVERY == 0
+        self.growing = self.growth > 0 and (self.paid is None or self.paid >= token_cost or probe)
+        self.growth_notes += self.growing
         k = self.k
-        self.table = {rid: min(k, int(n)) for rid, n in zip(req_ids, draft_lengths) if n >= 0}
+        self.lengths = {rid: min(k, n) for rid, n in zip(req_ids, map(int, draft_lengths)) if n >= 0}
+        if not self.growing:
+            self.table = self.lengths
+            return
+        g = self.growth
+        self.table = {rid: min(k, n + math.ceil(g * n)) for rid, n in self.lengths.items()}
 
-    def slots(self, request_id: str, reserved: int) -> int:
-        """Slots for the request's next step, at most ``reserved`` (what vLLM's scheduler set aside)."""
-        n = min(self.table.get(request_id, self.k), reserved)
+    def _settle(self, req_ids: Sequence[str], emitted: Sequence[int]) -> None:
+        """The extra slots of the step whose tokens arrived: how many of them held an accepted token."""
+        grants, extra, used = self._grants_before, 0, 0
+        if not grants:
+            return
+        for rid, e in zip(req_ids, emitted):
+            g = grants.get(rid)
+            if g is None or e <= 0:
+                continue
+            base, n = g
+            extra += n - base
+            used += min(max(e - 1 - base, 0), n - base)
+        if extra:
+            self.extra_granted += extra
+            self.extra_used += used
+            self._ema_extra = GROWTH_EMA * self._ema_extra + extra  # sums, not shares: weighted by slots
+            self._ema_used = GROWTH_EMA * self._ema_used + used
+            self.paid = self._ema_used / self._ema_extra
+
+    def begin_schedule(self) -> None:
+        """A new schedule starts granting (``async_patch.regrant_placeholders``)."""
+        self._grants_before, self._grants = self._grants, {}
+
+    def slots(self, request_id: str, reserved: int, *, fresh: bool = True) -> int:
+        """Slots for the request's next step, at most ``reserved`` (what vLLM's scheduler set aside). ``fresh``
+        False (the book is a round older than usual: ``trim_placeholders``): the latest draft's length, no growth."""
+        base = self.lengths.get(request_id)
+        if base is None:
+            n = min(self.k, reserved)
+        else:
+            n = min(self.table[request_id] if fresh else base, reserved)
+            if n > base:
+                self._grants[request_id] = (base, n)
         self.granted += n
         self.offered += reserved
         return n
@@ -73,10 +140,13 @@ class SlotBook:
         """A shared read-only list of ``n`` placeholder ids (vLLM's ``-1``), as vLLM's own scheduler hands out."""
         return self._placeholders[n]
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, float | None]:
         return {"slots_granted": self.granted, "slots_offered": self.offered,
                 "slot_share": self.granted / self.offered if self.offered else 1.0,
-                "prefill_steps": self.prefill_steps, "prefill_trimmed_slots": self.prefill_trimmed}
+                "prefill_steps": self.prefill_steps, "prefill_trimmed_slots": self.prefill_trimmed,
+                "slot_growth": self.growth, "growth_notes": self.growth_notes, "notes": self.notes,
+                "growth_extra_slots": self.extra_granted, "growth_extra_used": self.extra_used,
+                "growth_paid_share": self.paid}
 
 
 class _Registry:
