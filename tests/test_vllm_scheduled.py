@@ -621,6 +621,11 @@ def test_slot_growth_forecast_settles_its_extra_slots_and_stops_when_they_do_not
     book.note(["b"], [3], emitted=[1], token_cost=0.4)
     assert book.growing  # 4/9 >= 0.4
     assert book.as_dict()["growth_extra_slots"] == 9
+    book.note(["b", "c"], [3, 4], token_cost=0.0)
+    book.begin_schedule()
+    assert (book.slots("b", 16), book.slots("c", 16)) == (6, 8)
+    book.cap_grants(4)  # a heavy prefill step: at most 4 slots each, so b keeps 1 extra slot and c none
+    assert book._grants == {"b": (3, 4)}
 
 
 class FakeAsyncScheduler:

@@ -352,6 +352,7 @@ def cap_prefill_steps(scheduler: Any, book: Any) -> int:
         capped += 1
     book.prefill_steps += 1
     book.prefill_trimmed += taken
+    book.cap_grants(cap)  # the growth's extra slots this step does not verify are not settled as unused
     return capped
 
 

@@ -118,6 +118,11 @@ class SlotBook:
         """A new schedule starts granting (``async_patch.regrant_placeholders``)."""
         self._grants_before, self._grants = self._grants, {}
 
+    def cap_grants(self, cap: int) -> None:
+        """This schedule's grants were capped at ``cap`` slots (a heavy prefill step): only the extra slots left
+        are settled."""
+        self._grants = {rid: (base, min(n, cap)) for rid, (base, n) in self._grants.items() if min(n, cap) > base}
+
     def slots(self, request_id: str, reserved: int, *, fresh: bool = True) -> int:
         """Slots for the request's next step, at most ``reserved`` (what vLLM's scheduler set aside). ``fresh``
         False (the book is a round older than usual: ``trim_placeholders``): the latest draft's length, no growth."""
