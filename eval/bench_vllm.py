@@ -225,12 +225,33 @@ def _dataset_cells(args: argparse.Namespace, llm: Any, name: str, sets: dict[str
             Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
             out = Path(args.profile_dir) / f"profile_{args.method}_{name}_{label}.txt"
             run = functools.partial(_profiled, run, out)
+        before = _slot_counters()
         cells[key] = cell = run()
+        after = _slot_counters()
+        if after:  # schedule mode's slot book: this cell's share of its counters (they run for the engine's life)
+            cell["slot_book"] = {k: v - before.get(k, 0) for k, v in after.items()}
         if varied:
             cell["output_lengths"] = VARIED
         print(f"[{args.method} {args.dtype}] {name} {label}: {cell['tokens_per_s']:.0f} tok/s, MAT "
               f"{cell['mat']:.2f}, draft {cell['draft_ms_per_step']:.3f} ms/step", flush=True)
     return cells
+
+
+SLOT_COUNTERS = ("notes", "growth_notes", "growth_extra_slots", "growth_extra_used", "slots_granted",
+                 "slots_offered", "prefill_steps")
+
+
+def _slot_counters() -> dict[str, int]:
+    """The counters of the slot book registered in this process (schedule mode, adaptive slots), or {}."""
+    try:
+        from specdec.vllm_plugin.slots import active
+    except ImportError:
+        return {}
+    book = active()
+    if book is None:
+        return {}
+    d = book.as_dict()
+    return {k: int(d[k]) for k in SLOT_COUNTERS if d.get(k) is not None}
 
 
 def _final_only(sp: Any) -> Any:

@@ -626,6 +626,10 @@ def test_slot_growth_forecast_settles_its_extra_slots_and_stops_when_they_do_not
     assert (book.slots("b", 16), book.slots("c", 16)) == (6, 8)
     book.cap_grants(4)  # a heavy prefill step: at most 4 slots each, so b keeps 1 extra slot and c none
     assert book._grants == {"b": (3, 4)}
+    book.min_share = 0.5  # a floor above the token cost: 4/9 no longer pays
+    book.notes = 0
+    book.note(["b"], [3], token_cost=0.0)
+    assert not book.growing and book.table == {"b": 3}
 
 
 class FakeAsyncScheduler:

@@ -227,7 +227,8 @@ class SpecdecProposer:
             if self.options.draft_slots == "adaptive":
                 from specdec.vllm_plugin.slots import SlotBook, register
 
-                book = SlotBook(k, prefill_cap=self.options.prefill_step_slots, growth=self.options.slot_growth)
+                book = SlotBook(k, prefill_cap=self.options.prefill_step_slots, growth=self.options.slot_growth,
+                                min_share=self.options.slot_growth_min_share)
                 register(book)  # the scheduler (same process) trims each request's slots to its draft
             self.scheduled = ScheduledDrafting(self.core, k=k, max_rows=int(runner.max_num_reqs),
                                                device=runner.device, device_wait=device_wait, slot_book=book,

@@ -21,7 +21,8 @@ any slot is lossless: the verifier decides.
 that lengthens as its copy is accepted: the depth cap is the match length) is cut to the older length. The forecast
 is ``L + ceil(growth * L)`` for a latest draft of ``L`` tokens, at most ``k``; ``note`` keeps it only while the extra
 slots pay: the share of them that ended up holding an accepted token (measured on the steps they were granted, an
-EMA) must reach the proposer's token cost (the acceptance probability a verified token needs, ``adaptive.py``).
+EMA) must reach the proposer's token cost (the acceptance probability a verified token needs, ``adaptive.py``) and
+``min_share`` (``slot_growth_min_share``).
 While they do not, one note in ``GROWTH_PROBE_EVERY`` still grows, so the share keeps being measured. CPU replay of
 the target's own outputs (``eval/bench_slot_forecast.py``): growth 1 recovered most of the round's lag in accepted
 tokens per step.
@@ -52,7 +53,7 @@ class SlotBook:
     ``note`` replaces the whole table with the rows of the latest drafting step (requests that left the batch drop
     out); a request not in the table (new, or back from preemption) gets ``k``."""
 
-    def __init__(self, k: int, *, prefill_cap: int = -1, growth: float = 0.0) -> None:
+    def __init__(self, k: int, *, prefill_cap: int = -1, growth: float = 0.0, min_share: float = 0.0) -> None:
         if k < 1:
             raise ValueError(f"k={k}: a slot book needs at least one draft slot per request")
         if not growth >= 0:
@@ -60,6 +61,7 @@ class SlotBook:
         self.k = k
         self.prefill_cap = prefill_cap  # slots per request on steps that carry a prefill (-1: no cap)
         self.growth = float(growth)
+        self.min_share = float(min_share)  # the extra slots' paid share must reach max(token cost, this)
         self.prefill_steps = 0  # steps scheduled with the prefill cap (statistics)
         self.prefill_trimmed = 0  # slots those steps took away
         self.table: dict[str, int] = {}  # request id -> slots of its next step (the forecast)
@@ -85,7 +87,8 @@ class SlotBook:
         if emitted:
             self._settle(req_ids, emitted)
         probe = self.notes % GROWTH_PROBE_EVERY == 0
-        self.growing = self.growth > 0 and (self.paid is None or self.paid >= token_cost or probe)
+        pays = self.paid is None or self.paid >= max(token_cost, self.min_share)
+        self.growing = self.growth > 0 and (pays or probe)
         self.growth_notes += self.growing
         k = self.k
         self.lengths = {rid: min(k, n) for rid, n in zip(req_ids, map(int, draft_lengths)) if n >= 0}
