@@ -19,13 +19,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-
-from specdec.drafters.registry import build_drafter
 from specdec.eval.bench_proposer_cpu import CONTEXT_TOKENS, FakeEngine, tail_ms
 from specdec.eval.loaders import load_traces
 from specdec.eval.results import results_path, write_results
+
 from specdec.vllm_plugin.core import ProposerCore
 from specdec.vllm_plugin.options import SpecdecOptions
+from specdec.vllm_plugin.proposer import build_proposer_drafter
 from specdec.vllm_plugin.scheduled import ScheduledDrafting
 from specdec.vllm_plugin.slots import SlotBook
 
@@ -74,7 +74,7 @@ def run(config: str, records: list[Any], pool: list[Any], *, k: int, steps: int,
                                      **CONFIGS[config]})
     max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in pool) + 8
     eng = FakeEngine(records, pool, max_len)
-    core = ProposerCore(build_drafter("suffix", {}), opts, max_model_len=max_len, target_params=7e9)
+    core = ProposerCore(build_proposer_drafter(opts), opts, max_model_len=max_len, target_params=7e9)
     book = SlotBook(k, prefill_cap=0)
     sched = ScheduledDrafting(core, k=k, max_rows=len(records), device="cpu", device_wait=HostWait(), slot_book=book)
     states: dict[str, Any] = {}
