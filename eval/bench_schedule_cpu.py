@@ -19,10 +19,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+
 from specdec.eval.bench_proposer_cpu import CONTEXT_TOKENS, FakeEngine, tail_ms
 from specdec.eval.loaders import load_traces
 from specdec.eval.results import results_path, write_results
-
 from specdec.vllm_plugin.core import ProposerCore
 from specdec.vllm_plugin.options import SpecdecOptions
 from specdec.vllm_plugin.proposer import build_proposer_drafter

@@ -19,12 +19,10 @@ import argparse
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 from specdec.eval.bench_proposer_cpu import CONTEXT_TOKENS, FakeEngine
 from specdec.eval.bench_schedule_cpu import HostWait
 from specdec.eval.loaders import load_traces
 from specdec.eval.results import results_path, write_results
-
 from specdec.vllm_plugin.core import ProposerCore
 from specdec.vllm_plugin.options import SpecdecOptions
 from specdec.vllm_plugin.proposer import build_proposer_drafter
@@ -123,5 +121,4 @@ def _is_float(s: str) -> bool:
 
 
 if __name__ == "__main__":
-    np.seterr(all="ignore")
     main()
