@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specdec.eval.step_trace import host_late_share
+from specdec.eval.step_trace import host_late_share, read_step_traces
 
 REFERENCES = ("nospec", "nospec-v1", "nospec-sync")  # no-spec engines, the first one present is the ratio base
 PEERS = ("suffix", "ngram", "specdec-sync")  # what specdec methods are compared with in the same run
@@ -274,6 +274,9 @@ def rerender(path: Path) -> str:
     """The markdown of a results JSON, its ratios recomputed from the summary rows (results written before a ratio
     existed, or with ``nospec-v1`` as the only no-spec engine, get them)."""
     doc = json.loads(path.read_text())
+    traces = read_step_traces(path, doc)  # inline or in the traces file beside it
+    if traces:
+        doc["summary"]["traces"] = traces
     add_ratios(doc["summary"]["rows"])
     _fill_late_shares(doc["summary"])
     return markdown(doc)

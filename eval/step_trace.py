@@ -22,16 +22,22 @@ width), fed by ``step_timer.StepTimer`` (drafting time, GPU busy time and idle g
 a table by width bucket (requests in the step): steps, mean period / draft / busy / gap, share of the cell's
 wall, share of piecewise or eager steps. A closed batch (all prompts submitted at once) ends with a tail of
 stragglers; the table shows how much of the wall that tail takes.
+
+Storage: the traces are ~95% of a results JSON, and every GPU call carries the repository (64 MiB with a bundle part).
+``save_step_traces`` moves them out of the JSON into ``<results stem>.traces.json.gz`` beside it (``summary.traces_file``
+names it); ``read_step_traces`` reads them from either place. Renaming a results JSON: rename its traces file alike.
 """
 from __future__ import annotations
 
 import argparse
 import functools
+import gzip
 import json
 import time
 from pathlib import Path
 from typing import Any
 
+TRACES_SUFFIX = ".traces.json.gz"  # beside RESULTS.json: RESULTS.traces.json.gz
 CG_CODES = {"FULL": "F", "PIECEWISE": "P", "NONE": "N"}  # vLLM CUDAGraphMode names -> one-letter codes
 WIDTH_EDGES = (1, 2, 4, 8, 16, 32, 48, 64, 128, 256)  # bucket upper bounds (requests per step)
 MIN_FIT_STEPS = 8  # fit_step_cost needs at least this many steps
@@ -267,6 +273,37 @@ def plot_traces(traces: dict[str, dict[str, list[Any]]], path: Path) -> None:
     plt.close(fig)
 
 
+def save_step_traces(doc: dict[str, Any], json_path: Path) -> None:
+    """Move ``doc["summary"]["traces"]`` into ``<json_path stem>.traces.json.gz`` (gzip, compact JSON) and record
+    its name as ``summary.traces_file``. No traces: nothing written, ``doc`` unchanged."""
+    summary = doc.get("summary", {})
+    traces = summary.get("traces")
+    if not traces:
+        return
+    path = traces_path(json_path)
+    path.write_bytes(gzip.compress(json.dumps(traces, separators=(",", ":")).encode(), mtime=0))
+    del summary["traces"]
+    summary["traces_file"] = path.name
+
+
+def traces_path(json_path: Path) -> Path:
+    """The traces file beside a results JSON."""
+    return json_path.with_name(json_path.name.removesuffix(".json") + TRACES_SUFFIX)
+
+
+def read_step_traces(json_path: Path, doc: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A results JSON's per-step traces: inline (older files), else the traces file beside it (same stem), else the
+    one ``summary.traces_file`` names; {} if none."""
+    doc = doc if doc is not None else json.loads(Path(json_path).read_text())
+    summary = doc.get("summary", {})
+    if summary.get("traces"):
+        return summary["traces"]
+    for path in (traces_path(Path(json_path)), Path(json_path).with_name(summary.get("traces_file") or "-")):
+        if path.is_file():
+            return json.loads(gzip.decompress(path.read_bytes()))
+    return {}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", help="a bench_vllm results JSON written with --trace")
@@ -277,8 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fit", action="store_true", help="per method, fit period and drafting = a + b x emitted "
                     "tokens over near-full-width decode steps of the selected cells (traces with emitted counts)")
     args = ap.parse_args(argv)
-    doc = json.loads(Path(args.results).read_text())
-    traces = doc.get("summary", {}).get("traces", {})
+    traces = read_step_traces(Path(args.results))
     if not traces:
         raise SystemExit(f"{args.results}: no traces (run bench_vllm with --trace)")
     chosen = {}

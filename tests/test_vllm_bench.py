@@ -548,3 +548,30 @@ def test_report_renders_the_gap_split_and_fills_late_shares_of_older_results():
     assert lines[0].startswith("### code: GPU gap (ms)")
     assert "| specdec | 0.90 + 0.08; drafting 0.60; host late 50% |" in lines
     assert _split_table([{**row, "gap_split_ms": None}], "code", [64]) == []
+
+
+def test_step_traces_move_to_a_gzip_file_beside_the_results_and_read_back(tmp_path):
+    """save_step_traces: the traces leave the JSON for RESULTS.traces.json.gz (named in summary.traces_file);
+    read_step_traces finds them there, under a renamed stem too, and still reads older inline files."""
+    import json
+
+    from specdec.eval.step_trace import read_step_traces, save_step_traces, traces_path
+
+    traces = {"specdec|code:sustained|64": {"reqs": [64, 64], "sync_ms": [4.0, 0.1]}}
+    doc = {"summary": {"rows": [], "traces": json.loads(json.dumps(traces))}}
+    path = tmp_path / "2026-11-23_h200_vllm_bench.json"
+    save_step_traces(doc, path)
+    assert "traces" not in doc["summary"] and doc["summary"]["traces_file"] == "2026-11-23_h200_vllm_bench.traces.json.gz"
+    path.write_text(json.dumps(doc))
+    assert traces_path(path).is_file() and read_step_traces(path) == traces
+    renamed = tmp_path / "run99_x.json"  # results copied under a new name, the traces file alike
+    path.rename(renamed)
+    traces_path(path).rename(traces_path(renamed))
+    assert read_step_traces(renamed) == traces
+    inline = tmp_path / "old.json"
+    inline.write_text(json.dumps({"summary": {"traces": traces}}))
+    assert read_step_traces(inline) == traces
+    empty = {"summary": {"rows": []}}
+    save_step_traces(empty, tmp_path / "none.json")
+    assert empty == {"summary": {"rows": []}} and not traces_path(tmp_path / "none.json").exists()
+    assert read_step_traces(tmp_path / "none.json", empty) == {}
