@@ -63,12 +63,26 @@ class HostWait:
         return 0
 
 
+def capture_step(sched: ScheduledDrafting, eng: FakeEngine, sampled: list[list[int]], states: dict[str, Any], *,
+                 k: int) -> Any:
+    """vLLM's side of a verified step: the engine's new requests into ``states`` (their prompts), the sampled tokens
+    ``[rows, k+1]`` (-1 = rejected) captured, and the next step's draft buffer ``[rows, k]`` (not filled yet)."""
+    import torch
+
+    for i, rid in enumerate(eng.ids):
+        if rid not in states:
+            states[rid] = SimpleNamespace(prompt_token_ids=eng.tokens[i, :eng.prompt[i]].tolist(), output_token_ids=[])
+    tokens = torch.full((len(eng.ids), k + 1), -1, dtype=torch.int32)  # [rows, k+1], -1 = rejected
+    for i, s in enumerate(sampled):
+        tokens[i, :len(s)] = torch.tensor(s, dtype=torch.int32)
+    sched.capture(tokens, list(eng.ids), set(), requests=states)
+    return sched.submit(list(eng.ids), k=None, eager=False)
+
+
 def run(config: str, records: list[Any], pool: list[Any], *, k: int, steps: int, gpu_ms: float,
         threads: int, adaptive: bool = True) -> dict[str, Any]:
     """One configuration over ``steps`` timed steps (see the module docstring); ``adaptive`` False: the proposer's
     cost model off (drafts then independent of timing: what the tests compare)."""
-    import torch
-
     opts = SpecdecOptions.from_dict({"num_speculative_tokens": k, "ab_windows": False, "async_drafting": True,
                                      "async_mode": "schedule", "lane_threads": threads, "adaptive": adaptive,
                                      **CONFIGS[config]})
@@ -83,16 +97,7 @@ def run(config: str, records: list[Any], pool: list[Any], *, k: int, steps: int,
     finishes: list[float] = []
     try:
         for step in range(steps + WARMUP_STEPS):
-            sampled = eng.verify(drafts)
-            for i, rid in enumerate(eng.ids):
-                if rid not in states:
-                    states[rid] = SimpleNamespace(prompt_token_ids=eng.tokens[i, :eng.prompt[i]].tolist(),
-                                                  output_token_ids=[])
-            tokens = torch.full((len(records), k + 1), -1, dtype=torch.int32)  # [rows, k+1], -1 = rejected
-            for i, s in enumerate(sampled):
-                tokens[i, :len(s)] = torch.tensor(s, dtype=torch.int32)
-            sched.capture(tokens, list(eng.ids), set(), requests=states)
-            out = sched.submit(list(eng.ids), k=None, eager=False)
+            out = capture_step(sched, eng, eng.verify(drafts), states, k=k)
             t0 = time.perf_counter()
             sched.fill(out)
             t1 = time.perf_counter()

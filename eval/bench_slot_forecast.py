@@ -16,11 +16,10 @@ the H200: a model, not a measurement).
 from __future__ import annotations
 
 import argparse
-from types import SimpleNamespace
 from typing import Any
 
 from specdec.eval.bench_proposer_cpu import CONTEXT_TOKENS, FakeEngine
-from specdec.eval.bench_schedule_cpu import HostWait
+from specdec.eval.bench_schedule_cpu import HostWait, capture_step
 from specdec.eval.loaders import load_traces
 from specdec.eval.results import results_path, write_results
 from specdec.vllm_plugin.core import ProposerCore
@@ -36,8 +35,6 @@ SYNC = "sync"  # --growth entry: every draft verified at its own length
 def run(records: list[Any], *, batch_size: int, growth: str, k: int, steps: int,
         token_cost: float) -> dict[str, Any]:
     """One configuration (``growth``: a ``slot_growth`` value, or ``SYNC``) over ``steps`` steps."""
-    import torch
-
     opts = SpecdecOptions.from_dict({"num_speculative_tokens": k, "ab_windows": False, "async_drafting": True,
                                      "async_mode": "schedule", "lane_threads": 1, "adaptive": False})
     max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in records) + 8
@@ -52,16 +49,8 @@ def run(records: list[Any], *, batch_size: int, growth: str, k: int, steps: int,
     verified = 0
     try:
         for _ in range(steps):
-            sampled = eng.verify(drafts)  # step N: each row's draft cut to its slots
-            for i, rid in enumerate(eng.ids):
-                if rid not in states:
-                    states[rid] = SimpleNamespace(prompt_token_ids=eng.tokens[i, :eng.prompt[i]].tolist(),
-                                                  output_token_ids=[])
-            tokens = torch.full((rows, k + 1), -1, dtype=torch.int32)  # [rows, k+1], -1 = rejected
-            for i, s in enumerate(sampled):
-                tokens[i, :len(s)] = torch.tensor(s, dtype=torch.int32)
-            sched.capture(tokens, list(eng.ids), set(), requests=states)
-            out = sched.submit(list(eng.ids), k=None, eager=False)  # [rows, k]
+            # step N verified (each row's draft cut to its slots); the buffer [rows, k] of step N+1's drafts
+            out = capture_step(sched, eng, eng.verify(drafts), states, k=k)
             sched.fill(out)
             book.begin_schedule()  # schedule N+1: slots from the drafts verified in step N
             slots = [book.slots(rid, k) for rid in eng.ids]
