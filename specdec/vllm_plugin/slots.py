@@ -69,7 +69,6 @@ class SlotBook:
         self._placeholders = [[PLACEHOLDER] * n for n in range(k + 1)]  # read-only lists handed to vLLM, by length
         self.granted = 0  # slots handed out (statistics)
         self.offered = 0  # slots vLLM would have reserved (k per decoding request)
-        self.paid: float | None = None  # EMA: share of the growth's extra slots that held an accepted token
         self.growing = self.growth > 0
         self.notes = self.growth_notes = 0
         self.extra_granted = self.extra_used = 0  # growth's extra slots, settled (statistics)
@@ -115,7 +114,11 @@ class SlotBook:
             self.extra_used += used
             self._ema_extra = GROWTH_EMA * self._ema_extra + extra  # sums, not shares: weighted by slots
             self._ema_used = GROWTH_EMA * self._ema_used + used
-            self.paid = self._ema_used / self._ema_extra
+
+    @property
+    def paid(self) -> float | None:
+        """Share of the growth's extra slots that held an accepted token (decayed sums); None before any settled."""
+        return self._ema_used / self._ema_extra if self._ema_extra else None
 
     def begin_schedule(self) -> None:
         """A new schedule starts granting (``async_patch.regrant_placeholders``)."""
