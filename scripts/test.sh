@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The test command (README; .ci/run calls it): installs what the tests need and runs them.
-#  1. the package with its dev extra, then the whole suite on the CPU (GPU tests skip with a reason);
+#  1. the package with its dev and onnx extras (the ONNX Runtime backend is tested too), then the whole suite on the CPU (GPU tests skip with a reason);
 #  2. the vLLM glue tests against a real vLLM 0.32 (CPU import only) in a venv that shares the system
 #     torch 2.13 CPU wheel; created on first use (~5-10 min), reused afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pip install -q "torch==2.13.0" -e ".[dev]"
+pip install -q "torch==2.13.0" -e ".[dev,onnx]"
 python -m pytest -q
 
 VENV="${SPECDEC_VLLM_VENV:-/opt/vllm-venv}"
