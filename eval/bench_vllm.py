@@ -346,8 +346,9 @@ def write_doc(args: argparse.Namespace, runs: dict, lossless: dict, t_start: flo
                      "load": args.load, **_sustained_settings(args, prompts),
                      "output_lengths": _output_lengths_setting(args.output_lengths),
                      "cache_policy": prompts["policy"],
-                     "lossless": {"dtype": "float32", "batch_sizes": list(LOSSLESS_BATCHES),
-                                  "max_tokens": LOSSLESS_MAX_TOKENS, "eos": "respected", "enforce_eager": True}
+                     "lossless": {"dtype": "float32", "batch_sizes": args.lossless_batch_sizes,
+                                  "max_tokens": LOSSLESS_MAX_TOKENS, "eos": "respected",
+                                  "enforce_eager": not args.lossless_graphs}
                      if args.lossless else None,
                      "engine": "vLLM LLM(), engine core in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), seed 0",
                      "tensor_parallel_size": args.tp,
@@ -423,7 +424,8 @@ def driver(args: argparse.Namespace) -> None:
         args.lossless = True
         methods = args.lossless_methods or [m for m in args.methods if m.startswith("specdec")]
         for method in ["nospec"] + [m for m in methods if m != "nospec"]:
-            res = _spawn(args, method, "float32", list(LOSSLESS_BATCHES), LOSSLESS_MAX_TOKENS, True, tmp)
+            res = _spawn(args, method, "float32", args.lossless_batch_sizes, LOSSLESS_MAX_TOKENS,
+                         not args.lossless_graphs, tmp)
             if res is not None:
                 lossless[method] = res
                 write_doc(args, runs, lossless, t_start)
@@ -470,6 +472,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lossless-methods", default="", type=lambda s: [m for m in s.split(",") if m],
                     help="methods compared with no-spec in float32 (default: the specdec methods of --methods)")
     ap.add_argument("--lossless-only", action="store_true", help="only the float32 lossless runs")
+    ap.add_argument("--lossless-graphs", action="store_true",
+                    help="float32 runs with CUDA graphs (default eager): checks the graphs a method's batches replay")
+    ap.add_argument("--lossless-batch-sizes", default=",".join(map(str, LOSSLESS_BATCHES)),
+                    type=lambda s: [int(x) for x in s.split(",") if x], help="batch sizes of the float32 runs")
     ap.add_argument("--eager-bench", action="store_true", help="enforce_eager for the speed runs (no CUDA graphs)")
     ap.add_argument("--method-timeout-s", type=int, default=900)
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size of every engine (the shared target: <= 2)")

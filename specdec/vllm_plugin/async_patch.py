@@ -360,13 +360,14 @@ def regrant_placeholders(scheduler: Any, book: Any) -> int:
     """Before vLLM schedules a step: every running request whose draft slots are placeholders (vLLM's shared list
     or one of the book's) gets the slots of its latest draft. vLLM reserved them at the end of the previous
     schedule, before the drafting of the step in flight had run; the book now holds that drafting's lengths, one
-    round fresher (the slots of step N+2 follow step N+1's drafts, not step N's). Returns the requests changed."""
+    round fresher (the slots of step N+2 follow step N+1's drafts, not step N's); on a narrow schedule
+    (``SlotBook.width``) every one gets that many. Returns the requests changed."""
     shared = scheduler._spec_token_placeholders  # [k of the next step] (-1 each), one list for every request
     reserved = len(shared)
     if reserved == 0:
         return 0
     changed = 0
-    book.begin_schedule()
+    book.begin_schedule(len(scheduler.running))
     for request in scheduler.running:
         spec = request.spec_token_ids
         if request.is_prefill_chunk or not (spec is shared or book.owns(spec)):

@@ -99,10 +99,12 @@ class ProposerCore:
     # ----------------------------------------------------------------- the step
     def step(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],
              num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray, *,
-             num_prompt_tokens: np.ndarray | None = None, k: int | None = None) -> list[list[int]]:
+             num_prompt_tokens: np.ndarray | None = None, k: int | None = None,
+             pad: bool | None = None) -> list[list[int]]:
         """One proposer call. Arrays are vLLM's: ``num_tokens_no_spec`` [max_num_reqs] int32,
-        ``token_ids_cpu`` [max_num_reqs, max_model_len] int32, ``num_prompt_tokens`` [max_num_reqs]."""
-        plan = self._begin(req_ids, sampled_token_ids, k)
+        ``token_ids_cpu`` [max_num_reqs, max_model_len] int32, ``num_prompt_tokens`` [max_num_reqs].
+        ``pad``: pad every row to ``k`` (True) or not (False) whatever ``pad_drafts`` says (None: it decides)."""
+        plan = self._begin(req_ids, sampled_token_ids, k, pad)
         self._stop_absent(plan.present)
         if self.lane is not None:
             drafts = self._step_lane(req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
@@ -113,7 +115,8 @@ class ProposerCore:
         self.stats.propose_seconds += self.clock() - plan.t0
         return self._end(plan, drafts)
 
-    def _begin(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]], k: int | None) -> StepPlan:
+    def _begin(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]], k: int | None,
+               pad: bool | None = None) -> StepPlan:
         """A step's statistics, cost observations and decisions, before any drafter call."""
         t0 = self.clock()
         n_rows = len(sampled_token_ids)
@@ -136,7 +139,7 @@ class ProposerCore:
             self._cost(self._last_bucket).observe(t0 - self._last_t, self._last_verified, emitted)
             self._period_s = PERIOD_EMA * self._period_s + (1 - PERIOD_EMA) * (t0 - self._last_t)
         mode = self.adaptive.mode(running, t0) if running else "plain"
-        self._pad_now = self._should_pad(running, k)
+        self._pad_now = self._should_pad(running, k) if pad is None else pad
         return StepPlan(t0, n_rows, k, mode, running, rows)
 
     def _end(self, plan: StepPlan, drafts: list[list[int]], drafted: int | None = None) -> list[list[int]]:

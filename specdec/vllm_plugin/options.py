@@ -132,6 +132,17 @@ class SpecdecOptions(ConfigBase):
                                        "batch 8 (-10%), won at batch 64 on agentic prompts (+13-15%); run 54, same "
                                        "run: from 16 rows vs from 48, +1.6% / +4.9% at batch 32 (code / agentic), "
                                        "-0.9% / +4.7% at batch 64")
+    narrow_slots: int = rng(6, lo=0, hi=MAX_SPEC_LEN,
+                            doc="draft_slots='adaptive': from adaptive_slots_from up to narrow_slots_below running "
+                                "requests every decoding request gets exactly this many draft slots, padded with "
+                                "the drafter's chain, so the verify batch is uniform and runs as one FULL CUDA graph; "
+                                "the plugin captures those graphs beside vLLM's 1 + k ones (specdec.vllm_plugin."
+                                "graphs). GPU runs 84-85, 8B-sized target, batch 32: k = 6 with uniform slots beat "
+                                "k = 16 with adaptive slots by 6-14%, and lost 26-28% at batch 64 on code prompts. "
+                                "0, or >= num_speculative_tokens: off")
+    narrow_slots_below: int = rng(48, lo=0, hi=1 << 16,
+                                  doc="narrow_slots: running requests below which a step's slots are narrow "
+                                      "(measured at 32 and 64 running requests only)")
     defer_cache: bool = rng(False, doc="native step (experimental; GPU run 17: less drafting time, not faster end to end): finished responses "
                                        "reach the suffix drafter's global cache on a background thread after the "
                                        "next step has drafted, instead of on the critical path when they stop")
@@ -186,6 +197,12 @@ class SpecdecOptions(ConfigBase):
     def pad_mode(self) -> str:
         """pad_drafts as 'auto' | 'on' | 'off'."""
         return {True: "on", False: "off"}.get(self.pad_drafts, self.pad_drafts)  # type: ignore[arg-type]
+
+    @property
+    def narrow_width(self) -> int:
+        """Draft slots of a narrow step (``narrow_slots``), 0 where narrow steps are off."""
+        k, w = self.num_speculative_tokens, self.narrow_slots
+        return w if self.draft_slots == "adaptive" and 0 < w < k else 0
 
     def validate(self, *, where: str = "") -> None:
         super().validate(where=where)

@@ -34,7 +34,7 @@ VLLM_DEFAULT_CAPTURE_TOKENS = 512  # vLLM's own cap on the default capture size
 UNSAFE_CUDAGRAPH_MODE = "FULL"  # vLLM CUDAGraphMode that replays mixed verify batches from full graphs (run 18)
 SAFE_CUDAGRAPH_MODE = "FULL_AND_PIECEWISE"  # vLLM's default: full graphs for uniform batches only
 _state = {"registered": False, "runner_patched": False, "take_patched": False, "execute_patched": False,
-          "async_patched": False, "scheduler_patched": False}
+          "async_patched": False, "scheduler_patched": False, "graphs_patched": False}
 
 
 def _vllm_version() -> str:
@@ -282,4 +282,18 @@ def ensure_runner_patch() -> bool:
             logger.debug("specdec: AsyncScheduler not importable (%r); uniform draft slots", exc)
         else:
             _state["scheduler_patched"] = patch_async_scheduler(AsyncScheduler)
+        _state["graphs_patched"] = _patch_graphs(GPUModelRunner)
     return _state["runner_patched"]
+
+
+def _patch_graphs(runner_cls: Any) -> bool:
+    """FULL CUDA graphs for narrow verify batches (``graphs.py``; pass-through for other engines)."""
+    try:
+        from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+        from specdec.vllm_plugin.graphs import patch_narrow_graphs
+
+        return patch_narrow_graphs(runner_cls, CudagraphDispatcher)
+    except Exception as exc:  # noqa: BLE001 - an optimisation must never stop the engine
+        logger.warning("specdec: narrow_slots run without full CUDA graphs (%r)", exc)
+        return False

@@ -227,8 +227,10 @@ class SpecdecProposer:
             if self.options.draft_slots == "adaptive":
                 from specdec.vllm_plugin.slots import SlotBook, register
 
-                book = SlotBook(k, prefill_cap=self.options.prefill_step_slots, growth=self.options.slot_growth,
-                                min_share=self.options.slot_growth_min_share)
+                opts = self.options
+                book = SlotBook(k, prefill_cap=opts.prefill_step_slots, growth=opts.slot_growth,
+                                min_share=opts.slot_growth_min_share, narrow=opts.narrow_width,
+                                narrow_rows=(opts.adaptive_slots_from, opts.narrow_slots_below))
                 register(book)  # the scheduler (same process) trims each request's slots to its draft
             self.scheduled = ScheduledDrafting(self.core, k=k, max_rows=int(runner.max_num_reqs),
                                                device=runner.device, device_wait=device_wait, slot_book=book,

@@ -330,9 +330,10 @@ class ScheduledDrafting:
         self._drain()
         rows = self.feed.rows(req_ids)
         n = len(req_ids)
+        width = self.slot_book.width if self.slot_book is not None else 0  # a narrow step: every row that long
         try:
             drafts = self.core.step(rows.req_ids, rows.sampled, rows.lengths, rows.contexts,
-                                    num_prompt_tokens=rows.prompt_lens, k=k)
+                                    num_prompt_tokens=rows.prompt_lens, k=width or k, pad=True if width else None)
             self.core.note_verified(verified)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             if getattr(self.core.options, "strict", False):
@@ -354,5 +355,7 @@ class ScheduledDrafting:
         out = {"schedule": {**self.feed.stats.as_dict(), "finish_thread": self._finisher is not None},
                **self.core.stats_dict()}
         if self.slot_book is not None:
-            out["schedule"].update(self.slot_book.as_dict())
+            from specdec.vllm_plugin.graphs import STATS
+
+            out["schedule"].update(self.slot_book.as_dict(), **STATS)
         return out

@@ -32,6 +32,12 @@ tokens per step.
 compute-bound, so every verified draft token costs its full share of the GEMMs; before vLLM schedules such a step
 each decoding request keeps at most ``prefill_cap`` of its placeholders (``async_patch.cap_prefill_steps``).
 
+``narrow`` (``narrow_slots``) with ``narrow_rows`` = (from, below): a schedule of ``from <= running < below``
+requests gives every decoding request exactly ``narrow`` slots (``width``), and the step's drafting pads each row to
+that many tokens: the verify batch is uniform with ``narrow + 1`` tokens per request, which vLLM runs as one FULL CUDA
+graph once ``graphs.py`` has captured that length (vLLM captures only ``k + 1``). Mid-size batches are bound by the
+host's launches of the piecewise graphs a mixed batch gets; large ones by the GPU, where verifying filler costs.
+
 The book is shared between the runner (writer, after drafting) and the scheduler (reader), which live in the
 same process with vLLM's one-GPU executor (the only one schedule mode runs under). Never imports vLLM.
 """
@@ -53,7 +59,8 @@ class SlotBook:
     ``note`` replaces the whole table with the rows of the latest drafting step (requests that left the batch drop
     out); a request not in the table (new, or back from preemption) gets ``k``."""
 
-    def __init__(self, k: int, *, prefill_cap: int = -1, growth: float = 0.0, min_share: float = 0.0) -> None:
+    def __init__(self, k: int, *, prefill_cap: int = -1, growth: float = 0.0, min_share: float = 0.0,
+                 narrow: int = 0, narrow_rows: tuple[int, int] = (0, 0)) -> None:
         if k < 1:
             raise ValueError(f"k={k}: a slot book needs at least one draft slot per request")
         if not growth >= 0:
@@ -70,6 +77,10 @@ class SlotBook:
         self.granted = 0  # slots handed out (statistics)
         self.offered = 0  # slots vLLM would have reserved (k per decoding request)
         self.growing = self.growth > 0
+        self.narrow = narrow if 0 < narrow < k else 0  # slots of every request on a narrow step (0: off)
+        self.narrow_from, self.narrow_below = narrow_rows  # running requests of narrow steps: [from, below)
+        self.width = 0  # this schedule's slots per request when narrow, else 0 (per-request slots)
+        self.narrow_steps = 0  # schedules that were narrow (statistics)
         self.notes = self.growth_notes = 0
         self.extra_granted = self.extra_used = 0  # growth's extra slots, settled (statistics)
         self._ema_extra = self._ema_used = 0.0  # decayed sums behind ``paid``
@@ -120,9 +131,13 @@ class SlotBook:
         """Share of the growth's extra slots that held an accepted token (decayed sums); None before any settled."""
         return self._ema_used / self._ema_extra if self._ema_extra else None
 
-    def begin_schedule(self) -> None:
-        """A new schedule starts granting (``async_patch.regrant_placeholders``)."""
+    def begin_schedule(self, running: int = 0) -> None:
+        """A new schedule of ``running`` requests starts granting (``async_patch.regrant_placeholders``): it is
+        narrow (``width`` > 0) if ``narrow_from <= running < narrow_below``."""
         self._grants_before, self._grants = self._grants, {}
+        narrow = self.narrow > 0 and self.narrow_from <= running < self.narrow_below
+        self.width = self.narrow if narrow else 0
+        self.narrow_steps += narrow
 
     def cap_grants(self, cap: int) -> None:
         """This schedule's grants were capped at ``cap`` slots (a heavy prefill step): only the extra slots left
@@ -133,7 +148,9 @@ class SlotBook:
         """Slots for the request's next step, at most ``reserved`` (what vLLM's scheduler set aside). ``fresh``
         False (the book is a round older than usual: ``trim_placeholders``): the latest draft's length, no growth."""
         base = self.lengths.get(request_id)
-        if base is None:
+        if self.width and fresh:  # a narrow schedule: every request the same, no growth to settle
+            n = min(self.width, reserved)
+        elif base is None:
             n = min(self.k, reserved)
         else:
             n = min(self.table[request_id] if fresh else base, reserved)
@@ -157,7 +174,7 @@ class SlotBook:
                 "prefill_steps": self.prefill_steps, "prefill_trimmed_slots": self.prefill_trimmed,
                 "slot_growth": self.growth, "growth_notes": self.growth_notes, "notes": self.notes,
                 "growth_extra_slots": self.extra_granted, "growth_extra_used": self.extra_used,
-                "growth_paid_share": self.paid}
+                "growth_paid_share": self.paid, "narrow_slots": self.narrow, "narrow_steps": self.narrow_steps}
 
 
 class _Registry:

@@ -1,0 +1,205 @@
+"""FULL CUDA graphs for narrow verify batches (``narrow_slots``): a second uniform query length beside vLLM's.
+
+vLLM 0.26's V1 runner replays a decode batch from a FULL CUDA graph (attention inside, one launch) only when it is
+*uniform* with ``uniform_decode_query_len = 1 + k`` tokens per request; any other batch runs as piecewise graphs
+with eager attention between them, whose launches keep the host busy (GPU runs 76 and 84: the host came late in
+81% of the steps at batch 32). A narrow schedule (``slots.SlotBook.width`` = w < k) verifies ``w + 1`` tokens for
+every request, so it is uniform too, but at a length vLLM neither captures nor dispatches. Three wrappers add that
+length, each a pass-through for any engine that is not ours with narrow slots:
+
+1. ``CudagraphDispatcher.initialize_cudagraph_keys`` (end): for every request count ``r`` vLLM captures a uniform
+   FULL graph for, a FULL key ``BatchDescriptor(num_tokens=(w + 1) * r, num_reqs=r, uniform=True)`` (a key differs
+   from vLLM's by its tokens per request, so the two sets never collide). vLLM's capture loop (``capture_model``)
+   and its memory profile capture every key.
+2. ``CudagraphDispatcher.dispatch``: while the runner dispatches a narrow batch (``NARROW_Q`` set on the
+   dispatcher), the key of the smallest captured ``r`` that holds its requests, FULL, if FULL is allowed and the key
+   exists; otherwise the mixed-batch graphs vLLM would have used (piecewise).
+3. ``GPUModelRunner._determine_batch_execution_and_padding``: a batch of ``num_reqs`` requests with exactly
+   ``w + 1`` scheduled tokens each is dispatched as uniform, with ``NARROW_Q`` set; ``_warmup_and_capture`` of a
+   narrow key runs vLLM's dummy batch with ``uniform_decode_query_len = w + 1`` (its requests, attention metadata and
+   query length are then those of a narrow batch, as vLLM builds its own uniform ones).
+
+The graphs are captured and replayed exactly as vLLM's own uniform ones, with a different query length: what
+FlashAttention 3's scheduler metadata depends on (requests, max query length) is the same at capture and replay.
+(vLLM's ``cudagraph_mode=FULL`` instead replays *mixed* batches from graphs captured for other shapes, which changed
+outputs in run 18.) Version-checked by the source of the methods wrapped; anything unexpected: logged once, narrow
+batches run piecewise (correct, only slower). Never imported by ``drafters/``; imports vLLM only inside the patch.
+"""
+from __future__ import annotations
+
+import bisect
+import functools
+import inspect
+import logging
+from typing import Any
+
+logger = logging.getLogger("specdec.vllm")
+
+_WRAPPED = "_specdec_wrapped"
+NARROW_KEYS = "_specdec_narrow"  # dispatcher attribute: {query length: sorted request counts captured}
+NARROW_Q = "_specdec_narrow_q"  # dispatcher attribute: query length of the batch being dispatched (None: vLLM's)
+DISPATCHER_SOURCE = {  # method -> text its source must contain (the vLLM 0.26-0.32 code these wrappers assume)
+    "initialize_cudagraph_keys": "self.add_cudagraph_key(",
+    "dispatch": "_create_padded_batch_descriptor",
+}
+RUNNER_SOURCE = {
+    "_determine_batch_execution_and_padding": "force_uniform_decode",
+    "_warmup_and_capture": "uniform_decode=desc.uniform",
+    "_dummy_run": "max_query_len = self.uniform_decode_query_len if uniform_decode",
+}
+STATS = {"narrow_full": 0, "narrow_piecewise": 0, "narrow_keys": 0}  # this process's dispatches and keys
+
+
+def narrow_width(vllm_config: Any) -> int:
+    """Our engine's narrow slots (``SpecdecOptions.narrow_width``), 0 for any other engine or setting."""
+    from specdec.vllm_plugin.async_patch import _ours
+    from specdec.vllm_plugin.options import options_from_vllm_config
+
+    try:
+        if not _ours(vllm_config):
+            return 0
+        return options_from_vllm_config(vllm_config).narrow_width
+    except Exception as exc:  # noqa: BLE001 - never fail an engine's start for an optimisation
+        logger.debug("specdec: no narrow graphs (%r)", exc)
+        return 0
+
+
+def add_narrow_keys(dispatcher: Any, width: int, *, full_mode: Any, descriptor: Any) -> list[int]:
+    """Item 1: FULL keys of query length ``width + 1`` for the request counts of the dispatcher's uniform FULL
+    keys. ``full_mode``: vLLM's ``CUDAGraphMode.FULL``; ``descriptor``: its ``BatchDescriptor``. Returns the
+    request counts (sorted), also stored on the dispatcher."""
+    q = width + 1
+    full = dispatcher.cudagraph_keys[full_mode]
+    counts = sorted({d.num_reqs for d in full if d.uniform and not d.has_lora and d.num_reqs})
+    for r in counts:
+        full.add(descriptor(num_tokens=q * r, num_reqs=r, uniform=True))
+    setattr(dispatcher, NARROW_KEYS, {q: counts} if counts else {})
+    STATS["narrow_keys"] = len(counts)
+    return counts
+
+
+def narrow_descriptor(dispatcher: Any, num_tokens: int, *, descriptor: Any) -> Any:
+    """Item 2: the captured key for a narrow batch of ``num_tokens`` (its query length from ``NARROW_Q``), or None
+    when none holds it (more requests than the largest graph)."""
+    q = getattr(dispatcher, NARROW_Q, None)
+    counts = getattr(dispatcher, NARROW_KEYS, {}).get(q)
+    if not counts:
+        return None
+    i = bisect.bisect_left(counts, -(-num_tokens // q))  # requests, rounded up to a captured count
+    if i == len(counts):
+        return None
+    r = counts[i]
+    return descriptor(num_tokens=q * r, num_reqs=r, uniform=True)
+
+
+def narrow_query_len(dispatcher: Any, num_tokens: int, num_reqs: int, max_query_len: int) -> int | None:
+    """Item 3: ``max_query_len`` if the batch is narrow (every request exactly that many tokens, a captured narrow
+    length), else None."""
+    keys = getattr(dispatcher, NARROW_KEYS, None)
+    if not keys or max_query_len not in keys or num_tokens != max_query_len * num_reqs:
+        return None
+    return max_query_len
+
+
+def _sources_ok(cls: Any, wanted: dict[str, str]) -> str:
+    for name, text in wanted.items():
+        fn = getattr(cls, name, None)
+        try:
+            ok = fn is not None and text in inspect.getsource(fn)
+        except (OSError, TypeError):
+            ok = False
+        if not ok:
+            return f"{cls.__name__}.{name} is not the one this patch was written for"
+    return ""
+
+
+def patch_narrow_graphs(runner_cls: Any, dispatcher_cls: Any) -> bool:
+    """Install the three wrappers (idempotent). Returns True if installed; False (logged) if vLLM's code differs."""
+    problem = _sources_ok(dispatcher_cls, DISPATCHER_SOURCE) or _sources_ok(runner_cls, RUNNER_SOURCE)
+    if problem:
+        logger.warning("specdec: narrow_slots run without full CUDA graphs (%s)", problem)
+        return False
+    if getattr(dispatcher_cls.dispatch, _WRAPPED, False):
+        return True
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+
+    _wrap_dispatcher(dispatcher_cls, CUDAGraphMode, BatchDescriptor)
+    _wrap_runner(runner_cls)
+    return True
+
+
+def _wrap_dispatcher(cls: Any, modes: Any, descriptor: Any) -> None:
+    orig_init, orig_dispatch = cls.initialize_cudagraph_keys, cls.dispatch
+
+    @functools.wraps(orig_init)
+    def initialize_cudagraph_keys(self: Any, cudagraph_mode: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig_init(self, cudagraph_mode, *args, **kwargs)
+        width = narrow_width(self.vllm_config)
+        setattr(self, NARROW_KEYS, {})
+        full_decode = cudagraph_mode.decode_mode() == modes.FULL and cudagraph_mode.separate_routine()
+        if width and full_decode:
+            counts = add_narrow_keys(self, width, full_mode=modes.FULL, descriptor=descriptor)
+            logger.info("specdec: full CUDA graphs for narrow verify batches (%d tokens per request, %d batch "
+                        "sizes up to %d requests)", width + 1, len(counts), counts[-1] if counts else 0)
+        return out
+
+    @functools.wraps(orig_dispatch)
+    def dispatch(self: Any, num_tokens: int, uniform_decode: bool = False, has_lora: bool = False,
+                 *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, NARROW_Q, None) is None or not uniform_decode:
+            return orig_dispatch(self, num_tokens, uniform_decode, has_lora, *args, **kwargs)
+        valid, invalid = kwargs.get("valid_modes"), kwargs.get("invalid_modes")
+        allowed = set(valid or modes.valid_runtime_modes()) - set(invalid or ())
+        if modes.FULL in allowed and not has_lora:  # (not allowed: a warm-up's eager run, cascade attention)
+            desc = narrow_descriptor(self, num_tokens, descriptor=descriptor)
+            if desc is not None and desc in self.cudagraph_keys[modes.FULL]:
+                STATS["narrow_full"] += 1
+                return modes.FULL, desc
+            STATS["narrow_piecewise"] += 1
+        return orig_dispatch(self, num_tokens, False, has_lora, *args, **kwargs)  # vLLM's mixed-batch graphs
+
+    for fn in (initialize_cudagraph_keys, dispatch):
+        setattr(fn, _WRAPPED, True)
+    cls.initialize_cudagraph_keys, cls.dispatch = initialize_cudagraph_keys, dispatch
+
+
+def _wrap_runner(cls: Any) -> None:
+    orig_determine, orig_capture = cls._determine_batch_execution_and_padding, cls._warmup_and_capture
+
+    @functools.wraps(orig_determine)
+    def _determine_batch_execution_and_padding(self: Any, num_tokens: int, num_reqs: int, *args: Any,
+                                               **kwargs: Any) -> Any:
+        dispatcher = self.cudagraph_dispatcher
+        if getattr(dispatcher, NARROW_Q, None) is not None or kwargs.get("force_uniform_decode") is not None:
+            return orig_determine(self, num_tokens, num_reqs, *args, **kwargs)  # a capture (or not ours to decide)
+        max_query_len = kwargs.get("max_num_scheduled_tokens", args[1] if len(args) > 1 else 0)
+        q = narrow_query_len(dispatcher, int(num_tokens), int(num_reqs), int(max_query_len))
+        if q is None:
+            return orig_determine(self, num_tokens, num_reqs, *args, **kwargs)
+        setattr(dispatcher, NARROW_Q, q)
+        try:
+            return orig_determine(self, num_tokens, num_reqs, *args, force_uniform_decode=True, **kwargs)
+        finally:
+            setattr(dispatcher, NARROW_Q, None)
+
+    @functools.wraps(orig_capture)
+    def _warmup_and_capture(self: Any, desc: Any, *args: Any, **kwargs: Any) -> Any:
+        dispatcher = self.cudagraph_dispatcher
+        keys = getattr(dispatcher, NARROW_KEYS, None)
+        q = desc.num_tokens // desc.num_reqs if keys and desc.uniform and desc.num_reqs else None
+        if q not in (keys or {}) or q * desc.num_reqs != desc.num_tokens:
+            return orig_capture(self, desc, *args, **kwargs)
+        saved = self.uniform_decode_query_len
+        self.uniform_decode_query_len = q  # vLLM's dummy batch: num_reqs requests of q tokens
+        setattr(dispatcher, NARROW_Q, q)
+        try:
+            return orig_capture(self, desc, *args, **kwargs)
+        finally:
+            self.uniform_decode_query_len = saved
+            setattr(dispatcher, NARROW_Q, None)
+
+    for fn in (_determine_batch_execution_and_padding, _warmup_and_capture):
+        setattr(fn, _WRAPPED, True)
+    cls._determine_batch_execution_and_padding = _determine_batch_execution_and_padding
+    cls._warmup_and_capture = _warmup_and_capture

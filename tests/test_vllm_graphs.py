@@ -1,0 +1,193 @@
+"""FULL CUDA graphs for narrow verify batches (``specdec.vllm_plugin.graphs``) and the narrow slot schedule.
+
+The dispatcher tests run vLLM's own ``CudagraphDispatcher`` (vLLM 0.32 on the CPU, CI's venv; skipped where vLLM is
+not importable) with our wrappers; the runner wrapper runs on a fake runner whose dispatch and capture record what
+vLLM's would do; the slot book and the drafting's padding need no vLLM."""
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from specdec.drafters.suffix import SuffixDrafter
+from specdec.vllm_plugin import graphs
+from specdec.vllm_plugin.core import ProposerCore
+from specdec.vllm_plugin.options import SpecdecOptions
+from specdec.vllm_plugin.scheduled import ScheduledDrafting
+from specdec.vllm_plugin.slots import PLACEHOLDER, SlotBook
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vllm not importable here (CI: /opt/vllm-venv)")
+K = 16  # vLLM's uniform graphs: 17 tokens per request
+WIDTH = 6  # narrow graphs: 7 tokens per request
+CAPTURE_SIZES = [17 * r for r in (1, 2, 4, 8, 16, 24, 32, 48, 64)]  # vLLM's sizes rounded to multiples of 1 + k
+
+
+# ----------------------------------------------------------------- options and the slot book
+def test_narrow_width_is_off_where_it_cannot_apply() -> None:
+    assert SpecdecOptions().narrow_width == 6
+    assert SpecdecOptions(narrow_slots=0).narrow_width == 0
+    assert SpecdecOptions(num_speculative_tokens=6).narrow_width == 0  # not narrower than k
+    assert SpecdecOptions(draft_slots="uniform").narrow_width == 0  # vLLM's k slots for every request
+
+
+def test_slot_book_narrow_schedules_give_every_request_the_width() -> None:
+    book = SlotBook(K, growth=1.0, narrow=WIDTH, narrow_rows=(16, 48))
+    book.note(["a", "b"], [2, 12])  # forecasts: 4 and 16 (growth 1)
+    book.begin_schedule(running=8)  # below 16: per-request slots
+    assert (book.width, book.slots("a", K), book.slots("b", K)) == (0, 4, 16)
+    book.begin_schedule(running=32)  # narrow: the width for every request, whatever its draft
+    assert (book.width, book.slots("a", K), book.slots("b", K), book.slots("new", K)) == (WIDTH, WIDTH, WIDTH, WIDTH)
+    assert book.slots("a", 3) == 3  # never more than vLLM reserved
+    book.begin_schedule(running=48)  # from 48: per-request slots again
+    assert (book.width, book.slots("a", K)) == (0, 4)
+    assert book.as_dict()["narrow_steps"] == 1
+    assert SlotBook(K, narrow=K, narrow_rows=(16, 48)).narrow == 0  # a width of k is vLLM's own graphs: off
+
+
+def test_regrant_on_a_narrow_schedule_hands_out_width_placeholders() -> None:
+    from specdec.vllm_plugin.async_patch import regrant_placeholders
+
+    book = SlotBook(K, narrow=WIDTH, narrow_rows=(2, 48))
+    shared = [PLACEHOLDER] * K
+    reqs = [SimpleNamespace(request_id=f"r{i}", spec_token_ids=shared, is_prefill_chunk=False) for i in range(3)]
+    reqs.append(SimpleNamespace(request_id="p", spec_token_ids=[], is_prefill_chunk=True))  # a prompt chunk
+    scheduler = SimpleNamespace(_spec_token_placeholders=shared, running=reqs)
+    assert regrant_placeholders(scheduler, book) == 3
+    assert [len(r.spec_token_ids) for r in reqs] == [WIDTH, WIDTH, WIDTH, 0]
+    assert all(book.owns(r.spec_token_ids) for r in reqs[:3])
+
+
+def test_narrow_step_drafts_every_row_to_the_width() -> None:
+    """A narrow schedule's drafting pads each row with the drafter's chain to exactly the width, though
+    pad_drafts is off and the cost model would cut the drafts shorter."""
+    opts = SpecdecOptions(num_speculative_tokens=K, pad_drafts="off", native_step=False)
+    core = ProposerCore(SuffixDrafter(), opts, max_model_len=4096, target_params=8e9)
+    book = SlotBook(K, narrow=WIDTH, narrow_rows=(1, 48))
+    sched = ScheduledDrafting(core, k=K, max_rows=4, device="cpu", slot_book=book)
+    prompt = [5, 6, 7, 8] * 8
+    widths = []
+    for running in (2, 64):  # narrow, then not (64 >= 48)
+        book.begin_schedule(running)
+        rows = SimpleNamespace(req_ids=["a", "b"], sampled=[[9], [9]], lengths=[33, 33],
+                               contexts=torch.tensor([prompt + [9], prompt + [9]]).numpy(),
+                               prompt_lens=[32, 32], fillers=[9, 9])
+        drafts = core.step(rows.req_ids, rows.sampled, rows.lengths, rows.contexts,
+                           num_prompt_tokens=rows.prompt_lens, k=book.width or None,
+                           pad=True if book.width else None)
+        widths.append([len(d) for d in drafts])
+        core.reset()
+    assert widths[0] == [WIDTH, WIDTH]
+    assert all(w <= K for w in widths[1])
+    sched.close()
+
+
+# ----------------------------------------------------------------- the dispatcher (vLLM's own class)
+def _dispatcher(monkeypatch: pytest.MonkeyPatch, width: int = WIDTH) -> Any:
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+    cls = type("Dispatcher", (CudagraphDispatcher,), {})  # wrap a subclass: vLLM's class stays as it was
+    graphs._wrap_dispatcher(cls, CUDAGraphMode, BatchDescriptor)
+    monkeypatch.setattr(graphs, "narrow_width", lambda config: width)
+    d = cls.__new__(cls)  # vLLM's __init__ needs a whole VllmConfig; set what the key and dispatch code read
+    cc = SimpleNamespace(cudagraph_capture_sizes=list(CAPTURE_SIZES), max_cudagraph_capture_size=CAPTURE_SIZES[-1],
+                         compile_sizes=[], cudagraph_specialize_lora=False)
+    d.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=64), lora_config=None,
+                                    num_speculative_tokens=K)
+    d.compilation_config = cc
+    d.uniform_decode_query_len = K + 1
+    d.cudagraph_keys = {CUDAGraphMode.PIECEWISE: set(), CUDAGraphMode.FULL: set()}
+    d.keys_initialized, d.specialize_lora_count, d.cudagraph_mode = False, False, CUDAGraphMode.NONE
+    d.initialize_cudagraph_keys(CUDAGraphMode.FULL_AND_PIECEWISE, K + 1)
+    return d, CUDAGraphMode, BatchDescriptor
+
+
+@needs_vllm
+def test_dispatcher_adds_narrow_keys_beside_vllms(monkeypatch: pytest.MonkeyPatch) -> None:
+    d, modes, desc = _dispatcher(monkeypatch)
+    full = d.cudagraph_keys[modes.FULL]
+    ours = {k for k in full if k.num_tokens == (WIDTH + 1) * k.num_reqs}
+    theirs = full - ours
+    assert sorted(k.num_reqs for k in ours) == sorted(k.num_reqs for k in theirs) == [1, 2, 4, 8, 16, 24, 32, 48, 64]
+    assert all(k.num_tokens == (K + 1) * k.num_reqs and k.uniform for k in theirs)
+    assert getattr(d, graphs.NARROW_KEYS) == {WIDTH + 1: [1, 2, 4, 8, 16, 24, 32, 48, 64]}
+    capture = dict(d.get_capture_descs())[modes.FULL]  # vLLM's capture loop gets every key
+    assert set(capture) == full
+
+
+@needs_vllm
+def test_dispatch_pads_a_narrow_batch_to_the_next_captured_request_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    d, modes, desc = _dispatcher(monkeypatch)
+    setattr(d, graphs.NARROW_Q, WIDTH + 1)
+    mode, got = d.dispatch(num_tokens=(WIDTH + 1) * 30, uniform_decode=True)
+    assert (mode, got) == (modes.FULL, desc(num_tokens=(WIDTH + 1) * 32, num_reqs=32, uniform=True))
+    mode, got = d.dispatch(num_tokens=(WIDTH + 1) * 30, uniform_decode=True, invalid_modes={modes.FULL})
+    assert mode == modes.PIECEWISE and got.num_reqs is None  # cascade attention: vLLM's mixed-batch graphs
+    mode, _ = d.dispatch(num_tokens=(WIDTH + 1) * 30, uniform_decode=True, valid_modes={modes.NONE})
+    assert mode == modes.NONE  # a warm-up's eager run
+    setattr(d, graphs.NARROW_Q, None)  # vLLM's own uniform batches dispatch as before
+    mode, got = d.dispatch(num_tokens=(K + 1) * 30, uniform_decode=True)
+    assert (mode, got) == (modes.FULL, desc(num_tokens=(K + 1) * 32, num_reqs=32, uniform=True))
+
+
+@needs_vllm
+def test_no_narrow_keys_for_other_engines(monkeypatch: pytest.MonkeyPatch) -> None:
+    d, modes, _ = _dispatcher(monkeypatch, width=0)
+    assert all(k.num_tokens == (K + 1) * k.num_reqs for k in d.cudagraph_keys[modes.FULL])
+    assert getattr(d, graphs.NARROW_KEYS) == {}
+
+
+# ----------------------------------------------------------------- the runner wrapper (a fake runner)
+class FakeRunner:
+    """Records how vLLM's runner would dispatch (force_uniform_decode, the dispatcher's narrow length) and
+    capture (its uniform_decode_query_len at the time)."""
+
+    def __init__(self, narrow: dict[int, list[int]]) -> None:
+        self.cudagraph_dispatcher = SimpleNamespace(**{graphs.NARROW_KEYS: narrow, graphs.NARROW_Q: None})
+        self.uniform_decode_query_len = K + 1
+        self.calls: list[tuple[Any, Any]] = []
+
+    def _determine_batch_execution_and_padding(self, num_tokens: int, num_reqs: int, num_scheduled_tokens_np: Any,
+                                               max_num_scheduled_tokens: int, use_cascade_attn: bool,
+                                               force_uniform_decode: bool | None = None) -> tuple[Any, Any]:
+        q = getattr(self.cudagraph_dispatcher, graphs.NARROW_Q)
+        self.calls.append((force_uniform_decode, q))
+        return force_uniform_decode, q
+
+    def _warmup_and_capture(self, desc: Any, cudagraph_runtime_mode: Any) -> int:
+        return self.uniform_decode_query_len
+
+
+def _runner() -> FakeRunner:
+    cls = type("Runner", (FakeRunner,), {})
+    graphs._wrap_runner(cls)
+    return cls({WIDTH + 1: [1, 2, 4, 8]})
+
+
+def test_runner_dispatches_a_narrow_batch_as_uniform() -> None:
+    r = _runner()
+    q = WIDTH + 1
+    assert r._determine_batch_execution_and_padding(num_tokens=q * 3, num_reqs=3, num_scheduled_tokens_np=None,
+                                                    max_num_scheduled_tokens=q, use_cascade_attn=False) == (True, q)
+    assert getattr(r.cudagraph_dispatcher, graphs.NARROW_Q) is None  # reset after the call
+    mixed = r._determine_batch_execution_and_padding(num_tokens=q * 3 - 1, num_reqs=3, num_scheduled_tokens_np=None,
+                                                     max_num_scheduled_tokens=q, use_cascade_attn=False)
+    wide = r._determine_batch_execution_and_padding(num_tokens=(K + 1) * 3, num_reqs=3, num_scheduled_tokens_np=None,
+                                                    max_num_scheduled_tokens=K + 1, use_cascade_attn=False)
+    capture = r._determine_batch_execution_and_padding(q * 3, 3, None, q, False, force_uniform_decode=False)
+    assert (mixed, wide, capture) == ((None, None), (None, None), (False, None))  # all left to vLLM
+
+
+def test_capture_of_a_narrow_key_uses_its_query_length() -> None:
+    r = _runner()
+    narrow = SimpleNamespace(num_tokens=(WIDTH + 1) * 4, num_reqs=4, uniform=True)
+    theirs = SimpleNamespace(num_tokens=(K + 1) * 4, num_reqs=4, uniform=True)
+    mixed = SimpleNamespace(num_tokens=28, num_reqs=None, uniform=False)
+    assert r._warmup_and_capture(narrow, "FULL") == WIDTH + 1
+    assert [r._warmup_and_capture(d, "FULL") for d in (theirs, mixed)] == [K + 1, K + 1]
+    assert r.uniform_decode_query_len == K + 1 and getattr(r.cudagraph_dispatcher, graphs.NARROW_Q) is None
