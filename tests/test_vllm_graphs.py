@@ -48,6 +48,26 @@ def test_slot_book_narrow_schedules_give_every_request_the_width() -> None:
     assert SlotBook(K, narrow=K, narrow_rows=(16, 48)).narrow == 0  # a width of k is vLLM's own graphs: off
 
 
+def test_large_batches_are_narrow_only_while_drafts_are_seldom_accepted() -> None:
+    """From narrow_below requests on, the large-batch width applies while the tokens per request per step (an
+    EMA of the notes' ``emitted``) stay at most the MAT limit; rows still prefilling (0 tokens) do not count."""
+    book = SlotBook(K, narrow=WIDTH, narrow_rows=(16, 48), large=(4, 3.0))
+    book.begin_schedule(running=64)
+    assert book.width == 0  # no MAT measured yet: per-request slots
+    book.note(["a", "b", "p"], [3, 3, -1], emitted=[2, 2, 0])  # MAT 2 (the prefilling row ignored)
+    book.begin_schedule(running=64)
+    assert (book.width, book.slots("a", K)) == (4, 4)
+    book.begin_schedule(running=32)
+    assert book.width == WIDTH  # mid-size batches keep their own width
+    for _ in range(20):  # drafts now accepted often: the average climbs past 3
+        book.note(["a", "b"], [12, 12], emitted=[9, 9])
+    assert book.mat is not None and book.mat > 3.0
+    book.begin_schedule(running=64)
+    assert book.width == 0
+    assert SpecdecOptions().narrow_widths == (4, 6)
+    assert SpecdecOptions(large_batch_narrow_slots=0).narrow_widths == (6,)
+
+
 def test_regrant_on_a_narrow_schedule_hands_out_width_placeholders() -> None:
     from specdec.vllm_plugin.async_patch import regrant_placeholders
 
@@ -93,7 +113,7 @@ def _dispatcher(monkeypatch: pytest.MonkeyPatch, width: int = WIDTH) -> Any:
 
     cls = type("Dispatcher", (CudagraphDispatcher,), {})  # wrap a subclass: vLLM's class stays as it was
     graphs._wrap_dispatcher(cls, CUDAGraphMode, BatchDescriptor)
-    monkeypatch.setattr(graphs, "narrow_width", lambda config: width)
+    monkeypatch.setattr(graphs, "narrow_widths", lambda config: (width,) if width else ())
     d = cls.__new__(cls)  # vLLM's __init__ needs a whole VllmConfig; set what the key and dispatch code read
     cc = SimpleNamespace(cudagraph_capture_sizes=list(CAPTURE_SIZES), max_cudagraph_capture_size=CAPTURE_SIZES[-1],
                          compile_sizes=[], cudagraph_specialize_lora=False)
@@ -133,6 +153,18 @@ def test_dispatch_pads_a_narrow_batch_to_the_next_captured_request_count(monkeyp
     setattr(d, graphs.NARROW_Q, None)  # vLLM's own uniform batches dispatch as before
     mode, got = d.dispatch(num_tokens=(K + 1) * 30, uniform_decode=True)
     assert (mode, got) == (modes.FULL, desc(num_tokens=(K + 1) * 32, num_reqs=32, uniform=True))
+
+
+@needs_vllm
+def test_two_widths_get_their_own_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    d, modes, desc = _dispatcher(monkeypatch, width=0)
+    monkeypatch.setattr(graphs, "narrow_widths", lambda config: (4, WIDTH))
+    d.initialize_cudagraph_keys(modes.FULL_AND_PIECEWISE, K + 1)
+    assert sorted(getattr(d, graphs.NARROW_KEYS)) == [5, WIDTH + 1]
+    for q in (5, WIDTH + 1):
+        setattr(d, graphs.NARROW_Q, q)
+        assert d.dispatch(num_tokens=q * 20, uniform_decode=True) == (
+            modes.FULL, desc(num_tokens=q * 24, num_reqs=24, uniform=True))
 
 
 @needs_vllm

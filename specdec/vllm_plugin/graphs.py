@@ -7,8 +7,8 @@ with eager attention between them, whose launches keep the host busy (GPU runs 7
 every request, so it is uniform too, but at a length vLLM neither captures nor dispatches. Three wrappers add that
 length, each a pass-through for any engine that is not ours with narrow slots:
 
-1. ``CudagraphDispatcher.initialize_cudagraph_keys`` (end): for every request count ``r`` vLLM captures a uniform
-   FULL graph for, a FULL key ``BatchDescriptor(num_tokens=(w + 1) * r, num_reqs=r, uniform=True)`` (a key differs
+1. ``CudagraphDispatcher.initialize_cudagraph_keys`` (end): for every narrow width ``w`` (``narrow_slots``,
+   ``large_batch_narrow_slots``) and every request count ``r`` vLLM captures a uniform FULL graph for, a FULL key ``BatchDescriptor(num_tokens=(w + 1) * r, num_reqs=r, uniform=True)`` (a key differs
    from vLLM's by its tokens per request, so the two sets never collide). vLLM's capture loop (``capture_model``)
    and its memory profile capture every key.
 2. ``CudagraphDispatcher.dispatch``: while the runner dispatches a narrow batch (``NARROW_Q`` set on the
@@ -50,31 +50,32 @@ RUNNER_SOURCE = {
 STATS = {"narrow_full": 0, "narrow_piecewise": 0, "narrow_keys": 0}  # this process's dispatches and keys
 
 
-def narrow_width(vllm_config: Any) -> int:
-    """Our engine's narrow slots (``SpecdecOptions.narrow_width``), 0 for any other engine or setting."""
+def narrow_widths(vllm_config: Any) -> tuple[int, ...]:
+    """Our engine's narrow widths (``SpecdecOptions.narrow_widths``), () for any other engine or setting."""
     from specdec.vllm_plugin.async_patch import _ours
     from specdec.vllm_plugin.options import options_from_vllm_config
 
     try:
         if not _ours(vllm_config):
-            return 0
-        return options_from_vllm_config(vllm_config).narrow_width
+            return ()
+        return options_from_vllm_config(vllm_config).narrow_widths
     except Exception as exc:  # noqa: BLE001 - never fail an engine's start for an optimisation
         logger.debug("specdec: no narrow graphs (%r)", exc)
-        return 0
+        return ()
 
 
-def add_narrow_keys(dispatcher: Any, width: int, *, full_mode: Any, descriptor: Any) -> list[int]:
-    """Item 1: FULL keys of query length ``width + 1`` for the request counts of the dispatcher's uniform FULL
-    keys. ``full_mode``: vLLM's ``CUDAGraphMode.FULL``; ``descriptor``: its ``BatchDescriptor``. Returns the
-    request counts (sorted), also stored on the dispatcher."""
-    q = width + 1
+def add_narrow_keys(dispatcher: Any, widths: tuple[int, ...], *, full_mode: Any, descriptor: Any) -> list[int]:
+    """Item 1: FULL keys of query length ``w + 1`` for every width ``w`` and every request count of the
+    dispatcher's uniform FULL keys (vLLM's). ``full_mode``: vLLM's ``CUDAGraphMode.FULL``; ``descriptor``: its
+    ``BatchDescriptor``. Returns the request counts (sorted); {query length: counts} is stored on the dispatcher."""
     full = dispatcher.cudagraph_keys[full_mode]
     counts = sorted({d.num_reqs for d in full if d.uniform and not d.has_lora and d.num_reqs})
-    for r in counts:
-        full.add(descriptor(num_tokens=q * r, num_reqs=r, uniform=True))
-    setattr(dispatcher, NARROW_KEYS, {q: counts} if counts else {})
-    STATS["narrow_keys"] = len(counts)
+    keys = {w + 1: counts for w in widths} if counts else {}
+    for q in keys:
+        for r in counts:
+            full.add(descriptor(num_tokens=q * r, num_reqs=r, uniform=True))
+    setattr(dispatcher, NARROW_KEYS, keys)
+    STATS["narrow_keys"] = len(counts) * len(keys)
     return counts
 
 
@@ -135,13 +136,14 @@ def _wrap_dispatcher(cls: Any, modes: Any, descriptor: Any) -> None:
     @functools.wraps(orig_init)
     def initialize_cudagraph_keys(self: Any, cudagraph_mode: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig_init(self, cudagraph_mode, *args, **kwargs)
-        width = narrow_width(self.vllm_config)
+        widths = narrow_widths(self.vllm_config)
         setattr(self, NARROW_KEYS, {})
         full_decode = cudagraph_mode.decode_mode() == modes.FULL and cudagraph_mode.separate_routine()
-        if width and full_decode:
-            counts = add_narrow_keys(self, width, full_mode=modes.FULL, descriptor=descriptor)
-            logger.info("specdec: full CUDA graphs for narrow verify batches (%d tokens per request, %d batch "
-                        "sizes up to %d requests)", width + 1, len(counts), counts[-1] if counts else 0)
+        if widths and full_decode:
+            counts = add_narrow_keys(self, widths, full_mode=modes.FULL, descriptor=descriptor)
+            logger.info("specdec: full CUDA graphs for narrow verify batches (%s tokens per request, %d batch "
+                        "sizes up to %d requests)", "/".join(str(w + 1) for w in widths), len(counts),
+                        counts[-1] if counts else 0)
         return out
 
     @functools.wraps(orig_dispatch)

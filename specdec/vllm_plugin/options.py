@@ -143,6 +143,17 @@ class SpecdecOptions(ConfigBase):
     narrow_slots_below: int = rng(48, lo=0, hi=1 << 16,
                                   doc="narrow_slots: running requests below which a step's slots are narrow "
                                       "(measured at 32 and 64 running requests only)")
+    large_batch_narrow_slots: int = rng(4, lo=0, hi=MAX_SPEC_LEN,
+                                        doc="draft_slots='adaptive': from narrow_slots_below running requests, steps "
+                                            "are narrow with this many slots while the tokens a request gets per "
+                                            "step (MAT, a moving average) stay at most large_batch_narrow_max_mat: "
+                                            "drafts that are seldom accepted gain more from one full CUDA graph "
+                                            "than from their slots. GPU run 92, 8B-sized target, batch 64: agentic "
+                                            "prompts (MAT 2.0) +7.5%, code prompts (MAT 6.4, kept out by the MAT "
+                                            "test) -11%. 0, or >= num_speculative_tokens: off")
+    large_batch_narrow_max_mat: float = rng(3.0, lo=1.0, hi=float(MAX_SPEC_LEN + 1),
+                                            doc="large_batch_narrow_slots: the MAT at or below which large batches "
+                                                "are narrow")
     defer_cache: bool = rng(False, doc="native step (experimental; GPU run 17: less drafting time, not faster end to end): finished responses "
                                        "reach the suffix drafter's global cache on a background thread after the "
                                        "next step has drafted, instead of on the critical path when they stop")
@@ -201,8 +212,20 @@ class SpecdecOptions(ConfigBase):
     @property
     def narrow_width(self) -> int:
         """Draft slots of a narrow step (``narrow_slots``), 0 where narrow steps are off."""
-        k, w = self.num_speculative_tokens, self.narrow_slots
-        return w if self.draft_slots == "adaptive" and 0 < w < k else 0
+        return self._usable_width(self.narrow_slots)
+
+    @property
+    def large_batch_width(self) -> int:
+        """Draft slots of a narrow large-batch step (``large_batch_narrow_slots``), 0 where off."""
+        return self._usable_width(self.large_batch_narrow_slots)
+
+    @property
+    def narrow_widths(self) -> tuple[int, ...]:
+        """Every width a narrow step may have (each gets its own full CUDA graphs: ``graphs.py``)."""
+        return tuple(sorted({w for w in (self.narrow_width, self.large_batch_width) if w}))
+
+    def _usable_width(self, w: int) -> int:
+        return w if self.draft_slots == "adaptive" and 0 < w < self.num_speculative_tokens else 0
 
     def validate(self, *, where: str = "") -> None:
         super().validate(where=where)

@@ -33,8 +33,10 @@ compute-bound, so every verified draft token costs its full share of the GEMMs; 
 each decoding request keeps at most ``prefill_cap`` of its placeholders (``async_patch.cap_prefill_steps``).
 
 ``narrow`` (``narrow_slots``) with ``narrow_rows`` = (from, below): a schedule of ``from <= running < below``
-requests gives every decoding request exactly ``narrow`` slots (``width``), and the step's drafting pads each row to
-that many tokens: the verify batch is uniform with ``narrow + 1`` tokens per request, which vLLM runs as one FULL CUDA
+requests gives every decoding request exactly ``narrow`` slots (``width``); from ``below`` requests on,
+``large`` = (width, max MAT) (``large_batch_narrow_slots``) does so with its own width while the tokens a request got
+per step (``mat``, a moving average over notes) stay at most that MAT. The step's drafting pads each row to the
+width: the verify batch is uniform with ``narrow + 1`` tokens per request, which vLLM runs as one FULL CUDA
 graph once ``graphs.py`` has captured that length (vLLM captures only ``k + 1``). Mid-size batches are bound by the
 host's launches of the piecewise graphs a mixed batch gets; large ones by the GPU, where verifying filler costs.
 
@@ -50,6 +52,7 @@ SLOT_MODES = ("uniform", "adaptive")
 PLACEHOLDER = -1  # vLLM's draft-slot placeholder id under async scheduling (also its rejected-token id)
 UNKNOWN = -1  # ``SlotBook.note``: a row without a draft length (no new token yet): its request gets k
 GROWTH_EMA = 0.9  # decay per note of the extra slots' granted and used sums behind their paid share
+MAT_EMA = 0.9  # decay per note of the moving average of tokens per request per step (large-batch narrow steps)
 GROWTH_PROBE_EVERY = 8  # while growth does not pay, every 8th note still grows (keeps the share measured)
 
 
@@ -60,7 +63,8 @@ class SlotBook:
     out); a request not in the table (new, or back from preemption) gets ``k``."""
 
     def __init__(self, k: int, *, prefill_cap: int = -1, growth: float = 0.0, min_share: float = 0.0,
-                 narrow: int = 0, narrow_rows: tuple[int, int] = (0, 0)) -> None:
+                 narrow: int = 0, narrow_rows: tuple[int, int] = (0, 0),
+                 large: tuple[int, float] = (0, 0.0)) -> None:
         if k < 1:
             raise ValueError(f"k={k}: a slot book needs at least one draft slot per request")
         if not growth >= 0:
@@ -79,6 +83,9 @@ class SlotBook:
         self.growing = self.growth > 0
         self.narrow = narrow if 0 < narrow < k else 0  # slots of every request on a narrow step (0: off)
         self.narrow_from, self.narrow_below = narrow_rows  # running requests of narrow steps: [from, below)
+        self.large_width = large[0] if 0 < large[0] < k else 0  # narrow slots from narrow_below requests on
+        self.large_max_mat = float(large[1])  # ... while ``mat`` is at most this
+        self.mat: float | None = None  # tokens per request per step (EMA over notes), None before any
         self.width = 0  # this schedule's slots per request when narrow, else 0 (per-request slots)
         self.narrow_steps = 0  # schedules that were narrow (statistics)
         self.notes = self.growth_notes = 0
@@ -96,6 +103,7 @@ class SlotBook:
         self.notes += 1
         if emitted:
             self._settle(req_ids, emitted)
+            self._observe_mat(emitted)
         probe = self.notes % GROWTH_PROBE_EVERY == 0
         pays = self.paid is None or self.paid >= max(token_cost, self.min_share)
         self.growing = self.growth > 0 and (pays or probe)
@@ -126,6 +134,12 @@ class SlotBook:
             self._ema_extra = GROWTH_EMA * self._ema_extra + extra  # sums, not shares: weighted by slots
             self._ema_used = GROWTH_EMA * self._ema_used + used
 
+    def _observe_mat(self, emitted: Sequence[int]) -> None:
+        got = [e for e in emitted if e > 0]  # rows that decoded (not prompts still prefilling)
+        if got:
+            m = sum(got) / len(got)
+            self.mat = m if self.mat is None else MAT_EMA * self.mat + (1 - MAT_EMA) * m
+
     @property
     def paid(self) -> float | None:
         """Share of the growth's extra slots that held an accepted token (decayed sums); None before any settled."""
@@ -135,9 +149,14 @@ class SlotBook:
         """A new schedule of ``running`` requests starts granting (``async_patch.regrant_placeholders``): it is
         narrow (``width`` > 0) if ``narrow_from <= running < narrow_below``."""
         self._grants_before, self._grants = self._grants, {}
-        narrow = self.narrow > 0 and self.narrow_from <= running < self.narrow_below
-        self.width = self.narrow if narrow else 0
-        self.narrow_steps += narrow
+        if self.narrow and self.narrow_from <= running < self.narrow_below:
+            self.width = self.narrow
+        elif self.large_width and running >= max(self.narrow_below, self.narrow_from) and self.mat is not None \
+                and self.mat <= self.large_max_mat:
+            self.width = self.large_width
+        else:
+            self.width = 0
+        self.narrow_steps += self.width > 0
 
     def cap_grants(self, cap: int) -> None:
         """This schedule's grants were capped at ``cap`` slots (a heavy prefill step): only the extra slots left
@@ -174,7 +193,8 @@ class SlotBook:
                 "prefill_steps": self.prefill_steps, "prefill_trimmed_slots": self.prefill_trimmed,
                 "slot_growth": self.growth, "growth_notes": self.growth_notes, "notes": self.notes,
                 "growth_extra_slots": self.extra_granted, "growth_extra_used": self.extra_used,
-                "growth_paid_share": self.paid, "narrow_slots": self.narrow, "narrow_steps": self.narrow_steps}
+                "growth_paid_share": self.paid, "narrow_slots": self.narrow, "narrow_steps": self.narrow_steps,
+                "large_batch_narrow_slots": self.large_width, "mat": self.mat}
 
 
 class _Registry:
