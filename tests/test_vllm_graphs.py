@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 import torch
-
 from specdec.drafters.suffix import SuffixDrafter
+
 from specdec.vllm_plugin import graphs
 from specdec.vllm_plugin.core import ProposerCore
 from specdec.vllm_plugin.options import SpecdecOptions
@@ -129,7 +129,7 @@ def _dispatcher(monkeypatch: pytest.MonkeyPatch, width: int = WIDTH) -> Any:
 
 @needs_vllm
 def test_dispatcher_adds_narrow_keys_beside_vllms(monkeypatch: pytest.MonkeyPatch) -> None:
-    d, modes, desc = _dispatcher(monkeypatch)
+    d, modes, _ = _dispatcher(monkeypatch)
     full = d.cudagraph_keys[modes.FULL]
     ours = {k for k in full if k.num_tokens == (WIDTH + 1) * k.num_reqs}
     theirs = full - ours

@@ -151,7 +151,7 @@ class SpecdecOptions(ConfigBase):
                                             "than from their slots. GPU run 92, 8B-sized target, batch 64: agentic "
                                             "prompts (MAT 2.0) +7.5%, code prompts (MAT 6.4, kept out by the MAT "
                                             "test) -11%. 0, or >= num_speculative_tokens: off")
-    large_batch_narrow_max_mat: float = rng(3.0, lo=1.0, hi=float(MAX_SPEC_LEN + 1),
+    large_batch_narrow_max_mat: float = rng(3.0, lo=1.0, hi=MAX_SPEC_LEN + 1.0,
                                             doc="large_batch_narrow_slots: the MAT at or below which large batches "
                                                 "are narrow")
     defer_cache: bool = rng(False, doc="native step (experimental; GPU run 17: less drafting time, not faster end to end): finished responses "
