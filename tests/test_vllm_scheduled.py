@@ -14,6 +14,7 @@ import importlib.util
 import random
 import threading
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -144,7 +145,7 @@ class AsyncEngine:
             if row not in discard:
                 self.state[rid].output_token_ids.append(-1)
 
-    def twin_step(self, core: ProposerCore, order: list[str]) -> list[list[int]]:
+    def twin_step(self, core: ProposerCore, order: list[str], **kw: Any) -> list[list[int]]:
         tokens = np.zeros((len(order), MAX_LEN), np.int32)
         lengths, prompts, sampled = np.zeros(len(order), np.int64), np.zeros(len(order), np.int64), []
         for row, rid in enumerate(order):
@@ -152,7 +153,7 @@ class AsyncEngine:
             tokens[row, :len(r["seq"])] = r["seq"]
             lengths[row], prompts[row] = len(r["seq"]), r["prompt"]
             sampled.append(self.unseen.pop(rid, []))
-        return core.step(order, sampled, lengths, tokens, num_prompt_tokens=prompts)
+        return core.step(order, sampled, lengths, tokens, num_prompt_tokens=prompts, **kw)
 
 
 EARLY_ONLY = ("early_cache", "defer_cache")  # schedule mode's early caching: the synchronous twin caches inline
@@ -567,6 +568,51 @@ def test_adaptive_slots_follow_each_requests_latest_draft_and_stay_lossless(grow
     assert short > 100  # the cut left rows with fewer than K slots
     assert sched.core.stats_dict()["accepted_tokens"] > 100
     assert "slot_share" in sched.stats()["schedule"]
+
+
+def test_narrow_schedules_verify_the_width_and_stay_lossless():
+    """narrow_slots: a narrow schedule gives every decoding row exactly the width, and that step's fill pads every
+    row with the drafter's chain to it (as the synchronous twin drafting with k = width, padded); schedules that are
+    not narrow keep the drafts' own slots. Switching between the two every few steps, every emitted token is the
+    target's and no row verifies more than 1 + its slots."""
+    from specdec.vllm_plugin.slots import SlotBook
+
+    clock = SimpleNamespace(t=0.0)
+    tick = lambda: clock.t  # noqa: E731
+    opts = {"pad_drafts": "off", "min_path_prob": 0.3}
+    width = 3
+    eng = AsyncEngine(seed=5)
+    book = SlotBook(K, narrow=width, narrow_rows=(1, 1000))
+    sched = ScheduledDrafting(make_core(tick, **opts), k=K, max_rows=2 * MAX_ROWS, device="cpu", slot_book=book)
+    twin = make_core(tick, **opts)
+    out, narrow_steps = None, 0
+    for step in range(120):
+        if out is not None:
+            book.begin_schedule(0 if step % 3 == 0 else len(eng.order))  # every third schedule is not narrow
+            reserved = {r: width for r in eng.order} if book.width else dict(book.table)
+            assert sched.fill(out)
+            kw = {"k": width, "pad": True} if book.width else {}
+            drafts = eng.twin_step(twin, eng.order, **kw)
+            if book.width:
+                narrow_steps += 1
+                assert all(len(d) == width for d in drafts if d), step  # padded with the chain to the width
+            want = np.zeros((out.shape[0], K), np.int32)
+            pad_rows(drafts, want, [eng.reqs[r]["seq"][-1] for r in eng.order])
+            assert out.numpy().tolist() == want.tolist(), step
+            eng.prev_drafts, eng.slots = out.clone(), reserved
+        eng.churn(step)
+        clock.t += 1e-3
+        order, sampled, discard, emitted = eng.verify()
+        for row, rid in enumerate(order):
+            if eng.slots is not None and row not in discard:
+                assert len(emitted[row]) <= 1 + eng.slots.get(rid, K)
+        sched.capture(sampled, order, discard, requests=eng.state)
+        eng.bookkeep(order, discard)
+        out = sched.submit(order, k=None, eager=False)
+    for r in eng.reqs.values():
+        assert r["seq"] == r["target"][:len(r["seq"])]
+    assert narrow_steps > 60 and sched.stats()["schedule"]["narrow_steps"] == narrow_steps
+    assert sched.core.stats_dict()["accepted_tokens"] > 100
 
 
 def test_slot_book_tables_clamps_and_placeholders():
