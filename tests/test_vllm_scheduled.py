@@ -145,6 +145,25 @@ class AsyncEngine:
             if row not in discard:
                 self.state[rid].output_token_ids.append(-1)
 
+    def expected_buffer(self, drafts: list[list[int]], rows: int) -> list[list[int]]:
+        """The draft buffer [rows, K] a fill must write for the twin's ``drafts`` (each row padded with its last
+        token)."""
+        want = np.zeros((rows, K), np.int32)
+        pad_rows(drafts, want, [self.reqs[r]["seq"][-1] for r in self.order])
+        return want.tolist()
+
+    def run_step(self, sched: ScheduledDrafting, step: int) -> torch.Tensor:
+        """One step on vLLM's async timeline: churn, verify (no row more than 1 + its slots), capture, bookkeeping,
+        and the next step's submit. Returns the submitted draft buffer."""
+        self.churn(step)
+        order, sampled, discard, emitted = self.verify()
+        for row, rid in enumerate(order):
+            if self.slots is not None and row not in discard:
+                assert len(emitted[row]) <= 1 + self.slots.get(rid, K)
+        sched.capture(sampled, order, discard, requests=self.state)
+        self.bookkeep(order, discard)
+        return sched.submit(order, k=None, eager=False)
+
     def twin_step(self, core: ProposerCore, order: list[str], **kw: Any) -> list[list[int]]:
         tokens = np.zeros((len(order), MAX_LEN), np.int32)
         lengths, prompts, sampled = np.zeros(len(order), np.int64), np.zeros(len(order), np.int64), []
@@ -216,20 +235,13 @@ def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, 
                     assert after["started"] == before_finish["started"] and after["resyncs"] == before_finish["resyncs"]
                 assert sched.deferred is None and not dw.pending and dw.released[-1] == dw.seq
             if filled:
-                want = np.zeros((out.shape[0], K), np.int32)
                 drafts = eng.twin_step(twin, eng.order)
-                fillers = [eng.reqs[r]["seq"][-1] for r in eng.order]
-                pad_rows(drafts, want, fillers)
-                assert out.numpy().tolist() == want.tolist(), step
+                assert out.numpy().tolist() == eng.expected_buffer(drafts, out.shape[0]), step
                 eng.prev_drafts = out.clone()
             else:
                 eng.prev_drafts = None  # vLLM verifies zeros: nothing accepted
-        eng.churn(step)
         clock.t += 1e-3
-        order, sampled, discard, _ = eng.verify()
-        sched.capture(sampled, order, discard, requests=eng.state)
-        eng.bookkeep(order, discard)
-        out = sched.submit(order, k=None, eager=False)
+        out = eng.run_step(sched, step)
     for r in eng.reqs.values():  # lossless: every emitted token is the target's
         assert r["seq"] == r["target"][:len(r["seq"])]
     st = sched.stats()["schedule"]
@@ -545,24 +557,15 @@ def test_adaptive_slots_follow_each_requests_latest_draft_and_stay_lossless(grow
             reserved = dict(book.table)  # what the scheduler gave this step's rows (from the previous drafts)
             assert sched.fill(out)
             drafts = eng.twin_step(twin, eng.order)
-            want = np.zeros((out.shape[0], K), np.int32)
-            pad_rows(drafts, want, [eng.reqs[r]["seq"][-1] for r in eng.order])
-            assert out.numpy().tolist() == want.tolist(), step
+            assert out.numpy().tolist() == eng.expected_buffer(drafts, out.shape[0]), step
             drafted = {r: min(K, len(d)) for r, d in zip(eng.order, drafts) if r in book.table}
             assert book.lengths == drafted, step  # rows with no new token (prefilling) are left out: k slots
             assert book.table == {r: min(K, 2 * n if growth else n) for r, n in drafted.items()}, step
             assert not any(d for r, d in zip(eng.order, drafts) if r not in book.table), step
             short += sum(n < K for n in reserved.values())
             eng.prev_drafts, eng.slots = out.clone(), reserved
-        eng.churn(step)
         clock.t += 1e-3
-        order, sampled, discard, emitted = eng.verify()
-        for row, rid in enumerate(order):  # never more than 1 + the row's slots
-            if eng.slots is not None and row not in discard:
-                assert len(emitted[row]) <= 1 + eng.slots.get(rid, K)
-        sched.capture(sampled, order, discard, requests=eng.state)
-        eng.bookkeep(order, discard)
-        out = sched.submit(order, k=None, eager=False)
+        out = eng.run_step(sched, step)  # each row verifies at most 1 + its slots
     for r in eng.reqs.values():
         assert r["seq"] == r["target"][:len(r["seq"])]
     assert short > 100  # the cut left rows with fewer than K slots
@@ -596,19 +599,10 @@ def test_narrow_schedules_verify_the_width_and_stay_lossless():
             if book.width:
                 narrow_steps += 1
                 assert all(len(d) == width for d in drafts if d), step  # padded with the chain to the width
-            want = np.zeros((out.shape[0], K), np.int32)
-            pad_rows(drafts, want, [eng.reqs[r]["seq"][-1] for r in eng.order])
-            assert out.numpy().tolist() == want.tolist(), step
+            assert out.numpy().tolist() == eng.expected_buffer(drafts, out.shape[0]), step
             eng.prev_drafts, eng.slots = out.clone(), reserved
-        eng.churn(step)
         clock.t += 1e-3
-        order, sampled, discard, emitted = eng.verify()
-        for row, rid in enumerate(order):
-            if eng.slots is not None and row not in discard:
-                assert len(emitted[row]) <= 1 + eng.slots.get(rid, K)
-        sched.capture(sampled, order, discard, requests=eng.state)
-        eng.bookkeep(order, discard)
-        out = sched.submit(order, k=None, eager=False)
+        out = eng.run_step(sched, step)  # each row verifies at most 1 + its slots
     for r in eng.reqs.values():
         assert r["seq"] == r["target"][:len(r["seq"])]
     assert narrow_steps > 60 and sched.stats()["schedule"]["narrow_steps"] == narrow_steps
