@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from specdec.config import ConfigBase, ConfigError, rng
-from specdec.vllm_plugin.slots import SLOT_MODES
+from specdec.vllm_plugin.slots import SLOT_MODES, usable_width
 
 METHOD = "specdec"  # the friendly method name users write
 PROPOSER_PATH = "specdec.vllm_plugin.proposer.SpecdecProposer"  # the custom_class it becomes
@@ -225,7 +225,7 @@ class SpecdecOptions(ConfigBase):
         return tuple(sorted({w for w in (self.narrow_width, self.large_batch_width) if w}))
 
     def _usable_width(self, w: int) -> int:
-        return w if self.draft_slots == "adaptive" and 0 < w < self.num_speculative_tokens else 0
+        return usable_width(w, self.num_speculative_tokens) if self.draft_slots == "adaptive" else 0
 
     def validate(self, *, where: str = "") -> None:
         super().validate(where=where)

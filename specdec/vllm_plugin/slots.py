@@ -56,6 +56,12 @@ MAT_EMA = 0.9  # decay per note of the moving average of tokens per request per 
 GROWTH_PROBE_EVERY = 8  # while growth does not pay, every 8th note still grows (keeps the share measured)
 
 
+def usable_width(width: int, k: int) -> int:
+    """A narrow step's slots per request, or 0 (off) where ``width`` is not in 1..k-1 (k itself is vLLM's own
+    uniform batch)."""
+    return width if 0 < width < k else 0
+
+
 class SlotBook:
     """request id -> draft slots of its next scheduled step (see the module docstring).
 
@@ -81,9 +87,9 @@ class SlotBook:
         self.granted = 0  # slots handed out (statistics)
         self.offered = 0  # slots vLLM would have reserved (k per decoding request)
         self.growing = self.growth > 0
-        self.narrow = narrow if 0 < narrow < k else 0  # slots of every request on a narrow step (0: off)
+        self.narrow = usable_width(narrow, k)  # slots of every request on a narrow step (0: off)
         self.narrow_from, self.narrow_below = narrow_rows  # running requests of narrow steps: [from, below)
-        self.large_width = large[0] if 0 < large[0] < k else 0  # narrow slots from narrow_below requests on
+        self.large_width = usable_width(large[0], k)  # narrow slots from narrow_below requests on
         self.large_max_mat = float(large[1])  # ... while ``mat`` is at most this
         self.mat: float | None = None  # tokens per request per step (EMA over notes), None before any
         self.width = 0  # this schedule's slots per request when narrow, else 0 (per-request slots)
