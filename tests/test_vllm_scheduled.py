@@ -609,6 +609,54 @@ def test_narrow_schedules_verify_the_width_and_stay_lossless():
     assert sched.core.stats_dict()["accepted_tokens"] > 100
 
 
+class NotingDeviceWait(FakeDeviceWait):
+    """Records, at each release, how many drafts the slot book had been told of by then."""
+
+    def __init__(self, book: Any) -> None:
+        super().__init__()
+        self.book, self.notes_at_release = book, []
+
+    def release(self, seq: int) -> None:
+        self.notes_at_release.append(self.book.notes)
+        super().release(seq)
+
+
+def test_device_wait_releases_before_the_slot_bookkeeping():
+    """With the device wait the GPU waits only for the drafts: the slot book's note (next schedule's grants) and the
+    cost fit come after the release, and still before the next fill reads them; the buffer equals the twin's."""
+    from specdec.vllm_plugin.slots import SlotBook
+
+    clock = SimpleNamespace(t=0.0)
+    tick = lambda: clock.t  # noqa: E731
+    opts = {"pad_drafts": "off", "min_path_prob": 0.3}
+    eng = AsyncEngine(seed=13)
+    book = SlotBook(K)
+    dw = NotingDeviceWait(book)
+    sched = ScheduledDrafting(make_core(tick, **opts), k=K, max_rows=2 * MAX_ROWS, device="cpu", device_wait=dw,
+                              slot_book=book)
+    twin = make_core(tick, **opts)
+    out, deferred = None, 0
+    for step in range(60):
+        if out is not None:
+            reserved = dict(book.table)
+            notes = book.notes
+            assert sched.fill(out)
+            if sched.deferred is not None:
+                deferred += 1
+                sched.finish()
+                assert dw.notes_at_release[-1] == notes  # released before the note
+            assert book.notes == notes + 1  # noted once the step's drafts went out
+            drafts = eng.twin_step(twin, eng.order)
+            assert out.numpy().tolist() == eng.expected_buffer(drafts, out.shape[0]), step
+            assert book.lengths == {r: min(K, len(d)) for r, d in zip(eng.order, drafts) if r in book.table}, step
+            eng.prev_drafts, eng.slots = out.clone(), reserved
+        clock.t += 1e-3
+        out = eng.run_step(sched, step)
+    assert deferred > 50
+    for r in eng.reqs.values():
+        assert r["seq"] == r["target"][:len(r["seq"])]
+
+
 def test_slot_book_tables_clamps_and_placeholders():
     from specdec.vllm_plugin.slots import PLACEHOLDER, UNKNOWN, SlotBook
 

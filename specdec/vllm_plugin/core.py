@@ -277,6 +277,10 @@ class ProposerCore:
         known = self.lane.request_ids if self.lane is not None else self.requests
         return [r for r in known if r not in present]
 
+    def needs_start(self, request_id: str) -> bool:
+        """True if ``start_early`` would start the request (the native lane is there and does not hold it)."""
+        return self.lane is not None and request_id not in self.lane.request_ids
+
     def start_early(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int]) -> bool:
         """Start a request the native lane does not hold from its context (its next row then extends it by its new
         tokens): schedule mode's device wait does it while the GPU still runs the previous step, instead of the

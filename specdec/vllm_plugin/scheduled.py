@@ -69,6 +69,16 @@ class Capture:
     event: Any = None  # torch.cuda.Event (None: copied synchronously, CPU tensors)
 
 
+@dataclass
+class Drafted:
+    """One step's drafts, for the bookkeeping done after the GPU was released (``ScheduledDrafting._note``)."""
+
+    req_ids: list[str]
+    drafts: list[list[int]]  # [rows] each row's draft (unpadded)
+    emitted: list[int]  # [rows] tokens each row got from the step just verified (accepted + bonus)
+    verified: int  # tokens vLLM scheduled for the step (its verify batch)
+
+
 class ScheduledDrafting:
     """The three calls of the module docstring, bound to one model runner and one ``ProposerCore``."""
 
@@ -217,10 +227,11 @@ class ScheduledDrafting:
             self.deferred = (req_ids, k, host, seq, verified)
             self.feed.stats.deferred_fills += 1
             return True
-        self._draft_into(host, req_ids, k, verified)
+        done = self._draft_into(host, req_ids, k, verified)
         out.copy_(host, non_blocking=out.is_cuda)
         self.feed.stats.fills += 1
         self.feed.stats.draft_seconds += time.perf_counter() - t0
+        self._note(done)
         return True
 
     def finish(self, *, background: bool = False) -> None:
@@ -256,13 +267,15 @@ class ScheduledDrafting:
         t0 = time.perf_counter()
         if _DEBUG_WAIT:
             faulthandler.cancel_dump_traceback_later()
+        done = None
         try:
-            self._draft_into(host, req_ids, k, verified)
+            done = self._draft_into(host, req_ids, k, verified)
         finally:
             self.device_wait.release(seq)
             self.feed.stats.fills += 1
             self.feed.stats.draft_seconds += time.perf_counter() - t0
             self._check_watchdog()
+        self._note(done)  # bookkeeping for the next schedule, after the GPU was released
 
     def close(self) -> None:
         """Release a pending wait and stop the finisher thread."""
@@ -297,7 +310,7 @@ class ScheduledDrafting:
             feed = self.feed
             for rid in req_ids:
                 hist = feed.history.get(rid)
-                if hist is None:
+                if hist is None or not self.core.needs_start(rid):  # no context copy for held ones (long prompts)
                     continue
                 known = len(hist) - len(feed.pending[rid])  # tokens already handed to the drafter's rows
                 p = feed.prompt_len[rid]
@@ -324,9 +337,10 @@ class ScheduledDrafting:
                            "drafts from the host from now on", fired)
             self.device_wait = None
 
-    def _draft_into(self, host: Any, req_ids: list[str], k: int | None, verified: int) -> None:
+    def _draft_into(self, host: Any, req_ids: list[str], k: int | None, verified: int) -> Drafted:
         """Drain captured steps, draft ``req_ids`` and write the padded drafts into ``host`` [rows, k] (pinned);
-        ``verified``: the tokens vLLM scheduled for the step (the proposer's cost fit)."""
+        ``verified``: the tokens vLLM scheduled for the step (the proposer's cost fit). Returns what ``_note``
+        records once the drafts are on their way."""
         self._drain()
         rows = self.feed.rows(req_ids)
         n = len(req_ids)
@@ -334,22 +348,36 @@ class ScheduledDrafting:
         try:
             drafts = self.core.step(rows.req_ids, rows.sampled, rows.lengths, rows.contexts,
                                     num_prompt_tokens=rows.prompt_lens, k=width or k, pad=True if width else None)
-            self.core.note_verified(verified)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
-            if getattr(self.core.options, "strict", False):
-                raise
-            self.feed.stats.errors += 1
-            if not self._error_logged:
-                self._error_logged = True
-                logger.warning("specdec: drafting failed under async scheduling (%r); that step gets no draft "
-                               "(logged once, counted in stats)", exc)
-            self.core.reset()
-            drafts = [[] for _ in range(n)]
+            self._drafting_failed(exc)
+            drafts, verified = [[] for _ in range(n)], 0
         pad_rows(drafts, host.numpy(), rows.fillers)
-        if self.slot_book is not None:  # rows with no new token (prompts still prefilling) keep k slots
-            emitted = list(map(len, rows.sampled))  # [rows] tokens from the step just verified
-            self.slot_book.note(req_ids, [len(d) if e else UNKNOWN for d, e in zip(drafts, emitted)],
-                                emitted=emitted, token_cost=self.core.token_cost(n - emitted.count(0)))
+        return Drafted(req_ids, drafts, list(map(len, rows.sampled)), verified)
+
+    def _drafting_failed(self, exc: Exception) -> None:
+        """A step's drafting raised: counted, logged once, the core reset (re-raised under ``strict``)."""
+        if getattr(self.core.options, "strict", False):
+            raise exc
+        self.feed.stats.errors += 1
+        if not self._error_logged:
+            self._error_logged = True
+            logger.warning("specdec: drafting failed under async scheduling (%r); that step gets no draft "
+                           "(logged once, counted in stats)", exc)
+        self.core.reset()
+
+    def _note(self, done: Drafted | None) -> None:
+        """After the drafts of a step went out (the GPU no longer waits): the proposer's cost fit and the slot
+        book's grants for the next schedule. Never raises unless ``strict``."""
+        if done is None:
+            return
+        try:
+            self.core.note_verified(done.verified)
+            if self.slot_book is not None:  # rows with no new token (prompts still prefilling) keep k slots
+                emitted = done.emitted  # [rows] tokens from the step just verified
+                self.slot_book.note(done.req_ids, [len(d) if e else UNKNOWN for d, e in zip(done.drafts, emitted)],
+                                    emitted=emitted, token_cost=self.core.token_cost(len(emitted) - emitted.count(0)))
+        except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
+            self._drafting_failed(exc)
 
     def stats(self) -> dict[str, Any]:
         out = {"schedule": {**self.feed.stats.as_dict(), "finish_thread": self._finisher is not None},
