@@ -64,8 +64,33 @@ def test_large_batches_are_narrow_only_while_drafts_are_seldom_accepted() -> Non
     assert book.mat is not None and book.mat > 3.0
     book.begin_schedule(running=64)
     assert book.width == 0
-    assert SpecdecOptions().narrow_widths == (4, 6)
-    assert SpecdecOptions(large_batch_narrow_slots=0).narrow_widths == (6,)
+    assert SpecdecOptions().narrow_widths == (4, 6, 8)
+    assert SpecdecOptions(large_batch_narrow_slots=0, high_mat_narrow_slots=0).narrow_widths == (6,)
+
+
+def test_mid_size_narrow_steps_widen_while_drafts_are_often_accepted() -> None:
+    """From 16 to 47 requests, the high-MAT width applies once the moving MAT reaches its floor and the normal
+    width again once it falls below; large batches and batches below 16 are untouched; no MAT yet: the width."""
+    book = SlotBook(K, narrow=WIDTH, narrow_rows=(16, 48), large=(4, 3.0), high=(8, 4.0))
+    book.begin_schedule(running=32)
+    assert book.width == WIDTH  # no MAT measured yet
+    for _ in range(30):
+        book.note(["a", "b"], [6, 6], emitted=[6, 7])  # MAT 6.5
+    book.begin_schedule(running=32)
+    assert (book.width, book.slots("a", K), book.slots("a", 5)) == (8, 8, 5)
+    book.begin_schedule(running=64)
+    assert book.width == 0  # large batch, MAT above 3: per-request slots
+    book.begin_schedule(running=8)
+    assert book.width == 0
+    for _ in range(30):
+        book.note(["a", "b"], [6, 6], emitted=[2, 3])  # MAT falls to ~2.5
+    assert book.mat is not None and book.mat < 4.0
+    book.begin_schedule(running=32)
+    assert book.width == WIDTH
+    assert book.as_dict()["high_mat_narrow_slots"] == 8
+    assert SlotBook(K, high=(8, 4.0)).high_width == 0  # no mid-size narrow steps: nothing to widen
+    assert SpecdecOptions(narrow_slots=0).narrow_widths == (4,)  # off with narrow_slots
+    assert SpecdecOptions(high_mat_narrow_slots=16).high_mat_width == 0  # k: vLLM's own graphs
 
 
 def test_regrant_on_a_narrow_schedule_hands_out_width_placeholders() -> None:

@@ -154,6 +154,18 @@ class SpecdecOptions(ConfigBase):
     large_batch_narrow_max_mat: float = rng(3.0, lo=1.0, hi=MAX_SPEC_LEN + 1.0,
                                             doc="large_batch_narrow_slots: the MAT at or below which large batches "
                                                 "are narrow")
+    high_mat_narrow_slots: int = rng(8, lo=0, hi=MAX_SPEC_LEN,
+                                     doc="narrow_slots: mid-size narrow steps get this many slots instead while "
+                                         "the tokens a request gets per step (MAT, a moving average) are at least "
+                                         "high_mat_narrow_min_mat: long accepted drafts (code) pay for a wider "
+                                         "uniform batch, seldom accepted ones (agentic) do not. GPU run 97, "
+                                         "8B-sized target, batch 32: width 8 on code prompts 15,671 tok/s (MAT "
+                                         "5.47; width 6: 14,307-15,619 in runs 89-96), on agentic prompts 4,360 "
+                                         "(width 6: 4,577-4,616). 0, or >= num_speculative_tokens: off")
+    high_mat_narrow_min_mat: float = rng(4.0, lo=1.0, hi=MAX_SPEC_LEN + 1.0,
+                                         doc="high_mat_narrow_slots: the MAT from which mid-size narrow steps are "
+                                             "that wide (MAT at width 6, run 95: code 4.71, agentic 2.77; at width 8, "
+                                             "run 97: 5.47 and 2.87)")
     defer_cache: bool = rng(False, doc="native step (experimental; GPU run 17: less drafting time, not faster end to end): finished responses "
                                        "reach the suffix drafter's global cache on a background thread after the "
                                        "next step has drafted, instead of on the critical path when they stop")
@@ -220,9 +232,15 @@ class SpecdecOptions(ConfigBase):
         return self._usable_width(self.large_batch_narrow_slots)
 
     @property
+    def high_mat_width(self) -> int:
+        """Draft slots of a mid-size narrow step while the MAT is high (``high_mat_narrow_slots``), 0 where off
+        (also when ``narrow_slots`` is)."""
+        return self._usable_width(self.high_mat_narrow_slots) if self.narrow_width else 0
+
+    @property
     def narrow_widths(self) -> tuple[int, ...]:
         """Every width a narrow step may have (each gets its own full CUDA graphs: ``graphs.py``)."""
-        return tuple(sorted({w for w in (self.narrow_width, self.large_batch_width) if w}))
+        return tuple(sorted({w for w in (self.narrow_width, self.high_mat_width, self.large_batch_width) if w}))
 
     def _usable_width(self, w: int) -> int:
         return usable_width(w, self.num_speculative_tokens) if self.draft_slots == "adaptive" else 0

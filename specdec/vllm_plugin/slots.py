@@ -35,7 +35,8 @@ each decoding request keeps at most ``prefill_cap`` of its placeholders (``async
 ``narrow`` (``narrow_slots``) with ``narrow_rows`` = (from, below): a schedule of ``from <= running < below``
 requests gives every decoding request exactly ``narrow`` slots (``width``); from ``below`` requests on,
 ``large`` = (width, max MAT) (``large_batch_narrow_slots``) does so with its own width while the tokens a request got
-per step (``mat``, a moving average over notes) stay at most that MAT. The step's drafting pads each row to the
+per step (``mat``, a moving average over notes) stay at most that MAT; ``high`` = (width, min MAT)
+(``high_mat_narrow_slots``) widens the mid-size narrow steps while ``mat`` is at least that MAT. The step's drafting pads each row to the
 width: the verify batch is uniform with ``narrow + 1`` tokens per request, which vLLM runs as one FULL CUDA
 graph once ``graphs.py`` has captured that length (vLLM captures only ``k + 1``). Mid-size batches are bound by the
 host's launches of the piecewise graphs a mixed batch gets; large ones by the GPU, where verifying filler costs.
@@ -70,7 +71,7 @@ class SlotBook:
 
     def __init__(self, k: int, *, prefill_cap: int = -1, growth: float = 0.0, min_share: float = 0.0,
                  narrow: int = 0, narrow_rows: tuple[int, int] = (0, 0),
-                 large: tuple[int, float] = (0, 0.0)) -> None:
+                 large: tuple[int, float] = (0, 0.0), high: tuple[int, float] = (0, 0.0)) -> None:
         if k < 1:
             raise ValueError(f"k={k}: a slot book needs at least one draft slot per request")
         if not growth >= 0:
@@ -91,6 +92,8 @@ class SlotBook:
         self.narrow_from, self.narrow_below = narrow_rows  # running requests of narrow steps: [from, below)
         self.large_width = usable_width(large[0], k)  # narrow slots from narrow_below requests on
         self.large_max_mat = float(large[1])  # ... while ``mat`` is at most this
+        self.high_width = usable_width(high[0], k) if self.narrow else 0  # mid-size narrow slots while ...
+        self.high_min_mat = float(high[1])  # ... ``mat`` is at least this
         self.mat: float | None = None  # tokens per request per step (EMA over notes), None before any
         self.width = 0  # this schedule's slots per request when narrow, else 0 (per-request slots)
         self.narrow_steps = 0  # schedules that were narrow (statistics)
@@ -156,7 +159,8 @@ class SlotBook:
         narrow (``width`` > 0) if ``narrow_from <= running < narrow_below``."""
         self._grants_before, self._grants = self._grants, {}
         if self.narrow and self.narrow_from <= running < self.narrow_below:
-            self.width = self.narrow
+            high = self.high_width and self.mat is not None and self.mat >= self.high_min_mat
+            self.width = self.high_width if high else self.narrow
         elif self.large_width and running >= max(self.narrow_below, self.narrow_from) and self.mat is not None \
                 and self.mat <= self.large_max_mat:
             self.width = self.large_width
@@ -200,7 +204,8 @@ class SlotBook:
                 "slot_growth": self.growth, "growth_notes": self.growth_notes, "notes": self.notes,
                 "growth_extra_slots": self.extra_granted, "growth_extra_used": self.extra_used,
                 "growth_paid_share": self.paid, "narrow_slots": self.narrow, "narrow_steps": self.narrow_steps,
-                "large_batch_narrow_slots": self.large_width, "mat": self.mat}
+                "large_batch_narrow_slots": self.large_width, "high_mat_narrow_slots": self.high_width,
+                "mat": self.mat}
 
 
 class _Registry:
