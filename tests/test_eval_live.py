@@ -60,3 +60,22 @@ def test_live_runs_every_method_and_checks_lossless(tmp_path, monkeypatch, capsy
     assert spec["speedup_vs_hf_greedy"] > 0 and "speedup_vs_hf_assisted" in spec
     assert (out / "per_position_acceptance.png").exists() and (out / "speedup.png").exists()
     assert "lossless" in capsys.readouterr().out
+
+
+def test_lossless_margin_reports_each_first_difference_with_the_reference_margin():
+    """eval/lossless_margin.py: the first differing position of every differing prompt, the reference's top-2 margin
+    there, and the near-tie verdict against the threshold; identical prompts are not reported."""
+    from types import SimpleNamespace
+
+    from specdec.eval.lossless_margin import _margin, compare
+
+    lp = lambda **kw: {int(t[1:]): SimpleNamespace(logprob=v) for t, v in kw.items()}  # noqa: E731
+    assert _margin(5, lp(t5=-0.1, t7=-2.6)) == pytest.approx(2.5)
+    assert _margin(5, lp(t5=-0.1)) is None
+    ref = {"code|8": {"tokens": [[1, 2, 3], [4, 5, 6], [7, 8]],
+                      "margins": [[3.0, 2.0, 1.0], [0.5, 1e-5, 2.0], [1.0, 1.0]]}}
+    got = {"code|8": {"tokens": [[1, 2, 3], [4, 9, 6], [7, 8, 9]]}}
+    rows = compare(ref, got, tie_margin=1e-3)
+    assert [(r["prompt"], r["position"], r["reference_token"], r["method_token"], r["near_tie"]) for r in rows] == [
+        (1, 1, 5, 9, True), (2, 2, None, 9, False)]
+    assert rows[0]["margin"] == 1e-5 and rows[1]["margin"] is None
