@@ -238,7 +238,8 @@ def _dataset_cells(args: argparse.Namespace, llm: Any, name: str, sets: dict[str
 
 
 SLOT_COUNTERS = ("notes", "growth_notes", "growth_extra_slots", "growth_extra_used", "slots_granted",
-                 "slots_offered", "prefill_steps")
+                 "slots_offered", "prefill_steps", "narrow_steps")
+NARROW_WIDTH_COUNTER = "narrow_steps_w"  # the slot book's narrow schedules by width: narrow_steps_w6, ...
 
 
 def _slot_counters() -> dict[str, int]:
@@ -251,7 +252,8 @@ def _slot_counters() -> dict[str, int]:
     if book is None:
         return {}
     d = book.as_dict()
-    return {k: int(d[k]) for k in SLOT_COUNTERS if d.get(k) is not None}
+    return {k: int(v) for k, v in d.items()
+            if v is not None and (k in SLOT_COUNTERS or k.startswith(NARROW_WIDTH_COUNTER))}
 
 
 def _final_only(sp: Any) -> Any:

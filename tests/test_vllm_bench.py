@@ -575,3 +575,20 @@ def test_step_traces_move_to_a_gzip_file_beside_the_results_and_read_back(tmp_pa
     save_step_traces(empty, tmp_path / "none.json")
     assert empty == {"summary": {"rows": []}} and not traces_path(tmp_path / "none.json").exists()
     assert read_step_traces(tmp_path / "none.json", empty) == {}
+
+
+def test_slot_counters_include_the_narrow_schedules_by_width():
+    """bench_vllm's per-cell slot-book counters (deltas over a cell) carry the narrow schedules, also by width."""
+    from specdec.eval.bench_vllm import _slot_counters
+    from specdec.vllm_plugin.slots import SlotBook, register
+
+    book = SlotBook(16, narrow=6, narrow_rows=(16, 48), high=(8, 4.0))
+    register(book)
+    try:
+        for _ in range(3):
+            book.begin_schedule(running=32)
+        counters = _slot_counters()
+    finally:
+        register(None)
+    assert counters["narrow_steps"] == 3 and counters["narrow_steps_w6"] == 3 and "narrow_steps_w8" not in counters
+    assert _slot_counters() == {}

@@ -88,6 +88,8 @@ def test_mid_size_narrow_steps_widen_while_drafts_are_often_accepted() -> None:
     book.begin_schedule(running=32)
     assert book.width == WIDTH
     assert book.as_dict()["high_mat_narrow_slots"] == 8
+    d = book.as_dict()  # narrow schedules by width: the first and the last at 6, one at 8
+    assert (d["narrow_steps"], d["narrow_steps_w6"], d["narrow_steps_w8"]) == (3, 2, 1)
     assert SlotBook(K, high=(8, 4.0)).high_width == 0  # no mid-size narrow steps: nothing to widen
     assert SpecdecOptions(narrow_slots=0).narrow_widths == (4,)  # off with narrow_slots
     assert SpecdecOptions(high_mat_narrow_slots=16).high_mat_width == 0  # k: vLLM's own graphs

@@ -97,6 +97,7 @@ class SlotBook:
         self.mat: float | None = None  # tokens per request per step (EMA over notes), None before any
         self.width = 0  # this schedule's slots per request when narrow, else 0 (per-request slots)
         self.narrow_steps = 0  # schedules that were narrow (statistics)
+        self.width_steps: dict[int, int] = {}  # narrow schedules by width (statistics)
         self.notes = self.growth_notes = 0
         self.extra_granted = self.extra_used = 0  # growth's extra slots, settled (statistics)
         self._ema_extra = self._ema_used = 0.0  # decayed sums behind ``paid``
@@ -166,7 +167,9 @@ class SlotBook:
             self.width = self.large_width
         else:
             self.width = 0
-        self.narrow_steps += self.width > 0
+        if self.width:
+            self.narrow_steps += 1
+            self.width_steps[self.width] = self.width_steps.get(self.width, 0) + 1
 
     def cap_grants(self, cap: int) -> None:
         """This schedule's grants were capped at ``cap`` slots (a heavy prefill step): only the extra slots left
@@ -205,7 +208,7 @@ class SlotBook:
                 "growth_extra_slots": self.extra_granted, "growth_extra_used": self.extra_used,
                 "growth_paid_share": self.paid, "narrow_slots": self.narrow, "narrow_steps": self.narrow_steps,
                 "large_batch_narrow_slots": self.large_width, "high_mat_narrow_slots": self.high_width,
-                "mat": self.mat}
+                "mat": self.mat, **{f"narrow_steps_w{w}": n for w, n in sorted(self.width_steps.items())}}
 
 
 class _Registry:
