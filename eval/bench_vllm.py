@@ -28,6 +28,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,9 @@ LOSSLESS_BATCHES = (1, 8, 64)
 LOSSLESS_MAX_TOKENS = 128
 PROFILE_TOP = 45  # functions listed per sort order in --profile output
 TIMEOUT_RC = 124  # a worker past --method-timeout-s (killed): reported like timeout(1)
+FIRST_ENGINE_EXTRA_S = 60  # the run's first engine also compiles (torch.compile, CUDA graphs) for the later ones:
+# on a fresh machine it took 108-135 s where the others took 70-97 s (GPU runs 94, 97, 98, 101)
+_SPAWNED: list[str] = []  # engines this process started (the first gets FIRST_ENGINE_EXTRA_S more)
 
 
 # --------------------------------------------------------------------------- worker (one engine)
@@ -189,26 +193,36 @@ def worker(args: argparse.Namespace) -> None:
     result["engine_config"] = {**_engine_config(llm), "cpu_affinity": sorted(os.sched_getaffinity(0))}
     variant = variants.get(args.method, {})
     args.batch_sizes = [b for b in args.batch_sizes if b in variant.get("batch_sizes", args.batch_sizes)]
+    out = Path(args.worker_out)
     for name in [d for d in args.datasets if d in variant.get("datasets", args.datasets)]:
-        result["datasets"][name] = _dataset_cells(args, llm, name, prompts["datasets"][name], sp, timer)
+        result["datasets"][name] = cells = {}
+        # every finished cell is on disk at once: a worker killed by --method-timeout-s keeps them (``_read_worker``)
+        _dataset_cells(args, llm, name, prompts["datasets"][name], sp, timer, cells=cells,
+                       on_cell=lambda: _write_atomic(out, json.dumps({**result, "partial": True})))
     try:
         from specdec.vllm_plugin.proposer import INSTANCES
 
         result["specdec_stats"] = [p.stats() for p in list(INSTANCES)]
     except Exception:  # noqa: BLE001
         pass
-    Path(args.worker_out).write_text(json.dumps(result))
+    _write_atomic(out, json.dumps(result))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` by a rename: a worker killed mid-write leaves the previous version whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def _dataset_cells(args: argparse.Namespace, llm: Any, name: str, sets: dict[str, list[list[int]]], sp: Any,
-                   timer: StepTimer) -> dict[str, Any]:
-    """One dataset on this engine: the warm-up, then a cell per batch size, keyed "b" (closed load) or "sus{b}"
-    (sustained load; batch sizes without a sustained set in the prompts file are skipped; ``--output-lengths
-    varied``: per-prompt lengths, the cell marked ``output_lengths``)."""
+                   timer: StepTimer, *, cells: dict[str, Any], on_cell: Callable[[], None]) -> None:
+    """One dataset on this engine: the warm-up, then a cell per batch size into ``cells``, keyed "b" (closed load)
+    or "sus{b}" (sustained load; batch sizes without a sustained set in the prompts file are skipped;
+    ``--output-lengths varied``: per-prompt lengths, the cell marked ``output_lengths``); ``on_cell()`` after each."""
     llm.generate([{"prompt_token_ids": p} for p in sets["warmup"]], sp, use_tqdm=False)
     feed_sp = _final_only(sp) if args.load == "sustained" else sp
     varied = args.load == "sustained" and args.output_lengths == VARIED
-    cells = {}
     for b in args.batch_sizes:
         if args.load == "sustained":
             key = label = f"{SUSTAINED_SET}{b}"
@@ -234,7 +248,7 @@ def _dataset_cells(args: argparse.Namespace, llm: Any, name: str, sets: dict[str
             cell["output_lengths"] = VARIED
         print(f"[{args.method} {args.dtype}] {name} {label}: {cell['tokens_per_s']:.0f} tok/s, MAT "
               f"{cell['mat']:.2f}, draft {cell['draft_ms_per_step']:.3f} ms/step", flush=True)
-    return cells
+        on_cell()
 
 
 SLOT_COUNTERS = ("notes", "growth_notes", "growth_extra_slots", "growth_extra_used", "slots_granted",
@@ -307,13 +321,32 @@ def _spawn(args: argparse.Namespace, method: str, dtype: str, batches: list[int]
         cmd.append("--eager")
     what = f"{method} ({dtype}{'' if load == 'closed' else ', ' + load + ' load'})"
     print(f"=== {what} ===", flush=True)
+    out.unlink(missing_ok=True)  # an earlier run's file must not stand in for this worker's
+    timeout = args.method_timeout_s + (FIRST_ENGINE_EXTRA_S if not _SPAWNED else 0)
+    _SPAWNED.append(method)
     t0 = time.perf_counter()
     try:
-        rc = subprocess.call(cmd, timeout=args.method_timeout_s)
+        rc = subprocess.call(cmd, timeout=timeout)
     except subprocess.TimeoutExpired:  # the worker was killed; the other methods go on
         rc = TIMEOUT_RC
     print(f"=== {what} rc={rc} in {time.perf_counter() - t0:.0f} s ===", flush=True)
-    return json.loads(out.read_text()) if rc == 0 and out.exists() else None
+    return _read_worker(out, rc, what)
+
+
+def _read_worker(out: Path, rc: int, what: str) -> dict[str, Any] | None:
+    """A worker's result: whole if it exited 0; if it failed or was killed, the cells it had finished (marked
+    ``partial`` with its ``rc``), or None when it finished none."""
+    try:
+        res = json.loads(out.read_text())
+    except (OSError, ValueError):  # no file (killed before its first cell), or not JSON
+        return None
+    if rc == 0:
+        return res
+    kept = sum(len(cells) for cells in res.get("datasets", {}).values())
+    if not kept:
+        return None
+    print(f"=== {what}: kept the {kept} cells it finished before rc={rc} ===", flush=True)
+    return {**res, "partial": True, "rc": rc}
 
 
 def _merge_loads(closed: dict[str, Any] | None, sustained: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -63,6 +63,8 @@ def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any
                 if cell.get("trace"):
                     traces[trace_key(method, ds, cell)] = cell["trace"]
                 row.update(method=method, dataset=ds)
+                if run.get("partial"):  # its engine was cut short (timeout or error) after this cell
+                    row["engine_rc"] = run.get("rc")
                 ref = base["datasets"].get(ds, {}).get(b) if base else None
                 if ref is not None and "outputs" in cell and "outputs" in ref:
                     row["mismatches_vs_nospec"] = _mismatches(cell["outputs"], ref["outputs"])
@@ -76,7 +78,10 @@ def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any
         for method, run in spec32.items():
             for ds, cells in run["datasets"].items():
                 for b, cell in cells.items():
-                    ref = ref32["datasets"][ds][b]["outputs"]
+                    ref_cell = ref32["datasets"].get(ds, {}).get(b)
+                    if ref_cell is None:  # the reference engine was cut short before this cell
+                        continue
+                    ref = ref_cell["outputs"]
                     checks.append({"method": method, "dataset": ds, "batch_size": int(b), "compared": len(ref),
                                    "identical": len(ref) - _mismatches(cell["outputs"], ref),
                                    # a comparison of empty outputs proves nothing: record what was compared

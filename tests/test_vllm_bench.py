@@ -450,13 +450,17 @@ def test_varied_sustained_cells_use_the_seeded_lengths_and_closed_cells_keep_max
     args = argparse.Namespace(load="sustained", output_lengths="varied", batch_sizes=[2, 8], method="nospec",
                               dtype="bfloat16", prompts="prompts.json", profile_dir="")
     sp = LengthParams(256)
-    cells = bench_vllm._dataset_cells(args, llm, "code", sets, sp, StepTimer())
+    cells, saved = {}, []
+    bench_vllm._dataset_cells(args, llm, "code", sets, sp, StepTimer(), cells=cells,
+                              on_cell=lambda: saved.append(list(cells)))
+    assert saved == [["sus2"]]  # each finished cell handed on at once (the worker writes it)
     assert list(cells) == ["sus2"] and cells["sus2"]["output_lengths"] == "varied"
     assert list(map(len, cells["sus2"]["outputs"])) == varied_lengths(5)
     assert sp.max_tokens == 256 and generated == [256]  # the warm-up: the fixed length
     args.output_lengths = "fixed"
     llm.llm_engine = LengthEngine()
-    cells = bench_vllm._dataset_cells(args, llm, "code", sets, LengthParams(3), StepTimer())
+    cells = {}
+    bench_vllm._dataset_cells(args, llm, "code", sets, LengthParams(3), StepTimer(), cells=cells, on_cell=list)
     assert "output_lengths" not in cells["sus2"] and list(map(len, cells["sus2"]["outputs"])) == [3] * 5
 
 
@@ -592,3 +596,32 @@ def test_slot_counters_include_the_narrow_schedules_by_width():
         register(None)
     assert counters["narrow_steps"] == 3 and counters["narrow_steps_w6"] == 3 and "narrow_steps_w8" not in counters
     assert _slot_counters() == {}
+
+
+def test_a_worker_cut_short_keeps_its_finished_cells(tmp_path):
+    """bench_vllm's worker writes every finished cell at once: a worker killed by the method timeout (or failing)
+    is read back with those cells, marked partial with its rc; one with none, or no file, gives None; rc 0 is whole.
+    The summary marks the cut-short engine's rows and skips lossless cells its reference never reached."""
+    import json
+
+    from specdec.eval.bench_vllm import _read_worker
+
+    out = tmp_path / "w.json"
+    assert _read_worker(out, 124, "m") is None  # killed before its first cell
+    whole = _run("specdec", {"8": _cell(100.0, [[1, 2]])})
+    out.write_text(json.dumps({**whole, "partial": True}))
+    cut = _read_worker(out, 124, "m")
+    assert cut is not None and cut["partial"] and cut["rc"] == 124 and list(cut["datasets"]["code"]) == ["8"]
+    out.write_text(json.dumps({**whole, "datasets": {"code": {}}, "partial": True}))
+    assert _read_worker(out, 1, "m") is None  # no finished cell
+    out.write_text(json.dumps(whole))
+    assert _read_worker(out, 0, "m") == whole
+    ref = [[1, 2, 3]]
+    rows = summarise({"nospec": _run("nospec", {"8": _cell(100.0, ref)}), "specdec": cut}, {})["rows"]
+    assert [r.get("engine_rc") for r in rows] == [None, 124]
+    lossless = {"nospec": _run("nospec", {"8": _cell(10.0, ref)}),  # cut short: no batch-16 cell
+                "specdec": _run("specdec", {"8": _cell(20.0, ref), "16": _cell(20.0, ref)})}
+    checks = summarise({}, lossless)["lossless_fp32"]
+    assert [c["batch_size"] for c in checks] == [8]
+    out.write_text('{"datasets": {"code": {"8": ')  # a torn file (not expected: the worker renames) reads as None
+    assert _read_worker(out, 124, "m") is None
