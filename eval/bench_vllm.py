@@ -112,7 +112,6 @@ PROFILE_TOP = 45  # functions listed per sort order in --profile output
 TIMEOUT_RC = 124  # a worker past --method-timeout-s (killed): reported like timeout(1)
 FIRST_ENGINE_EXTRA_S = 60  # the run's first engine also compiles (torch.compile, CUDA graphs) for the later ones:
 # on a fresh machine it took 108-135 s where the others took 70-97 s (GPU runs 94, 97, 98, 101)
-_SPAWNED: list[str] = []  # engines this process started (the first gets FIRST_ENGINE_EXTRA_S more)
 
 
 # --------------------------------------------------------------------------- worker (one engine)
@@ -305,7 +304,9 @@ def _versions() -> dict[str, str]:
 
 
 def _spawn(args: argparse.Namespace, method: str, dtype: str, batches: list[int], max_tokens: int,
-           eager: bool, tmp: Path, *, load: str = "closed") -> dict[str, Any] | None:
+           eager: bool, tmp: Path, *, load: str = "closed", first: bool = False) -> dict[str, Any] | None:
+    """One engine in its own worker process, under ``--method-timeout-s`` (``first``: the run's first engine,
+    ``FIRST_ENGINE_EXTRA_S`` more); its result, or the cells it finished (``_read_worker``)."""
     out = tmp / f"{method}_{dtype}{'' if load == 'closed' else '_' + load}.json"
     cmd = [sys.executable, "-m", "specdec.eval.bench_vllm", "--worker", "--method", method, "--dtype", dtype,
            "--prompts", args.prompts, "--model", args.model, "--worker-out", str(out),
@@ -322,11 +323,9 @@ def _spawn(args: argparse.Namespace, method: str, dtype: str, batches: list[int]
     what = f"{method} ({dtype}{'' if load == 'closed' else ', ' + load + ' load'})"
     print(f"=== {what} ===", flush=True)
     out.unlink(missing_ok=True)  # an earlier run's file must not stand in for this worker's
-    timeout = args.method_timeout_s + (FIRST_ENGINE_EXTRA_S if not _SPAWNED else 0)
-    _SPAWNED.append(method)
     t0 = time.perf_counter()
     try:
-        rc = subprocess.call(cmd, timeout=timeout)
+        rc = subprocess.call(cmd, timeout=args.method_timeout_s + (FIRST_ENGINE_EXTRA_S if first else 0))
     except subprocess.TimeoutExpired:  # the worker was killed; the other methods go on
         rc = TIMEOUT_RC
     print(f"=== {what} rc={rc} in {time.perf_counter() - t0:.0f} s ===", flush=True)
@@ -445,12 +444,14 @@ def driver(args: argparse.Namespace) -> None:
         subprocess.check_call([sys.executable, "-m", "specdec.eval.inflate_model", "--model", args.model,
                                "--shape", args.inflate, "--out", str(out)])
         args.model = str(out)
+    first = True  # the run's first engine compiles for the others
     if not args.lossless_only:
         for method in args.methods:
             res = None
             for load in LOADS[args.load]:  # --load both: a fresh engine per load (see prepare_prompts)
                 part = _spawn(args, method, "bfloat16", args.batch_sizes, args.max_tokens, args.eager_bench, tmp,
-                              load=load)
+                              load=load, first=first)
+                first = False
                 res = part if load == "closed" else _merge_loads(res, part)
             if res is not None:
                 runs[method] = res
@@ -460,7 +461,8 @@ def driver(args: argparse.Namespace) -> None:
         methods = args.lossless_methods or [m for m in args.methods if m.startswith("specdec")]
         for method in ["nospec"] + [m for m in methods if m != "nospec"]:
             res = _spawn(args, method, "float32", args.lossless_batch_sizes, LOSSLESS_MAX_TOKENS,
-                         not args.lossless_graphs, tmp)
+                         not args.lossless_graphs, tmp, first=first)
+            first = False
             if res is not None:
                 lossless[method] = res
                 write_doc(args, runs, lossless, t_start)

@@ -324,8 +324,11 @@ def test_load_both_runs_each_load_in_its_own_engine_and_joins_the_cells(tmp_path
     prompts.write_text(json.dumps({"policy": "test", "datasets": {"code": sets}}))
     calls = []
 
-    def spawn(args, method, dtype, batches, max_tokens, eager, tmp, *, load="closed"):
+    firsts = []
+
+    def spawn(args, method, dtype, batches, max_tokens, eager, tmp, *, load="closed", first=False):
         calls.append((method, load))
+        firsts.append(first)
         key = "32" if load == "closed" else "sus32"
         cell = _sus(_cell(50.0, [[1]]), 32) if load == "sustained" else {**_cell(40.0, [[1]]), "load": "closed"}
         return {"method": method, "dtype": dtype, "startup_s": 1.0 if load == "closed" else 2.0, "load": load,
@@ -335,6 +338,7 @@ def test_load_both_runs_each_load_in_its_own_engine_and_joins_the_cells(tmp_path
     bench_vllm.main(["--prompts", str(prompts), "--methods", "nospec,specdec", "--datasets", "code",
                      "--batch-sizes", "8,32", "--load", "both", "--out-dir", str(tmp_path / "out")])
     assert calls == [("nospec", "closed"), ("nospec", "sustained"), ("specdec", "closed"), ("specdec", "sustained")]
+    assert firsts == [True, False, False, False]  # only the run's first engine gets the compile allowance
     doc = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
     assert doc["settings"]["load"] == "both" and doc["settings"]["sustained_prompts"] == {"32": 3}
     rows = {(r["method"], r["load"]): r for r in doc["summary"]["rows"]}

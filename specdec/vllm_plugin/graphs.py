@@ -8,7 +8,7 @@ every request, so it is uniform too, but at a length vLLM neither captures nor d
 length, each a pass-through for any engine that is not ours with narrow slots:
 
 1. ``CudagraphDispatcher.initialize_cudagraph_keys`` (end): for every narrow width ``w`` (``narrow_slots``,
-   ``large_batch_narrow_slots``) and every request count ``r`` vLLM captures a uniform FULL graph for, a FULL key ``BatchDescriptor(num_tokens=(w + 1) * r, num_reqs=r, uniform=True)`` (a key differs
+   ``high_mat_narrow_slots``, ``large_batch_narrow_slots``) and every request count ``r`` vLLM captures a uniform FULL graph for, a FULL key ``BatchDescriptor(num_tokens=(w + 1) * r, num_reqs=r, uniform=True)`` (a key differs
    from vLLM's by its tokens per request, so the two sets never collide). vLLM's capture loop (``capture_model``)
    and its memory profile capture every key.
 2. ``CudagraphDispatcher.dispatch``: while the runner dispatches a narrow batch (``NARROW_Q`` set on the
@@ -28,9 +28,11 @@ batches run piecewise (correct, only slower). Never imported by ``drafters/``; i
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import inspect
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 logger = logging.getLogger("specdec.vllm")
@@ -100,6 +102,17 @@ def narrow_query_len(dispatcher: Any, num_tokens: int, num_reqs: int, max_query_
     if not keys or max_query_len not in keys or num_tokens != max_query_len * num_reqs:
         return None
     return max_query_len
+
+
+@contextlib.contextmanager
+def _dispatching_narrow(dispatcher: Any, q: int) -> Iterator[None]:
+    """While the runner classifies or captures a narrow batch of ``q`` tokens per request, the dispatcher knows it
+    (``NARROW_Q``); cleared after, whatever happens."""
+    setattr(dispatcher, NARROW_Q, q)
+    try:
+        yield
+    finally:
+        setattr(dispatcher, NARROW_Q, None)
 
 
 def _sources_ok(cls: Any, wanted: dict[str, str]) -> str:
@@ -179,11 +192,8 @@ def _wrap_runner(cls: Any) -> None:
         q = narrow_query_len(dispatcher, int(num_tokens), int(num_reqs), int(max_query_len))
         if q is None:
             return orig_determine(self, num_tokens, num_reqs, *args, **kwargs)
-        setattr(dispatcher, NARROW_Q, q)
-        try:
+        with _dispatching_narrow(dispatcher, q):
             return orig_determine(self, num_tokens, num_reqs, *args, force_uniform_decode=True, **kwargs)
-        finally:
-            setattr(dispatcher, NARROW_Q, None)
 
     @functools.wraps(orig_capture)
     def _warmup_and_capture(self: Any, desc: Any, *args: Any, **kwargs: Any) -> Any:
@@ -194,12 +204,11 @@ def _wrap_runner(cls: Any) -> None:
             return orig_capture(self, desc, *args, **kwargs)
         saved = self.uniform_decode_query_len
         self.uniform_decode_query_len = q  # vLLM's dummy batch: num_reqs requests of q tokens
-        setattr(dispatcher, NARROW_Q, q)
         try:
-            return orig_capture(self, desc, *args, **kwargs)
+            with _dispatching_narrow(dispatcher, q):
+                return orig_capture(self, desc, *args, **kwargs)
         finally:
             self.uniform_decode_query_len = saved
-            setattr(dispatcher, NARROW_Q, None)
 
     for fn in (_determine_batch_execution_and_padding, _warmup_and_capture):
         setattr(fn, _WRAPPED, True)

@@ -267,7 +267,6 @@ class ScheduledDrafting:
         t0 = time.perf_counter()
         if _DEBUG_WAIT:
             faulthandler.cancel_dump_traceback_later()
-        done = None
         try:
             done = self._draft_into(host, req_ids, k, verified)
         finally:
@@ -365,11 +364,9 @@ class ScheduledDrafting:
                            "(logged once, counted in stats)", exc)
         self.core.reset()
 
-    def _note(self, done: Drafted | None) -> None:
+    def _note(self, done: Drafted) -> None:
         """After the drafts of a step went out (the GPU no longer waits): the proposer's cost fit and the slot
         book's grants for the next schedule. Never raises unless ``strict``."""
-        if done is None:
-            return
         try:
             self.core.note_verified(done.verified)
             if self.slot_book is not None:  # rows with no new token (prompts still prefilling) keep k slots

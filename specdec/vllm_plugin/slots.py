@@ -96,7 +96,6 @@ class SlotBook:
         self.high_min_mat = float(high[1])  # ... ``mat`` is at least this
         self.mat: float | None = None  # tokens per request per step (EMA over notes), None before any
         self.width = 0  # this schedule's slots per request when narrow, else 0 (per-request slots)
-        self.narrow_steps = 0  # schedules that were narrow (statistics)
         self.width_steps: dict[int, int] = {}  # narrow schedules by width (statistics)
         self.notes = self.growth_notes = 0
         self.extra_granted = self.extra_used = 0  # growth's extra slots, settled (statistics)
@@ -168,8 +167,12 @@ class SlotBook:
         else:
             self.width = 0
         if self.width:
-            self.narrow_steps += 1
             self.width_steps[self.width] = self.width_steps.get(self.width, 0) + 1
+
+    @property
+    def narrow_steps(self) -> int:
+        """Schedules that were narrow, whatever their width (statistics)."""
+        return sum(self.width_steps.values())
 
     def cap_grants(self, cap: int) -> None:
         """This schedule's grants were capped at ``cap`` slots (a heavy prefill step): only the extra slots left
