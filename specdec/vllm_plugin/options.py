@@ -166,6 +166,13 @@ class SpecdecOptions(ConfigBase):
                                          doc="high_mat_narrow_slots: the MAT from which mid-size narrow steps are "
                                              "that wide (MAT at width 6, run 95: code 4.71, agentic 2.77; at width 8, "
                                              "run 97: 5.47 and 2.87)")
+    large_batch_high_mat_slots: int = rng(0, lo=0, hi=MAX_SPEC_LEN,
+                                          doc="draft_slots='adaptive': from narrow_slots_below running requests, "
+                                              "steps are narrow with this many slots while the moving MAT is at "
+                                              "least high_mat_narrow_min_mat (long accepted drafts: code prompts), "
+                                              "instead of per-request slots (a ragged batch that vLLM runs with "
+                                              "piecewise CUDA graphs, whose launches keep the host late for the "
+                                              "next step's drafting). 0, or >= num_speculative_tokens: off")
     defer_cache: bool = rng(False, doc="native step (experimental; GPU run 17: less drafting time, not faster end to end): finished responses "
                                        "reach the suffix drafter's global cache on a background thread after the "
                                        "next step has drafted, instead of on the critical path when they stop")
@@ -238,9 +245,16 @@ class SpecdecOptions(ConfigBase):
         return self._usable_width(self.high_mat_narrow_slots) if self.narrow_width else 0
 
     @property
+    def large_batch_high_mat_width(self) -> int:
+        """Draft slots of a narrow large-batch step while the MAT is high (``large_batch_high_mat_slots``), 0 where
+        off."""
+        return self._usable_width(self.large_batch_high_mat_slots)
+
+    @property
     def narrow_widths(self) -> tuple[int, ...]:
         """Every width a narrow step may have (each gets its own full CUDA graphs: ``graphs.py``)."""
-        return tuple(sorted({w for w in (self.narrow_width, self.high_mat_width, self.large_batch_width) if w}))
+        widths = (self.narrow_width, self.high_mat_width, self.large_batch_width, self.large_batch_high_mat_width)
+        return tuple(sorted({w for w in widths if w}))
 
     def _usable_width(self, w: int) -> int:
         return usable_width(w, self.num_speculative_tokens) if self.draft_slots == "adaptive" else 0

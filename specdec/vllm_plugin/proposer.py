@@ -232,7 +232,8 @@ class SpecdecProposer:
                                 min_share=opts.slot_growth_min_share, narrow=opts.narrow_width,
                                 narrow_rows=(opts.adaptive_slots_from, opts.narrow_slots_below),
                                 large=(opts.large_batch_width, opts.large_batch_narrow_max_mat),
-                                high=(opts.high_mat_width, opts.high_mat_narrow_min_mat))
+                                high=(opts.high_mat_width, opts.high_mat_narrow_min_mat),
+                                large_high=opts.large_batch_high_mat_width)
                 register(book)  # the scheduler (same process) trims each request's slots to its draft
             self.scheduled = ScheduledDrafting(self.core, k=k, max_rows=int(runner.max_num_reqs),
                                                device=runner.device, device_wait=device_wait, slot_book=book,

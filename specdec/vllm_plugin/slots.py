@@ -35,7 +35,8 @@ each decoding request keeps at most ``prefill_cap`` of its placeholders (``async
 ``narrow`` (``narrow_slots``) with ``narrow_rows`` = (from, below): a schedule of ``from <= running < below``
 requests gives every decoding request exactly ``narrow`` slots (``width``); from ``below`` requests on,
 ``large`` = (width, max MAT) (``large_batch_narrow_slots``) does so with its own width while the tokens a request got
-per step (``mat``, a moving average over notes) stay at most that MAT; ``high`` = (width, min MAT)
+per step (``mat``, a moving average over notes) stay at most that MAT, and ``large_high`` (``large_batch_high_mat_slots``)
+with its width while ``mat`` is at least ``high``'s MAT; ``high`` = (width, min MAT)
 (``high_mat_narrow_slots``) widens the mid-size narrow steps while ``mat`` is at least that MAT. The step's drafting pads each row to the
 width: the verify batch is uniform with ``narrow + 1`` tokens per request, which vLLM runs as one FULL CUDA
 graph once ``graphs.py`` has captured that length (vLLM captures only ``k + 1``). Mid-size batches are bound by the
@@ -71,7 +72,8 @@ class SlotBook:
 
     def __init__(self, k: int, *, prefill_cap: int = -1, growth: float = 0.0, min_share: float = 0.0,
                  narrow: int = 0, narrow_rows: tuple[int, int] = (0, 0),
-                 large: tuple[int, float] = (0, 0.0), high: tuple[int, float] = (0, 0.0)) -> None:
+                 large: tuple[int, float] = (0, 0.0), high: tuple[int, float] = (0, 0.0),
+                 large_high: int = 0) -> None:
         if k < 1:
             raise ValueError(f"k={k}: a slot book needs at least one draft slot per request")
         if not growth >= 0:
@@ -94,6 +96,7 @@ class SlotBook:
         self.large_max_mat = float(large[1])  # ... while ``mat`` is at most this
         self.high_width = usable_width(high[0], k) if self.narrow else 0  # mid-size narrow slots while ...
         self.high_min_mat = float(high[1])  # ... ``mat`` is at least this
+        self.large_high_width = usable_width(large_high, k)  # narrow slots from narrow_below on while mat >= that
         self.mat: float | None = None  # tokens per request per step (EMA over notes), None before any
         self.width = 0  # this schedule's slots per request when narrow, else 0 (per-request slots)
         self.width_steps: dict[int, int] = {}  # narrow schedules by width (statistics)
@@ -161,13 +164,21 @@ class SlotBook:
         if self.narrow and self.narrow_from <= running < self.narrow_below:
             high = self.high_width and self.mat is not None and self.mat >= self.high_min_mat
             self.width = self.high_width if high else self.narrow
-        elif self.large_width and running >= max(self.narrow_below, self.narrow_from) and self.mat is not None \
-                and self.mat <= self.large_max_mat:
-            self.width = self.large_width
         else:
-            self.width = 0
+            self.width = self._large_width(running)
         if self.width:
             self.width_steps[self.width] = self.width_steps.get(self.width, 0) + 1
+
+    def _large_width(self, running: int) -> int:
+        """A schedule of at least ``narrow_below`` requests: ``large_high_width`` while ``mat`` is at least
+        ``high_min_mat``, ``large_width`` while it is at most ``large_max_mat``, else 0 (per-request slots)."""
+        if running < max(self.narrow_below, self.narrow_from) or self.mat is None:
+            return 0
+        if self.large_high_width and self.mat >= self.high_min_mat:
+            return self.large_high_width
+        if self.large_width and self.mat <= self.large_max_mat:
+            return self.large_width
+        return 0
 
     @property
     def narrow_steps(self) -> int:
@@ -211,7 +222,7 @@ class SlotBook:
                 "growth_extra_slots": self.extra_granted, "growth_extra_used": self.extra_used,
                 "growth_paid_share": self.paid, "narrow_slots": self.narrow, "narrow_steps": self.narrow_steps,
                 "large_batch_narrow_slots": self.large_width, "high_mat_narrow_slots": self.high_width,
-                "mat": self.mat, **{f"narrow_steps_w{w}": n for w, n in sorted(self.width_steps.items())}}
+                "large_batch_high_mat_slots": self.large_high_width, "mat": self.mat, **{f"narrow_steps_w{w}": n for w, n in sorted(self.width_steps.items())}}
 
 
 class _Registry:
