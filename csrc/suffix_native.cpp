@@ -595,6 +595,8 @@ struct LaneConfig {
     bool use_local = true, use_global = true;
     bool defer_cache = false;  // stopped requests' responses are cached by the cacher thread (see JobThread)
     double defer_wait_us = 0;  // a lane step waits this long for the cacher before drafting without the global trie
+    bool late_refresh = false;  // defer_cache: the cacher's job also rebuilds every running request's global front,
+                                // and every entry point waits for it (schedule mode's late_cache)
 };
 
 struct LaneStep {  // one lane call's per-step decisions
@@ -768,14 +770,29 @@ struct Engine {
         }
     }
 
-    // After a lane step has drafted: hand the retired requests to the cacher (if it is free; else next step).
+    // After a lane step has drafted: hand the retired requests to the cacher (if it is free; else next step). With
+    // late_refresh the job then rebuilds every running request's match front in the global trie, and the next entry
+    // point waits for it (quiesce: cache_refreshing), so no lane step drafts from a stale front or without the
+    // global trie: the responses retired before a step reach the global trie right after that step's drafting.
     void launch_caching() {
         if (retired.empty() || !cacher.idle()) return;
         caching = std::move(retired);
         retired.clear();
-        cacher.launch([this] {
+        if (!lane.late_refresh) {
+            cacher.launch([this] {
+                for (Request& r : caching) cache_response(r);
+                caching.clear();
+            });
+            return;
+        }
+        std::vector<Request*> running;
+        running.reserve(requests.size());
+        for (auto& kv : requests) running.push_back(&kv.second);
+        cache_refreshing = true;
+        cacher.launch([this, running = std::move(running)] {
             for (Request& r : caching) cache_response(r);
             caching.clear();
+            for (Request* r : running) refresh_global(*r, cacher_scratch);
         });
     }
 

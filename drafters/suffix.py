@@ -157,16 +157,18 @@ class SuffixDrafter(Drafter):
 
     def lane_config(self, *, probe_tokens: int, accept_alpha: float, calib_decay: float, min_calib_mass: float,
                     min_calib: float, max_calib: float, max_cut: float, defer_cache: bool = False,
-                    defer_wait_us: float = 0.0) -> None:
+                    defer_wait_us: float = 0.0, late_refresh: bool = False) -> None:
         """The proposer's constants for ``lane_step`` (see specdec/vllm_plugin/core.py). ``defer_cache``: a stop
         only retires the request; its response reaches the global trie on a background thread after the next
         ``lane_step`` has drafted; a step waits at most ``defer_wait_us`` for that thread, then drafts without the
-        global trie."""
+        global trie. ``late_refresh`` (with ``defer_cache``): that thread also rebuilds every running request's
+        match front in the global trie, and every later call waits for it (no step drafts without the global trie:
+        a response retired before a step is cached right after that step's drafting)."""
         c = self.config
         self._lane_args = (probe_tokens, accept_alpha, calib_decay, min_calib_mass, min_calib, max_calib, max_cut,
                            c.max_spec_factor, c.max_spec_offset, c.min_token_prob, c.leaf_prior,
                            self._factor(True), c.use_local, c.use_global)
-        self.engine.lane_config(*self._lane_args, defer_cache, defer_wait_us)
+        self.engine.lane_config(*self._lane_args, defer_cache, defer_wait_us, late_refresh)
 
     def lane_release(self) -> None:
         """Deferred caching off: responses still waiting are cached now, later stops cache at once."""

@@ -33,6 +33,7 @@ CONFIGS = {  # name -> proposer options on top of schedule mode's (as SpecdecPro
     "default": {},
     "no_early_refresh": {"early_refresh": False},
     "early_cache": {"early_cache": True, "defer_cache": True},  # the proposer adds defer_cache in schedule mode
+    "late_cache": {"late_cache": True, "defer_cache": True},
     "one_thread": {"lane_threads": 1},
 }
 WARMUP_STEPS = 5

@@ -92,7 +92,8 @@ class ProposerCore:
         self._lane_overruns = 0
         self._started_early: set[str] = set()  # started before their first step (threaded prepare): a prefill
         if options.native_step and options.deadline_mode == "auto":
-            self.lane = find_lane(drafter, defer_cache=options.defer_cache, defer_wait_ms=options.defer_cache_wait_ms)
+            self.lane = find_lane(drafter, defer_cache=options.defer_cache, defer_wait_ms=options.defer_cache_wait_ms,
+                                  late_refresh=options.late_cache)
         if self.lane is not None and options.lane_threads > 1:  # 0 ("auto", resolved by the proposer) -> 1
             self.lane.lane_threads(options.lane_threads)  # rows of a step's drafting shared with helper threads
 

@@ -45,16 +45,17 @@ class Lane(Protocol):
     def stop(self, request_id: str) -> None: ...
 
 
-def find_lane(drafter: Any, *, defer_cache: bool = False, defer_wait_ms: float = 0.0) -> Lane | None:
-    """The drafter's lane, or None (no native one-call step: the Python path runs). ``defer_cache``: see
-    ``SuffixDrafter.lane_config``."""
+def find_lane(drafter: Any, *, defer_cache: bool = False, defer_wait_ms: float = 0.0,
+              late_refresh: bool = False) -> Lane | None:
+    """The drafter's lane, or None (no native one-call step: the Python path runs). ``defer_cache``,
+    ``late_refresh``: see ``SuffixDrafter.lane_config``."""
     get = getattr(drafter, "native_lane", None)
     lane = get() if callable(get) else None
     if lane is not None:
         lane.lane_config(probe_tokens=PROBE_TOKENS, accept_alpha=ACCEPT_EMA_ALPHA, calib_decay=CALIB_DECAY,
                          min_calib_mass=MIN_CALIBRATION_MASS, min_calib=MIN_CALIBRATION,
                          max_calib=MAX_CALIBRATION, max_cut=MAX_CUT, defer_cache=defer_cache,
-                         defer_wait_us=1e3 * defer_wait_ms)
+                         defer_wait_us=1e3 * defer_wait_ms, late_refresh=late_refresh)
     return lane
 
 

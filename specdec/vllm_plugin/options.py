@@ -108,6 +108,13 @@ class SpecdecOptions(ConfigBase):
                                        "2026-11-22_cpu-2core_bench_schedule_early_cache.json); on the H200 (run 77) "
                                        "+6 / -3% at batch 32 on code / agentic prompts, flat at 64, hence off. "
                                        "Without the device wait it acts as defer_cache")
+    late_cache: bool = rng(False, doc="async_mode='schedule' with the device wait: the early stops only retire "
+                                      "their requests; their responses are cached in the suffix drafter's global "
+                                      "trie, and every running request's match front rebuilt, on its caching thread "
+                                      "right after the step's drafting, while the GPU runs the step (the next call "
+                                      "into the drafter waits for that job). Takes that work off vLLM's engine "
+                                      "thread and off the drafting; a finished response reaches the global cache "
+                                      "one step later. Exclusive with early_cache")
     prefill_step_slots: int = rng(0, lo=-1, hi=MAX_SPEC_LEN,
                                   doc="draft_slots='adaptive': on a step that will also carry a heavy prefill (at "
                                       "least 512 prompt tokens of waiting requests or prompts still being chunked) "
@@ -265,6 +272,9 @@ class SpecdecOptions(ConfigBase):
             raise ConfigError(f"{where}pad_drafts={self.pad_drafts!r} must be one of 'auto', 'on', 'off' (or true/false)")
         if not isinstance(self.drafter, (str, list, tuple, dict)):
             raise ConfigError(f"{where}drafter={self.drafter!r} must be a name, a dict with 'name', or a list")
+        if self.early_cache and self.late_cache:
+            raise ConfigError(f"{where}early_cache and late_cache are both true: choose one (early_cache caches "
+                              "finished responses before a step's drafting, late_cache right after it)")
 
 
 def estimate_params(hf_config: Any) -> float:

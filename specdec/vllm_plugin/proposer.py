@@ -84,7 +84,8 @@ class SpecdecProposer:
             core_options = self.options.replace(lane_threads=threads)
             if self.schedule_mode:
                 pad = {"pad_drafts": "on"} if self.options.draft_slots == "uniform" else {}
-                defer = {"defer_cache": True} if self.options.early_cache else {}  # stops retire; cache_early caches
+                # stops retire; cache_early caches them before the step's drafting, late_cache right after it
+                defer = {"defer_cache": True} if self.options.early_cache or self.options.late_cache else {}
                 core_options = core_options.replace(ab_windows=False, **pad, **defer)
             core_cls = ProposerCore
             if self.threaded:

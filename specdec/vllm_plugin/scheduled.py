@@ -314,7 +314,9 @@ class ScheduledDrafting:
                 known = len(hist) - len(feed.pending[rid])  # tokens already handed to the drafter's rows
                 p = feed.prompt_len[rid]
                 self.core.start_early(rid, hist[:p], hist[p:known])
-            if self.core.options.early_cache:  # caching and front rebuilds on the drafter's caching thread
+            if self.core.options.late_cache:  # cached, and the fronts rebuilt, after the drafting (the lane's job)
+                pass
+            elif self.core.options.early_cache:  # caching and front rebuilds on the drafter's caching thread
                 self.core.cache_early()
             elif self.core.options.early_refresh:
                 self.core.refresh_early()  # the stops above made every request's global-cache front stale
