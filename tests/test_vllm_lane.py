@@ -175,6 +175,43 @@ def test_early_stops_and_front_refreshes_keep_the_drafts(threads, cache):
         assert refreshed > 20 and b["early_refreshes"] == refreshed and cores[0].refresh_early() == 0
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_late_caching_drafts_as_if_requests_stopped_after_the_step(threads):
+    """``late_cache`` (schedule mode): the early stops only retire their requests, and the lane's caching thread
+    caches their responses and rebuilds every running request's global match front right after the step's drafting.
+    The drafts equal those of a plain lane whose absent requests are stopped after each step instead of before it,
+    and every stopped response ends up in the global cache."""
+    eng = RepeatingEngine(seed=3)
+    plain, late = (ProposerCore(SuffixDrafter(backend="native"), SpecdecOptions.from_dict(
+        {"num_speculative_tokens": 8, "lane_threads": threads, **opts}), max_model_len=MAX_LEN, target_params=5e7,
+        clock=eng.clock) for opts in ({}, {"late_cache": True, "defer_cache": True}))
+    plain_step, stop_after = plain.step, plain._stop_absent
+    plain._stop_absent = lambda present: None  # type: ignore[method-assign]
+
+    def plain_then_stop(order, *args, **kwargs):
+        out = plain_step(order, *args, **kwargs)
+        stop_after(set(order))  # absent requests stop once the step has drafted
+        return out
+
+    late_step = late.step
+
+    def stop_then_late(order, *args, **kwargs):
+        late.stop_absent(order)  # what ScheduledDrafting._prepare_early does
+        return late_step(order, *args, **kwargs)
+
+    plain.step, late.step = plain_then_stop, stop_then_late  # type: ignore[method-assign]
+    drafts: dict[str, list[int]] = {}
+    for i in range(120):
+        eng.churn(i)
+        drafts = eng.step([plain, late], drafts)
+    a, b = (c.stats_dict() for c in (plain, late))
+    for key in STAT_KEYS:
+        assert a[key] == b[key], key
+    assert b["stopped"] > 5 and b["accepted_tokens"] > 50
+    cached = [c.guard.drafter.global_stats()["cached_requests"] for c in (plain, late)]
+    assert cached[0] == cached[1] == b["stopped"]
+
+
 def test_lane_is_off_for_thread_deadlines_and_non_native_drafters():
     options = SpecdecOptions.from_dict({"deadline_mode": "thread"})
     assert ProposerCore(SuffixDrafter(backend="native"), options, max_model_len=MAX_LEN).lane is None
