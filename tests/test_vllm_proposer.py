@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from specdec.config import ConfigError
 from specdec.drafters.base import Drafter
 from specdec.tree import TokenTree, best_chain
 from specdec.vllm_plugin.adaptive import BucketState, AdaptiveController, bucket_of
@@ -564,6 +565,11 @@ def test_async_mode_and_lane_threads_auto_resolve_by_target_size_and_parallelism
     assert not big.core.options.defer_cache
     cached, plain = proposer(llama8b, early_cache=True), proposer(None, early_cache=True)
     assert cached.core.options.defer_cache and not plain.core.options.defer_cache  # thread mode: unchanged
+    late = proposer(llama8b, late_cache=True)  # late_cache: stops retire too, the lane caches after drafting
+    assert late.core.options.defer_cache and late.core.options.late_cache
+    with pytest.raises(ConfigError, match="early_cache and late_cache"):
+        proposer(llama8b, early_cache=True, late_cache=True)
+    late.close()
     cached.close()
     plain.close()
     big.close()

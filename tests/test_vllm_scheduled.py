@@ -175,7 +175,21 @@ class AsyncEngine:
         return core.step(order, sampled, lengths, tokens, num_prompt_tokens=prompts, **kw)
 
 
-EARLY_ONLY = ("early_cache", "defer_cache")  # schedule mode's early caching: the synchronous twin caches inline
+EARLY_ONLY = ("early_cache", "late_cache", "defer_cache")  # schedule mode's caching: the synchronous twin caches inline
+
+
+def stops_after_each_step(core: ProposerCore) -> None:
+    """``late_cache``'s synchronous reference: ``core`` stops the requests absent from a step once that step has
+    drafted (their responses reach the global cache one step later), instead of before."""
+    stop, step = core._stop_absent, core.step
+    core._stop_absent = lambda present: None  # type: ignore[method-assign]
+
+    def step_then_stop(req_ids, *args, **kwargs):
+        out = step(req_ids, *args, **kwargs)
+        stop(set(req_ids[:len(args[0])]))
+        return out
+
+    core.step = step_then_stop  # type: ignore[method-assign]
 
 
 def make_core(clock, **opts) -> ProposerCore:
@@ -205,7 +219,8 @@ class FakeDeviceWait(HostWait):
                          [({}, False, False), ({"adaptive": False}, False, False), ({"native_step": False}, False, False),
                           ({}, True, False), ({"native_step": False}, True, False), ({}, True, True),
                           ({"native_step": False}, True, True),
-                          ({"early_cache": True, "defer_cache": True}, True, False)])  # as the proposer sets it
+                          ({"early_cache": True, "defer_cache": True}, True, False),  # as the proposer sets it
+                          ({"late_cache": True, "defer_cache": True}, True, False)])
 def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, device_wait, finish_thread):
     clock = SimpleNamespace(t=0.0)
     tick = lambda: clock.t  # noqa: E731
@@ -215,6 +230,8 @@ def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, 
                               finish_thread=finish_thread)
     assert sched.stats()["schedule"]["finish_thread"] is finish_thread
     twin = make_core(tick, **{k: v for k, v in opts.items() if k not in EARLY_ONLY})  # the synchronous reference
+    if opts.get("late_cache"):
+        stops_after_each_step(twin)
     stolen = torch.zeros((2 * MAX_ROWS, K), dtype=torch.int32)
     out = None
     for step in range(150):
