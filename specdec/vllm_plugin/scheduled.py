@@ -314,11 +314,10 @@ class ScheduledDrafting:
                 known = len(hist) - len(feed.pending[rid])  # tokens already handed to the drafter's rows
                 p = feed.prompt_len[rid]
                 self.core.start_early(rid, hist[:p], hist[p:known])
-            if self.core.options.late_cache:  # cached, and the fronts rebuilt, after the drafting (the lane's job)
-                pass
-            elif self.core.options.early_cache:  # caching and front rebuilds on the drafter's caching thread
+            options = self.core.options
+            if options.early_cache:  # caching and front rebuilds on the drafter's caching thread
                 self.core.cache_early()
-            elif self.core.options.early_refresh:
+            elif options.early_refresh and not options.late_cache:  # late_cache: the lane rebuilds after drafting
                 self.core.refresh_early()  # the stops above made every request's global-cache front stale
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             if getattr(self.core.options, "strict", False):

@@ -35,10 +35,10 @@ each decoding request keeps at most ``prefill_cap`` of its placeholders (``async
 ``narrow`` (``narrow_slots``) with ``narrow_rows`` = (from, below): a schedule of ``from <= running < below``
 requests gives every decoding request exactly ``narrow`` slots (``width``); from ``below`` requests on,
 ``large`` = (width, max MAT) (``large_batch_narrow_slots``) does so with its own width while the tokens a request got
-per step (``mat``, a moving average over notes) stay at most that MAT, and ``large_high`` (``large_batch_high_mat_slots``)
-with its width while ``mat`` is at least ``high``'s MAT; ``high`` = (width, min MAT)
-(``high_mat_narrow_slots``) widens the mid-size narrow steps while ``mat`` is at least that MAT. The step's drafting pads each row to the
-width: the verify batch is uniform with ``narrow + 1`` tokens per request, which vLLM runs as one FULL CUDA
+per step (``mat``, a moving average over notes) stay at most that MAT, and ``large_high``
+(``large_batch_high_mat_slots``) with its width while ``mat`` is at least ``high``'s MAT; ``high`` = (width, min MAT)
+(``high_mat_narrow_slots``) widens the mid-size narrow steps while ``mat`` is at least that MAT. The step's drafting
+pads each row to the width: the verify batch is uniform with ``narrow + 1`` tokens per request, which vLLM runs as one FULL CUDA
 graph once ``graphs.py`` has captured that length (vLLM captures only ``k + 1``). Mid-size batches are bound by the
 host's launches of the piecewise graphs a mixed batch gets; large ones by the GPU, where verifying filler costs.
 
