@@ -109,6 +109,9 @@ SUSTAINED_SET = "sus"  # prompts file: "sus{b}" = the sustained set of concurren
 LOSSLESS_BATCHES = (1, 8, 64)
 LOSSLESS_MAX_TOKENS = 128
 PROFILE_TOP = 45  # functions listed per sort order in --profile output
+ENGINE_INPROC_SETTING = "vLLM LLM(), engine core in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), seed 0"
+ENGINE_PROCESS_SETTING = ("vLLM LLM(), engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1, vLLM's "
+                          "default layout; no drafting or GPU timers), seed 0")
 TIMEOUT_RC = 124  # a worker past --method-timeout-s (killed): reported like timeout(1)
 FIRST_ENGINE_EXTRA_S = 60  # the run's first engine also compiles (torch.compile, CUDA graphs) for the later ones:
 # on a fresh machine it took 108-135 s where the others took 70-97 s (GPU runs 94, 97, 98, 101)
@@ -157,7 +160,10 @@ def _profiled(fn: Any, path: Path) -> Any:
 
 
 def worker(args: argparse.Namespace) -> None:
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process: timers work
+    if args.engine_process:  # vLLM's default layout (vllm serve, LLM()): the engine core in a process of its own
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    else:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process: timers work
     variants = json.loads(args.variants or "{}")
     for key, value in (variants.get(args.method, {}).get("env") or {}).items():
         os.environ[key] = str(value)
@@ -246,7 +252,7 @@ def _dataset_cells(args: argparse.Namespace, llm: Any, name: str, sets: dict[str
         if varied:
             cell["output_lengths"] = VARIED
         print(f"[{args.method} {args.dtype}] {name} {label}: {cell['tokens_per_s']:.0f} tok/s, MAT "
-              f"{cell['mat']:.2f}, draft {cell['draft_ms_per_step']:.3f} ms/step", flush=True)
+              f"{cell['mat']:.2f}, draft {cell['draft_ms_per_step'] or 0.0:.3f} ms/step", flush=True)
         on_cell()
 
 
@@ -318,6 +324,8 @@ def _spawn(args: argparse.Namespace, method: str, dtype: str, batches: list[int]
            "--load", load, "--output-lengths", args.output_lengths]
     if args.trace:
         cmd.append("--trace")
+    if args.engine_process:
+        cmd.append("--engine-process")
     if eager:
         cmd.append("--eager")
     what = f"{method} ({dtype}{'' if load == 'closed' else ', ' + load + ' load'})"
@@ -384,7 +392,7 @@ def write_doc(args: argparse.Namespace, runs: dict, lossless: dict, t_start: flo
                                   "max_tokens": LOSSLESS_MAX_TOKENS, "eos": "respected",
                                   "enforce_eager": not args.lossless_graphs}
                      if args.lossless else None,
-                     "engine": "vLLM LLM(), engine core in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), seed 0",
+                     "engine": ENGINE_PROCESS_SETTING if args.engine_process else ENGINE_INPROC_SETTING,
                      "tensor_parallel_size": args.tp,
                      "command": " ".join(sys.argv), "total_s": time.perf_counter() - t_start},
         "summary": summarise(runs, lossless),
@@ -505,6 +513,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="methods run under cProfile (slower: their timings are not comparable)")
     ap.add_argument("--trace", action="store_true", help="record every engine step of the speed cells (width, "
                     "tokens, drafting, CUDA-graph mode, GPU busy/gap): python -m specdec.eval.step_trace RESULTS")
+    ap.add_argument("--engine-process", action="store_true",
+                    help="each engine's core in a process of its own, as vllm serve and LLM() run it by default "
+                         "(VLLM_ENABLE_V1_MULTIPROCESSING=1; default: in the worker's process): tokens/s, MAT and "
+                         "mismatches as usual; the in-process timers (drafting, GPU gap and busy, specdec stats) stay "
+                         "empty, so --trace and --profile-methods are refused")
     ap.add_argument("--lossless", action="store_true", help="add float32 runs: no-spec vs specdec methods")
     ap.add_argument("--lossless-methods", default="", type=lambda s: [m for m in s.split(",") if m],
                     help="methods compared with no-spec in float32 (default: the specdec methods of --methods)")
@@ -528,6 +541,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.output_lengths == VARIED and "sustained" not in LOADS[args.load] and not args.worker:
         ap.error("--output-lengths varied applies to sustained-load cells only: add --load sustained or --load both")
+    if args.engine_process and (args.trace or args.profile_methods):
+        ap.error("--engine-process runs the engine core in another process, where --trace and --profile-methods "
+                 "see nothing: drop them, or drop --engine-process")
     if args.shape and args.inflate:
         ap.error("--shape and --inflate exclude each other: --shape is random weights, --inflate the real model")
     known = set(METHODS) | set(json.loads(args.variants or "{}"))

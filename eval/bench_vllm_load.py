@@ -171,7 +171,9 @@ def measured_cell(llm: Any, timer: StepTimer, batch: int,
         "tpot_ms": sum(tpots) / len(tpots) if tpots else MS_PER_S * wall * batch / max(n_out, 1),
         "mat": n_out / max(n_out - accepted, 1), "accepted_tokens": accepted, "drafted_tokens": drafted,
         "acceptance_rate": accepted / drafted if drafted else None,
-        "engine_steps": steps, "draft_ms_per_step": MS_PER_S * draft_s / max(steps, 1), "draft_share": draft_s / wall,
+        # no step seen: the engine core ran in another process (bench_vllm --engine-process), its timers there
+        "engine_steps": steps, "draft_ms_per_step": MS_PER_S * draft_s / steps if steps else None,
+        "draft_share": draft_s / wall if steps else None,
         "outputs": outs,
         **(_with_split(timer.trace.cell()) if timer.trace is not None else {}),
     }

@@ -201,7 +201,8 @@ def _speed_table(rows: list[dict[str, Any]], methods: list[str], batches: list[i
         sp = f" ({r['speedup_vs_nospec']:.2f}x)" if "speedup_vs_nospec" in r else ""
         mm = f", {r['mismatches_vs_nospec']}/{r['prompts']} mm" if r["method"] != "nospec" and \
             "mismatches_vs_nospec" in r else ""
-        return f"{r['tokens_per_s']:,.0f}{sp}; MAT {r['mat']:.2f}; {r['draft_ms_per_step']:.2f} ms{mm}"
+        draft = "-" if r.get("draft_ms_per_step") is None else f"{r['draft_ms_per_step']:.2f}"
+        return f"{r['tokens_per_s']:,.0f}{sp}; MAT {r['mat']:.2f}; {draft} ms{mm}"
 
     return _grid(rows, batches, heads, text, methods) + [""]
 

@@ -629,3 +629,42 @@ def test_a_worker_cut_short_keeps_its_finished_cells(tmp_path):
     assert [c["batch_size"] for c in checks] == [8]
     out.write_text('{"datasets": {"code": {"8": ')  # a torn file (not expected: the worker renames) reads as None
     assert _read_worker(out, 124, "m") is None
+
+
+def test_engine_process_flag_reaches_the_workers_and_the_settings_and_refuses_the_timers(tmp_path, monkeypatch):
+    """--engine-process: every worker runs its engine core in a process of its own (vLLM's default layout); the
+    settings say so; --trace and --profile-methods, which read in-process timers, are refused with a message."""
+    import json
+
+    import pytest
+
+    from specdec.eval import bench_vllm
+
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps({"policy": "test", "datasets": {"code": {"warmup": [[1]], "bs8": [[1, 2]]}}}))
+    cmds = []
+
+    def call(cmd, timeout):
+        cmds.append(cmd)
+        result = {"method": cmd[cmd.index("--method") + 1], "dtype": "bfloat16", "startup_s": 1.0, "load": "closed",
+                  "datasets": {"code": {"8": {**_cell(40.0, [[1]]), "load": "closed"}}}}
+        with open(cmd[cmd.index("--worker-out") + 1], "w") as f:
+            json.dump(result, f)
+        return 0
+
+    monkeypatch.setattr(bench_vllm.subprocess, "call", call)
+    base = ["--prompts", str(prompts), "--methods", "nospec,specdec", "--datasets", "code", "--batch-sizes", "8",
+            "--raw-dir", str(tmp_path / "raw")]
+    bench_vllm.main(base + ["--engine-process", "--out-dir", str(tmp_path / "mp")])
+    assert len(cmds) == 2 and all("--engine-process" in c for c in cmds)
+    doc = json.loads(next((tmp_path / "mp").glob("*.json")).read_text())
+    assert doc["settings"]["engine"] == bench_vllm.ENGINE_PROCESS_SETTING
+    cmds.clear()
+    bench_vllm.main(base + ["--out-dir", str(tmp_path / "inproc")])
+    assert cmds and not any("--engine-process" in c for c in cmds)
+    doc = json.loads(next((tmp_path / "inproc").glob("*.json")).read_text())
+    assert doc["settings"]["engine"] == bench_vllm.ENGINE_INPROC_SETTING
+    for extra in (["--trace"], ["--profile-methods", "specdec"]):
+        with pytest.raises(SystemExit) as exc:
+            bench_vllm.main(base + ["--engine-process", *extra])
+        assert exc.value.code == 2
