@@ -239,16 +239,23 @@ def _gap_table(rows: list[dict[str, Any]], name: str, batches: list[int], heads:
 
 def _split_table(mine: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None
                  ) -> list[str]:
-    """Schedule mode's gap split (``bench_vllm --trace``; ``step_trace.SPLIT_COLS``), where measured."""
-    def cell(c: dict[str, Any]) -> str:
-        late = c.get("host_late_share")
-        return (f"{c['held_ms']:.2f} + {c['after_ms']:.2f}; drafting {c['finish_ms'] - c['sync_ms']:.2f}"
+    """Schedule mode's gap split (``bench_vllm --trace``; ``step_trace.SPLIT_COLS``), where measured: the drafting's
+    own time also as a share of the step (busy + gap), the part of the GPU's wait that the drafting itself causes
+    (the rest of the wait: the host reaching the drafting late)."""
+    def cell(r: dict[str, Any]) -> str:
+        c = r["gap_split_ms"]
+        late, drafting = c.get("host_late_share"), c["finish_ms"] - c["sync_ms"]
+        step = (r.get("gpu_busy_ms_per_step") or 0.0) + (r.get("gpu_gap_ms_per_step") or 0.0)
+        return (f"{c['held_ms']:.2f} + {c['after_ms']:.2f}; drafting {drafting:.2f}"
+                + (f" ({100 * drafting / step:.1f}% of step)" if step > 0 else "")
                 + (f"; host late {100 * late:.0f}%" if late is not None else ""))
 
-    return _method_table([r for r in mine if "held_ms" in (r.get("gap_split_ms") or {})], "gap_split_ms", batches,
-                         f"{name}: GPU gap (ms) = held for drafts + after the wait; host drafting once the tokens "
-                         "arrived (ms); host late = steps whose tokens were ready before the drafting began",
-                         cell, heads)
+    split = [r for r in mine if "held_ms" in (r.get("gap_split_ms") or {})]
+    if not split:
+        return []
+    return [f"### {name}: GPU gap (ms) = held for drafts + after the wait; host drafting once the tokens arrived (ms, "
+            "share of the step); host late = steps whose tokens were ready before the drafting began", "",
+            *_grid(split, batches, heads, cell), ""]
 
 
 def _peer_table(rows: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None

@@ -554,7 +554,10 @@ def test_report_renders_the_gap_split_and_fills_late_shares_of_older_results():
     assert row["gap_split_ms"]["host_late_share"] == 0.5
     lines = _split_table([row], "code", [64], ["b 64"])
     assert lines[0].startswith("### code: GPU gap (ms)")
-    assert "| specdec | 0.90 + 0.08; drafting 0.60; host late 50% |" in lines
+    assert "| specdec | 0.90 + 0.08; drafting 0.60; host late 50% |" in lines  # no busy / gap: no share
+    timed = {**row, "gpu_busy_ms_per_step": 11.0, "gpu_gap_ms_per_step": 1.0}  # a 12 ms step
+    assert "| specdec | 0.90 + 0.08; drafting 0.60 (5.0% of step); host late 50% |" in _split_table([timed], "code",
+                                                                                                  [64], ["b 64"])
     assert _split_table([{**row, "gap_split_ms": None}], "code", [64]) == []
 
 
