@@ -468,6 +468,29 @@ def test_varied_sustained_cells_use_the_seeded_lengths_and_closed_cells_keep_max
     assert "output_lengths" not in cells["sus2"] and list(map(len, cells["sus2"]["outputs"])) == [3] * 5
 
 
+def _fake_workers(monkeypatch, cells_of):
+    """bench_vllm's worker subprocess, faked: each call writes a result whose dataset "code" holds
+    ``cells_of(cmd, load)`` ({cell key: cell}) for the worker's ``--load``. Returns the commands received (a list
+    that fills as the driver spawns workers)."""
+    import json
+
+    from specdec.eval import bench_vllm
+
+    cmds = []
+
+    def call(cmd, timeout):
+        cmds.append(cmd)
+        load = cmd[cmd.index("--load") + 1]
+        result = {"method": cmd[cmd.index("--method") + 1], "dtype": "bfloat16", "startup_s": 1.0, "load": load,
+                  "datasets": {"code": cells_of(cmd, load)}}
+        with open(cmd[cmd.index("--worker-out") + 1], "w") as f:
+            json.dump(result, f)
+        return 0
+
+    monkeypatch.setattr(bench_vllm.subprocess, "call", call)
+    return cmds
+
+
 def test_output_lengths_flag_reaches_the_workers_and_the_settings(tmp_path, monkeypatch):
     import json
 
@@ -478,21 +501,13 @@ def test_output_lengths_flag_reaches_the_workers_and_the_settings(tmp_path, monk
     prompts = tmp_path / "prompts.json"
     sets = {"warmup": [[1]], "bs8": [[1, 2]], "sus8": [[4], [5], [6]]}
     prompts.write_text(json.dumps({"policy": "test", "datasets": {"code": sets}}))
-    cmds = []
-
-    def call(cmd, timeout):  # the worker subprocess: a result with one cell of its load
-        cmds.append(cmd)
-        load = cmd[cmd.index("--load") + 1]
+    def cells_of(cmd, load):  # one cell of the worker's load
         cell = _sus(_cell(50.0, [[1]]), 8) if load == "sustained" else {**_cell(40.0, [[1]]), "load": "closed"}
         if load == "sustained" and cmd[cmd.index("--output-lengths") + 1] == "varied":
             cell["output_lengths"] = "varied"
-        result = {"method": cmd[cmd.index("--method") + 1], "dtype": "bfloat16", "startup_s": 1.0, "load": load,
-                  "datasets": {"code": {"8" if load == "closed" else "sus8": cell}}}
-        with open(cmd[cmd.index("--worker-out") + 1], "w") as f:
-            json.dump(result, f)
-        return 0
+        return {"8" if load == "closed" else "sus8": cell}
 
-    monkeypatch.setattr(bench_vllm.subprocess, "call", call)
+    cmds = _fake_workers(monkeypatch, cells_of)
     base = ["--prompts", str(prompts), "--methods", "nospec,specdec", "--datasets", "code", "--batch-sizes", "8",
             "--raw-dir", str(tmp_path / "raw")]
     bench_vllm.main(base + ["--load", "both", "--output-lengths", "varied", "--out-dir", str(tmp_path / "out")])
@@ -645,17 +660,7 @@ def test_engine_process_flag_reaches_the_workers_and_the_settings_and_refuses_th
 
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps({"policy": "test", "datasets": {"code": {"warmup": [[1]], "bs8": [[1, 2]]}}}))
-    cmds = []
-
-    def call(cmd, timeout):
-        cmds.append(cmd)
-        result = {"method": cmd[cmd.index("--method") + 1], "dtype": "bfloat16", "startup_s": 1.0, "load": "closed",
-                  "datasets": {"code": {"8": {**_cell(40.0, [[1]]), "load": "closed"}}}}
-        with open(cmd[cmd.index("--worker-out") + 1], "w") as f:
-            json.dump(result, f)
-        return 0
-
-    monkeypatch.setattr(bench_vllm.subprocess, "call", call)
+    cmds = _fake_workers(monkeypatch, lambda cmd, load: {"8": {**_cell(40.0, [[1]]), "load": "closed"}})
     base = ["--prompts", str(prompts), "--methods", "nospec,specdec", "--datasets", "code", "--batch-sizes", "8",
             "--raw-dir", str(tmp_path / "raw")]
     bench_vllm.main(base + ["--engine-process", "--out-dir", str(tmp_path / "mp")])
