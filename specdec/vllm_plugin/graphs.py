@@ -8,9 +8,10 @@ every request, so it is uniform too, but at a length vLLM neither captures nor d
 length, each a pass-through for any engine that is not ours with narrow slots:
 
 1. ``CudagraphDispatcher.initialize_cudagraph_keys`` (end): for every narrow width ``w`` (``narrow_slots``,
-   ``high_mat_narrow_slots``, ``large_batch_narrow_slots``) and every request count ``r`` vLLM captures a uniform FULL graph for, a FULL key ``BatchDescriptor(num_tokens=(w + 1) * r, num_reqs=r, uniform=True)`` (a key differs
-   from vLLM's by its tokens per request, so the two sets never collide). vLLM's capture loop (``capture_model``)
-   and its memory profile capture every key.
+   ``high_mat_narrow_slots``, ``large_batch_narrow_slots``, ``large_batch_high_mat_slots``) and every request count
+   ``r`` vLLM captures a uniform FULL graph for, a FULL key ``BatchDescriptor(num_tokens=(w + 1) * r, num_reqs=r,
+   uniform=True)`` (a key differs from vLLM's by its tokens per request, so the two sets never collide). vLLM's
+   capture loop (``capture_model``) and its memory profile capture every key.
 2. ``CudagraphDispatcher.dispatch``: while the runner dispatches a narrow batch (``NARROW_Q`` set on the
    dispatcher), the key of the smallest captured ``r`` that holds its requests, FULL, if FULL is allowed and the key
    exists; otherwise the mixed-batch graphs vLLM would have used (piecewise).

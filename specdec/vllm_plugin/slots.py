@@ -38,8 +38,8 @@ requests gives every decoding request exactly ``narrow`` slots (``width``); from
 per step (``mat``, a moving average over notes) stay at most that MAT, and ``large_high``
 (``large_batch_high_mat_slots``) with its width while ``mat`` is at least ``high``'s MAT; ``high`` = (width, min MAT)
 (``high_mat_narrow_slots``) widens the mid-size narrow steps while ``mat`` is at least that MAT. The step's drafting
-pads each row to the width: the verify batch is uniform with ``narrow + 1`` tokens per request, which vLLM runs as one FULL CUDA
-graph once ``graphs.py`` has captured that length (vLLM captures only ``k + 1``). Mid-size batches are bound by the
+pads each row to the width: the verify batch is uniform with ``width + 1`` tokens per request, which vLLM runs as one
+FULL CUDA graph once ``graphs.py`` has captured that length (vLLM captures only ``k + 1``). Mid-size batches are bound by the
 host's launches of the piecewise graphs a mixed batch gets; large ones by the GPU, where verifying filler costs.
 
 The book is shared between the runner (writer, after drafting) and the scheduler (reader), which live in the
@@ -222,7 +222,8 @@ class SlotBook:
                 "growth_extra_slots": self.extra_granted, "growth_extra_used": self.extra_used,
                 "growth_paid_share": self.paid, "narrow_slots": self.narrow, "narrow_steps": self.narrow_steps,
                 "large_batch_narrow_slots": self.large_width, "high_mat_narrow_slots": self.high_width,
-                "large_batch_high_mat_slots": self.large_high_width, "mat": self.mat, **{f"narrow_steps_w{w}": n for w, n in sorted(self.width_steps.items())}}
+                "large_batch_high_mat_slots": self.large_high_width, "mat": self.mat,
+                **{f"narrow_steps_w{w}": n for w, n in sorted(self.width_steps.items())}}
 
 
 class _Registry:
