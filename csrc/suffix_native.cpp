@@ -776,19 +776,20 @@ struct Engine {
     // global trie: the responses retired before a step reach the global trie right after that step's drafting.
     void launch_caching() {
         if (retired.empty() || !cacher.idle()) return;
+        hand_to_cacher(lane.late_refresh);
+    }
+
+    // The cacher (idle) caches every retired response; with `refresh` it then rebuilds every running request's global
+    // match front, and every entry point waits for the job first (quiesce: cache_refreshing), since it reads them.
+    void hand_to_cacher(bool refresh) {
         caching = std::move(retired);
         retired.clear();
-        if (!lane.late_refresh) {
-            cacher.launch([this] {
-                for (Request& r : caching) cache_response(r);
-                caching.clear();
-            });
-            return;
-        }
         std::vector<Request*> running;
-        running.reserve(requests.size());
-        for (auto& kv : requests) running.push_back(&kv.second);
-        cache_refreshing = true;
+        if (refresh) {
+            running.reserve(requests.size());
+            for (auto& kv : requests) running.push_back(&kv.second);
+            cache_refreshing = true;
+        }
         cacher.launch([this, running = std::move(running)] {
             for (Request& r : caching) cache_response(r);
             caching.clear();
