@@ -13,7 +13,7 @@ import random
 import numpy as np
 import pytest
 
-from core_support import target_sequence
+from core_support import stops_after_each_step, target_sequence
 from specdec.drafters.suffix import SuffixDrafter, native_available
 from specdec.vllm_plugin.core import ProposerCore
 from specdec.vllm_plugin.options import SpecdecOptions
@@ -185,21 +185,14 @@ def test_late_caching_drafts_as_if_requests_stopped_after_the_step(threads):
     plain, late = (ProposerCore(SuffixDrafter(backend="native"), SpecdecOptions.from_dict(
         {"num_speculative_tokens": 8, "lane_threads": threads, **opts}), max_model_len=MAX_LEN, target_params=5e7,
         clock=eng.clock) for opts in ({}, {"late_cache": True, "defer_cache": True}))
-    plain_step, stop_after = plain.step, plain._stop_absent
-    plain._stop_absent = lambda present: None  # type: ignore[method-assign]
-
-    def plain_then_stop(order, *args, **kwargs):
-        out = plain_step(order, *args, **kwargs)
-        stop_after(set(order))  # absent requests stop once the step has drafted
-        return out
-
+    stops_after_each_step(plain)
     late_step = late.step
 
     def stop_then_late(order, *args, **kwargs):
         late.stop_absent(order)  # what ScheduledDrafting._prepare_early does
         return late_step(order, *args, **kwargs)
 
-    plain.step, late.step = plain_then_stop, stop_then_late  # type: ignore[method-assign]
+    late.step = stop_then_late  # type: ignore[method-assign]
     drafts: dict[str, list[int]] = {}
     for i in range(120):
         eng.churn(i)

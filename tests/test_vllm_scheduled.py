@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from core_support import target_sequence
+from core_support import stops_after_each_step, target_sequence
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.eval.bench_schedule_cpu import HostWait
 from specdec.vllm_plugin.core import ProposerCore
@@ -176,20 +176,6 @@ class AsyncEngine:
 
 
 EARLY_ONLY = ("early_cache", "late_cache", "defer_cache")  # schedule mode's caching: the synchronous twin caches inline
-
-
-def stops_after_each_step(core: ProposerCore) -> None:
-    """``late_cache``'s synchronous reference: ``core`` stops the requests absent from a step once that step has
-    drafted (their responses reach the global cache one step later), instead of before."""
-    stop, step = core._stop_absent, core.step
-    core._stop_absent = lambda present: None  # type: ignore[method-assign]
-
-    def step_then_stop(req_ids, *args, **kwargs):
-        out = step(req_ids, *args, **kwargs)
-        stop(set(req_ids[:len(args[0])]))
-        return out
-
-    core.step = step_then_stop  # type: ignore[method-assign]
 
 
 def make_core(clock, **opts) -> ProposerCore:
