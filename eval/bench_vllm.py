@@ -45,8 +45,9 @@ from specdec.eval.bench_vllm_load import (
 from specdec.eval.bench_vllm_report import markdown, summarise  # noqa: F401 - re-exported
 from specdec.eval.model_shapes import INFLATE_SHAPES, SHAPES, shaped_model
 from specdec.eval.prepare_prompts import SUSTAINED_FACTOR
-from specdec.eval.step_timer import StepTimer
-from specdec.eval.step_trace import StepTrace, save_step_traces
+from specdec.eval.engine_timer import EngineTimer, allow_rpc, in_engine, install_local
+from specdec.eval.step_timer import CellTimer
+from specdec.eval.step_trace import save_step_traces
 
 from specdec.paths import TARGET_MODEL, model_path
 
@@ -111,7 +112,7 @@ LOSSLESS_MAX_TOKENS = 128
 PROFILE_TOP = 45  # functions listed per sort order in --profile output
 ENGINE_INPROC_SETTING = "vLLM LLM(), engine core in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), seed 0"
 ENGINE_PROCESS_SETTING = ("vLLM LLM(), engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1, vLLM's "
-                          "default layout; no drafting or GPU timers), seed 0")
+                          "default layout; drafting and GPU timers there, read through collective_rpc), seed 0")
 TIMEOUT_RC = 124  # a worker past --method-timeout-s (killed): reported like timeout(1)
 FIRST_ENGINE_EXTRA_S = 60  # the run's first engine also compiles (torch.compile, CUDA graphs) for the later ones:
 # on a fresh machine it took 108-135 s where the others took 70-97 s (GPU runs 94, 97, 98, 101)
@@ -176,8 +177,9 @@ def worker(args: argparse.Namespace) -> None:
     prompts = json.loads(Path(args.prompts).read_text())
     from vllm import LLM, SamplingParams
 
-    timer = StepTimer(StepTrace() if args.trace else None)
-    timer.install()
+    timer: CellTimer = install_local(args.trace)  # before LLM(): a forked engine process inherits the hooks
+    if args.engine_process:
+        allow_rpc()
     spec = _spec_config(args.method, json.loads(args.specdec_config or "{}"), variants)
     extra: dict[str, Any] = {"async_scheduling": False} if base == "nospec-sync" else {}
     cc = variants.get(args.method, {}).get("compilation_config") or json.loads(args.compilation_config or "null")
@@ -191,6 +193,8 @@ def worker(args: argparse.Namespace) -> None:
               max_num_seqs=max(args.batch_sizes), seed=0, enforce_eager=args.eager, disable_log_stats=False,
               tensor_parallel_size=args.tp, **extra)
     startup = time.perf_counter() - t0
+    if args.engine_process:  # the timer that counts is the engine process's
+        timer = EngineTimer(llm, trace=args.trace)
     lossless = args.dtype == "float32"
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=not lossless, detokenize=False)
     result: dict[str, Any] = {"method": args.method, "dtype": args.dtype, "speculative_config": spec,
@@ -205,10 +209,8 @@ def worker(args: argparse.Namespace) -> None:
         _dataset_cells(args, llm, name, prompts["datasets"][name], sp, timer, cells=cells,
                        on_cell=lambda: _write_atomic(out, json.dumps({**result, "partial": True})))
     try:
-        from specdec.vllm_plugin.proposer import INSTANCES
-
-        result["specdec_stats"] = [p.stats() for p in list(INSTANCES)]
-    except Exception:  # noqa: BLE001
+        result["specdec_stats"] = in_engine(timer, "specdec_stats")
+    except Exception:  # noqa: BLE001 - no specdec proposer (a peer's engine)
         pass
     _write_atomic(out, json.dumps(result))
 
@@ -221,7 +223,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _dataset_cells(args: argparse.Namespace, llm: Any, name: str, sets: dict[str, list[list[int]]], sp: Any,
-                   timer: StepTimer, *, cells: dict[str, Any], on_cell: Callable[[], None]) -> None:
+                   timer: CellTimer, *, cells: dict[str, Any], on_cell: Callable[[], None]) -> None:
     """One dataset on this engine: the warm-up, then a cell per batch size into ``cells``, keyed "b" (closed load)
     or "sus{b}" (sustained load; batch sizes without a sustained set in the prompts file are skipped;
     ``--output-lengths varied``: per-prompt lengths, the cell marked ``output_lengths``); ``on_cell()`` after each."""
@@ -244,9 +246,9 @@ def _dataset_cells(args: argparse.Namespace, llm: Any, name: str, sets: dict[str
             Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
             out = Path(args.profile_dir) / f"profile_{args.method}_{name}_{label}.txt"
             run = functools.partial(_profiled, run, out)
-        before = _slot_counters()
+        before = in_engine(timer, "slot_counters")
         cells[key] = cell = run()
-        after = _slot_counters()
+        after = in_engine(timer, "slot_counters")
         if after:  # schedule mode's slot book: this cell's share of its counters (they run for the engine's life)
             cell["slot_book"] = {k: v - before.get(k, 0) for k, v in after.items()}
         if varied:
@@ -254,25 +256,6 @@ def _dataset_cells(args: argparse.Namespace, llm: Any, name: str, sets: dict[str
         print(f"[{args.method} {args.dtype}] {name} {label}: {cell['tokens_per_s']:.0f} tok/s, MAT "
               f"{cell['mat']:.2f}, draft {cell['draft_ms_per_step'] or 0.0:.3f} ms/step", flush=True)
         on_cell()
-
-
-SLOT_COUNTERS = ("notes", "growth_notes", "growth_extra_slots", "growth_extra_used", "slots_granted",
-                 "slots_offered", "prefill_steps", "narrow_steps")
-NARROW_WIDTH_COUNTER = "narrow_steps_w"  # the slot book's narrow schedules by width: narrow_steps_w6, ...
-
-
-def _slot_counters() -> dict[str, int]:
-    """The counters of the slot book registered in this process (schedule mode, adaptive slots), or {}."""
-    try:
-        from specdec.vllm_plugin.slots import active
-    except ImportError:
-        return {}
-    book = active()
-    if book is None:
-        return {}
-    d = book.as_dict()
-    return {k: int(v) for k, v in d.items()
-            if v is not None and (k in SLOT_COUNTERS or k.startswith(NARROW_WIDTH_COUNTER))}
 
 
 def _final_only(sp: Any) -> Any:
@@ -515,9 +498,9 @@ def main(argv: list[str] | None = None) -> None:
                     "tokens, drafting, CUDA-graph mode, GPU busy/gap): python -m specdec.eval.step_trace RESULTS")
     ap.add_argument("--engine-process", action="store_true",
                     help="each engine's core in a process of its own, as vllm serve and LLM() run it by default "
-                         "(VLLM_ENABLE_V1_MULTIPROCESSING=1; default: in the worker's process): tokens/s, MAT and "
-                         "mismatches as usual; the in-process timers (drafting, GPU gap and busy, specdec stats) stay "
-                         "empty, so --trace and --profile-methods are refused")
+                         "(VLLM_ENABLE_V1_MULTIPROCESSING=1; default: in the worker's process); the timers (drafting, "
+                         "GPU gap and busy, --trace, specdec stats) run there and are read through vLLM's "
+                         "collective_rpc (engine_timer.py); --profile-methods is refused")
     ap.add_argument("--lossless", action="store_true", help="add float32 runs: no-spec vs specdec methods")
     ap.add_argument("--lossless-methods", default="", type=lambda s: [m for m in s.split(",") if m],
                     help="methods compared with no-spec in float32 (default: the specdec methods of --methods)")
@@ -541,9 +524,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.output_lengths == VARIED and "sustained" not in LOADS[args.load] and not args.worker:
         ap.error("--output-lengths varied applies to sustained-load cells only: add --load sustained or --load both")
-    if args.engine_process and (args.trace or args.profile_methods):
-        ap.error("--engine-process runs the engine core in another process, where --trace and --profile-methods "
-                 "see nothing: drop them, or drop --engine-process")
+    if args.engine_process and args.profile_methods:
+        ap.error("--engine-process runs the engine core in another process, which --profile-methods (cProfile of "
+                 "the benchmark's process) does not see: drop one of them")
     if args.shape and args.inflate:
         ap.error("--shape and --inflate exclude each other: --shape is random weights, --inflate the real model")
     known = set(METHODS) | set(json.loads(args.variants or "{}"))

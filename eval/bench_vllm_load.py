@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from specdec.eval.step_timer import StepTimer
+from specdec.eval.step_timer import CellTimer
 from specdec.eval.step_trace import SPLIT_COLS, host_late_share
 
 SUSTAINED_REQUEST_PREFIX = "sus"  # request ids "<prefix>-<prompt index>" (LLM.generate's ids are bare numbers)
@@ -111,7 +111,7 @@ def feed(engine: Any, prompts: list[list[int]], concurrency: int, params: Any, *
     return outputs, wall
 
 
-def run_closed(llm: Any, prompts: list[list[int]], batch: int, sp: Any, timer: StepTimer) -> dict[str, Any]:
+def run_closed(llm: Any, prompts: list[list[int]], batch: int, sp: Any, timer: CellTimer) -> dict[str, Any]:
     """A closed-batch cell: ``LLM.generate`` over chunks of ``batch`` prompts (wall = the sum of the calls)."""
     def measure() -> tuple[list[list[int]], float, list[float]]:
         wall, outs, tpots = 0.0, [], []
@@ -132,7 +132,7 @@ def run_closed(llm: Any, prompts: list[list[int]], batch: int, sp: Any, timer: S
     return {**measured_cell(llm, timer, batch, measure), "load": "closed"}
 
 
-def run_sustained(llm: Any, prompts: list[list[int]], concurrency: int, sp: Any, timer: StepTimer, *,
+def run_sustained(llm: Any, prompts: list[list[int]], concurrency: int, sp: Any, timer: CellTimer, *,
                   request_prefix: str = SUSTAINED_REQUEST_PREFIX,
                   max_tokens: Sequence[int] | None = None) -> dict[str, Any]:
     """A sustained-load cell: ``feed`` on the LLM's engine (``sp`` should ask for final outputs only, as
@@ -150,32 +150,31 @@ def run_sustained(llm: Any, prompts: list[list[int]], concurrency: int, sp: Any,
     return {**measured_cell(llm, timer, concurrency, measure), "load": "sustained", "concurrency": concurrency}
 
 
-def measured_cell(llm: Any, timer: StepTimer, batch: int,
+def measured_cell(llm: Any, timer: CellTimer, batch: int,
                   measure: Callable[[], tuple[list[list[int]], float, list[float]]]) -> dict[str, Any]:
     """Run ``measure`` (-> outputs in prompt order, wall seconds, TPOTs in ms) and book the cell: tokens/s, MAT and
     acceptance from vLLM's counters, engine steps, drafting and GPU gap/busy from ``timer`` (deltas over the run)."""
-    c0, s0, d0 = spec_counters(llm), timer.steps, timer.draft_s
-    g0, b0, n0 = timer.gap_ms, timer.busy_ms, timer.gap_n
+    c0, t0 = spec_counters(llm), timer.counts()
     outs, wall, tpots = measure()
-    c1 = spec_counters(llm)
+    c1, t1 = spec_counters(llm), timer.counts()
     n_out = sum(map(len, outs))
     accepted = c1.get("accepted_tokens", 0.0) - c0.get("accepted_tokens", 0.0)
     drafted = c1.get("draft_tokens", 0.0) - c0.get("draft_tokens", 0.0)
-    steps, draft_s = timer.steps - s0, timer.draft_s - d0
-    gaps = timer.gap_n - n0
+    steps, draft_s = t1["steps"] - t0["steps"], t1["draft_s"] - t0["draft_s"]
+    gaps = t1["gap_n"] - t0["gap_n"]
+    trace = timer.take_trace()
     return {
-        "gpu_gap_ms_per_step": (timer.gap_ms - g0) / gaps if gaps else None,
-        "gpu_busy_ms_per_step": (timer.busy_ms - b0) / gaps if gaps else None,
+        "gpu_gap_ms_per_step": (t1["gap_ms"] - t0["gap_ms"]) / gaps if gaps else None,
+        "gpu_busy_ms_per_step": (t1["busy_ms"] - t0["busy_ms"]) / gaps if gaps else None,
         "batch_size": batch, "prompts": len(outs), "output_tokens": n_out, "wall_s": wall,
         "tokens_per_s": n_out / wall,
         "tpot_ms": sum(tpots) / len(tpots) if tpots else MS_PER_S * wall * batch / max(n_out, 1),
         "mat": n_out / max(n_out - accepted, 1), "accepted_tokens": accepted, "drafted_tokens": drafted,
         "acceptance_rate": accepted / drafted if drafted else None,
-        # no step seen: the engine core ran in another process (bench_vllm --engine-process), its timers there
         "engine_steps": steps, "draft_ms_per_step": MS_PER_S * draft_s / steps if steps else None,
         "draft_share": draft_s / wall if steps else None,
         "outputs": outs,
-        **(_with_split(timer.trace.cell()) if timer.trace is not None else {}),
+        **(_with_split(trace) if trace is not None else {}),
     }
 
 

@@ -6,9 +6,22 @@ from __future__ import annotations
 import functools
 import itertools
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from specdec.eval.step_trace import StepTrace
+
+
+class CellTimer(Protocol):
+    """What a benchmark cell needs of its timer: ``StepTimer`` (engine core in this process) or
+    ``engine_timer.EngineTimer`` (its proxy for an engine core in a process of its own)."""
+
+    gpu_on: bool
+
+    def collect_gpu(self) -> None: ...
+
+    def counts(self) -> dict[str, float]: ...
+
+    def take_trace(self) -> dict[str, list[Any]] | None: ...
 
 
 class StepTimer:
@@ -78,6 +91,16 @@ class StepTimer:
             UniProcExecutor.take_draft_token_ids = self._timed(UniProcExecutor.take_draft_token_ids)
         except (ImportError, AttributeError):
             pass
+
+    def counts(self) -> dict[str, float]:
+        """Running totals (a cell's figures are differences of two snapshots): engine steps, drafting seconds, GPU
+        gap and busy ms, and the number of gaps measured."""
+        return {"steps": self.steps, "draft_s": self.draft_s, "gap_ms": self.gap_ms, "busy_ms": self.busy_ms,
+                "gap_n": self.gap_n}
+
+    def take_trace(self) -> dict[str, list[Any]] | None:
+        """The steps recorded since the last call (``StepTrace.cell``), or None without a trace."""
+        return self.trace.cell() if self.trace is not None else None
 
     def _event(self) -> Any:
         import torch

@@ -605,7 +605,7 @@ def test_step_traces_move_to_a_gzip_file_beside_the_results_and_read_back(tmp_pa
 
 def test_slot_counters_include_the_narrow_schedules_by_width():
     """bench_vllm's per-cell slot-book counters (deltas over a cell) carry the narrow schedules, also by width."""
-    from specdec.eval.bench_vllm import _slot_counters
+    from specdec.eval.engine_timer import slot_counters as _slot_counters
     from specdec.vllm_plugin.slots import SlotBook, register
 
     book = SlotBook(16, narrow=6, narrow_rows=(16, 48), high=(8, 4.0))
@@ -649,9 +649,9 @@ def test_a_worker_cut_short_keeps_its_finished_cells(tmp_path):
     assert _read_worker(out, 124, "m") is None
 
 
-def test_engine_process_flag_reaches_the_workers_and_the_settings_and_refuses_the_timers(tmp_path, monkeypatch):
+def test_engine_process_flag_reaches_the_workers_and_the_settings_and_refuses_the_profiler(tmp_path, monkeypatch):
     """--engine-process: every worker runs its engine core in a process of its own (vLLM's default layout); the
-    settings say so; --trace and --profile-methods, which read in-process timers, are refused with a message."""
+    settings say so; --trace goes with it; --profile-methods (cProfile of the worker's own process) is refused."""
     import json
 
     import pytest
@@ -672,7 +672,9 @@ def test_engine_process_flag_reaches_the_workers_and_the_settings_and_refuses_th
     assert cmds and not any("--engine-process" in c for c in cmds)
     doc = json.loads(next((tmp_path / "inproc").glob("*.json")).read_text())
     assert doc["settings"]["engine"] == bench_vllm.ENGINE_INPROC_SETTING
-    for extra in (["--trace"], ["--profile-methods", "specdec"]):
-        with pytest.raises(SystemExit) as exc:
-            bench_vllm.main(base + ["--engine-process", *extra])
-        assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        bench_vllm.main(base + ["--engine-process", "--profile-methods", "specdec"])
+    assert exc.value.code == 2
+    cmds.clear()
+    bench_vllm.main(base + ["--engine-process", "--trace", "--out-dir", str(tmp_path / "traced")])
+    assert cmds and all("--engine-process" in c and "--trace" in c for c in cmds)
