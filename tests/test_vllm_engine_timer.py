@@ -9,7 +9,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
 from specdec.eval import engine_timer
 from specdec.eval.step_timer import StepTimer
 from specdec.eval.step_trace import StepTrace
