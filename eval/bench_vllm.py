@@ -25,6 +25,7 @@ import argparse
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -315,12 +316,26 @@ def _spawn(args: argparse.Namespace, method: str, dtype: str, batches: list[int]
     print(f"=== {what} ===", flush=True)
     out.unlink(missing_ok=True)  # an earlier run's file must not stand in for this worker's
     t0 = time.perf_counter()
-    try:
-        rc = subprocess.call(cmd, timeout=args.method_timeout_s + (FIRST_ENGINE_EXTRA_S if first else 0))
-    except subprocess.TimeoutExpired:  # the worker was killed; the other methods go on
-        rc = TIMEOUT_RC
+    rc = run_worker(cmd, args.method_timeout_s + (FIRST_ENGINE_EXTRA_S if first else 0))
     print(f"=== {what} rc={rc} in {time.perf_counter() - t0:.0f} s ===", flush=True)
     return _read_worker(out, rc, what)
+
+
+def run_worker(cmd: list[str], timeout_s: float) -> int:
+    """Run ``cmd`` in a process group of its own; its exit code, or ``TIMEOUT_RC`` once it ran past ``timeout_s``.
+    On the way out (whatever the exit) the whole group is killed: an engine core in its own process
+    (``--engine-process``) outlives a killed worker and would hold its GPU memory from every later engine."""
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:  # the other methods go on
+        return TIMEOUT_RC
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # the group is gone already
+            pass
+        proc.wait()
 
 
 def _read_worker(out: Path, rc: int, what: str) -> dict[str, Any] | None:

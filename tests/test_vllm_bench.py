@@ -487,7 +487,7 @@ def _fake_workers(monkeypatch, cells_of):
             json.dump(result, f)
         return 0
 
-    monkeypatch.setattr(bench_vllm.subprocess, "call", call)
+    monkeypatch.setattr(bench_vllm, "run_worker", call)
     return cmds
 
 
@@ -678,3 +678,37 @@ def test_engine_process_flag_reaches_the_workers_and_the_settings_and_refuses_th
     cmds.clear()
     bench_vllm.main(base + ["--engine-process", "--trace", "--out-dir", str(tmp_path / "traced")])
     assert cmds and all("--engine-process" in c and "--trace" in c for c in cmds)
+
+
+def test_a_timed_out_worker_takes_its_whole_process_group_with_it(tmp_path):
+    """run_worker: a worker past its timeout gives TIMEOUT_RC, and a process it started (an engine core in its own
+    process holds GPU memory) is killed with it; a worker that exits gives its own code and leaves nothing behind."""
+    import sys
+    import time
+
+    from specdec.eval.bench_vllm import TIMEOUT_RC, run_worker
+
+    pid_file = tmp_path / "child.pid"
+    script = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; "
+              f"time.sleep(60)']); open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(60)")
+    t0 = time.perf_counter()
+    assert run_worker([sys.executable, "-c", script], 3.0) == TIMEOUT_RC
+    assert time.perf_counter() - t0 < 30
+    child = int(pid_file.read_text())
+    for _ in range(100):  # the child is reaped by init once killed
+        if not _alive(child):
+            break
+        time.sleep(0.05)
+    assert not _alive(child)
+    assert run_worker([sys.executable, "-c", "raise SystemExit(3)"], 30.0) == 3
+
+
+def _alive(pid: int) -> bool:
+    """A process ``pid`` exists and is not a zombie."""
+    from pathlib import Path
+
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
