@@ -18,6 +18,7 @@ under sustained load (all b requests finish in the same step, b successors prefi
 from __future__ import annotations
 
 import copy
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,7 +32,10 @@ MS_PER_S = 1e3
 FIXED, VARIED = "fixed", "varied"
 OUTPUT_LENGTHS = (FIXED, VARIED)  # bench_vllm --output-lengths (varied: sustained cells only)
 VARIED_LENGTHS = (128, 384)  # varied: max_tokens uniform over [lo, hi] (inclusive): mean 256, the fixed length
-VARIED_LENGTH_SEED = 0  # one draw per cell from this seed: the same length per prompt for every method
+VARIED_LENGTH_SEED = 0
+# diagnostic (a variant's "env"): a sustained cell starts with one request alone for one engine step, the others
+# after it, as an engine core in its own process can start before the first b requests have all arrived
+LEAD_REQUEST_ENV = "SPECDEC_BENCH_LEAD_REQUEST"  # one draw per cell from this seed: the same length per prompt for every method
 
 
 def varied_lengths(n: int) -> list[int]:
@@ -95,6 +99,11 @@ def feed(engine: Any, prompts: list[list[int]], concurrency: int, params: Any, *
         engine.add_request(f"{request_prefix}-{i}", {"prompt_token_ids": prompts[i]}, per_request[i])
 
     t0 = time.perf_counter()
+    if os.environ.get(LEAD_REQUEST_ENV) == "1" and prompts:
+        add()
+        for out in engine.step():
+            if out.finished:
+                outputs[index[out.request_id]] = out
     while len(index) < min(concurrency, len(prompts)):
         add()
     while engine.has_unfinished_requests():
