@@ -228,6 +228,21 @@ def test_feed_keeps_at_most_b_in_flight_and_refills_as_requests_finish(monkeypat
     assert wall == 4 * FakeEngine.STEP_S
 
 
+def test_feed_with_a_lead_request_runs_it_alone_for_one_step(monkeypatch):
+    """SPECDEC_BENCH_LEAD_REQUEST=1 (a diagnostic): the first request runs one step alone, then the rest of the first
+    b join; a lead request that finishes in that step is booked and refilled as usual."""
+    from specdec.eval.bench_vllm_load import LEAD_REQUEST_ENV, feed
+
+    monkeypatch.setenv(LEAD_REQUEST_ENV, "1")
+    engine = FakeEngine(_fake_clock(monkeypatch))
+    outs, wall = feed(engine, [[2, 0], [1, 1], [1, 2]], 2, "sp")
+    assert [(s, r) for s, r, _ in engine.added] == [(0, "sus-0"), (1, "sus-1"), (2, "sus-2")]
+    assert engine.widths == [1, 2, 1] and wall == 3 * FakeEngine.STEP_S and len(outs) == 3
+    engine = FakeEngine(_fake_clock(monkeypatch))
+    outs, _ = feed(engine, [[1, 0], [1, 1]], 2, "sp")  # the lead finishes in its own step
+    assert [o.outputs[0].token_ids for o in outs] == [[101, 100], [101, 101]] and engine.widths == [1, 1]
+
+
 def test_feed_with_fewer_prompts_than_the_cap_submits_them_all_at_once(monkeypatch):
     from specdec.eval.bench_vllm_load import feed
 
