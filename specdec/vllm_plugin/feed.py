@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+VALID_COUNT_DTYPE = "int32"  # torch dtype name of valid_counts' counts (compile_warmup traces vLLM's use of them)
 MAX_ABSENT_STEPS = 4096  # a request absent this long forgets its history (it restarts from vLLM's if it returns)
 
 
@@ -160,7 +161,7 @@ def valid_counts(sampled: Any, discard_mask: Any = None, backup: Any = None, *, 
     import torch
 
     valid = sampled.ge(0) if vocab_size <= 0 else (sampled >= 0) & (sampled < vocab_size)  # [rows, k+1] bool
-    counts = valid.sum(dim=1, dtype=torch.int32)  # [rows]
+    counts = valid.sum(dim=1, dtype=getattr(torch, VALID_COUNT_DTYPE))  # [rows]
     last = valid.sum(dim=1, keepdim=True).sub_(1).clamp_(min=0)  # [rows, 1] int64
     nxt = sampled.gather(1, last).squeeze(1).to(torch.int32)  # [rows]
     if discard_mask is not None:

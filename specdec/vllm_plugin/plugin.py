@@ -34,7 +34,7 @@ VLLM_DEFAULT_CAPTURE_TOKENS = 512  # vLLM's own cap on the default capture size
 UNSAFE_CUDAGRAPH_MODE = "FULL"  # vLLM CUDAGraphMode that replays mixed verify batches from full graphs (run 18)
 SAFE_CUDAGRAPH_MODE = "FULL_AND_PIECEWISE"  # vLLM's default: full graphs for uniform batches only
 _state = {"registered": False, "runner_patched": False, "take_patched": False, "execute_patched": False,
-          "async_patched": False, "scheduler_patched": False, "graphs_patched": False}
+          "async_patched": False, "scheduler_patched": False, "graphs_patched": False, "warmup_patched": False}
 
 
 def _vllm_version() -> str:
@@ -283,7 +283,21 @@ def ensure_runner_patch() -> bool:
         else:
             _state["scheduler_patched"] = patch_async_scheduler(AsyncScheduler)
         _state["graphs_patched"] = _patch_graphs(GPUModelRunner)
+        _state["warmup_patched"] = _patch_worker_warmup()
     return _state["runner_patched"]
+
+
+def _patch_worker_warmup() -> bool:
+    """Compile vLLM's async spec-decode correction ahead (``compile_warmup.py``; pass-through for other engines)."""
+    try:
+        from vllm.v1.worker.gpu_worker import Worker
+
+        from specdec.vllm_plugin.compile_warmup import patch_worker_warmup
+
+        return patch_worker_warmup(Worker)
+    except Exception as exc:  # noqa: BLE001 - an optimisation must never stop the engine
+        logger.warning("specdec: no compile warm-up for async spec decoding (%r)", exc)
+        return False
 
 
 def _patch_graphs(runner_cls: Any) -> bool:

@@ -1,0 +1,107 @@
+"""Compile vLLM's async speculative-decoding correction ahead, for every batch-size class (schedule mode).
+
+Under async scheduling with speculative decoding, vLLM 0.26-0.32's runner corrects each step's computed-token counts
+on the GPU (``_prepare_inputs``) with ``update_num_computed_tokens_for_batch_change``, a
+``torch.compile(dynamic=True)`` function. Its inputs are sized by the step's requests (n), the previous step's
+(m: the valid-token counts our capture hands vLLM, ``feed.valid_counts``) and ``max_num_reqs`` (R). Dynamo
+specialises sizes of 1 and, by duck sizing, sizes that were equal when it traced, so a natural run recompiles it
+several times: at the first step whose n differs from m, the first after a step of one request (m = 1), the first
+of one request after a larger one, and so on (CPU check with vLLM's own function and a counting backend:
+``tests/test_vllm_compile_warmup.py``). On the GPU each recompile held the host 0.5-0.6 s with the GPU idle: GPU
+runs 110-113 lost 506-620 ms in the step after a one-request step in 3 of 28 schedule-mode cells (the peers, which
+do not take that path, in none of 32), once per engine and class.
+
+``warm_batch_change`` calls the function right after vLLM's own warm-up (``Worker.compile_or_warm_up_model``) for
+the four classes ``WARM_SHAPES`` (the general one first: n != m, both >= 2; then n = 1, m = 1, both 1), on scratch
+tensors with the runner's dtypes and its R-sized buffers' shapes: every later (n, m) matches one of those graphs.
+A failure is logged once and leaves the engine as it was (the stalls come back, nothing else changes).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger("specdec.vllm")
+
+_WRAPPED = "_specdec_wrapped"
+FUNCTION_NAME = "update_num_computed_tokens_for_batch_change"  # vLLM 0.26-0.32, imported into gpu_model_runner
+# (this step's requests, the previous step's): the general class (distinct sizes >= 2) first, then the 1-classes
+WARM_SHAPES = ((3, 2), (1, 2), (3, 1), (1, 1))
+
+
+def batch_change_function() -> Callable[..., Any] | None:
+    """vLLM's correction as its runner calls it (a module global of ``gpu_model_runner``), or None."""
+    try:
+        from vllm.v1.worker import gpu_model_runner
+    except Exception:  # noqa: BLE001 - CPU-only installs, other platforms
+        return None
+    return getattr(gpu_model_runner, FUNCTION_NAME, None)
+
+
+def warm_batch_change(runner: Any, fn: Callable[..., Any] | None = None) -> int:
+    """Call ``fn`` (default: ``batch_change_function()``) once per ``WARM_SHAPES`` class on scratch tensors shaped
+    and typed as ``runner``'s call makes them; returns the calls made (0 where the runner takes no such path)."""
+    import torch
+
+    from specdec.vllm_plugin.feed import VALID_COUNT_DTYPE
+
+    fn = fn if fn is not None else batch_change_function()
+    if fn is None or not getattr(runner, "use_async_spec_decode", False):
+        return 0
+    computed = runner.num_computed_tokens  # [R] on the device
+    accepted, positions = runner.num_accepted_tokens.gpu, runner.prev_positions.gpu  # [R] buffers, sliced to [n]
+    drafts = runner.prev_num_draft_tokens.gpu  # [R], passed whole
+    host_dtype = runner.input_batch.num_computed_tokens_cpu_tensor.dtype  # copied to the device, [n]
+    rows, device = int(computed.shape[0]), computed.device
+    calls = 0
+    for n, m in WARM_SHAPES:
+        n, m = min(n, rows), min(m, rows)
+        fn(torch.zeros_like(computed),
+           torch.ones(n, dtype=accepted.dtype, device=device),
+           torch.zeros(n, dtype=positions.dtype, device=device),  # row 0 of the previous step: a valid gather
+           torch.ones(m, dtype=getattr(torch, VALID_COUNT_DTYPE), device=device),
+           torch.zeros_like(drafts),
+           torch.zeros(n, dtype=host_dtype, device=device))
+        calls += 1
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return calls
+
+
+def _drafts_in_schedule_mode(runner: Any) -> bool:
+    from specdec.vllm_plugin.proposer import SpecdecProposer
+
+    return isinstance(getattr(runner, "drafter", None), SpecdecProposer) and bool(
+        getattr(runner, "use_async_scheduling", False))
+
+
+def patch_worker_warmup(worker_cls: Any) -> bool:
+    """Wrap ``worker_cls.compile_or_warm_up_model`` (idempotent): after vLLM's warm-up, a worker whose runner drafts
+    with our proposer under async scheduling compiles the correction's classes (``warm_batch_change``). Returns True
+    if patched."""
+    orig = getattr(worker_cls, "compile_or_warm_up_model", None)
+    if orig is None:
+        return False
+    if getattr(orig, _WRAPPED, False):
+        return True
+
+    @functools.wraps(orig)
+    def compile_or_warm_up_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(self, *args, **kwargs)
+        runner = getattr(self, "model_runner", None)
+        if runner is not None and _drafts_in_schedule_mode(runner):
+            try:
+                calls = warm_batch_change(runner)
+            except Exception as exc:  # noqa: BLE001 - a warm-up must never stop the engine
+                logger.warning("specdec: %s was not compiled ahead (%r); its first steps after one-request steps "
+                               "may stall while it recompiles", FUNCTION_NAME, exc)
+            else:
+                if calls:
+                    logger.info("specdec: compiled %s ahead for %d batch-size classes", FUNCTION_NAME, calls)
+        return out
+
+    setattr(compile_or_warm_up_model, _WRAPPED, True)
+    worker_cls.compile_or_warm_up_model = compile_or_warm_up_model
+    return True
