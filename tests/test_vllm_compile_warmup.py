@@ -123,3 +123,18 @@ def test_vllms_worker_and_runner_still_have_what_the_warm_up_uses():
     gpu_worker = pytest.importorskip("vllm.v1.worker.gpu_worker")
     assert callable(compile_warmup.batch_change_function())
     assert hasattr(gpu_worker.Worker, "compile_or_warm_up_model")
+
+
+def test_the_plugin_wraps_vllms_worker(monkeypatch):
+    """On a real vLLM (CI's vLLM venv): the plugin's runner patch step wraps ``Worker.compile_or_warm_up_model``
+    (restored after the test), keeping its signature."""
+    import inspect
+
+    gpu_worker = pytest.importorskip("vllm.v1.worker.gpu_worker")
+    from specdec.vllm_plugin import plugin
+
+    before = inspect.signature(gpu_worker.Worker.compile_or_warm_up_model)
+    monkeypatch.setattr(gpu_worker.Worker, "compile_or_warm_up_model", gpu_worker.Worker.compile_or_warm_up_model)
+    assert plugin._patch_worker_warmup()
+    wrapped = gpu_worker.Worker.compile_or_warm_up_model
+    assert getattr(wrapped, compile_warmup._WRAPPED) and inspect.signature(wrapped) == before
