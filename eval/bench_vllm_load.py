@@ -32,10 +32,10 @@ MS_PER_S = 1e3
 FIXED, VARIED = "fixed", "varied"
 OUTPUT_LENGTHS = (FIXED, VARIED)  # bench_vllm --output-lengths (varied: sustained cells only)
 VARIED_LENGTHS = (128, 384)  # varied: max_tokens uniform over [lo, hi] (inclusive): mean 256, the fixed length
-VARIED_LENGTH_SEED = 0
+VARIED_LENGTH_SEED = 0  # one draw per cell from this seed: the same length per prompt for every method
 # diagnostic (a variant's "env"): a sustained cell starts with one request alone for one engine step, the others
 # after it, as an engine core in its own process can start before the first b requests have all arrived
-LEAD_REQUEST_ENV = "SPECDEC_BENCH_LEAD_REQUEST"  # one draw per cell from this seed: the same length per prompt for every method
+LEAD_REQUEST_ENV = "SPECDEC_BENCH_LEAD_REQUEST"
 
 
 def varied_lengths(n: int) -> list[int]:
