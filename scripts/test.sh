@@ -16,4 +16,4 @@ if ! "$VENV/bin/python" -c "import vllm.engine.arg_utils, vllm.v1.spec_decode.cu
   "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
 fi
 "$VENV/bin/python" -m pytest -q tests/test_vllm_plugin.py tests/test_vllm_proposer.py tests/test_vllm_bench.py tests/test_vllm_scheduled.py tests/test_vllm_thread.py tests/test_vllm_graphs.py \
-  tests/test_step_trace.py
+  tests/test_step_trace.py tests/test_vllm_engine_timer.py tests/test_vllm_compile_warmup.py
