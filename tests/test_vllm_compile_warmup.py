@@ -102,7 +102,7 @@ def test_the_worker_patch_warms_only_runners_that_draft_with_us_and_never_raises
             return "times"
 
     ours = {"yes": True}
-    monkeypatch.setattr(compile_warmup, "_drafts_in_schedule_mode", lambda runner: ours["yes"])
+    monkeypatch.setattr(compile_warmup.async_patch, "drafts_in_schedule_mode", lambda runner: ours["yes"])
     monkeypatch.setattr(compile_warmup, "warm_batch_change", lambda runner: calls.append("warm") or 4)
     assert compile_warmup.patch_worker_warmup(Worker) and compile_warmup.patch_worker_warmup(Worker)
     assert Worker(object()).compile_or_warm_up_model() == "times" and calls == ["vllm", "warm"]

@@ -137,16 +137,21 @@ def _source_has(fn: Any, text: str) -> bool:
         return False
 
 
+def drafts_in_schedule_mode(runner: Any) -> bool:
+    """The runner drafts with our proposer under vLLM's async scheduling (schedule mode)."""
+    from specdec.vllm_plugin.proposer import SpecdecProposer
+
+    return isinstance(getattr(runner, "drafter", None), SpecdecProposer) and bool(
+        getattr(runner, "use_async_scheduling", False))
+
+
 def _scheduled(runner: Any, *, create: bool = True) -> Any:
     """The runner's ScheduledDrafting, or None when this runner does not draft in schedule mode. ``create``
     False: only an existing one (the forward hooks also run in vLLM's warm-up and CUDA-graph capture, where the
     device wait's start-up self-test must not run)."""
-    from specdec.vllm_plugin.proposer import SpecdecProposer
-
-    drafter = getattr(runner, "drafter", None)
-    if not isinstance(drafter, SpecdecProposer) or not getattr(runner, "use_async_scheduling", False):
+    if not drafts_in_schedule_mode(runner):
         return None
-    return drafter.scheduled_for(runner) if create else drafter.scheduled
+    return runner.drafter.scheduled_for(runner) if create else runner.drafter.scheduled
 
 
 def _finish_deferred(runner: Any, *, background: bool = False) -> None:

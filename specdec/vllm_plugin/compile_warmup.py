@@ -23,6 +23,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from specdec.vllm_plugin import async_patch
+
 logger = logging.getLogger("specdec.vllm")
 
 _WRAPPED = "_specdec_wrapped"
@@ -70,13 +72,6 @@ def warm_batch_change(runner: Any, fn: Callable[..., Any] | None = None) -> int:
     return calls
 
 
-def _drafts_in_schedule_mode(runner: Any) -> bool:
-    from specdec.vllm_plugin.proposer import SpecdecProposer
-
-    return isinstance(getattr(runner, "drafter", None), SpecdecProposer) and bool(
-        getattr(runner, "use_async_scheduling", False))
-
-
 def patch_worker_warmup(worker_cls: Any) -> bool:
     """Wrap ``worker_cls.compile_or_warm_up_model`` (idempotent): after vLLM's warm-up, a worker whose runner drafts
     with our proposer under async scheduling compiles the correction's classes (``warm_batch_change``). Returns True
@@ -91,7 +86,7 @@ def patch_worker_warmup(worker_cls: Any) -> bool:
     def compile_or_warm_up_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig(self, *args, **kwargs)
         runner = getattr(self, "model_runner", None)
-        if runner is not None and _drafts_in_schedule_mode(runner):
+        if runner is not None and async_patch.drafts_in_schedule_mode(runner):
             try:
                 calls = warm_batch_change(runner)
             except Exception as exc:  # noqa: BLE001 - a warm-up must never stop the engine
