@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 from specdec.eval.step_timer import CellTimer
-from specdec.eval.step_trace import SPLIT_COLS, host_late_share
+from specdec.eval.step_trace import PHASE_COLS, SPLIT_COLS, host_late_share
 
 SUSTAINED_REQUEST_PREFIX = "sus"  # request ids "<prefix>-<prompt index>" (LLM.generate's ids are bare numbers)
 MS_PER_S = 1e3
@@ -188,8 +188,9 @@ def measured_cell(llm: Any, timer: CellTimer, batch: int,
 
 
 def _with_split(trace: dict[str, list[Any]]) -> dict[str, Any]:
-    """The cell's trace, and the means of its gap split (schedule mode's device wait; ``step_trace.SPLIT_COLS``)
-    over the steps that have one."""
+    """The cell's trace, the means of its gap split (schedule mode's device wait; ``step_trace.SPLIT_COLS``) over
+    the steps that have one, and of the host's phases per step period (``step_trace.PHASE_COLS``) over the steps
+    with a measured period."""
     out: dict[str, Any] = {"trace": trace}
     split = {}
     for col in SPLIT_COLS:
@@ -200,4 +201,9 @@ def _with_split(trace: dict[str, list[Any]]) -> dict[str, Any]:
     if split:
         split["host_late_share"] = host_late_share(trace)
         out["gap_split_ms"] = split
+    timed = [i for i, p in enumerate(trace.get("period_ms", ())) if p is not None]
+    if timed and any(trace.get(col) for col in PHASE_COLS):
+        out["host_phase_ms"] = {"period_ms": sum(trace["period_ms"][i] for i in timed) / len(timed),
+                                **{col: sum(trace[col][i] or 0.0 for i in timed) / len(timed)
+                                   for col in PHASE_COLS if trace.get(col)}}
     return out

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specdec.eval.step_trace import host_late_share, read_step_traces
+from specdec.eval.step_trace import PHASE_COLS, host_late_share, read_step_traces
 
 REFERENCES = ("nospec", "nospec-v1", "nospec-sync")  # no-spec engines, the first one present is the ratio base
 PEERS = ("suffix", "ngram", "specdec-sync")  # what specdec methods are compared with in the same run
@@ -234,7 +234,24 @@ def _gap_table(rows: list[dict[str, Any]], name: str, batches: list[int], heads:
 
     lines = [f"### {name}: GPU idle gap / busy per step (ms) | waiting for drafts (gap - nospec-v1 gap) share of step",
              "", *_grid(mine, batches, heads, text)]
-    return lines + [""] + _parts_table(mine, name, batches, heads) + _split_table(mine, name, batches, heads)
+    return (lines + [""] + _parts_table(mine, name, batches, heads) + _split_table(mine, name, batches, heads)
+            + _phase_table(mine, name, batches, heads))
+
+
+def _phase_table(mine: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None
+                 ) -> list[str]:
+    """The engine thread's host time per step period by phase (``bench_vllm --trace``; ``step_trace.PHASE_COLS``),
+    where measured: a step whose phases fill its period is paced by the host, not the GPU."""
+    def cell(r: dict[str, Any]) -> str:
+        c = r["host_phase_ms"]
+        parts = [c.get(col, 0.0) for col in PHASE_COLS]
+        return " + ".join(f"{v:.2f}" for v in parts) + f" = {sum(parts):.2f} of {c['period_ms']:.2f}"
+
+    timed = [r for r in mine if r.get("host_phase_ms")]
+    if not timed:
+        return []
+    title = f"### {name}: host ms per step period (engine thread): schedule + execute + sample + update = sum of the period"
+    return [title, "", *_grid(timed, batches, heads, cell), ""]
 
 
 def _split_table(mine: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None

@@ -47,6 +47,7 @@ class StepTimer:
         self._held: Any = None  # recorded at the wait's enqueue (this step's, before its forward starts)
         self.held_events: dict[int, Any] = {}  # trace row -> its wait event
         self.host_split: dict[int, dict[str, float]] = {}  # trace row -> {"sync_ms", "finish_ms"}
+        self.host_phase: dict[int, dict[str, float]] = {}  # trace row -> host time of vLLM's phases in its period
         self._sync_s = 0.0
         self.gap_ms = self.busy_ms = 0.0
         self.gap_n = 0
@@ -66,6 +67,9 @@ class StepTimer:
         GPUModelRunner.execute_model = execute_model
         if self.trace is not None:
             self.trace.install()
+            from vllm.v1.core.sched.scheduler import Scheduler
+
+            self._install_phases(GPUModelRunner, Scheduler)
         GPUModelRunner.propose_draft_token_ids = self._timed(prop)
         for name, hook in (("_model_forward", self._forward_started), ("_bookkeeping_sync", self._sampling_done)):
             if hasattr(GPUModelRunner, name):
@@ -91,6 +95,20 @@ class StepTimer:
             UniProcExecutor.take_draft_token_ids = self._timed(UniProcExecutor.take_draft_token_ids)
         except (ImportError, AttributeError):
             pass
+
+    def _install_phases(self, runner_cls: Any, scheduler_cls: Any) -> None:
+        """Host time of the engine loop's phases per step period (``step_trace.PHASE_COLS``): what the engine
+        core's thread does between two ``execute_model`` entries, wherever the GPU is meanwhile."""
+        from specdec.vllm_plugin import async_patch
+
+        # the plugin's schedule wrapper (AsyncScheduler, set after this) calls vLLM's schedule and these two by name
+        for owner, name, col in ((runner_cls, "execute_model", "exec_ms"), (runner_cls, "sample_tokens", "sample_ms"),
+                                 (scheduler_cls, "schedule", "sched_ms"), (async_patch, "regrant_placeholders", "sched_ms"),
+                                 (async_patch, "cap_prefill_steps", "sched_ms"),
+                                 (scheduler_cls, "update_from_output", "update_ms")):
+            fn = getattr(owner, name, None)
+            if fn is not None:
+                setattr(owner, name, self._phase(fn, col))
 
     def counts(self) -> dict[str, float]:
         """Running totals (a cell's figures are differences of two snapshots): engine steps, drafting seconds, GPU
@@ -137,6 +155,15 @@ class StepTimer:
 
         return _wall_timed(fn, add)
 
+    def _phase(self, fn: Any, key: str) -> Any:
+        """``fn`` with its wall time added to ``key`` (ms) of the step period it ran in (the current trace row)."""
+        def add(seconds: float) -> None:
+            if self.trace is not None and self.gpu_on:
+                row = self.host_phase.setdefault(self.trace.current, {})
+                row[key] = row.get(key, 0.0) + 1e3 * seconds
+
+        return _wall_timed(fn, add)
+
     def _sampling_done(self) -> None:
         end = self._event()
         if end is not None and self._start is not None:
@@ -167,9 +194,12 @@ class StepTimer:
         if ev:
             per_step.setdefault(ev[-1][2], (ev[-1][0].elapsed_time(ev[-1][1]), None))
         if self.trace is not None:
-            self.trace.end_call(self.draft_s, per_step, self._gap_split(ev))
+            split = self._gap_split(ev)
+            for i, phases in self.host_phase.items():
+                split.setdefault(i, {}).update(phases)
+            self.trace.end_call(self.draft_s, per_step, split)
         self.events, self._start = [], None
-        self.held_events, self.host_split, self._held = {}, {}, None
+        self.held_events, self.host_split, self.host_phase, self._held = {}, {}, {}, None
 
     def _gap_split(self, ev: list[tuple[Any, Any, int]]) -> dict[int, dict[str, float]]:
         """Per trace row: the gap after it split at the next step's wait event, and the host's drafting times

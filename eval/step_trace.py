@@ -17,6 +17,12 @@ width), fed by ``step_timer.StepTimer`` (drafting time, GPU busy time and idle g
   reading captured tokens (mostly waiting for the GPU to finish the step), ``finish_ms`` = the drafting call
   (``ScheduledDrafting._finish_job``, ``sync_ms`` included); ``host_late_share`` = the share of steps whose tokens
   were ready when the drafting began (the host, not the drafting, held the GPU).
+* host time of the engine loop's phases in the step's period (engine core thread, wall): ``sched_ms`` = vLLM's
+  ``Scheduler.schedule`` (with the plugin's slot re-grant), ``exec_ms`` = ``execute_model`` (input preparation,
+  schedule mode's fill and drafting with its wait for the previous step's tokens, the forward's launch),
+  ``sample_ms`` = ``sample_tokens`` (sampling and rejection launched, schedule mode's capture), ``update_ms`` =
+  ``update_from_output`` of the step whose output arrived; the period's rest is the loop itself (waiting for that
+  output, input and output queues).
 
 ``python -m specdec.eval.step_trace RESULTS.json [--method M] [--dataset D] [--batch-size B] [--plot P.png]`` prints, per cell,
 a table by width bucket (requests in the step): steps, mean period / draft / busy / gap, share of the cell's
@@ -43,6 +49,7 @@ WIDTH_EDGES = (1, 2, 4, 8, 16, 32, 48, 64, 128, 256)  # bucket upper bounds (req
 MIN_FIT_STEPS = 8  # fit_step_cost needs at least this many steps
 FULL_WIDTH_SHARE = 0.75  # --fit: steps at least this share of the cell's widest step
 SPLIT_COLS = ("held_ms", "after_ms", "sync_ms", "finish_ms")  # schedule mode's gap split (module docstring)
+PHASE_COLS = ("sched_ms", "exec_ms", "sample_ms", "update_ms")  # host time of the engine loop's phases (docstring)
 # a step whose drafting waited less than this for its tokens found them ready: the host came late (its own loop,
 # not the drafting, then holds the GPU); reading 64 rows of tokens takes ~0.1 ms
 HOST_LATE_SYNC_MS = 0.3
@@ -115,7 +122,8 @@ class StepTrace:
     def end_call(self, draft_s_total: float, gpu: dict[int, tuple[float, float | None]],
                  split: dict[int, dict[str, float]] | None = None) -> None:
         """A ``generate`` call finished: close its last step; ``gpu`` = step index -> (busy ms, gap ms after);
-        ``split``: step index -> the gap's parts and the host's drafting times (``SPLIT_COLS``)."""
+        ``split``: step index -> the gap's parts and the host's drafting times (``SPLIT_COLS``), and the host time of
+        the engine loop's phases in that step's period (``PHASE_COLS``)."""
         if self.rows and self.rows[-1]["period_ms"] is None:
             self._close_last(-1.0, draft_s_total)  # -1: closed, period unknown (no next step)
         for i, (busy, gap) in gpu.items():
@@ -134,7 +142,8 @@ class StepTrace:
 
     def cell(self) -> dict[str, list[Any]]:
         """The cell's steps as columns (periods of -1 -> None), then cleared."""
-        cols = ("reqs", "tokens", "spec", "emitted", "period_ms", "draft_ms", "busy_ms", "gap_ms", *SPLIT_COLS)
+        cols = ("reqs", "tokens", "spec", "emitted", "period_ms", "draft_ms", "busy_ms", "gap_ms", *SPLIT_COLS,
+                *PHASE_COLS)
         out: dict[str, list[Any]] = {c: [] for c in cols}
         for r in self.rows:
             for c in cols:

@@ -87,6 +87,7 @@ def test_timer_and_trace_hooks_keep_vllm_signatures(monkeypatch):
 
     runner = vllm_runner.GPUModelRunner
     names = [(runner, n) for n in ("execute_model", "propose_draft_token_ids", "_model_forward", "_bookkeeping_sync")]
+    names += [(runner, "sample_tokens"), (Scheduler, "schedule")]
     names += [(CudagraphDispatcher, "dispatch"), (Scheduler, "update_from_output")]
     before = {}
     for owner, name in names:
@@ -99,6 +100,10 @@ def test_timer_and_trace_hooks_keep_vllm_signatures(monkeypatch):
     for name in ("capture", "fill", "_finish_job", "_drain"):
         monkeypatch.setattr(ScheduledDrafting, name, getattr(ScheduledDrafting, name))
     monkeypatch.setattr(DeviceWait, "enqueue_copy", DeviceWait.enqueue_copy)
+    from specdec.vllm_plugin import async_patch
+
+    for name in ("regrant_placeholders", "cap_prefill_steps"):
+        monkeypatch.setattr(async_patch, name, getattr(async_patch, name))
     timer = StepTimer(StepTrace())
     timer.install()
     for owner, name in names:
@@ -148,3 +153,51 @@ def test_host_late_share_counts_steps_whose_tokens_were_ready():
     trace = {"sync_ms": [5.0, HOST_LATE_SYNC_MS / 2, None, 0.0, 2.0]}
     assert host_late_share(trace) == pytest.approx(2 / 4)  # None: a step without drafting is left out
     assert host_late_share({"reqs": [1, 2]}) is None and host_late_share({"sync_ms": [None]}) is None
+
+
+def test_host_phases_are_timed_into_the_period_they_ran_in(monkeypatch):
+    """The engine loop's phases: ``schedule`` of step 1 runs in step 0's period (before step 1's ``execute_model``),
+    ``sample_tokens`` and ``update_from_output`` after it in step 1's; each phase's wall time lands in its row,
+    the plugin's slot re-grant inside the schedule column; nothing is recorded outside a measured call."""
+    from specdec.eval import step_timer
+    from specdec.eval.bench_vllm_load import _with_split
+    from specdec.eval.step_timer import StepTimer
+
+    from specdec.vllm_plugin import async_patch
+
+    clock = [0.0]
+    monkeypatch.setattr(step_timer.time, "perf_counter", lambda: clock[0])
+
+    def takes(ms: float):
+        def fn(*a, **kw):
+            clock[0] += ms / 1e3
+        return fn
+
+    class Runner:
+        execute_model, sample_tokens = takes(3.0), takes(1.0)
+
+    class Scheduler:
+        schedule, update_from_output = takes(2.0), takes(0.5)
+
+    monkeypatch.setattr(async_patch, "regrant_placeholders", takes(0.25))
+    trace = StepTrace()
+    timer = StepTimer(trace)
+    timer._install_phases(Runner, Scheduler)
+    Scheduler.schedule(None)  # gpu_on is False: not recorded
+    timer.gpu_on = True
+    for _ in range(2):
+        async_patch.regrant_placeholders(None, None)
+        Scheduler.schedule(None)
+        trace.step(object(), 0.0)  # what the real execute_model wrapper does at entry
+        Runner.execute_model(None)
+        Runner.sample_tokens(None)
+        Scheduler.update_from_output(None)
+    timer.collect_gpu()
+    cell = trace.cell()
+    assert cell["sched_ms"] == [pytest.approx(2.25), None]  # step 1's schedule ran in step 0's period
+    assert cell["exec_ms"] == [pytest.approx(3.0)] * 2 and cell["sample_ms"] == [pytest.approx(1.0)] * 2
+    assert cell["update_ms"] == [pytest.approx(0.5)] * 2 and timer.host_phase == {}
+    cell["period_ms"] = [7.0, None]
+    means = _with_split(cell)["host_phase_ms"]  # steps with a measured period only
+    assert means == {"period_ms": 7.0, "sched_ms": pytest.approx(2.25), "exec_ms": pytest.approx(3.0),
+                     "sample_ms": pytest.approx(1.0), "update_ms": pytest.approx(0.5)}

@@ -591,6 +591,17 @@ def test_report_renders_the_gap_split_and_fills_late_shares_of_older_results():
     assert _split_table([{**row, "gap_split_ms": None}], "code", [64]) == []
 
 
+def test_report_renders_the_host_phases_per_step_period():
+    from specdec.eval.bench_vllm_report import _phase_table
+
+    row = {"method": "specdec", "dataset": "code", "batch_size": 64, "load": "sustained",
+           "host_phase_ms": {"period_ms": 14.0, "sched_ms": 2.0, "exec_ms": 6.5, "sample_ms": 1.25, "update_ms": 3.0}}
+    lines = _phase_table([row], "code", [64], ["b 64"])
+    assert lines[0].startswith("### code: host ms per step period")
+    assert "| specdec | 2.00 + 6.50 + 1.25 + 3.00 = 12.75 of 14.00 |" in lines
+    assert _phase_table([{**row, "host_phase_ms": None}], "code", [64]) == []
+
+
 def test_step_traces_move_to_a_gzip_file_beside_the_results_and_read_back(tmp_path):
     """save_step_traces: the traces leave the JSON for RESULTS.traces.json.gz (named in summary.traces_file);
     read_step_traces finds them there, under a renamed stem too, and still reads older inline files."""
