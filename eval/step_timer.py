@@ -3,12 +3,18 @@ and idle gaps per step (CUDA events), and in schedule mode the gap's split at th
 ``step_trace.StepTrace`` when one is given (``bench_vllm --trace``; the columns are described in ``step_trace``)."""
 from __future__ import annotations
 
+import faulthandler
 import functools
 import itertools
+import os
 import time
 from typing import Any, Protocol
 
 from specdec.eval.step_trace import StepTrace
+
+# diagnostic: a measured step whose execute_model runs longer than this many seconds dumps every thread's Python
+# stack to stderr (faulthandler), to find a stall's place
+STALL_DUMP_ENV = "SPECDEC_BENCH_STALL_DUMP_S"
 
 
 class CellTimer(Protocol):
@@ -56,13 +62,20 @@ class StepTimer:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
         timer, run, prop = self, GPUModelRunner.execute_model, GPUModelRunner.propose_draft_token_ids
+        dump_s = float(os.environ.get(STALL_DUMP_ENV) or 0.0)
 
         @functools.wraps(run)  # keeps the signature visible (the plugin's runner patch checks it)
         def execute_model(self: Any, *a: Any, **kw: Any) -> Any:
             timer.steps += 1
             if timer.trace is not None and timer.gpu_on:
                 timer.trace.step(a[0] if a else kw.get("scheduler_output"), timer.draft_s)
-            return run(self, *a, **kw)
+            if not (dump_s > 0 and timer.gpu_on):
+                return run(self, *a, **kw)
+            faulthandler.dump_traceback_later(dump_s)
+            try:
+                return run(self, *a, **kw)
+            finally:
+                faulthandler.cancel_dump_traceback_later()
 
         GPUModelRunner.execute_model = execute_model
         if self.trace is not None:
