@@ -30,11 +30,16 @@ def _runner(*, async_spec: bool = True) -> Any:
 
 
 def _real_call(fn: Any, n: int, m: int) -> None:
-    """The correction called as vLLM's runner calls it at a step of n requests after one of m (values aside)."""
+    """The correction called as vLLM's runner calls it at a step of n requests after one of m (values aside): in
+    ``execute_model``'s inference mode, the [R] buffers whole or sliced to views of n rows, the valid counts our
+    capture made in that mode, the host counts copied to the device (a new tensor; ``clone`` on the CPU). GPU run
+    117 found both the mode and the views in Dynamo's guards."""
     runner = _runner()
-    fn(runner.num_computed_tokens, runner.num_accepted_tokens.gpu[:n], runner.prev_positions.gpu[:n].clamp(max=0),
-       valid_counts(torch.zeros((m, 3), dtype=torch.int64))[1], runner.prev_num_draft_tokens.gpu,
-       runner.input_batch.num_computed_tokens_cpu_tensor[:n])
+    runner.prev_positions.gpu.zero_()  # valid gathers (vLLM's values are row indices or -1)
+    with torch.inference_mode():
+        fn(runner.num_computed_tokens, runner.num_accepted_tokens.gpu[:n], runner.prev_positions.gpu[:n],
+           valid_counts(torch.zeros((m, 3), dtype=torch.int64))[1], runner.prev_num_draft_tokens.gpu,
+           runner.input_batch.num_computed_tokens_cpu_tensor[:n].clone())
 
 
 def test_each_class_is_called_once_on_scratch_tensors_of_the_runners_dtypes():

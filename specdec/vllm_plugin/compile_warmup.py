@@ -13,8 +13,12 @@ do not take that path, in none of 32), once per engine and class.
 
 ``warm_batch_change`` calls the function right after vLLM's own warm-up (``Worker.compile_or_warm_up_model``) for
 the four classes ``WARM_SHAPES`` (the general one first: n != m, both >= 2; then n = 1, m = 1, both 1), on scratch
-tensors with the runner's dtypes and its R-sized buffers' shapes: every later (n, m) matches one of those graphs.
-A failure is logged once and leaves the engine as it was (the stalls come back, nothing else changes).
+tensors made as the runner's call makes them: its dtypes, views of n rows of R-sized buffers where it slices, under
+``execute_model``'s inference mode. Dynamo guards all three: GPU run 117 (``TORCH_LOGS=recompiles``) showed the
+first version of this warm-up (fresh [n] tensors, grad mode on) missing every later call ("GLOBAL_STATE changed:
+grad_mode", a view's base size), so the engines recompiled 3-4 times mid-run and stalled as before. Every later
+(n, m) now matches one of the four graphs. A failure is logged once and leaves the engine as it was (the stalls
+come back, nothing else changes).
 """
 from __future__ import annotations
 
@@ -52,24 +56,33 @@ def warm_batch_change(runner: Any, fn: Callable[..., Any] | None = None) -> int:
     fn = fn if fn is not None else batch_change_function()
     if fn is None or not getattr(runner, "use_async_spec_decode", False):
         return 0
-    computed = runner.num_computed_tokens  # [R] on the device
-    accepted, positions = runner.num_accepted_tokens.gpu, runner.prev_positions.gpu  # [R] buffers, sliced to [n]
-    drafts = runner.prev_num_draft_tokens.gpu  # [R], passed whole
+    # scratch twins of the runner's [R] buffers: the runner passes the first whole and slices the next two to views
+    # of n rows (Dynamo guards a view's base size), the last whole
+    computed, accepted, positions, drafts = (_twin(b) for b in (
+        runner.num_computed_tokens, runner.num_accepted_tokens.gpu, runner.prev_positions.gpu,
+        runner.prev_num_draft_tokens.gpu))
     host_dtype = runner.input_batch.num_computed_tokens_cpu_tensor.dtype  # copied to the device, [n]
     rows, device = int(computed.shape[0]), computed.device
     calls = 0
-    for n, m in WARM_SHAPES:
-        n, m = min(n, rows), min(m, rows)
-        fn(torch.zeros_like(computed),
-           torch.ones(n, dtype=accepted.dtype, device=device),
-           torch.zeros(n, dtype=positions.dtype, device=device),  # row 0 of the previous step: a valid gather
-           torch.ones(m, dtype=getattr(torch, VALID_COUNT_DTYPE), device=device),
-           torch.zeros_like(drafts),
-           torch.zeros(n, dtype=host_dtype, device=device))
-        calls += 1
+    with torch.inference_mode():  # as execute_model runs it: Dynamo guards the grad mode
+        for n, m in WARM_SHAPES:
+            n, m = min(n, rows), min(m, rows)
+            fn(computed, accepted[:n], positions[:n],  # positions 0: row 0 of the previous step, a valid gather
+               torch.ones(m, dtype=getattr(torch, VALID_COUNT_DTYPE), device=device), drafts,
+               torch.zeros(n, dtype=host_dtype, device=device))
+            calls += 1
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return calls
+
+
+def _twin(buffer: Any) -> Any:
+    """A zeroed tensor like ``buffer`` (shape, dtype, device) made in the same inference mode as ``buffer``: Dynamo's
+    guards see a normal tensor and an inference tensor apart."""
+    import torch
+
+    with torch.inference_mode(buffer.is_inference()):
+        return torch.zeros_like(buffer)
 
 
 def patch_worker_warmup(worker_cls: Any) -> bool:
