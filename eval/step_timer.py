@@ -160,19 +160,19 @@ class StepTimer:
         return wrapper
 
     def _split(self, fn: Any, key: str) -> Any:
-        """``fn`` with its wall time added to the current trace row's ``key`` (ms)."""
-        def add(seconds: float) -> None:
-            if self.trace is not None and self.gpu_on:
-                row = self.host_split.setdefault(self.trace.current, {})
-                row[key] = row.get(key, 0.0) + 1e3 * seconds
-
-        return _wall_timed(fn, add)
+        """``fn`` with its wall time added to the current trace row's ``key`` (ms) in ``host_split``."""
+        return self._row_timed(fn, key, "host_split")
 
     def _phase(self, fn: Any, key: str) -> Any:
-        """``fn`` with its wall time added to ``key`` (ms) of the step period it ran in (the current trace row)."""
+        """``fn`` with its wall time added to ``key`` (ms) of the step period it ran in, in ``host_phase``."""
+        return self._row_timed(fn, key, "host_phase")
+
+    def _row_timed(self, fn: Any, key: str, book: str) -> Any:
+        """``fn`` with its wall time (ms) added to ``self.<book>[current trace row][key]`` during measured calls (the
+        book is looked up per call: ``collect_gpu`` replaces it after each generate call)."""
         def add(seconds: float) -> None:
             if self.trace is not None and self.gpu_on:
-                row = self.host_phase.setdefault(self.trace.current, {})
+                row = getattr(self, book).setdefault(self.trace.current, {})
                 row[key] = row.get(key, 0.0) + 1e3 * seconds
 
         return _wall_timed(fn, add)
