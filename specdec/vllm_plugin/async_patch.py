@@ -39,9 +39,10 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
+from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.slots import PLACEHOLDER, active
 
-logger = logging.getLogger("specdec.vllm")
+logger = logging.getLogger(LOGGER_NAME)
 
 _WRAPPED = "_specdec_wrapped"
 WHITELIST_SOURCE = "get_args(NgramGPUTypes)"  # the expression of vLLM 0.26-0.32's async whitelist

@@ -28,8 +28,9 @@ from collections.abc import Callable
 from typing import Any
 
 from specdec.vllm_plugin import async_patch
+from specdec.vllm_plugin.logs import LOGGER_NAME
 
-logger = logging.getLogger("specdec.vllm")
+logger = logging.getLogger(LOGGER_NAME)
 
 _WRAPPED = "_specdec_wrapped"
 FUNCTION_NAME = "update_num_computed_tokens_for_batch_change"  # vLLM 0.26-0.32, imported into gpu_model_runner

@@ -22,11 +22,12 @@ import numpy as np
 from specdec.drafters.base import Chain, Drafter, DraftGuard, DraftRequest
 from specdec.vllm_plugin.adaptive import AdaptiveController, StepCostModel, bucket_of, update_acceptance
 from specdec.vllm_plugin.lane import CALIB_DECAY, Lane, find_lane, lane_step
+from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.state import Order, ProposerStats, RequestState  # noqa: F401 - RequestState re-exported
 from specdec.vllm_plugin.options import SpecdecOptions
 from specdec.vllm_plugin.worker import DraftWorker
 
-logger = logging.getLogger("specdec.vllm")
+logger = logging.getLogger(LOGGER_NAME)
 
 MAX_PENDING_OPS = 8192  # queued drafter updates applied even without drafting
 AUTO_PROBE_JOBS = 64  # deadline_mode "auto": threaded drafting jobs observed before going inline

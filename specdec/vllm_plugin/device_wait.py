@@ -24,7 +24,9 @@ import ctypes
 import logging
 from typing import Any
 
-logger = logging.getLogger("specdec.vllm")
+from specdec.vllm_plugin.logs import LOGGER_NAME
+
+logger = logging.getLogger(LOGGER_NAME)
 
 CU_STREAM_WAIT_VALUE_GEQ = 0x0  # cyclic: (int32)(word - value) >= 0
 CUDA_SUCCESS = 0

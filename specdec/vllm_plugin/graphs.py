@@ -36,7 +36,9 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-logger = logging.getLogger("specdec.vllm")
+from specdec.vllm_plugin.logs import LOGGER_NAME
+
+logger = logging.getLogger(LOGGER_NAME)
 
 _WRAPPED = "_specdec_wrapped"
 NARROW_KEYS = "_specdec_narrow"  # dispatcher attribute: {query length: sorted request counts captured}

@@ -30,9 +30,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.options import SpecdecOptions
 
-logger = logging.getLogger("specdec.vllm")
+logger = logging.getLogger(LOGGER_NAME)
 
 CHILD_MODULE = "specdec.vllm_plugin.overlap"
 START_TIMEOUT_S = 60.0  # the helper imports specdec and builds the drafter (a draft model loads its weights)

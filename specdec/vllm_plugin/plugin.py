@@ -22,9 +22,10 @@ import logging
 from typing import Any
 
 from specdec.config import ConfigError
+from specdec.vllm_plugin.logs import LOGGER_NAME, follow_vllm_logging
 from specdec.vllm_plugin.options import ADDITIONAL_CONFIG_KEY, METHOD, normalise_keys, split_speculative_config
 
-logger = logging.getLogger("specdec.vllm")
+logger = logging.getLogger(LOGGER_NAME)
 
 TESTED_VLLM = ("0.26.", "0.32.")  # versions whose hooks were checked (others: patched if the shapes match)
 _WRAPPED = "_specdec_wrapped"
@@ -160,6 +161,7 @@ def register() -> None:
     if _state["registered"]:
         return
     _state["registered"] = True
+    follow_vllm_logging()  # our lines where vLLM's go, in its format and at its level
     try:
         from vllm.engine.arg_utils import EngineArgs
     except Exception as exc:  # noqa: BLE001 - never break vLLM start-up from a plugin

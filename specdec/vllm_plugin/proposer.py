@@ -25,11 +25,12 @@ import numpy as np
 from specdec.drafters.base import Drafter
 from specdec.drafters.registry import build_drafter
 from specdec.vllm_plugin.core import ProposerCore
+from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.options import (SpecdecOptions, async_mode_for,
                                          estimate_params,  # noqa: F401 - re-exported
                                          options_from_vllm_config, resolve_lane_threads)
 
-logger = logging.getLogger("specdec.vllm")
+logger = logging.getLogger(LOGGER_NAME)
 INSTANCES: "weakref.WeakSet[SpecdecProposer]" = weakref.WeakSet()  # live proposers of this process (for stats)
 
 

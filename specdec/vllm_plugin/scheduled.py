@@ -47,9 +47,10 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from specdec.vllm_plugin.feed import TokenFeed, pad_rows, valid_counts
+from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.slots import UNKNOWN
 
-logger = logging.getLogger("specdec.vllm")
+logger = logging.getLogger(LOGGER_NAME)
 
 RING_SLOTS = 4  # pinned buffers for sampled tokens; a slot is reused only after its step was read
 WATCHDOG_LIMIT = 3  # device wait: watchdog releases after which the host fills instead

@@ -26,8 +26,9 @@ import numpy as np
 
 from specdec.vllm_plugin.adaptive import bucket_of
 from specdec.vllm_plugin.core import LANE_MAX_OVERRUNS, ProposerCore, StepPlan
+from specdec.vllm_plugin.logs import LOGGER_NAME
 
-logger = logging.getLogger("specdec.vllm")
+logger = logging.getLogger(LOGGER_NAME)
 # what lane_collect reports per step (us): submit -> the job starts on the drafter's thread, the job itself,
 # submit -> collect is called (the window vLLM's own work gives the job), collect's wait
 TIMING_KEYS = ("wake_us", "run_us", "window_us", "wait_us")
