@@ -241,16 +241,21 @@ def _gap_table(rows: list[dict[str, Any]], name: str, batches: list[int], heads:
 def _phase_table(mine: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None
                  ) -> list[str]:
     """The engine thread's host time per step period by phase (``bench_vllm --trace``; ``step_trace.PHASE_COLS``),
-    where measured: a step whose phases fill its period is paced by the host, not the GPU."""
+    where measured: a step whose phases fill its period is paced by the host, not the GPU. The drafting hooks' time
+    (capture in sample, fill and drafting in execute, the drafting's wait for the step's tokens included) is part of
+    those phases, shown beside them."""
     def cell(r: dict[str, Any]) -> str:
         c = r["host_phase_ms"]
         parts = [c.get(col, 0.0) for col in PHASE_COLS]
-        return " + ".join(f"{v:.2f}" for v in parts) + f" = {sum(parts):.2f} of {c['period_ms']:.2f}"
+        hooks = r.get("draft_ms_per_step")
+        return (" + ".join(f"{v:.2f}" for v in parts) + f" = {sum(parts):.2f} of {c['period_ms']:.2f}"
+                + (f"; drafting hooks {hooks:.2f}" if hooks else ""))
 
     timed = [r for r in mine if r.get("host_phase_ms")]
     if not timed:
         return []
-    title = f"### {name}: host ms per step period (engine thread): schedule + execute + sample + update = sum of the period"
+    title = (f"### {name}: host ms per step period (engine thread): schedule + execute + sample + update = sum of the "
+             "period; the drafting hooks within them")
     return [title, "", *_grid(timed, batches, heads, cell), ""]
 
 

@@ -599,6 +599,8 @@ def test_report_renders_the_host_phases_per_step_period():
     lines = _phase_table([row], "code", [64], ["b 64"])
     assert lines[0].startswith("### code: host ms per step period")
     assert "| specdec | 2.00 + 6.50 + 1.25 + 3.00 = 12.75 of 14.00 |" in lines
+    hooked = _phase_table([{**row, "draft_ms_per_step": 2.5}], "code", [64], ["b 64"])
+    assert "| specdec | 2.00 + 6.50 + 1.25 + 3.00 = 12.75 of 14.00; drafting hooks 2.50 |" in hooked
     assert _phase_table([{**row, "host_phase_ms": None}], "code", [64]) == []
 
 
