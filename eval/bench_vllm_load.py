@@ -202,8 +202,8 @@ def _with_split(trace: dict[str, list[Any]]) -> dict[str, Any]:
         split["host_late_share"] = host_late_share(trace)
         out["gap_split_ms"] = split
     timed = [i for i, p in enumerate(trace.get("period_ms", ())) if p is not None]
-    if timed and any(trace.get(col) for col in PHASE_COLS):
+    phases = [col for col in PHASE_COLS if any(v is not None for v in trace.get(col, ()))]  # columns timed at all
+    if timed and phases:
         out["host_phase_ms"] = {"period_ms": sum(trace["period_ms"][i] for i in timed) / len(timed),
-                                **{col: sum(trace[col][i] or 0.0 for i in timed) / len(timed)
-                                   for col in PHASE_COLS if trace.get(col)}}
+                                **{col: sum(trace[col][i] or 0.0 for i in timed) / len(timed) for col in phases}}
     return out

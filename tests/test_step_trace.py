@@ -204,3 +204,5 @@ def test_host_phases_are_timed_into_the_period_they_ran_in(monkeypatch):
     means = _with_split(cell)["host_phase_ms"]  # steps with a measured period only
     assert means == {"period_ms": 7.0, "sched_ms": pytest.approx(2.25), "exec_ms": pytest.approx(3.0),
                      "sample_ms": pytest.approx(1.0), "update_ms": pytest.approx(0.5)}
+    untimed = {**cell, **{col: [None, None] for col in ("sched_ms", "exec_ms", "sample_ms", "update_ms")}}
+    assert "host_phase_ms" not in _with_split(untimed)  # a trace whose phases were never timed: no zeros reported
