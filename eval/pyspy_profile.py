@@ -8,7 +8,7 @@ recording::
 
 py-spy's raw format is one line per distinct stack: ``thread (tid): name;frame;frame;... count``, frames
 ``function (file:line)``. Only samples inside the engine's busy loop count (start-up, compilation and CUDA-graph
-capture are left out); shares are of those samples. Two tables: *inclusive* (a function and everything it called, per
+capture are left out) and only the frames inside the loop are listed; shares are of those samples. Two tables: *inclusive* (a function and everything it called, per
 function and file) and *leaf chains* (the innermost frames, where the time is spent). The warm-up cells of the
 benchmark are in the busy loop too, so one-time work (Triton's first compiles) shows as a few percent.
 """
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 BUSY_LOOP = "run_busy_loop"  # vLLM's EngineCoreProc loop: every engine step runs under it
 LEAF_DEPTH = 4  # frames shown per leaf chain
@@ -67,8 +67,10 @@ def aggregate(lines: Iterable[str]) -> Profile:
         frames, n = parsed
         prof.total += n
         keys = [frame_key(f) for f in frames]
-        if not any(BUSY_LOOP in k for k in keys):
+        start = next((i for i, k in enumerate(keys) if BUSY_LOOP in k), None)
+        if start is None:
             continue
+        keys = keys[start + 1:]  # the frames around the loop (process start-up) are in every sample
         prof.busy += n
         for key in dict.fromkeys(keys):  # a recursive function counts once per sample
             prof.inclusive[key] += n

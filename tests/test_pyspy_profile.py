@@ -35,8 +35,8 @@ def test_aggregate_counts_only_the_busy_loop() -> None:
     assert prof.inclusive["forward (llama.py)"] == 6
     assert "load_model (loader.py)" not in prof.inclusive
     assert prof.share(prof.inclusive["schedule (scheduler.py)"]) == 10.0
-    assert prof.leaves.most_common(1)[0] == (
-        "forward (llama.py) <- execute_model (gpu_model_runner.py) <- EngineCoreProc.run_busy_loop (core.py)", 6)
+    assert not any("run_busy_loop" in k for k in prof.inclusive)  # frames around the loop are left out
+    assert prof.leaves.most_common(1)[0] == ("forward (llama.py) <- execute_model (gpu_model_runner.py)", 6)
 
 
 def test_recursion_counts_once_per_sample() -> None:
@@ -45,7 +45,7 @@ def test_recursion_counts_once_per_sample() -> None:
 
 
 def test_markdown_and_cli(tmp_path, capsys) -> None:
-    text = markdown(aggregate(RAW), label="specdec", top=2)
+    text = markdown(aggregate(RAW), label="specdec", top=1)
     assert text.startswith("## specdec: engine busy loop, 10 of 100 samples")
     assert "| 90.0 | `execute_model (gpu_model_runner.py)` |" in text
     raw = tmp_path / "raw.txt"
