@@ -226,6 +226,12 @@ class SuffixDrafter(Drafter):
         return self.engine.lane_step(rids, rows, lengths, k, max_model_len, spec, pad, adaptive, min_acceptance,
                                      floor, value)
 
+    def lane_confident(self, req_ids: Sequence[str]) -> list[int]:
+        """Per request: the tokens of its latest ``lane_step`` draft before the confidence cut (padding
+        excluded); 0 for a request the drafter does not hold."""
+        ids = self._ids
+        return self.engine.lane_confident([ids.get(r, -1) for r in req_ids])
+
     def lane_submit(self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]], lengths: Any, token_ids: Any,
                     num_prompt_tokens: Any, *, stops: Sequence[str], k: int, max_model_len: int, spec: bool,
                     pad: bool, adaptive: bool, min_acceptance: float, floor: float, value: float) -> None:

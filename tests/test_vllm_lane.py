@@ -48,6 +48,7 @@ class FakeEngine:
         self.reqs: dict[str, dict] = {}
         self.next_id = 0
         self.clock = FakeClock()
+        self.confident_tokens = 0  # every step's confident draft tokens (ProposerCore.confident), summed
 
     def add(self) -> None:
         rid = f"r{self.next_id}"
@@ -81,6 +82,11 @@ class FakeEngine:
         self.clock.t += 1e-3 + 20e-6 * verified
         results = [core.step(order, sampled, lengths, self.tokens, num_prompt_tokens=prompts) for core in cores]
         assert all(r == results[0] for r in results)
+        confident = [core.confident(order + ["unknown"]) for core in cores]  # before the cut, padding excluded
+        assert all(c == confident[0] for c in confident) and confident[0][-1] == 0
+        assert all(0 <= c <= cores[0].k for c in confident[0])
+        assert all(c <= len(d) for c, d in zip(confident[0], results[0]) if d)
+        self.confident_tokens += sum(confident[0])
         return dict(zip(order, results[0]))
 
     def churn(self, step: int) -> None:
@@ -124,6 +130,7 @@ def test_lane_drafts_and_stats_equal_the_python_path(opts):
     for key in STAT_KEYS:
         assert a[key] == b[key], key
     assert a["resyncs"] >= 1 and a["stopped"] > 5 and a["drafted_tokens"] > 100 and a["accepted_tokens"] > 50
+    assert eng.confident_tokens > 50
     assert b["native_step"] and not a["native_step"]
     assert a["active_requests"] == b["active_requests"] >= len(eng.reqs) - 4  # not yet started: prefilling
 

@@ -588,10 +588,10 @@ def test_narrow_schedules_verify_the_width_and_stay_lossless():
     opts = {"pad_drafts": "off", "min_path_prob": 0.3}
     width = 3
     eng = AsyncEngine(seed=5)
-    book = SlotBook(K, narrow=width, narrow_rows=(1, 1000))
+    book = SlotBook(K, narrow=width, narrow_rows=(1, 1000), prefill_confident=True)
     sched = ScheduledDrafting(make_core(tick, **opts), k=K, max_rows=2 * MAX_ROWS, device="cpu", slot_book=book)
     twin = make_core(tick, **opts)
-    out, narrow_steps = None, 0
+    out, narrow_steps, under_width = None, 0, 0
     for step in range(120):
         if out is not None:
             book.begin_schedule(0 if step % 3 == 0 else len(eng.order))  # every third schedule is not narrow
@@ -602,6 +602,8 @@ def test_narrow_schedules_verify_the_width_and_stay_lossless():
             if book.width:
                 narrow_steps += 1
                 assert all(len(d) == width for d in drafts if d), step  # padded with the chain to the width
+                under_width += sum(book.confident[r] < width for r, d in zip(eng.order, drafts) if d)
+            assert book.confident == dict(zip(eng.order, twin.confident(eng.order))), step  # padding excluded
             assert out.numpy().tolist() == eng.expected_buffer(drafts, out.shape[0]), step
             eng.prev_drafts, eng.slots = out.clone(), reserved
         clock.t += 1e-3
@@ -609,6 +611,7 @@ def test_narrow_schedules_verify_the_width_and_stay_lossless():
     for r in eng.reqs.values():
         assert r["seq"] == r["target"][:len(r["seq"])]
     assert narrow_steps > 60 and sched.stats()["schedule"]["narrow_steps"] == narrow_steps
+    assert under_width > 20  # padded rows whose confident part is shorter than the width
     assert sched.core.stats_dict()["accepted_tokens"] > 100
 
 
@@ -715,7 +718,8 @@ def test_slot_growth_forecast_settles_its_extra_slots_and_stops_when_they_do_not
     book.note(["b", "c"], [3, 4], token_cost=0.0)
     book.begin_schedule()
     assert (book.slots("b", 16), book.slots("c", 16)) == (6, 8)
-    book.cap_grants(4)  # a heavy prefill step: at most 4 slots each, so b keeps 1 extra slot and c none
+    book.prefill_cap = 4
+    book.cap_grants()  # a heavy prefill step: at most 4 slots each, so b keeps 1 extra slot and c none
     assert book._grants == {"b": (3, 4)}
     book.min_share = 0.5  # a floor above the token cost: 4/9 no longer pays
     book.notes = 0
@@ -779,9 +783,9 @@ def test_prefill_steps_cap_the_decoding_requests_slots():
 
     book = SlotBook(4, prefill_cap=1)
 
-    def req(spec, chunk=False, todo=0):
+    def req(spec, chunk=False, todo=0, rid="x"):
         return SimpleNamespace(spec_token_ids=spec, is_prefill_chunk=chunk, num_tokens=100 + todo,
-                               num_computed_tokens=100)
+                               num_computed_tokens=100, request_id=rid)
 
     running = [req([-1] * 4), req([-1]), req([]), req([5, 6, 7])]
     sch = SimpleNamespace(running=running, waiting=[])
@@ -799,6 +803,36 @@ def test_prefill_steps_cap_the_decoding_requests_slots():
     assert cap_prefill_steps(sch, book) == 1  # a prompt still being chunked is a prefill too (and keeps its own)
     assert running[2].spec_token_ids == [-1] * 3
     assert book.as_dict()["prefill_steps"] == 2 and book.as_dict()["prefill_trimmed_slots"] == 6
+
+
+def test_prefill_steps_keep_the_confident_part_of_each_latest_draft():
+    """prefill_step_confident: on a heavy prefill step each decoding request keeps max(prefill_step_slots, the
+    tokens of its latest draft before the confidence cut), at most what it holds; a narrow step's padded lengths do
+    not count, requests the book never saw keep the plain cap."""
+    from specdec.vllm_plugin.async_patch import PREFILL_HEAVY_TOKENS, cap_prefill_steps
+    from specdec.vllm_plugin.slots import SlotBook
+
+    book = SlotBook(6, prefill_cap=0, prefill_confident=True, narrow=4, narrow_rows=(1, 100))
+    book.note(["a", "b", "c", "d"], [4, 4, 4, 4], confident=[0, 2, 4, 1])  # a narrow step: padded to 4 each
+    assert book.confident == {"a": 0, "b": 2, "c": 4, "d": 1}
+    assert [book.prefill_slots(r) for r in "abcde"] == [0, 2, 4, 1, 0]
+
+    def req(rid, n):
+        return SimpleNamespace(request_id=rid, spec_token_ids=[-1] * n, is_prefill_chunk=False, num_tokens=100,
+                               num_computed_tokens=100)
+
+    running = [req("a", 4), req("b", 4), req("c", 3), req("d", 0), req("e", 4)]
+    sch = SimpleNamespace(running=running, waiting=[SimpleNamespace(is_prefill_chunk=False, num_computed_tokens=0,
+                                                                    num_tokens=PREFILL_HEAVY_TOKENS)])
+    assert cap_prefill_steps(sch, book) == 3  # a, b and e capped; c holds 3 <= 4; d has no slots
+    assert [len(r.spec_token_ids) for r in running] == [0, 2, 3, 0, 0]
+    assert book.prefill_trimmed == 4 + 2 + 4
+    book.prefill_cap = 1  # the plain cap is the floor
+    running[0].spec_token_ids = [-1] * 4
+    assert cap_prefill_steps(sch, book) == 1 and len(running[0].spec_token_ids) == 1
+    off = SlotBook(6, prefill_cap=0)
+    off.note(["b"], [4], confident=[2])
+    assert off.prefill_slots("b") == 0  # without prefill_confident the cap alone decides
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable here (CI: /opt/vllm-venv)")

@@ -343,22 +343,25 @@ def prefill_tokens_pending(waiting: Any, running: Any, *, enough: int) -> int:
 def cap_prefill_steps(scheduler: Any, book: Any) -> int:
     """Before vLLM schedules a step: if it will carry a heavy prefill (at least ``PREFILL_HEAVY_TOKENS`` context
     tokens of waiting requests or running prompt chunks), every decoding request keeps at most
-    ``book.prefill_cap`` draft placeholders (vLLM schedules ``1 + len(spec_token_ids)`` tokens for it). Returns
-    the number of requests capped."""
+    ``book.prefill_slots`` draft placeholders (``prefill_cap``, or the confident part of its latest draft;
+    vLLM schedules ``1 + len(spec_token_ids)`` tokens for it). Returns the number of requests capped."""
     running = scheduler.running
     if prefill_tokens_pending(scheduler.waiting, running, enough=PREFILL_HEAVY_TOKENS) < PREFILL_HEAVY_TOKENS:
         return 0
-    cap, capped, taken = book.prefill_cap, 0, 0
+    capped, taken = 0, 0
     for request in running:
         spec = request.spec_token_ids
-        if request.is_prefill_chunk or len(spec) <= cap or spec[0] != PLACEHOLDER:
-            continue  # a prefill chunk, already short, or real draft ids (not schedule mode's placeholders)
+        if request.is_prefill_chunk or not spec or spec[0] != PLACEHOLDER:
+            continue  # a prefill chunk, no slots, or real draft ids (not schedule mode's placeholders)
+        cap = book.prefill_slots(request.request_id)
+        if len(spec) <= cap:
+            continue
         taken += len(spec) - cap
         request.spec_token_ids = book.placeholders(cap)
         capped += 1
     book.prefill_steps += 1
     book.prefill_trimmed += taken
-    book.cap_grants(cap)  # the growth's extra slots this step does not verify are not settled as unused
+    book.cap_grants()  # the growth's extra slots this step does not verify are not settled as unused
     return capped
 
 

@@ -400,6 +400,14 @@ class ProposerCore:
     def _nothing(orders: list) -> tuple[list[list[int]], list[float | None], list[int]]:
         return [[] for _ in orders], [None for _ in orders], [0 for _ in orders]
 
+    def confident(self, req_ids: Sequence[str]) -> list[int]:
+        """[rows] per request, the tokens of its latest draft before the confidence cut (padding excluded; 0 for a
+        request without one): what a step that verifies only confident tokens would take."""
+        if self.lane is not None:
+            return self.lane.lane_confident(req_ids)
+        requests = self.requests
+        return [st.last_real if (st := requests.get(rid)) is not None else 0 for rid in req_ids]
+
     def token_cost(self, running: int) -> float:
         """The calibrated acceptance probability a verified draft token needs at ``running`` decoding rows (the
         step-cost fit's; 0 with the adaptive controller off)."""

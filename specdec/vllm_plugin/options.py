@@ -124,6 +124,11 @@ class SpecdecOptions(ConfigBase):
                                       "are compute-bound: each verified token costs its full share of the GEMMs); "
                                       "-1: no cap. GPU runs 58-60, 8B-sized target, sustained load: agentic +1-5% "
                                       "at batch 32-64, code unchanged")
+    prefill_step_confident: bool = rng(False, doc="draft_slots='adaptive': on such a heavy prefill step a decoding "
+                                                  "request keeps up to the confident part of its latest draft (its "
+                                                  "tokens before the confidence cut) if that is more than "
+                                                  "prefill_step_slots: the drafts worth verifying ride along with "
+                                                  "the prefill (such a step runs as piecewise graphs anyway)")
     slot_growth: float = rng(1.0, lo=0.0, hi=16.0,
                              doc="draft_slots='adaptive': a request's next step gets L + ceil(slot_growth * L) slots "
                                  "for a latest draft of L tokens (the slots follow the drafts one round late; a "

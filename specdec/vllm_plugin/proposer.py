@@ -230,7 +230,8 @@ class SpecdecProposer:
                 from specdec.vllm_plugin.slots import SlotBook, register
 
                 opts = self.options
-                book = SlotBook(k, prefill_cap=opts.prefill_step_slots, growth=opts.slot_growth,
+                book = SlotBook(k, prefill_cap=opts.prefill_step_slots,
+                                prefill_confident=opts.prefill_step_confident, growth=opts.slot_growth,
                                 min_share=opts.slot_growth_min_share, narrow=opts.narrow_width,
                                 narrow_rows=(opts.adaptive_slots_from, opts.narrow_slots_below),
                                 large=(opts.large_batch_width, opts.large_batch_narrow_max_mat),

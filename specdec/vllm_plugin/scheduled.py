@@ -371,10 +371,13 @@ class ScheduledDrafting:
         book's grants for the next schedule. Never raises unless ``strict``."""
         try:
             self.core.note_verified(done.verified)
-            if self.slot_book is not None:  # rows with no new token (prompts still prefilling) keep k slots
+            book = self.slot_book
+            if book is not None:  # rows with no new token (prompts still prefilling) keep k slots
                 emitted = done.emitted  # [rows] tokens from the step just verified
-                self.slot_book.note(done.req_ids, [len(d) if e else UNKNOWN for d, e in zip(done.drafts, emitted)],
-                                    emitted=emitted, token_cost=self.core.token_cost(len(emitted) - emitted.count(0)))
+                confident = self.core.confident(done.req_ids) if book.prefill_confident else ()
+                book.note(done.req_ids, [len(d) if e else UNKNOWN for d, e in zip(done.drafts, emitted)],
+                          emitted=emitted, token_cost=self.core.token_cost(len(emitted) - emitted.count(0)),
+                          confident=confident)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             self._drafting_failed(exc)
 
