@@ -24,6 +24,10 @@ width), fed by ``step_timer.StepTimer`` (drafting time, GPU busy time and idle g
   ``update_from_output`` of the step whose output arrived; the period's rest is the loop itself (waiting for that
   output, input and output queues).
 
+``--totals`` instead prints each cell's GPU busy and idle seconds in all and its heavy prefill steps against the rest
+(``cell_totals``): on the agentic prompts every method does the same prefill work, so busy seconds compare the
+verify work and idle seconds what the host added.
+
 ``python -m specdec.eval.step_trace RESULTS.json [--method M] [--dataset D] [--batch-size B] [--plot P.png]`` prints, per cell,
 a table by width bucket (requests in the step): steps, mean period / draft / busy / gap, share of the cell's
 wall, share of piecewise or eager steps. A closed batch (all prompts submitted at once) ends with a tail of
@@ -39,6 +43,7 @@ import argparse
 import functools
 import gzip
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -53,6 +58,8 @@ PHASE_COLS = ("sched_ms", "exec_ms", "sample_ms", "update_ms")  # host time of t
 # a step whose drafting waited less than this for its tokens found them ready: the host came late (its own loop,
 # not the drafting, then holds the GPU); reading 64 rows of tokens takes ~0.1 ms
 HOST_LATE_SYNC_MS = 0.3
+HEAVY_PROMPT_TOKENS = 512  # --totals: a step with this many prompt tokens is a heavy prefill step (as the plugin's
+# prefill_step_slots counts them, vllm_plugin/async_patch.PREFILL_HEAVY_TOKENS)
 
 
 class StepTrace:
@@ -232,6 +239,44 @@ def fit_step_cost(traces: list[dict[str, list[Any]]], *, min_width: int) -> dict
             "steps": len(data), "tokens_per_s": tokens_per_s}
 
 
+def cell_totals(trace: dict[str, list[Any]], *, heavy_tokens: int = HEAVY_PROMPT_TOKENS) -> dict[str, Any]:
+    """A cell's GPU time in total: busy and idle seconds over all its steps, and the split between heavy prefill
+    steps (prompt tokens ~ scheduled tokens - requests - draft tokens >= ``heavy_tokens``) and the rest: their
+    share of the steps, mean emitted tokens and GPU busy ms per step. Where every method does the same prefill
+    work, ``busy_s`` says how much GPU work speculation saved and ``gap_s`` what the host added."""
+    n = len(trace["reqs"])
+
+    def col(name: str) -> list[float]:
+        return [float(v) if v is not None else float("nan") for v in trace.get(name) or [None] * n]
+
+    reqs, tokens, spec, emitted, busy, gap = (col(c) for c in ("reqs", "tokens", "spec", "emitted", "busy_ms",
+                                                                 "gap_ms"))
+    heavy = [t - r - s >= heavy_tokens for t, r, s in zip(tokens, reqs, spec)]
+
+    def part(values: list[float], want: bool) -> float | None:
+        return _mean([v for v, h in zip(values, heavy) if h == want and not math.isnan(v)])
+
+    def total(ms: list[float]) -> float:  # seconds; NaN (not timed) skipped
+        return sum(x for x in ms if not math.isnan(x)) / 1e3
+
+    return {"steps": n, "busy_s": total(busy), "gap_s": total(gap), "gpu_s": total(busy) + total(gap),
+            "emitted": int(total(emitted) * 1e3), "heavy_share": sum(heavy) / n if n else None,
+            "heavy_emitted": part(emitted, True), "light_emitted": part(emitted, False),
+            "heavy_spec": part(spec, True), "heavy_busy_ms": part(busy, True), "light_busy_ms": part(busy, False)}
+
+
+def format_totals(rows: dict[str, dict[str, Any]]) -> str:
+    """``cell_totals`` of several cells (label -> totals) as a markdown table."""
+    head = ("| cell | steps | GPU busy s | GPU idle s | sum s | heavy prefill steps | emitted / step heavy, rest | "
+            "draft tokens / heavy step | busy ms / step heavy, rest |")
+    lines = [head, "| --- " * 9 + "|"]
+    for label, t in rows.items():
+        lines.append(f"| {label} | {t['steps']} | {_fmt(t['busy_s'])} | {_fmt(t['gap_s'])} | {_fmt(t['gpu_s'])} | "
+                     f"{_fmt(t['heavy_share'])} | {_fmt(t['heavy_emitted'], 1)}, {_fmt(t['light_emitted'], 1)} | "
+                     f"{_fmt(t['heavy_spec'], 0)} | {_fmt(t['heavy_busy_ms'], 1)}, {_fmt(t['light_busy_ms'], 1)} |")
+    return "\n".join(lines)
+
+
 def _fmt(value: float | None, digits: int = 2) -> str:
     """A table cell: ``-`` for a missing value."""
     return "-" if value is None else f"{value:.{digits}f}"
@@ -319,6 +364,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--method", default="", help="only this method")
     ap.add_argument("--dataset", default="", help="only this dataset")
     ap.add_argument("--batch-size", type=int, default=0, help="only this batch size")
+    ap.add_argument("--totals", action="store_true", help="only the cells' GPU totals: busy and idle seconds, "
+                    "heavy prefill steps against the rest (cell_totals)")
     ap.add_argument("--plot", default="", help="also write a PNG: one panel per selected cell (per-step ms, width)")
     ap.add_argument("--fit", action="store_true", help="per method, fit period and drafting = a + b x emitted "
                     "tokens over near-full-width decode steps of the selected cells (traces with emitted counts)")
@@ -333,8 +380,11 @@ def main(argv: list[str] | None = None) -> None:
                 (args.batch_size and int(bs) != args.batch_size) or not trace["reqs"]:
             continue
         chosen[key] = trace
-        print(f"\n{method} {dataset} bs {bs}: {len(trace['reqs'])} steps")
-        print(format_rows(summarise_trace(trace)))
+        if not args.totals:
+            print(f"\n{method} {dataset} bs {bs}: {len(trace['reqs'])} steps")
+            print(format_rows(summarise_trace(trace)))
+    if args.totals:
+        print(format_totals({key.replace("|", " "): cell_totals(t) for key, t in chosen.items()}))
     if args.fit:
         by_method: dict[str, list[dict[str, list[Any]]]] = {}
         for key, trace in chosen.items():

@@ -1,6 +1,7 @@
 """The benchmark's per-step trace: records, GPU attachment, width buckets (hand-checked numbers)."""
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -206,3 +207,26 @@ def test_host_phases_are_timed_into_the_period_they_ran_in(monkeypatch):
                      "sample_ms": pytest.approx(1.0), "update_ms": pytest.approx(0.5)}
     untimed = {**cell, **{col: [None, None] for col in ("sched_ms", "exec_ms", "sample_ms", "update_ms")}}
     assert "host_phase_ms" not in _with_split(untimed)  # a trace whose phases were never timed: no zeros reported
+
+
+def test_cell_totals_sum_gpu_time_and_split_heavy_prefill_steps(capsys, tmp_path):
+    """--totals: busy and idle seconds over every step (untimed steps skipped), and heavy prefill steps (prompt
+    tokens = tokens - requests - drafts >= 512) against the rest, by hand."""
+    trace = {  # 4 steps: a decode step, a heavy prefill step (600 prompt tokens), a light prefill (100), untimed
+        "reqs": [4, 5, 5, 4], "tokens": [12, 613, 113, 4], "spec": [8, 8, 8, 0], "emitted": [10, 5, 9, 4],
+        "busy_ms": [10.0, 40.0, 12.0, None], "gap_ms": [1.0, 2.0, 0.5, None],
+    }
+    t = step_trace.cell_totals(trace)
+    assert t["steps"] == 4 and t["emitted"] == 28
+    assert t["busy_s"] == pytest.approx(0.062) and t["gap_s"] == pytest.approx(0.0035)
+    assert t["gpu_s"] == pytest.approx(0.0655)
+    assert t["heavy_share"] == 0.25 and t["heavy_emitted"] == 5 and t["heavy_spec"] == 8
+    assert t["light_emitted"] == pytest.approx((10 + 9 + 4) / 3) and t["light_busy_ms"] == pytest.approx(11.0)
+    assert t["heavy_busy_ms"] == 40.0
+    table = step_trace.format_totals({"m ds 4": t})
+    assert "| m ds 4 | 4 | 0.06 | 0.00 | 0.07 | 0.25 | 5.0, 7.7 | 8 | 40.0, 11.0 |" in table
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"summary": {"traces": {"m|ds|4": trace}}}))
+    step_trace.main([str(path), "--totals"])
+    out = capsys.readouterr().out
+    assert "| m ds 4 | 4 |" in out and "width" not in out  # only the totals table
