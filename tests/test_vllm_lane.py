@@ -48,6 +48,7 @@ class FakeEngine:
         self.reqs: dict[str, dict] = {}
         self.next_id = 0
         self.clock = FakeClock()
+        self.check_confident = False  # step(): compare the cores' ProposerCore.confident too
         self.confident_tokens = 0  # every step's confident draft tokens (ProposerCore.confident), summed
 
     def add(self) -> None:
@@ -82,11 +83,12 @@ class FakeEngine:
         self.clock.t += 1e-3 + 20e-6 * verified
         results = [core.step(order, sampled, lengths, self.tokens, num_prompt_tokens=prompts) for core in cores]
         assert all(r == results[0] for r in results)
-        confident = [core.confident(order + ["unknown"]) for core in cores]  # before the cut, padding excluded
-        assert all(c == confident[0] for c in confident) and confident[0][-1] == 0
-        assert all(0 <= c <= cores[0].k for c in confident[0])
-        assert all(c <= len(d) for c, d in zip(confident[0], results[0]) if d)
-        self.confident_tokens += sum(confident[0])
+        if self.check_confident:  # ProposerCore twins: the same confident parts, before the cut, padding excluded
+            confident = [core.confident(order + ["unknown"]) for core in cores]
+            assert all(c == confident[0] for c in confident) and confident[0][-1] == 0
+            assert all(0 <= c <= cores[0].k for c in confident[0])
+            assert all(c <= len(d) for c, d in zip(confident[0], results[0]) if d)
+            self.confident_tokens += sum(confident[0])
         return dict(zip(order, results[0]))
 
     def churn(self, step: int) -> None:
@@ -117,6 +119,7 @@ def twins(clock: FakeClock | None = None, **opts) -> list[ProposerCore]:
 ])
 def test_lane_drafts_and_stats_equal_the_python_path(opts):
     eng = FakeEngine(seed=1)
+    eng.check_confident = True
     cores = twins(eng.clock, **opts)
     assert cores[0].lane is None and cores[1].lane is not None
     drafts: dict[str, list[int]] = {}
