@@ -260,7 +260,7 @@ def cell_totals(trace: dict[str, list[Any]], *, heavy_tokens: int = HEAVY_PROMPT
         return sum(x for x in ms if not math.isnan(x)) / 1e3
 
     return {"steps": n, "busy_s": total(busy), "gap_s": total(gap), "gpu_s": total(busy) + total(gap),
-            "emitted": int(total(emitted) * 1e3), "heavy_share": sum(heavy) / n if n else None,
+            "emitted": int(sum(e for e in emitted if not math.isnan(e))), "heavy_share": sum(heavy) / n if n else None,
             "heavy_emitted": part(emitted, True), "light_emitted": part(emitted, False),
             "heavy_spec": part(spec, True), "heavy_busy_ms": part(busy, True), "light_busy_ms": part(busy, False)}
 
