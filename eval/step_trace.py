@@ -48,6 +48,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specdec.vllm_plugin.async_patch import PREFILL_HEAVY_TOKENS  # a heavy prefill step, as prefill_step_slots counts
+
 TRACES_SUFFIX = ".traces.json.gz"  # beside RESULTS.json: RESULTS.traces.json.gz
 CG_CODES = {"FULL": "F", "PIECEWISE": "P", "NONE": "N"}  # vLLM CUDAGraphMode names -> one-letter codes
 WIDTH_EDGES = (1, 2, 4, 8, 16, 32, 48, 64, 128, 256)  # bucket upper bounds (requests per step)
@@ -58,8 +60,6 @@ PHASE_COLS = ("sched_ms", "exec_ms", "sample_ms", "update_ms")  # host time of t
 # a step whose drafting waited less than this for its tokens found them ready: the host came late (its own loop,
 # not the drafting, then holds the GPU); reading 64 rows of tokens takes ~0.1 ms
 HOST_LATE_SYNC_MS = 0.3
-HEAVY_PROMPT_TOKENS = 512  # --totals: a step with this many prompt tokens is a heavy prefill step (as the plugin's
-# prefill_step_slots counts them, vllm_plugin/async_patch.PREFILL_HEAVY_TOKENS)
 
 
 class StepTrace:
@@ -239,9 +239,10 @@ def fit_step_cost(traces: list[dict[str, list[Any]]], *, min_width: int) -> dict
             "steps": len(data), "tokens_per_s": tokens_per_s}
 
 
-def cell_totals(trace: dict[str, list[Any]], *, heavy_tokens: int = HEAVY_PROMPT_TOKENS) -> dict[str, Any]:
+def cell_totals(trace: dict[str, list[Any]], *, heavy_tokens: int = PREFILL_HEAVY_TOKENS) -> dict[str, Any]:
     """A cell's GPU time in total: busy and idle seconds over all its steps, and the split between heavy prefill
-    steps (prompt tokens ~ scheduled tokens - requests - draft tokens >= ``heavy_tokens``) and the rest: their
+    steps (prompt tokens ~ scheduled tokens - requests - draft tokens >= ``heavy_tokens``, the plugin's threshold
+    by default) and the rest: their
     share of the steps, mean emitted tokens and GPU busy ms per step. Where every method does the same prefill
     work, ``busy_s`` says how much GPU work speculation saved and ``gap_s`` what the host added."""
     n = len(trace["reqs"])
