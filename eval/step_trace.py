@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specdec.vllm_plugin.async_patch import PREFILL_HEAVY_TOKENS  # a heavy prefill step, as prefill_step_slots counts
+from specdec.vllm_plugin.async_patch import PREFILL_HEAVY_TOKENS
 
 TRACES_SUFFIX = ".traces.json.gz"  # beside RESULTS.json: RESULTS.traces.json.gz
 CG_CODES = {"FULL": "F", "PIECEWISE": "P", "NONE": "N"}  # vLLM CUDAGraphMode names -> one-letter codes
