@@ -13,7 +13,8 @@ setup(
         Extension(
             "specdec.drafters._suffix_native",
             sources=["csrc/suffix_native.cpp"],
-            depends=["csrc/suffix_lane.inc", "csrc/suffix_lane_async.inc", "csrc/job_thread.inc", "csrc/worker_pool.inc"],
+            depends=["csrc/suffix_lane.inc", "csrc/suffix_lane_tokens.inc", "csrc/suffix_lane_async.inc",
+                     "csrc/job_thread.inc", "csrc/worker_pool.inc"],
             language="c++",
             extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-pthread"],  # defer_cache's thread
             extra_link_args=["-pthread"],

@@ -1005,6 +1005,7 @@ PyObject* Engine_local_nodes(PyEngine* self, PyObject* args) {
 }
 
 #include "suffix_lane.inc"
+#include "suffix_lane_tokens.inc"
 #include "suffix_lane_async.inc"
 
 PyMethodDef Engine_methods[] = {
@@ -1020,6 +1021,7 @@ PyMethodDef Engine_methods[] = {
     {"lane_mark", reinterpret_cast<PyCFunction>(Engine_lane_mark), METH_VARARGS, "lane_mark(rid, n_known, fresh=True): the request's book knows n_known tokens; fresh: its next row carries "
      "exactly n_known (no extend), else it extends n_known by the row's sampled tokens"},
     {"lane_step", reinterpret_cast<PyCFunction>(Engine_lane_step), METH_VARARGS, kLaneStepDoc},
+    {"lane_step_tokens", reinterpret_cast<PyCFunction>(Engine_lane_step_tokens), METH_VARARGS, kLaneStepTokensDoc},
     {"lane_confident", reinterpret_cast<PyCFunction>(Engine_lane_confident), METH_VARARGS, kLaneConfidentDoc},
     {"lane_submit", reinterpret_cast<PyCFunction>(Engine_lane_submit), METH_VARARGS, kLaneSubmitDoc},
     {"lane_collect", reinterpret_cast<PyCFunction>(Engine_lane_collect), METH_VARARGS, kLaneCollectDoc},

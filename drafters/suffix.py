@@ -226,6 +226,20 @@ class SuffixDrafter(Drafter):
         return self.engine.lane_step(rids, rows, lengths, k, max_model_len, spec, pad, adaptive, min_acceptance,
                                      floor, value)
 
+    def lane_step_tokens(self, req_ids: Sequence[str], tokens: Any, known: Sequence[int], fillers: Sequence[int],
+                         out: Any, *, k: int, max_model_len: int, spec: bool, pad: bool, adaptive: bool,
+                         min_acceptance: float, floor: float, value: float) -> tuple[list[int] | None, list[int], int, int]:
+        """``lane_step`` for rows given as a token matrix, drafts written into a buffer (schedule mode's step):
+        ``tokens`` [>= rows, w] int32 (row i's new tokens: its leading entries >= 0), ``known`` [rows] context
+        lengths before them, ``fillers`` [rows] each row's last token before them, ``out`` [>= rows, width] int32
+        (C-contiguous): row i gets its draft, then its last token up to the width. Returns (the drafts' lengths, or
+        None when rows must restart first: then nothing was drafted or written; rows to restart; accepted tokens;
+        drafted tokens)."""
+        ids = self._ids
+        rids = [ids.get(r, -1) for r in req_ids]
+        return self.engine.lane_step_tokens(rids, tokens, known, fillers, out, k, max_model_len, spec, pad, adaptive,
+                                            min_acceptance, floor, value)
+
     def lane_confident(self, req_ids: Sequence[str]) -> list[int]:
         """Per request: the tokens of its latest ``lane_step`` draft before the confidence cut (padding
         excluded); 0 for a request the drafter does not hold."""

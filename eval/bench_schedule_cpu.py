@@ -35,6 +35,8 @@ CONFIGS = {  # name -> proposer options on top of schedule mode's (as SpecdecPro
     "early_cache": {"early_cache": True, "defer_cache": True},  # the proposer adds defer_cache in schedule mode
     "late_cache": {"late_cache": True, "defer_cache": True},
     "one_thread": {"lane_threads": 1},
+    "rows_step": {"matrix_step": False},  # the drafting from Python rows, padded in Python (before matrix_step)
+    "depth64": {"drafter_options": {"suffix": {"max_depth": 64}}},  # the library's trie depth (the plugin: 32)
 }
 WARMUP_STEPS = 5
 MIN_RESPONSE = 64  # records with shorter responses are skipped
@@ -91,7 +93,8 @@ def run(config: str, records: list[Any], pool: list[Any], *, k: int, steps: int,
     eng = FakeEngine(records, pool, max_len)
     core = ProposerCore(build_proposer_drafter(opts), opts, max_model_len=max_len, target_params=7e9)
     book = SlotBook(k, prefill_cap=0)
-    sched = ScheduledDrafting(core, k=k, max_rows=len(records), device="cpu", device_wait=HostWait(), slot_book=book)
+    sched = ScheduledDrafting(core, k=k, max_rows=len(records), device="cpu", device_wait=HostWait(), slot_book=book,
+                              matrix_step=opts.matrix_step)
     states: dict[str, Any] = {}
     drafts: list[list[int]] = [[] for _ in records]
     fills: list[float] = []

@@ -266,7 +266,7 @@ def _split_table(mine: list[dict[str, Any]], name: str, batches: list[int], head
     (the rest of the wait: the host reaching the drafting late)."""
     def cell(r: dict[str, Any]) -> str:
         c = r["gap_split_ms"]
-        late, drafting = c.get("host_late_share"), c["finish_ms"] - c["sync_ms"]
+        late, drafting = c.get("host_late_share"), c.get("finish_ms", 0.0) - c.get("sync_ms", 0.0)
         step = (r.get("gpu_busy_ms_per_step") or 0.0) + (r.get("gpu_gap_ms_per_step") or 0.0)
         return (f"{c['held_ms']:.2f} + {c['after_ms']:.2f}; drafting {drafting:.2f}"
                 + (f" ({100 * drafting / step:.1f}% of step)" if step > 0 else "")

@@ -95,7 +95,7 @@ class StepTimer:
         ScheduledDrafting.fill = self._timed(ScheduledDrafting.fill)
         # device wait: the drafting (inline in finish, or on the finisher thread with finish_thread)
         ScheduledDrafting._finish_job = self._split(self._timed(ScheduledDrafting._finish_job), "finish_ms")
-        ScheduledDrafting._drain = self._split(ScheduledDrafting._drain, "sync_ms")
+        ScheduledDrafting._tokens = self._split(ScheduledDrafting._tokens, "sync_ms")  # reading a step's tokens
         try:
             from specdec.vllm_plugin.device_wait import DeviceWait
 

@@ -138,6 +138,75 @@ def test_lane_drafts_and_stats_equal_the_python_path(opts):
     assert a["active_requests"] == b["active_requests"] >= len(eng.reqs) - 4  # not yet started: prefilling
 
 
+def through_the_matrix(core: ProposerCore) -> None:
+    """Drive ``core`` through ``step_tokens`` (schedule mode's one call) while the engine calls ``step``: each step's
+    rows become a token matrix (-1 past a row's new tokens), the drafts are read back from the buffer, whose padding
+    is checked (each row's last token past its draft)."""
+
+    def step(order, sampled, lengths, tokens, *, num_prompt_tokens):
+        n = len(order)
+        new = [len(s) for s in sampled]
+        matrix = np.full((n, max(new, default=0) + 2), -1, np.int32)  # [rows, w]
+        for i, s in enumerate(sampled):
+            matrix[i, :len(s)] = s
+        known = [int(lengths[i]) - new[i] for i in range(n)]
+        fillers = [int(tokens[i, known[i] - 1]) for i in range(n)]
+        out = np.full((n, core.k), -7, np.int32)  # [rows, k]
+
+        def context(i: int) -> tuple[list[int], int]:
+            return tokens[i, :int(lengths[i])].tolist(), int(num_prompt_tokens[i])
+
+        lens = core.step_tokens(order, matrix, new, known, fillers, out, context=context)
+        assert lens is not None and len(lens) == n
+        for i in range(n):
+            assert (out[i, lens[i]:] == (sampled[i][-1] if sampled[i] else fillers[i])).all()
+        return [out[i, :lens[i]].tolist() for i in range(n)]
+
+    core.step = step  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("opts", [{}, {"pad_drafts": "on"}, {"lane_threads": 3, "min_path_prob": 0.2}])
+def test_the_token_matrix_step_equals_the_lane_and_python_paths(opts):
+    """``ProposerCore.step_tokens`` (the lane reads the captured tokens in place and writes padded drafts into the
+    draft buffer): the drafts and statistics of ``step`` on either path, through new requests, partial prefills,
+    a context jump and a forced resync (rows restarted from ``context``)."""
+    eng = FakeEngine(seed=4)
+    cores = twins(eng.clock, **opts)
+    matrix = twins(eng.clock, **opts)[1]
+    through_the_matrix(matrix)
+    cores.append(matrix)
+    drafts: dict[str, list[int]] = {}
+    for step in range(160):
+        eng.churn(step)
+        if step == 50:  # a context jump: every path resyncs the request
+            rid = next(iter(eng.reqs))
+            eng.reqs[rid]["seq"] += eng.reqs[rid]["target"][len(eng.reqs[rid]["seq"]):][:5]
+        if step == 90:
+            for core in cores:
+                core.force_resync(next(iter(eng.reqs)))
+        drafts = eng.step(cores, drafts)
+    stats = [c.stats_dict() for c in cores]
+    for key in STAT_KEYS:
+        assert stats[0][key] == stats[1][key] == stats[2][key], key
+    assert stats[2]["resyncs"] >= 2 and stats[2]["started"] > 10 and stats[2]["accepted_tokens"] > 50
+
+
+def test_the_token_matrix_step_names_a_wrong_buffer():
+    lane = lane_core(FakeClock()).lane
+    assert lane is not None
+    decisions = {"k": 4, "max_model_len": MAX_LEN, "spec": True, "pad": False, "adaptive": False,
+                 "min_acceptance": 0.0, "floor": 0.1, "value": 0.0}
+    tokens, out = np.full((1, 3), -1, np.int32), np.zeros((1, 4), np.int32)
+    with pytest.raises(ValueError, match="tokens must be a 2-D int32 array"):
+        lane.lane_step_tokens(["a"], tokens.astype(np.int64), [5], [1], out, **decisions)
+    with pytest.raises(ValueError, match="out must be a 2-D int32 array"):
+        lane.lane_step_tokens(["a"], tokens, [5], [1], out[0], **decisions)
+    with pytest.raises(ValueError, match="2 request ids but 1 token rows"):
+        lane.lane_step_tokens(["a", "b"], tokens, [5, 5], [1, 1], out, **decisions)
+    lengths, redo, _, _ = lane.lane_step_tokens(["a"], tokens, [5], [9], out, **decisions)
+    assert lengths == [0] and redo == [] and out.tolist() == [[9, 9, 9, 9]]  # unknown, no new tokens: its last token
+
+
 class RepeatingEngine(FakeEngine):
     """New requests decode the targets of earlier ones (4 distinct targets): the global cache of finished
     responses gives longer matches than a request's own context, so a stale match front changes the drafts."""

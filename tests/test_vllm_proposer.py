@@ -524,16 +524,19 @@ def test_draft_model_option_fills_the_model_drafters_path_and_target_tokenizer()
 
 
 def test_suffix_depth_caps_default_for_vllm_and_user_values_win():
-    from specdec.vllm_plugin.options import VLLM_SUFFIX_FREE_SPEC_FACTOR, VLLM_SUFFIX_SPEC_FACTOR
+    from specdec.vllm_plugin.options import (VLLM_SUFFIX_FREE_SPEC_FACTOR, VLLM_SUFFIX_MAX_DEPTH,
+                                             VLLM_SUFFIX_SPEC_FACTOR)
     from specdec.vllm_plugin.proposer import build_proposer_drafter
 
     opts = SpecdecOptions.from_dict({})
     assert opts.resolved_drafter_options()["suffix"] == {"max_spec_factor": VLLM_SUFFIX_SPEC_FACTOR,
-                                                         "free_spec_factor": VLLM_SUFFIX_FREE_SPEC_FACTOR}
+                                                         "free_spec_factor": VLLM_SUFFIX_FREE_SPEC_FACTOR,
+                                                         "max_depth": VLLM_SUFFIX_MAX_DEPTH}
     drafter = build_proposer_drafter(opts)
-    assert (drafter.config.max_spec_factor, drafter.config.free_spec_factor) == (1.0, 8.0)
-    mine = SpecdecOptions.from_dict({"drafter_options": {"suffix": {"max_spec_factor": 4.0}}})
+    assert (drafter.config.max_spec_factor, drafter.config.free_spec_factor, drafter.config.max_depth) == (1.0, 8.0, 32)
+    mine = SpecdecOptions.from_dict({"drafter_options": {"suffix": {"max_spec_factor": 4.0, "max_depth": 64}}})
     assert build_proposer_drafter(mine).config.max_spec_factor == 4.0
+    assert build_proposer_drafter(mine).config.max_depth == 64
 
 
 def test_async_mode_and_lane_threads_auto_resolve_by_target_size_and_parallelism():

@@ -14,7 +14,7 @@ import importlib.util
 import random
 import threading
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -206,14 +206,15 @@ class FakeDeviceWait(HostWait):
                           ({}, True, False), ({"native_step": False}, True, False), ({}, True, True),
                           ({"native_step": False}, True, True),
                           ({"early_cache": True, "defer_cache": True}, True, False),  # as the proposer sets it
-                          ({"late_cache": True, "defer_cache": True}, True, False)])
+                          ({"late_cache": True, "defer_cache": True}, True, False),
+                          ({"matrix_step": False}, False, False), ({"matrix_step": False}, True, False)])
 def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, device_wait, finish_thread):
     clock = SimpleNamespace(t=0.0)
     tick = lambda: clock.t  # noqa: E731
     eng = AsyncEngine(seed=3)
     dw = FakeDeviceWait() if device_wait else None
     sched = ScheduledDrafting(make_core(tick, **opts), k=K, max_rows=2 * MAX_ROWS, device="cpu", device_wait=dw,
-                              finish_thread=finish_thread)
+                              finish_thread=finish_thread, matrix_step=opts.get("matrix_step", True))
     assert sched.stats()["schedule"]["finish_thread"] is finish_thread
     twin = make_core(tick, **{k: v for k, v in opts.items() if k not in EARLY_ONLY})  # the synchronous reference
     if opts.get("late_cache"):
@@ -251,8 +252,27 @@ def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, 
     sched.close()
     assert st["skipped_fills"] == 1 and st["fills"] >= 140 and st["errors"] == 0 and st["blind_requests"] == 0
     assert st["deferred_fills"] == (st["fills"] if device_wait else 0) and st["watchdog_releases"] == 0
+    if opts.get("native_step", True) and opts.get("matrix_step", True):  # the usual step: one native call
+        assert st["matrix_steps"] > 0.8 * st["fills"]
+    else:
+        assert st["matrix_steps"] == 0
     stats = sched.core.stats_dict()
     assert stats["accepted_tokens"] > 200 and stats["stopped"] > 5 and stats["started"] > 5
+
+
+def crash_drafting(core: ProposerCore) -> Callable[[], None]:
+    """Make both of the core's drafting calls (rows, token matrix) raise; returns the function that undoes it."""
+    real = core.step, core.step_tokens
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("drafter crashed")
+
+    core.step = core.step_tokens = boom
+
+    def restore() -> None:
+        core.step, core.step_tokens = real
+
+    return restore
 
 
 def test_eager_fill_and_a_failing_drafter_never_stop_generation():
@@ -266,10 +286,7 @@ def test_eager_fill_and_a_failing_drafter_never_stop_generation():
     out = sched.submit(order, k=None, eager=True)  # structured output / penalties: filled at once
     assert sched.job is None and sched.stats()["schedule"]["eager_fills"] == 1
 
-    def boom(*args, **kwargs):
-        raise RuntimeError("drafter crashed")
-
-    core.step = boom
+    crash_drafting(core)
     eng.prev_drafts = out.clone()
     order, sampled, discard, _ = eng.verify()
     sched.capture(sampled, order, discard, requests=eng.state)
@@ -295,14 +312,13 @@ def test_device_wait_always_releases_and_the_watchdog_switches_it_off():
 
     out = step(eager=True)  # vLLM reads these drafts on the host right away: never deferred
     assert sched.deferred is None and not dw.pending and sched.stats()["schedule"]["eager_fills"] == 1
-    real_step = core.step
-    core.step = lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("drafter crashed"))
+    restore = crash_drafting(core)
     out = step()
     assert sched.fill(out) and sched.deferred is not None
     sched.finish()  # the drafter failed: the stream is released all the same, with filler drafts
     assert dw.released == [1] and sched.stats()["schedule"]["errors"] == 1
     assert out[:, 0].tolist() == [eng.reqs[r]["seq"][-1] for r in eng.order]
-    core.step = real_step
+    restore()
     out = step()
     assert sched.fill(out)
     assert sched.fill(out) is False and dw.released == [1, 2]  # a second fill first releases the pending one

@@ -21,7 +21,7 @@ import numpy as np
 
 from specdec.drafters.base import Chain, Drafter, DraftGuard, DraftRequest
 from specdec.vllm_plugin.adaptive import AdaptiveController, StepCostModel, bucket_of, update_acceptance
-from specdec.vllm_plugin.lane import CALIB_DECAY, Lane, find_lane, lane_step
+from specdec.vllm_plugin.lane import CALIB_DECAY, Lane, LaneCounts, find_lane, lane_step, lane_step_tokens
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.state import Order, ProposerStats, RequestState  # noqa: F401 - RequestState re-exported
 from specdec.vllm_plugin.options import SpecdecOptions
@@ -106,7 +106,7 @@ class ProposerCore:
         """One proposer call. Arrays are vLLM's: ``num_tokens_no_spec`` [max_num_reqs] int32,
         ``token_ids_cpu`` [max_num_reqs, max_model_len] int32, ``num_prompt_tokens`` [max_num_reqs].
         ``pad``: pad every row to ``k`` (True) or not (False) whatever ``pad_drafts`` says (None: it decides)."""
-        plan = self._begin(req_ids, sampled_token_ids, k, pad)
+        plan = self._begin(req_ids, list(map(len, sampled_token_ids)), k, pad)
         self._stop_absent(plan.present)
         if self.lane is not None:
             drafts = self._step_lane(req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
@@ -117,17 +117,44 @@ class ProposerCore:
         self.stats.propose_seconds += self.clock() - plan.t0
         return self._end(plan, drafts)
 
-    def _begin(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]], k: int | None,
-               pad: bool | None = None) -> StepPlan:
-        """A step's statistics, cost observations and decisions, before any drafter call."""
+    def step_tokens(self, req_ids: Sequence[str], tokens: np.ndarray, new: Sequence[int], known: Sequence[int],
+                    fillers: Sequence[int], out: np.ndarray, *, context: Callable[[int], tuple[list[int], int]],
+                    k: int | None = None, pad: bool | None = None) -> list[int] | None:
+        """``step`` for schedule mode's captured rows, through the lane's token-matrix call: ``tokens`` [>= rows, w]
+        int32 (-1 = rejected), ``new`` [rows] their leading valid counts, ``known`` / ``fillers`` [rows] context
+        lengths and last tokens before them, ``out`` [>= rows, width] int32: each row's padded draft is written
+        there; returns the drafts' lengths. None: a step over the deadline, whose drafts are dropped (the caller
+        pads ``out`` with no drafts). ``context(i)``: row i's context after its new tokens and its prompt length (a
+        restart). Only with the lane (``self.lane``). Same drafts, statistics and decisions as ``step`` over the same
+        rows."""
+        assert self.lane is not None
+        plan = self._begin(req_ids, new, k, pad)
+        self._stop_absent(plan.present)
+        decisions = self._lane_decisions(k=plan.k, mode=plan.mode, running=plan.running)
         t0 = self.clock()
-        n_rows = len(sampled_token_ids)
+        lengths, counts = lane_step_tokens(self.lane, req_ids, tokens, known, fillers, out, context=context,
+                                           decisions=decisions)
+        self._count_lane(counts)
+        dropped = self._lane_overrun(t0)
+        self.stats.propose_seconds += self.clock() - plan.t0
+        if dropped:
+            self._on_timeout(sum(1 for m in lengths if m))
+            self._end(plan, [], drafted=0)
+            return None
+        self._end(plan, [], drafted=counts.drafted)
+        return lengths
+
+    def _begin(self, req_ids: Sequence[str], lens: Sequence[int], k: int | None, pad: bool | None = None) -> StepPlan:
+        """A step's statistics, cost observations and decisions, before any drafter call. ``lens`` [rows]: each
+        row's new tokens."""
+        t0 = self.clock()
+        n_rows = len(lens)
         if len(req_ids) < n_rows:
             raise ValueError(f"{len(req_ids)} request ids for {n_rows} rows of sampled tokens")
         k = self.k if k is None else max(0, min(int(k), self.k))
         self.stats.steps += 1
         self.stats.rows += n_rows
-        lens = list(map(len, sampled_token_ids))  # [rows] new tokens per row (C-level loops below: ~64 rows)
+        lens = list(lens)  # C-level loops below: ~64 rows
         emitted, running = sum(lens), n_rows - lens.count(0)
         self.stats.emitted_tokens += emitted
         known = self.lane.request_ids if self.lane is not None else self.requests
@@ -185,16 +212,26 @@ class ProposerCore:
         t0 = self.clock()
         drafts, counts = lane_step(self.lane, req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
                                    num_prompt_tokens=num_prompt_tokens, decisions=decisions)
-        self.stats.accepted_tokens += counts.accepted
-        self.stats.started += counts.started
-        self.stats.resyncs += counts.resyncs
-        if self.timeout_s > 0 and self.clock() - t0 > self.timeout_s:
-            self._lane_overruns += 1
-            if self._lane_overruns >= LANE_MAX_OVERRUNS:
-                self._leave_lane()
+        self._count_lane(counts)
+        if self._lane_overrun(t0):
             self._on_timeout(sum(1 for d in drafts if d))
             return [[] for _ in drafts]
         return drafts
+
+    def _count_lane(self, counts: LaneCounts) -> None:
+        self.stats.accepted_tokens += counts.accepted
+        self.stats.started += counts.started
+        self.stats.resyncs += counts.resyncs
+
+    def _lane_overrun(self, t0: float) -> bool:
+        """Did the lane call begun at ``t0`` pass the deadline? (Its drafts are then dropped; after
+        LANE_MAX_OVERRUNS of them the Python path takes over.)"""
+        if not (self.timeout_s > 0 and self.clock() - t0 > self.timeout_s):
+            return False
+        self._lane_overruns += 1
+        if self._lane_overruns >= LANE_MAX_OVERRUNS:
+            self._leave_lane()
+        return True
 
     def _lane_decisions(self, *, k: int, mode: str, running: int) -> dict[str, Any]:
         """The keyword arguments of ``Lane.lane_step`` besides the rows."""

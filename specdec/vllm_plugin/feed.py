@@ -21,6 +21,7 @@ class FeedStats:
     blind_requests: int = 0
     errors: int = 0
     deferred_fills: int = 0  # device wait: the GPU waited for the drafts, drafted as the forward was launched
+    matrix_steps: int = 0  # drafted straight from the captured token matrix (matrix_step)
     watchdog_releases: int = 0  # device wait: steps whose wait the watchdog released (stale drafts verified)
     wait_seconds: float = 0.0  # fill: waiting for a step's sampled tokens (the GPU still running it)
     draft_seconds: float = 0.0  # fill (device wait: finish): the whole call, waiting included
@@ -85,12 +86,14 @@ class TokenFeed:
         self.prompt_len[rid] = len(prompt)
         self.pending[rid] = []
 
-    def add(self, req_ids: Sequence[str], tokens: np.ndarray, discard: set[int]) -> None:
+    def add(self, req_ids: Sequence[str], tokens: np.ndarray, discard: set[int], *, handed: bool = False) -> None:
         """One captured step: ``tokens`` [rows, width] int (``-1`` = rejected); discarded rows emit nothing.
-        (On the GPU's critical path in schedule mode: one conversion per step, plain list work per row.)"""
+        ``handed``: the drafter already got these tokens (``known_rows`` and the token-matrix step): history only,
+        nothing pending. (On the GPU's critical path in schedule mode unless handed: one conversion per step, plain
+        list work per row.)"""
         self.step += 1
         step, seen, history, pending = self.step, self.last_seen, self.history, self.pending
-        counts = (tokens >= 0).cumprod(axis=1).sum(axis=1).tolist()  # [rows] leading valid tokens (-1 = rejected)
+        counts = leading_counts(tokens).tolist()  # [rows]
         for i, (rid, row, c) in enumerate(zip(req_ids, tokens.tolist(), counts)):
             seen[rid] = step
             hist = history.get(rid)
@@ -98,9 +101,25 @@ class TokenFeed:
                 continue
             new = row[:c]
             hist += new
-            pending[rid] += new
+            if not handed:
+                pending[rid] += new
         if step % 256 == 0:
             self._forget_absent()
+
+    def known_rows(self, req_ids: Sequence[str]) -> tuple[list[int], list[int]] | None:
+        """For a step whose captured tokens go to the drafter straight from their matrix: each row's context length
+        before them and its last token (the padding of a row without new tokens). None if a row has no history
+        (new or blind) or tokens still pending (a step whose fill vLLM skipped): those take ``add`` and ``rows``."""
+        history, pending = self.history, self.pending
+        known: list[int] = []
+        last: list[int] = []
+        for rid in req_ids:
+            hist = history.get(rid)
+            if not hist or pending[rid]:
+                return None
+            known.append(len(hist))
+            last.append(hist[-1])
+        return known, last
 
     def rows(self, req_ids: Sequence[str]) -> Rows:
         """The rows of one draft request (in the step's row order); pending tokens are handed out once."""
@@ -132,6 +151,12 @@ class TokenFeed:
             for table in (self.history, self.prompt_len, self.pending, self.last_seen):
                 table.pop(rid, None)
             self.blind.discard(rid)
+
+
+def leading_counts(tokens: np.ndarray) -> np.ndarray:
+    """[rows] each row's leading valid tokens in ``tokens`` [rows, width] (``-1`` = rejected: vLLM's sampled
+    tokens)."""
+    return (tokens >= 0).cumprod(axis=1).sum(axis=1)
 
 
 def pad_rows(drafts: Sequence[Sequence[int]], out: np.ndarray, fillers: Sequence[int]) -> None:

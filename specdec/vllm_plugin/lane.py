@@ -15,7 +15,7 @@ drafted, instead of at stop (``SuffixDrafter.lane_config``).
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -43,6 +43,8 @@ class Lane(Protocol):
     def lane_cache_early(self) -> int: ...
     def lane_step(self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]], lengths: Any,
                   **decisions: Any) -> tuple[list[list[int]], list[int], int, int]: ...
+    def lane_step_tokens(self, req_ids: Sequence[str], tokens: Any, known: Sequence[int], fillers: Sequence[int],
+                         out: Any, **decisions: Any) -> tuple[list[int] | None, list[int], int, int]: ...
     def stop(self, request_id: str) -> None: ...
 
 
@@ -99,3 +101,29 @@ def lane_step(lane: Lane, req_ids: Sequence[str], sampled: Sequence[Sequence[int
         raise RuntimeError(f"lane: rows {again} still out of step after a restart")
     counts.accepted += acc2
     return drafts, counts
+
+
+def lane_step_tokens(lane: Lane, req_ids: Sequence[str], tokens: np.ndarray, known: Sequence[int],
+                     fillers: Sequence[int], out: np.ndarray, *, context: Callable[[int], tuple[list[int], int]],
+                     decisions: dict[str, Any]) -> tuple[list[int], LaneCounts]:
+    """``lane_step`` for schedule mode's rows as captured: ``tokens`` [>= rows, w] int32 (-1 = rejected), ``known``
+    [rows] context lengths before them, ``fillers`` [rows] last tokens before them; the padded drafts go straight
+    into ``out`` [>= rows, width] int32 and their lengths come back (one native call; two when a row must restart).
+    ``context(i)``: row i's whole context after its new tokens and its prompt length, for a restart."""
+    lengths, redo, accepted, drafted = lane.lane_step_tokens(req_ids, tokens, known, fillers, out, **decisions)
+    counts = LaneCounts()
+    counts.accepted, counts.drafted = accepted, drafted
+    if not redo:
+        return lengths, counts
+    ids = lane.request_ids
+    for i in redo:  # as in lane_step: restart from the context, then draft every row
+        rid = req_ids[i]
+        ctx, p = context(i)
+        counts.resyncs += rid in ids
+        counts.started += 1
+        lane.lane_restart(rid, ctx[:p], ctx[p:], len(ctx))
+    lengths, again, acc2, counts.drafted = lane.lane_step_tokens(req_ids, tokens, known, fillers, out, **decisions)
+    if again:  # cannot happen: each was just restarted at exactly this length
+        raise RuntimeError(f"lane: rows {again} still out of step after a restart")
+    counts.accepted += acc2
+    return lengths, counts

@@ -240,7 +240,8 @@ class SpecdecProposer:
                 register(book)  # the scheduler (same process) trims each request's slots to its draft
             self.scheduled = ScheduledDrafting(self.core, k=k, max_rows=int(runner.max_num_reqs),
                                                device=runner.device, device_wait=device_wait, slot_book=book,
-                                               finish_thread=self.options.finish_thread)
+                                               finish_thread=self.options.finish_thread,
+                                               matrix_step=self.options.matrix_step)
             logger.info("specdec: drafting under vLLM's async scheduling (k=%d, up to %d rows; %s)", k,
                         runner.max_num_reqs, "the GPU waits for drafts" if device_wait else f"host fill: {why}")
         return self.scheduled

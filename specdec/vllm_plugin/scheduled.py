@@ -21,7 +21,9 @@ drafter take part (the plugin lifts the whitelist for our method only, version-c
    With the device wait (``device_wait.py``, default where the driver allows) the fill only enqueues, on the
    stream, a wait on a pinned word and the copy of the pinned draft buffer, and stops finished requests; the
    drafting itself (``finish``) runs at the start of ``_model_forward``, once vLLM has enqueued the step's other
-   inputs, and releases the wait. The GPU then idles for the drafting only. (``finish_thread``, off: that
+   inputs, and releases the wait. The GPU then idles for the drafting only. In the usual case (``matrix_step``)
+   that drafting is one native call on the captured matrix that writes the padded drafts into the pinned buffer;
+   the token record follows after the release (``_draft_from_matrix``). (``finish_thread``, off: that
    drafting runs on a worker thread while the engine thread launches the forward behind the wait; slower on
    the H200 in GPU run 56, the two contend for the GIL.)
 
@@ -46,7 +48,9 @@ import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from specdec.vllm_plugin.feed import TokenFeed, pad_rows, valid_counts
+import numpy as np
+
+from specdec.vllm_plugin.feed import TokenFeed, leading_counts, pad_rows, valid_counts
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.slots import UNKNOWN
 
@@ -75,16 +79,17 @@ class Drafted:
     """One step's drafts, for the bookkeeping done after the GPU was released (``ScheduledDrafting._note``)."""
 
     req_ids: list[str]
-    drafts: list[list[int]]  # [rows] each row's draft (unpadded)
+    lengths: list[int]  # [rows] each row's draft length (unpadded)
     emitted: list[int]  # [rows] tokens each row got from the step just verified (accepted + bonus)
     verified: int  # tokens vLLM scheduled for the step (its verify batch)
+    handed: tuple[Any, ...] | None = None  # (req ids, tokens, discard): drafted from the matrix, feed them after
 
 
 class ScheduledDrafting:
     """The three calls of the module docstring, bound to one model runner and one ``ProposerCore``."""
 
     def __init__(self, core: Any, *, k: int, max_rows: int, device: Any, device_wait: Any = None,
-                 slot_book: Any = None, finish_thread: bool = False) -> None:
+                 slot_book: Any = None, finish_thread: bool = False, matrix_step: bool = True) -> None:
         import torch
 
         self.core = core
@@ -98,9 +103,11 @@ class ScheduledDrafting:
         self.events = [torch.cuda.Event() if cuda else None for _ in range(RING_SLOTS)]
         pin = cuda
         self.ring = [torch.zeros((max_rows, k + 1), dtype=torch.int32, pin_memory=pin) for _ in range(RING_SLOTS)]
+        self.ring_np = [r.numpy() for r in self.ring]  # the same memory, read without torch's per-op overhead
         self.host_drafts = [torch.zeros((max_rows, k), dtype=torch.int32, pin_memory=pin) for _ in range(2)]
         self.backups = [torch.zeros(max_rows, dtype=torch.int32, pin_memory=pin) for _ in range(RING_SLOTS)]
         self.fills = 0
+        self.matrix_step = matrix_step  # the drafting reads the captured matrix itself (_draft_from_matrix)
         self.gpu_drafts = torch.zeros((max_rows, k), dtype=torch.int32, device=self.device)
         self.queue: list[Capture] = []
         self.last_req_ids: set[str] = set()
@@ -176,17 +183,20 @@ class ScheduledDrafting:
 
     def _drain(self, upto: int | None = None) -> None:
         """Read captured steps in order (waiting for their copies) into the token feed."""
-        import time
-
         count = len(self.queue) if upto is None else min(upto, len(self.queue))
         for cap in self.queue[:count]:
-            if cap.event is not None:
-                t0 = time.perf_counter()
-                cap.event.synchronize()
-                self.feed.stats.wait_seconds += time.perf_counter() - t0
-            tokens = self._slot_view(cap.slot, cap.rows, cap.width).numpy()
-            self.feed.add(cap.req_ids, tokens, cap.discard)
+            self.feed.add(cap.req_ids, self._tokens(cap), cap.discard)
         del self.queue[:count]
+
+    def _tokens(self, cap: Capture) -> np.ndarray:
+        """A captured step's sampled tokens [rows, width] int32 (-1 = rejected), once its copy is done."""
+        import time
+
+        if cap.event is not None:
+            t0 = time.perf_counter()
+            cap.event.synchronize()
+            self.feed.stats.wait_seconds += time.perf_counter() - t0
+        return self.ring_np[cap.slot].reshape(-1)[:cap.rows * cap.width].reshape(cap.rows, cap.width)
 
     # ----------------------------------------------------------------- 2. submit (instead of propose)
     def submit(self, req_ids: Sequence[str], *, k: int | None, eager: bool) -> Any:
@@ -342,18 +352,62 @@ class ScheduledDrafting:
         """Drain captured steps, draft ``req_ids`` and write the padded drafts into ``host`` [rows, k] (pinned);
         ``verified``: the tokens vLLM scheduled for the step (the proposer's cost fit). Returns what ``_note``
         records once the drafts are on their way."""
+        width = self.slot_book.width if self.slot_book is not None else 0  # a narrow step: every row that long
+        k, pad = width or k, True if width else None
+        done = self._draft_from_matrix(host, req_ids, k, pad, verified)
+        if done is not None:
+            return done
         self._drain()
         rows = self.feed.rows(req_ids)
         n = len(req_ids)
-        width = self.slot_book.width if self.slot_book is not None else 0  # a narrow step: every row that long
         try:
             drafts = self.core.step(rows.req_ids, rows.sampled, rows.lengths, rows.contexts,
-                                    num_prompt_tokens=rows.prompt_lens, k=width or k, pad=True if width else None)
+                                    num_prompt_tokens=rows.prompt_lens, k=k, pad=pad)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             self._drafting_failed(exc)
             drafts, verified = [[] for _ in range(n)], 0
         pad_rows(drafts, host.numpy(), rows.fillers)
-        return Drafted(req_ids, drafts, list(map(len, rows.sampled)), verified)
+        return Drafted(req_ids, list(map(len, drafts)), list(map(len, rows.sampled)), verified)
+
+    def _draft_from_matrix(self, host: Any, req_ids: list[str], k: int | None, pad: bool | None,
+                           verified: int) -> Drafted | None:
+        """``_draft_into``'s usual case in one native call (``matrix_step``): one captured step, of exactly these
+        rows, none discarded, every request known with nothing pending. The lane reads the captured tokens in
+        place and writes the padded drafts into ``host``; the feed records the tokens after the GPU's release
+        (``_note``). None: not that case (the general path runs). Same buffer, drafts and statistics."""
+        if not self.matrix_step or self.core.lane is None or len(self.queue) != 1:
+            return None
+        cap = self.queue[0]
+        if cap.discard or cap.req_ids != req_ids:
+            return None
+        before = self.feed.known_rows(req_ids)
+        if before is None:
+            return None
+        known, fillers = before
+        tokens = self._tokens(cap)  # [rows, w] int32
+        del self.queue[:1]
+        new = leading_counts(tokens)  # [rows]
+        emitted = new.tolist()
+        out = host.numpy()  # [rows, k] int32
+        feed = self.feed
+
+        def context(i: int) -> tuple[list[int], int]:  # a row to restart: its context after the new tokens
+            rid = req_ids[i]
+            return feed.history[rid] + tokens[i, :new[i]].tolist(), feed.prompt_len[rid]
+
+        try:
+            lengths = self.core.step_tokens(req_ids, tokens, emitted, known, fillers, out, context=context, k=k,
+                                            pad=pad)
+        except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
+            self._drafting_failed(exc)
+            lengths, verified = None, 0
+        n = len(req_ids)
+        self.feed.stats.matrix_steps += 1
+        if lengths is None:  # no drafts this step: every row its last token
+            rows = np.arange(n)
+            out[:n] = np.where(new > 0, tokens[rows, np.maximum(new - 1, 0)], fillers)[:, None]
+            lengths = [0] * n
+        return Drafted(req_ids, lengths, emitted, verified, handed=(cap.req_ids, tokens, cap.discard))
 
     def _drafting_failed(self, exc: Exception) -> None:
         """A step's drafting raised: counted, logged once, the core reset (re-raised under ``strict``)."""
@@ -370,12 +424,14 @@ class ScheduledDrafting:
         """After the drafts of a step went out (the GPU no longer waits): the proposer's cost fit and the slot
         book's grants for the next schedule. Never raises unless ``strict``."""
         try:
+            if done.handed is not None:  # the tokens the drafting read from the matrix, into the host record
+                self.feed.add(*done.handed, handed=True)
             self.core.note_verified(done.verified)
             book = self.slot_book
             if book is not None:  # rows with no new token (prompts still prefilling) keep k slots
                 emitted = done.emitted  # [rows] tokens from the step just verified
                 confident = self.core.confident(done.req_ids) if book.prefill_confident else ()
-                book.note(done.req_ids, [len(d) if e else UNKNOWN for d, e in zip(done.drafts, emitted)],
+                book.note(done.req_ids, [m if e else UNKNOWN for m, e in zip(done.lengths, emitted)],
                           emitted=emitted, token_cost=self.core.token_cost(len(emitted) - emitted.count(0)),
                           confident=confident)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
