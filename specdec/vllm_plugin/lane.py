@@ -84,16 +84,13 @@ def lane_step(lane: Lane, req_ids: Sequence[str], sampled: Sequence[Sequence[int
     counts.accepted, counts.drafted = accepted, drafted
     if not redo:
         return drafts, counts
-    known = lane.request_ids
-    for i in redo:  # new requests, preempted ones coming back, contexts that jumped: restart from the context
-        rid, n = ids[i], int(lengths[i])
-        counts.resyncs += rid in known
-        counts.started += 1
-        p = n - len(sampled[i])
-        if num_prompt_tokens is not None:
-            p = max(1, min(int(num_prompt_tokens[i]), n))
-        ctx = np.asarray(token_ids_cpu[i, :n]).tolist()  # copy: the row's buffer changes later
-        lane.lane_restart(rid, ctx[:p], ctx[p:], n)
+
+    def context(i: int) -> tuple[list[int], int]:
+        n = int(lengths[i])
+        p = n - len(sampled[i]) if num_prompt_tokens is None else max(1, min(int(num_prompt_tokens[i]), n))
+        return np.asarray(token_ids_cpu[i, :n]).tolist(), p  # a copy: the row's buffer changes later
+
+    _restart_rows(lane, ids, redo, context, counts)
     # the first call changed nothing; the restarted rows are fresh (they hold their tokens): this call extends the
     # others and drafts every row
     drafts, again, acc2, counts.drafted = lane.lane_step(ids, sampled, lengths, **decisions)
@@ -115,15 +112,22 @@ def lane_step_tokens(lane: Lane, req_ids: Sequence[str], tokens: np.ndarray, kno
     counts.accepted, counts.drafted = accepted, drafted
     if not redo:
         return lengths, counts
-    ids = lane.request_ids
-    for i in redo:  # as in lane_step: restart from the context, then draft every row
-        rid = req_ids[i]
-        ctx, p = context(i)
-        counts.resyncs += rid in ids
-        counts.started += 1
-        lane.lane_restart(rid, ctx[:p], ctx[p:], len(ctx))
+    _restart_rows(lane, req_ids, redo, context, counts)
     lengths, again, acc2, counts.drafted = lane.lane_step_tokens(req_ids, tokens, known, fillers, out, **decisions)
     if again:  # cannot happen: each was just restarted at exactly this length
         raise RuntimeError(f"lane: rows {again} still out of step after a restart")
     counts.accepted += acc2
     return lengths, counts
+
+
+def _restart_rows(lane: Lane, req_ids: Sequence[str], redo: Sequence[int],
+                  context: Callable[[int], tuple[list[int], int]], counts: LaneCounts) -> None:
+    """Restart the rows ``redo`` (new requests, preempted ones coming back, contexts that jumped) from their
+    context (``context(i)``: row i's tokens after its new ones and its prompt length); the next lane call drafts."""
+    known = lane.request_ids
+    for i in redo:
+        rid = req_ids[i]
+        ctx, p = context(i)
+        counts.resyncs += rid in known
+        counts.started += 1
+        lane.lane_restart(rid, ctx[:p], ctx[p:], len(ctx))
