@@ -174,12 +174,12 @@ class ScheduledDrafting:
         self.feed.stats.captures += 1
         self.feed.stats.capture_seconds += time.perf_counter() - t0
 
-    def _slot_view(self, slot: int, rows: int, width: int) -> Any:
-        """Ring slot ``slot`` as a contiguous [rows, width] tensor. A [:rows, :width] slice would not be
-        contiguous when width < k+1 (vLLM's k by batch size), and a device-to-host copy into a non-contiguous
-        pinned tensor is not asynchronous: the capture then waited for the step's GPU work (4.8 ms per capture
-        in run 47)."""
-        return self.ring[slot].view(-1)[:rows * width].view(rows, width)
+    def _slot_view(self, slot: int, rows: int, width: int, ring: Sequence[Any] | None = None) -> Any:
+        """Ring slot ``slot`` as a contiguous [rows, width] tensor (``ring``: the same slots as NumPy arrays, read
+        without torch's per-op overhead). A [:rows, :width] slice would not be contiguous when width < k+1 (vLLM's
+        k by batch size), and a device-to-host copy into a non-contiguous pinned tensor is not asynchronous: the
+        capture then waited for the step's GPU work (4.8 ms per capture in run 47)."""
+        return (self.ring if ring is None else ring)[slot].reshape(-1)[:rows * width].reshape(rows, width)
 
     def _drain(self, upto: int | None = None) -> None:
         """Read captured steps in order (waiting for their copies) into the token feed."""
@@ -196,7 +196,7 @@ class ScheduledDrafting:
             t0 = time.perf_counter()
             cap.event.synchronize()
             self.feed.stats.wait_seconds += time.perf_counter() - t0
-        return self.ring_np[cap.slot].reshape(-1)[:cap.rows * cap.width].reshape(cap.rows, cap.width)
+        return self._slot_view(cap.slot, cap.rows, cap.width, self.ring_np)
 
     # ----------------------------------------------------------------- 2. submit (instead of propose)
     def submit(self, req_ids: Sequence[str], *, k: int | None, eager: bool) -> Any:
