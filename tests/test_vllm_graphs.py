@@ -5,6 +5,7 @@ not importable) with our wrappers; the runner wrapper runs on a fake runner whos
 vLLM's would do; the slot book and the drafting's padding need no vLLM."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from types import SimpleNamespace
 from typing import Any
@@ -160,7 +161,8 @@ def test_narrow_step_drafts_every_row_to_the_width() -> None:
 
 
 # ----------------------------------------------------------------- the dispatcher (vLLM's own class)
-def _dispatcher(monkeypatch: pytest.MonkeyPatch, width: int = WIDTH) -> Any:
+def _dispatcher(monkeypatch: pytest.MonkeyPatch, width: int = WIDTH, *, ragged: bool = False,
+                mode: str = "FULL_AND_PIECEWISE", ours: bool = True) -> Any:
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import BatchDescriptor
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
@@ -168,6 +170,7 @@ def _dispatcher(monkeypatch: pytest.MonkeyPatch, width: int = WIDTH) -> Any:
     cls = type("Dispatcher", (CudagraphDispatcher,), {})  # wrap a subclass: vLLM's class stays as it was
     graphs._wrap_dispatcher(cls, CUDAGraphMode, BatchDescriptor)
     monkeypatch.setattr(graphs, "narrow_widths", lambda config: (width,) if width else ())
+    monkeypatch.setattr(graphs, "ragged_enabled", lambda config: ours)  # our engine with ragged_graphs on
     d = cls.__new__(cls)  # vLLM's __init__ needs a whole VllmConfig; set what the key and dispatch code read
     cc = SimpleNamespace(cudagraph_capture_sizes=list(CAPTURE_SIZES), max_cudagraph_capture_size=CAPTURE_SIZES[-1],
                          compile_sizes=[], cudagraph_specialize_lora=False)
@@ -177,7 +180,8 @@ def _dispatcher(monkeypatch: pytest.MonkeyPatch, width: int = WIDTH) -> Any:
     d.uniform_decode_query_len = K + 1
     d.cudagraph_keys = {CUDAGraphMode.PIECEWISE: set(), CUDAGraphMode.FULL: set()}
     d.keys_initialized, d.specialize_lora_count, d.cudagraph_mode = False, False, CUDAGraphMode.NONE
-    d.initialize_cudagraph_keys(CUDAGraphMode.FULL_AND_PIECEWISE, K + 1)
+    setattr(d, graphs.RAGGED_OK, ragged)  # what the runner's wrapper found in the attention backends
+    d.initialize_cudagraph_keys(getattr(CUDAGraphMode, mode), K + 1)
     return d, CUDAGraphMode, BatchDescriptor
 
 
@@ -251,7 +255,7 @@ class FakeRunner:
 
 def _runner() -> FakeRunner:
     cls = type("Runner", (FakeRunner,), {})
-    graphs._wrap_runner(cls)
+    graphs._wrap_runner(cls, ragged=False)
     return cls({WIDTH + 1: [1, 2, 4, 8]})
 
 
@@ -277,3 +281,154 @@ def test_capture_of_a_narrow_key_uses_its_query_length() -> None:
     assert r._warmup_and_capture(narrow, "FULL") == WIDTH + 1
     assert [r._warmup_and_capture(d, "FULL") for d in (theirs, mixed)] == [K + 1, K + 1]
     assert r.uniform_decode_query_len == K + 1 and getattr(r.cudagraph_dispatcher, graphs.NARROW_Q) is None
+
+
+# ----------------------------------------------------------------- ragged batches
+@needs_vllm
+def test_ragged_keys_one_per_capture_size_for_the_most_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    d, modes, desc = _dispatcher(monkeypatch, ragged=True)
+    full = d.cudagraph_keys[modes.FULL]
+    ragged = {k for k in full if not k.uniform}
+    assert ragged == {desc(num_tokens=t, num_reqs=64, uniform=False) for t in CAPTURE_SIZES}
+    assert all(k.num_tokens == (K + 1) * k.num_reqs or k.num_tokens == (WIDTH + 1) * k.num_reqs
+               for k in full - ragged)  # vLLM's uniform keys and the narrow ones, untouched
+    assert getattr(d, graphs.RAGGED_KEYS) == (K + 1, 64, CAPTURE_SIZES)
+    assert ragged <= set(dict(d.get_capture_descs())[modes.FULL])  # vLLM's capture loop gets them
+
+
+@needs_vllm
+def test_no_ragged_keys_without_full_support_or_in_full_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    for kwargs in ({"ragged": False}, {"ragged": True, "mode": "FULL"}):  # a backend short of ALWAYS; FULL mode
+        d, modes, _ = _dispatcher(monkeypatch, **kwargs)
+        assert getattr(d, graphs.RAGGED_KEYS) is None
+        if kwargs.get("mode") is None:
+            assert all(k.uniform for k in d.cudagraph_keys[modes.FULL])
+    d, modes, _ = _dispatcher(monkeypatch, ragged=True, ours=False)  # ragged_graphs off, or not our engine
+    assert getattr(d, graphs.RAGGED_KEYS) is None and all(k.uniform for k in d.cudagraph_keys[modes.FULL])
+
+
+@needs_vllm
+def test_ragged_key_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    d, _, _ = _dispatcher(monkeypatch, ragged=True)
+    assert graphs.ragged_key(d, num_tokens=200, num_reqs=30, max_query_len=K + 1) == (17 * 16, 64)  # padded up
+    assert graphs.ragged_key(d, num_tokens=30, num_reqs=30, max_query_len=1) == (34, 64)  # no drafts at all
+    assert graphs.ragged_key(d, num_tokens=(K + 1) * 8, num_reqs=8, max_query_len=K + 1) is None  # vLLM's uniform
+    assert graphs.ragged_key(d, num_tokens=200, num_reqs=30, max_query_len=K + 2) is None  # a prompt chunk
+    assert graphs.ragged_key(d, num_tokens=200, num_reqs=65, max_query_len=4) is None  # more requests than captured
+    assert graphs.ragged_key(d, num_tokens=17 * 64 + 1, num_reqs=64, max_query_len=K + 1) is None  # too many tokens
+
+
+@needs_vllm
+def test_dispatch_of_a_ragged_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    d, modes, desc = _dispatcher(monkeypatch, ragged=True)
+    setattr(d, graphs.RAGGED_DESC, (17 * 16, 64))
+    assert d.dispatch(num_tokens=200, uniform_decode=False) == (modes.FULL, desc(num_tokens=272, num_reqs=64))
+    assert getattr(d, graphs.RAGGED_HIT) == K + 1
+    setattr(d, graphs.RAGGED_HIT, None)
+    mode, got = d.dispatch(num_tokens=200, uniform_decode=False, invalid_modes={modes.FULL})  # cascade attention
+    assert mode == modes.PIECEWISE and got.num_reqs is None and getattr(d, graphs.RAGGED_HIT) is None
+    assert d.dispatch(num_tokens=200, uniform_decode=False, valid_modes={modes.NONE})[0] == modes.NONE
+    setattr(d, graphs.RAGGED_DESC, None)  # any other batch: vLLM's dispatch, never to a ragged key (a prompt chunk
+    mode, got = d.dispatch(num_tokens=200, uniform_decode=False)  # would find (272, 64) there)
+    assert mode == modes.PIECEWISE and got.num_reqs is None and getattr(d, graphs.RAGGED_HIT) is None
+    mode, got = d.dispatch(num_tokens=(K + 1) * 30, uniform_decode=True)  # vLLM's uniform batches as before
+    assert (mode, got) == (modes.FULL, desc(num_tokens=(K + 1) * 32, num_reqs=32, uniform=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class Desc:
+    num_tokens: int
+    num_reqs: int | None = None
+    uniform: bool = False
+
+
+class FakeRaggedRunner:
+    """Records what vLLM's runner would see: the dispatcher's ragged key during a dispatch or capture, the
+    attention metadata's max query length, the backends' support handed to the key setup."""
+
+    def __init__(self) -> None:
+        self.cudagraph_dispatcher = SimpleNamespace(**{graphs.NARROW_KEYS: {}, graphs.NARROW_Q: None,
+                                                       graphs.RAGGED_KEYS: (K + 1, 64, CAPTURE_SIZES)})
+        self.uniform_decode_query_len = K + 1
+        self.vllm_config = None
+        self.seen: list[Any] = []
+
+    def _determine_batch_execution_and_padding(self, num_tokens: int, num_reqs: int, num_scheduled_tokens_np: Any,
+                                               max_num_scheduled_tokens: int, use_cascade_attn: bool,
+                                               force_uniform_decode: bool | None = None) -> Any:
+        key = getattr(self.cudagraph_dispatcher, graphs.RAGGED_DESC, None)
+        if key is not None and not use_cascade_attn:  # what the wrapped dispatcher does with it
+            setattr(self.cudagraph_dispatcher, graphs.RAGGED_HIT, K + 1)
+        self.seen.append(key)
+        return key
+
+    def _warmup_and_capture(self, desc: Any, cudagraph_runtime_mode: Any) -> Any:
+        return desc, getattr(self.cudagraph_dispatcher, graphs.RAGGED_DESC, None)
+
+    def _build_attention_metadata(self, num_tokens: int, num_reqs: int, max_query_len: int) -> int:
+        return max_query_len
+
+    def _check_and_update_cudagraph_mode(self, attention_backends: Any, kv_cache_groups: Any) -> bool:
+        return getattr(self.cudagraph_dispatcher, graphs.RAGGED_OK)
+
+
+def _ragged_runner() -> FakeRaggedRunner:
+    cls = type("RaggedRunner", (FakeRaggedRunner,), {})
+    graphs._wrap_runner(cls)
+    return cls()
+
+
+def test_runner_dispatches_a_ragged_batch_and_states_the_captured_query_length() -> None:
+    r = _ragged_runner()
+    assert r._determine_batch_execution_and_padding(200, 30, None, max_num_scheduled_tokens=9,
+                                                    use_cascade_attn=False) == (272, 64)
+    assert getattr(r.cudagraph_dispatcher, graphs.RAGGED_DESC) is None  # reset after the call
+    assert r._build_attention_metadata(num_tokens=200, num_reqs=30, max_query_len=9) == K + 1
+    cascade = r._determine_batch_execution_and_padding(200, 30, None, max_num_scheduled_tokens=9,
+                                                       use_cascade_attn=True)
+    assert cascade == (272, 64) and r._build_attention_metadata(num_tokens=200, num_reqs=30, max_query_len=9) == 9
+    prompt = r._determine_batch_execution_and_padding(600, 3, None, max_num_scheduled_tokens=500,
+                                                      use_cascade_attn=False)
+    assert prompt is None and r._build_attention_metadata(num_tokens=600, num_reqs=3, max_query_len=500) == 500
+
+
+def test_capture_of_a_ragged_key_runs_vllms_uniform_dummy_under_that_key() -> None:
+    r = _ragged_runner()
+    got, key = r._warmup_and_capture(Desc(num_tokens=272, num_reqs=64), "FULL")
+    assert (got, key) == (Desc(num_tokens=272, num_reqs=64, uniform=True), (272, 64))
+    theirs = Desc(num_tokens=272, num_reqs=16, uniform=True)
+    assert r._warmup_and_capture(theirs, "FULL") == (theirs, None)  # vLLM's own keys: as before
+    assert getattr(r.cudagraph_dispatcher, graphs.RAGGED_DESC) is None
+
+
+def test_ragged_graphs_need_full_support_from_every_attention_backend() -> None:
+    def backend(name: str) -> Any:
+        support = SimpleNamespace(name=name, value={"ALWAYS": 3, "UNIFORM_BATCH": 2}[name])
+        builder = SimpleNamespace(get_cudagraph_support=lambda config, spec: support)
+        return SimpleNamespace(get_builder_cls=lambda: builder)
+
+    group = SimpleNamespace(kv_cache_spec=None)
+    r = _ragged_runner()
+    assert r._check_and_update_cudagraph_mode([[backend("ALWAYS")]], [group]) is True
+    assert r._check_and_update_cudagraph_mode([[backend("ALWAYS")], [backend("UNIFORM_BATCH")]],
+                                              [group, group]) is False
+
+
+def test_high_mat_steps_take_per_request_slots_once_ragged_graphs_exist() -> None:
+    """While the moving MAT is at least the high-MAT floor, a mid-size step gives each request its own slots if
+    the ragged graphs were captured, else the high-MAT width; below the floor the narrow width either way."""
+    ready = {"graphs": False}
+    book = SlotBook(K, narrow=WIDTH, narrow_rows=(16, 48), high=(8, 4.0), high_ragged=lambda: ready["graphs"])
+    for _ in range(30):
+        book.note(["a", "b"], [6, 12], emitted=[6, 7])  # MAT 6.5
+    book.begin_schedule(running=32)
+    assert book.width == 8  # no ragged graphs (yet): the high-MAT width
+    ready["graphs"] = True
+    book.begin_schedule(running=32)
+    assert (book.width, book.slots("a", K), book.slots("b", K)) == (0, 6, 12)  # each its latest draft's length
+    for _ in range(30):
+        book.note(["a", "b"], [3, 3], emitted=[2, 3])  # MAT falls below 4
+    book.begin_schedule(running=32)
+    assert book.width == WIDTH
+    assert book.as_dict()["ragged_high_mat_steps"] == 1
+    assert SpecdecOptions().high_mat_ragged and SpecdecOptions().ragged_graphs

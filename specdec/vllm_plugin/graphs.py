@@ -25,11 +25,25 @@ FlashAttention 3's scheduler metadata depends on (requests, max query length) is
 (vLLM's ``cudagraph_mode=FULL`` instead replays *mixed* batches from graphs captured for other shapes, which changed
 outputs in run 18.) Version-checked by the source of the methods wrapped; anything unexpected: logged once, narrow
 batches run piecewise (correct, only slower). Never imported by ``drafters/``; imports vLLM only inside the patch.
+
+**Ragged batches** (``ragged_graphs``): requests with different draft lengths, each at most ``q = k + 1`` tokens
+(adaptive slots, the synchronous path, steps without drafts). vLLM runs them as piecewise graphs with eager
+attention. Where every attention backend supports full graphs of any batch (``AttentionCGSupport.ALWAYS``:
+FlashAttention 3, Triton, Flex; checked by a wrapper on ``_check_and_update_cudagraph_mode``), one FULL key per
+capture size ``T``: ``BatchDescriptor(num_tokens=T, num_reqs=max_num_seqs, uniform=False)`` (FULL_AND_PIECEWISE has
+no other non-uniform FULL keys). Such a graph is captured from vLLM's uniform dummy batch (``cdiv(T, q)`` requests of
+``q`` tokens, padded to ``max_num_seqs`` requests) and replayed for any batch of at most ``max_num_seqs`` requests and
+``T`` tokens whose longest request has at most ``q``: ``_build_attention_metadata`` then states ``max_query_len = q``
+(an upper bound, correct for varlen attention), so the kernel's launch choices that FlashAttention 3 derives from the
+request count and the max query length (its scheduler metadata, split and GQA packing) are those of the capture, and
+only the per-request lengths, read on the GPU, differ. vLLM's ``cudagraph_mode=FULL`` replays mixed batches with the
+actual max query length from graphs captured with ``T`` (run 18: outputs changed); here the two agree by construction.
 """
 from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import functools
 import inspect
 import logging
@@ -52,7 +66,18 @@ RUNNER_SOURCE = {
     "_warmup_and_capture": "uniform_decode=desc.uniform",
     "_dummy_run": "max_query_len = self.uniform_decode_query_len if uniform_decode",
 }
-STATS = {"narrow_full": 0, "narrow_piecewise": 0, "narrow_keys": 0}  # this process's dispatches and keys
+RAGGED_SOURCE = {
+    "_build_attention_metadata": "max_query_len=max_query_len",
+    "_check_and_update_cudagraph_mode": "initialize_cudagraph_keys",
+}
+RAGGED_OK = "_specdec_ragged_ok"  # dispatcher attribute: every attention backend supports full graphs of any batch
+RAGGED_KEYS = "_specdec_ragged"  # dispatcher attribute: (q, request count, sorted token counts) captured, or None
+RAGGED_DESC = "_specdec_ragged_desc"  # dispatcher attribute: (tokens, requests) of the ragged key being dispatched
+RAGGED_HIT = "_specdec_ragged_hit"  # dispatcher attribute: q when the last dispatch returned a ragged FULL key
+RAGGED_Q = "_specdec_ragged_q"  # runner attribute: the max query length the attention metadata must state, or None
+FULL_SUPPORT = "ALWAYS"  # AttentionCGSupport member a backend must report for ragged graphs
+STATS = {"narrow_full": 0, "narrow_piecewise": 0, "narrow_keys": 0,  # this process's dispatches and keys
+         "ragged_full": 0, "ragged_piecewise": 0, "ragged_keys": 0}
 
 
 def narrow_widths(vllm_config: Any) -> tuple[int, ...]:
@@ -67,6 +92,66 @@ def narrow_widths(vllm_config: Any) -> tuple[int, ...]:
     except Exception as exc:  # noqa: BLE001 - never fail an engine's start for an optimisation
         logger.debug("specdec: no narrow graphs (%r)", exc)
         return ()
+
+
+def ragged_enabled(vllm_config: Any) -> bool:
+    """Our engine with ``ragged_graphs`` on (False for any other engine or setting)."""
+    from specdec.vllm_plugin.async_patch import _ours
+    from specdec.vllm_plugin.options import options_from_vllm_config
+
+    try:
+        return bool(_ours(vllm_config)) and options_from_vllm_config(vllm_config).ragged_graphs
+    except Exception as exc:  # noqa: BLE001 - never fail an engine's start for an optimisation
+        logger.debug("specdec: no ragged graphs (%r)", exc)
+        return False
+
+
+def add_ragged_keys(dispatcher: Any, q: int, *, full_mode: Any, descriptor: Any) -> int:
+    """FULL keys for ragged batches: one per capture size up to the capture limit, for ``max_num_seqs`` requests;
+    ``(q, requests, sizes)`` is stored on the dispatcher. Returns the number of keys."""
+    cc = dispatcher.compilation_config
+    limit = cc.max_cudagraph_capture_size or 0
+    sizes = sorted({int(t) for t in (cc.cudagraph_capture_sizes or ()) if 0 < int(t) <= limit})
+    reqs = int(dispatcher.vllm_config.scheduler_config.max_num_seqs)
+    full = dispatcher.cudagraph_keys[full_mode]
+    for t in sizes:
+        full.add(descriptor(num_tokens=t, num_reqs=reqs, uniform=False))
+    setattr(dispatcher, RAGGED_KEYS, (q, reqs, sizes) if sizes else None)
+    STATS["ragged_keys"] = len(sizes)
+    return len(sizes)
+
+
+def ragged_ready() -> bool:
+    """True once this process captured ragged keys (the slot book, in the same process in schedule mode, then
+    gives high-MAT steps per-request slots: ``high_mat_ragged``)."""
+    return STATS["ragged_keys"] > 0
+
+
+def ragged_key(dispatcher: Any, num_tokens: int, num_reqs: int, max_query_len: int) -> tuple[int, int] | None:
+    """(tokens, requests) of the ragged key for a batch, or None where it takes another graph: vLLM's uniform
+    batches (every request ``q`` tokens), a request longer than ``q`` (a prompt chunk), more requests or tokens
+    than captured."""
+    keys = getattr(dispatcher, RAGGED_KEYS, None)
+    if not keys:
+        return None
+    q, reqs, sizes = keys
+    uniform = max_query_len == q and num_tokens == q * num_reqs
+    if uniform or max_query_len > q or num_reqs > reqs or num_tokens < 1:
+        return None
+    i = bisect.bisect_left(sizes, num_tokens)
+    return (sizes[i], reqs) if i < len(sizes) else None
+
+
+def min_cudagraph_support(runner: Any, attention_backends: Any, kv_cache_groups: Any) -> str:
+    """The lowest ``AttentionCGSupport`` name over the engine's attention backends (vLLM's own loop in
+    ``_check_and_update_cudagraph_mode``); "" if none could be read."""
+    lowest = None
+    for backend_set, group in zip(attention_backends, kv_cache_groups):
+        for backend in backend_set:
+            support = backend.get_builder_cls().get_cudagraph_support(runner.vllm_config, group.kv_cache_spec)
+            if lowest is None or support.value < lowest.value:
+                lowest = support
+    return getattr(lowest, "name", "")
 
 
 def add_narrow_keys(dispatcher: Any, widths: tuple[int, ...], *, full_mode: Any, descriptor: Any) -> list[int]:
@@ -131,7 +216,8 @@ def _sources_ok(cls: Any, wanted: dict[str, str]) -> str:
 
 
 def patch_narrow_graphs(runner_cls: Any, dispatcher_cls: Any) -> bool:
-    """Install the three wrappers (idempotent). Returns True if installed; False (logged) if vLLM's code differs."""
+    """Install the wrappers (idempotent). Returns True if installed; False (logged) if vLLM's code differs. The
+    ragged-batch wrappers need two more runner methods; where those differ only narrow graphs are installed."""
     problem = _sources_ok(dispatcher_cls, DISPATCHER_SOURCE) or _sources_ok(runner_cls, RUNNER_SOURCE)
     if problem:
         logger.warning("specdec: narrow_slots run without full CUDA graphs (%s)", problem)
@@ -141,35 +227,78 @@ def patch_narrow_graphs(runner_cls: Any, dispatcher_cls: Any) -> bool:
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import BatchDescriptor
 
+    ragged_problem = _sources_ok(runner_cls, RAGGED_SOURCE)
+    if ragged_problem:
+        logger.warning("specdec: ragged verify batches run without full CUDA graphs (%s)", ragged_problem)
     _wrap_dispatcher(dispatcher_cls, CUDAGraphMode, BatchDescriptor)
-    _wrap_runner(runner_cls)
+    _wrap_runner(runner_cls, ragged=not ragged_problem)
     return True
+
+
+def _allowed_full(modes: Any, kwargs: dict[str, Any], has_lora: bool) -> bool:
+    valid, invalid = kwargs.get("valid_modes"), kwargs.get("invalid_modes")
+    allowed = set(valid or modes.valid_runtime_modes()) - set(invalid or ())
+    return modes.FULL in allowed and not has_lora  # (not allowed: a warm-up's eager run, cascade attention)
+
+
+def _without_full(modes: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with FULL among the invalid modes, unless nothing else would be allowed. vLLM's key for a
+    non-uniform batch of T tokens, ``(T, min(T, max_num_seqs), uniform=False)``, is a ragged key from T = max_num_seqs
+    on, so every non-uniform batch the runner did not classify as ragged (a prompt chunk longer than q) must not
+    replay it."""
+    valid, invalid = kwargs.get("valid_modes"), set(kwargs.get("invalid_modes") or ())
+    if not set(valid or modes.valid_runtime_modes()) - invalid - {modes.FULL}:
+        return kwargs
+    return {**kwargs, "invalid_modes": invalid | {modes.FULL}}
+
+
+def _add_keys(dispatcher: Any, cudagraph_mode: Any, q: int, *, modes: Any, descriptor: Any) -> None:
+    """Our keys beside vLLM's (item 1 and the ragged keys), for our engine only."""
+    setattr(dispatcher, NARROW_KEYS, {})
+    setattr(dispatcher, RAGGED_KEYS, None)
+    full_decode = cudagraph_mode.decode_mode() == modes.FULL and cudagraph_mode.separate_routine()
+    if not full_decode:
+        return
+    widths = narrow_widths(dispatcher.vllm_config)
+    if widths:
+        counts = add_narrow_keys(dispatcher, widths, full_mode=modes.FULL, descriptor=descriptor)
+        logger.info("specdec: full CUDA graphs for narrow verify batches (%s tokens per request, %d batch "
+                    "sizes up to %d requests)", "/".join(str(w + 1) for w in widths), len(counts),
+                    counts[-1] if counts else 0)
+    ragged_ok = getattr(dispatcher, RAGGED_OK, False) and cudagraph_mode.mixed_mode() == modes.PIECEWISE
+    if ragged_ok and q > 1 and ragged_enabled(dispatcher.vllm_config):
+        n = add_ragged_keys(dispatcher, q, full_mode=modes.FULL, descriptor=descriptor)
+        logger.info("specdec: full CUDA graphs for ragged verify batches (%d sizes, at most %d tokens per request)",
+                    n, q)
 
 
 def _wrap_dispatcher(cls: Any, modes: Any, descriptor: Any) -> None:
     orig_init, orig_dispatch = cls.initialize_cudagraph_keys, cls.dispatch
 
     @functools.wraps(orig_init)
-    def initialize_cudagraph_keys(self: Any, cudagraph_mode: Any, *args: Any, **kwargs: Any) -> Any:
-        out = orig_init(self, cudagraph_mode, *args, **kwargs)
-        widths = narrow_widths(self.vllm_config)
-        setattr(self, NARROW_KEYS, {})
-        full_decode = cudagraph_mode.decode_mode() == modes.FULL and cudagraph_mode.separate_routine()
-        if widths and full_decode:
-            counts = add_narrow_keys(self, widths, full_mode=modes.FULL, descriptor=descriptor)
-            logger.info("specdec: full CUDA graphs for narrow verify batches (%s tokens per request, %d batch "
-                        "sizes up to %d requests)", "/".join(str(w + 1) for w in widths), len(counts),
-                        counts[-1] if counts else 0)
+    def initialize_cudagraph_keys(self: Any, cudagraph_mode: Any, uniform_decode_query_len: int = 1,
+                                  *args: Any, **kwargs: Any) -> Any:
+        out = orig_init(self, cudagraph_mode, uniform_decode_query_len, *args, **kwargs)
+        _add_keys(self, cudagraph_mode, int(uniform_decode_query_len), modes=modes, descriptor=descriptor)
         return out
 
     @functools.wraps(orig_dispatch)
     def dispatch(self: Any, num_tokens: int, uniform_decode: bool = False, has_lora: bool = False,
                  *args: Any, **kwargs: Any) -> Any:
+        ragged = getattr(self, RAGGED_DESC, None)
+        if ragged is not None:  # a ragged batch (or the capture of a ragged key)
+            desc = descriptor(num_tokens=ragged[0], num_reqs=ragged[1], uniform=False)
+            if _allowed_full(modes, kwargs, has_lora) and desc in self.cudagraph_keys[modes.FULL]:
+                STATS["ragged_full"] += 1
+                setattr(self, RAGGED_HIT, getattr(self, RAGGED_KEYS)[0])
+                return modes.FULL, desc
+            STATS["ragged_piecewise"] += 1
+            return orig_dispatch(self, num_tokens, False, has_lora, *args, **kwargs)
         if getattr(self, NARROW_Q, None) is None or not uniform_decode:
+            if not uniform_decode and getattr(self, RAGGED_KEYS, None):
+                kwargs = _without_full(modes, kwargs)  # vLLM's own lookup would find a ragged key: not its batch
             return orig_dispatch(self, num_tokens, uniform_decode, has_lora, *args, **kwargs)
-        valid, invalid = kwargs.get("valid_modes"), kwargs.get("invalid_modes")
-        allowed = set(valid or modes.valid_runtime_modes()) - set(invalid or ())
-        if modes.FULL in allowed and not has_lora:  # (not allowed: a warm-up's eager run, cascade attention)
+        if _allowed_full(modes, kwargs, has_lora):
             desc = narrow_descriptor(self, num_tokens, descriptor=descriptor)
             if desc is not None and desc in self.cudagraph_keys[modes.FULL]:
                 STATS["narrow_full"] += 1
@@ -182,25 +311,54 @@ def _wrap_dispatcher(cls: Any, modes: Any, descriptor: Any) -> None:
     cls.initialize_cudagraph_keys, cls.dispatch = initialize_cudagraph_keys, dispatch
 
 
-def _wrap_runner(cls: Any) -> None:
+@contextlib.contextmanager
+def _dispatching_ragged(dispatcher: Any, key: tuple[int, int] | None) -> Iterator[None]:
+    """While the runner classifies or captures a ragged batch, the dispatcher knows its key (``RAGGED_DESC``);
+    cleared after, whatever happens."""
+    setattr(dispatcher, RAGGED_DESC, key)
+    try:
+        yield
+    finally:
+        setattr(dispatcher, RAGGED_DESC, None)
+
+
+def _classify(runner: Any, orig: Any, num_tokens: int, num_reqs: int, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """Items 3 and the ragged rule: how the runner dispatches a batch (vLLM's own call, told what we know)."""
+    dispatcher = runner.cudagraph_dispatcher
+    if getattr(dispatcher, NARROW_Q, None) is not None or kwargs.get("force_uniform_decode") is not None:
+        return orig(runner, num_tokens, num_reqs, *args, **kwargs)  # a capture (or not ours to decide)
+    max_query_len = int(kwargs.get("max_num_scheduled_tokens", args[1] if len(args) > 1 else 0))
+    q = narrow_query_len(dispatcher, int(num_tokens), int(num_reqs), max_query_len)
+    if q is not None:
+        with _dispatching_narrow(dispatcher, q):
+            return orig(runner, num_tokens, num_reqs, *args, force_uniform_decode=True, **kwargs)
+    key = ragged_key(dispatcher, int(num_tokens), int(num_reqs), max_query_len)
+    if key is None:
+        return orig(runner, num_tokens, num_reqs, *args, **kwargs)
+    with _dispatching_ragged(dispatcher, key):
+        return orig(runner, num_tokens, num_reqs, *args, **kwargs)
+
+
+def _wrap_runner(cls: Any, *, ragged: bool = True) -> None:
     orig_determine, orig_capture = cls._determine_batch_execution_and_padding, cls._warmup_and_capture
 
     @functools.wraps(orig_determine)
     def _determine_batch_execution_and_padding(self: Any, num_tokens: int, num_reqs: int, *args: Any,
                                                **kwargs: Any) -> Any:
         dispatcher = self.cudagraph_dispatcher
-        if getattr(dispatcher, NARROW_Q, None) is not None or kwargs.get("force_uniform_decode") is not None:
-            return orig_determine(self, num_tokens, num_reqs, *args, **kwargs)  # a capture (or not ours to decide)
-        max_query_len = kwargs.get("max_num_scheduled_tokens", args[1] if len(args) > 1 else 0)
-        q = narrow_query_len(dispatcher, int(num_tokens), int(num_reqs), int(max_query_len))
-        if q is None:
-            return orig_determine(self, num_tokens, num_reqs, *args, **kwargs)
-        with _dispatching_narrow(dispatcher, q):
-            return orig_determine(self, num_tokens, num_reqs, *args, force_uniform_decode=True, **kwargs)
+        setattr(dispatcher, RAGGED_HIT, None)
+        out = _classify(self, orig_determine, num_tokens, num_reqs, args, kwargs)
+        setattr(self, RAGGED_Q, getattr(dispatcher, RAGGED_HIT, None))  # what the attention metadata must state
+        return out
 
     @functools.wraps(orig_capture)
     def _warmup_and_capture(self: Any, desc: Any, *args: Any, **kwargs: Any) -> Any:
         dispatcher = self.cudagraph_dispatcher
+        ragged_keys = getattr(dispatcher, RAGGED_KEYS, None)
+        if ragged_keys and not desc.uniform and desc.num_reqs == ragged_keys[1]:
+            # vLLM's uniform dummy batch (cdiv(T, q) requests of q tokens), dispatched to the ragged key
+            with _dispatching_ragged(dispatcher, (desc.num_tokens, desc.num_reqs)):
+                return orig_capture(self, dataclasses.replace(desc, uniform=True), *args, **kwargs)
         keys = getattr(dispatcher, NARROW_KEYS, None)
         q = desc.num_tokens // desc.num_reqs if keys and desc.uniform and desc.num_reqs else None
         if q not in (keys or {}) or q * desc.num_reqs != desc.num_tokens:
@@ -213,7 +371,37 @@ def _wrap_runner(cls: Any) -> None:
         finally:
             self.uniform_decode_query_len = saved
 
-    for fn in (_determine_batch_execution_and_padding, _warmup_and_capture):
+    wrapped = [("_determine_batch_execution_and_padding", _determine_batch_execution_and_padding),
+               ("_warmup_and_capture", _warmup_and_capture)]
+    if ragged:
+        wrapped += _ragged_runner_wrappers(cls)
+    for name, fn in wrapped:
         setattr(fn, _WRAPPED, True)
-    cls._determine_batch_execution_and_padding = _determine_batch_execution_and_padding
-    cls._warmup_and_capture = _warmup_and_capture
+        setattr(cls, name, fn)
+
+
+def _ragged_runner_wrappers(cls: Any) -> list[tuple[str, Any]]:
+    """The attention metadata of a ragged FULL replay states the captured max query length; the dispatcher learns
+    whether every attention backend supports full graphs of any batch before it makes its keys."""
+    orig_build, orig_check = cls._build_attention_metadata, cls._check_and_update_cudagraph_mode
+
+    @functools.wraps(orig_build)
+    def _build_attention_metadata(self: Any, *args: Any, **kwargs: Any) -> Any:
+        q = getattr(self, RAGGED_Q, None)
+        if q is not None and "max_query_len" in kwargs:
+            kwargs["max_query_len"] = max(int(kwargs["max_query_len"]), q)
+        return orig_build(self, *args, **kwargs)
+
+    @functools.wraps(orig_check)
+    def _check_and_update_cudagraph_mode(self: Any, attention_backends: Any, kv_cache_groups: Any,
+                                         *args: Any, **kwargs: Any) -> Any:
+        try:
+            support = min_cudagraph_support(self, attention_backends, kv_cache_groups)
+        except Exception as exc:  # noqa: BLE001 - never fail an engine's start for an optimisation
+            logger.debug("specdec: attention backends' CUDA graph support unknown (%r)", exc)
+            support = ""
+        setattr(self.cudagraph_dispatcher, RAGGED_OK, support == FULL_SUPPORT)
+        return orig_check(self, attention_backends, kv_cache_groups, *args, **kwargs)
+
+    return [("_build_attention_metadata", _build_attention_metadata),
+            ("_check_and_update_cudagraph_mode", _check_and_update_cudagraph_mode)]

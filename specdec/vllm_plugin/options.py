@@ -165,6 +165,13 @@ class SpecdecOptions(ConfigBase):
                                 "graphs). GPU runs 84-85, 8B-sized target, batch 32: k = 6 with uniform slots beat "
                                 "k = 16 with adaptive slots by 6-14%, and lost 26-28% at batch 64 on code prompts. "
                                 "0, or >= num_speculative_tokens: off")
+    ragged_graphs: bool = rng(True, doc="verify batches whose requests carry different draft lengths (each at most "
+                                        "k + 1 tokens: adaptive slots, the synchronous path, steps without drafts) "
+                                        "run as FULL CUDA graphs, one per capture size, captured for max_num_seqs "
+                                        "requests and a max query length of k + 1, which the attention metadata "
+                                        "then states at every replay (specdec.vllm_plugin.graphs); only where every "
+                                        "attention backend supports full graphs of any batch (FlashAttention 3, "
+                                        "Triton, Flex). false: such batches run vLLM's piecewise graphs")
     narrow_slots_below: int = rng(48, lo=0, hi=1 << 16,
                                   doc="narrow_slots: running requests below which a step's slots are narrow "
                                       "(measured at 32 and 64 running requests only)")
@@ -187,6 +194,13 @@ class SpecdecOptions(ConfigBase):
                                          "8B-sized target, batch 32: width 8 on code prompts 15,671 tok/s (MAT "
                                          "5.47; width 6: 14,307-15,619 in runs 89-96), on agentic prompts 4,360 "
                                          "(width 6: 4,577-4,616). 0, or >= num_speculative_tokens: off")
+    high_mat_ragged: bool = rng(True, doc="ragged_graphs: while the moving MAT is at least high_mat_narrow_min_mat, "
+                                          "mid-size steps give each request its own slots (a ragged batch, one "
+                                          "FULL graph) instead of high_mat_narrow_slots, once the engine captured "
+                                          "the ragged graphs (graphs.ragged_ready). GPU run 137 (same lease), code "
+                                          "batch 32: 16,820 tok/s (MAT 6.23) against 15,901 (MAT 5.39) at width 8; "
+                                          "agentic prompts (MAT 2.8) stay narrow at width 6, where per-request "
+                                          "slots lost 6% (run 140). false: high_mat_narrow_slots")
     high_mat_narrow_min_mat: float = rng(4.0, lo=1.0, hi=MAX_SPEC_LEN + 1.0,
                                          doc="high_mat_narrow_slots: the MAT from which mid-size narrow steps are "
                                              "that wide (MAT at width 6, run 95: code 4.71, agentic 2.77; at width 8, "

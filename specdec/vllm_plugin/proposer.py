@@ -227,6 +227,7 @@ class SpecdecProposer:
                                                      grace_ms=self.options.draft_timeout_ms)
             book = None
             if self.options.draft_slots == "adaptive":
+                from specdec.vllm_plugin.graphs import ragged_ready
                 from specdec.vllm_plugin.slots import SlotBook, register
 
                 opts = self.options
@@ -236,7 +237,8 @@ class SpecdecProposer:
                                 narrow_rows=(opts.adaptive_slots_from, opts.narrow_slots_below),
                                 large=(opts.large_batch_width, opts.large_batch_narrow_max_mat),
                                 high=(opts.high_mat_width, opts.high_mat_narrow_min_mat),
-                                large_high=opts.large_batch_high_mat_width)
+                                large_high=opts.large_batch_high_mat_width,
+                                high_ragged=ragged_ready if opts.ragged_graphs and opts.high_mat_ragged else None)
                 register(book)  # the scheduler (same process) trims each request's slots to its draft
             self.scheduled = ScheduledDrafting(self.core, k=k, max_rows=int(runner.max_num_reqs),
                                                device=runner.device, device_wait=device_wait, slot_book=book,
@@ -264,11 +266,15 @@ class SpecdecProposer:
         return int(k) if isinstance(k, int) and k > 0 else None
 
     def stats(self) -> dict[str, Any]:
+        from specdec.vllm_plugin.graphs import STATS as GRAPH_STATS
+
         if self.scheduled is not None:
-            return self.scheduled.stats()
-        if self.core is not None:
-            return self.core.stats_dict()
-        return self.overlap.stats() if self.overlap is not None else {"mode": "overlap", "steps": 0}
+            out = self.scheduled.stats()
+        elif self.core is not None:
+            out = self.core.stats_dict()
+        else:
+            out = self.overlap.stats() if self.overlap is not None else {"mode": "overlap", "steps": 0}
+        return {**out, "graphs": dict(GRAPH_STATS)}  # this process's narrow and ragged dispatches and keys
 
     def close(self) -> None:
         if self.scheduled is not None:

@@ -55,7 +55,7 @@ same process with vLLM's one-GPU executor (the only one schedule mode runs under
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 SLOT_MODES = ("uniform", "adaptive")
 PLACEHOLDER = -1  # vLLM's draft-slot placeholder id under async scheduling (also its rejected-token id)
@@ -81,7 +81,7 @@ class SlotBook:
                  min_share: float = 0.0,
                  narrow: int = 0, narrow_rows: tuple[int, int] = (0, 0),
                  large: tuple[int, float] = (0, 0.0), high: tuple[int, float] = (0, 0.0),
-                 large_high: int = 0) -> None:
+                 large_high: int = 0, high_ragged: Callable[[], bool] | None = None) -> None:
         if k < 1:
             raise ValueError(f"k={k}: a slot book needs at least one draft slot per request")
         if not growth >= 0:
@@ -107,6 +107,8 @@ class SlotBook:
         self.high_width = usable_width(high[0], k) if self.narrow else 0  # mid-size narrow slots while ...
         self.high_min_mat = float(high[1])  # ... ``mat`` is at least this
         self.large_high_width = usable_width(large_high, k)  # narrow slots from narrow_below on while mat >= that
+        self.high_ragged = high_ragged  # while mat >= high_min_mat: per-request slots if this says ragged graphs
+        self.ragged_high_steps = 0  # mid-size schedules that took per-request slots for that (statistics)
         self.mat: float | None = None  # tokens per request per step (EMA over notes), None before any
         self.width = 0  # this schedule's slots per request when narrow, else 0 (per-request slots)
         self.width_steps: dict[int, int] = {}  # narrow schedules by width (statistics)
@@ -175,8 +177,12 @@ class SlotBook:
         narrow (``width`` > 0) if ``narrow_from <= running < narrow_below``."""
         self._grants_before, self._grants = self._grants, {}
         if self.narrow and self.narrow_from <= running < self.narrow_below:
-            high = self.high_width and self.mat is not None and self.mat >= self.high_min_mat
-            self.width = self.high_width if high else self.narrow
+            high = self.mat is not None and self.mat >= self.high_min_mat
+            if high and self.high_ragged is not None and self.high_ragged():
+                self.width = 0  # long accepted drafts: each request its own slots, one ragged full graph
+                self.ragged_high_steps += 1
+            else:
+                self.width = self.high_width if high and self.high_width else self.narrow
         else:
             self.width = self._large_width(running)
         if self.width:
@@ -249,6 +255,7 @@ class SlotBook:
                 "growth_paid_share": self.paid, "narrow_slots": self.narrow, "narrow_steps": self.narrow_steps,
                 "large_batch_narrow_slots": self.large_width, "high_mat_narrow_slots": self.high_width,
                 "large_batch_high_mat_slots": self.large_high_width, "mat": self.mat,
+                "ragged_high_mat_steps": self.ragged_high_steps,
                 **{f"narrow_steps_w{w}": n for w, n in sorted(self.width_steps.items())}}
 
 
