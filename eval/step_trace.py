@@ -62,6 +62,13 @@ PHASE_COLS = ("sched_ms", "exec_ms", "sample_ms", "update_ms")  # host time of t
 HOST_LATE_SYNC_MS = 0.3
 
 
+def _plugin_full_dispatches() -> int:
+    """FULL dispatches of the specdec plugin's own graphs in this process so far (``graphs.STATS``)."""
+    from specdec.vllm_plugin.graphs import STATS
+
+    return STATS["narrow_full"] + STATS["ragged_full"]
+
+
 class StepTrace:
     """Collects one record per engine step (see the module docstring); ``cell()`` returns and clears them."""
 
@@ -70,6 +77,7 @@ class StepTrace:
         self._by_output: dict[int, int] = {}  # id(scheduler output) -> its row (this cell)
         self._cg = "?"
         self._draft_at_start = 0.0
+        self._ours_at_start = 0  # the plugin's own FULL dispatches (narrow, ragged) before this step
 
     def install(self) -> None:
         """Wrap vLLM's CUDA-graph dispatcher to note the mode of each forward pass (V1 runner)."""
@@ -113,7 +121,7 @@ class StepTrace:
         now = time.perf_counter()
         if self.rows and self.rows[-1]["period_ms"] is None:
             self._close_last(1e3 * (now - self.rows[-1]["t"]), draft_s_total)
-        self._draft_at_start, self._cg = draft_s_total, "?"
+        self._draft_at_start, self._cg, self._ours_at_start = draft_s_total, "?", _plugin_full_dispatches()
         self._by_output[id(scheduler_output)] = len(self.rows)
         spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
         per_req = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
@@ -145,7 +153,9 @@ class StepTrace:
         last = self.rows[-1]
         last["period_ms"] = period_ms
         last["draft_ms"] = 1e3 * (draft_s_total - self._draft_at_start)
-        last["cg"] = self._cg
+        # the plugin's narrow and ragged FULL keys are dispatched by its own wrapper, outside the one noting modes
+        ours = self._cg == "?" and _plugin_full_dispatches() > self._ours_at_start
+        last["cg"] = "F" if ours else self._cg
 
     def cell(self) -> dict[str, list[Any]]:
         """The cell's steps as columns (periods of -1 -> None), then cleared."""

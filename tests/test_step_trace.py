@@ -41,6 +41,22 @@ def test_trace_records_periods_drafting_graph_modes_and_gpu(monkeypatch):
     assert tr.cell()["reqs"] == []  # cleared
 
 
+def test_a_step_the_plugin_dispatched_to_its_own_full_graph_is_full(monkeypatch):
+    """The plugin's narrow and ragged keys are dispatched by its wrapper, which the mode-noting wrapper does not
+    see: a step during which its FULL count grew is "F", one without stays "?"."""
+    from specdec.vllm_plugin import graphs
+
+    monkeypatch.setitem(graphs.STATS, "ragged_full", 10)
+    tr = StepTrace()
+    tr.step(_sched({"a": 3}), draft_s_total=0.0)
+    graphs.STATS["ragged_full"] += 1  # the forward pass replays a ragged graph
+    tr.step(_sched({"a": 2}), draft_s_total=0.0)
+    tr._cg = "P"
+    tr.step(_sched({"a": 1}), draft_s_total=0.0)
+    tr.end_call(0.0, {})
+    assert tr.cell()["cg"] == "FP?"
+
+
 def test_summary_groups_steps_by_width_and_shares_the_wall():
     trace = {"reqs": [64, 64, 40, 3, 1], "tokens": [1088, 1088, 680, 51, 17], "spec": [1024, 1024, 640, 48, 16],
              "period_ms": [5.0, 5.0, 4.0, 2.0, None], "draft_ms": [1.0, 1.0, 0.5, 0.1, 0.1],

@@ -325,9 +325,11 @@ def test_dispatch_of_a_ragged_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert d.dispatch(num_tokens=200, uniform_decode=False) == (modes.FULL, desc(num_tokens=272, num_reqs=64))
     assert getattr(d, graphs.RAGGED_HIT) == K + 1
     setattr(d, graphs.RAGGED_HIT, None)
+    monkeypatch.setitem(graphs.STATS, "ragged_piecewise", 0)
     mode, got = d.dispatch(num_tokens=200, uniform_decode=False, invalid_modes={modes.FULL})  # cascade attention
     assert mode == modes.PIECEWISE and got.num_reqs is None and getattr(d, graphs.RAGGED_HIT) is None
     assert d.dispatch(num_tokens=200, uniform_decode=False, valid_modes={modes.NONE})[0] == modes.NONE
+    assert graphs.STATS["ragged_piecewise"] == 1  # the cascade step; a capture's eager warm-up is not counted
     setattr(d, graphs.RAGGED_DESC, None)  # any other batch: vLLM's dispatch, never to a ragged key (a prompt chunk
     mode, got = d.dispatch(num_tokens=200, uniform_decode=False)  # would find (272, 64) there)
     assert mode == modes.PIECEWISE and got.num_reqs is None and getattr(d, graphs.RAGGED_HIT) is None

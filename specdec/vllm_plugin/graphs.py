@@ -292,7 +292,8 @@ def _wrap_dispatcher(cls: Any, modes: Any, descriptor: Any) -> None:
                 STATS["ragged_full"] += 1
                 setattr(self, RAGGED_HIT, getattr(self, RAGGED_KEYS)[0])
                 return modes.FULL, desc
-            STATS["ragged_piecewise"] += 1
+            if kwargs.get("valid_modes") is None:  # (not a capture's eager warm-up)
+                STATS["ragged_piecewise"] += 1
             return orig_dispatch(self, num_tokens, False, has_lora, *args, **kwargs)
         if getattr(self, NARROW_Q, None) is None or not uniform_decode:
             if not uniform_decode and getattr(self, RAGGED_KEYS, None):
