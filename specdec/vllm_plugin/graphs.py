@@ -26,8 +26,8 @@ FlashAttention 3's scheduler metadata depends on (requests, max query length) is
 outputs in run 18.) Version-checked by the source of the methods wrapped; anything unexpected: logged once, narrow
 batches run piecewise (correct, only slower). Never imported by ``drafters/``; imports vLLM only inside the patch.
 
-**Ragged batches** (``ragged_graphs``): requests with different draft lengths, each at most ``q = k + 1`` tokens
-(adaptive slots, the synchronous path, steps without drafts). vLLM runs them as piecewise graphs with eager
+**Ragged batches** (``ragged_graphs``, schedule mode like the narrow graphs): requests with different draft
+lengths, each at most ``q = k + 1`` tokens (per-request slots, steps without drafts). vLLM runs them as piecewise graphs with eager
 attention. Where every attention backend supports full graphs of any batch (``AttentionCGSupport.ALWAYS``:
 FlashAttention 3, Triton, Flex; checked by a wrapper on ``_check_and_update_cudagraph_mode``), one FULL key per
 capture size ``T``: ``BatchDescriptor(num_tokens=T, num_reqs=max_num_seqs, uniform=False)`` (FULL_AND_PIECEWISE has

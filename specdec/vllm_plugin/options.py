@@ -165,8 +165,9 @@ class SpecdecOptions(ConfigBase):
                                 "graphs). GPU runs 84-85, 8B-sized target, batch 32: k = 6 with uniform slots beat "
                                 "k = 16 with adaptive slots by 6-14%, and lost 26-28% at batch 64 on code prompts. "
                                 "0, or >= num_speculative_tokens: off")
-    ragged_graphs: bool = rng(True, doc="verify batches whose requests carry different draft lengths (each at most "
-                                        "k + 1 tokens: adaptive slots, the synchronous path, steps without drafts) "
+    ragged_graphs: bool = rng(True, doc="async_mode='schedule': verify batches whose requests carry different draft "
+                                        "lengths (each at most "
+                                        "k + 1 tokens: per-request slots, steps without drafts) "
                                         "run as FULL CUDA graphs, one per capture size, captured for max_num_seqs "
                                         "requests and a max query length of k + 1, which the attention metadata "
                                         "then states at every replay (specdec.vllm_plugin.graphs); only where every "
