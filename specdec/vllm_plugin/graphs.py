@@ -27,8 +27,8 @@ outputs in run 18.) Version-checked by the source of the methods wrapped; anythi
 batches run piecewise (correct, only slower). Never imported by ``drafters/``; imports vLLM only inside the patch.
 
 **Ragged batches** (``ragged_graphs``, schedule mode like the narrow graphs): requests with different draft
-lengths, each at most ``q = k + 1`` tokens (per-request slots, steps without drafts). vLLM runs them as piecewise graphs with eager
-attention. Where every attention backend supports full graphs of any batch (``AttentionCGSupport.ALWAYS``:
+lengths, each at most ``q = k + 1`` tokens (per-request slots, steps without drafts). vLLM runs them as piecewise
+graphs with eager attention. Where every attention backend supports full graphs of any batch (``AttentionCGSupport.ALWAYS``:
 FlashAttention 3, Triton, Flex; checked by a wrapper on ``_check_and_update_cudagraph_mode``), one FULL key per
 capture size ``T``: ``BatchDescriptor(num_tokens=T, num_reqs=max_num_seqs, uniform=False)`` (FULL_AND_PIECEWISE has
 no other non-uniform FULL keys). Such a graph is captured from vLLM's uniform dummy batch (``cdiv(T, q)`` requests of
@@ -122,7 +122,7 @@ def add_ragged_keys(dispatcher: Any, q: int, *, full_mode: Any, descriptor: Any)
 
 
 def ragged_ready() -> bool:
-    """True once this process captured ragged keys (the slot book, in the same process in schedule mode, then
+    """True once this process made ragged keys (the slot book, in the same process in schedule mode, then
     gives high-MAT steps per-request slots: ``high_mat_ragged``)."""
     return STATS["ragged_keys"] > 0
 
@@ -294,6 +294,7 @@ def _wrap_dispatcher(cls: Any, modes: Any, descriptor: Any) -> None:
                 return modes.FULL, desc
             if kwargs.get("valid_modes") is None:  # (not a capture's eager warm-up)
                 STATS["ragged_piecewise"] += 1
+            setattr(self, RAGGED_HIT, None)  # (a re-dispatch, e.g. data-parallel ranks agreeing on another mode)
             return orig_dispatch(self, num_tokens, False, has_lora, *args, **kwargs)
         if getattr(self, NARROW_Q, None) is None or not uniform_decode:
             if not uniform_decode and getattr(self, RAGGED_KEYS, None):
