@@ -193,14 +193,14 @@ def narrow_query_len(dispatcher: Any, num_tokens: int, num_reqs: int, max_query_
 
 
 @contextlib.contextmanager
-def _dispatching_narrow(dispatcher: Any, q: int) -> Iterator[None]:
-    """While the runner classifies or captures a narrow batch of ``q`` tokens per request, the dispatcher knows it
-    (``NARROW_Q``); cleared after, whatever happens."""
-    setattr(dispatcher, NARROW_Q, q)
+def _dispatching(dispatcher: Any, flag: str, value: Any) -> Iterator[None]:
+    """While the runner classifies or captures one of our batches, the dispatcher knows it: ``NARROW_Q`` (a narrow
+    batch's tokens per request) or ``RAGGED_DESC`` (a ragged batch's key); cleared after, whatever happens."""
+    setattr(dispatcher, flag, value)
     try:
         yield
     finally:
-        setattr(dispatcher, NARROW_Q, None)
+        setattr(dispatcher, flag, None)
 
 
 def _sources_ok(cls: Any, wanted: dict[str, str]) -> str:
@@ -313,17 +313,6 @@ def _wrap_dispatcher(cls: Any, modes: Any, descriptor: Any) -> None:
     cls.initialize_cudagraph_keys, cls.dispatch = initialize_cudagraph_keys, dispatch
 
 
-@contextlib.contextmanager
-def _dispatching_ragged(dispatcher: Any, key: tuple[int, int] | None) -> Iterator[None]:
-    """While the runner classifies or captures a ragged batch, the dispatcher knows its key (``RAGGED_DESC``);
-    cleared after, whatever happens."""
-    setattr(dispatcher, RAGGED_DESC, key)
-    try:
-        yield
-    finally:
-        setattr(dispatcher, RAGGED_DESC, None)
-
-
 def _classify(runner: Any, orig: Any, num_tokens: int, num_reqs: int, args: tuple, kwargs: dict[str, Any]) -> Any:
     """Items 3 and the ragged rule: how the runner dispatches a batch (vLLM's own call, told what we know)."""
     dispatcher = runner.cudagraph_dispatcher
@@ -332,12 +321,12 @@ def _classify(runner: Any, orig: Any, num_tokens: int, num_reqs: int, args: tupl
     max_query_len = int(kwargs.get("max_num_scheduled_tokens", args[1] if len(args) > 1 else 0))
     q = narrow_query_len(dispatcher, int(num_tokens), int(num_reqs), max_query_len)
     if q is not None:
-        with _dispatching_narrow(dispatcher, q):
+        with _dispatching(dispatcher, NARROW_Q, q):
             return orig(runner, num_tokens, num_reqs, *args, force_uniform_decode=True, **kwargs)
     key = ragged_key(dispatcher, int(num_tokens), int(num_reqs), max_query_len)
     if key is None:
         return orig(runner, num_tokens, num_reqs, *args, **kwargs)
-    with _dispatching_ragged(dispatcher, key):
+    with _dispatching(dispatcher, RAGGED_DESC, key):
         return orig(runner, num_tokens, num_reqs, *args, **kwargs)
 
 
@@ -359,7 +348,7 @@ def _wrap_runner(cls: Any, *, ragged: bool = True) -> None:
         ragged_keys = getattr(dispatcher, RAGGED_KEYS, None)
         if ragged_keys and not desc.uniform and desc.num_reqs == ragged_keys[1]:
             # vLLM's uniform dummy batch (cdiv(T, q) requests of q tokens), dispatched to the ragged key
-            with _dispatching_ragged(dispatcher, (desc.num_tokens, desc.num_reqs)):
+            with _dispatching(dispatcher, RAGGED_DESC, (desc.num_tokens, desc.num_reqs)):
                 return orig_capture(self, dataclasses.replace(desc, uniform=True), *args, **kwargs)
         keys = getattr(dispatcher, NARROW_KEYS, None)
         q = desc.num_tokens // desc.num_reqs if keys and desc.uniform and desc.num_reqs else None
@@ -368,7 +357,7 @@ def _wrap_runner(cls: Any, *, ragged: bool = True) -> None:
         saved = self.uniform_decode_query_len
         self.uniform_decode_query_len = q  # vLLM's dummy batch: num_reqs requests of q tokens
         try:
-            with _dispatching_narrow(dispatcher, q):
+            with _dispatching(dispatcher, NARROW_Q, q):
                 return orig_capture(self, desc, *args, **kwargs)
         finally:
             self.uniform_decode_query_len = saved
