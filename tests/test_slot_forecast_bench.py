@@ -32,3 +32,16 @@ def test_slot_growth_recovers_tokens_the_lag_cut_and_sync_bounds_it():
     assert rows["0"]["emitted_per_step"] < rows["1"]["emitted_per_step"] <= rows[SYNC]["emitted_per_step"] * 1.02
     high = run(recs, batch_size=4, growth="1", k=16, steps=60, token_cost=0.99)  # the extra slots never pay
     assert high["growth_notes"] < rows["1"]["growth_notes"]
+
+
+def test_slot_lag_replay_counts_truncated_and_filler_slots_and_the_cut_shortens_drafts():
+    from specdec.eval.bench_slot_forecast import SYNC, run
+
+    recs = _records()
+    sync = run(recs, batch_size=4, growth=SYNC, k=16, steps=60, token_cost=0.0)
+    lag = run(recs, batch_size=4, growth="0", k=16, steps=60, token_cost=0.0)
+    assert sync["truncated_per_step"] == 0 and sync["filler_per_step"] == 0  # every draft at its own length
+    assert lag["truncated_per_step"] > 0  # growing copies outrun the older draft's length
+    strict = run(recs, batch_size=4, growth=SYNC, k=16, steps=60, token_cost=0.999, cut=True)
+    assert strict["cut"] and strict["verified_per_step"] < sync["verified_per_step"]  # the cut drops tokens
+    assert strict["emitted_per_step"] >= 1.0
