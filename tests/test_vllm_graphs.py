@@ -162,7 +162,7 @@ def test_narrow_step_drafts_every_row_to_the_width() -> None:
 
 # ----------------------------------------------------------------- the dispatcher (vLLM's own class)
 def _dispatcher(monkeypatch: pytest.MonkeyPatch, width: int = WIDTH, *, ragged: bool = False,
-                mode: str = "FULL_AND_PIECEWISE", ours: bool = True) -> Any:
+                mode: str = "FULL_AND_PIECEWISE", ours: bool = True, max_num_seqs: int = 64) -> Any:
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import BatchDescriptor
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
@@ -174,7 +174,7 @@ def _dispatcher(monkeypatch: pytest.MonkeyPatch, width: int = WIDTH, *, ragged: 
     d = cls.__new__(cls)  # vLLM's __init__ needs a whole VllmConfig; set what the key and dispatch code read
     cc = SimpleNamespace(cudagraph_capture_sizes=list(CAPTURE_SIZES), max_cudagraph_capture_size=CAPTURE_SIZES[-1],
                          compile_sizes=[], cudagraph_specialize_lora=False)
-    d.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=64), lora_config=None,
+    d.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs), lora_config=None,
                                     num_speculative_tokens=K)
     d.compilation_config = cc
     d.uniform_decode_query_len = K + 1
@@ -294,6 +294,17 @@ def test_ragged_keys_one_per_capture_size_for_the_most_requests(monkeypatch: pyt
                for k in full - ragged)  # vLLM's uniform keys and the narrow ones, untouched
     assert getattr(d, graphs.RAGGED_KEYS) == (K + 1, 64, CAPTURE_SIZES)
     assert ragged <= set(dict(d.get_capture_descs())[modes.FULL])  # vLLM's capture loop gets them
+
+
+@needs_vllm
+def test_ragged_keys_stop_at_what_the_uniform_dummy_batch_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Few requests (max_num_seqs 8, k = 16): capture sizes past 8 x 17 tokens get no ragged key, since vLLM's
+    uniform dummy run of 8 requests of 17 tokens cannot hold them (GPU run 147: engine start-up failed there)."""
+    d, modes, desc = _dispatcher(monkeypatch, ragged=True, max_num_seqs=8)
+    ragged = {k for k in d.cudagraph_keys[modes.FULL] if not k.uniform}
+    assert ragged == {desc(num_tokens=t, num_reqs=8, uniform=False) for t in (17, 34, 68, 136)}
+    assert getattr(d, graphs.RAGGED_KEYS) == (K + 1, 8, [17, 34, 68, 136])
+    assert graphs.ragged_key(d, num_tokens=100, num_reqs=8, max_query_len=K + 1) == (136, 8)
 
 
 @needs_vllm

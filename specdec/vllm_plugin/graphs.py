@@ -108,11 +108,13 @@ def ragged_enabled(vllm_config: Any) -> bool:
 
 def add_ragged_keys(dispatcher: Any, q: int, *, full_mode: Any, descriptor: Any) -> int:
     """FULL keys for ragged batches: one per capture size up to the capture limit, for ``max_num_seqs`` requests;
-    ``(q, requests, sizes)`` is stored on the dispatcher. Returns the number of keys."""
+    ``(q, requests, sizes)`` is stored on the dispatcher. Returns the number of keys. Sizes past ``max_num_seqs *
+    q`` get none: vLLM's uniform dummy batch, which captures them, cannot hold more (a small ``max_num_seqs``: the
+    engine's start-up failed on batch 8, GPU run 147)."""
     cc = dispatcher.compilation_config
-    limit = cc.max_cudagraph_capture_size or 0
-    sizes = sorted({int(t) for t in (cc.cudagraph_capture_sizes or ()) if 0 < int(t) <= limit})
     reqs = int(dispatcher.vllm_config.scheduler_config.max_num_seqs)
+    limit = min(cc.max_cudagraph_capture_size or 0, reqs * q)  # what the uniform dummy batch can hold
+    sizes = sorted({int(t) for t in (cc.cudagraph_capture_sizes or ()) if 0 < int(t) <= limit})
     full = dispatcher.cudagraph_keys[full_mode]
     for t in sizes:
         full.add(descriptor(num_tokens=t, num_reqs=reqs, uniform=False))
