@@ -24,7 +24,8 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vllm not importable here (CI: /opt/vllm-venv)")
 K = 16  # vLLM's uniform graphs: 17 tokens per request
 WIDTH = 6  # narrow graphs: 7 tokens per request
-CAPTURE_SIZES = [17 * r for r in (1, 2, 4, 8, 16, 24, 32, 48, 64)]  # vLLM's sizes rounded to multiples of 1 + k
+CAPTURE_SIZES = [17 * r for r in (1, 2, 4, 8, 16, 24, 32, 48, 64)]
+PREFILL = 256  # ragged_prefill_tokens  # vLLM's sizes rounded to multiples of 1 + k
 
 
 # ----------------------------------------------------------------- options and the slot book
@@ -162,7 +163,8 @@ def test_narrow_step_drafts_every_row_to_the_width() -> None:
 
 # ----------------------------------------------------------------- the dispatcher (vLLM's own class)
 def _dispatcher(monkeypatch: pytest.MonkeyPatch, width: int = WIDTH, *, ragged: bool = False,
-                mode: str = "FULL_AND_PIECEWISE", ours: bool = True, max_num_seqs: int = 64) -> Any:
+                mode: str = "FULL_AND_PIECEWISE", ours: bool = True, max_num_seqs: int = 64,
+                prefill: int = 0) -> Any:
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import BatchDescriptor
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
@@ -170,7 +172,8 @@ def _dispatcher(monkeypatch: pytest.MonkeyPatch, width: int = WIDTH, *, ragged: 
     cls = type("Dispatcher", (CudagraphDispatcher,), {})  # wrap a subclass: vLLM's class stays as it was
     graphs._wrap_dispatcher(cls, CUDAGraphMode, BatchDescriptor)
     monkeypatch.setattr(graphs, "narrow_widths", lambda config: (width,) if width else ())
-    monkeypatch.setattr(graphs, "ragged_enabled", lambda config: ours)  # our engine with ragged_graphs on
+    # our engine with ragged_graphs on, and its ragged_prefill_tokens (-1: not ours, or ragged_graphs off)
+    monkeypatch.setattr(graphs, "ragged_prefill_tokens", lambda config: prefill if ours else -1)
     d = cls.__new__(cls)  # vLLM's __init__ needs a whole VllmConfig; set what the key and dispatch code read
     cc = SimpleNamespace(cudagraph_capture_sizes=list(CAPTURE_SIZES), max_cudagraph_capture_size=CAPTURE_SIZES[-1],
                          compile_sizes=[], cudagraph_specialize_lora=False)
@@ -304,7 +307,36 @@ def test_ragged_keys_stop_at_what_the_uniform_dummy_batch_holds(monkeypatch: pyt
     ragged = {k for k in d.cudagraph_keys[modes.FULL] if not k.uniform}
     assert ragged == {desc(num_tokens=t, num_reqs=8, uniform=False) for t in (17, 34, 68, 136)}
     assert getattr(d, graphs.RAGGED_KEYS) == (K + 1, 8, [17, 34, 68, 136])
-    assert graphs.ragged_key(d, num_tokens=100, num_reqs=8, max_query_len=K + 1) == (136, 8)
+    assert graphs.ragged_key(d, num_tokens=100, num_reqs=8, max_query_len=K + 1) == (136, 8, K + 1)
+
+
+@needs_vllm
+def test_prefill_carrying_family_keys_rules_and_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ragged_prefill_tokens = P: a second family of keys, tagged by num_active_loras, for batches whose longest
+    request (a prompt chunk) has at most P tokens; dispatched FULL with max query length P."""
+    d, modes, desc = _dispatcher(monkeypatch, ragged=True, prefill=PREFILL)
+    full = d.cudagraph_keys[modes.FULL]
+    tagged = {k for k in full if k.num_active_loras == graphs.PREFILL_TAG}
+    assert tagged == {desc(num_tokens=t, num_reqs=64, uniform=False, num_active_loras=graphs.PREFILL_TAG)
+                      for t in CAPTURE_SIZES}
+    assert getattr(d, graphs.RAGGED_PREFILL) == (PREFILL, 64, CAPTURE_SIZES)
+    assert {k for k in full if not k.uniform} - tagged == {desc(num_tokens=t, num_reqs=64) for t in CAPTURE_SIZES}
+    assert graphs.ragged_key(d, num_tokens=200, num_reqs=30, max_query_len=K + 1) == (272, 64, K + 1)  # decoding
+    assert graphs.ragged_key(d, num_tokens=600, num_reqs=40, max_query_len=120) == (17 * 48, 64, PREFILL)
+    assert graphs.ragged_key(d, num_tokens=PREFILL, num_reqs=1, max_query_len=PREFILL) == (17 * 16, 64, PREFILL)
+    assert graphs.ragged_key(d, num_tokens=600, num_reqs=40, max_query_len=PREFILL + 1) is None  # a longer prompt
+    assert graphs.ragged_key(d, num_tokens=2000, num_reqs=40, max_query_len=120) is None  # past the capture sizes
+    monkeypatch.setitem(graphs.STATS, "ragged_prefill_full", 0)
+    setattr(d, graphs.RAGGED_DESC, (17 * 48, 64, PREFILL))
+    mode, got = d.dispatch(num_tokens=600, uniform_decode=False)
+    assert (mode, got) == (modes.FULL, desc(num_tokens=17 * 48, num_reqs=64, num_active_loras=graphs.PREFILL_TAG))
+    assert getattr(d, graphs.RAGGED_HIT) == PREFILL and graphs.STATS["ragged_prefill_full"] == 1
+    setattr(d, graphs.RAGGED_DESC, None)
+    for prefill in (0, K + 1):  # off: 0, or not longer than the decoding family's q
+        d, modes, _ = _dispatcher(monkeypatch, ragged=True, prefill=prefill)
+        assert getattr(d, graphs.RAGGED_PREFILL) is None
+        assert not any(k.num_active_loras for k in d.cudagraph_keys[modes.FULL])
+        assert graphs.ragged_key(d, num_tokens=600, num_reqs=40, max_query_len=120) is None
 
 
 @needs_vllm
@@ -321,8 +353,8 @@ def test_no_ragged_keys_without_full_support_or_in_full_mode(monkeypatch: pytest
 @needs_vllm
 def test_ragged_key_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     d, _, _ = _dispatcher(monkeypatch, ragged=True)
-    assert graphs.ragged_key(d, num_tokens=200, num_reqs=30, max_query_len=K + 1) == (17 * 16, 64)  # padded up
-    assert graphs.ragged_key(d, num_tokens=30, num_reqs=30, max_query_len=1) == (34, 64)  # no drafts at all
+    assert graphs.ragged_key(d, num_tokens=200, num_reqs=30, max_query_len=K + 1) == (17 * 16, 64, K + 1)  # padded
+    assert graphs.ragged_key(d, num_tokens=30, num_reqs=30, max_query_len=1) == (34, 64, K + 1)  # no drafts at all
     assert graphs.ragged_key(d, num_tokens=(K + 1) * 8, num_reqs=8, max_query_len=K + 1) is None  # vLLM's uniform
     assert graphs.ragged_key(d, num_tokens=200, num_reqs=30, max_query_len=K + 2) is None  # a prompt chunk
     assert graphs.ragged_key(d, num_tokens=200, num_reqs=65, max_query_len=4) is None  # more requests than captured
@@ -332,7 +364,7 @@ def test_ragged_key_rules(monkeypatch: pytest.MonkeyPatch) -> None:
 @needs_vllm
 def test_dispatch_of_a_ragged_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     d, modes, desc = _dispatcher(monkeypatch, ragged=True)
-    setattr(d, graphs.RAGGED_DESC, (17 * 16, 64))
+    setattr(d, graphs.RAGGED_DESC, (17 * 16, 64, K + 1))
     assert d.dispatch(num_tokens=200, uniform_decode=False) == (modes.FULL, desc(num_tokens=272, num_reqs=64))
     assert getattr(d, graphs.RAGGED_HIT) == K + 1
     setattr(d, graphs.RAGGED_HIT, None)
@@ -353,6 +385,7 @@ class Desc:
     num_tokens: int
     num_reqs: int | None = None
     uniform: bool = False
+    num_active_loras: int = 0
 
 
 class FakeRaggedRunner:
@@ -361,7 +394,8 @@ class FakeRaggedRunner:
 
     def __init__(self) -> None:
         self.cudagraph_dispatcher = SimpleNamespace(**{graphs.NARROW_KEYS: {}, graphs.NARROW_Q: None,
-                                                       graphs.RAGGED_KEYS: (K + 1, 64, CAPTURE_SIZES)})
+                                                       graphs.RAGGED_KEYS: (K + 1, 64, CAPTURE_SIZES),
+                                                       graphs.RAGGED_PREFILL: (PREFILL, 64, CAPTURE_SIZES)})
         self.uniform_decode_query_len = K + 1
         self.vllm_config = None
         self.seen: list[Any] = []
@@ -371,11 +405,12 @@ class FakeRaggedRunner:
                                                force_uniform_decode: bool | None = None) -> Any:
         key = getattr(self.cudagraph_dispatcher, graphs.RAGGED_DESC, None)
         if key is not None and not use_cascade_attn:  # what the wrapped dispatcher does with it
-            setattr(self.cudagraph_dispatcher, graphs.RAGGED_HIT, K + 1)
+            setattr(self.cudagraph_dispatcher, graphs.RAGGED_HIT, key[2])
         self.seen.append(key)
         return key
 
     def _warmup_and_capture(self, desc: Any, cudagraph_runtime_mode: Any) -> Any:
+        self.captured_q = self.uniform_decode_query_len  # the dummy batch's tokens per request
         return desc, getattr(self.cudagraph_dispatcher, graphs.RAGGED_DESC, None)
 
     def _build_attention_metadata(self, num_tokens: int, num_reqs: int, max_query_len: int) -> int:
@@ -394,12 +429,18 @@ def _ragged_runner() -> FakeRaggedRunner:
 def test_runner_dispatches_a_ragged_batch_and_states_the_captured_query_length() -> None:
     r = _ragged_runner()
     assert r._determine_batch_execution_and_padding(200, 30, None, max_num_scheduled_tokens=9,
-                                                    use_cascade_attn=False) == (272, 64)
+                                                    use_cascade_attn=False) == (272, 64, K + 1)
     assert getattr(r.cudagraph_dispatcher, graphs.RAGGED_DESC) is None  # reset after the call
     assert r._build_attention_metadata(num_tokens=200, num_reqs=30, max_query_len=9) == K + 1
     cascade = r._determine_batch_execution_and_padding(200, 30, None, max_num_scheduled_tokens=9,
                                                        use_cascade_attn=True)
-    assert cascade == (272, 64) and r._build_attention_metadata(num_tokens=200, num_reqs=30, max_query_len=9) == 9
+    assert cascade == (272, 64, K + 1)
+    assert r._build_attention_metadata(num_tokens=200, num_reqs=30, max_query_len=9) == 9
+    # a prompt chunk of 120 tokens beside decoding requests: the prefill-carrying family, max query length P
+    chunk = r._determine_batch_execution_and_padding(600, 40, None, max_num_scheduled_tokens=120,
+                                                     use_cascade_attn=False)
+    assert chunk == (17 * 48, 64, PREFILL)
+    assert r._build_attention_metadata(num_tokens=600, num_reqs=40, max_query_len=120) == PREFILL
     prompt = r._determine_batch_execution_and_padding(600, 3, None, max_num_scheduled_tokens=500,
                                                       use_cascade_attn=False)
     assert prompt is None and r._build_attention_metadata(num_tokens=600, num_reqs=3, max_query_len=500) == 500
@@ -408,7 +449,11 @@ def test_runner_dispatches_a_ragged_batch_and_states_the_captured_query_length()
 def test_capture_of_a_ragged_key_runs_vllms_uniform_dummy_under_that_key() -> None:
     r = _ragged_runner()
     got, key = r._warmup_and_capture(Desc(num_tokens=272, num_reqs=64), "FULL")
-    assert (got, key) == (Desc(num_tokens=272, num_reqs=64, uniform=True), (272, 64))
+    assert (got, key, r.captured_q) == (Desc(num_tokens=272, num_reqs=64, uniform=True), (272, 64, K + 1), K + 1)
+    tagged = Desc(num_tokens=272, num_reqs=64, num_active_loras=graphs.PREFILL_TAG)  # the prefill-carrying family
+    got, key = r._warmup_and_capture(tagged, "FULL")  # vLLM gets the key untagged, dummy requests of P tokens
+    assert (got, key, r.captured_q) == (Desc(num_tokens=272, num_reqs=64, uniform=True), (272, 64, PREFILL), PREFILL)
+    assert r.uniform_decode_query_len == K + 1
     theirs = Desc(num_tokens=272, num_reqs=16, uniform=True)
     assert r._warmup_and_capture(theirs, "FULL") == (theirs, None)  # vLLM's own keys: as before
     assert getattr(r.cudagraph_dispatcher, graphs.RAGGED_DESC) is None

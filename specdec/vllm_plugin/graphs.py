@@ -38,6 +38,14 @@ no other non-uniform FULL keys). Such a graph is captured from vLLM's uniform du
 request count and the max query length (its scheduler metadata, split and GQA packing) are those of the capture, and
 only the per-request lengths, read on the GPU, differ. vLLM's ``cudagraph_mode=FULL`` replays mixed batches with the
 actual max query length from graphs captured with ``T`` (run 18: outputs changed); here the two agree by construction.
+
+**Prefill-carrying ragged batches** (``ragged_prefill_tokens`` = P > q): a step that also carries prompt chunks of
+at most P tokens each (short prompts joining a running batch: sustained load) gets a second family of FULL keys,
+captured and replayed the same way with ``max_query_len = P`` (vLLM's uniform dummy of ``cdiv(T, P)`` requests of P
+tokens). Its keys differ from the first family's by ``num_active_loras = PREFILL_TAG`` (vLLM's LoRA count, never
+non-zero without LoRA; no keys where LoRA is configured); the capture hands vLLM the key without the tag. Without
+them such steps run as piecewise graphs, whose launches the host could not keep up with on a slower host (run 142:
+the GPU idled 7.0 ms before each of them at code batch 64, 1.5 ms before the ragged FULL steps).
 """
 from __future__ import annotations
 
@@ -72,12 +80,15 @@ RAGGED_SOURCE = {
 }
 RAGGED_OK = "_specdec_ragged_ok"  # dispatcher attribute: every attention backend supports full graphs of any batch
 RAGGED_KEYS = "_specdec_ragged"  # dispatcher attribute: (q, request count, sorted token counts) captured, or None
-RAGGED_DESC = "_specdec_ragged_desc"  # dispatcher attribute: (tokens, requests) of the ragged key being dispatched
+RAGGED_PREFILL = "_specdec_ragged_prefill"  # dispatcher attribute: the same for the prefill-carrying family, or None
+PREFILL_TAG = 1  # num_active_loras of the prefill-carrying family's keys (vLLM's own keys have 0 without LoRA)
+RAGGED_DESC = "_specdec_ragged_desc"  # dispatcher attribute: (tokens, requests, q) of the ragged key being dispatched
 RAGGED_HIT = "_specdec_ragged_hit"  # dispatcher attribute: q when the last dispatch returned a ragged FULL key
 RAGGED_Q = "_specdec_ragged_q"  # runner attribute: the max query length the attention metadata must state, or None
 FULL_SUPPORT = "ALWAYS"  # AttentionCGSupport member a backend must report for ragged graphs
 STATS = {"narrow_full": 0, "narrow_piecewise": 0, "narrow_keys": 0,  # this process's dispatches and keys
-         "ragged_full": 0, "ragged_piecewise": 0, "ragged_keys": 0}
+         "ragged_full": 0, "ragged_piecewise": 0, "ragged_keys": 0, "ragged_prefill_full": 0,
+         "ragged_prefill_keys": 0}
 
 
 def narrow_widths(vllm_config: Any) -> tuple[int, ...]:
@@ -96,30 +107,43 @@ def narrow_widths(vllm_config: Any) -> tuple[int, ...]:
 
 def ragged_enabled(vllm_config: Any) -> bool:
     """Our engine with ``ragged_graphs`` on (False for any other engine or setting)."""
+    return ragged_prefill_tokens(vllm_config) >= 0
+
+
+def ragged_prefill_tokens(vllm_config: Any) -> int:
+    """Our engine with ``ragged_graphs`` on: its ``ragged_prefill_tokens`` (0: no prefill-carrying family; also with
+    LoRA); -1 for any other engine or setting."""
     from specdec.vllm_plugin.async_patch import _ours
     from specdec.vllm_plugin.options import options_from_vllm_config
 
     try:
-        return bool(_ours(vllm_config)) and options_from_vllm_config(vllm_config).ragged_graphs
+        if not _ours(vllm_config):
+            return -1
+        opts = options_from_vllm_config(vllm_config)
+        if not opts.ragged_graphs:
+            return -1
+        return 0 if getattr(vllm_config, "lora_config", None) else opts.ragged_prefill_tokens
     except Exception as exc:  # noqa: BLE001 - never fail an engine's start for an optimisation
         logger.debug("specdec: no ragged graphs (%r)", exc)
-        return False
+        return -1
 
 
-def add_ragged_keys(dispatcher: Any, q: int, *, full_mode: Any, descriptor: Any) -> int:
+def add_ragged_keys(dispatcher: Any, q: int, *, full_mode: Any, descriptor: Any, prefill: bool = False) -> int:
     """FULL keys for ragged batches: one per capture size up to the capture limit, for ``max_num_seqs`` requests;
     ``(q, requests, sizes)`` is stored on the dispatcher. Returns the number of keys. Sizes past ``max_num_seqs *
     q`` get none: vLLM's uniform dummy batch, which captures them, cannot hold more (a small ``max_num_seqs``: the
-    engine's start-up failed on batch 8, GPU run 147)."""
+    engine's start-up failed on batch 8, GPU run 147). ``prefill``: the prefill-carrying family (``PREFILL_TAG``,
+    stored as ``RAGGED_PREFILL``)."""
     cc = dispatcher.compilation_config
     reqs = int(dispatcher.vllm_config.scheduler_config.max_num_seqs)
     limit = min(cc.max_cudagraph_capture_size or 0, reqs * q)  # what the uniform dummy batch can hold
     sizes = sorted({int(t) for t in (cc.cudagraph_capture_sizes or ()) if 0 < int(t) <= limit})
     full = dispatcher.cudagraph_keys[full_mode]
+    tag = PREFILL_TAG if prefill else 0
     for t in sizes:
-        full.add(descriptor(num_tokens=t, num_reqs=reqs, uniform=False))
-    setattr(dispatcher, RAGGED_KEYS, (q, reqs, sizes) if sizes else None)
-    STATS["ragged_keys"] = len(sizes)
+        full.add(descriptor(num_tokens=t, num_reqs=reqs, uniform=False, num_active_loras=tag))
+    setattr(dispatcher, RAGGED_PREFILL if prefill else RAGGED_KEYS, (q, reqs, sizes) if sizes else None)
+    STATS["ragged_prefill_keys" if prefill else "ragged_keys"] = len(sizes)
     return len(sizes)
 
 
@@ -129,19 +153,25 @@ def ragged_ready() -> bool:
     return STATS["ragged_keys"] > 0
 
 
-def ragged_key(dispatcher: Any, num_tokens: int, num_reqs: int, max_query_len: int) -> tuple[int, int] | None:
-    """(tokens, requests) of the ragged key for a batch, or None where it takes another graph: vLLM's uniform
-    batches (every request ``q`` tokens), a request longer than ``q`` (a prompt chunk), more requests or tokens
-    than captured."""
+def ragged_key(dispatcher: Any, num_tokens: int, num_reqs: int, max_query_len: int) -> tuple[int, int, int] | None:
+    """(tokens, requests, q) of the ragged key for a batch, or None where it takes another graph: vLLM's uniform
+    batches (every request ``q`` tokens), a request longer than ``q`` (a prompt chunk) unless the prefill-carrying
+    family's P holds it, more requests or tokens than captured."""
     keys = getattr(dispatcher, RAGGED_KEYS, None)
-    if not keys:
+    if not keys or num_tokens < 1:
         return None
+    q = keys[0]
+    if max_query_len == q and num_tokens == q * num_reqs:
+        return None  # vLLM's own uniform graphs
+    if max_query_len > q:
+        keys = getattr(dispatcher, RAGGED_PREFILL, None)
+        if not keys or max_query_len > keys[0]:
+            return None
     q, reqs, sizes = keys
-    uniform = max_query_len == q and num_tokens == q * num_reqs
-    if uniform or max_query_len > q or num_reqs > reqs or num_tokens < 1:
+    if num_reqs > reqs:
         return None
     i = bisect.bisect_left(sizes, num_tokens)
-    return (sizes[i], reqs) if i < len(sizes) else None
+    return (sizes[i], reqs, q) if i < len(sizes) else None
 
 
 def min_cudagraph_support(runner: Any, attention_backends: Any, kv_cache_groups: Any) -> str:
@@ -258,6 +288,7 @@ def _add_keys(dispatcher: Any, cudagraph_mode: Any, q: int, *, modes: Any, descr
     """Our keys beside vLLM's (item 1 and the ragged keys), for our engine only."""
     setattr(dispatcher, NARROW_KEYS, {})
     setattr(dispatcher, RAGGED_KEYS, None)
+    setattr(dispatcher, RAGGED_PREFILL, None)
     full_decode = cudagraph_mode.decode_mode() == modes.FULL and cudagraph_mode.separate_routine()
     if not full_decode:
         return
@@ -268,10 +299,20 @@ def _add_keys(dispatcher: Any, cudagraph_mode: Any, q: int, *, modes: Any, descr
                     "sizes up to %d requests)", "/".join(str(w + 1) for w in widths), len(counts),
                     counts[-1] if counts else 0)
     ragged_ok = getattr(dispatcher, RAGGED_OK, False) and cudagraph_mode.mixed_mode() == modes.PIECEWISE
-    if ragged_ok and q > 1 and ragged_enabled(dispatcher.vllm_config):
-        n = add_ragged_keys(dispatcher, q, full_mode=modes.FULL, descriptor=descriptor)
-        logger.info("specdec: full CUDA graphs for ragged verify batches (%d sizes, at most %d tokens per request)",
-                    n, q)
+    setattr(dispatcher, RAGGED_PREFILL, None)
+    prefill = ragged_prefill_tokens(dispatcher.vllm_config) if ragged_ok and q > 1 else -1
+    if prefill < 0:
+        return
+    n = add_ragged_keys(dispatcher, q, full_mode=modes.FULL, descriptor=descriptor)
+    logger.info("specdec: full CUDA graphs for ragged verify batches (%d sizes, at most %d tokens per request)", n, q)
+    if n and prefill > q and _has_field(descriptor, "num_active_loras"):
+        n = add_ragged_keys(dispatcher, prefill, full_mode=modes.FULL, descriptor=descriptor, prefill=True)
+        logger.info("specdec: full CUDA graphs for ragged batches with prompt chunks (%d sizes, at most %d tokens "
+                    "per request)", n, prefill)
+
+
+def _has_field(cls: Any, name: str) -> bool:
+    return dataclasses.is_dataclass(cls) and name in {f.name for f in dataclasses.fields(cls)}
 
 
 def _wrap_dispatcher(cls: Any, modes: Any, descriptor: Any) -> None:
@@ -289,10 +330,13 @@ def _wrap_dispatcher(cls: Any, modes: Any, descriptor: Any) -> None:
                  *args: Any, **kwargs: Any) -> Any:
         ragged = getattr(self, RAGGED_DESC, None)
         if ragged is not None:  # a ragged batch (or the capture of a ragged key)
-            desc = descriptor(num_tokens=ragged[0], num_reqs=ragged[1], uniform=False)
+            tokens, reqs, q = ragged
+            prefill = q != getattr(self, RAGGED_KEYS)[0]
+            desc = descriptor(num_tokens=tokens, num_reqs=reqs, uniform=False,
+                              num_active_loras=PREFILL_TAG if prefill else 0)
             if _allowed_full(modes, kwargs, has_lora) and desc in self.cudagraph_keys[modes.FULL]:
-                STATS["ragged_full"] += 1
-                setattr(self, RAGGED_HIT, getattr(self, RAGGED_KEYS)[0])
+                STATS["ragged_prefill_full" if prefill else "ragged_full"] += 1
+                setattr(self, RAGGED_HIT, q)
                 return modes.FULL, desc
             if kwargs.get("valid_modes") is None:  # (not a capture's eager warm-up)
                 STATS["ragged_piecewise"] += 1
@@ -332,6 +376,26 @@ def _classify(runner: Any, orig: Any, num_tokens: int, num_reqs: int, args: tupl
         return orig(runner, num_tokens, num_reqs, *args, **kwargs)
 
 
+def _ragged_family(dispatcher: Any, desc: Any) -> tuple[int, int, list[int]] | None:
+    """The ragged family a key being captured belongs to (its ``(q, requests, sizes)``), or None."""
+    if desc.uniform:
+        return None
+    tagged = getattr(desc, "num_active_loras", 0) == PREFILL_TAG
+    family = getattr(dispatcher, RAGGED_PREFILL if tagged else RAGGED_KEYS, None)
+    return family if family and desc.num_reqs == family[1] else None
+
+
+@contextlib.contextmanager
+def _query_len(runner: Any, q: int) -> Iterator[None]:
+    """vLLM's dummy batches (captures) have ``q`` tokens per request meanwhile."""
+    saved = runner.uniform_decode_query_len
+    runner.uniform_decode_query_len = q
+    try:
+        yield
+    finally:
+        runner.uniform_decode_query_len = saved
+
+
 def _wrap_runner(cls: Any, *, ragged: bool = True) -> None:
     orig_determine, orig_capture = cls._determine_batch_execution_and_padding, cls._warmup_and_capture
 
@@ -347,22 +411,19 @@ def _wrap_runner(cls: Any, *, ragged: bool = True) -> None:
     @functools.wraps(orig_capture)
     def _warmup_and_capture(self: Any, desc: Any, *args: Any, **kwargs: Any) -> Any:
         dispatcher = self.cudagraph_dispatcher
-        ragged_keys = getattr(dispatcher, RAGGED_KEYS, None)
-        if ragged_keys and not desc.uniform and desc.num_reqs == ragged_keys[1]:
+        family = _ragged_family(dispatcher, desc)
+        if family is not None:
             # vLLM's uniform dummy batch (cdiv(T, q) requests of q tokens), dispatched to the ragged key
-            with _dispatching(dispatcher, RAGGED_DESC, (desc.num_tokens, desc.num_reqs)):
-                return orig_capture(self, dataclasses.replace(desc, uniform=True), *args, **kwargs)
+            q = family[0]
+            with _query_len(self, q), _dispatching(dispatcher, RAGGED_DESC, (desc.num_tokens, desc.num_reqs, q)):
+                return orig_capture(self, dataclasses.replace(desc, uniform=True, num_active_loras=0), *args,
+                                    **kwargs)
         keys = getattr(dispatcher, NARROW_KEYS, None)
         q = desc.num_tokens // desc.num_reqs if keys and desc.uniform and desc.num_reqs else None
         if q not in (keys or {}) or q * desc.num_reqs != desc.num_tokens:
             return orig_capture(self, desc, *args, **kwargs)
-        saved = self.uniform_decode_query_len
-        self.uniform_decode_query_len = q  # vLLM's dummy batch: num_reqs requests of q tokens
-        try:
-            with _dispatching(dispatcher, NARROW_Q, q):
-                return orig_capture(self, desc, *args, **kwargs)
-        finally:
-            self.uniform_decode_query_len = saved
+        with _query_len(self, q), _dispatching(dispatcher, NARROW_Q, q):  # dummy: num_reqs requests of q tokens
+            return orig_capture(self, desc, *args, **kwargs)
 
     wrapped = [("_determine_batch_execution_and_padding", _determine_batch_execution_and_padding),
                ("_warmup_and_capture", _warmup_and_capture)]
