@@ -66,7 +66,7 @@ def _plugin_full_dispatches() -> int:
     """FULL dispatches of the specdec plugin's own graphs in this process so far (``graphs.STATS``)."""
     from specdec.vllm_plugin.graphs import STATS
 
-    return STATS["narrow_full"] + STATS["ragged_full"]
+    return STATS["narrow_full"] + STATS["ragged_full"] + STATS["ragged_prefill_full"]
 
 
 class StepTrace:

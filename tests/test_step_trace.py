@@ -53,8 +53,10 @@ def test_a_step_the_plugin_dispatched_to_its_own_full_graph_is_full(monkeypatch)
     tr.step(_sched({"a": 2}), draft_s_total=0.0)
     tr._cg = "P"
     tr.step(_sched({"a": 1}), draft_s_total=0.0)
+    graphs.STATS["ragged_prefill_full"] += 1  # a ragged batch with a prompt chunk (the second family)
+    tr.step(_sched({"a": 2}), draft_s_total=0.0)
     tr.end_call(0.0, {})
-    assert tr.cell()["cg"] == "FP?"
+    assert tr.cell()["cg"] == "FPF?"  # (a count that grows after a step marks that step)
 
 
 def test_summary_groups_steps_by_width_and_shares_the_wall():
