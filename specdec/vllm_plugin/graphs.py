@@ -26,26 +26,8 @@ FlashAttention 3's scheduler metadata depends on (requests, max query length) is
 outputs in run 18.) Version-checked by the source of the methods wrapped; anything unexpected: logged once, narrow
 batches run piecewise (correct, only slower). Never imported by ``drafters/``; imports vLLM only inside the patch.
 
-**Ragged batches** (``ragged_graphs``, schedule mode like the narrow graphs): requests with different draft
-lengths, each at most ``q = k + 1`` tokens (per-request slots, steps without drafts). vLLM runs them as piecewise
-graphs with eager attention. Where every attention backend supports full graphs of any batch (``AttentionCGSupport.ALWAYS``:
-FlashAttention 3, Triton, Flex; checked by a wrapper on ``_check_and_update_cudagraph_mode``), one FULL key per
-capture size ``T``: ``BatchDescriptor(num_tokens=T, num_reqs=max_num_seqs, uniform=False)`` (FULL_AND_PIECEWISE has
-no other non-uniform FULL keys). Such a graph is captured from vLLM's uniform dummy batch (``cdiv(T, q)`` requests of
-``q`` tokens, padded to ``max_num_seqs`` requests) and replayed for any batch of at most ``max_num_seqs`` requests and
-``T`` tokens whose longest request has at most ``q``: ``_build_attention_metadata`` then states ``max_query_len = q``
-(an upper bound, correct for varlen attention), so the kernel's launch choices that FlashAttention 3 derives from the
-request count and the max query length (its scheduler metadata, split and GQA packing) are those of the capture, and
-only the per-request lengths, read on the GPU, differ. vLLM's ``cudagraph_mode=FULL`` replays mixed batches with the
-actual max query length from graphs captured with ``T`` (run 18: outputs changed); here the two agree by construction.
-
-**Prefill-carrying ragged batches** (``ragged_prefill_tokens`` = P > q): a step that also carries prompt chunks of
-at most P tokens each (short prompts joining a running batch: sustained load) gets a second family of FULL keys,
-captured and replayed the same way with ``max_query_len = P`` (vLLM's uniform dummy of ``cdiv(T, P)`` requests of P
-tokens). Its keys differ from the first family's by ``num_active_loras = PREFILL_TAG`` (vLLM's LoRA count, never
-non-zero without LoRA; no keys where LoRA is configured); the capture hands vLLM the key without the tag. Without
-them such steps run as piecewise graphs, whose launches the host could not keep up with on a slower host (run 142:
-the GPU idled 7.0 ms before each of them at code batch 64, 1.5 ms before the ragged FULL steps).
+Ragged batches (requests of different lengths in one FULL graph): ``specdec.vllm_plugin.ragged_keys``; the
+wrappers here dispatch and capture them.
 """
 from __future__ import annotations
 
@@ -59,6 +41,22 @@ from collections.abc import Iterator
 from typing import Any
 
 from specdec.vllm_plugin.logs import LOGGER_NAME
+from specdec.vllm_plugin.ragged_keys import (
+    PREFILL_TAG,
+    RAGGED_DESC,
+    RAGGED_HIT,
+    RAGGED_KEYS,
+    RAGGED_OK,
+    RAGGED_PREFILL,
+    RAGGED_Q,
+    RAGGED_SOURCE,
+    _has_field,
+    _ragged_family,
+    _ragged_runner_wrappers,
+    add_ragged_keys,
+    ragged_key,
+    ragged_prefill_tokens,
+)
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -74,18 +72,6 @@ RUNNER_SOURCE = {
     "_warmup_and_capture": "uniform_decode=desc.uniform",
     "_dummy_run": "max_query_len = self.uniform_decode_query_len if uniform_decode",
 }
-RAGGED_SOURCE = {
-    "_build_attention_metadata": "max_query_len=max_query_len",
-    "_check_and_update_cudagraph_mode": "initialize_cudagraph_keys",
-}
-RAGGED_OK = "_specdec_ragged_ok"  # dispatcher attribute: every attention backend supports full graphs of any batch
-RAGGED_KEYS = "_specdec_ragged"  # dispatcher attribute: (q, request count, sorted token counts) captured, or None
-RAGGED_PREFILL = "_specdec_ragged_prefill"  # dispatcher attribute: the same for the prefill-carrying family, or None
-PREFILL_TAG = 1  # num_active_loras of the prefill-carrying family's keys (vLLM's own keys have 0 without LoRA)
-RAGGED_DESC = "_specdec_ragged_desc"  # dispatcher attribute: (tokens, requests, q) of the ragged key being dispatched
-RAGGED_HIT = "_specdec_ragged_hit"  # dispatcher attribute: q when the last dispatch returned a ragged FULL key
-RAGGED_Q = "_specdec_ragged_q"  # runner attribute: the max query length the attention metadata must state, or None
-FULL_SUPPORT = "ALWAYS"  # AttentionCGSupport member a backend must report for ragged graphs
 STATS = {"narrow_full": 0, "narrow_piecewise": 0, "narrow_keys": 0,  # this process's dispatches and keys
          "ragged_full": 0, "ragged_piecewise": 0, "ragged_keys": 0, "ragged_prefill_full": 0,
          "ragged_prefill_keys": 0}
@@ -105,85 +91,10 @@ def narrow_widths(vllm_config: Any) -> tuple[int, ...]:
         return ()
 
 
-def ragged_enabled(vllm_config: Any) -> bool:
-    """Our engine with ``ragged_graphs`` on (False for any other engine or setting)."""
-    return ragged_prefill_tokens(vllm_config) >= 0
-
-
-def ragged_prefill_tokens(vllm_config: Any) -> int:
-    """Our engine with ``ragged_graphs`` on: its ``ragged_prefill_tokens`` (0: no prefill-carrying family; also with
-    LoRA); -1 for any other engine or setting."""
-    from specdec.vllm_plugin.async_patch import _ours
-    from specdec.vllm_plugin.options import options_from_vllm_config
-
-    try:
-        if not _ours(vllm_config):
-            return -1
-        opts = options_from_vllm_config(vllm_config)
-        if not opts.ragged_graphs:
-            return -1
-        return 0 if getattr(vllm_config, "lora_config", None) else opts.ragged_prefill_tokens
-    except Exception as exc:  # noqa: BLE001 - never fail an engine's start for an optimisation
-        logger.debug("specdec: no ragged graphs (%r)", exc)
-        return -1
-
-
-def add_ragged_keys(dispatcher: Any, q: int, *, full_mode: Any, descriptor: Any, prefill: bool = False) -> int:
-    """FULL keys for ragged batches: one per capture size up to the capture limit, for ``max_num_seqs`` requests;
-    ``(q, requests, sizes)`` is stored on the dispatcher. Returns the number of keys. Sizes past ``max_num_seqs *
-    q`` get none: vLLM's uniform dummy batch, which captures them, cannot hold more (a small ``max_num_seqs``: the
-    engine's start-up failed on batch 8, GPU run 147). ``prefill``: the prefill-carrying family (``PREFILL_TAG``,
-    stored as ``RAGGED_PREFILL``)."""
-    cc = dispatcher.compilation_config
-    reqs = int(dispatcher.vllm_config.scheduler_config.max_num_seqs)
-    limit = min(cc.max_cudagraph_capture_size or 0, reqs * q)  # what the uniform dummy batch can hold
-    sizes = sorted({int(t) for t in (cc.cudagraph_capture_sizes or ()) if 0 < int(t) <= limit})
-    full = dispatcher.cudagraph_keys[full_mode]
-    tag = PREFILL_TAG if prefill else 0
-    for t in sizes:
-        full.add(descriptor(num_tokens=t, num_reqs=reqs, uniform=False, num_active_loras=tag))
-    setattr(dispatcher, RAGGED_PREFILL if prefill else RAGGED_KEYS, (q, reqs, sizes) if sizes else None)
-    STATS["ragged_prefill_keys" if prefill else "ragged_keys"] = len(sizes)
-    return len(sizes)
-
-
 def ragged_ready() -> bool:
     """True once this process made ragged keys (the slot book, in the same process in schedule mode, then
     gives high-MAT steps per-request slots: ``high_mat_ragged``)."""
     return STATS["ragged_keys"] > 0
-
-
-def ragged_key(dispatcher: Any, num_tokens: int, num_reqs: int, max_query_len: int) -> tuple[int, int, int] | None:
-    """(tokens, requests, q) of the ragged key for a batch, or None where it takes another graph: vLLM's uniform
-    batches (every request ``q`` tokens), a request longer than ``q`` (a prompt chunk) unless the prefill-carrying
-    family's P holds it, more requests or tokens than captured."""
-    keys = getattr(dispatcher, RAGGED_KEYS, None)
-    if not keys or num_tokens < 1:
-        return None
-    q = keys[0]
-    if max_query_len == q and num_tokens == q * num_reqs:
-        return None  # vLLM's own uniform graphs
-    if max_query_len > q:
-        keys = getattr(dispatcher, RAGGED_PREFILL, None)
-        if not keys or max_query_len > keys[0]:
-            return None
-    q, reqs, sizes = keys
-    if num_reqs > reqs:
-        return None
-    i = bisect.bisect_left(sizes, num_tokens)
-    return (sizes[i], reqs, q) if i < len(sizes) else None
-
-
-def min_cudagraph_support(runner: Any, attention_backends: Any, kv_cache_groups: Any) -> str:
-    """The lowest ``AttentionCGSupport`` name over the engine's attention backends (vLLM's own loop in
-    ``_check_and_update_cudagraph_mode``); "" if none could be read."""
-    lowest = None
-    for backend_set, group in zip(attention_backends, kv_cache_groups):
-        for backend in backend_set:
-            support = backend.get_builder_cls().get_cudagraph_support(runner.vllm_config, group.kv_cache_spec)
-            if lowest is None or support.value < lowest.value:
-                lowest = support
-    return getattr(lowest, "name", "")
 
 
 def add_narrow_keys(dispatcher: Any, widths: tuple[int, ...], *, full_mode: Any, descriptor: Any) -> list[int]:
@@ -299,20 +210,16 @@ def _add_keys(dispatcher: Any, cudagraph_mode: Any, q: int, *, modes: Any, descr
                     "sizes up to %d requests)", "/".join(str(w + 1) for w in widths), len(counts),
                     counts[-1] if counts else 0)
     ragged_ok = getattr(dispatcher, RAGGED_OK, False) and cudagraph_mode.mixed_mode() == modes.PIECEWISE
-    setattr(dispatcher, RAGGED_PREFILL, None)
     prefill = ragged_prefill_tokens(dispatcher.vllm_config) if ragged_ok and q > 1 else -1
     if prefill < 0:
         return
-    n = add_ragged_keys(dispatcher, q, full_mode=modes.FULL, descriptor=descriptor)
+    n = STATS["ragged_keys"] = add_ragged_keys(dispatcher, q, full_mode=modes.FULL, descriptor=descriptor)
     logger.info("specdec: full CUDA graphs for ragged verify batches (%d sizes, at most %d tokens per request)", n, q)
     if n and prefill > q and _has_field(descriptor, "num_active_loras"):
         n = add_ragged_keys(dispatcher, prefill, full_mode=modes.FULL, descriptor=descriptor, prefill=True)
+        STATS["ragged_prefill_keys"] = n
         logger.info("specdec: full CUDA graphs for ragged batches with prompt chunks (%d sizes, at most %d tokens "
                     "per request)", n, prefill)
-
-
-def _has_field(cls: Any, name: str) -> bool:
-    return dataclasses.is_dataclass(cls) and name in {f.name for f in dataclasses.fields(cls)}
 
 
 def _wrap_dispatcher(cls: Any, modes: Any, descriptor: Any) -> None:
@@ -376,15 +283,6 @@ def _classify(runner: Any, orig: Any, num_tokens: int, num_reqs: int, args: tupl
         return orig(runner, num_tokens, num_reqs, *args, **kwargs)
 
 
-def _ragged_family(dispatcher: Any, desc: Any) -> tuple[int, int, list[int]] | None:
-    """The ragged family a key being captured belongs to (its ``(q, requests, sizes)``), or None."""
-    if desc.uniform:
-        return None
-    tagged = getattr(desc, "num_active_loras", 0) == PREFILL_TAG
-    family = getattr(dispatcher, RAGGED_PREFILL if tagged else RAGGED_KEYS, None)
-    return family if family and desc.num_reqs == family[1] else None
-
-
 @contextlib.contextmanager
 def _query_len(runner: Any, q: int) -> Iterator[None]:
     """vLLM's dummy batches (captures) have ``q`` tokens per request meanwhile."""
@@ -434,28 +332,3 @@ def _wrap_runner(cls: Any, *, ragged: bool = True) -> None:
         setattr(cls, name, fn)
 
 
-def _ragged_runner_wrappers(cls: Any) -> list[tuple[str, Any]]:
-    """The attention metadata of a ragged FULL replay states the captured max query length; the dispatcher learns
-    whether every attention backend supports full graphs of any batch before it makes its keys."""
-    orig_build, orig_check = cls._build_attention_metadata, cls._check_and_update_cudagraph_mode
-
-    @functools.wraps(orig_build)
-    def _build_attention_metadata(self: Any, *args: Any, **kwargs: Any) -> Any:
-        q = getattr(self, RAGGED_Q, None)
-        if q is not None and "max_query_len" in kwargs:
-            kwargs["max_query_len"] = max(int(kwargs["max_query_len"]), q)
-        return orig_build(self, *args, **kwargs)
-
-    @functools.wraps(orig_check)
-    def _check_and_update_cudagraph_mode(self: Any, attention_backends: Any, kv_cache_groups: Any,
-                                         *args: Any, **kwargs: Any) -> Any:
-        try:
-            support = min_cudagraph_support(self, attention_backends, kv_cache_groups)
-        except Exception as exc:  # noqa: BLE001 - never fail an engine's start for an optimisation
-            logger.debug("specdec: attention backends' CUDA graph support unknown (%r)", exc)
-            support = ""
-        setattr(self.cudagraph_dispatcher, RAGGED_OK, support == FULL_SUPPORT)
-        return orig_check(self, attention_backends, kv_cache_groups, *args, **kwargs)
-
-    return [("_build_attention_metadata", _build_attention_metadata),
-            ("_check_and_update_cudagraph_mode", _check_and_update_cudagraph_mode)]
