@@ -170,9 +170,10 @@ class SpecdecOptions(ConfigBase):
                                         "k + 1 tokens: per-request slots, steps without drafts) "
                                         "run as FULL CUDA graphs, one per capture size, captured for max_num_seqs "
                                         "requests and a max query length of k + 1, which the attention metadata "
-                                        "then states at every replay (specdec.vllm_plugin.ragged_keys); only where every "
-                                        "attention backend supports full graphs of any batch (FlashAttention 3, "
-                                        "Triton, Flex). false: such batches run vLLM's piecewise graphs")
+                                        "then states at every replay (specdec.vllm_plugin.ragged_keys); only "
+                                        "where every attention backend supports full graphs of any batch "
+                                        "(FlashAttention 3, Triton, Flex). false: such batches run vLLM's "
+                                        "piecewise graphs")
     ragged_prefill_tokens: int = rng(256, lo=0, hi=1 << 14,
                                      doc="ragged_graphs: verify batches that also carry prompt chunks of at most "
                                          "this many tokens each (short prompts joining a running batch) run as "

@@ -3,8 +3,9 @@ them beside the narrow ones and counts their use.
 
 **Ragged batches** (``ragged_graphs``, schedule mode like the narrow graphs): requests with different draft
 lengths, each at most ``q = k + 1`` tokens (per-request slots, steps without drafts). vLLM runs them as piecewise
-graphs with eager attention. Where every attention backend supports full graphs of any batch (``AttentionCGSupport.ALWAYS``:
-FlashAttention 3, Triton, Flex; checked by a wrapper on ``_check_and_update_cudagraph_mode``), one FULL key per
+graphs with eager attention. Where every attention backend supports full graphs of any batch
+(``AttentionCGSupport.ALWAYS``: FlashAttention 3, Triton, Flex; checked by a wrapper on
+``_check_and_update_cudagraph_mode``), one FULL key per
 capture size ``T``: ``BatchDescriptor(num_tokens=T, num_reqs=max_num_seqs, uniform=False)`` (FULL_AND_PIECEWISE has
 no other non-uniform FULL keys). Such a graph is captured from vLLM's uniform dummy batch (``cdiv(T, q)`` requests of
 ``q`` tokens, padded to ``max_num_seqs`` requests) and replayed for any batch of at most ``max_num_seqs`` requests and
