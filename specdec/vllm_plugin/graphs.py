@@ -50,12 +50,12 @@ from specdec.vllm_plugin.ragged_keys import (
     RAGGED_PREFILL,
     RAGGED_Q,
     RAGGED_SOURCE,
-    _has_field,
-    _ragged_family,
-    _ragged_runner_wrappers,
     add_ragged_keys,
+    has_field,
+    ragged_family,
     ragged_key,
     ragged_prefill_tokens,
+    ragged_runner_wrappers,
 )
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -215,7 +215,7 @@ def _add_keys(dispatcher: Any, cudagraph_mode: Any, q: int, *, modes: Any, descr
         return
     n = STATS["ragged_keys"] = add_ragged_keys(dispatcher, q, full_mode=modes.FULL, descriptor=descriptor)
     logger.info("specdec: full CUDA graphs for ragged verify batches (%d sizes, at most %d tokens per request)", n, q)
-    if n and prefill > q and _has_field(descriptor, "num_active_loras"):
+    if n and prefill > q and has_field(descriptor, "num_active_loras"):
         n = add_ragged_keys(dispatcher, prefill, full_mode=modes.FULL, descriptor=descriptor, prefill=True)
         STATS["ragged_prefill_keys"] = n
         logger.info("specdec: full CUDA graphs for ragged batches with prompt chunks (%d sizes, at most %d tokens "
@@ -309,7 +309,7 @@ def _wrap_runner(cls: Any, *, ragged: bool = True) -> None:
     @functools.wraps(orig_capture)
     def _warmup_and_capture(self: Any, desc: Any, *args: Any, **kwargs: Any) -> Any:
         dispatcher = self.cudagraph_dispatcher
-        family = _ragged_family(dispatcher, desc)
+        family = ragged_family(dispatcher, desc)
         if family is not None:
             # vLLM's uniform dummy batch (cdiv(T, q) requests of q tokens), dispatched to the ragged key
             q = family[0]
@@ -326,7 +326,7 @@ def _wrap_runner(cls: Any, *, ragged: bool = True) -> None:
     wrapped = [("_determine_batch_execution_and_padding", _determine_batch_execution_and_padding),
                ("_warmup_and_capture", _warmup_and_capture)]
     if ragged:
-        wrapped += _ragged_runner_wrappers(cls)
+        wrapped += ragged_runner_wrappers(cls)
     for name, fn in wrapped:
         setattr(fn, _WRAPPED, True)
         setattr(cls, name, fn)

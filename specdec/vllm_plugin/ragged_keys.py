@@ -118,11 +118,11 @@ def min_cudagraph_support(runner: Any, attention_backends: Any, kv_cache_groups:
     return getattr(lowest, "name", "")
 
 
-def _has_field(cls: Any, name: str) -> bool:
+def has_field(cls: Any, name: str) -> bool:
     return dataclasses.is_dataclass(cls) and name in {f.name for f in dataclasses.fields(cls)}
 
 
-def _ragged_family(dispatcher: Any, desc: Any) -> tuple[int, int, list[int]] | None:
+def ragged_family(dispatcher: Any, desc: Any) -> tuple[int, int, list[int]] | None:
     """The ragged family a key being captured belongs to (its ``(q, requests, sizes)``), or None."""
     if desc.uniform:
         return None
@@ -131,7 +131,7 @@ def _ragged_family(dispatcher: Any, desc: Any) -> tuple[int, int, list[int]] | N
     return family if family and desc.num_reqs == family[1] else None
 
 
-def _ragged_runner_wrappers(cls: Any) -> list[tuple[str, Any]]:
+def ragged_runner_wrappers(cls: Any) -> list[tuple[str, Any]]:
     """The attention metadata of a ragged FULL replay states the captured max query length; the dispatcher learns
     whether every attention backend supports full graphs of any batch before it makes its keys."""
     orig_build, orig_check = cls._build_attention_metadata, cls._check_and_update_cudagraph_mode
