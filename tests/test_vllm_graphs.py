@@ -459,6 +459,27 @@ def test_capture_of_a_ragged_key_runs_vllms_uniform_dummy_under_that_key() -> No
     assert getattr(r.cudagraph_dispatcher, graphs.RAGGED_DESC) is None
 
 
+@dataclasses.dataclass(frozen=True)
+class OldDesc:
+    """A ``BatchDescriptor`` from before vLLM had ``num_active_loras``."""
+
+    num_tokens: int
+    num_reqs: int | None = None
+    uniform: bool = False
+
+
+def test_descriptors_without_the_lora_count_get_the_decoding_family_only() -> None:
+    cc = SimpleNamespace(cudagraph_capture_sizes=list(CAPTURE_SIZES), max_cudagraph_capture_size=CAPTURE_SIZES[-1])
+    d = SimpleNamespace(compilation_config=cc, cudagraph_keys={"FULL": set()},
+                        vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=64)))
+    assert graphs.add_ragged_keys(d, K + 1, full_mode="FULL", descriptor=OldDesc) == len(CAPTURE_SIZES)
+    assert OldDesc(num_tokens=17, num_reqs=64) in d.cudagraph_keys["FULL"]
+    assert not graphs.has_field(OldDesc, "num_active_loras") and graphs.has_field(Desc, "num_active_loras")
+    r = _ragged_runner()  # its capture of a decoding-family key passes the old descriptor through untouched
+    got, key = r._warmup_and_capture(OldDesc(num_tokens=272, num_reqs=64), "FULL")
+    assert (got, key) == (OldDesc(num_tokens=272, num_reqs=64, uniform=True), (272, 64, K + 1))
+
+
 def test_ragged_graphs_need_full_support_from_every_attention_backend() -> None:
     def backend(name: str) -> Any:
         support = SimpleNamespace(name=name, value={"ALWAYS": 3, "UNIFORM_BATCH": 2}[name])

@@ -239,8 +239,8 @@ def _wrap_dispatcher(cls: Any, modes: Any, descriptor: Any) -> None:
         if ragged is not None:  # a ragged batch (or the capture of a ragged key)
             tokens, reqs, q = ragged
             prefill = q != getattr(self, RAGGED_KEYS)[0]
-            desc = descriptor(num_tokens=tokens, num_reqs=reqs, uniform=False,
-                              num_active_loras=PREFILL_TAG if prefill else 0)
+            tagged = {"num_active_loras": PREFILL_TAG} if prefill else {}  # (only where the field exists)
+            desc = descriptor(num_tokens=tokens, num_reqs=reqs, uniform=False, **tagged)
             if _allowed_full(modes, kwargs, has_lora) and desc in self.cudagraph_keys[modes.FULL]:
                 STATS["ragged_prefill_full" if prefill else "ragged_full"] += 1
                 setattr(self, RAGGED_HIT, q)
@@ -314,8 +314,8 @@ def _wrap_runner(cls: Any, *, ragged: bool = True) -> None:
             # vLLM's uniform dummy batch (cdiv(T, q) requests of q tokens), dispatched to the ragged key
             q = family[0]
             with _query_len(self, q), _dispatching(dispatcher, RAGGED_DESC, (desc.num_tokens, desc.num_reqs, q)):
-                return orig_capture(self, dataclasses.replace(desc, uniform=True, num_active_loras=0), *args,
-                                    **kwargs)
+                untagged = {"num_active_loras": 0} if getattr(desc, "num_active_loras", 0) == PREFILL_TAG else {}
+                return orig_capture(self, dataclasses.replace(desc, uniform=True, **untagged), *args, **kwargs)
         keys = getattr(dispatcher, NARROW_KEYS, None)
         q = desc.num_tokens // desc.num_reqs if keys and desc.uniform and desc.num_reqs else None
         if q not in (keys or {}) or q * desc.num_reqs != desc.num_tokens:

@@ -78,9 +78,9 @@ def add_ragged_keys(dispatcher: Any, q: int, *, full_mode: Any, descriptor: Any,
     limit = min(cc.max_cudagraph_capture_size or 0, reqs * q)  # what the uniform dummy batch can hold
     sizes = sorted({int(t) for t in (cc.cudagraph_capture_sizes or ()) if 0 < int(t) <= limit})
     full = dispatcher.cudagraph_keys[full_mode]
-    tag = PREFILL_TAG if prefill else 0
+    tagged = {"num_active_loras": PREFILL_TAG} if prefill else {}  # (older descriptors lack the field)
     for t in sizes:
-        full.add(descriptor(num_tokens=t, num_reqs=reqs, uniform=False, num_active_loras=tag))
+        full.add(descriptor(num_tokens=t, num_reqs=reqs, uniform=False, **tagged))
     setattr(dispatcher, RAGGED_PREFILL if prefill else RAGGED_KEYS, (q, reqs, sizes) if sizes else None)
     return len(sizes)
 
@@ -119,6 +119,7 @@ def min_cudagraph_support(runner: Any, attention_backends: Any, kv_cache_groups:
 
 
 def has_field(cls: Any, name: str) -> bool:
+    """``cls`` is a dataclass with a field ``name`` (vLLM's ``BatchDescriptor`` and ``num_active_loras``)."""
     return dataclasses.is_dataclass(cls) and name in {f.name for f in dataclasses.fields(cls)}
 
 
