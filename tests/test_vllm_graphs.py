@@ -17,6 +17,7 @@ from specdec.drafters.suffix import SuffixDrafter
 from specdec.vllm_plugin import graphs
 from specdec.vllm_plugin.core import ProposerCore
 from specdec.vllm_plugin.options import SpecdecOptions
+from specdec.vllm_plugin.ragged_keys import PREFILL_TAG
 from specdec.vllm_plugin.scheduled import ScheduledDrafting
 from specdec.vllm_plugin.slots import PLACEHOLDER, SlotBook
 
@@ -316,8 +317,8 @@ def test_prefill_carrying_family_keys_rules_and_dispatch(monkeypatch: pytest.Mon
     request (a prompt chunk) has at most P tokens; dispatched FULL with max query length P."""
     d, modes, desc = _dispatcher(monkeypatch, ragged=True, prefill=PREFILL)
     full = d.cudagraph_keys[modes.FULL]
-    tagged = {k for k in full if k.num_active_loras == graphs.PREFILL_TAG}
-    assert tagged == {desc(num_tokens=t, num_reqs=64, uniform=False, num_active_loras=graphs.PREFILL_TAG)
+    tagged = {k for k in full if k.num_active_loras == PREFILL_TAG}
+    assert tagged == {desc(num_tokens=t, num_reqs=64, uniform=False, num_active_loras=PREFILL_TAG)
                       for t in CAPTURE_SIZES}
     assert getattr(d, graphs.RAGGED_PREFILL) == (PREFILL, 64, CAPTURE_SIZES)
     assert {k for k in full if not k.uniform} - tagged == {desc(num_tokens=t, num_reqs=64) for t in CAPTURE_SIZES}
@@ -329,7 +330,7 @@ def test_prefill_carrying_family_keys_rules_and_dispatch(monkeypatch: pytest.Mon
     monkeypatch.setitem(graphs.STATS, "ragged_prefill_full", 0)
     setattr(d, graphs.RAGGED_DESC, (17 * 48, 64, PREFILL))
     mode, got = d.dispatch(num_tokens=600, uniform_decode=False)
-    assert (mode, got) == (modes.FULL, desc(num_tokens=17 * 48, num_reqs=64, num_active_loras=graphs.PREFILL_TAG))
+    assert (mode, got) == (modes.FULL, desc(num_tokens=17 * 48, num_reqs=64, num_active_loras=PREFILL_TAG))
     assert getattr(d, graphs.RAGGED_HIT) == PREFILL and graphs.STATS["ragged_prefill_full"] == 1
     setattr(d, graphs.RAGGED_DESC, None)
     for prefill in (0, K + 1):  # off: 0, or not longer than the decoding family's q
@@ -450,7 +451,7 @@ def test_capture_of_a_ragged_key_runs_vllms_uniform_dummy_under_that_key() -> No
     r = _ragged_runner()
     got, key = r._warmup_and_capture(Desc(num_tokens=272, num_reqs=64), "FULL")
     assert (got, key, r.captured_q) == (Desc(num_tokens=272, num_reqs=64, uniform=True), (272, 64, K + 1), K + 1)
-    tagged = Desc(num_tokens=272, num_reqs=64, num_active_loras=graphs.PREFILL_TAG)  # the prefill-carrying family
+    tagged = Desc(num_tokens=272, num_reqs=64, num_active_loras=PREFILL_TAG)  # the prefill-carrying family
     got, key = r._warmup_and_capture(tagged, "FULL")  # vLLM gets the key untagged, dummy requests of P tokens
     assert (got, key, r.captured_q) == (Desc(num_tokens=272, num_reqs=64, uniform=True), (272, 64, PREFILL), PREFILL)
     assert r.uniform_decode_query_len == K + 1

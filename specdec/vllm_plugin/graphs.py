@@ -42,7 +42,6 @@ from typing import Any
 
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.ragged_keys import (
-    PREFILL_TAG,
     RAGGED_DESC,
     RAGGED_HIT,
     RAGGED_KEYS,
@@ -52,6 +51,8 @@ from specdec.vllm_plugin.ragged_keys import (
     RAGGED_SOURCE,
     add_ragged_keys,
     has_field,
+    is_prefill_key,
+    ragged_descriptor,
     ragged_family,
     ragged_key,
     ragged_prefill_tokens,
@@ -239,8 +240,7 @@ def _wrap_dispatcher(cls: Any, modes: Any, descriptor: Any) -> None:
         if ragged is not None:  # a ragged batch (or the capture of a ragged key)
             tokens, reqs, q = ragged
             prefill = q != getattr(self, RAGGED_KEYS)[0]
-            tagged = {"num_active_loras": PREFILL_TAG} if prefill else {}  # (only where the field exists)
-            desc = descriptor(num_tokens=tokens, num_reqs=reqs, uniform=False, **tagged)
+            desc = ragged_descriptor(descriptor, tokens, reqs, prefill=prefill)
             if _allowed_full(modes, kwargs, has_lora) and desc in self.cudagraph_keys[modes.FULL]:
                 STATS["ragged_prefill_full" if prefill else "ragged_full"] += 1
                 setattr(self, RAGGED_HIT, q)
@@ -314,7 +314,7 @@ def _wrap_runner(cls: Any, *, ragged: bool = True) -> None:
             # vLLM's uniform dummy batch (cdiv(T, q) requests of q tokens), dispatched to the ragged key
             q = family[0]
             with _query_len(self, q), _dispatching(dispatcher, RAGGED_DESC, (desc.num_tokens, desc.num_reqs, q)):
-                untagged = {"num_active_loras": 0} if getattr(desc, "num_active_loras", 0) == PREFILL_TAG else {}
+                untagged = {"num_active_loras": 0} if is_prefill_key(desc) else {}
                 return orig_capture(self, dataclasses.replace(desc, uniform=True, **untagged), *args, **kwargs)
         keys = getattr(dispatcher, NARROW_KEYS, None)
         q = desc.num_tokens // desc.num_reqs if keys and desc.uniform and desc.num_reqs else None
@@ -330,5 +330,3 @@ def _wrap_runner(cls: Any, *, ragged: bool = True) -> None:
     for name, fn in wrapped:
         setattr(fn, _WRAPPED, True)
         setattr(cls, name, fn)
-
-

@@ -78,9 +78,8 @@ def add_ragged_keys(dispatcher: Any, q: int, *, full_mode: Any, descriptor: Any,
     limit = min(cc.max_cudagraph_capture_size or 0, reqs * q)  # what the uniform dummy batch can hold
     sizes = sorted({int(t) for t in (cc.cudagraph_capture_sizes or ()) if 0 < int(t) <= limit})
     full = dispatcher.cudagraph_keys[full_mode]
-    tagged = {"num_active_loras": PREFILL_TAG} if prefill else {}  # (older descriptors lack the field)
     for t in sizes:
-        full.add(descriptor(num_tokens=t, num_reqs=reqs, uniform=False, **tagged))
+        full.add(ragged_descriptor(descriptor, t, reqs, prefill=prefill))
     setattr(dispatcher, RAGGED_PREFILL if prefill else RAGGED_KEYS, (q, reqs, sizes) if sizes else None)
     return len(sizes)
 
@@ -118,6 +117,18 @@ def min_cudagraph_support(runner: Any, attention_backends: Any, kv_cache_groups:
     return getattr(lowest, "name", "")
 
 
+def ragged_descriptor(descriptor: Any, num_tokens: int, num_reqs: int, *, prefill: bool) -> Any:
+    """The key of a ragged graph; the prefill-carrying family's is tagged (only there: older descriptors lack the
+    field)."""
+    tagged = {"num_active_loras": PREFILL_TAG} if prefill else {}
+    return descriptor(num_tokens=num_tokens, num_reqs=num_reqs, uniform=False, **tagged)
+
+
+def is_prefill_key(desc: Any) -> bool:
+    """``desc`` is a key of the prefill-carrying family."""
+    return getattr(desc, "num_active_loras", 0) == PREFILL_TAG
+
+
 def has_field(cls: Any, name: str) -> bool:
     """``cls`` is a dataclass with a field ``name`` (vLLM's ``BatchDescriptor`` and ``num_active_loras``)."""
     return dataclasses.is_dataclass(cls) and name in {f.name for f in dataclasses.fields(cls)}
@@ -127,8 +138,7 @@ def ragged_family(dispatcher: Any, desc: Any) -> tuple[int, int, list[int]] | No
     """The ragged family a key being captured belongs to (its ``(q, requests, sizes)``), or None."""
     if desc.uniform:
         return None
-    tagged = getattr(desc, "num_active_loras", 0) == PREFILL_TAG
-    family = getattr(dispatcher, RAGGED_PREFILL if tagged else RAGGED_KEYS, None)
+    family = getattr(dispatcher, RAGGED_PREFILL if is_prefill_key(desc) else RAGGED_KEYS, None)
     return family if family and desc.num_reqs == family[1] else None
 
 
