@@ -84,10 +84,12 @@ def capture_step(sched: ScheduledDrafting, eng: FakeEngine, sampled: list[list[i
 
 def run(config: str, records: list[Any], pool: list[Any], *, k: int, steps: int, gpu_ms: float,
         threads: int, adaptive: bool = True) -> dict[str, Any]:
-    """One configuration over ``steps`` timed steps (see the module docstring); ``adaptive`` False: the proposer's
-    cost model off (drafts then independent of timing: what the tests compare)."""
+    """One configuration over ``steps`` timed steps (see the module docstring); ``adaptive`` False: every decision
+    that reads the clock off (the cost model; ``pad_drafts`` 'on' instead of 'auto', which pads by the measured step
+    period; no drafting deadline): drafts then independent of timing, what the tests compare."""
+    timing_free = {} if adaptive else {"adaptive": False, "pad_drafts": "on", "draft_timeout_ms": 0.0}
     opts = SpecdecOptions.from_dict({"num_speculative_tokens": k, "ab_windows": False, "async_drafting": True,
-                                     "async_mode": "schedule", "lane_threads": threads, "adaptive": adaptive,
+                                     "async_mode": "schedule", "lane_threads": threads, **timing_free,
                                      **CONFIGS[config]})
     max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in pool) + 8
     eng = FakeEngine(records, pool, max_len)
@@ -116,12 +118,16 @@ def run(config: str, records: list[Any], pool: list[Any], *, k: int, steps: int,
     finally:
         sched.close()
     stats = core.stats_dict()
+    lane_stats = core.lane.global_stats() if core.lane is not None else {}
     return {"config": config, "batch_size": len(records), "steps": steps, "gpu_ms": gpu_ms, "lane_threads": threads,
             "fill_ms": 1e3 * float(np.mean(fills)), "finish_ms": 1e3 * float(np.mean(finishes)),
             "engine_thread_ms": 1e3 * float(np.mean(fills) + np.mean(finishes)),
             "finish_tail": tail_ms(finishes), "emitted_per_step": eng.emitted / (steps + WARMUP_STEPS),
             "accepted_tokens": stats["accepted_tokens"], "drafted_tokens": stats["drafted_tokens"],
-            "stopped": stats["stopped"], "early_cached": stats.get("early_cached", 0)}
+            "stopped": stats["stopped"], "early_cached": stats.get("early_cached", 0),
+            "fallbacks": {"timeouts": stats["timeouts"], "errors": sched.feed.stats.errors + stats.get("errors", 0),
+                          "resyncs": stats["resyncs"], "watchdog": sched.feed.stats.watchdog_releases,
+                          "steps_without_global": lane_stats.get("steps_without_global", 0)}}
 
 
 def main(argv: list[str] | None = None) -> None:
