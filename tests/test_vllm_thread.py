@@ -133,9 +133,9 @@ def test_a_late_step_gets_no_drafts_and_the_third_goes_synchronous(monkeypatch):
     real = lane.lane_collect
     late = {"n": 0}
 
-    def collect(timeout_s):  # steps 10, 11, 12 come back "still running"
+    def collect(timeout_s):  # steps 10, 11, 12 come back "still running"; the others wait (no wall-clock deadline)
         late["n"] += 1
-        return None if 10 <= late["n"] <= 12 else real(timeout_s)
+        return None if 10 <= late["n"] <= 12 else real(None)
 
     monkeypatch.setattr(lane, "lane_collect", collect)
     drafts: dict[str, list[int]] = {}
@@ -145,8 +145,10 @@ def test_a_late_step_gets_no_drafts_and_the_third_goes_synchronous(monkeypatch):
         drafts = eng.step([shim], drafts)
         if step in (9, 10, 11):
             assert all(not d for d in drafts.values())
+        if step == 11:  # the Python path's own deadline is wall-clock: only the lane's three are counted here
+            assert core.stats.timeouts == 3 and core.lane is None
     s = core.stats_dict()
-    assert s["timeouts"] == 3 and core.lane is None and not s["native_step"]
+    assert not s["native_step"]
     assert s["drafted_tokens"] > 0 and s["accepted_tokens"] > 0  # the Python path took over and drafts
 
 
