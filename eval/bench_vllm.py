@@ -127,7 +127,9 @@ def _engine_config(llm: Any) -> dict[str, Any]:
         cc = cfg.compilation_config
         return {"async_scheduling": bool(cfg.scheduler_config.async_scheduling),
                 "cudagraph_mode": str(cc.cudagraph_mode), "max_cudagraph_capture_size": cc.max_cudagraph_capture_size,
-                "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens}
+                "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
+                "max_num_seqs": cfg.scheduler_config.max_num_seqs, "max_model_len": cfg.model_config.max_model_len,
+                "num_gpu_blocks": cfg.cache_config.num_gpu_blocks}
     except Exception as exc:  # noqa: BLE001 - informational only
         return {"error": repr(exc)}
 
@@ -189,10 +191,11 @@ def worker(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     if args.shape:
         extra["load_format"] = "dummy"
+    if not args.vllm_defaults:  # the harness's own engine arguments; --vllm-defaults: vLLM's, as a user runs it
+        extra.update(max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_mem,
+                     max_num_seqs=max(args.batch_sizes), seed=0)
     llm = LLM(model=shaped_model(args.model, args.shape), dtype=args.dtype, speculative_config=spec,
-              max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_mem,
-              max_num_seqs=max(args.batch_sizes), seed=0, enforce_eager=args.eager, disable_log_stats=False,
-              tensor_parallel_size=args.tp, **extra)
+              enforce_eager=args.eager, disable_log_stats=False, tensor_parallel_size=args.tp, **extra)
     startup = time.perf_counter() - t0
     if args.engine_process:  # the timer that counts is the engine process's
         timer = EngineTimer(llm, trace=args.trace)
@@ -310,6 +313,8 @@ def _spawn(args: argparse.Namespace, method: str, dtype: str, batches: list[int]
         cmd.append("--trace")
     if args.engine_process:
         cmd.append("--engine-process")
+    if args.vllm_defaults:
+        cmd.append("--vllm-defaults")
     if eager:
         cmd.append("--eager")
     what = f"{method} ({dtype}{'' if load == 'closed' else ', ' + load + ' load'})"
@@ -500,6 +505,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--gpu-mem", type=float, default=0.3)
+    ap.add_argument("--vllm-defaults", action="store_true", help="engines with vLLM's default arguments (no "
+                    "max_model_len, gpu_memory_utilization or max_num_seqs set): what a user's first try runs")
     ap.add_argument("--specdec-config", default="", help="JSON merged into the specdec methods' config")
     ap.add_argument("--variants", default="", help='JSON {"name": {"base": "specdec", "spec": {...}, '
                     '"compilation_config": {...}, "env": {...}, "batch_sizes": [...], "datasets": [...], '
