@@ -26,6 +26,7 @@ needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vllm not importable here (
 K = 16  # vLLM's uniform graphs: 17 tokens per request
 WIDTH = 6  # narrow graphs: 7 tokens per request
 CAPTURE_SIZES = [17 * r for r in (1, 2, 4, 8, 16, 24, 32, 48, 64)]
+RAGGED_SIZES = CAPTURE_SIZES[:7]  # below vLLM's second-largest FULL key (17 x 48): the profile ceiling
 PREFILL = 256  # ragged_prefill_tokens  # vLLM's sizes rounded to multiples of 1 + k
 
 
@@ -293,22 +294,24 @@ def test_ragged_keys_one_per_capture_size_for_the_most_requests(monkeypatch: pyt
     d, modes, desc = _dispatcher(monkeypatch, ragged=True)
     full = d.cudagraph_keys[modes.FULL]
     ragged = {k for k in full if not k.uniform}
-    assert ragged == {desc(num_tokens=t, num_reqs=64, uniform=False) for t in CAPTURE_SIZES}
+    assert ragged == {desc(num_tokens=t, num_reqs=64, uniform=False) for t in RAGGED_SIZES}
     assert all(k.num_tokens == (K + 1) * k.num_reqs or k.num_tokens == (WIDTH + 1) * k.num_reqs
                for k in full - ragged)  # vLLM's uniform keys and the narrow ones, untouched
-    assert getattr(d, graphs.RAGGED_KEYS) == (K + 1, 64, CAPTURE_SIZES)
+    assert getattr(d, graphs.RAGGED_KEYS) == (K + 1, 64, RAGGED_SIZES)
     assert ragged <= set(dict(d.get_capture_descs())[modes.FULL])  # vLLM's capture loop gets them
 
 
 @needs_vllm
 def test_ragged_keys_stop_at_what_the_uniform_dummy_batch_holds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Few requests (max_num_seqs 8, k = 16): capture sizes past 8 x 17 tokens get no ragged key, since vLLM's
-    uniform dummy run of 8 requests of 17 tokens cannot hold them (GPU run 147: engine start-up failed there)."""
+    uniform dummy run of 8 requests of 17 tokens cannot hold them (the engine would fail to start); here vLLM's
+    own keys (17, 34, 68, 136 tokens) also put the profile ceiling at 68."""
     d, modes, desc = _dispatcher(monkeypatch, ragged=True, max_num_seqs=8)
     ragged = {k for k in d.cudagraph_keys[modes.FULL] if not k.uniform}
-    assert ragged == {desc(num_tokens=t, num_reqs=8, uniform=False) for t in (17, 34, 68, 136)}
-    assert getattr(d, graphs.RAGGED_KEYS) == (K + 1, 8, [17, 34, 68, 136])
-    assert graphs.ragged_key(d, num_tokens=100, num_reqs=8, max_query_len=K + 1) == (136, 8, K + 1)
+    assert ragged == {desc(num_tokens=t, num_reqs=8, uniform=False) for t in (17, 34)}
+    assert getattr(d, graphs.RAGGED_KEYS) == (K + 1, 8, [17, 34])
+    assert graphs.ragged_key(d, num_tokens=30, num_reqs=8, max_query_len=K + 1) == (34, 8, K + 1)
+    assert graphs.ragged_key(d, num_tokens=100, num_reqs=8, max_query_len=K + 1) is None
 
 
 @needs_vllm
@@ -319,18 +322,19 @@ def test_prefill_carrying_family_keys_rules_and_dispatch(monkeypatch: pytest.Mon
     full = d.cudagraph_keys[modes.FULL]
     tagged = {k for k in full if k.num_active_loras == PREFILL_TAG}
     assert tagged == {desc(num_tokens=t, num_reqs=64, uniform=False, num_active_loras=PREFILL_TAG)
-                      for t in CAPTURE_SIZES}
-    assert getattr(d, graphs.RAGGED_PREFILL) == (PREFILL, 64, CAPTURE_SIZES)
-    assert {k for k in full if not k.uniform} - tagged == {desc(num_tokens=t, num_reqs=64) for t in CAPTURE_SIZES}
+                      for t in RAGGED_SIZES}
+    assert getattr(d, graphs.RAGGED_PREFILL) == (PREFILL, 64, RAGGED_SIZES)
+    assert {k for k in full if not k.uniform} - tagged == {desc(num_tokens=t, num_reqs=64) for t in RAGGED_SIZES}
     assert graphs.ragged_key(d, num_tokens=200, num_reqs=30, max_query_len=K + 1) == (272, 64, K + 1)  # decoding
-    assert graphs.ragged_key(d, num_tokens=600, num_reqs=40, max_query_len=120) == (17 * 48, 64, PREFILL)
+    assert graphs.ragged_key(d, num_tokens=500, num_reqs=40, max_query_len=120) == (17 * 32, 64, PREFILL)
+    assert graphs.ragged_key(d, num_tokens=600, num_reqs=40, max_query_len=120) is None  # at the profile ceiling
     assert graphs.ragged_key(d, num_tokens=PREFILL, num_reqs=1, max_query_len=PREFILL) == (17 * 16, 64, PREFILL)
     assert graphs.ragged_key(d, num_tokens=600, num_reqs=40, max_query_len=PREFILL + 1) is None  # a longer prompt
     assert graphs.ragged_key(d, num_tokens=2000, num_reqs=40, max_query_len=120) is None  # past the capture sizes
     monkeypatch.setitem(graphs.STATS, "ragged_prefill_full", 0)
-    setattr(d, graphs.RAGGED_DESC, (17 * 48, 64, PREFILL))
-    mode, got = d.dispatch(num_tokens=600, uniform_decode=False)
-    assert (mode, got) == (modes.FULL, desc(num_tokens=17 * 48, num_reqs=64, num_active_loras=PREFILL_TAG))
+    setattr(d, graphs.RAGGED_DESC, (17 * 32, 64, PREFILL))
+    mode, got = d.dispatch(num_tokens=500, uniform_decode=False)
+    assert (mode, got) == (modes.FULL, desc(num_tokens=17 * 32, num_reqs=64, num_active_loras=PREFILL_TAG))
     assert getattr(d, graphs.RAGGED_HIT) == PREFILL and graphs.STATS["ragged_prefill_full"] == 1
     setattr(d, graphs.RAGGED_DESC, None)
     for prefill in (0, K + 1):  # off: 0, or not longer than the decoding family's q
@@ -473,7 +477,7 @@ def test_descriptors_without_the_lora_count_get_the_decoding_family_only() -> No
     cc = SimpleNamespace(cudagraph_capture_sizes=list(CAPTURE_SIZES), max_cudagraph_capture_size=CAPTURE_SIZES[-1])
     d = SimpleNamespace(compilation_config=cc, cudagraph_keys={"FULL": set()},
                         vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=64)))
-    assert graphs.add_ragged_keys(d, K + 1, full_mode="FULL", descriptor=OldDesc) == len(CAPTURE_SIZES)
+    assert graphs.add_ragged_keys(d, K + 1, full_mode="FULL", descriptor=OldDesc, ceiling=10**6) == len(CAPTURE_SIZES)
     assert OldDesc(num_tokens=17, num_reqs=64) in d.cudagraph_keys["FULL"]
     assert not graphs.has_field(OldDesc, "num_active_loras") and graphs.has_field(Desc, "num_active_loras")
     r = _ragged_runner()  # its capture of a decoding-family key passes the old descriptor through untouched
@@ -512,3 +516,21 @@ def test_high_mat_steps_take_per_request_slots_once_ragged_graphs_exist() -> Non
     assert book.width == WIDTH
     assert book.as_dict()["ragged_high_mat_steps"] == 1
     assert SpecdecOptions().high_mat_ragged and SpecdecOptions().ragged_graphs
+
+
+def test_sparse_ladder_keeps_ends_and_spaces_the_rest() -> None:
+    assert graphs.sparse_ladder([]) == []
+    assert graphs.sparse_ladder([8]) == [8]
+    sizes = list(range(8, 257, 8))  # 8, 16, ..., 256
+    kept = graphs.sparse_ladder(sizes, ratio=1.25)
+    assert kept == [8, 16, 24, 32, 40, 56, 72, 96, 120, 152, 192, 240, 256]
+    assert all(b >= a * 1.25 for a, b in zip(kept[:-2], kept[1:-1]))  # (the largest is kept whatever its gap)
+    assert all(any(k >= s for k in kept) for s in sizes)  # every size still finds a key
+
+
+def test_profile_ceiling_is_vllms_second_largest_full_key() -> None:
+    keys = {Desc(num_tokens=t, num_reqs=t // 17, uniform=True) for t in CAPTURE_SIZES}
+    d = SimpleNamespace(cudagraph_keys={"FULL": keys})
+    assert graphs.profile_ceiling(d, "FULL") == 17 * 48
+    d.cudagraph_keys["FULL"] = {Desc(num_tokens=17, num_reqs=1, uniform=True)}
+    assert graphs.profile_ceiling(d, "FULL") == 0  # one key of vLLM's: no room below the profile's two samples

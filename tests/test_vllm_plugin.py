@@ -71,9 +71,12 @@ def test_rewrite_raises_the_cudagraph_capture_limit_unless_the_user_set_one():
     ea = _args()
     plugin.rewrite_engine_args(ea)
     assert ea.max_cudagraph_capture_size == 64 * 17  # batch 64 x (k + 1) verify tokens stay in graphs
-    big = _args(max_num_seqs=None)  # vLLM's default 256 -> capped
+    big = _args(max_num_seqs=None)  # vLLM's default (256-1024): batches of at most 64 requests x 17 in graphs
     plugin.rewrite_engine_args(big)
-    assert big.max_cudagraph_capture_size == plugin.AUTO_CUDAGRAPH_MAX_TOKENS
+    assert big.max_cudagraph_capture_size == plugin.AUTO_CUDAGRAPH_MAX_REQUESTS * 17 == 1088
+    wide = _args(max_num_seqs=1024, speculative_config={"method": "specdec", "num_speculative_tokens": 64})
+    plugin.rewrite_engine_args(wide)  # 64 x 65 tokens: capped
+    assert wide.max_cudagraph_capture_size == plugin.AUTO_CUDAGRAPH_MAX_TOKENS
     small = _args(max_num_seqs=8)  # 8 x 17 = 136: vLLM's default (512) already covers it
     plugin.rewrite_engine_args(small)
     assert small.max_cudagraph_capture_size is None

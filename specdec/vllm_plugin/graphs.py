@@ -37,6 +37,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,8 +56,10 @@ from specdec.vllm_plugin.ragged_keys import (
     ragged_descriptor,
     ragged_family,
     ragged_key,
+    profile_ceiling,
     ragged_prefill_tokens,
     ragged_runner_wrappers,
+    sparse_ladder,
 )
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -75,7 +78,9 @@ RUNNER_SOURCE = {
 }
 STATS = {"narrow_full": 0, "narrow_piecewise": 0, "narrow_keys": 0,  # this process's dispatches and keys
          "ragged_full": 0, "ragged_piecewise": 0, "ragged_keys": 0, "ragged_prefill_full": 0,
-         "ragged_prefill_keys": 0}
+         "ragged_prefill_keys": 0, "added_graphs_captured": 0, "added_graph_bytes": 0, "added_graph_s": 0.0,
+         "added_graphs_logged": 0}
+MIB = 1 << 20
 
 
 def narrow_widths(vllm_config: Any) -> tuple[int, ...]:
@@ -98,19 +103,25 @@ def ragged_ready() -> bool:
     return STATS["ragged_keys"] > 0
 
 
-def add_narrow_keys(dispatcher: Any, widths: tuple[int, ...], *, full_mode: Any, descriptor: Any) -> list[int]:
-    """Item 1: FULL keys of query length ``w + 1`` for every width ``w`` and every request count of the
-    dispatcher's uniform FULL keys (vLLM's). ``full_mode``: vLLM's ``CUDAGraphMode.FULL``; ``descriptor``: its
-    ``BatchDescriptor``. Returns the request counts (sorted); {query length: counts} is stored on the dispatcher."""
+def add_narrow_keys(dispatcher: Any, widths: tuple[int, ...], *, full_mode: Any, descriptor: Any,
+                    ceiling: int) -> list[int]:
+    """Item 1: FULL keys of query length ``w + 1`` for every width ``w`` and a sparse ladder of the request counts
+    of the dispatcher's uniform FULL keys (vLLM's), each below ``ceiling`` tokens (``profile_ceiling``).
+    ``full_mode``: vLLM's ``CUDAGraphMode.FULL``; ``descriptor``: its ``BatchDescriptor``. Returns the request
+    counts (sorted); {query length: counts} is stored on the dispatcher."""
     full = dispatcher.cudagraph_keys[full_mode]
-    counts = sorted({d.num_reqs for d in full if d.uniform and not d.has_lora and d.num_reqs})
-    keys = {w + 1: counts for w in widths} if counts else {}
-    for q in keys:
+    all_counts = sorted({d.num_reqs for d in full if d.uniform and not d.has_lora and d.num_reqs})
+    keys = {}
+    for w in widths:
+        counts = sparse_ladder([r for r in all_counts if (w + 1) * r < ceiling])
+        if counts:
+            keys[w + 1] = counts
+    for q, counts in keys.items():
         for r in counts:
             full.add(descriptor(num_tokens=q * r, num_reqs=r, uniform=True))
     setattr(dispatcher, NARROW_KEYS, keys)
-    STATS["narrow_keys"] = len(counts) * len(keys)
-    return counts
+    STATS["narrow_keys"] = sum(len(c) for c in keys.values())
+    return sorted({r for c in keys.values() for r in c})
 
 
 def narrow_descriptor(dispatcher: Any, num_tokens: int, *, descriptor: Any) -> Any:
@@ -204,20 +215,23 @@ def _add_keys(dispatcher: Any, cudagraph_mode: Any, q: int, *, modes: Any, descr
     full_decode = cudagraph_mode.decode_mode() == modes.FULL and cudagraph_mode.separate_routine()
     if not full_decode:
         return
-    widths = narrow_widths(dispatcher.vllm_config)
+    ceiling = profile_ceiling(dispatcher, modes.FULL)
+    widths = narrow_widths(dispatcher.vllm_config) if ceiling else ()
     if widths:
-        counts = add_narrow_keys(dispatcher, widths, full_mode=modes.FULL, descriptor=descriptor)
+        counts = add_narrow_keys(dispatcher, widths, full_mode=modes.FULL, descriptor=descriptor, ceiling=ceiling)
         logger.info("specdec: full CUDA graphs for narrow verify batches (%s tokens per request, %d batch "
                     "sizes up to %d requests)", "/".join(str(w + 1) for w in widths), len(counts),
                     counts[-1] if counts else 0)
     ragged_ok = getattr(dispatcher, RAGGED_OK, False) and cudagraph_mode.mixed_mode() == modes.PIECEWISE
-    prefill = ragged_prefill_tokens(dispatcher.vllm_config) if ragged_ok and q > 1 else -1
+    prefill = ragged_prefill_tokens(dispatcher.vllm_config) if ragged_ok and q > 1 and ceiling else -1
     if prefill < 0:
         return
-    n = STATS["ragged_keys"] = add_ragged_keys(dispatcher, q, full_mode=modes.FULL, descriptor=descriptor)
+    n = STATS["ragged_keys"] = add_ragged_keys(dispatcher, q, full_mode=modes.FULL, descriptor=descriptor,
+                                               ceiling=ceiling)
     logger.info("specdec: full CUDA graphs for ragged verify batches (%d sizes, at most %d tokens per request)", n, q)
     if n and prefill > q and has_field(descriptor, "num_active_loras"):
-        n = add_ragged_keys(dispatcher, prefill, full_mode=modes.FULL, descriptor=descriptor, prefill=True)
+        n = add_ragged_keys(dispatcher, prefill, full_mode=modes.FULL, descriptor=descriptor, ceiling=ceiling,
+                            prefill=True)
         STATS["ragged_prefill_keys"] = n
         logger.info("specdec: full CUDA graphs for ragged batches with prompt chunks (%d sizes, at most %d tokens "
                     "per request)", n, prefill)
@@ -283,6 +297,46 @@ def _classify(runner: Any, orig: Any, num_tokens: int, num_reqs: int, args: tupl
         return orig(runner, num_tokens, num_reqs, *args, **kwargs)
 
 
+def _is_ours(dispatcher: Any, desc: Any) -> bool:
+    """``desc`` is one of the keys this plugin added (ragged or narrow), not one of vLLM's."""
+    if ragged_family(dispatcher, desc) is not None:
+        return True
+    keys = getattr(dispatcher, NARROW_KEYS, None) or {}
+    q = desc.num_tokens // desc.num_reqs if desc.uniform and desc.num_reqs else None
+    return q in keys and q * desc.num_reqs == desc.num_tokens
+
+
+@contextlib.contextmanager
+def _measured_capture() -> Iterator[None]:
+    """Count one capture of our graphs: the device memory it took (free memory before minus after, so graph-pool
+    blocks it reused count as nothing) and its seconds, into ``STATS``."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+    free_before, t0 = torch.cuda.mem_get_info()[0] if cuda else 0, time.perf_counter()
+    try:
+        yield
+    finally:
+        if cuda:
+            torch.cuda.synchronize()
+            STATS["added_graph_bytes"] += max(free_before - torch.cuda.mem_get_info()[0], 0)
+        STATS["added_graph_s"] += time.perf_counter() - t0
+        STATS["added_graphs_captured"] += 1
+
+
+def log_added_graphs() -> None:
+    """Once, after vLLM captured its graphs: how many graphs the plugin added and what they cost."""
+    if not STATS["added_graphs_captured"] or STATS["added_graphs_logged"]:
+        return
+    STATS["added_graphs_logged"] = 1
+    logger.info("specdec: added %d CUDA graphs (narrow %d, ragged %d, ragged with prompt chunks %d): %.0f MiB of "
+                "device memory and %.1f s to capture; vLLM's memory profile counts them before sizing the KV cache",
+                STATS["added_graphs_captured"], STATS["narrow_keys"], STATS["ragged_keys"],
+                STATS["ragged_prefill_keys"], STATS["added_graph_bytes"] / MIB, STATS["added_graph_s"])
+
+
 @contextlib.contextmanager
 def _query_len(runner: Any, q: int) -> Iterator[None]:
     """vLLM's dummy batches (captures) have ``q`` tokens per request meanwhile."""
@@ -306,8 +360,22 @@ def _wrap_runner(cls: Any, *, ragged: bool = True) -> None:
         setattr(self, RAGGED_Q, getattr(dispatcher, RAGGED_HIT, None))  # what the attention metadata must state
         return out
 
+    orig_capture_model = getattr(cls, "capture_model", None)  # (the log line only: optional)
+
+    @functools.wraps(orig_capture_model or _wrap_runner)
+    def capture_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig_capture_model(self, *args, **kwargs)
+        log_added_graphs()
+        return out
+
     @functools.wraps(orig_capture)
     def _warmup_and_capture(self: Any, desc: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _is_ours(self.cudagraph_dispatcher, desc):
+            return _capture_ours(self, desc, args, kwargs)
+        with _measured_capture():
+            return _capture_ours(self, desc, args, kwargs)
+
+    def _capture_ours(self: Any, desc: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         dispatcher = self.cudagraph_dispatcher
         family = ragged_family(dispatcher, desc)
         if family is not None:
@@ -325,6 +393,8 @@ def _wrap_runner(cls: Any, *, ragged: bool = True) -> None:
 
     wrapped = [("_determine_batch_execution_and_padding", _determine_batch_execution_and_padding),
                ("_warmup_and_capture", _warmup_and_capture)]
+    if orig_capture_model is not None:
+        wrapped.append(("capture_model", capture_model))
     if ragged:
         wrapped += ragged_runner_wrappers(cls)
     for name, fn in wrapped:

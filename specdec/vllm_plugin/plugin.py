@@ -31,6 +31,9 @@ TESTED_VLLM = ("0.26.", "0.32.")  # versions whose hooks were checked (others: p
 _WRAPPED = "_specdec_wrapped"
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default when the user sets none (the value is filled in after our hook)
 AUTO_CUDAGRAPH_MAX_TOKENS = 2048  # cap of the automatic capture-size raise (capture time and memory)
+AUTO_CUDAGRAPH_MAX_REQUESTS = 64  # the raise covers verify batches of up to this many requests with k drafts each:
+# vLLM's default max_num_seqs (256-1024) would capture hundreds of graphs (start-up time) for batches whose
+# drafts the adaptive slots narrow anyway
 VLLM_DEFAULT_CAPTURE_TOKENS = 512  # vLLM's own cap on the default capture size
 UNSAFE_CUDAGRAPH_MODE = "FULL"  # vLLM CUDAGraphMode that replays mixed verify batches from full graphs (run 18)
 SAFE_CUDAGRAPH_MODE = "FULL_AND_PIECEWISE"  # vLLM's default: full graphs for uniform batches only
@@ -113,8 +116,8 @@ def raise_cudagraph_capture(engine_args: Any, setting: int, k: int) -> int | Non
     """Let verify batches (up to max_num_seqs x (k+1) tokens) run in CUDA graphs.
 
     vLLM captures graphs up to ``min(max_num_seqs x (k+1) x 2, 512)`` tokens by default, so a batch of 64
-    requests with k=16 drafts (1,088 tokens) runs eagerly. ``setting`` -1 raises the limit to max_num_seqs x
-    (k+1), at most ``AUTO_CUDAGRAPH_MAX_TOKENS``; N sets N; 0 leaves vLLM's default. A limit the user set
+    requests with k=16 drafts (1,088 tokens) runs eagerly. ``setting`` -1 raises the limit to
+    min(max_num_seqs, ``AUTO_CUDAGRAPH_MAX_REQUESTS``) x (k+1), at most ``AUTO_CUDAGRAPH_MAX_TOKENS``; N sets N; 0 leaves vLLM's default. A limit the user set
     (``max_cudagraph_capture_size`` or capture sizes, on the engine args or in ``compilation_config``) and
     ``enforce_eager`` always win. Returns the limit set, or None.
     """
@@ -128,7 +131,7 @@ def raise_cudagraph_capture(engine_args: Any, setting: int, k: int) -> int | Non
     if any(v is not None for v in given) or not hasattr(engine_args, "max_cudagraph_capture_size"):
         return None
     if setting < 0:
-        seqs = getattr(engine_args, "max_num_seqs", None) or DEFAULT_MAX_NUM_SEQS
+        seqs = min(getattr(engine_args, "max_num_seqs", None) or DEFAULT_MAX_NUM_SEQS, AUTO_CUDAGRAPH_MAX_REQUESTS)
         setting = min(int(seqs) * (k + 1), AUTO_CUDAGRAPH_MAX_TOKENS)
     if setting <= VLLM_DEFAULT_CAPTURE_TOKENS:
         return None

@@ -47,6 +47,8 @@ RAGGED_DESC = "_specdec_ragged_desc"  # dispatcher attribute: (tokens, requests,
 RAGGED_HIT = "_specdec_ragged_hit"  # dispatcher attribute: q when the last dispatch returned a ragged FULL key
 RAGGED_Q = "_specdec_ragged_q"  # runner attribute: the max query length the attention metadata must state, or None
 FULL_SUPPORT = "ALWAYS"  # AttentionCGSupport member a backend must report for ragged graphs
+GRAPH_LADDER_RATIO = 1.25  # consecutive sizes of our extra graphs differ by >= 25%: few graphs (start-up time and
+# memory), and a replay pads a batch by less than a quarter of its tokens
 
 
 def ragged_prefill_tokens(vllm_config: Any) -> int:
@@ -67,16 +69,38 @@ def ragged_prefill_tokens(vllm_config: Any) -> int:
         return -1
 
 
-def add_ragged_keys(dispatcher: Any, q: int, *, full_mode: Any, descriptor: Any, prefill: bool = False) -> int:
-    """FULL keys for ragged batches: one per capture size up to the capture limit, for ``max_num_seqs`` requests;
-    ``(q, requests, sizes)`` is stored on the dispatcher. Returns the number of keys. Sizes past ``max_num_seqs *
-    q`` get none: vLLM's uniform dummy batch, which captures them, cannot hold more (a small ``max_num_seqs``: the
-    engine's start-up failed on batch 8, GPU run 147). ``prefill``: the prefill-carrying family (``PREFILL_TAG``,
-    stored as ``RAGGED_PREFILL``)."""
+def sparse_ladder(sizes: list[int], *, ratio: float = GRAPH_LADDER_RATIO) -> list[int]:
+    """A subset of ascending ``sizes``: the smallest, then each next the smallest size at least ``ratio`` times the
+    last kept one, and always the largest (so every size up to it still finds a key, padded by less than ``ratio``)."""
+    kept: list[int] = []
+    for size in sizes:
+        if not kept or size >= kept[-1] * ratio:
+            kept.append(size)
+    if sizes and kept[-1] != sizes[-1]:
+        kept.append(sizes[-1])
+    return kept
+
+
+def profile_ceiling(dispatcher: Any, full_mode: Any) -> int:
+    """Our FULL keys stay below vLLM's second-largest FULL key (in tokens). vLLM's start-up memory profile captures
+    the two largest FULL keys and charges every other FULL key the second one's cost; with one of ours among those
+    two its one-time buffers were charged to every graph (hundreds of GiB for a few GiB of real graphs, and no room
+    left for the KV cache). 0 (no keys of ours) when vLLM has fewer than two FULL keys."""
+    tokens = sorted({int(d.num_tokens) for d in dispatcher.cudagraph_keys[full_mode]}, reverse=True)
+    return tokens[1] if len(tokens) > 1 else 0
+
+
+def add_ragged_keys(dispatcher: Any, q: int, *, full_mode: Any, descriptor: Any, ceiling: int,
+                    prefill: bool = False) -> int:
+    """FULL keys for ragged batches: a sparse ladder of capture sizes (``sparse_ladder``) below ``ceiling``
+    (``profile_ceiling``) and the capture limit, for ``max_num_seqs`` requests; ``(q, requests, sizes)`` is stored on
+    the dispatcher. Returns the number of keys. Sizes past ``max_num_seqs * q`` get none: vLLM's uniform dummy batch,
+    which captures them, cannot hold more (with a small ``max_num_seqs`` the engine would fail to start).
+    ``prefill``: the prefill-carrying family (``PREFILL_TAG``, stored as ``RAGGED_PREFILL``)."""
     cc = dispatcher.compilation_config
     reqs = int(dispatcher.vllm_config.scheduler_config.max_num_seqs)
-    limit = min(cc.max_cudagraph_capture_size or 0, reqs * q)  # what the uniform dummy batch can hold
-    sizes = sorted({int(t) for t in (cc.cudagraph_capture_sizes or ()) if 0 < int(t) <= limit})
+    limit = min(cc.max_cudagraph_capture_size or 0, reqs * q, ceiling - 1)  # what the uniform dummy can hold
+    sizes = sparse_ladder(sorted({int(t) for t in (cc.cudagraph_capture_sizes or ()) if 0 < int(t) <= limit}))
     full = dispatcher.cudagraph_keys[full_mode]
     for t in sizes:
         full.add(ragged_descriptor(descriptor, t, reqs, prefill=prefill))
