@@ -5,7 +5,7 @@ Replays a trace set (default: all of OpenHands) with ``SuffixDrafter`` under sev
 request; reports the final and peak values, and the MAT (eviction costs acceptance). Arctic's global
 tree size (its own ``estimate_memory``) after the same replay is added when it is installed. Usage::
 
-    python -m specdec.eval.bench_suffix_memory openhands_swebench --limit 400 --bounds 0,20000,100000
+    python -m benchmarks.bench_suffix_memory openhands_swebench --limit 400 --bounds 0,20000,100000
 """
 from __future__ import annotations
 

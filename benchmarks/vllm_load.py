@@ -1,8 +1,8 @@
 """Keep a vLLM engine busy (plain greedy decoding at a fixed batch) for a while: the load for CPU benchmarks
 that must be measured "while vLLM is serving" (e.g. the draft model's step latency on the GPU host's Xeon).
 
-    python -m specdec.eval.vllm_load --seconds 60 --batch 64 &      # GPU machine, vLLM staged
-    python -m specdec.eval.bench_draft_cpu ... --note "while vLLM serves"
+    python -m benchmarks.vllm_load --seconds 60 --batch 64 &      # GPU machine, vLLM staged
+    python -m benchmarks.bench_draft_cpu ... --note "while vLLM serves"
 
 Prints one line per round (tokens/s), so the log shows the engine was busy for the whole window.
 """
@@ -21,7 +21,7 @@ READY_FILE_DEFAULT = "/tmp/specdec_vllm_load.ready"  # touched once the engine g
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", default="device_inputs/prompts.json", help="from specdec.eval.prepare_prompts")
+    ap.add_argument("--prompts", default="device_inputs/prompts.json", help="from benchmarks.prepare_prompts")
     ap.add_argument("--model", default=str(model_path(TARGET_MODEL)))
     ap.add_argument("--seconds", type=float, default=60.0, help="how long to keep generating")
     ap.add_argument("--batch", type=int, default=64, help="requests per generate call")

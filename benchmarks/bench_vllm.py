@@ -1,8 +1,8 @@
 """GPU benchmark: vLLM no-spec vs vLLM ngram vs vLLM suffix (ArcticInference) vs specdec, same model, prompts, run.
 
-    python -m specdec.eval.prepare_prompts                      # CPU machine: device_inputs/prompts.json
+    python -m benchmarks.prepare_prompts                      # CPU machine: device_inputs/prompts.json
     # GPU machine (vLLM staged, project installed with pip -e .):
-    python -m specdec.eval.bench_vllm --prompts device_inputs/prompts.json --out-dir $OUT \
+    python -m benchmarks.bench_vllm --prompts device_inputs/prompts.json --out-dir $OUT \
         --methods nospec,ngram,suffix,specdec,specdec-async --lossless [--load closed|sustained|both]
 
 Each method runs in its own subprocess (a fresh engine; vLLM's engine core in-process so drafting time can be
@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specdec.eval.bench_vllm_load import (
+from benchmarks.bench_vllm_load import (
     FIXED,
     OUTPUT_LENGTHS,
     VARIED,
@@ -43,12 +43,12 @@ from specdec.eval.bench_vllm_load import (
     run_sustained,
     varied_lengths,
 )
-from specdec.eval.bench_vllm_report import markdown, summarise  # noqa: F401 - re-exported
+from benchmarks.bench_vllm_report import markdown, summarise  # noqa: F401 - re-exported
 from specdec.eval.model_shapes import INFLATE_SHAPES, SHAPES, shaped_model
-from specdec.eval.prepare_prompts import SUSTAINED_FACTOR
-from specdec.eval.engine_timer import EngineTimer, allow_rpc, in_engine, install_local
-from specdec.eval.step_timer import CellTimer
-from specdec.eval.step_trace import save_step_traces
+from benchmarks.prepare_prompts import SUSTAINED_FACTOR
+from benchmarks.engine_timer import EngineTimer, allow_rpc, in_engine, install_local
+from benchmarks.step_timer import CellTimer
+from benchmarks.step_trace import save_step_traces
 
 from specdec.paths import TARGET_MODEL, model_path
 
@@ -298,7 +298,7 @@ def _spawn(args: argparse.Namespace, method: str, dtype: str, batches: list[int]
     """One engine in its own worker process, under ``--method-timeout-s`` (``first``: the run's first engine,
     ``FIRST_ENGINE_EXTRA_S`` more); its result, or the cells it finished (``_read_worker``)."""
     out = tmp / f"{method}_{dtype}{'' if load == 'closed' else '_' + load}.json"
-    cmd = [sys.executable, "-m", "specdec.eval.bench_vllm", "--worker", "--method", method, "--dtype", dtype,
+    cmd = [sys.executable, "-m", "benchmarks.bench_vllm", "--worker", "--method", method, "--dtype", dtype,
            "--prompts", args.prompts, "--model", args.model, "--worker-out", str(out),
            "--max-tokens", str(max_tokens), "--batch-sizes", ",".join(map(str, batches)),
            "--datasets", ",".join(args.datasets), "--max-model-len", str(args.max_model_len),
@@ -436,7 +436,7 @@ def _model_label(args: argparse.Namespace) -> str:
 def driver(args: argparse.Namespace) -> None:
     args.prompts = str(Path(args.prompts).resolve())
     if not Path(args.prompts).exists():
-        raise SystemExit(f"--prompts {args.prompts} not found: run python -m specdec.eval.prepare_prompts first")
+        raise SystemExit(f"--prompts {args.prompts} not found: run python -m benchmarks.prepare_prompts first")
     tmp = Path(args.raw_dir)
     tmp.mkdir(parents=True, exist_ok=True)
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
@@ -477,7 +477,7 @@ def driver(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", default="device_inputs/prompts.json", help="from specdec.eval.prepare_prompts")
+    ap.add_argument("--prompts", default="device_inputs/prompts.json", help="from benchmarks.prepare_prompts")
     ap.add_argument("--model", default=str(model_path(TARGET_MODEL)))
     ap.add_argument("--methods", default="nospec,ngram,suffix,specdec", type=lambda s: s.split(","))
     ap.add_argument("--datasets", default="code,agentic", type=lambda s: s.split(","))
@@ -510,7 +510,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile-methods", default="", type=lambda s: [m for m in s.split(",") if m],
                     help="methods run under cProfile (slower: their timings are not comparable)")
     ap.add_argument("--trace", action="store_true", help="record every engine step of the speed cells (width, "
-                    "tokens, drafting, CUDA-graph mode, GPU busy/gap): python -m specdec.eval.step_trace RESULTS")
+                    "tokens, drafting, CUDA-graph mode, GPU busy/gap): python -m benchmarks.step_trace RESULTS")
     ap.add_argument("--engine-process", action="store_true",
                     help="each engine's core in a process of its own, as vllm serve and LLM() run it by default "
                          "(VLLM_ENABLE_V1_MULTIPROCESSING=1; default: in the worker's process); the timers (drafting, "

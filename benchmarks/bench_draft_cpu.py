@@ -1,7 +1,7 @@
 """CPU benchmark of the draft model: decode-step latency per backend vs eager Hugging Face, same run.
 
-    python -m specdec.eval.bench_draft_cpu --threads 2 --batches 1,8,32
-    python -m specdec.eval.bench_draft_cpu --threads 8 --affinity 0-7 --backends torch,onnx   # Xeon, half the cores
+    python -m benchmarks.bench_draft_cpu --threads 2 --batches 1,8,32
+    python -m benchmarks.bench_draft_cpu --threads 8 --affinity 0-7 --backends torch,onnx   # Xeon, half the cores
 
 Per backend and batch size: ``batch`` requests each hold a ``--prompt-len`` context (random tokens), then
 ``--steps`` timed decode steps feed one token per request and read its logits (a chain draft's inner step).
@@ -32,7 +32,7 @@ from specdec.drafters.model_backends import BACKEND_NAMES, DraftBackend, StepInp
 from specdec.drafters.model_calibrate import time_decode_step
 from specdec.paths import DRAFT_MODEL, data_dir, model_path
 
-logger = logging.getLogger("specdec.eval.bench_draft_cpu")
+logger = logging.getLogger("benchmarks.bench_draft_cpu")
 BASELINE = "eager-hf"
 DRAFT_BUDGET = 8
 AGREE_TOKENS = 32  # greedy tokens per prompt for the agreement check

@@ -5,7 +5,7 @@ prompts the prefill steps spend most of their drafting time here (GPU run 22: 9-
 Starts ``--requests`` prompts (the last ``--context`` tokens of each) into a fresh engine, ``--repeats`` times,
 and reports the median ms per start and the per-request trie size. Usage::
 
-    python -m specdec.eval.bench_suffix_start openhands_swebench --context 1536 --requests 40 --repeats 7
+    python -m benchmarks.bench_suffix_start openhands_swebench --context 1536 --requests 40 --repeats 7
 """
 from __future__ import annotations
 

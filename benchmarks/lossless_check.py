@@ -1,6 +1,6 @@
 """Lossless check on the shared pair: speculative greedy == plain greedy, token for token, plus MAT.
 
-    python -m specdec.eval.lossless_check --prompts 20 --max-new-tokens 64 --batch-sizes 1 4 \
+    python -m benchmarks.lossless_check --prompts 20 --max-new-tokens 64 --batch-sizes 1 4 \
         --modes chain tree --drafters model
 
 Target ``code-target-53m`` (float32) is verified by the reference verifier (``specdec.verifiers.reference``);

@@ -2,7 +2,7 @@
 
 Under vLLM's async scheduling a request's draft slots for step N+1 are granted before step N's tokens exist, from
 the length of its latest draft (``slots.SlotBook``). Here B rows decode recorded responses (best: the target's own
-greedy outputs, ``eval/target_outputs.py``) through the plugin's real ``ScheduledDrafting`` and ``SlotBook``, in
+greedy outputs, ``benchmarks/target_outputs.py``) through the plugin's real ``ScheduledDrafting`` and ``SlotBook``, in
 vLLM's order: schedule (the book grants each row its slots), execute (the drafting of the step, from the previous
 step's tokens; the book notes the drafts and settles the grants of the step whose tokens arrived), verify (each
 row's draft cut to its slots, greedy against the recording). ``sync`` gives every draft its own length (the
@@ -14,15 +14,15 @@ cut at the forced ``--token-cost`` (the GPU's fit at batch 64 on code prompts wa
 rows then also report the tokens the slots cut off fresh drafts (``truncated``) and the slots past a fresh draft
 (``filler``, verified though the draft ended), per step.
 
-    python -m specdec.eval.bench_slot_forecast /tmp/code.jsonl /tmp/agentic.jsonl --growth sync,0,1,2
+    python -m benchmarks.bench_slot_forecast /tmp/code.jsonl /tmp/agentic.jsonl --growth sync,0,1,2
 """
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from specdec.eval.bench_proposer_cpu import CONTEXT_TOKENS, FakeEngine
-from specdec.eval.bench_schedule_cpu import HostWait, capture_step
+from benchmarks.bench_proposer_cpu import CONTEXT_TOKENS, FakeEngine
+from benchmarks.bench_schedule_cpu import HostWait, capture_step
 from specdec.eval.loaders import load_traces
 from specdec.eval.results import results_path, write_results
 from specdec.vllm_plugin.adaptive import StepCostModel

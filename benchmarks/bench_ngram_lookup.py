@@ -10,7 +10,7 @@ occurrences (what ``NgramDrafter`` needs), then the context grows by one token:
 
 All methods must return identical matches (checked). Usage::
 
-    python -m specdec.eval.bench_ngram_lookup openhands_swebench --limit 2 --records 20 --positions 300
+    python -m benchmarks.bench_ngram_lookup openhands_swebench --limit 2 --records 20 --positions 300
 """
 from __future__ import annotations
 

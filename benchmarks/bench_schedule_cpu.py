@@ -8,7 +8,7 @@ step pass (a sleep: the engine thread's other work; no GIL held), then ``finish`
 configuration, in ms per step on the engine thread: ``fill`` (with the early phase), ``finish`` (the drafting the
 GPU waits for) and their sum, with the drafts' acceptance (the same for every configuration: same drafts).
 
-    python -m specdec.eval.bench_schedule_cpu --dataset code_alpaca --batch-size 64 --configs default,early_cache
+    python -m benchmarks.bench_schedule_cpu --dataset code_alpaca --batch-size 64 --configs default,early_cache
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec.eval.bench_proposer_cpu import CONTEXT_TOKENS, FakeEngine, tail_ms
+from benchmarks.bench_proposer_cpu import CONTEXT_TOKENS, FakeEngine, tail_ms
 from specdec.eval.loaders import load_traces
 from specdec.eval.results import results_path, write_results
 from specdec.vllm_plugin.core import ProposerCore

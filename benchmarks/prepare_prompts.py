@@ -1,6 +1,6 @@
 """Render the vLLM benchmark's prompts to token ids in a git-ignored folder, to carry to the GPU machine.
 
-    python -m specdec.eval.prepare_prompts                 # -> device_inputs/prompts.json
+    python -m benchmarks.prepare_prompts                 # -> device_inputs/prompts.json
 
 Sets (cache policy: every prompt set is disjoint from every other, so a drafter with a global cache, vLLM suffix
 or ours, is never measured on a prompt it has already answered in the same engine):

@@ -7,7 +7,7 @@ nearly the same time. Timed: ``start`` (per prompt token), ``draft_batch`` and `
 token), through the ``Drafter`` interface (TokenTree construction included). MAT is reported as a check
 (it equals ``specdec-eval replay``'s). Usage::
 
-    python -m specdec.eval.bench_model_free openhands_swebench --limit 400 --drafters suffix arctic \
+    python -m benchmarks.bench_model_free openhands_swebench --limit 400 --drafters suffix arctic \
         --budget 16 --save-results cost_suffix_vs_arctic
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ hit rate, background drafting time, and the inflation of the engine's CPU work b
 (GIL contention). ``gpu_ms`` defaults to the no-spec step times of the shared 53M target on an H200
 (batch / tok/s from issue 5's peer table). JSON to eval/results/<date>_<device>_bench_async_cpu.json.
 
-    python -m specdec.eval.bench_async_cpu --datasets code_alpaca,openhands_swebench --limit 30
+    python -m benchmarks.bench_async_cpu --datasets code_alpaca,openhands_swebench --limit 30
 """
 from __future__ import annotations
 

@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from specdec.eval.step_timer import CellTimer
-from specdec.eval.step_trace import PHASE_COLS, SPLIT_COLS, host_late_share
+from benchmarks.step_timer import CellTimer
+from benchmarks.step_trace import PHASE_COLS, SPLIT_COLS, host_late_share
 
 SUSTAINED_REQUEST_PREFIX = "sus"  # request ids "<prefix>-<prompt index>" (LLM.generate's ids are bare numbers)
 MS_PER_S = 1e3

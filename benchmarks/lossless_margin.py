@@ -10,7 +10,7 @@ the first differing position, no-spec's margin there (log-probability of its tok
 whether the method took the runner-up. A margin near float32 rounding (``--tie-margin``) with the runner-up taken
 is an arithmetic near-tie; anything else is a bug to chase.
 
-    python -m specdec.eval.lossless_margin --prompts device_inputs/prompts.json --method w4 \
+    python -m benchmarks.lossless_margin --prompts device_inputs/prompts.json --method w4 \
         --variants '{"w4": {"base": "specdec", "spec": {"narrow_slots": 4}}}' --graphs --out margins.json
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from specdec.eval.bench_vllm import LOSSLESS_MAX_TOKENS, _spec_config
+from benchmarks.bench_vllm import LOSSLESS_MAX_TOKENS, _spec_config
 
 from specdec.paths import TARGET_MODEL, model_path
 
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for which in (REFERENCE, args.method):
             path = Path(tmp) / f"{which}.json"
-            cmd = [sys.executable, "-m", "specdec.eval.lossless_margin", *(argv if argv is not None else sys.argv[1:]),
+            cmd = [sys.executable, "-m", "benchmarks.lossless_margin", *(argv if argv is not None else sys.argv[1:]),
                    "--worker", which, "--worker-out", str(path)]
             subprocess.check_call(cmd)
             results[which] = json.loads(path.read_text())

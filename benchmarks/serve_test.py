@@ -1,6 +1,6 @@
 """Real-server test on the GPU: `vllm serve` with the specdec plugin vs a no-spec server, greedy, concurrent.
 
-    python -m specdec.eval.serve_test --prompts device_inputs/prompts.json --out $OUT/serve_test.json
+    python -m benchmarks.serve_test --prompts device_inputs/prompts.json --out $OUT/serve_test.json
 
 Starts two servers on loopback (no-spec and ``--speculative-config '{"method": "specdec", ...}'``), sends the same
 concurrent OpenAI-API completions (temperature 0) to both, compares the texts, reads the specdec server's

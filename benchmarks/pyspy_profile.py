@@ -4,7 +4,7 @@
 Python frames, idle samples kept: a thread blocked on the GPU counts where it blocks) and runs this module on each
 recording::
 
-    python -m specdec.eval.pyspy_profile RAW.txt [--label specdec] [--top 60] [--out profile.md]
+    python -m benchmarks.pyspy_profile RAW.txt [--label specdec] [--top 60] [--out profile.md]
 
 py-spy's raw format is one line per distinct stack: ``thread (tid): name;frame;frame;... count``, frames
 ``function (file:line)``. Only samples inside the engine's busy loop count (start-up, compilation and CUDA-graph

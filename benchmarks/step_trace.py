@@ -28,7 +28,7 @@ width), fed by ``step_timer.StepTimer`` (drafting time, GPU busy time and idle g
 (``cell_totals``): on the agentic prompts every method does the same prefill work, so busy seconds compare the
 verify work and idle seconds what the host added.
 
-``python -m specdec.eval.step_trace RESULTS.json [--method M] [--dataset D] [--batch-size B] [--plot P.png]`` prints, per cell,
+``python -m benchmarks.step_trace RESULTS.json [--method M] [--dataset D] [--batch-size B] [--plot P.png]`` prints, per cell,
 a table by width bucket (requests in the step): steps, mean period / draft / busy / gap, share of the cell's
 wall, share of piecewise or eager steps. A closed batch (all prompts submitted at once) ends with a tail of
 stragglers; the table shows how much of the wall that tail takes.

@@ -10,7 +10,7 @@ import os
 import time
 from typing import Any, Protocol
 
-from specdec.eval.step_trace import StepTrace
+from benchmarks.step_trace import StepTrace
 
 # diagnostic: a measured step whose execute_model runs longer than this many seconds dumps every thread's Python
 # stack to stderr (faulthandler), to find a stall's place

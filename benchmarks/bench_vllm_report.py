@@ -1,7 +1,7 @@
-"""Summary and markdown table of a vLLM benchmark run (``specdec.eval.bench_vllm``): ratios to no-spec and to the
+"""Summary and markdown table of a vLLM benchmark run (``benchmarks.bench_vllm``): ratios to no-spec and to the
 same run's peers, bf16 mismatch counts, the float32 lossless comparison.
 
-    python -m specdec.eval.bench_vllm_report eval/results/RESULTS.json [--write]   # re-render the markdown
+    python -m benchmarks.bench_vllm_report eval/results/RESULTS.json [--write]   # re-render the markdown
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specdec.eval.step_trace import PHASE_COLS, host_late_share, read_step_traces
+from benchmarks.step_trace import PHASE_COLS, host_late_share, read_step_traces
 
 REFERENCES = ("nospec", "nospec-v1", "nospec-sync")  # no-spec engines, the first one present is the ratio base
 PEERS = ("suffix", "ngram", "specdec-sync")  # what specdec methods are compared with in the same run
@@ -94,7 +94,7 @@ def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any
     if any("sustained_engine" in r for r in runs.values()):  # --load both: the sustained cells' own engines
         out["sustained_engine"] = {m: r["sustained_engine"] for m, r in runs.items() if "sustained_engine" in r}
     if traces:
-        out["traces"] = traces  # per-step records (--trace): python -m specdec.eval.step_trace RESULTS.json
+        out["traces"] = traces  # per-step records (--trace): python -m benchmarks.step_trace RESULTS.json
     return out
 
 

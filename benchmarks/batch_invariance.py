@@ -6,7 +6,7 @@ shapes can flip the argmax. This control runs **no speculation only**, the same 
 together (batch N), and lists the prompts whose outputs differ and where. A lossless-check mismatch of a
 speculative method at a position this control also flips is numerics, not drafting.
 
-    python -m specdec.eval.batch_invariance --prompts device_inputs/prompts.json --dataset code --set bs8 \
+    python -m benchmarks.batch_invariance --prompts device_inputs/prompts.json --dataset code --set bs8 \
         --batch-size 8 --out $OUT/batch_invariance.json
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from specdec.eval.bench_vllm_report import first_diffs
+from benchmarks.bench_vllm_report import first_diffs
 from specdec.paths import TARGET_MODEL, model_path
 
 MAX_TOKENS = 128  # as the lossless check (LOSSLESS_MAX_TOKENS)

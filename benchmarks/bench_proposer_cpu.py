@@ -8,7 +8,7 @@ mode: engine-thread milliseconds per step spent in the proposer (``sync``: the w
 the native one-call step; ``sync-python``: its Python path; ``overlap``: submit + the wait in collect), emitted
 tokens (identical across modes: same drafts).
 
-    python -m specdec.eval.bench_proposer_cpu --dataset code_alpaca --batch-sizes 8,64 --engine-work-ms 1.0
+    python -m benchmarks.bench_proposer_cpu --dataset code_alpaca --batch-sizes 8,64 --engine-work-ms 1.0
 """
 from __future__ import annotations
 

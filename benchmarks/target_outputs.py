@@ -6,7 +6,7 @@ Face, float32, CPU by default) greedily on one prompt set of ``device_inputs/pro
 with the benchmark's rules (``--max-tokens`` tokens, EOS ignored, as ``ignore_eos``) and writes generic JSONL
 (``prompt_ids`` / ``response_ids``) that the eval tool replays like any trace set::
 
-    python -m specdec.eval.target_outputs --dataset agentic --set sus64 --limit 32 --out /tmp/agentic_sus64.jsonl
+    python -m benchmarks.target_outputs --dataset agentic --set sus64 --limit 32 --out /tmp/agentic_sus64.jsonl
     specdec-eval sweep /tmp/agentic_sus64.jsonl --drafter suffix --grid suffix.max_spec_factor=1,8 --batch-size 32
 
 The 8B-sized target of the GPU runs (``--inflate llama-8b``) computes the same function as the shared 53M target,
@@ -31,7 +31,7 @@ def load_prompt_set(path: str | Path, dataset: str, name: str, limit: int | None
     data = json.loads(Path(path).read_text())
     sets = data.get("datasets", {})
     if dataset not in sets:
-        raise SystemExit(f"{path}: no dataset {dataset!r} (has {sorted(sets)}); run specdec.eval.prepare_prompts")
+        raise SystemExit(f"{path}: no dataset {dataset!r} (has {sorted(sets)}); run benchmarks.prepare_prompts")
     if name not in sets[dataset]:
         raise SystemExit(f"{path}: dataset {dataset!r} has no set {name!r} (has {sorted(sets[dataset])})")
     prompts = [list(map(int, p)) for p in sets[dataset][name]]
@@ -71,7 +71,7 @@ def write_jsonl(path: str | Path, prompts: Sequence[Sequence[int]], responses: S
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", default="device_inputs/prompts.json", help="from specdec.eval.prepare_prompts")
+    ap.add_argument("--prompts", default="device_inputs/prompts.json", help="from benchmarks.prepare_prompts")
     ap.add_argument("--dataset", default="agentic", help="code | agentic")
     ap.add_argument("--set", default="sus64", help="prompt set of the dataset (bs1, bs8, ..., sus32, sus64)")
     ap.add_argument("--limit", type=int, default=None, help="first N prompts only")

@@ -18,8 +18,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from specdec.eval.step_timer import StepTimer
-from specdec.eval.step_trace import StepTrace
+from benchmarks.step_timer import StepTimer
+from benchmarks.step_trace import StepTrace
 
 ALLOW_PICKLE_ENV = "VLLM_ALLOW_INSECURE_SERIALIZATION"
 SLOT_COUNTERS = ("notes", "growth_notes", "growth_extra_slots", "growth_extra_used", "slots_granted",
