@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def engine(spec: dict | None) -> LLM:
         # eager, as the lossless check runs (and a second engine's CUDA-graph capture in one process trips
-        # PyTorch's caching allocator: run 53)
+        # PyTorch's caching allocator)
         return LLM(model=args.model, dtype="float32", max_model_len=2048, gpu_memory_utilization=0.3,
                    max_num_seqs=args.batch_size, seed=0, speculative_config=spec, enforce_eager=True)
 

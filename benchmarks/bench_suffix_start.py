@@ -1,7 +1,7 @@
 """CPU cost of starting a request in the native suffix core (building its trie over the prompt).
 
 In vLLM a request's first decode step starts it from its whole context on the engine thread, so on long agentic
-prompts the prefill steps spend most of their drafting time here (GPU run 22: 9-19 ms per step at batch 64).
+prompts the prefill steps spend most of their drafting time here (9-19 ms per step at batch 64 on an H200 host).
 Starts ``--requests`` prompts (the last ``--context`` tokens of each) into a fresh engine, ``--repeats`` times,
 and reports the median ms per start and the per-request trie size. Usage::
 

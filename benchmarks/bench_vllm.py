@@ -62,11 +62,11 @@ METHODS: dict[str, dict[str, Any] | None] = {
     # vLLM's own GPU n-gram drafter: the one model-free method vLLM runs with async scheduling
     "ngram-gpu": {"method": "ngram_gpu", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
     "suffix": {"method": "suffix"},  # ArcticInference 0.1.1 cache, vLLM's defaults (k = depth = 24)
-    # the default configuration ("async": true; async_mode "auto" since stop 17: schedule mode for targets of 1e9+
+    # the default configuration ("async": true; async_mode "auto": schedule mode for targets of 1e9+
     # parameters on one GPU, thread mode below) and the synchronous path
     "specdec": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16},
     "specdec-sync": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": False},
-    # async_mode "thread" (the default mode from run 29 to stop 16; "specdec-async" keeps that meaning): the native
+    # async_mode "thread" ("specdec-async" keeps the name it had while thread mode was the default): the native
     # step on the suffix engine's own thread, GIL released, beside vLLM's update_from_output; stops and starts while
     # the GPU runs the step
     "specdec-async": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
@@ -86,7 +86,7 @@ METHODS: dict[str, dict[str, Any] | None] = {
     # the same with k by batch size (vLLM's scheduler reserves k slots for every request under async scheduling)
     "specdec-sched-dyn": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
                           "async_mode": "schedule", "num_speculative_tokens_per_batch_size": [[1, 16, 16], [17, 1024, 8]]},
-    # a short k at large batches (run 47: k 4 lifted agentic batch 64 on the 8B-sized target from 0.73x to 0.86x)
+    # a short k at large batches (k 4 lifted agentic batch 64 on the 8B-sized target from 0.73x to 0.86x no-spec)
     "specdec-sched-k2": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
                          "async_mode": "schedule", "num_speculative_tokens_per_batch_size": [[1, 16, 16], [17, 1024, 2]]},
     "specdec-hedge": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
@@ -116,7 +116,7 @@ ENGINE_PROCESS_SETTING = ("vLLM LLM(), engine core in its own process (VLLM_ENAB
                           "default layout; drafting and GPU timers there, read through collective_rpc), seed 0")
 TIMEOUT_RC = 124  # a worker past --method-timeout-s (killed): reported like timeout(1)
 FIRST_ENGINE_EXTRA_S = 60  # the run's first engine also compiles (torch.compile, CUDA graphs) for the later ones:
-# on a fresh machine it took 108-135 s where the others took 70-97 s (GPU runs 94, 97, 98, 101)
+# on a fresh H200 machine it took 108-135 s where the others took 70-97 s
 
 
 # --------------------------------------------------------------------------- worker (one engine)
