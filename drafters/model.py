@@ -34,7 +34,7 @@ logger = logging.getLogger("specdec.drafters.model")
 
 # backend="auto" times these and keeps the fastest. All compute in fp32 (drafts identical to the eager model's
 # up to float rounding); bf16 joins where the CPU has native bf16 (AMX / AVX512-BF16). Not auto-picked: int8
-# (approximate: force "onnx-int8" after checking agreement with eval/bench_draft_cpu.py) and "compile"
+# (approximate: force "onnx-int8" after checking agreement with benchmarks/bench_draft_cpu.py) and "compile"
 # (inductor compiles for ~1 min per shape class on 2 cores and recompiles as batch/length classes change).
 AUTO_CANDIDATES = ("native", "torch", "onnx", "eager")
 NATIVE_BACKENDS = ("native", "native-fp32")  # run on their own thread pool (num_threads), not torch's

@@ -35,7 +35,7 @@ Where the time goes (code-draft-7m, 2-core AVX2 EPYC, 1 thread, context 256): a 
 which ~0.15 ms is numpy call overhead (same step on a 4-layer model with tiny matrices) and the rest streaming
 the 29 MB of fp32 weights (16 MB of them the LM head) from memory at ~25-40 GB/s. numpy has no bf16/int8
 products that would cut those bytes. Batches run single-threaded too, so backends using both cores (ONNX
-Runtime) win from batch 2 on there; see eval/bench_draft_cpu.py.
+Runtime) win from batch 2 on there; see benchmarks/bench_draft_cpu.py.
 """
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ Stored in the source's dtype: for a bf16 source the scaled norm weights round (r
 
 Weights that cannot reach the output are random (std ``INIT_STD``), not zero, so the GPU does ordinary work.
 
-    python -m specdec.eval.inflate_model --model ../shared/models/code-target-53m --shape llama-8b --out /tmp/x
+    specdec-inflate --model ../shared/models/code-target-53m --shape llama-8b --out /tmp/x
 """
 from __future__ import annotations
 

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # One device call: vLLM benchmark (+ float32 lossless check) and the real `vllm serve` test, results under $OUT.
 # Needs the staged bundle (see ../shared/device/README.md) and device_inputs/prompts.json carried
-# (python -m specdec.eval.prepare_prompts). Usage on the GPU machine, in the repo root:
+# (python -m benchmarks.prepare_prompts). Usage on the GPU machine, in the repo root:
 #   bash scripts/vllm_device_run.sh [bench_vllm args: --methods ... --lossless --lossless-only --lossless-methods ...] [--serve]
 #     [--py-spy]  (record each engine-core process with py-spy, carried as a wheel under device_inputs/, and write
-#                  $OUT/pyspy_<n>_<pid>.md, engines in --methods order: python -m specdec.eval.pyspy_profile)
+#                  $OUT/pyspy_<n>_<pid>.md, engines in --methods order: python -m benchmarks.pyspy_profile)
 # A full run does not fit one 10-minute call: (A) --methods nospec,ngram,suffix,specdec,specdec-async (~6.5 min),
 # (B) --methods specdec --lossless-only --lossless-methods ngram,suffix,specdec,specdec-async --serve (~5.5 min).
 set -uo pipefail
 source /tmp/specdec-bundle/env.sh
 python -m pip install -q --no-deps --no-build-isolation . 2>&1 | grep -v -i "root" | tail -3  # `pip` on PATH may be another Python's
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1 OUT="${OUT:-/tmp/out}"  # SAFEPATH: the installed package, not ./specdec (which lacks specdec.configs etc.)
+# The harnesses live in ./benchmarks (not installed): a folder holding only a link to it goes on the path, so
+# `python -m benchmarks.X` (and the workers bench_vllm starts) find them while `import specdec` stays the installed one.
+BENCH_PATH="$(mktemp -d)"; ln -s "$PWD/benchmarks" "$BENCH_PATH/benchmarks"
+export PYTHONPATH="$BENCH_PATH${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT"
 SERVE=0; PYSPY=0; ARGS=()
 for a in "$@"; do
@@ -35,18 +39,18 @@ if [[ "$PYSPY" == 1 ]]; then
   record_engines & RECORDER=$!
 fi
 if [[ ${#ARGS[@]} -gt 0 ]]; then
-  python -m specdec.eval.bench_vllm --prompts device_inputs/prompts.json --out-dir "$OUT" "${ARGS[@]}" 2>&1 \
+  python -m benchmarks.bench_vllm --prompts device_inputs/prompts.json --out-dir "$OUT" "${ARGS[@]}" 2>&1 \
     | grep -v "it/s\]" | tee "$OUT/bench.log"
 fi
 if [[ "$PYSPY" == 1 ]]; then
   kill "$RECORDER" 2> /dev/null; pkill -INT -f "py-spy record" ; sleep 3
   for raw in /tmp/pyspy_*.raw; do
     [[ -e "$raw" ]] || continue
-    python -m specdec.eval.pyspy_profile "$raw" --label "engine $(basename "$raw" .raw)" \
+    python -m benchmarks.pyspy_profile "$raw" --label "engine $(basename "$raw" .raw)" \
       --out "$OUT/$(basename "$raw" .raw).md"
   done
 fi
 if [[ "$SERVE" == 1 ]]; then
-  python -m specdec.eval.serve_test --prompts device_inputs/prompts.json --out "$OUT/serve_test.json" 2>&1 \
+  python -m benchmarks.serve_test --prompts device_inputs/prompts.json --out "$OUT/serve_test.json" 2>&1 \
     | tail -40 | tee "$OUT/serve.log"
 fi

@@ -4,16 +4,19 @@
 set -uo pipefail
 source /tmp/specdec-bundle/env.sh
 export PYTHONSAFEPATH=1 OUT="${OUT:-/tmp/out}"
+# ./benchmarks is not installed: a folder holding only a link to it goes on the path (./specdec stays off it).
+BENCH_PATH="$(mktemp -d)"; ln -s "$PWD/benchmarks" "$BENCH_PATH/benchmarks"
+export PYTHONPATH="$BENCH_PATH${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT"
 ARGS=(--threads 8 --affinity 0-7 --backends "${BACKENDS:-eager-hf,torch,onnx-int8,numpy}" --batches 1,8,32
       --steps 30 --agree-prompts 0 --draft-rounds 5 --device-name xeon-8t)
-python -m specdec.eval.bench_draft_cpu "${ARGS[@]}" --note "standalone" --out "$OUT/xeon_draft_cpu_standalone.json" \
+python -m benchmarks.bench_draft_cpu "${ARGS[@]}" --note "standalone" --out "$OUT/xeon_draft_cpu_standalone.json" \
   2>&1 | grep -v "it/s\]" | tail -25
 rm -f /tmp/specdec_vllm_load.ready
-python -m specdec.eval.vllm_load --seconds "${LOAD_SECONDS:-90}" --batch 64 > "$OUT/vllm_load.log" 2>&1 &
+python -m benchmarks.vllm_load --seconds "${LOAD_SECONDS:-90}" --batch 64 > "$OUT/vllm_load.log" 2>&1 &
 LOAD=$!
 for _ in $(seq 120); do [[ -f /tmp/specdec_vllm_load.ready ]] && break; sleep 1; done
-python -m specdec.eval.bench_draft_cpu "${ARGS[@]}" --note "while vLLM decodes batch 64 (specdec.eval.vllm_load)" \
+python -m benchmarks.bench_draft_cpu "${ARGS[@]}" --note "while vLLM decodes batch 64 (benchmarks.vllm_load)" \
   --out "$OUT/xeon_draft_cpu_while_vllm.json" 2>&1 | grep -v "it/s\]" | tail -25
 wait $LOAD
 grep "vllm_load round" "$OUT/vllm_load.log" | tail -5

@@ -1,7 +1,7 @@
 """Lossless on the shared pair: code-target-53m (fp32, CPU) with real drafters == plain greedy.
 
 CI runs 5 HumanEval prompts; ``SPECDEC_LOSSLESS_PROMPTS=20`` runs the closing-note set. The same code
-is the CLI ``python -m specdec.eval.lossless_check`` (which also records MAT to eval/results/).
+is the CLI ``python -m benchmarks.lossless_check`` (which also records MAT to eval/results/).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"shared folder incomplet
 
 @pytest.fixture(scope="module")
 def pair(one_thread):
-    from specdec.eval.lossless_check import humaneval_prompts, load_pair_target, plain_greedy
+    from benchmarks.lossless_check import humaneval_prompts, load_pair_target, plain_greedy
 
     target, tok = load_pair_target("cpu")
     prompts = humaneval_prompts(tok, PROMPTS)
@@ -48,7 +48,7 @@ def model_drafter():
 
 
 def run(pair, drafter, *, tree, batch):
-    from specdec.eval.lossless_check import run_one
+    from benchmarks.lossless_check import run_one
 
     target, tok, prompts, _ = pair
     return run_one(target, drafter, prompts, tree=tree, batch_size=batch, budget=BUDGET, max_new_tokens=MAX_NEW,

@@ -63,11 +63,11 @@ def test_live_runs_every_method_and_checks_lossless(tmp_path, monkeypatch, capsy
 
 
 def test_lossless_margin_reports_each_first_difference_with_the_reference_margin():
-    """eval/lossless_margin.py: the first differing position of every differing prompt, the reference's top-2 margin
+    """benchmarks/lossless_margin.py: the first differing position of every differing prompt, the reference's top-2 margin
     there, and the near-tie verdict against the threshold; identical prompts are not reported."""
     from types import SimpleNamespace
 
-    from specdec.eval.lossless_margin import _margin, compare
+    from benchmarks.lossless_margin import _margin, compare
 
     lp = lambda **kw: {int(t[1:]): SimpleNamespace(logprob=v) for t, v in kw.items()}  # noqa: E731
     assert _margin(5, lp(t5=-0.1, t7=-2.6)) == pytest.approx(2.5)

@@ -90,14 +90,14 @@ def test_preset_runs(tmp_path) -> None:
 
 # --------------------------------------------------------------------------- bench_vllm's prompt sets (prepare_prompts)
 def test_closed_picks_keep_the_original_rule():
-    from specdec.eval.prepare_prompts import closed_picks
+    from benchmarks.prepare_prompts import closed_picks
 
     # 3 instances of 10, 4, 7 calls, 5 prompts: 2 evenly spaced calls per instance (the start left out), first 5
     assert closed_picks([10, 4, 7], 5) == [(0, 3), (0, 6), (1, 1), (1, 2), (2, 2)]
 
 
 def test_sustained_picks_spread_evenly_and_take_all_of_short_instances():
-    from specdec.eval.prepare_prompts import sustained_picks
+    from benchmarks.prepare_prompts import sustained_picks
 
     picks = sustained_picks([12, 2, 9], 12)  # q = 5: 5 + 2 + 5 = 12
     assert len(picks) == len(set(picks)) == 12
@@ -109,7 +109,7 @@ def test_sustained_picks_spread_evenly_and_take_all_of_short_instances():
 
 
 def test_check_disjoint_names_the_repeated_prompt():
-    from specdec.eval.prepare_prompts import check_disjoint
+    from benchmarks.prepare_prompts import check_disjoint
 
     check_disjoint("code", {"warmup": [[0, 1]], "bs1": [[0, 2]], "sus32": [[0, 3]]})
     with pytest.raises(SystemExit, match=r"code: prompt sus32\[1\] repeats bs1\[0\]"):
@@ -117,7 +117,7 @@ def test_check_disjoint_names_the_repeated_prompt():
 
 
 def test_code_sustained_sets_are_mbpp_after_the_warmup_disjoint_and_sized(tmp_path, monkeypatch):
-    from specdec.eval import prepare_prompts as pp
+    from benchmarks import prepare_prompts as pp
 
     data = tmp_path / "data"
     (data / "human_eval").mkdir(parents=True)
@@ -150,7 +150,7 @@ def test_code_sustained_sets_are_mbpp_after_the_warmup_disjoint_and_sized(tmp_pa
 
 
 def test_code_sets_from_the_shared_data_keep_the_closed_sets_and_add_disjoint_sustained_ones():
-    from specdec.eval import prepare_prompts as pp
+    from benchmarks import prepare_prompts as pp
 
     needed = [pp.data_dir() / "mbpp" / "mbpp.jsonl", pp.data_dir() / "human_eval" / "HumanEval.jsonl.gz",
               pp.model_path(pp.TARGET_MODEL) / "tokenizer.json"]
@@ -163,7 +163,7 @@ def test_code_sets_from_the_shared_data_keep_the_closed_sets_and_add_disjoint_su
 
 
 def test_mbpp_header_names_the_function_the_test_calls():
-    from specdec.eval.prepare_prompts import _mbpp_header
+    from benchmarks.prepare_prompts import _mbpp_header
 
     def task(test: str) -> dict:
         return {"text": "t", "test_list": [test]}

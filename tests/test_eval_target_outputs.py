@@ -1,4 +1,4 @@
-"""eval/target_outputs.py: batched, left-padded greedy outputs equal a one-prompt argmax loop; the JSONL replays."""
+"""benchmarks/target_outputs.py: batched, left-padded greedy outputs equal a one-prompt argmax loop; the JSONL replays."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdec.eval.loaders import load_traces
-from specdec.eval.target_outputs import greedy_outputs, load_prompt_set, main, write_jsonl
+from benchmarks.target_outputs import greedy_outputs, load_prompt_set, main, write_jsonl
 
 VOCAB = 50
 

@@ -1,7 +1,7 @@
-"""The py-spy aggregation (eval/pyspy_profile.py) on hand-written raw stacks."""
+"""The py-spy aggregation (benchmarks/pyspy_profile.py) on hand-written raw stacks."""
 from __future__ import annotations
 
-from specdec.eval.pyspy_profile import aggregate, frame_key, main, markdown, parse_line
+from benchmarks.pyspy_profile import aggregate, frame_key, main, markdown, parse_line
 
 LOOP = "EngineCoreProc.run_busy_loop (/x/vllm/v1/engine/core.py:900)"
 RAW = [

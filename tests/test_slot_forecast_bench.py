@@ -1,4 +1,4 @@
-"""eval/bench_slot_forecast.py: the slot lag replay on recorded responses (CPU, synthetic traces)."""
+"""benchmarks/bench_slot_forecast.py: the slot lag replay on recorded responses (CPU, synthetic traces)."""
 from __future__ import annotations
 
 import numpy as np
@@ -21,7 +21,7 @@ def _records(n: int = 6) -> list[TraceRecord]:
 
 
 def test_slot_growth_recovers_tokens_the_lag_cut_and_sync_bounds_it():
-    from specdec.eval.bench_slot_forecast import SYNC, run
+    from benchmarks.bench_slot_forecast import SYNC, run
 
     recs = _records()
     rows = {g: run(recs, batch_size=4, growth=g, k=16, steps=60, token_cost=0.0) for g in (SYNC, "0", "1")}
@@ -35,7 +35,7 @@ def test_slot_growth_recovers_tokens_the_lag_cut_and_sync_bounds_it():
 
 
 def test_slot_lag_replay_counts_truncated_and_filler_slots_and_the_cut_shortens_drafts():
-    from specdec.eval.bench_slot_forecast import SYNC, run
+    from benchmarks.bench_slot_forecast import SYNC, run
 
     recs = _records()
     sync = run(recs, batch_size=4, growth=SYNC, k=16, steps=60, token_cost=0.0)

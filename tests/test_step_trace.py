@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdec.eval import step_trace
-from specdec.eval.step_trace import StepTrace, summarise_trace
+from benchmarks import step_trace
+from benchmarks.step_trace import StepTrace, summarise_trace
 
 
 def _sched(widths: dict[str, int], spec: dict[str, list[int]] | None = None) -> SimpleNamespace:
@@ -74,7 +74,7 @@ def test_summary_groups_steps_by_width_and_shares_the_wall():
 
 
 def test_step_cost_fit_recovers_a_known_line_and_skips_prefill_and_narrow_steps():
-    from specdec.eval.step_trace import fit_step_cost
+    from benchmarks.step_trace import fit_step_cost
 
     emitted = [64, 100, 150, 200, 260, 300, 380, 450, 500, 640]
     trace = {"reqs": [64] * 10 + [64, 8], "tokens": [64 + 1024] * 10 + [9000, 8 + 128],
@@ -102,7 +102,7 @@ def test_timer_and_trace_hooks_keep_vllm_signatures(monkeypatch):
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
-    from specdec.eval.step_timer import StepTimer
+    from benchmarks.step_timer import StepTimer
 
     runner = vllm_runner.GPUModelRunner
     names = [(runner, n) for n in ("execute_model", "propose_draft_token_ids", "_model_forward", "_bookkeeping_sync")]
@@ -147,7 +147,7 @@ class FakeEvent:
 def test_gap_split_at_the_next_steps_wait_event_and_host_times_of_that_step():
     """Step 0 ends at 10 ms, step 1's wait is passed at 10.8 ms and its forward starts at 11.0 ms: the gap after
     step 0 (1.0 ms) = 0.8 held + 0.2 after; the host's drafting times recorded during step 1 go to step 0's gap."""
-    from specdec.eval.step_timer import StepTimer
+    from benchmarks.step_timer import StepTimer
 
     trace = StepTrace()
     timer = StepTimer(trace)
@@ -167,7 +167,7 @@ def test_gap_split_at_the_next_steps_wait_event_and_host_times_of_that_step():
 
 
 def test_host_late_share_counts_steps_whose_tokens_were_ready():
-    from specdec.eval.step_trace import HOST_LATE_SYNC_MS, host_late_share
+    from benchmarks.step_trace import HOST_LATE_SYNC_MS, host_late_share
 
     trace = {"sync_ms": [5.0, HOST_LATE_SYNC_MS / 2, None, 0.0, 2.0]}
     assert host_late_share(trace) == pytest.approx(2 / 4)  # None: a step without drafting is left out
@@ -178,9 +178,9 @@ def test_host_phases_are_timed_into_the_period_they_ran_in(monkeypatch):
     """The engine loop's phases: ``schedule`` of step 1 runs in step 0's period (before step 1's ``execute_model``),
     ``sample_tokens`` and ``update_from_output`` after it in step 1's; each phase's wall time lands in its row,
     the plugin's slot re-grant inside the schedule column; nothing is recorded outside a measured call."""
-    from specdec.eval import step_timer
-    from specdec.eval.bench_vllm_load import _with_split
-    from specdec.eval.step_timer import StepTimer
+    from benchmarks import step_timer
+    from benchmarks.bench_vllm_load import _with_split
+    from benchmarks.step_timer import StepTimer
 
     from specdec.vllm_plugin import async_patch
 

@@ -1,7 +1,7 @@
 """CPU tests of the vLLM benchmark's bookkeeping (summary, ratios, mismatch counts, lossless table, markdown)."""
 from __future__ import annotations
 
-from specdec.eval.bench_vllm import METHODS, _spec_config, markdown, summarise
+from benchmarks.bench_vllm import METHODS, _spec_config, markdown, summarise
 
 
 def _cell(tps: float, outs: list[list[int]], accepted: float = 0.0) -> dict:
@@ -106,7 +106,8 @@ def test_inflate_builds_once_and_every_engine_gets_the_inflated_model(tmp_path, 
     import json
     from pathlib import Path
 
-    from specdec.eval import bench_vllm, inflate_model
+    from benchmarks import bench_vllm
+    from specdec.eval import inflate_model
 
     src = tmp_path / "code-target-53m"
     src.mkdir()
@@ -141,7 +142,7 @@ def test_inflate_builds_once_and_every_engine_gets_the_inflated_model(tmp_path, 
 def test_ratios_use_nospec_v1_when_it_is_the_only_reference_and_compare_specdec_with_its_peers(tmp_path):
     import json
 
-    from specdec.eval.bench_vllm_report import main
+    from benchmarks.bench_vllm_report import main
 
     ref = [[1, 2, 3]]
     tps = {"nospec-v1": 100.0, "suffix": 200.0, "ngram": 160.0, "specdec-sync": 250.0, "specdec-sched": 320.0}
@@ -206,7 +207,7 @@ class FakeEngine:
 
 
 def _fake_clock(monkeypatch) -> list[float]:
-    from specdec.eval import bench_vllm_load
+    from benchmarks import bench_vllm_load
 
     clock = [10.0]
     monkeypatch.setattr(bench_vllm_load.time, "perf_counter", lambda: clock[0])
@@ -214,7 +215,7 @@ def _fake_clock(monkeypatch) -> list[float]:
 
 
 def test_feed_keeps_at_most_b_in_flight_and_refills_as_requests_finish(monkeypatch):
-    from specdec.eval.bench_vllm_load import feed
+    from benchmarks.bench_vllm_load import feed
 
     engine = FakeEngine(_fake_clock(monkeypatch))
     prompts = [[3, 0], [1, 1], [1, 2], [2, 3], [1, 4]]  # first id: steps to finish
@@ -231,7 +232,7 @@ def test_feed_keeps_at_most_b_in_flight_and_refills_as_requests_finish(monkeypat
 def test_feed_with_a_lead_request_runs_it_alone_for_one_step(monkeypatch):
     """SPECDEC_BENCH_LEAD_REQUEST=1 (a diagnostic): the first request runs one step alone, then the rest of the first
     b join; a lead request that finishes in that step is booked and refilled as usual."""
-    from specdec.eval.bench_vllm_load import LEAD_REQUEST_ENV, feed
+    from benchmarks.bench_vllm_load import LEAD_REQUEST_ENV, feed
 
     monkeypatch.setenv(LEAD_REQUEST_ENV, "1")
     engine = FakeEngine(_fake_clock(monkeypatch))
@@ -244,7 +245,7 @@ def test_feed_with_a_lead_request_runs_it_alone_for_one_step(monkeypatch):
 
 
 def test_feed_with_fewer_prompts_than_the_cap_submits_them_all_at_once(monkeypatch):
-    from specdec.eval.bench_vllm_load import feed
+    from benchmarks.bench_vllm_load import feed
 
     engine = FakeEngine(_fake_clock(monkeypatch))
     outs, wall = feed(engine, [[2, 7], [1, 8]], 64, "sp")
@@ -255,8 +256,8 @@ def test_feed_with_fewer_prompts_than_the_cap_submits_them_all_at_once(monkeypat
 def test_sustained_cell_books_tokens_wall_mat_and_steps(monkeypatch):
     from types import SimpleNamespace
 
-    from specdec.eval.bench_vllm_load import run_sustained
-    from specdec.eval.step_timer import StepTimer
+    from benchmarks.bench_vllm_load import run_sustained
+    from benchmarks.step_timer import StepTimer
 
     engine = FakeEngine(_fake_clock(monkeypatch))
     counters = {"accepted": 0.0}
@@ -332,7 +333,7 @@ def test_a_sustained_only_run_has_no_closed_tables():
 def test_load_both_runs_each_load_in_its_own_engine_and_joins_the_cells(tmp_path, monkeypatch):
     import json
 
-    from specdec.eval import bench_vllm
+    from benchmarks import bench_vllm
 
     prompts = tmp_path / "prompts.json"
     sets = {"warmup": [[1]], "bs8": [[1, 2]], "bs32": [[3]], "sus32": [[4], [5], [6]]}
@@ -363,7 +364,7 @@ def test_load_both_runs_each_load_in_its_own_engine_and_joins_the_cells(tmp_path
 
 
 def test_merge_loads_keeps_either_side_alone():
-    from specdec.eval.bench_vllm import _merge_loads
+    from benchmarks.bench_vllm import _merge_loads
 
     closed = {"method": "m", "startup_s": 1.0, "datasets": {"code": {"8": {"a": 1}}}}
     sustained = {"method": "m", "startup_s": 2.0, "datasets": {"code": {"sus8": {"b": 2}}, "agentic": {"sus8": {}}}}
@@ -416,7 +417,7 @@ class LengthEngine:
 
 
 def test_varied_lengths_are_seeded_bounded_and_average_the_fixed_length():
-    from specdec.eval.bench_vllm_load import VARIED_LENGTHS, varied_lengths
+    from benchmarks.bench_vllm_load import VARIED_LENGTHS, varied_lengths
 
     lengths = varied_lengths(256)
     assert lengths == varied_lengths(256)  # the same draw for every method
@@ -428,7 +429,7 @@ def test_varied_lengths_are_seeded_bounded_and_average_the_fixed_length():
 def test_feed_gives_each_request_its_own_length_and_leaves_sp_alone():
     from types import SimpleNamespace
 
-    from specdec.eval.bench_vllm_load import feed
+    from benchmarks.bench_vllm_load import feed
 
     lengths = [3, 1, 4, 1, 5]
     for sp in (LengthParams(256), SimpleNamespace(max_tokens=256, ignore_eos=True)):  # clone(), else copy.copy
@@ -447,7 +448,7 @@ def test_feed_gives_each_request_its_own_length_and_leaves_sp_alone():
 def test_feed_rejects_a_length_list_of_the_wrong_size():
     import pytest
 
-    from specdec.eval.bench_vllm_load import feed
+    from benchmarks.bench_vllm_load import feed
 
     with pytest.raises(ValueError, match="2 lengths for 3 prompts"):
         feed(LengthEngine(), [[1], [2], [3]], 2, LengthParams(4), max_tokens=[1, 2])
@@ -457,9 +458,9 @@ def test_varied_sustained_cells_use_the_seeded_lengths_and_closed_cells_keep_max
     import argparse
     from types import SimpleNamespace
 
-    from specdec.eval import bench_vllm
-    from specdec.eval.bench_vllm_load import varied_lengths
-    from specdec.eval.step_timer import StepTimer
+    from benchmarks import bench_vllm
+    from benchmarks.bench_vllm_load import varied_lengths
+    from benchmarks.step_timer import StepTimer
 
     monkeypatch.setattr(bench_vllm, "_final_only", lambda sp: sp)  # vLLM's RequestOutputKind: not on CPU
     generated = []
@@ -489,7 +490,7 @@ def _fake_workers(monkeypatch, cells_of):
     that fills as the driver spawns workers)."""
     import json
 
-    from specdec.eval import bench_vllm
+    from benchmarks import bench_vllm
 
     cmds = []
 
@@ -511,7 +512,7 @@ def test_output_lengths_flag_reaches_the_workers_and_the_settings(tmp_path, monk
 
     import pytest
 
-    from specdec.eval import bench_vllm
+    from benchmarks import bench_vllm
 
     prompts = tmp_path / "prompts.json"
     sets = {"warmup": [[1]], "bs8": [[1, 2]], "sus8": [[4], [5], [6]]}
@@ -549,7 +550,7 @@ def test_output_lengths_flag_reaches_the_workers_and_the_settings(tmp_path, monk
 
 
 def test_the_report_titles_varied_sustained_tables_and_reads_results_without_the_key():
-    from specdec.eval.bench_vllm_report import _lengths_note
+    from benchmarks.bench_vllm_report import _lengths_note
 
     assert _lengths_note({"output_lengths": {"varied": [128, 384], "seed": 0}}) == ", output lengths 128-384"
     assert _lengths_note({"output_lengths": "fixed"}) == "" and _lengths_note({}) == ""
@@ -561,7 +562,7 @@ def test_real_sampling_params_are_cloned_with_each_length():
     vllm = pytest.importorskip("vllm")
     from vllm.sampling_params import RequestOutputKind
 
-    from specdec.eval.bench_vllm_load import feed
+    from benchmarks.bench_vllm_load import feed
 
     sp = vllm.SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True, detokenize=False,
                              output_kind=RequestOutputKind.FINAL_ONLY)
@@ -575,7 +576,7 @@ def test_real_sampling_params_are_cloned_with_each_length():
 
 
 def test_report_renders_the_gap_split_and_fills_late_shares_of_older_results():
-    from specdec.eval.bench_vllm_report import _fill_late_shares, _split_table
+    from benchmarks.bench_vllm_report import _fill_late_shares, _split_table
 
     row = {"method": "specdec", "dataset": "code", "batch_size": 64, "load": "sustained",
            "gap_split_ms": {"held_ms": 0.9, "after_ms": 0.08, "sync_ms": 4.0, "finish_ms": 4.6}}
@@ -592,7 +593,7 @@ def test_report_renders_the_gap_split_and_fills_late_shares_of_older_results():
 
 
 def test_report_renders_the_host_phases_per_step_period():
-    from specdec.eval.bench_vllm_report import _phase_table
+    from benchmarks.bench_vllm_report import _phase_table
 
     row = {"method": "specdec", "dataset": "code", "batch_size": 64, "load": "sustained",
            "host_phase_ms": {"period_ms": 14.0, "sched_ms": 2.0, "exec_ms": 6.5, "sample_ms": 1.25, "update_ms": 3.0}}
@@ -609,7 +610,7 @@ def test_step_traces_move_to_a_gzip_file_beside_the_results_and_read_back(tmp_pa
     read_step_traces finds them there, under a renamed stem too, and still reads older inline files."""
     import json
 
-    from specdec.eval.step_trace import read_step_traces, save_step_traces, traces_path
+    from benchmarks.step_trace import read_step_traces, save_step_traces, traces_path
 
     traces = {"specdec|code:sustained|64": {"reqs": [64, 64], "sync_ms": [4.0, 0.1]}}
     doc = {"summary": {"rows": [], "traces": json.loads(json.dumps(traces))}}
@@ -633,7 +634,7 @@ def test_step_traces_move_to_a_gzip_file_beside_the_results_and_read_back(tmp_pa
 
 def test_slot_counters_include_the_narrow_schedules_by_width():
     """bench_vllm's per-cell slot-book counters (deltas over a cell) carry the narrow schedules, also by width."""
-    from specdec.eval.engine_timer import slot_counters as _slot_counters
+    from benchmarks.engine_timer import slot_counters as _slot_counters
     from specdec.vllm_plugin.slots import SlotBook, register
 
     book = SlotBook(16, narrow=6, narrow_rows=(16, 48), high=(8, 4.0))
@@ -654,7 +655,7 @@ def test_a_worker_cut_short_keeps_its_finished_cells(tmp_path):
     The summary marks the cut-short engine's rows and skips lossless cells its reference never reached."""
     import json
 
-    from specdec.eval.bench_vllm import _read_worker
+    from benchmarks.bench_vllm import _read_worker
 
     out = tmp_path / "w.json"
     assert _read_worker(out, 124, "m") is None  # killed before its first cell
@@ -684,7 +685,7 @@ def test_engine_process_flag_reaches_the_workers_and_the_settings_and_refuses_th
 
     import pytest
 
-    from specdec.eval import bench_vllm
+    from benchmarks import bench_vllm
 
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps({"policy": "test", "datasets": {"code": {"warmup": [[1]], "bs8": [[1, 2]]}}}))
@@ -714,7 +715,7 @@ def test_a_timed_out_worker_takes_its_whole_process_group_with_it(tmp_path):
     import sys
     import time
 
-    from specdec.eval.bench_vllm import TIMEOUT_RC, run_worker
+    from benchmarks.bench_vllm import TIMEOUT_RC, run_worker
 
     pid_file = tmp_path / "child.pid"
     script = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; "

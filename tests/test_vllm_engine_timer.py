@@ -1,5 +1,5 @@
 """bench_vllm --engine-process: the step timers live in vLLM's engine-core process and are read through
-``collective_rpc`` (``specdec.eval.engine_timer``). The engine process is simulated: a fake ``LLM`` whose
+``collective_rpc`` (``benchmarks.engine_timer``). The engine process is simulated: a fake ``LLM`` whose
 ``collective_rpc`` sends the callable through cloudpickle (as vLLM's serializer does) and runs it with a worker,
 against a timer the test installs as that process's own."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from specdec.eval import engine_timer
-from specdec.eval.step_timer import StepTimer
-from specdec.eval.step_trace import StepTrace
+from benchmarks import engine_timer
+from benchmarks.step_timer import StepTimer
+from benchmarks.step_trace import StepTrace
 
 STEP_S = 0.25  # fake engine: seconds per step on the fake clock
 
@@ -70,7 +70,7 @@ class FakeLLM:
 
 @pytest.fixture
 def clock(monkeypatch) -> list[float]:
-    from specdec.eval import bench_vllm_load
+    from benchmarks import bench_vllm_load
 
     t = [0.0]
     monkeypatch.setattr(bench_vllm_load.time, "perf_counter", lambda: t[0])
@@ -81,7 +81,7 @@ def test_a_sustained_cell_reads_steps_drafting_and_trace_from_the_engine_process
     """The cell's steps, drafting time and trace come from the engine process's timer; its GPU events run only
     during the cell (gpu_on set there before the first step, cleared after the last); the benchmark process's own
     timer (installed before LLM(), as bench_vllm does) sees nothing."""
-    from specdec.eval.bench_vllm_load import run_sustained
+    from benchmarks.bench_vllm_load import run_sustained
 
     remote = StepTimer(StepTrace())
     monkeypatch.setattr(engine_timer, "_timer", remote)  # the engine process's timer (inherited by fork)

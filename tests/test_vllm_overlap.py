@@ -126,7 +126,7 @@ def test_row_store_reads_only_rows_that_carried_a_context():
 def test_proposer_benchmark_modes_emit_the_same_tokens():
     """eval/bench_proposer_cpu: the fake engine verifies greedily (and replaces finished requests), so every mode
     (native step or Python path, in-process or overlapped) emits the same tokens."""
-    from specdec.eval.bench_proposer_cpu import FakeEngine, run
+    from benchmarks.bench_proposer_cpu import FakeEngine, run
     from specdec.eval.records import TraceRecord
 
     rng = np.random.default_rng(1)

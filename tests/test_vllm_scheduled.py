@@ -22,7 +22,7 @@ import torch
 
 from core_support import stops_after_each_step, target_sequence
 from specdec.drafters.suffix import SuffixDrafter
-from specdec.eval.bench_schedule_cpu import HostWait
+from benchmarks.bench_schedule_cpu import HostWait
 from specdec.vllm_plugin.core import ProposerCore
 from specdec.vllm_plugin.options import SpecdecOptions
 from specdec.vllm_plugin.scheduled import ScheduledDrafting, TokenFeed, pad_rows, valid_counts
@@ -955,7 +955,7 @@ def test_schedule_cpu_benchmark_configs_draft_the_same():
     (greedy verification against fixed responses: equal acceptance), and the early caching did hand responses over.
     Two lane threads, and every clock-driven decision off (``adaptive=False``: pad_drafts 'auto' once made the
     drafts depend on the measured step period, a CI failure)."""
-    from specdec.eval.bench_schedule_cpu import run
+    from benchmarks.bench_schedule_cpu import run
     from specdec.eval.records import TraceRecord
 
     rng = np.random.default_rng(2)

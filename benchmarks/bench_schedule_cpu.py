@@ -1,0 +1,177 @@
+"""CPU benchmark of schedule mode's host work per step (``ScheduledDrafting`` with a simulated device wait).
+
+vLLM's async timeline, simulated: B requests decode recorded responses (each response tiled ``--repeat`` times, so
+that the suffix drafter accepts several tokens per step as on the GPU's code prompts); each step the sampled
+tokens are captured, the next step's fill runs (with the device wait: its early phase, i.e. stops, starts and the
+stale-front rebuilds or, with ``early_cache``, their hand-off to the caching thread), then ``--gpu-ms`` of the GPU's
+step pass (a sleep: the engine thread's other work; no GIL held), then ``finish`` drafts and releases. Reported per
+configuration, in ms per step on the engine thread: ``fill`` (with the early phase), ``finish`` (the drafting the
+GPU waits for) and their sum, with the drafts' acceptance (the same for every configuration: same drafts).
+
+    python -m benchmarks.bench_schedule_cpu --dataset code_alpaca --batch-size 64 --configs default,early_cache
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from benchmarks.bench_proposer_cpu import CONTEXT_TOKENS, FakeEngine, tail_ms
+from specdec.eval.loaders import load_traces
+from specdec.eval.results import results_path, write_results
+from specdec.vllm_plugin.core import ProposerCore
+from specdec.vllm_plugin.options import SpecdecOptions
+from specdec.vllm_plugin.proposer import build_proposer_drafter
+from specdec.vllm_plugin.scheduled import ScheduledDrafting
+from specdec.vllm_plugin.slots import SlotBook
+
+CONFIGS = {  # name -> proposer options on top of schedule mode's (as SpecdecProposer sets them)
+    "default": {},
+    "no_early_refresh": {"early_refresh": False},
+    "early_cache": {"early_cache": True, "defer_cache": True},  # the proposer adds defer_cache in schedule mode
+    "late_cache": {"late_cache": True, "defer_cache": True},
+    "one_thread": {"lane_threads": 1},
+    "rows_step": {"matrix_step": False},  # the drafting from Python rows, padded in Python (before matrix_step)
+    "depth64": {"drafter_options": {"suffix": {"max_depth": 64}}},  # the library's trie depth (the plugin: 32)
+}
+WARMUP_STEPS = 5
+MIN_RESPONSE = 64  # records with shorter responses are skipped
+REPEAT_PREFIX = 80  # --repeat: the first tokens of each response, tiled
+
+
+class HostWait:
+    """The device wait, on the host: ``enqueue_copy`` queues the copy, ``release`` performs it."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.pending: dict[int, tuple[Any, Any]] = {}
+
+    def usable(self, dst: Any) -> bool:
+        return True
+
+    def enqueue_copy(self, dst: Any, src: Any) -> int:
+        self.seq += 1
+        self.pending[self.seq] = (dst, src)
+        return self.seq
+
+    def release(self, seq: int) -> None:
+        dst, src = self.pending.pop(seq)
+        dst.copy_(src)
+
+    def fired(self) -> int:
+        return 0
+
+
+def capture_step(sched: ScheduledDrafting, eng: FakeEngine, sampled: list[list[int]], states: dict[str, Any], *,
+                 k: int) -> Any:
+    """vLLM's side of a verified step: the engine's new requests into ``states`` (their prompts), the sampled tokens
+    ``[rows, k+1]`` (-1 = rejected) captured, and the next step's draft buffer ``[rows, k]`` (not filled yet)."""
+    import torch
+
+    for i, rid in enumerate(eng.ids):
+        if rid not in states:
+            states[rid] = SimpleNamespace(prompt_token_ids=eng.tokens[i, :eng.prompt[i]].tolist(), output_token_ids=[])
+    tokens = torch.full((len(eng.ids), k + 1), -1, dtype=torch.int32)  # [rows, k+1], -1 = rejected
+    for i, s in enumerate(sampled):
+        tokens[i, :len(s)] = torch.tensor(s, dtype=torch.int32)
+    sched.capture(tokens, list(eng.ids), set(), requests=states)
+    return sched.submit(list(eng.ids), k=None, eager=False)
+
+
+def run(config: str, records: list[Any], pool: list[Any], *, k: int, steps: int, gpu_ms: float,
+        threads: int, adaptive: bool = True) -> dict[str, Any]:
+    """One configuration over ``steps`` timed steps (see the module docstring); ``adaptive`` False: every decision
+    that reads the clock off (the cost model; ``pad_drafts`` 'on' instead of 'auto', which pads by the measured step
+    period; no drafting deadline): drafts then independent of timing, what the tests compare."""
+    timing_free = {} if adaptive else {"adaptive": False, "pad_drafts": "on", "draft_timeout_ms": 0.0}
+    opts = SpecdecOptions.from_dict({"num_speculative_tokens": k, "ab_windows": False, "async_drafting": True,
+                                     "async_mode": "schedule", "lane_threads": threads, **timing_free,
+                                     **CONFIGS[config]})
+    max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in pool) + 8
+    eng = FakeEngine(records, pool, max_len)
+    core = ProposerCore(build_proposer_drafter(opts), opts, max_model_len=max_len, target_params=7e9)
+    book = SlotBook(k, prefill_cap=0)
+    sched = ScheduledDrafting(core, k=k, max_rows=len(records), device="cpu", device_wait=HostWait(), slot_book=book,
+                              matrix_step=opts.matrix_step)
+    states: dict[str, Any] = {}
+    drafts: list[list[int]] = [[] for _ in records]
+    fills: list[float] = []
+    finishes: list[float] = []
+    try:
+        for step in range(steps + WARMUP_STEPS):
+            out = capture_step(sched, eng, eng.verify(drafts), states, k=k)
+            t0 = time.perf_counter()
+            sched.fill(out)
+            t1 = time.perf_counter()
+            time.sleep(gpu_ms / 1e3)  # the GPU's step: the engine thread is busy elsewhere
+            t2 = time.perf_counter()
+            sched.finish()
+            t3 = time.perf_counter()
+            if step >= WARMUP_STEPS:
+                fills.append(t1 - t0)
+                finishes.append(t3 - t2)
+            drafts = [out[i, :book.table.get(rid, k)].tolist() for i, rid in enumerate(eng.ids)]
+    finally:
+        sched.close()
+    stats = core.stats_dict()
+    lane_stats = core.lane.global_stats() if core.lane is not None else {}
+    return {"config": config, "batch_size": len(records), "steps": steps, "gpu_ms": gpu_ms, "lane_threads": threads,
+            "fill_ms": 1e3 * float(np.mean(fills)), "finish_ms": 1e3 * float(np.mean(finishes)),
+            "engine_thread_ms": 1e3 * float(np.mean(fills) + np.mean(finishes)),
+            "finish_tail": tail_ms(finishes), "emitted_per_step": eng.emitted / (steps + WARMUP_STEPS),
+            "accepted_tokens": stats["accepted_tokens"], "drafted_tokens": stats["drafted_tokens"],
+            "stopped": stats["stopped"], "early_cached": stats.get("early_cached", 0),
+            "fallbacks": {"timeouts": stats["timeouts"], "errors": sched.feed.stats.errors + stats.get("errors", 0),
+                          "resyncs": stats["resyncs"], "watchdog": sched.feed.stats.watchdog_releases,
+                          "steps_without_global": lane_stats.get("steps_without_global", 0)}}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", default="code_alpaca", help="trace set (specdec-eval replay names)")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--configs", default="default,early_cache", type=lambda s: s.split(","),
+                    help=f"comma-separated, of: {', '.join(CONFIGS)}")
+    ap.add_argument("--k", type=int, default=16, help="num_speculative_tokens")
+    ap.add_argument("--steps", type=int, default=200, help="timed steps per run")
+    ap.add_argument("--gpu-ms", type=float, default=8.0, help="the GPU's step between fill and finish (a sleep)")
+    ap.add_argument("--repeat", type=int, default=6, help="each response's first 80 tokens tiled this many times "
+                                                          "(1: the recorded responses as they are)")
+    ap.add_argument("--lane-threads", type=int, default=2, help="lane_threads (this machine's cores, at most)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per config (interleaved); the median is reported")
+    ap.add_argument("--name", default="bench_schedule_cpu", help="results file name part")
+    args = ap.parse_args(argv)
+    unknown = [c for c in args.configs if c not in CONFIGS]
+    if unknown:
+        ap.error(f"--configs: unknown {', '.join(unknown)}; choose from {', '.join(CONFIGS)}")
+    _, records = load_traces(args.dataset, limit=args.batch_size * 8)
+    records = [r for r in records if len(r.response_ids) >= MIN_RESPONSE]
+    if args.repeat > 1:
+        records = [dataclasses.replace(r, response_ids=np.tile(r.response_ids[:REPEAT_PREFIX], args.repeat))
+                   for r in records]
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in args.configs}
+    for i in range(args.repeats):
+        for config in args.configs:
+            row = run(config, records[:args.batch_size], records, k=args.k, steps=args.steps, gpu_ms=args.gpu_ms,
+                      threads=args.lane_threads)
+            runs[config].append(row)
+            print(f"[{i + 1}/{args.repeats}] {config:16s} fill {row['fill_ms']:.3f} + finish {row['finish_ms']:.3f} "
+                  f"= {row['engine_thread_ms']:.3f} ms/step; emitted {row['emitted_per_step']:.1f}/step, accepted "
+                  f"{row['accepted_tokens']}", flush=True)
+    rows = []
+    for config, rs in runs.items():
+        row = sorted(rs, key=lambda r: r["engine_thread_ms"])[len(rs) // 2]
+        row["all_engine_thread_ms"] = [r["engine_thread_ms"] for r in rs]
+        rows.append(row)
+    print("| config | fill ms | finish ms (GPU waits) | engine thread ms/step |\n| --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['config']} | {r['fill_ms']:.3f} | {r['finish_ms']:.3f} | {r['engine_thread_ms']:.3f} |")
+    print("wrote", write_results(results_path(args.name, device="cpu"), vars(args), rows, device="cpu"))
+
+
+if __name__ == "__main__":
+    main()
