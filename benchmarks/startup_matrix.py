@@ -44,6 +44,7 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "suffix": {"method": "suffix"},
     "specdec": {"method": "specdec"},
 }
+REPEAT = "#"  # "specdec#2": the same method started again (a warm compile cache)
 REQUESTS = 8  # greedy requests each engine serves
 MAX_TOKENS = 64  # new tokens per request
 LOG_PATTERNS = {  # vLLM 0.26's start-up lines (and specdec's own)
@@ -100,7 +101,8 @@ def parse_log(text: str) -> dict[str, Any]:
 
 
 def run_one(args: argparse.Namespace, config: str, method: str, prompts: list[list[int]]) -> dict[str, Any]:
-    spec = {"model": args.model, "dtype": args.dtype, "prompts": prompts, "speculative_config": METHODS[method],
+    spec = {"model": args.model, "dtype": args.dtype, "prompts": prompts,
+            "speculative_config": METHODS[method.split(REPEAT)[0]],
             "engine": {**CONFIGS[config], **json.loads(args.engine_json or "{}")}}
     log_path = Path(args.out_dir) / "logs" / f"{config}_{method}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -128,7 +130,7 @@ def compare(rows: list[dict[str, Any]]) -> None:
     base = {r["config"]: r.get("outputs") for r in rows if r["method"] == "nospec"}
     for r in rows:
         ref = base.get(r["config"])
-        if r["method"] != "nospec" and ref is not None and r.get("outputs") is not None:
+        if not r["method"].startswith("nospec") and ref is not None and r.get("outputs") is not None:
             r["prompts_differing"] = sum(a != b for a, b in zip(ref, r["outputs"]))
 
 
@@ -178,13 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(json.loads(args.child))
         return 0
-    bad = [c for c in args.configs if c not in CONFIGS] + [m for m in args.methods if m not in METHODS]
+    bad = [c for c in args.configs if c not in CONFIGS] + [m for m in args.methods if m.split(REPEAT)[0] not in METHODS]
     if bad:
         ap.error(f"unknown --configs/--methods value(s) {bad}; valid configs {sorted(CONFIGS)}, methods {sorted(METHODS)}")
     if not Path(args.prompts).is_file():
         ap.error(f"--prompts {args.prompts}: no such file (python -m specdec.eval.prepare_prompts writes it)")
     data = json.loads(Path(args.prompts).read_text())
-    prompts = data["datasets"]["code"]["bs8"][:REQUESTS]
+    prompts = data["datasets"]["code"]["bs8"][:REQUESTS]  # HumanEval prompts
     rows = []
     for config in args.configs:
         for method in args.methods:
