@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 import statistics
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
+
+from specdec.eval.settings import Setting
 
 from specdec.config import ConfigError
-from specdec.eval.settings import Setting
 
 MODEL_DRAFTER = "model"
 SLOW_PROMPT_FACTOR = 3.0  # a live prompt slower than this many times its method's median is flagged

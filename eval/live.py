@@ -21,11 +21,13 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from specdec.eval.checks import MODEL_DRAFTER, per_prompt_medians
 from specdec.eval.settings import Setting
+
 from specdec.paths import DRAFT_MODEL, TARGET_MODEL, model_path
 
 logger = logging.getLogger("specdec.eval")
@@ -196,9 +198,8 @@ def _first_diff(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def _run_set(live: Live, name: str, items: list, methods: list) -> list[MethodRun]:
-    from tqdm import tqdm
-
     from specdec.eval.prompts import render_prompt
+    from tqdm import tqdm
 
     n = live.args.max_new_tokens
     prompts = [render_prompt(it, live.tok, bos=not live.args.no_bos) for it in items]
@@ -292,7 +293,13 @@ def live_table(entries: list[dict[str, Any]]) -> str:
 
 def run_live(args: argparse.Namespace) -> int:
     from specdec.eval.checks import slow_prompt_notes
-    from specdec.eval.cli import Staging, check_counts, echo, safe_name, settings_from_args
+    from specdec.eval.cli import (
+        Staging,
+        check_counts,
+        echo,
+        safe_name,
+        settings_from_args,
+    )
     from specdec.eval.prompts import load_prompts
     from specdec.eval.results import atomic_write_text, build_document, results_path
 
