@@ -233,15 +233,26 @@ class ModelDrafter(Drafter):
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+        tokens = self._checked(prompt_ids)
         if request_id in self._reqs:
             self.stop(request_id)
-        self._reqs[request_id] = _Request(tokens=[int(t) for t in prompt_ids], state=self.backend.new_state())
+        self._reqs[request_id] = _Request(tokens=tokens, state=self.backend.new_state())
 
     def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
         req = self._reqs.get(request_id)
         if req is None:
             raise KeyError(f"request_id={request_id!r} was never started (call start() first)")
-        req.tokens.extend(int(t) for t in token_ids)
+        req.tokens.extend(self._checked(token_ids))
+
+    def _checked(self, token_ids: Sequence[int]) -> list[int]:
+        """The ids as ints; a ValueError for an id outside the draft model's vocabulary (it has no embedding)."""
+        tokens = [int(t) for t in token_ids]
+        vocab = int(getattr(self.backend, "vocab_size", 0) or 0)
+        if tokens and vocab and not 0 <= min(tokens) <= max(tokens) < vocab:
+            bad = next(t for t in tokens if not 0 <= t < vocab)
+            raise ValueError(f"token id {bad} is outside the draft model's vocabulary [0, {vocab}): the context "
+                             "comes from another tokenizer")
+        return tokens
 
     def stop(self, request_id: str) -> None:
         req = self._reqs.pop(request_id, None)
