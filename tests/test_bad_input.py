@@ -336,3 +336,26 @@ def test_64_bit_ids_draft_the_same_on_both_engines(backend) -> None:
         with pytest.raises(ValueError, match=r"token id"):
             d.start("x", bad)
         assert "x" not in d.active_requests()
+
+
+def test_draft_model_with_a_different_tokenizer_of_the_same_size(tmp_path, capsys) -> None:
+    pytest.importorskip("transformers")
+    import shutil
+
+    from test_eval_live import tiny_models
+
+    paths = tiny_models(tmp_path)
+    other = tmp_path / "swapped"
+    shutil.copytree(paths["draft"], other)
+    tj = json.loads((other / "tokenizer.json").read_text())
+    vocab = tj["model"]["vocab"]
+    vocab["w0"], vocab["w1"] = vocab["w1"], vocab["w0"]  # same size, two ids swapped
+    (other / "tokenizer.json").write_text(json.dumps(tj))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "w1 w2"}) + "\n")
+    line = fails(["live", str(prompts), "--target", str(paths["target"]), "--draft-model", str(other),
+                  "--out", str(tmp_path / "o")], capsys)
+    assert "use different tokenizers" in line and "2 differ" in line
+    line = fails(["replay", str(trace_file(tmp_path)), "--drafter", "model", "--option", f"model.path={other}",
+                  "--tokenizer", str(paths["target"]), "--out", str(tmp_path / "o")], capsys)
+    assert "use different tokenizers" in line and f"--tokenizer {paths['target']}" in line
