@@ -670,6 +670,31 @@ struct alignas(CACHE_LINES) RowChain {
     std::vector<int32_t> tokens;
 };
 
+// Token ids outside [0, 2^31) (another vocabulary's, or synthetic ones) do not fit the tries' int32 tokens: each
+// distinct one gets a negative code (-2, -3, ...) on the way in (start / extend) and its id back on the way out
+// (draft). Tokens are only compared for equality in the tries, so drafts are those of 64-bit storage; ids in
+// [0, 2^31) (every real vocabulary, vLLM's lane steps) pass through unchanged. Negative ids are refused.
+struct WideIds {
+    static constexpr int32_t FIRST_CODE = -2;  // -1 is never a token code (it marks padding in lane token rows)
+    std::unordered_map<int64_t, int32_t> code;
+    std::vector<int64_t> id;  // id[k] has code FIRST_CODE - k
+
+    // false when the table is full (2^31 - 2 distinct wide ids)
+    bool encode(int64_t v, int32_t& out) {
+        auto it = code.find(v);
+        if (it != code.end()) {
+            out = it->second;
+            return true;
+        }
+        if (id.size() >= static_cast<size_t>(INT32_MAX) - 1) return false;
+        out = FIRST_CODE - static_cast<int32_t>(id.size());
+        code.emplace(v, out);
+        id.push_back(v);
+        return true;
+    }
+    int64_t decode(int32_t c) const { return c >= 0 ? c : id[static_cast<size_t>(FIRST_CODE - c)]; }
+};
+
 struct Engine;
 
 #include "job_thread.inc"  // JobThread: the cacher and the lane thread
@@ -679,6 +704,7 @@ struct Engine {
     int depth;
     int64_t max_requests, max_tokens;
     Trie global;
+    WideIds wide;  // codes of token ids >= 2^31 (main thread only: start / extend / draft)
     uint64_t version = 0;
     std::deque<std::pair<int32_t, int64_t>> cached;  // (sequence id in the global trie, tokens)
     int64_t cached_tokens = 0;
@@ -863,7 +889,14 @@ bool read_tokens(PyObject* obj, std::vector<int32_t>& out) {
             std::copy(d, d + n, out.begin());
         } else if (view.itemsize == 8 && (*fmt == 'l' || *fmt == 'q')) {
             const int64_t* d = static_cast<const int64_t*>(view.buf);
-            for (Py_ssize_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(d[i]);
+            for (Py_ssize_t i = 0; i < n; ++i) {
+                if (d[i] < INT32_MIN || d[i] > INT32_MAX) {
+                    PyBuffer_Release(&view);
+                    PyErr_Format(PyExc_ValueError, "value %lld does not fit a 32-bit integer", (long long)d[i]);
+                    return false;
+                }
+                out[i] = static_cast<int32_t>(d[i]);
+            }
         } else {
             ok = false;
         }
@@ -879,12 +912,88 @@ bool read_tokens(PyObject* obj, std::vector<int32_t>& out) {
     PyObject** items = PySequence_Fast_ITEMS(seq);
     out.resize(static_cast<size_t>(n));
     for (Py_ssize_t i = 0; i < n; ++i) {
-        long v = PyLong_AsLong(items[i]);
+        long long v = PyLong_AsLongLong(items[i]);
         if (v == -1 && PyErr_Occurred()) {
             Py_DECREF(seq);
             return false;
         }
+        if (v < INT32_MIN || v > INT32_MAX) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "value %lld does not fit a 32-bit integer", v);
+            return false;
+        }
         out[i] = static_cast<int32_t>(v);
+    }
+    Py_DECREF(seq);
+    return true;
+}
+
+bool bad_id(long long v) {
+    PyErr_Format(PyExc_ValueError, "token id %lld is negative; token ids must be integers in [0, 2**63)", v);
+    return false;
+}
+
+bool put_id(WideIds& wide, long long v, int32_t& out) {
+    if (v >= 0 && v <= INT32_MAX) {
+        out = static_cast<int32_t>(v);
+        return true;
+    }
+    if (v < 0) return bad_id(v);
+    if (!wide.encode(v, out)) {
+        PyErr_SetString(PyExc_OverflowError, "too many distinct token ids >= 2**31 for one suffix engine");
+        return false;
+    }
+    return true;
+}
+
+// Token ids for start / extend: int32 / int64 buffers or a sequence of ints in [0, 2^63); ids >= 2^31 coded
+// through `wide` (see WideIds).
+bool read_ids(PyObject* obj, WideIds& wide, std::vector<int32_t>& out) {
+    out.clear();
+    Py_buffer view;
+    if (PyObject_CheckBuffer(obj) && PyObject_GetBuffer(obj, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
+        const char* fmt = view.format ? view.format : "B";
+        if (*fmt == '<' || *fmt == '=' || *fmt == '@') ++fmt;
+        Py_ssize_t n = view.itemsize ? view.len / view.itemsize : 0;
+        bool ok = true, known = true;
+        out.resize(static_cast<size_t>(n));
+        if (view.itemsize == 4 && (*fmt == 'i' || *fmt == 'l')) {
+            const int32_t* d = static_cast<const int32_t*>(view.buf);
+            for (Py_ssize_t i = 0; i < n && ok; ++i) ok = d[i] >= 0 ? (out[i] = d[i], true) : bad_id(d[i]);
+        } else if (view.itemsize == 8 && (*fmt == 'l' || *fmt == 'q')) {
+            const int64_t* d = static_cast<const int64_t*>(view.buf);
+            for (Py_ssize_t i = 0; i < n && ok; ++i) ok = put_id(wide, d[i], out[i]);
+        } else {
+            known = false;
+        }
+        PyBuffer_Release(&view);
+        if (known) return ok;
+        out.clear();
+    } else {
+        PyErr_Clear();
+    }
+    PyObject* seq = PySequence_Fast(obj, "token ids must be a sequence of ints");
+    if (!seq) return false;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject** items = PySequence_Fast_ITEMS(seq);
+    out.resize(static_cast<size_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(items[i], &overflow);
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return false;
+        }
+        if (overflow) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "a token id does not fit 64 bits; token ids must be integers in "
+                                              "[0, 2**63)");
+            return false;
+        }
+        if (!put_id(wide, v, out[i])) {
+            Py_DECREF(seq);
+            return false;
+        }
     }
     Py_DECREF(seq);
     return true;
@@ -917,9 +1026,9 @@ PyObject* Engine_start(PyEngine* self, PyObject* args) {
     long long rid;
     PyObject* toks;
     if (!PyArg_ParseTuple(args, "LO", &rid, &toks)) return nullptr;
-    if (!read_tokens(toks, g_tokens)) return nullptr;
     Engine& e = *self->engine;
     quiesce(e);
+    if (!read_ids(toks, e.wide, g_tokens)) return nullptr;
     e.start(rid, g_tokens.data(), g_tokens.size(), e.global_ok());
     Py_RETURN_NONE;
 }
@@ -934,7 +1043,7 @@ PyObject* Engine_extend(PyEngine* self, PyObject* args) {
         PyErr_Format(PyExc_KeyError, "request %lld is not active (call start first)", rid);
         return nullptr;
     }
-    if (!read_tokens(toks, g_tokens)) return nullptr;
+    if (!read_ids(toks, self->engine->wide, g_tokens)) return nullptr;
     self->engine->extend(it->second, g_tokens.data(), g_tokens.size(), self->engine->global_ok());
     Py_RETURN_NONE;
 }
@@ -951,6 +1060,13 @@ PyObject* int_list(const std::vector<int32_t>& v) {
     PyObject* list = PyList_New(static_cast<Py_ssize_t>(v.size()));
     if (!list) return nullptr;
     for (size_t i = 0; i < v.size(); ++i) PyList_SET_ITEM(list, i, PyLong_FromLong(v[i]));
+    return list;
+}
+
+PyObject* id_list(const std::vector<int32_t>& v, const WideIds& wide) {
+    PyObject* list = PyList_New(static_cast<Py_ssize_t>(v.size()));
+    if (!list) return nullptr;
+    for (size_t i = 0; i < v.size(); ++i) PyList_SET_ITEM(list, i, PyLong_FromLongLong(wide.decode(v[i])));
     return list;
 }
 
@@ -974,7 +1090,8 @@ PyObject* Engine_draft(PyEngine* self, PyObject* args) {
     PyObject* probs = PyList_New(static_cast<Py_ssize_t>(d.probs.size()));
     if (!probs) return nullptr;
     for (size_t i = 0; i < d.probs.size(); ++i) PyList_SET_ITEM(probs, i, PyFloat_FromDouble(d.probs[i]));
-    return Py_BuildValue("(NNNdii)", int_list(d.tokens), int_list(d.parents), probs, d.score, d.match_len, d.source);
+    return Py_BuildValue("(NNNdii)", id_list(d.tokens, self->engine->wide), int_list(d.parents), probs, d.score,
+                         d.match_len, d.source);
 }
 
 PyObject* Engine_memory_bytes(PyEngine* self, PyObject*) {

@@ -90,12 +90,25 @@ class Drafter(abc.ABC):
         """Ids of the requests with live state (for bookkeeping checks)."""
         return []
 
+    def check_target(self, *, vocab_size: int, tokenizer_dir: str | None = None) -> None:
+        """Raise ``ConfigError`` when this drafter cannot draft for a target of ``vocab_size`` tokens whose
+        tokenizer is in ``tokenizer_dir`` (None: unknown). Model-free drafters draft ids seen in the context:
+        any target suits them."""
+
     def memory_bytes(self) -> int:
         """Approximate bytes held by drafter state (0 if unknown)."""
         return 0
 
     def close(self) -> None:
         """Release threads, sessions or other resources."""
+
+
+def _is_tree(draft: object) -> bool:
+    return isinstance(draft, TokenTree)
+
+
+def _is_chain(draft: object) -> bool:
+    return isinstance(draft, tuple) and len(draft) == 2 and hasattr(draft[0], "__len__")
 
 
 @dataclass
@@ -126,23 +139,34 @@ class DraftGuard:
 
     def draft_chains(self, requests: Sequence[DraftRequest]) -> list[Chain]:
         """``Drafter.draft_chains`` with the same failure handling as ``draft_batch``; chains cut to budget."""
-        chains = self._guarded(self.drafter.draft_chains, requests, ([], None))
+        chains = self._guarded(self.drafter.draft_chains, requests, ([], None), _is_chain)
         return [(toks[:r.budget], probs[:r.budget] if probs is not None else None) if len(toks) > r.budget
                 else (toks, probs) for (toks, probs), r in zip(chains, requests)]
 
     def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
-        trees = self._guarded(self.drafter.draft_batch, requests, TokenTree.empty())
+        trees = self._guarded(self.drafter.draft_batch, requests, TokenTree.empty(), _is_tree)
         return [t.truncate(r.budget) for t, r in zip(trees, requests)]
 
     def _guarded(self, fn: Callable[[Sequence[DraftRequest]], list[T]], requests: Sequence[DraftRequest],
-                 empty: T) -> list[T]:
-        """``fn(requests)``, timed; a failure or a wrong count gives ``empty`` for every request (counted, logged
-        once per error type; re-raised with ``strict``)."""
+                 empty: T, valid: Callable[[object], bool]) -> list[T]:
+        """``fn(requests)``, timed; a failure or a wrong count gives ``empty`` for every request, a draft that is
+        not ``valid`` (e.g. None) ``empty`` for its request (counted, logged once per error type; re-raised with
+        ``strict``)."""
         t0 = time.perf_counter()
         try:
             out = fn(requests)
-            if len(out) != len(requests):
-                raise RuntimeError(f"{self.drafter.name} returned {len(out)} drafts for {len(requests)} requests")
+            if out is None or len(out) != len(requests):
+                got = "None" if out is None else f"{len(out)} drafts"
+                raise RuntimeError(f"{self.drafter.name} returned {got} for {len(requests)} requests")
+            out = list(out)
+            for i, (draft, req) in enumerate(zip(out, requests)):
+                if not valid(draft):
+                    err = TypeError(f"{self.drafter.name} returned {type(draft).__name__} for request "
+                                    f"{req.request_id!r}; expected a draft (an empty one for no draft)")
+                    if self.strict:
+                        raise err
+                    self.record_error(err, [req.request_id])
+                    out[i] = empty
             return out
         except Exception as exc:  # noqa: BLE001 - any drafter failure degrades to "no draft"
             if self.strict:

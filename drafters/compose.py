@@ -136,6 +136,10 @@ class ComposedDrafter(Drafter):
     def close(self) -> None:
         self._each("close")
 
+    def check_target(self, *, vocab_size: int, tokenizer_dir: str | None = None) -> None:
+        for d in self.drafters:
+            d.check_target(vocab_size=vocab_size, tokenizer_dir=tokenizer_dir)
+
     # ----------------------------------------------------------------- drafting
     def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
         per_part: list[list[TokenTree] | None] = []

@@ -110,6 +110,42 @@ def check_tokenizer_compat(draft_path: str | Path, target_path: str | Path) -> N
     )
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def has_tokenizer(path: str | Path) -> bool:
+    return any((Path(path) / f).exists() for f in TOKENIZER_FILES)
+
+
+def config_vocab_size(path: str | Path) -> int | None:
+    """``vocab_size`` of a model folder's config.json (or its text_config), None when absent."""
+    import json
+
+    cfg_file = Path(path) / "config.json"
+    if not cfg_file.exists():
+        return None
+    cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+    size = cfg.get("vocab_size", (cfg.get("text_config") or {}).get("vocab_size"))
+    return int(size) if size is not None else None
+
+
+def check_draft_target(draft_path: str | Path, *, target_dir: str | Path | None = None,
+                       target_vocab: int | None = None) -> None:
+    """Raise ConfigError unless the draft model can draft for the target: the same tokenizer when both folders
+    hold one (embedding sizes may then differ by padding), else the same vocabulary size."""
+    draft = Path(draft_path)
+    if target_dir is not None and has_tokenizer(target_dir) and has_tokenizer(draft):
+        check_tokenizer_compat(draft, target_dir)
+        return
+    draft_vocab = config_vocab_size(draft)
+    if target_vocab is None and target_dir is not None:
+        target_vocab = config_vocab_size(target_dir)
+    if draft_vocab is not None and target_vocab is not None and draft_vocab != target_vocab:
+        raise ConfigError(f"draft model {str(draft)!r} has a vocabulary of {draft_vocab} tokens, the target "
+                          f"{target_vocab}: a draft model must share the target's tokenizer (give the target's "
+                          "folder, with its tokenizer, to compare tokenizers instead of sizes)")
+
+
 # ------------------------------------------------------------------ per-request state
 @dataclass
 class _Request:
@@ -162,6 +198,7 @@ class ModelDrafter(Drafter):
         self.cpu = apply_placement(num_threads=0 if own_pool else self.config.num_threads,
                                    cpu_affinity=self.config.cpu_affinity)
         self.backend: DraftBackend = self._build_backend(path)
+        self._path: Path | None = path
         self._reqs: dict[str, _Request] = {}
         self.forwards = 0  # backend forward calls (for tests and stats)
 
@@ -170,6 +207,7 @@ class ModelDrafter(Drafter):
         """A drafter over an already built backend (benchmarks; sharing one backend is not thread-safe)."""
         self = cls.__new__(cls)
         self.config, self.backend, self._reqs, self.forwards = config or cls.Config(), backend, {}, 0
+        self._path = None
         return self
 
     def _build_backend(self, path: Path) -> DraftBackend:
@@ -182,17 +220,39 @@ class ModelDrafter(Drafter):
         return pick_backend(path, candidates, steps=self.config.calibration_steps,
                             onnx_spin=self.config.onnx_spin, threads=self.config.num_threads)
 
+    def check_target(self, *, vocab_size: int, tokenizer_dir: str | None = None) -> None:
+        """Refuse a target whose tokenizer (or, without one to compare, vocabulary size) differs from the draft
+        model's: every draft would be rejected."""
+        path = getattr(self, "_path", None)  # None: built over a backend (from_backend), no folder to read
+        own = int(getattr(self.backend, "vocab_size", 0) or 0)
+        if path is not None and (path / "config.json").exists():
+            check_draft_target(path, target_dir=tokenizer_dir, target_vocab=vocab_size)
+        elif own and own != vocab_size:
+            raise ConfigError(f"the draft model has a vocabulary of {own} tokens, the target {vocab_size}: a draft "
+                              "model must share the target's tokenizer")
+
     # ------------------------------------------------------------------ lifecycle
     def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+        tokens = self._checked(prompt_ids)
         if request_id in self._reqs:
             self.stop(request_id)
-        self._reqs[request_id] = _Request(tokens=[int(t) for t in prompt_ids], state=self.backend.new_state())
+        self._reqs[request_id] = _Request(tokens=tokens, state=self.backend.new_state())
 
     def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
         req = self._reqs.get(request_id)
         if req is None:
             raise KeyError(f"request_id={request_id!r} was never started (call start() first)")
-        req.tokens.extend(int(t) for t in token_ids)
+        req.tokens.extend(self._checked(token_ids))
+
+    def _checked(self, token_ids: Sequence[int]) -> list[int]:
+        """The ids as ints; a ValueError for an id outside the draft model's vocabulary (it has no embedding)."""
+        tokens = [int(t) for t in token_ids]
+        vocab = int(getattr(self.backend, "vocab_size", 0) or 0)
+        if tokens and vocab and not 0 <= min(tokens) <= max(tokens) < vocab:
+            bad = next(t for t in tokens if not 0 <= t < vocab)
+            raise ValueError(f"token id {bad} is outside the draft model's vocabulary [0, {vocab}): the context "
+                             "comes from another tokenizer")
+        return tokens
 
     def stop(self, request_id: str) -> None:
         req = self._reqs.pop(request_id, None)

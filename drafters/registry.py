@@ -21,9 +21,14 @@ DRAFTER_NAMES = tuple(_CLASSES)
 DrafterSpec = Union[str, Mapping[str, Any], Sequence[Union[str, Mapping[str, Any]]]]
 
 
+def drafter_names() -> tuple[str, ...]:
+    """The names ``build_drafter`` knows (the registered ones, peers included)."""
+    return tuple(_CLASSES)
+
+
 def drafter_class(name: str) -> type[Drafter]:
     if name not in _CLASSES:
-        raise ConfigError(f"drafter={name!r} is unknown; valid drafters: {', '.join(DRAFTER_NAMES)}")
+        raise ConfigError(f"drafter={name!r} is unknown; valid drafters: {', '.join(drafter_names())}")
     module, cls = _CLASSES[name].split(":")
     return getattr(importlib.import_module(module), cls)
 

@@ -88,14 +88,19 @@ class SuffixDrafter(Drafter):
     def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
         if request_id in self._ids:
             self.stop(request_id)
-        self.engine.start(self._new_engine_id(request_id), _as_ids(prompt_ids))
+        ids = _as_ids(prompt_ids, check=self.backend == "python")
+        try:
+            self.engine.start(self._new_engine_id(request_id), ids)
+        except Exception:  # refused ids: the request was not started
+            self._ids.pop(request_id, None)
+            raise
 
     def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
         rid = self._ids.get(request_id)
         if rid is None:
             raise KeyError(f"request {request_id!r} was never started (call start first)")
         if len(token_ids):
-            self.engine.extend(rid, _as_ids(token_ids))
+            self.engine.extend(rid, _as_ids(token_ids, check=self.backend == "python"))
 
     def stop(self, request_id: str) -> None:
         rid = self._ids.pop(request_id, None)
@@ -113,8 +118,8 @@ class SuffixDrafter(Drafter):
                 self.last_sources.append("")
                 continue
             toks, parents, probs, _score, _m, src = self.engine.draft(
-                rid, req.budget, req.tree, self._factor(req.free), c.max_spec_offset, c.min_token_prob,
-                c.use_local, c.use_global, c.leaf_prior)
+                rid, min(req.budget, MAX_BUDGET), req.tree, self._factor(req.free), c.max_spec_offset,
+                c.min_token_prob, c.use_local, c.use_global, c.leaf_prior)
             self.last_sources.append(SOURCES[src] if src >= 0 else "")
             if not toks:
                 out.append(TokenTree.empty())
@@ -135,8 +140,8 @@ class SuffixDrafter(Drafter):
                 out.append(([], None))
                 continue
             toks, _parents, probs, _score, _m, _src = self.engine.draft(
-                rid, req.budget, False, self._factor(req.free), c.max_spec_offset, c.min_token_prob,
-                c.use_local, c.use_global, c.leaf_prior)
+                rid, min(req.budget, MAX_BUDGET), False, self._factor(req.free), c.max_spec_offset,
+                c.min_token_prob, c.use_local, c.use_global, c.leaf_prior)
             out.append((toks, list(accumulate(probs, mul)) if toks else None))
         return out
 
@@ -328,8 +333,30 @@ class SuffixDrafter(Drafter):
         return dict(self.engine.global_stats())
 
 
-def _as_ids(ids: Sequence[int] | np.ndarray) -> Any:
-    """Token ids in a form both engines read fast (int32/int64 arrays pass through, lists stay lists)."""
+MAX_TOKEN_ID = 2**63 - 1  # both engines take token ids in [0, 2**63) (the native one codes ids >= 2**31)
+MAX_BUDGET = 2**31 - 1  # draft nodes per request: larger budgets are cut to this (no draft can be that large)
+
+
+def _bad_ids(what: str) -> ValueError:
+    return ValueError(f"token ids must be integers in [0, 2**63); got {what}")
+
+
+def _as_ids(ids: Sequence[int] | np.ndarray, *, check: bool) -> Any:
+    """Token ids in a form both engines read fast: int32/int64 arrays (unsigned and narrow ones widened, never
+    truncated); lists stay lists, checked here when ``check`` (the Python engine; the native one checks them)."""
     if isinstance(ids, np.ndarray):
-        return np.ascontiguousarray(ids, dtype=np.int64 if ids.dtype == np.int64 else np.int32)
-    return list(ids)
+        if ids.size and not np.issubdtype(ids.dtype, np.integer):
+            raise _bad_ids(f"an array of {ids.dtype}")
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) > MAX_TOKEN_ID):
+            raise _bad_ids(f"{int(ids.min()) if int(ids.min()) < 0 else int(ids.max())}")
+        wide = ids.dtype.itemsize > 4 or ids.dtype == np.uint32
+        return np.ascontiguousarray(ids.reshape(-1), dtype=np.int64 if wide else np.int32)
+    out = list(ids)
+    if check:
+        for t in out:
+            if not isinstance(t, (int, np.integer)) or isinstance(t, bool):
+                raise TypeError(f"token ids must be integers in [0, 2**63); got {t!r}")
+            if not 0 <= t <= MAX_TOKEN_ID:
+                raise _bad_ids(repr(t))
+        out = [int(t) for t in out]
+    return out

@@ -92,7 +92,8 @@ def _add_trace_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--data", metavar="DIR", default=None,
                    help="shared data folder (default $SPECDEC_DATA); with no SOURCE, replays all its trace sets")
     g.add_argument("--tokenizer", metavar="PATH", default=None,
-                   help="local Hugging Face tokenizer folder, or 'bytes' (default: ../shared/models/"
+                   help="local Hugging Face tokenizer folder, 'bytes', or 'none' for token-id traces "
+                        "(prompt_ids/response_ids) of any vocabulary, replayed unchecked (default: ../shared/models/"
                         "code-target-53m if present, else UTF-8 bytes)")
     g.add_argument("--limit", type=int, default=None, metavar="N",
                    help="first N records per set (OpenHands: first N instances, all their calls); default all. "
@@ -156,12 +157,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("specdec-eval: interrupted; nothing written", file=sys.stderr)
         return 130
-    except (EvalError, ConfigError, FileNotFoundError, ValueError, ImportError) as exc:
+    except (EvalError, ConfigError, OSError, ValueError, ImportError) as exc:
         if os.environ.get("SPECDEC_DEBUG"):
             raise
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"specdec-eval: error: {msg}", file=sys.stderr)
+        print(f"specdec-eval: error: {error_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line printed for a user-facing error (multi-line messages are joined, nothing is cut)."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, OSError) and exc.filename is not None and str(exc.filename) not in text:
+        text = f"{exc.filename}: {text}"
+    return text or type(exc).__name__
+
+
+def check_counts(args: argparse.Namespace) -> None:
+    """Count flags in range (``--limit 0`` is an error, not "all"), before anything is loaded."""
+    rules = (("limit", 1, "omit --limit for all"), ("batch_size", 1, ""), ("offset", 0, ""),
+             ("max_new_tokens", 1, ""), ("threads", 0, "0 = torch's default"), ("max_seconds", 0, "0 = no limit"))
+    for key, lo, hint in rules:
+        value = getattr(args, key, None)
+        if value is not None and value < lo:
+            flag = "--" + key.replace("_", "-")
+            raise EvalError(f"{flag} {value} must be >= {lo}" + (f" ({hint})" if hint else ""))
 
 
 def cost_model(args: argparse.Namespace) -> CostModel:
@@ -181,13 +200,38 @@ def settings_from_args(args: argparse.Namespace) -> list[Setting]:
 class Staging:
     """Collects output files in a hidden folder and moves them into place only on ``commit()``."""
 
-    def __init__(self, out_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, out_dir: str | os.PathLike[str], *, files: Sequence[tuple[str, str | None]] = ()) -> None:
+        """``files``: (flag, path) of other outputs (``--json``), checked writable now, before any long work."""
         self.out = Path(out_dir)
-        self.out.parent.mkdir(parents=True, exist_ok=True)
+        if self.out.exists() and not self.out.is_dir():
+            raise EvalError(f"--out {self.out}: is an existing file; --out takes a folder (a new or existing one)")
         self.dir = self.out.parent / f".{self.out.name}.staging-{os.getpid()}"
-        shutil.rmtree(self.dir, ignore_errors=True)
-        self.dir.mkdir(parents=True)
+        try:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir.mkdir(parents=True)
+        except OSError as exc:
+            raise EvalError(f"--out {self.out}: cannot write there ({exc.strerror or exc}); pick a writable "
+                            "folder") from None
         self.targets: dict[Path, Path] = {}  # staged file -> final path
+        for flag, path in files:
+            if path:
+                self._check_file(flag, Path(path))
+
+    def _check_file(self, flag: str, path: Path) -> None:
+        """``path`` can be written as a file: not a folder, its folder creatable and writable."""
+        if path.is_dir():
+            self.abort()
+            raise EvalError(f"{flag} {path}: is a folder; {flag} takes a file path")
+        probe = path.parent / f".{path.name}.probe-{os.getpid()}"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            self.abort()
+            raise EvalError(f"{flag} {path}: cannot write there ({exc.strerror or exc}); pick a writable "
+                            "path") from None
 
     def path(self, name: str, final: str | os.PathLike[str] | None = None) -> Path:
         staged = self.dir / name

@@ -10,7 +10,9 @@ Per prompt, in turn (interleaved, so background load hits every method alike), e
 
 Lossless check: every method's tokens must equal the reference (``hf-greedy``, else ``specdec-greedy``) token
 for token; mismatches are counted per prompt and reported with the first differing position.
-Speedups are ratios of summed wall-clock seconds over the same prompts in the same run.
+Speedups are ratios of summed wall-clock seconds over the same prompts in the same run; beside them, the median
+per-prompt speedup and the median seconds per prompt, and prompts slower than 3x their method's median are
+flagged (one stalled prompt can dominate a sum).
 """
 from __future__ import annotations
 
@@ -19,10 +21,13 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
+from specdec.eval.checks import MODEL_DRAFTER, per_prompt_medians
 from specdec.eval.settings import Setting
+
 from specdec.paths import DRAFT_MODEL, TARGET_MODEL, model_path
 
 logger = logging.getLogger("specdec.eval")
@@ -128,6 +133,25 @@ class Live:
         return out[0, len(ids):].tolist()
 
 
+def check_live_models(args: argparse.Namespace, settings: list[Setting]) -> None:
+    """Before any model is loaded: every draft model (hf-assisted's, each ``model`` drafter's) shares the
+    target's tokenizer and vocabulary."""
+    from specdec.drafters.model import check_draft_target
+
+    target = args.target or str(model_path(TARGET_MODEL))
+    draft = args.draft_model or str(model_path(DRAFT_MODEL))
+    drafts = {draft} if "hf-assisted" in [b.strip() for b in args.baselines.split(",")] else set()
+    drafts |= {str(s.options.get(MODEL_DRAFTER, {}).get("path") or draft) for s in settings
+               if MODEL_DRAFTER in s.names}
+    if not os.path.isdir(target):
+        raise FileNotFoundError(f"--target {target}: no such model folder; pass a local Hugging Face model folder")
+    for d in sorted(drafts):
+        if not os.path.isdir(d):
+            raise FileNotFoundError(f"--draft-model {d}: no such model folder; pass a local Hugging Face model "
+                                    "folder")
+        check_draft_target(d, target_dir=target)
+
+
 def _generator(live: Live, drafter: Any, setting: Setting | None) -> Any:
     from specdec.generation import SpecGenerator
 
@@ -174,9 +198,8 @@ def _first_diff(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def _run_set(live: Live, name: str, items: list, methods: list) -> list[MethodRun]:
-    from tqdm import tqdm
-
     from specdec.eval.prompts import render_prompt
+    from tqdm import tqdm
 
     n = live.args.max_new_tokens
     prompts = [render_prompt(it, live.tok, bos=not live.args.no_bos) for it in items]
@@ -218,6 +241,12 @@ def _entry(name: str, run: MethodRun, runs: list[MethodRun]) -> dict[str, Any]:
     for peer in BASELINES:
         if peer in by and run.seconds:
             e[f"speedup_vs_{peer.replace('-', '_')}"] = by[peer].seconds / run.seconds  # 1.0 for itself
+    mine = [p["seconds"] for p in run.per_prompt]
+    med = per_prompt_medians(mine, {peer: [p["seconds"] for p in by[peer].per_prompt] for peer in BASELINES
+                                    if peer in by})
+    e["median_seconds"] = med.pop("median_seconds")
+    e["slow_prompts"] = [{"id": run.per_prompt[i]["id"], "seconds": mine[i]} for i in med.pop("slow_indices")]
+    e.update(med)
     if run.setting is not None:
         e.update(run.setting.describe())
         s = run.stats
@@ -248,6 +277,9 @@ def live_table(entries: list[dict[str, Any]]) -> str:
             ("vs hf-greedy", ">", lambda r: r.get("speedup_vs_hf_greedy"), x),
             ("vs specdec-greedy", ">", lambda r: r.get("speedup_vs_specdec_greedy"), x),
             ("vs hf-assisted", ">", lambda r: r.get("speedup_vs_hf_assisted"), x),
+            ("median vs hf-greedy", ">", lambda r: r.get("median_speedup_vs_hf_greedy"), x),
+            ("median s/prompt", ">", lambda r: r.get("median_seconds"), _f(".3f")),
+            ("slow prompts", ">", lambda r: len(r.get("slow_prompts") or []), str),
             ("MAT", ">", lambda r: r.get("mat"), _f(".3f")),
             ("accept", ">", lambda r: r.get("acceptance_rate"), _f(".3f")),
             ("draft us/tok", ">", lambda r: r.get("draft_us_per_token"), _f(".1f")),
@@ -260,12 +292,20 @@ def live_table(entries: list[dict[str, Any]]) -> str:
 
 
 def run_live(args: argparse.Namespace) -> int:
-    from specdec.eval.cli import Staging, echo, safe_name, settings_from_args
+    from specdec.eval.checks import slow_prompt_notes
+    from specdec.eval.cli import (
+        Staging,
+        check_counts,
+        echo,
+        safe_name,
+        settings_from_args,
+    )
     from specdec.eval.prompts import load_prompts
     from specdec.eval.results import atomic_write_text, build_document, results_path
 
     if args.drafter is None and not args.config:
         args.drafter = list(DEFAULT_LIVE_DRAFTERS)
+    check_counts(args)
     settings = settings_from_args(args)
     sets = []
     for src in args.prompts:
@@ -273,7 +313,9 @@ def run_live(args: argparse.Namespace) -> int:
         if not items[args.offset:]:
             raise ValueError(f"prompt set {name!r}: --offset {args.offset} leaves no prompts ({len(items)} loaded)")
         sets.append((name, items[args.offset:]))
-    staging = Staging(args.out)
+    check_live_models(args, settings)
+    saved = results_path(safe_name(args.save_results), device=args.device) if args.save_results else None
+    staging = Staging(args.out, files=[("--json", args.json), ("--save-results", saved and str(saved))])
     try:
         live = Live(args)
         methods = _methods(live, settings)
@@ -284,7 +326,7 @@ def run_live(args: argparse.Namespace) -> int:
             for e in ds_entries:
                 e["prompts_requested"] = len(items)
                 e["stopped_early"] = e["prompts"] < len(items)
-            echo(args, live_table(ds_entries) + "\n")
+            echo(args, "\n".join([live_table(ds_entries), *slow_prompt_notes(ds_entries)]) + "\n")
             entries += ds_entries
             for r in runs:  # fresh totals per set
                 r.seconds, r.tokens, r.per_prompt, r.stats = 0.0, 0, [], {}
@@ -294,8 +336,7 @@ def run_live(args: argparse.Namespace) -> int:
         text = json.dumps(doc, indent=1) + "\n"
         atomic_write_text(staging.path("results.json", args.json), text)
         if args.save_results:
-            atomic_write_text(staging.path("saved.json", results_path(safe_name(args.save_results),
-                                                                       device=args.device)), text)
+            atomic_write_text(staging.path("saved.json", saved), text)
         spec = [e for e in entries if e.get("mat") is not None]
         if spec and not args.no_plots:
             from specdec.eval.report import plot_mat, plot_per_position

@@ -28,13 +28,15 @@ import hashlib
 import json
 import os
 import tarfile
+import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from specdec.eval.records import TraceRecord
+from specdec.eval.records import TraceRecord, as_ids
 from specdec.eval.tokenization import (TextTokenizer, encode_messages, join_content_and_calls, load_tokenizer,
                                        message_text)
 from specdec.paths import data_dir
@@ -102,22 +104,45 @@ def resolve_source(source: str | os.PathLike[str], data: str | os.PathLike[str] 
 
 
 # ------------------------------------------------------------------------------------------- reading
-def _open_text(path: Path):
-    return gzip.open(path, "rt", encoding="utf-8") if path.name.endswith(".gz") else open(path, encoding="utf-8")
+def read_bytes(path: Path) -> bytes:
+    """The file's bytes, gunzipped for ``*.gz``; a TraceError naming the file when it cannot be read."""
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rb") as fh:
+                return fh.read()
+        return path.read_bytes()
+    except (OSError, EOFError, zlib.error) as exc:
+        what = "not a valid gzip file" if path.name.endswith(".gz") else "cannot be read"
+        raise TraceError(f"{path}: {what} ({one_line(exc)}); expected "
+                         f"{'gzip-compressed ' if path.name.endswith('.gz') else ''}JSON text") from None
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's text on one line (tarfile and gzip messages span several)."""
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def _decode(path: Path, data: bytes, *, lineno: int | None = None) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = lineno if lineno is not None else data[: exc.start].count(b"\n") + 1
+        raise TraceError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); expected UTF-8 JSON") from None
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Objects of a JSONL file (split on '\\n' only: some files hold U+2028 inside strings)."""
-    with _open_text(path) as fh:
-        text = fh.read()
     rows = []
-    for lineno, line in enumerate(text.split("\n"), 1):
+    for lineno, raw in enumerate(read_bytes(path).split(b"\n"), 1):
+        line = _decode(path, raw, lineno=lineno)
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"{path}:{lineno}: not valid JSON ({exc.msg}); expected one JSON object per line") from None
+        except (json.JSONDecodeError, RecursionError) as exc:
+            msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+            raise TraceError(f"{path}:{lineno}: not valid JSON ({msg}); expected one JSON object per line") from None
         if not isinstance(row, dict):
             raise TraceError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
         rows.append(row)
@@ -125,11 +150,13 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def read_json(path: Path) -> Any:
-    with _open_text(path) as fh:
-        try:
-            return json.load(fh)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    text = _decode(path, read_bytes(path))
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise TraceError(f"{path}: not valid JSON (nested too deeply)") from None
 
 
 def detect_format(path: Path) -> str:
@@ -161,12 +188,35 @@ def detect_format(path: Path) -> str:
 
 
 # ------------------------------------------------------------------------------------------- formats
+RECORD_ERRORS = (KeyError, IndexError, TypeError, AttributeError, ValueError)  # a record of the wrong shape
+
+
+@contextmanager
+def at_record(path: Path, index: int, expected: str) -> Iterator[None]:
+    """Turn a malformed record's KeyError/TypeError/... into a TraceError naming the file and record (1-based)."""
+    try:
+        yield
+    except TraceError:
+        raise
+    except RECORD_ERRORS as exc:
+        what = f"missing key {exc}" if isinstance(exc, KeyError) else one_line(exc)
+        raise TraceError(f"{path}: record {index}: malformed ({what}); expected {expected}") from None
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected text, got {type(value).__name__}")
+    return value
+
+
 def _items_generic(path: Path, limit: int | None, opts: dict[str, Any]) -> list[RawItem]:
     items = []
     for i, r in enumerate(read_jsonl(path)[:limit]):
         rid, group = str(r.get("id", i)), str(r.get("group", ""))
         if "prompt_ids" in r and "response_ids" in r:
-            items.append(RawItem(rid, np.asarray(r["prompt_ids"]), np.asarray(r["response_ids"]), group))
+            with at_record(path, i + 1, "'prompt_ids' and 'response_ids' as lists of token ids (integers >= 0)"):
+                ids = [as_ids(r[k], what=k) for k in ("prompt_ids", "response_ids")]
+            items.append(RawItem(rid, ids[0], ids[1], group))
         elif "prompt" in r and "response" in r:
             prompt = r["prompt"]
             if not isinstance(prompt, (str, list)) or not isinstance(r["response"], str):
@@ -187,26 +237,30 @@ def _items_alpaca(path: Path, limit: int | None, opts: dict[str, Any]) -> list[R
     for i, r in enumerate(rows[:limit]):
         if not isinstance(r, dict) or "instruction" not in r or "output" not in r:
             raise TraceError(f"{path}: record {i + 1} lacks 'instruction'/'output'")
-        prompt = r["instruction"] + (f"\n{r['input']}" if r.get("input") else "")
-        items.append(RawItem(str(i), prompt, r["output"] or ""))
+        with at_record(path, i + 1, "'instruction', 'input' and 'output' as text"):
+            prompt = _text(r["instruction"]) + (f"\n{_text(r['input'])}" if r.get("input") else "")
+            items.append(RawItem(str(i), prompt, _text(r["output"] or "")))
     return items
 
 
 def _find_questions(path: Path) -> dict[Any, dict[str, Any]]:
     for cand in (path.parent / "question.jsonl", path.parent.parent / "question.jsonl"):
         if cand.exists():
-            return {q["question_id"]: q for q in read_jsonl(cand)}
+            with at_record(cand, 0, "a question_id per question"):
+                return {q["question_id"]: q for q in read_jsonl(cand)}
     raise TraceError(f"{path}: FastChat answers need question.jsonl in {path.parent} or its parent folder")
 
 
 def _items_answers(path: Path, limit: int | None, opts: dict[str, Any]) -> list[RawItem]:
     questions = _find_questions(path)
     items = []
-    for a in read_jsonl(path)[:limit]:
-        qid = a.get("question_id")
-        if qid not in questions:
-            raise TraceError(f"{path}: question_id {qid!r} not found in question.jsonl")
-        q_turns, a_turns = questions[qid]["turns"], a["choices"][0]["turns"]
+    for i, a in enumerate(read_jsonl(path)[:limit]):
+        with at_record(path, i + 1, "FastChat answers: question_id and choices[0].turns (a list of text)"):
+            qid = a.get("question_id")
+            if qid not in questions:
+                raise TraceError(f"{path}: question_id {qid!r} not found in question.jsonl")
+            q_turns = [_text(t) for t in questions[qid]["turns"]]
+            a_turns = [_text(t) for t in a["choices"][0]["turns"]]
         n_turns = min(len(q_turns), len(a_turns)) if opts.get("all_turns") else 1
         history: list[dict[str, str]] = []
         for t in range(n_turns):
@@ -225,7 +279,8 @@ def _items_gsm8k(path: Path, limit: int | None, opts: dict[str, Any]) -> list[Ra
     for i, r in enumerate(read_jsonl(path)[:limit]):
         if key not in r:
             raise TraceError(f"{path}: record {i + 1} lacks {key!r}; expected GSM8K example_model_solutions rows")
-        items.append(RawItem(str(i), r["question"], r[key]["solution"]))
+        with at_record(path, i + 1, f"'question' text and {key}.solution text"):
+            items.append(RawItem(str(i), _text(r["question"]), _text(r[key]["solution"])))
     return items
 
 
@@ -245,22 +300,42 @@ def _openhands_tokenized(path: Path, limit: int | None, tok: TextTokenizer,
     """Stream the tarball member by member (no extraction), tokenizing as it goes (~29 M prompt tokens)."""
     try:
         tf = tarfile.open(path)
-    except (tarfile.TarError, OSError) as exc:
-        raise TraceError(f"{path}: not a readable tar archive ({exc}); expected an OpenHands llm_completions tarball")
-    with tf:
-        members = _openhands_members(tf, limit)
-        if not members:
-            raise TraceError(f"{path}: no llm_completions/<instance>/*.json members; expected an OpenHands tarball")
-        calls = []
-        for inst, m in _progress(members, progress, f"tokenize {path.name[:24]}"):
-            d = json.load(tf.extractfile(m))
-            msg = d["response"]["choices"][0]["message"]
-            response = join_content_and_calls(msg.get("content"), msg.get("tool_calls"))
-            prompt = encode_messages(tok, [message_text(x) for x in d["messages"]])
-            rid = f"{inst}/{m.name.rsplit('/', 1)[-1]}"
-            calls.append(((inst, float(d["timestamp"]), m.name), TraceRecord(rid, prompt, tok.encode(response), inst)))
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        raise TraceError(f"{path}: not a readable tar archive ({one_line(exc)}); expected an OpenHands "
+                         "llm_completions tarball") from None
+    calls = []
+    try:
+        with tf:
+            members = _openhands_members(tf, limit)
+            if not members:
+                raise TraceError(f"{path}: no llm_completions/<instance>/*.json members; expected an OpenHands "
+                                 "tarball")
+            for inst, m in _progress(members, progress, f"tokenize {path.name[:24]}"):
+                calls.append(_openhands_call(path, tf, inst, m, tok))
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        raise TraceError(f"{path}: truncated or corrupt tar archive ({one_line(exc)})") from None
     calls.sort(key=lambda c: c[0])
     return [rec for _, rec in calls]
+
+
+def _openhands_call(path: Path, tf: tarfile.TarFile, inst: str, m: tarfile.TarInfo,
+                    tok: TextTokenizer) -> tuple[tuple[str, float, str], TraceRecord]:
+    """One LLM call of an OpenHands tarball: (sort key, record); a TraceError naming the member if malformed."""
+    try:
+        d = json.loads(_decode(path, tf.extractfile(m).read()))
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{path}: member {m.name}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    try:
+        msg = d["response"]["choices"][0]["message"]
+        response = join_content_and_calls(msg.get("content"), msg.get("tool_calls"))
+        prompt = encode_messages(tok, [message_text(x) for x in d["messages"]])
+        key = (inst, float(d["timestamp"]), m.name)
+    except RECORD_ERRORS as exc:
+        what = f"missing key {exc}" if isinstance(exc, KeyError) else one_line(exc)
+        raise TraceError(f"{path}: member {m.name}: malformed ({what}); expected an OpenHands completion with "
+                         "messages, response.choices[0].message and timestamp") from None
+    rid = f"{inst}/{m.name.rsplit('/', 1)[-1]}"
+    return key, TraceRecord(rid, prompt, tok.encode(response), inst)
 
 
 def _progress(items: list, enabled: bool, desc: str) -> Iterator:
@@ -278,16 +353,17 @@ _ITEM_LOADERS: dict[str, Callable[[Path, int | None, dict[str, Any]], list[RawIt
 
 def _tokenize_items(items: list[RawItem], tok: TextTokenizer | None, path: Path) -> list[TraceRecord]:
     out = []
-    for it in items:
+    for i, it in enumerate(items):
         if isinstance(it.prompt, np.ndarray):
             prompt, response = it.prompt, it.response
         else:
             assert tok is not None
-            if isinstance(it.prompt, list):
-                prompt = encode_messages(tok, it.prompt)
-            else:
-                prompt = tok.encode(it.prompt)
-            response = tok.encode(it.response)
+            with at_record(path, i + 1, "a prompt as text or a list of {role, content} messages"):
+                if isinstance(it.prompt, list):
+                    prompt = encode_messages(tok, it.prompt)
+                else:
+                    prompt = tok.encode(it.prompt)
+                response = tok.encode(it.response)
         try:
             out.append(TraceRecord(it.id, prompt, response, it.group))
         except ValueError as exc:
@@ -393,4 +469,5 @@ def _check_vocab(path: Path, records: list[TraceRecord], tok: TextTokenizer, *, 
     top = max((int(a.max()) for r in records for a in (r.prompt_ids, r.response_ids) if a.size), default=-1)
     if top >= tok.vocab_size:
         raise TraceError(f"{path}: token id {top} >= vocab size {tok.vocab_size} of tokenizer {tok.name}; the "
-                         "traces were tokenized with another tokenizer: pass the matching --tokenizer")
+                         "traces were tokenized with another tokenizer: pass the matching --tokenizer, or "
+                         "--tokenizer none to replay the ids as they are")

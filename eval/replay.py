@@ -159,6 +159,11 @@ class _Replayer:
         except Exception as exc:  # noqa: BLE001
             self._fail("draft_batch", exc)
             trees = [TokenTree.empty() for _ in reqs]
+        for i, (t, req) in enumerate(zip(trees, reqs)):
+            if not isinstance(t, TokenTree):  # None or junk: a drafter failure for that request
+                self._fail("draft_batch", TypeError(f"draft_batch returned {type(t).__name__} for request "
+                                                    f"{req.request_id!r}; expected a TokenTree"))
+                trees[i] = TokenTree.empty()
         dt = time.perf_counter() - t0
         self.res.draft_seconds += dt
         return [self._check(t) for t in trees], dt / max(len(active), 1)

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specdec.config import ConfigError
-from specdec.eval.cli import EvalError, Staging, cost_model, echo, safe_name, settings_from_args
+from specdec.eval.checks import check_draft_model_tokenizer, cpu_notes
+from specdec.eval.cli import EvalError, Staging, check_counts, cost_model, echo, safe_name, settings_from_args
 from specdec.eval.costmodel import CostModel
 from specdec.eval.loaders import SHARED_TRACE_SETS, TraceError, load_traces, resolve_data_dir
 from specdec.eval.records import TraceRecord
@@ -85,7 +86,11 @@ def _folder_jobs(path: Path, args: argparse.Namespace) -> list[DatasetJob]:
 
 def _embedded_jobs(args: argparse.Namespace) -> list[DatasetJob]:
     from specdec.eval.embedded import embedded_traces
+    from specdec.eval.tokenization import NO_TOKENIZER
 
+    if args.tokenizer == NO_TOKENIZER:
+        raise EvalError("--tokenizer none replays token-id traces only, and the built-in workload is text: give "
+                        "a SOURCE of prompt_ids/response_ids traces, or pass a tokenizer folder or 'bytes'")
     sets = embedded_traces(args.tokenizer)
     if args.limit:
         sets = [(n, r[: args.limit]) for n, r in sets]
@@ -121,11 +126,14 @@ def _entry(job: DatasetJob, setting: Setting, result: Any, cm: CostModel, drafte
 
 
 def run_replay(args: argparse.Namespace) -> int:
+    check_counts(args)
     settings = settings_from_args(args)
     explicit = bool(args.drafter or args.config)
     cm = cost_model(args)
     jobs = dataset_jobs(args)
-    staging = Staging(args.out)
+    check_draft_model_tokenizer(settings, args.tokenizer)
+    saved = results_path(safe_name(args.save_results)) if args.save_results else None
+    staging = Staging(args.out, files=[("--json", args.json), ("--save-results", saved and str(saved))])
     results: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     try:
@@ -139,6 +147,8 @@ def run_replay(args: argparse.Namespace) -> int:
         staging.abort()
         raise
     echo(args, f"cost model: {cm.describe()['formula']}; t(1) = {cm.base_ms:.2f} ms ({cm.source})")
+    for note in cpu_notes(results):
+        echo(args, note)
     for p in written:
         echo(args, f"wrote {p}")
     return 0

@@ -102,11 +102,33 @@ def parse_grid(items: Iterable[str]) -> dict[str, list[Any]]:
     grid: dict[str, list[Any]] = {}
     for item in items:
         key, value = parse_assignment(item, flag="--grid")
-        parsed = parse_value(value) if value.startswith("[") else [parse_value(v) for v in value.split(",")]
-        grid[key] = list(parsed) if isinstance(parsed, list) else [parsed]
-        if not grid[key]:
-            raise ConfigError(f"--grid {item!r} has no values")
+        if value.startswith("["):
+            parsed = parse_value(value)
+            values = list(parsed) if isinstance(parsed, list) else [parsed]
+        else:
+            parts = [v.strip() for v in value.split(",")]
+            if any(not v for v in parts):
+                raise ConfigError(f"--grid {item!r} has an empty value; expected KEY=V1,V2,... like "
+                                  f"{key or 'budget'}=8,16")
+            values = [parse_value(v) for v in parts]
+        if not values:
+            raise ConfigError(f"--grid {item!r} has no values; expected KEY=V1,V2,... like budget=8,16")
+        grid[key] = values
     return grid
+
+
+def check_budget(value: Any, *, where: str) -> int:
+    """``value`` as a budget (an integer >= 0) or a ConfigError naming ``where`` and the value."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{where}: budget={value!r} must be an integer >= 0 (e.g. budget=8,16)")
+    return value
+
+
+def check_tree(value: Any, *, where: str) -> bool:
+    """``value`` as the tree flag (true/false) or a ConfigError naming ``where`` and the value."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: tree={value!r} must be true or false")
+    return value
 
 
 def read_preset(name_or_path: str) -> dict[str, Any]:
@@ -134,15 +156,18 @@ def build_settings(*, drafters: Sequence[str] | None, options: Sequence[str] = (
     data = read_preset(preset) if preset else {}
     names = [parse_drafter(d) for d in (drafters or data.get("drafters") or DEFAULT_DRAFTERS)]
     opts = _merge(data.get("options") or {}, parse_options(options))
-    budget_list = list(budgets) if budgets else [int(b) for b in _as_list(data.get("budget", DEFAULT_BUDGET))]
-    trees = [tree] if tree is not None else [bool(t) for t in _as_list(data.get("tree", False))]
+    where = f"config {preset!r}" if preset else "--budget"
+    budget_list = [check_budget(b, where=where if not budgets else "--budget")
+                   for b in (list(budgets) if budgets else _as_list(data.get("budget", DEFAULT_BUDGET)))]
+    trees = [tree] if tree is not None else [check_tree(t, where=f"config {preset!r}")
+                                             for t in _as_list(data.get("tree", False))]
     g = {**{str(k): _as_list(v) for k, v in (data.get("grid") or {}).items()}, **parse_grid(grid)}
     for key in g:
         if key not in ("budget", "tree") and "." not in key:
             raise ConfigError(f"grid key {key!r} must be budget, tree or NAME.KEY (e.g. suffix.max_depth)")
-    for b in budget_list + [v for v in g.get("budget", []) if isinstance(v, int)]:
-        if not isinstance(b, int) or b < 0:
-            raise ConfigError(f"budget={b!r} must be an integer >= 0")
+    g["budget"] = [check_budget(v, where="--grid") for v in g["budget"]] if "budget" in g else []
+    g["tree"] = [check_tree(v, where="--grid") for v in g["tree"]] if "tree" in g else []
+    g = {k: v for k, v in g.items() if v or k not in ("budget", "tree")}
     settings: list[Setting] = []
     seen: set[str] = set()
     keys = list(g)
@@ -162,7 +187,41 @@ def build_settings(*, drafters: Sequence[str] | None, options: Sequence[str] = (
         if s.label not in seen:
             seen.add(s.label)
             settings.append(s)
+    check_names(settings, cli_options=options, grid_keys=[k for k in g if "." in k], preset_options=opts)
+    check_options(settings)
     return settings
+
+
+def check_options(settings: Sequence[Setting]) -> None:
+    """Every setting's options pass its drafters' configs (unknown keys, ranges) before any data is loaded."""
+    from specdec.drafters.registry import drafter_class
+
+    for s in settings:
+        for name in s.names:
+            try:
+                cls = drafter_class(name)
+            except ImportError:
+                continue  # an optional peer that is not installed: reported when it is built
+            cls.Config.from_dict(dict(s.options.get(name, {})), where=f"drafter {name!r}: ")
+
+
+def check_names(settings: Sequence[Setting], *, cli_options: Sequence[str], grid_keys: Sequence[str],
+                preset_options: Mapping[str, Any]) -> None:
+    """Every drafter named in an option or a grid key exists, and those given as flags are run by a setting
+    (a mistyped name such as ``sufix.max_depth`` would otherwise be ignored)."""
+    from specdec.drafters.registry import drafter_names
+
+    known = drafter_names()
+    used = {n for s in settings for n in s.names}
+    named = [(f"--option {item!r}", item.split("=", 1)[0].split(".", 1)[0].strip()) for item in cli_options]
+    named += [(f"--grid key {key!r}", key.split(".", 1)[0]) for key in grid_keys]
+    named += [(f"options of drafter {name!r}", name) for name in preset_options]
+    for what, name in named:
+        if name not in known:
+            raise ConfigError(f"{what}: unknown drafter {name!r}; valid drafters: {', '.join(known)}")
+        if name not in used and not what.startswith("options of"):
+            raise ConfigError(f"{what}: drafter {name!r} is not among the drafters run ({', '.join(sorted(used))}); "
+                              f"add it to --drafter or drop the option")
 
 
 def _run(item: Any, opts: Mapping[str, Mapping[str, Any]], preset: str | None) -> Setting:
@@ -183,10 +242,8 @@ def _run(item: Any, opts: Mapping[str, Mapping[str, Any]], preset: str | None) -
             raise ConfigError(f"config {preset!r}: options of the composition {item['drafter']!r} must be keyed by "
                               "drafter name")
         own.setdefault(names[0], {}).update(extra)
-    budget = item.get("budget", DEFAULT_BUDGET)
-    if not isinstance(budget, int) or budget < 0:
-        raise ConfigError(f"config {preset!r}: runs entry budget={budget!r} must be an integer >= 0")
-    return Setting(names, own, budget, bool(item.get("tree", False)))
+    budget = check_budget(item.get("budget", DEFAULT_BUDGET), where=f"config {preset!r}: runs entry")
+    return Setting(names, own, budget, check_tree(item.get("tree", False), where=f"config {preset!r}: runs entry"))
 
 
 def _one(names: tuple[str, ...], opts: Mapping[str, Mapping[str, Any]], budget: int, tree: bool,

@@ -74,6 +74,23 @@ class ByteTokenizer(TextTokenizer):
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
 
+NO_TOKENIZER = "none"
+
+
+class NoTokenizer(TextTokenizer):
+    """``--tokenizer none``: token-id traces replayed as they are (any vocabulary); text cannot be encoded."""
+
+    name = NO_TOKENIZER
+    vocab_size = 0  # unknown: ids are not checked against a vocabulary
+
+    def encode(self, text: str) -> list[int]:
+        raise TokenizerError("this record is text but --tokenizer none was given; --tokenizer none is for "
+                             "token-id traces (prompt_ids/response_ids): pass a tokenizer folder or 'bytes'")
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return " ".join(str(int(i)) for i in ids)
+
+
 class HFTokenizer(TextTokenizer):
     """A local Hugging Face tokenizer folder. Uses ``tokenizers`` directly when ``tokenizer.json`` exists (fast
     to load, same ids as ``AutoTokenizer(..., add_special_tokens=False)``), else ``transformers.AutoTokenizer``."""
@@ -142,9 +159,12 @@ def default_tokenizer_path() -> Path:
 
 
 def load_tokenizer(spec: str | os.PathLike[str] | TextTokenizer | None = None) -> TextTokenizer:
-    """``None`` -> the shared target's tokenizer if present, else bytes; ``"bytes"`` -> bytes; else a folder."""
+    """``None`` -> the shared target's tokenizer if present, else bytes; ``"bytes"`` -> bytes; ``"none"`` -> no
+    tokenizer (token-id traces only); else a folder."""
     if isinstance(spec, TextTokenizer):
         return spec
+    if str(spec) == NO_TOKENIZER:
+        return NoTokenizer()
     if spec is None:
         path = default_tokenizer_path()
         return HFTokenizer(path) if (path / "tokenizer.json").exists() else ByteTokenizer()

@@ -11,6 +11,7 @@ Terms (accepted / recovered / bonus tokens, MAT, acceptance rate): ``specdec.ver
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 import time
 from dataclasses import asdict, dataclass, fields
@@ -118,6 +119,10 @@ class SpecGenerator:
             raise TypeError(f"drafter must be a specdec Drafter or None, got {type(drafter).__name__}")
         self.model = load_target(target, device=device)
         self.drafter = drafter
+        if drafter is not None:  # a draft model of another vocabulary is refused here, not after a run of MAT 1.0
+            name = str(getattr(self.model, "name_or_path", "") or "")
+            drafter.check_target(vocab_size=int(self.model.get_input_embeddings().num_embeddings),
+                                 tokenizer_dir=name if name and os.path.isdir(name) else None)
         self.sampling = SamplingParams(temperature, top_p, top_k)
         self.verifier = ReferenceVerifier(self.model, sampling=self.sampling, seed=seed)
         self._calls = 0
@@ -226,9 +231,10 @@ def _progress(enabled: bool, total: int) -> Any:
 _GEN_KEYS = ("max_new_tokens", "eos_token_id", "progress")
 
 
-def generate(target: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *, drafter: Any = None,
+def generate(target: Any, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]], *, drafter: Any = None,
              tokenizer: Any = None, **kw: Any) -> GenerationResult:
-    """One-call generation. ``prompts``: token-id lists, or strings with ``tokenizer``.
+    """One-call generation. ``prompts``: token-id lists, or strings with ``tokenizer``; a single string or a
+    single flat list of ids is one prompt.
 
     ``drafter``: a Drafter, a drafter spec for ``specdec.build_drafter`` (``"suffix"``, ``["suffix",
     "model"]``), or None (plain decoding). ``kw``: ``SpecGenerator`` options (budget, tree, temperature,
@@ -260,8 +266,21 @@ def generate(target: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *, d
     return result
 
 
+def _as_prompt_list(prompts: Any) -> list[Any]:
+    """A bare string or a flat list of token ids is one prompt, not one prompt per character or id."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if getattr(prompts, "ndim", None) == 1:  # a 1-D array or tensor of ids
+        return [prompts]
+    items = list(prompts)
+    if items and all(isinstance(p, numbers.Integral) for p in items):
+        return [items]
+    return items
+
+
 def _encode(prompts: Sequence[Any], tokenizer: Any) -> list[list[int]]:
     out = []
+    prompts = _as_prompt_list(prompts)
     for i, p in enumerate(prompts):
         if isinstance(p, str):
             if tokenizer is None:
