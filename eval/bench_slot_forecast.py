@@ -51,7 +51,7 @@ def run(records: list[Any], *, batch_size: int, growth: str, k: int, steps: int,
         token_cost: float, cut: bool = False) -> dict[str, Any]:
     """One configuration (``growth``: a ``slot_growth`` value, or ``SYNC``) over ``steps`` steps; ``cut``: drafts
     cut where the calibrated acceptance probability falls below ``token_cost`` (adaptive control on)."""
-    opts = SpecdecOptions.from_dict({"num_speculative_tokens": k, "ab_windows": False, "async_drafting": True,
+    opts = SpecdecOptions.from_dict({"num_speculative_tokens": k, "async_drafting": True,
                                      "async_mode": "schedule", "lane_threads": 1, "adaptive": cut})
     max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in records) + 8
     eng = FakeEngine(records[:batch_size], records, max_len)

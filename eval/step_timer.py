@@ -93,7 +93,7 @@ class StepTimer:
 
         ScheduledDrafting.capture = self._timed(ScheduledDrafting.capture)
         ScheduledDrafting.fill = self._timed(ScheduledDrafting.fill)
-        # device wait: the drafting (inline in finish, or on the finisher thread with finish_thread)
+        # device wait: the drafting (inline in finish)
         ScheduledDrafting._finish_job = self._split(self._timed(ScheduledDrafting._finish_job), "finish_ms")
         ScheduledDrafting._tokens = self._split(ScheduledDrafting._tokens, "sync_ms")  # reading a step's tokens
         try:

@@ -146,10 +146,9 @@ def test_runner_patch_binds_the_input_batch_before_propose():
     assert not plugin.patch_runner_class(OddRunner)  # unexpected signature: left alone
 
 
-@pytest.mark.parametrize("mode", ["overlap", "thread"])
-def test_async_proposer_defers_drafts_to_take_draft_token_ids(mode):
-    """propose() submits (to the helper process / the drafter's thread) and returns placeholders;
-    take_draft_token_ids() swaps the drafts in."""
+def test_thread_mode_defers_drafts_to_take_draft_token_ids():
+    """propose() submits to the drafter's thread and returns placeholders; take_draft_token_ids() swaps the drafts
+    in."""
     import numpy as np
 
     from specdec.vllm_plugin.proposer import SpecdecProposer
@@ -171,12 +170,12 @@ def test_async_proposer_defers_drafts_to_take_draft_token_ids(mode):
         def take_draft_token_ids(self):
             return self._get_draft_token_ids_cpu()
 
-    cfg = SimpleNamespace(additional_config={"specdec": {"async": True, "async_mode": mode, "adaptive": False,
+    cfg = SimpleNamespace(additional_config={"specdec": {"async": True, "async_mode": "thread", "adaptive": False,
                                                          "draft_timeout_ms": 0}},
                           speculative_config=SimpleNamespace(num_speculative_tokens=3),
                           model_config=SimpleNamespace(max_model_len=64))
     prop = SpecdecProposer(cfg, patch_runner=False)
-    assert prop.overlapped == (mode == "overlap") and prop.threaded == (mode == "thread")
+    assert prop.threaded
     assert plugin.patch_runner_class(FakeRunner) and plugin.take_hook_installed()
     runner = FakeRunner(prop)
     try:
@@ -234,7 +233,7 @@ def test_real_custom_class_hook_and_runner_signature():
 
     params = list(inspect.signature(GPUModelRunner.propose_draft_token_ids).parameters)
     assert params[:2] == ["self", "scheduler_output"]
-    # overlapped drafting collects in take_draft_token_ids; custom_class drafts are kept as a list there
+    # thread mode collects in take_draft_token_ids; custom_class drafts are kept as a list there
     assert list(inspect.signature(GPUModelRunner.take_draft_token_ids).parameters) == ["self"]
     src = inspect.getsource(GPUModelRunner._get_draft_token_ids_cpu)
     assert "isinstance(self._draft_token_ids, list)" in src

@@ -16,11 +16,9 @@
      enqueues the stream's wait and the buffer's copy;
    - ``_model_forward`` (start): drafts a deferred fill and releases the stream (``ScheduledDrafting.finish``):
      every input of the step is enqueued by then, and the forward's launch is the next thing; later host work
-     of ``execute_model`` may block on the stream (vLLM 0.26's logits GEMM did, run 43), so not later;
-     with ``finish_thread`` the drafting runs on a worker thread instead, and this thread launches the forward
-     (queued behind the stream's wait) meanwhile;
-   - ``execute_model`` (end, always): waits for that worker; drafts and releases if the step never reached the
-     forward (an error, an early return).
+     of ``execute_model`` may block on the stream (vLLM 0.26's logits GEMM did), so not later;
+   - ``execute_model`` (end, always): drafts and releases if the step never reached the forward (an error, an
+     early return).
 3. ``patch_async_scheduler`` (``draft_slots="adaptive"``): ``AsyncScheduler.schedule`` (start) gives each
    running decoding request, instead of the ``k`` draft placeholders vLLM reserved at the end of the previous
    schedule, the slots of its latest draft (``slots.SlotBook``, ``regrant_placeholders``), and with the book's
@@ -155,16 +153,11 @@ def _scheduled(runner: Any, *, create: bool = True) -> Any:
     return runner.drafter.scheduled_for(runner) if create else runner.drafter.scheduled
 
 
-def _finish_deferred(runner: Any, *, background: bool = False) -> None:
-    """Draft a deferred fill and release the stream waiting for it (device wait), if there is one; ``background``:
-    on the finisher thread if there is one (``finish_thread``). Otherwise first wait for a finisher still running."""
+def _finish_deferred(runner: Any) -> None:
+    """Draft a deferred fill and release the stream waiting for it (device wait), if there is one."""
     sched = _scheduled(runner, create=False)
-    if sched is None:
-        return
-    if not background:
-        sched.join()
-    if sched.deferred is not None:
-        sched.finish(background=background)
+    if sched is not None and sched.deferred is not None:
+        sched.finish()
 
 
 def _capture(runner: Any, sched: Any, sampler_output: Any) -> None:
@@ -245,9 +238,7 @@ def patch_async_runner(runner_cls: Any) -> bool:
 
     @functools.wraps(orig_fwd)
     def _model_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        # inputs enqueued: draft now and let the stream go on before the forward's launch (finish_thread: the
-        # drafting runs on the finisher thread while this thread launches the forward behind the stream's wait)
-        _finish_deferred(self, background=True)
+        _finish_deferred(self)  # inputs enqueued: draft now and let the stream go on before the forward's launch
         return orig_fwd(self, *args, **kwargs)
 
     for fn in (_bookkeeping_sync, propose_draft_token_ids, _prepare_input_ids, execute_model, _model_forward):
@@ -343,8 +334,7 @@ def prefill_tokens_pending(waiting: Any, running: Any, *, enough: int) -> int:
 def cap_prefill_steps(scheduler: Any, book: Any) -> int:
     """Before vLLM schedules a step: if it will carry a heavy prefill (at least ``PREFILL_HEAVY_TOKENS`` context
     tokens of waiting requests or running prompt chunks), every decoding request keeps at most
-    ``book.prefill_slots`` draft placeholders (``prefill_cap``, or the confident part of its latest draft;
-    vLLM schedules ``1 + len(spec_token_ids)`` tokens for it). Returns the number of requests capped."""
+    ``book.prefill_cap`` draft placeholders (vLLM schedules ``1 + len(spec_token_ids)`` tokens for it). Returns the number of requests capped."""
     running = scheduler.running
     if prefill_tokens_pending(scheduler.waiting, running, enough=PREFILL_HEAVY_TOKENS) < PREFILL_HEAVY_TOKENS:
         return 0
@@ -353,7 +343,7 @@ def cap_prefill_steps(scheduler: Any, book: Any) -> int:
         spec = request.spec_token_ids
         if request.is_prefill_chunk or not spec or spec[0] != PLACEHOLDER:
             continue  # a prefill chunk, no slots, or real draft ids (not schedule mode's placeholders)
-        cap = book.prefill_slots(request.request_id)
+        cap = book.prefill_cap
         if len(spec) <= cap:
             continue
         taken += len(spec) - cap

@@ -8,7 +8,7 @@ every request, so it is uniform too, but at a length vLLM neither captures nor d
 length, each a pass-through for any engine that is not ours with narrow slots:
 
 1. ``CudagraphDispatcher.initialize_cudagraph_keys`` (end): for every narrow width ``w`` (``narrow_slots``,
-   ``high_mat_narrow_slots``, ``large_batch_narrow_slots``, ``large_batch_high_mat_slots``) and every request count
+   ``high_mat_narrow_slots``, ``large_batch_narrow_slots``) and every request count
    ``r`` vLLM captures a uniform FULL graph for, a FULL key ``BatchDescriptor(num_tokens=(w + 1) * r, num_reqs=r,
    uniform=True)`` (a key differs from vLLM's by its tokens per request, so the two sets never collide). vLLM's
    capture loop (``capture_model``) and its memory profile capture every key.

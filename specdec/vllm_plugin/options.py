@@ -27,7 +27,7 @@ VLLM_KEYS = frozenset({
 })
 PAD_CHOICES = ("auto", "on", "off", True, False)
 KEY_ALIASES = {"async": "async_drafting"}  # `async` is a Python keyword; users write "async": true
-ASYNC_MODES = ("auto", "thread", "overlap", "schedule", "hedge")
+ASYNC_MODES = ("auto", "thread", "schedule")
 AUTO_SCHEDULE_MIN_PARAMS = 1e9  # async_mode "auto": targets this large draft in "schedule" mode (one GPU), else "thread"
 SCHEDULE_LANE_THREADS = 4  # lane_threads 0 ("auto") in schedule mode (GPU run 64)
 # suffix drafts <= their match length where verified tokens cost (GPU runs 70-72: +2-10% at batch 32-64), <= 8x
@@ -53,16 +53,9 @@ class SpecdecOptions(ConfigBase):
                                          "how: async_mode")
     async_mode: str = rng("auto", choices=ASYNC_MODES,
                           doc="'auto': 'schedule' for a target of at least 1e9 parameters on one GPU (TP = PP = 1), "
-                              "else 'thread' (GPU run 55, 8B-sized target, batch 1-64: schedule mode faster in 7 "
-                              "of 8 cells; on the host-bound 53M target thread mode); 'schedule': vLLM's async scheduling (TP=PP=1): the engine prepares step N+1 while "
-                              "the GPU runs step N, drafts are filled into a GPU buffer just before vLLM reads them "
-                              "(specdec.vllm_plugin.scheduled); 'overlap': the proposer runs in a helper process "
-                              "while vLLM processes the step's outputs (specdec.vllm_plugin.overlap); 'thread': "
-                              "the suffix drafter's native step runs on its own thread with the GIL released "
-                              "while vLLM processes the step's outputs (specdec.vllm_plugin.threaded; other "
-                              "drafters draft synchronously); 'hedge': "
-                              "specdec.pipeline.AsyncDrafter pre-drafts likely outcomes on a background thread")
-    async_options: dict = rng({}, doc="keyword options for AsyncDrafter (async_mode='hedge')")
+                              "else 'thread'; 'schedule': vLLM's async scheduling, drafts filled into a GPU buffer "
+                              "just before vLLM reads them; 'thread': the suffix drafter's native step runs on its "
+                              "own thread while vLLM processes the step's outputs")
     draft_timeout_ms: float = rng(50.0, lo=0.0, hi=60_000.0,
                                   doc="per-step drafting deadline; past it the step gets no draft (0 = no deadline)")
     deadline_mode: str = rng("auto", choices=("auto", "thread"),
@@ -90,11 +83,6 @@ class SpecdecOptions(ConfigBase):
                                       "after vLLM enqueued the step's inputs; a watchdog frees the stream draft_timeout_ms after the GPU "
                                       "started waiting, or 2 s after the wait was enqueued); "
                                       "false or unavailable: drafts filled on the host before vLLM reads them")
-    finish_thread: bool = rng(False, doc="async_mode='schedule' with device_wait: the drafting that releases the GPU's "
-                                         "wait runs on a worker thread, so the engine thread launches the forward "
-                                         "(queued behind the wait) at the same time instead of after it (GPU run 56, "
-                                         "8B-sized target: slower, GPU gap 2.0-2.4 vs 1.3 ms; the two contend for "
-                                         "the GIL)")
     matrix_step: bool = rng(True, doc="async_mode='schedule' with the native step: the drafting the GPU waits for "
                                       "reads the captured token matrix and writes the padded drafts into the draft "
                                       "buffer in one native call; the host's token record is updated after the "
@@ -107,24 +95,6 @@ class SpecdecOptions(ConfigBase):
     early_refresh: bool = rng(True, doc="async_mode='schedule' with the device wait: rebuild the global-cache match "
                                         "fronts that stops made stale while the GPU still runs the previous step "
                                         "(else while drafting, the GPU waiting); same drafts")
-    early_cache: bool = rng(False, doc="async_mode='schedule' with the device wait: the early stops' responses are "
-                                       "cached in the suffix drafter's global trie, and the match fronts rebuilt, on "
-                                       "its caching thread (no GIL) while vLLM's engine thread goes on; the step's "
-                                       "drafting waits for that job (same drafts). The engine thread's fill at 64 "
-                                       "rows fell from 1.26 to 0.36 ms per step on the 2-core CPU, the drafting the "
-                                       "GPU waits for unchanged (eval/bench_schedule_cpu.py; results "
-                                       "2026-11-22_cpu-2core_bench_schedule_early_cache.json); on the H200 (run 77) "
-                                       "+6 / -3% at batch 32 on code / agentic prompts, flat at 64, hence off. "
-                                       "Without the device wait it acts as defer_cache")
-    late_cache: bool = rng(False, doc="async_mode='schedule' with the device wait: the early stops only retire "
-                                      "their requests; their responses are cached in the suffix drafter's global "
-                                      "trie, and every running request's match front rebuilt, on its caching thread "
-                                      "right after the step's drafting, while the GPU runs the step (the next call "
-                                      "into the drafter waits for that job). Takes that work off vLLM's engine "
-                                      "thread and off the drafting; a finished response reaches the global cache "
-                                      "one step later. Exclusive with early_cache. GPU run 107, 8B-sized target, "
-                                      "code prompts, batch 64, three engines each, interleaved: 20,176 tok/s mean "
-                                      "against 21,024 without it, hence off")
     prefill_step_slots: int = rng(0, lo=-1, hi=MAX_SPEC_LEN,
                                   doc="draft_slots='adaptive': on a step that will also carry a heavy prefill (at "
                                       "least 512 prompt tokens of waiting requests or prompts still being chunked) "
@@ -132,14 +102,6 @@ class SpecdecOptions(ConfigBase):
                                       "are compute-bound: each verified token costs its full share of the GEMMs); "
                                       "-1: no cap. GPU runs 58-60, 8B-sized target, sustained load: agentic +1-5% "
                                       "at batch 32-64, code unchanged")
-    prefill_step_confident: bool = rng(False, doc="draft_slots='adaptive': on such a heavy prefill step a decoding "
-                                                  "request keeps up to the confident part of its latest draft (its "
-                                                  "tokens before the confidence cut) if that is more than "
-                                                  "prefill_step_slots: the drafts worth verifying ride along with "
-                                                  "the prefill (such a step runs as piecewise graphs anyway). GPU "
-                                                  "run 129, agentic batch 32 / 64: those steps emitted 3x / 2.2x the "
-                                                  "tokens, tokens/s -0.4% / +0.3% (the next steps had fewer to "
-                                                  "take), hence off")
     slot_growth: float = rng(1.0, lo=0.0, hi=16.0,
                              doc="draft_slots='adaptive': a request's next step gets L + ceil(slot_growth * L) slots "
                                  "for a latest draft of L tokens (the slots follow the drafts one round late; a "
@@ -213,22 +175,6 @@ class SpecdecOptions(ConfigBase):
                                          doc="high_mat_narrow_slots: the MAT from which mid-size narrow steps are "
                                              "that wide (MAT at width 6, run 95: code 4.71, agentic 2.77; at width 8, "
                                              "run 97: 5.47 and 2.87)")
-    large_batch_high_mat_slots: int = rng(0, lo=0, hi=MAX_SPEC_LEN,
-                                          doc="draft_slots='adaptive': from narrow_slots_below running requests, "
-                                              "steps are narrow with this many slots while the moving MAT is at "
-                                              "least high_mat_narrow_min_mat (long accepted drafts: code prompts), "
-                                              "instead of per-request slots (a ragged batch that vLLM runs with "
-                                              "piecewise CUDA graphs, whose launches keep the host late for the "
-                                              "next step's drafting). GPU runs 103 and 106, 8B-sized target, code "
-                                              "prompts, batch 64, width 8: GPU waiting for drafts 4.6% of the step "
-                                              "instead of 10.6%, but 2-4% fewer tokens/s (MAT 6.0 instead of 6.6), "
-                                              "hence off. 0, or >= num_speculative_tokens: off")
-    defer_cache: bool = rng(False, doc="native step (experimental; GPU run 17: less drafting time, not faster end to end): finished responses "
-                                       "reach the suffix drafter's global cache on a background thread after the "
-                                       "next step has drafted, instead of on the critical path when they stop")
-    defer_cache_wait_ms: float = rng(0.5, lo=0.0, hi=1000.0,
-                                     doc="defer_cache: a step waits at most this long for the caching thread, "
-                                         "then drafts without the global cache")
     strict: bool = rng(False, doc="re-raise drafter errors (debugging only: a failure then fails the engine)")
     adaptive: bool = rng(True, doc="skip or shorten drafting when it cannot pay (batch size, acceptance)")
     min_path_prob: float = rng(0.0, lo=0.0, hi=1.0,
@@ -237,14 +183,6 @@ class SpecdecOptions(ConfigBase):
                                        doc="adaptive: the fixed floor grows by this much per running request")
     min_acceptance: float = rng(0.1, lo=0.0, hi=1.0,
                                 doc="adaptive: a request whose acceptance EMA falls below drafts 1 token")
-    ab_windows: bool = rng(False, doc="adaptive: A/B-test spec vs plain windows per batch-size bucket (off by default: "
-                                      "in vLLM 0.26 a plain step of a speculative engine runs piecewise CUDA graphs "
-                                      "and cost 2.2x a no-spec step, and noisy early estimates held whole batches in "
-                                      "plain mode; GPU run 19, docs/vllm.md)")
-    probe_window_steps: int = rng(1, lo=1, hi=100_000, doc="adaptive: steps per throughput-measurement window")
-    probe_every: int = rng(32, lo=2, hi=1000, doc="adaptive: every Nth window of a batch bucket runs the other mode")
-    min_speedup: float = rng(1.0, lo=0.5, hi=2.0,
-                             doc="adaptive: a batch bucket drafts only while spec throughput >= this x plain")
     pad_drafts: Any = rng("auto", doc="'on': every decoding request submits exactly k draft tokens (the drafter's "
                                       "chain past its confidence cut, then filler), so vLLM runs the verify batch as "
                                       "a FULL CUDA graph; 'auto': pad a step when the padded tokens' estimated GPU "
@@ -296,15 +234,9 @@ class SpecdecOptions(ConfigBase):
         return self._usable_width(self.high_mat_narrow_slots) if self.narrow_width else 0
 
     @property
-    def large_batch_high_mat_width(self) -> int:
-        """Draft slots of a narrow large-batch step while the MAT is high (``large_batch_high_mat_slots``), 0 where
-        off."""
-        return self._usable_width(self.large_batch_high_mat_slots)
-
-    @property
     def narrow_widths(self) -> tuple[int, ...]:
         """Every width a narrow step may have (each gets its own full CUDA graphs: ``graphs.py``)."""
-        widths = (self.narrow_width, self.high_mat_width, self.large_batch_width, self.large_batch_high_mat_width)
+        widths = (self.narrow_width, self.high_mat_width, self.large_batch_width)
         return tuple(sorted({w for w in widths if w}))
 
     def _usable_width(self, w: int) -> int:
@@ -316,10 +248,6 @@ class SpecdecOptions(ConfigBase):
             raise ConfigError(f"{where}pad_drafts={self.pad_drafts!r} must be one of 'auto', 'on', 'off' (or true/false)")
         if not isinstance(self.drafter, (str, list, tuple, dict)):
             raise ConfigError(f"{where}drafter={self.drafter!r} must be a name, a dict with 'name', or a list")
-        if self.early_cache and self.late_cache:
-            raise ConfigError(f"{where}early_cache and late_cache are both true: choose one (early_cache caches "
-                              "finished responses before a step's drafting, late_cache right after it)")
-
 
 def estimate_params(hf_config: Any) -> float:
     """Parameter count of a decoder-only transformer from its Hugging Face config (0.0 if the fields are missing).

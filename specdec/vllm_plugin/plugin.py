@@ -229,7 +229,7 @@ def patch_execute_model(runner_cls: Any) -> bool:
 
 
 def patch_take_draft_token_ids(runner_cls: Any) -> bool:
-    """Wrap ``runner_cls.take_draft_token_ids`` so overlapped drafts (async overlap mode) are collected there.
+    """Wrap ``runner_cls.take_draft_token_ids`` so thread mode's drafts are collected there.
 
     vLLM's synchronous loop calls it after ``scheduler.update_from_output``: drafting overlaps that work.
     Requires the runner to keep custom_class drafts as a list in ``_draft_token_ids`` (vLLM 0.26 and 0.32).
@@ -240,8 +240,8 @@ def patch_take_draft_token_ids(runner_cls: Any) -> bool:
     if getattr(orig, _WRAPPED, False):
         return True
     if list(inspect.signature(orig).parameters) != ["self"]:
-        logger.warning("specdec: %s.take_draft_token_ids has an unexpected signature; overlapped drafting "
-                       "collects in propose (no overlap)", runner_cls.__name__)
+        logger.warning("specdec: %s.take_draft_token_ids has an unexpected signature; thread mode "
+                       "collects in propose", runner_cls.__name__)
         return False
     from specdec.vllm_plugin.proposer import SpecdecProposer
 

@@ -31,19 +31,12 @@ tokens per step.
 ``async_patch.PREFILL_HEAVY_TOKENS`` prompt tokens of waiting requests or prompts still being chunked) is
 compute-bound, so every verified draft token costs its full share of the GEMMs; before vLLM schedules such a step
 each decoding request keeps at most ``prefill_cap`` of its placeholders (``async_patch.cap_prefill_steps``).
-With ``prefill_confident`` (``prefill_step_confident``) it keeps up to the confident part of its latest draft
-instead, if that is more: the drafter's tokens before the confidence cut (``confident``, noted with each drafting;
-a narrow step's drafts are padded to the width, so their lengths say nothing of it). Such a step runs as piecewise
-graphs whatever its slots (the prefill makes the batch mixed), so verifying only the drafts worth it costs nothing
-extra in launches; GPU traces of the agentic prompts (runs 94, 95, 128) put those steps at 17-29% of the steps and
-~20 us of GPU time per verified token there. Measured off (GPU run 129, agentic prompts): those steps emitted 2-3x
-the tokens and the GPU's total work stayed the same (the next light steps had fewer accepted tokens left to take).
+Such a step runs as piecewise graphs whatever its slots (the prefill makes the batch mixed).
 
 ``narrow`` (``narrow_slots``) with ``narrow_rows`` = (from, below): a schedule of ``from <= running < below``
 requests gives every decoding request exactly ``narrow`` slots (``width``); from ``below`` requests on,
 ``large`` = (width, max MAT) (``large_batch_narrow_slots``) does so with its own width while the tokens a request got
-per step (``mat``, a moving average over notes) stay at most that MAT, and ``large_high``
-(``large_batch_high_mat_slots``) with its width while ``mat`` is at least ``high``'s MAT; ``high`` = (width, min MAT)
+per step (``mat``, a moving average over notes) stay at most that MAT; ``high`` = (width, min MAT)
 (``high_mat_narrow_slots``) widens the mid-size narrow steps while ``mat`` is at least that MAT. The step's drafting
 pads each row to the width: the verify batch is uniform with ``width + 1`` tokens per request, which vLLM runs as one
 FULL CUDA graph once ``graphs.py`` has captured that length (vLLM captures only ``k + 1``). Mid-size batches are bound by the
@@ -77,19 +70,17 @@ class SlotBook:
     ``note`` replaces the whole table with the rows of the latest drafting step (requests that left the batch drop
     out); a request not in the table (new, or back from preemption) gets ``k``."""
 
-    def __init__(self, k: int, *, prefill_cap: int = -1, prefill_confident: bool = False, growth: float = 0.0,
+    def __init__(self, k: int, *, prefill_cap: int = -1, growth: float = 0.0,
                  min_share: float = 0.0,
                  narrow: int = 0, narrow_rows: tuple[int, int] = (0, 0),
                  large: tuple[int, float] = (0, 0.0), high: tuple[int, float] = (0, 0.0),
-                 large_high: int = 0, high_ragged: Callable[[], bool] | None = None) -> None:
+                 high_ragged: Callable[[], bool] | None = None) -> None:
         if k < 1:
             raise ValueError(f"k={k}: a slot book needs at least one draft slot per request")
         if not growth >= 0:
             raise ValueError(f"slot_growth={growth}: must be >= 0 (0: slots = the latest draft's length)")
         self.k = k
         self.prefill_cap = prefill_cap  # slots per request on steps that carry a prefill (-1: no cap)
-        self.prefill_confident = prefill_confident  # ... or the confident part of its latest draft, if more
-        self.confident: dict[str, int] = {}  # request id -> its latest draft's tokens before the confidence cut
         self.growth = float(growth)
         self.min_share = float(min_share)  # the extra slots' paid share must reach max(token cost, this)
         self.prefill_steps = 0  # steps scheduled with the prefill cap (statistics)
@@ -106,7 +97,6 @@ class SlotBook:
         self.large_max_mat = float(large[1])  # ... while ``mat`` is at most this
         self.high_width = usable_width(high[0], k) if self.narrow else 0  # mid-size narrow slots while ...
         self.high_min_mat = float(high[1])  # ... ``mat`` is at least this
-        self.large_high_width = usable_width(large_high, k)  # narrow slots from narrow_below on while mat >= that
         self.high_ragged = high_ragged  # while mat >= high_min_mat: per-request slots if this says ragged graphs
         self.ragged_high_steps = 0  # mid-size schedules that took per-request slots for that (statistics)
         self.mat: float | None = None  # tokens per request per step (EMA over notes), None before any
@@ -119,15 +109,12 @@ class SlotBook:
         self._grants_before: dict[str, tuple[int, int]] = {}  # the previous schedule's (its step's tokens come next)
 
     def note(self, req_ids: Sequence[str], draft_lengths: Sequence[int], *, emitted: Sequence[int] = (),
-             token_cost: float = 0.0, confident: Sequence[int] = ()) -> None:
+             token_cost: float = 0.0) -> None:
         """After drafting a step: ``draft_lengths`` [rows] = tokens of each row's draft worth verifying; ``UNKNOWN``
         for a row that had no new token to draft from (a prompt still prefilling): that request gets ``k``.
         ``emitted`` [rows]: the tokens each row got from the step just verified (accepted + 1), which settle the
-        extra slots granted to that step; ``token_cost``: the acceptance probability a verified token needs;
-        ``confident`` [rows]: each draft's tokens before the confidence cut (``prefill_confident``)."""
+        extra slots granted to that step; ``token_cost``: the acceptance probability a verified token needs."""
         self.notes += 1
-        if confident:
-            self.confident = dict(zip(req_ids, map(int, confident)))
         if emitted:
             self._settle(req_ids, emitted)
             self._observe_mat(emitted)
@@ -189,12 +176,10 @@ class SlotBook:
             self.width_steps[self.width] = self.width_steps.get(self.width, 0) + 1
 
     def _large_width(self, running: int) -> int:
-        """A schedule of at least ``narrow_below`` requests: ``large_high_width`` while ``mat`` is at least
-        ``high_min_mat``, ``large_width`` while it is at most ``large_max_mat``, else 0 (per-request slots)."""
+        """A schedule of at least ``narrow_below`` requests: ``large_width`` while ``mat`` is at most
+        ``large_max_mat``, else 0 (per-request slots)."""
         if running < max(self.narrow_below, self.narrow_from) or self.mat is None:
             return 0
-        if self.large_high_width and self.mat >= self.high_min_mat:
-            return self.large_high_width
         if self.large_width and self.mat <= self.large_max_mat:
             return self.large_width
         return 0
@@ -204,19 +189,12 @@ class SlotBook:
         """Schedules that were narrow, whatever their width (statistics)."""
         return sum(self.width_steps.values())
 
-    def prefill_slots(self, request_id: str) -> int:
-        """Draft slots a decoding request keeps at most on a heavy prefill step: ``prefill_cap``, or with
-        ``prefill_confident`` the confident part of its latest draft if that is more."""
-        if self.prefill_confident:
-            return max(self.prefill_cap, self.confident.get(request_id, 0))
-        return self.prefill_cap
-
     def cap_grants(self) -> None:
-        """This schedule's grants were capped (a heavy prefill step, ``prefill_slots``): only the extra slots left
+        """This schedule's grants were capped (a heavy prefill step, ``prefill_cap``): only the extra slots left
         are settled."""
         grants = {}
         for rid, (base, n) in self._grants.items():
-            kept = min(n, self.prefill_slots(rid))
+            kept = min(n, self.prefill_cap)
             if kept > base:
                 grants[rid] = (base, kept)
         self._grants = grants
@@ -249,12 +227,11 @@ class SlotBook:
         return {"slots_granted": self.granted, "slots_offered": self.offered,
                 "slot_share": self.granted / self.offered if self.offered else 1.0,
                 "prefill_steps": self.prefill_steps, "prefill_trimmed_slots": self.prefill_trimmed,
-                "prefill_confident": self.prefill_confident,
                 "slot_growth": self.growth, "growth_notes": self.growth_notes, "notes": self.notes,
                 "growth_extra_slots": self.extra_granted, "growth_extra_used": self.extra_used,
                 "growth_paid_share": self.paid, "narrow_slots": self.narrow, "narrow_steps": self.narrow_steps,
                 "large_batch_narrow_slots": self.large_width, "high_mat_narrow_slots": self.high_width,
-                "large_batch_high_mat_slots": self.large_high_width, "mat": self.mat,
+                "mat": self.mat,
                 "ragged_high_mat_steps": self.ragged_high_steps,
                 **{f"narrow_steps_w{w}": n for w, n in sorted(self.width_steps.items())}}
 

@@ -12,8 +12,7 @@ whole step (stops, extends, restarts, drafting, cut, padding) with the GIL relea
 most ``draft_timeout_ms``: a later step gets no drafts (counted as a timeout, logged once) and its drafts are
 dropped. Same drafts as the synchronous path step for step (``tests/test_vllm_thread.py``).
 
-The overlap mode (``overlap.py``) does the same with a helper process, whose pipe round trip costs more than it
-hides; a thread needs no copy of the drafter's state and no pickling, and the trie work never holds the GIL.
+A thread needs no copy of the drafter's state and no pickling, and the trie work never holds the GIL.
 Drafters without a native lane (``ngram``, ``model``, compositions, the Python suffix backend) draft synchronously
 in ``submit``; so does every drafter after ``LANE_MAX_OVERRUNS`` late steps (``ProposerCore._leave_lane``).
 """
