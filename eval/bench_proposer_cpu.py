@@ -22,9 +22,9 @@ import numpy as np
 from specdec.drafters.registry import build_drafter
 from specdec.eval.loaders import load_traces
 from specdec.eval.results import results_path, write_results
-from specdec.vllm_plugin.core import ProposerCore
-from specdec.vllm_plugin.options import SpecdecOptions
-from specdec.vllm_plugin.threaded import ThreadedProposerCore
+from specdec.vllm_plugin.core.proposer_core import ProposerCore
+from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
 
 CONTEXT_TOKENS = 1500  # prompt tail kept per request (the GPU benchmark's agentic prompts are 1.5k tokens)
 WARMUP_STEPS = 2  # untimed first steps (requests start: their prompts are indexed)

@@ -25,12 +25,12 @@ from specdec.eval.bench_proposer_cpu import CONTEXT_TOKENS, FakeEngine
 from specdec.eval.bench_schedule_cpu import HostWait, capture_step
 from specdec.eval.loaders import load_traces
 from specdec.eval.results import results_path, write_results
-from specdec.vllm_plugin.adaptive import StepCostModel
-from specdec.vllm_plugin.core import ProposerCore
-from specdec.vllm_plugin.options import SpecdecOptions
+from specdec.vllm_plugin.core.adaptive import StepCostModel
+from specdec.vllm_plugin.core.proposer_core import ProposerCore
+from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.proposer import build_proposer_drafter
-from specdec.vllm_plugin.scheduled import ScheduledDrafting
-from specdec.vllm_plugin.slots import SlotBook
+from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
+from specdec.vllm_plugin.core.slots import SlotBook
 
 MIN_RESPONSE = 32  # records with shorter responses are skipped
 SYNC = "sync"  # --growth entry: every draft verified at its own length

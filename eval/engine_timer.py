@@ -46,7 +46,7 @@ def allow_rpc() -> None:
 def slot_counters() -> dict[str, int]:
     """The counters of the slot book registered in this process (schedule mode, adaptive slots), or {}."""
     try:
-        from specdec.vllm_plugin.slots import active
+        from specdec.vllm_plugin.core.slots import active
     except ImportError:
         return {}
     book = active()

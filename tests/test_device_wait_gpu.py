@@ -14,7 +14,7 @@ TIMEOUT_MS = 200.0
 
 @pytest.fixture()
 def dw():
-    from specdec.vllm_plugin.device_wait import DeviceWait
+    from specdec.vllm_plugin.modes.device_wait import DeviceWait
 
     wait, why = DeviceWait.create("cuda", timeout_ms=TIMEOUT_MS)
     assert wait is not None, why  # the self-test (stream waits, host releases) passed
@@ -49,7 +49,7 @@ def test_the_watchdog_frees_a_stream_nobody_releases(dw):
 
 def test_the_grace_runs_from_the_streams_arrival():
     """The stream marks its arrival at the wait; unreleased, it is freed ``grace_ms`` later, not at the stall bound."""
-    from specdec.vllm_plugin.device_wait import DeviceWait
+    from specdec.vllm_plugin.modes.device_wait import DeviceWait
 
     wait, why = DeviceWait.create("cuda", timeout_ms=10_000.0, grace_ms=20.0)
     assert wait is not None, why

@@ -1,4 +1,4 @@
-"""FULL CUDA graphs for narrow verify batches (``specdec.vllm_plugin.graphs``) and the narrow slot schedule.
+"""FULL CUDA graphs for narrow verify batches (``specdec.vllm_plugin.patches.graphs``) and the narrow slot schedule.
 
 The dispatcher tests run vLLM's own ``CudagraphDispatcher`` (vLLM 0.32 on the CPU, CI's venv; skipped where vLLM is
 not importable) with our wrappers; the runner wrapper runs on a fake runner whose dispatch and capture record what
@@ -14,12 +14,12 @@ import pytest
 import torch
 from specdec.drafters.suffix import SuffixDrafter
 
-from specdec.vllm_plugin import graphs
-from specdec.vllm_plugin.core import ProposerCore
-from specdec.vllm_plugin.options import SpecdecOptions
-from specdec.vllm_plugin.ragged_keys import PREFILL_TAG
-from specdec.vllm_plugin.scheduled import ScheduledDrafting
-from specdec.vllm_plugin.slots import PLACEHOLDER, SlotBook
+from specdec.vllm_plugin.patches import graphs
+from specdec.vllm_plugin.core.proposer_core import ProposerCore
+from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.patches.ragged_keys import PREFILL_TAG
+from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
+from specdec.vllm_plugin.core.slots import PLACEHOLDER, SlotBook
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vllm not importable here (CI: /opt/vllm-venv)")
@@ -117,7 +117,7 @@ def test_large_batches_are_narrow_while_drafts_are_seldom_accepted() -> None:
 
 
 def test_regrant_on_a_narrow_schedule_hands_out_width_placeholders() -> None:
-    from specdec.vllm_plugin.async_patch import regrant_placeholders
+    from specdec.vllm_plugin.patches.async_sched import regrant_placeholders
 
     book = SlotBook(K, narrow=WIDTH, narrow_rows=(2, 48))
     shared = [PLACEHOLDER] * K

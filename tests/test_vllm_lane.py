@@ -15,8 +15,8 @@ import pytest
 
 from core_support import target_sequence
 from specdec.drafters.suffix import SuffixDrafter, native_available
-from specdec.vllm_plugin.core import ProposerCore
-from specdec.vllm_plugin.options import SpecdecOptions
+from specdec.vllm_plugin.core.proposer_core import ProposerCore
+from specdec.vllm_plugin.entry.options import SpecdecOptions
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="native suffix core not built")
 
@@ -241,7 +241,7 @@ def test_lane_is_off_for_thread_deadlines_and_non_native_drafters():
 
 
 def test_lane_overruns_drop_their_steps_and_the_third_hands_over_to_the_python_path(monkeypatch):
-    import specdec.vllm_plugin.core as core_mod
+    import specdec.vllm_plugin.core.proposer_core as core_mod
 
     eng = FakeEngine(seed=2)
     lane_core = twins(draft_timeout_ms=5.0)[1]

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from specdec.config import ConfigError
-from specdec.vllm_plugin import plugin
-from specdec.vllm_plugin.options import (
+from specdec.vllm_plugin.entry import register as plugin
+from specdec.vllm_plugin.entry.options import (
     ADDITIONAL_CONFIG_KEY, PROPOSER_PATH, SpecdecOptions, options_from_vllm_config, split_speculative_config,
 )
 
@@ -273,7 +273,7 @@ def test_real_create_speculative_config_through_the_entry_point():
 def test_yaml_presets_turn_into_valid_speculative_config_json():
     import json
 
-    from specdec.vllm_plugin.options import preset_json
+    from specdec.vllm_plugin.entry.options import preset_json
 
     for name in ("vllm_specdec", "vllm_specdec_hybrid"):
         data = json.loads(preset_json(name))

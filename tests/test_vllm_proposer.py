@@ -10,9 +10,9 @@ import pytest
 
 from specdec.drafters.base import Drafter
 from specdec.tree import TokenTree, best_chain
-from specdec.vllm_plugin.adaptive import AdaptiveController
-from specdec.vllm_plugin.core import ProposerCore
-from specdec.vllm_plugin.options import SpecdecOptions
+from specdec.vllm_plugin.core.adaptive import AdaptiveController
+from specdec.vllm_plugin.core.proposer_core import ProposerCore
+from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.proposer import SpecdecProposer
 
 VOCAB = 97
@@ -364,7 +364,7 @@ def test_unbound_proposer_falls_back_to_the_callers_input_batch():
 
 
 def test_auto_deadline_mode_goes_inline_for_a_fast_drafter_and_back_on_an_overrun():
-    from specdec.vllm_plugin import core as core_mod
+    from specdec.vllm_plugin.core import proposer_core as core_mod
 
     drafter = OracleDrafter()
     core = make_core(drafter, draft_timeout_ms=200, max_model_len=4096)
@@ -386,7 +386,7 @@ def test_auto_deadline_mode_goes_inline_for_a_fast_drafter_and_back_on_an_overru
 
 
 def test_cost_model_fits_the_step_cost_and_cuts_unprofitable_tokens():
-    from specdec.vllm_plugin.adaptive import StepCostModel
+    from specdec.vllm_plugin.core.adaptive import StepCostModel
 
     free = StepCostModel()
     for t in range(40):  # batch 1 on a big GPU: verifying more tokens costs nothing
@@ -404,7 +404,7 @@ def test_cost_model_fits_the_step_cost_and_cuts_unprofitable_tokens():
 
 
 def test_per_request_calibration_scales_the_cut():
-    from specdec.vllm_plugin.core import RequestState
+    from specdec.vllm_plugin.core.proposer_core import RequestState
 
     st = RequestState(n_known=10)
     assert st.calibration() == 1.0  # no evidence yet
@@ -425,7 +425,7 @@ def test_draft_model_option_fills_the_model_drafters_path_and_target_tokenizer()
 
 
 def test_suffix_depth_caps_default_for_vllm_and_user_values_win():
-    from specdec.vllm_plugin.options import (VLLM_SUFFIX_FREE_SPEC_FACTOR, VLLM_SUFFIX_MAX_DEPTH,
+    from specdec.vllm_plugin.entry.options import (VLLM_SUFFIX_FREE_SPEC_FACTOR, VLLM_SUFFIX_MAX_DEPTH,
                                              VLLM_SUFFIX_SPEC_FACTOR)
     from specdec.vllm_plugin.proposer import build_proposer_drafter
 
@@ -441,7 +441,7 @@ def test_suffix_depth_caps_default_for_vllm_and_user_values_win():
 
 
 def test_async_mode_and_lane_threads_auto_resolve_by_target_size_and_parallelism():
-    from specdec.vllm_plugin.options import (AUTO_SCHEDULE_MIN_PARAMS, SCHEDULE_LANE_THREADS, resolve_async_mode,
+    from specdec.vllm_plugin.entry.options import (AUTO_SCHEDULE_MIN_PARAMS, SCHEDULE_LANE_THREADS, resolve_async_mode,
                                              resolve_lane_threads)
     from specdec.vllm_plugin.proposer import SpecdecProposer
 

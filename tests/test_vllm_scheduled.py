@@ -22,9 +22,9 @@ import torch
 from core_support import target_sequence
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.eval.bench_schedule_cpu import HostWait
-from specdec.vllm_plugin.core import ProposerCore
-from specdec.vllm_plugin.options import SpecdecOptions
-from specdec.vllm_plugin.scheduled import ScheduledDrafting, TokenFeed, pad_rows, valid_counts
+from specdec.vllm_plugin.core.proposer_core import ProposerCore
+from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.modes.schedule import ScheduledDrafting, TokenFeed, pad_rows, valid_counts
 
 K = 6
 MAX_ROWS = 12
@@ -328,8 +328,8 @@ def test_device_wait_always_releases_and_the_watchdog_switches_it_off():
 def test_whitelist_patch_adds_custom_class_for_our_schedule_mode_only():
     from typing import Literal, get_args
 
-    from specdec.vllm_plugin.async_patch import wrap_post_init
-    from specdec.vllm_plugin.options import PROPOSER_PATH
+    from specdec.vllm_plugin.patches.async_sched import wrap_post_init
+    from specdec.vllm_plugin.entry.options import PROPOSER_PATH
 
     module = SimpleNamespace(NgramGPUTypes=Literal["ngram_gpu"])
     seen: list[tuple] = []
@@ -372,7 +372,7 @@ def test_real_vllm_has_the_hooks_and_the_whitelist_this_mode_patches():
     import vllm.config.vllm as module
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from specdec.vllm_plugin.async_patch import RUNNER_METHODS, WHITELIST_SOURCE, _check
+    from specdec.vllm_plugin.patches.async_sched import RUNNER_METHODS, WHITELIST_SOURCE, _check
 
     assert _check(GPUModelRunner) == ""
     assert all(callable(getattr(GPUModelRunner, name, None)) for name in RUNNER_METHODS)
@@ -424,7 +424,7 @@ class FakeRunner:
 
 
 def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
-    from specdec.vllm_plugin.async_patch import patch_async_runner
+    from specdec.vllm_plugin.patches.async_sched import patch_async_runner
     from specdec.vllm_plugin.proposer import SpecdecProposer
 
     cfg = SimpleNamespace(additional_config={"specdec": {"async": True, "async_mode": "schedule", "adaptive": False}},
@@ -495,7 +495,7 @@ def test_adaptive_slots_follow_each_requests_latest_draft_and_stay_lossless(grow
     not padded); the next step verifies only that many of the row's drafts (as vLLM's scheduler, patched, reserves
     them), or twice that with ``slot_growth`` 1, the buffer still equals the synchronous twin's, and every emitted
     token is the target's."""
-    from specdec.vllm_plugin.slots import SlotBook
+    from specdec.vllm_plugin.core.slots import SlotBook
 
     clock = SimpleNamespace(t=0.0)
     tick = lambda: clock.t  # noqa: E731
@@ -532,7 +532,7 @@ def test_narrow_schedules_verify_the_width_and_stay_lossless():
     row with the drafter's chain to it (as the synchronous twin drafting with k = width, padded); schedules that are
     not narrow keep the drafts' own slots. Switching between the two every few steps, every emitted token is the
     target's and no row verifies more than 1 + its slots."""
-    from specdec.vllm_plugin.slots import SlotBook
+    from specdec.vllm_plugin.core.slots import SlotBook
 
     clock = SimpleNamespace(t=0.0)
     tick = lambda: clock.t  # noqa: E731
@@ -578,7 +578,7 @@ class NotingDeviceWait(FakeDeviceWait):
 def test_device_wait_releases_before_the_slot_bookkeeping():
     """With the device wait the GPU waits only for the drafts: the slot book's note (next schedule's grants) and the
     cost fit come after the release, and still before the next fill reads them; the buffer equals the twin's."""
-    from specdec.vllm_plugin.slots import SlotBook
+    from specdec.vllm_plugin.core.slots import SlotBook
 
     clock = SimpleNamespace(t=0.0)
     tick = lambda: clock.t  # noqa: E731
@@ -612,7 +612,7 @@ def test_device_wait_releases_before_the_slot_bookkeeping():
 
 
 def test_slot_book_tables_clamps_and_placeholders():
-    from specdec.vllm_plugin.slots import PLACEHOLDER, UNKNOWN, SlotBook
+    from specdec.vllm_plugin.core.slots import PLACEHOLDER, UNKNOWN, SlotBook
 
     book = SlotBook(4)
     assert book.slots("new", 4) == 4  # unknown request: vLLM's k
@@ -635,7 +635,7 @@ def test_slot_growth_forecast_settles_its_extra_slots_and_stops_when_they_do_not
     """``slot_growth``: L + ceil(g * L) slots (at most k) while the share of extra slots that held an accepted token
     reaches the token cost; the share is settled from the step the grant was for (two schedules back at the note);
     below the cost the forecast is the draft's length except on every GROWTH_PROBE_EVERY-th note."""
-    from specdec.vllm_plugin.slots import GROWTH_PROBE_EVERY, SlotBook
+    from specdec.vllm_plugin.core.slots import GROWTH_PROBE_EVERY, SlotBook
 
     book = SlotBook(16, growth=1.0)
     book.note(["a", "b", "c"], [0, 3, 10])
@@ -694,8 +694,8 @@ class FakeAsyncScheduler:
 
 
 def test_scheduler_patch_trims_placeholders_only_while_a_book_is_registered():
-    from specdec.vllm_plugin import slots
-    from specdec.vllm_plugin.async_patch import patch_async_scheduler
+    from specdec.vllm_plugin.core import slots
+    from specdec.vllm_plugin.patches.async_sched import patch_async_scheduler
 
     class Scheduler(FakeAsyncScheduler):
         pass
@@ -726,8 +726,8 @@ def test_scheduler_patch_trims_placeholders_only_while_a_book_is_registered():
 
 
 def test_prefill_steps_cap_the_decoding_requests_slots():
-    from specdec.vllm_plugin.async_patch import PREFILL_HEAVY_TOKENS, cap_prefill_steps
-    from specdec.vllm_plugin.slots import SlotBook
+    from specdec.vllm_plugin.patches.async_sched import PREFILL_HEAVY_TOKENS, cap_prefill_steps
+    from specdec.vllm_plugin.core.slots import SlotBook
 
     book = SlotBook(4, prefill_cap=1)
 
@@ -757,7 +757,7 @@ def test_prefill_steps_cap_the_decoding_requests_slots():
 def test_real_vllm_async_scheduler_is_the_one_the_slot_patch_expects():
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-    from specdec.vllm_plugin.async_patch import patch_async_scheduler
+    from specdec.vllm_plugin.patches.async_sched import patch_async_scheduler
 
     class Sub(AsyncScheduler):
         pass
@@ -781,8 +781,9 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch)
     from vllm.v1.structured_output import StructuredOutputManager
 
     from specdec.paths import TARGET_MODEL, model_path
-    from specdec.vllm_plugin import async_patch, slots
-    from specdec.vllm_plugin.async_patch import patch_async_scheduler
+    from specdec.vllm_plugin.patches import async_sched as async_patch
+    from specdec.vllm_plugin.core import slots
+    from specdec.vllm_plugin.patches.async_sched import patch_async_scheduler
 
     if not model_path(TARGET_MODEL).is_dir():
         pytest.skip("the shared target model is not here (SPECDEC_SHARED)")
@@ -871,8 +872,8 @@ def test_schedule_cpu_benchmark_configs_draft_the_same():
 
 
 def test_regrant_gives_running_requests_the_slots_of_their_latest_draft():
-    from specdec.vllm_plugin.async_patch import regrant_placeholders
-    from specdec.vllm_plugin.slots import SlotBook
+    from specdec.vllm_plugin.patches.async_sched import regrant_placeholders
+    from specdec.vllm_plugin.core.slots import SlotBook
 
     book = SlotBook(4)
     shared = [-1] * 4

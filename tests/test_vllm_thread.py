@@ -16,10 +16,10 @@ import pytest
 
 from specdec.config import ConfigError
 from specdec.drafters.suffix import SuffixDrafter, native_available
-from specdec.vllm_plugin.core import ProposerCore
-from specdec.vllm_plugin.options import SpecdecOptions
+from specdec.vllm_plugin.core.proposer_core import ProposerCore
+from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.proposer import SpecdecProposer
-from specdec.vllm_plugin.threaded import ThreadedProposerCore
+from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
 from test_vllm_lane import MAX_LEN, STAT_KEYS, FakeClock, FakeEngine
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="native suffix core not built")
@@ -204,7 +204,7 @@ def test_threads_mode_is_validated_and_other_drafters_draft_synchronously():
 
 
 def test_the_runner_patch_prepares_each_step_from_the_scheduler_output():
-    from specdec.vllm_plugin.plugin import patch_execute_model
+    from specdec.vllm_plugin.entry.register import patch_execute_model
 
     cfg = SimpleNamespace(additional_config={"specdec": {"async": True, "async_mode": "thread", "adaptive": False}},
                           speculative_config=SimpleNamespace(num_speculative_tokens=4),
@@ -238,7 +238,7 @@ def test_a_failed_step_is_counted_and_the_proposer_starts_over(monkeypatch):
     assert prop.threaded
     ctx = np.tile(np.arange(64, dtype=np.int32) % 5, (1, 1))
     prop.bind_step(SimpleNamespace(req_ids=["a"], num_prompt_tokens=None))
-    monkeypatch.setattr("specdec.vllm_plugin.plugin.take_hook_installed", lambda: True)  # collect at take
+    monkeypatch.setattr("specdec.vllm_plugin.entry.register.take_hook_installed", lambda: True)  # collect at take
     assert prop.propose([[int(ctx[0, 9])]], np.array([10], np.int32), ctx) == [[]]  # placeholder
     lane = prop.core.lane
 

@@ -24,9 +24,9 @@ import numpy as np
 
 from specdec.drafters.base import Drafter
 from specdec.drafters.registry import build_drafter
-from specdec.vllm_plugin.core import ProposerCore
+from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.logs import LOGGER_NAME
-from specdec.vllm_plugin.options import (SpecdecOptions, async_mode_for,
+from specdec.vllm_plugin.entry.options import (SpecdecOptions, async_mode_for,
                                          estimate_params,  # noqa: F401 - re-exported
                                          options_from_vllm_config, resolve_lane_threads)
 
@@ -72,7 +72,7 @@ class SpecdecProposer:
             core_options = core_options.replace(pad_drafts="on")
         core_cls = ProposerCore
         if self.threaded:
-            from specdec.vllm_plugin.threaded import ThreadedProposerCore as core_cls
+            from specdec.vllm_plugin.modes.thread import ThreadedProposerCore as core_cls
         self.core = core_cls(drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer),
                              core_options, max_model_len=max_model_len, target_params=params)
         if self.schedule_mode and self.options.draft_slots == "adaptive":
@@ -85,7 +85,7 @@ class SpecdecProposer:
         self._is_driver: bool | None = None
         self._warned_unbound = False
         if patch_runner:
-            from specdec.vllm_plugin.plugin import ensure_runner_patch
+            from specdec.vllm_plugin.entry.register import ensure_runner_patch
 
             ensure_runner_patch()
         INSTANCES.add(self)
@@ -157,7 +157,7 @@ class SpecdecProposer:
 
     def _propose_threaded(self, n: int, args: tuple, kwargs: dict[str, Any]) -> list[list[int]]:
         """Start the step on the drafter's thread; with the take hook the drafts are collected later."""
-        from specdec.vllm_plugin.plugin import take_hook_installed
+        from specdec.vllm_plugin.entry.register import take_hook_installed
 
         self.core.submit(*args, **kwargs)
         if take_hook_installed():
@@ -169,19 +169,19 @@ class SpecdecProposer:
         if not self.schedule_mode:
             return None
         if self.scheduled is None:
-            from specdec.vllm_plugin.scheduled import ScheduledDrafting
+            from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 
             k = int(getattr(runner, "num_spec_tokens", 0) or self.options.num_speculative_tokens)
             device_wait, why = None, "device_wait is off"
             if self.options.device_wait:  # reached only through the runner hooks, which release it (async_patch)
-                from specdec.vllm_plugin.device_wait import STALL_TIMEOUT_MS, DeviceWait
+                from specdec.vllm_plugin.modes.device_wait import STALL_TIMEOUT_MS, DeviceWait
 
                 device_wait, why = DeviceWait.create(runner.device, timeout_ms=STALL_TIMEOUT_MS,
                                                      grace_ms=self.options.draft_timeout_ms)
             book = None
             if self.options.draft_slots == "adaptive":
-                from specdec.vllm_plugin.graphs import ragged_ready
-                from specdec.vllm_plugin.slots import SlotBook, register
+                from specdec.vllm_plugin.patches.graphs import ragged_ready
+                from specdec.vllm_plugin.core.slots import SlotBook, register
 
                 opts = self.options
                 book = SlotBook(k, prefill_cap=opts.prefill_step_slots,
@@ -214,7 +214,7 @@ class SpecdecProposer:
         return int(k) if isinstance(k, int) and k > 0 else None
 
     def stats(self) -> dict[str, Any]:
-        from specdec.vllm_plugin.graphs import STATS as GRAPH_STATS
+        from specdec.vllm_plugin.patches.graphs import STATS as GRAPH_STATS
 
         out = self.scheduled.stats() if self.scheduled is not None else self.core.stats_dict()
         return {**out, "graphs": dict(GRAPH_STATS)}  # this process's narrow and ragged dispatches and keys
@@ -223,7 +223,7 @@ class SpecdecProposer:
         if self.scheduled is not None:
             self.scheduled.close()
         if self.scheduled is not None and self.scheduled.slot_book is not None:
-            from specdec.vllm_plugin.slots import active, register
+            from specdec.vllm_plugin.core.slots import active, register
 
             if active() is self.scheduled.slot_book:
                 register(None)

@@ -23,7 +23,7 @@ from typing import Any
 
 from specdec.config import ConfigError
 from specdec.vllm_plugin.logs import LOGGER_NAME, follow_vllm_logging
-from specdec.vllm_plugin.options import ADDITIONAL_CONFIG_KEY, METHOD, normalise_keys, split_speculative_config
+from specdec.vllm_plugin.entry.options import ADDITIONAL_CONFIG_KEY, METHOD, normalise_keys, split_speculative_config
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -169,7 +169,7 @@ def register() -> None:
         return
     _check_version("EngineArgs.create_speculative_config")
     patch_engine_args(EngineArgs)  # AsyncEngineArgs subclasses EngineArgs and inherits the wrapper
-    from specdec.vllm_plugin.async_patch import patch_vllm_config
+    from specdec.vllm_plugin.patches.async_sched import patch_vllm_config
 
     patch_vllm_config()  # lifts the async-scheduling whitelist for async_mode="schedule" only
 
@@ -275,7 +275,7 @@ def ensure_runner_patch() -> bool:
     _check_version("GPUModelRunner.propose_draft_token_ids")
     _state["runner_patched"] = patch_runner_class(GPUModelRunner)
     if _state["runner_patched"]:
-        from specdec.vllm_plugin.async_patch import patch_async_runner, patch_async_scheduler
+        from specdec.vllm_plugin.patches.async_sched import patch_async_runner, patch_async_scheduler
 
         _state["async_patched"] = patch_async_runner(GPUModelRunner)
         try:  # the scheduler lives in this process with the one-GPU executor (the only one schedule mode runs on)
@@ -294,7 +294,7 @@ def _patch_worker_warmup() -> bool:
     try:
         from vllm.v1.worker.gpu_worker import Worker
 
-        from specdec.vllm_plugin.compile_warmup import patch_worker_warmup
+        from specdec.vllm_plugin.patches.compile_warmup import patch_worker_warmup
 
         return patch_worker_warmup(Worker)
     except Exception as exc:  # noqa: BLE001 - an optimisation must never stop the engine
@@ -307,7 +307,7 @@ def _patch_graphs(runner_cls: Any) -> bool:
     try:
         from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
-        from specdec.vllm_plugin.graphs import patch_narrow_graphs
+        from specdec.vllm_plugin.patches.graphs import patch_narrow_graphs
 
         return patch_narrow_graphs(runner_cls, CudagraphDispatcher)
     except Exception as exc:  # noqa: BLE001 - an optimisation must never stop the engine

@@ -38,7 +38,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from specdec.vllm_plugin.logs import LOGGER_NAME
-from specdec.vllm_plugin.slots import PLACEHOLDER, active
+from specdec.vllm_plugin.core.slots import PLACEHOLDER, active
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -64,7 +64,7 @@ PREFILL_HEAVY_TOKENS = 512
 def wants_schedule(additional_config: Any, vllm_config: Any = None) -> bool:
     """True if our options (``additional_config["specdec"]``) ask for async_mode='schedule', or for 'auto' and
     ``vllm_config`` (its target's size, TP, PP) resolves it so (``options.async_mode_for``)."""
-    from specdec.vllm_plugin.options import ADDITIONAL_CONFIG_KEY, SpecdecOptions, async_mode_for, normalise_keys
+    from specdec.vllm_plugin.entry.options import ADDITIONAL_CONFIG_KEY, SpecdecOptions, async_mode_for, normalise_keys
 
     ours = additional_config.get(ADDITIONAL_CONFIG_KEY) if isinstance(additional_config, dict) else None
     if not isinstance(ours, dict):
@@ -76,7 +76,7 @@ def wants_schedule(additional_config: Any, vllm_config: Any = None) -> bool:
 
 
 def _ours(config: Any) -> bool:
-    from specdec.vllm_plugin.options import PROPOSER_PATH
+    from specdec.vllm_plugin.entry.options import PROPOSER_PATH
 
     spec = getattr(config, "speculative_config", None)
     return (spec is not None and getattr(spec, "method", None) == "custom_class"

@@ -17,7 +17,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from specdec.vllm_plugin.adaptive import ACCEPT_EMA_ALPHA, MAX_CUT, PROBE_TOKENS
+from specdec.vllm_plugin.core.adaptive import ACCEPT_EMA_ALPHA, MAX_CUT, PROBE_TOKENS
 
 CALIB_DECAY = 0.8  # decay of a request's predicted / accepted sums (calibration), per step
 MIN_CALIBRATION_MASS = 3.0  # predicted tokens before a request's calibration is used

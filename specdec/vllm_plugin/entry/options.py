@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from specdec.config import ConfigBase, ConfigError, rng
-from specdec.vllm_plugin.slots import SLOT_MODES, usable_width
+from specdec.vllm_plugin.core.slots import SLOT_MODES, usable_width
 
 METHOD = "specdec"  # the friendly method name users write
 PROPOSER_PATH = "specdec.vllm_plugin.proposer.SpecdecProposer"  # the custom_class it becomes
@@ -90,7 +90,7 @@ class SpecdecOptions(ConfigBase):
     draft_slots: str = rng("adaptive", choices=SLOT_MODES,
                            doc="async_mode='schedule': 'adaptive': each request's next step reserves as many draft "
                                "slots as its latest draft has tokens past the confidence cut (vLLM verifies only "
-                               "those; specdec.vllm_plugin.slots); 'uniform': k slots for every request (vLLM's "
+                               "those; specdec.vllm_plugin.core.slots); 'uniform': k slots for every request (vLLM's "
                                "async scheduling)")
     early_refresh: bool = rng(True, doc="async_mode='schedule' with the device wait: rebuild the global-cache match "
                                         "fronts that stops made stale while the GPU still runs the previous step "
@@ -132,7 +132,7 @@ class SpecdecOptions(ConfigBase):
                                         "k + 1 tokens: per-request slots, steps without drafts) "
                                         "run as FULL CUDA graphs, one per capture size, captured for max_num_seqs "
                                         "requests and a max query length of k + 1, which the attention metadata "
-                                        "then states at every replay (specdec.vllm_plugin.ragged_keys); only "
+                                        "then states at every replay (specdec.vllm_plugin.patches.ragged_keys); only "
                                         "where every attention backend supports full graphs of any batch "
                                         "(FlashAttention 3, Triton, Flex). false: such batches run vLLM's "
                                         "piecewise graphs")
@@ -140,7 +140,7 @@ class SpecdecOptions(ConfigBase):
                                      doc="ragged_graphs: verify batches that also carry prompt chunks of at most "
                                          "this many tokens each (short prompts joining a running batch) run as "
                                          "FULL CUDA graphs too, a second family captured and replayed with this "
-                                         "max query length (specdec.vllm_plugin.ragged_keys); without LoRA only. 0, or "
+                                         "max query length (specdec.vllm_plugin.patches.ragged_keys); without LoRA only. 0, or "
                                          "<= num_speculative_tokens + 1: off (such steps run piecewise graphs)")
     narrow_slots_below: int = rng(48, lo=0, hi=1 << 16,
                                   doc="narrow_slots: running requests below which a step's slots are narrow "

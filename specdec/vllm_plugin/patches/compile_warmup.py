@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from specdec.vllm_plugin import async_patch
+from specdec.vllm_plugin.patches import async_sched as async_patch
 from specdec.vllm_plugin.logs import LOGGER_NAME
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -52,7 +52,7 @@ def warm_batch_change(runner: Any, fn: Callable[..., Any] | None = None) -> int:
     and typed as ``runner``'s call makes them; returns the calls made (0 where the runner takes no such path)."""
     import torch
 
-    from specdec.vllm_plugin.feed import VALID_COUNT_DTYPE
+    from specdec.vllm_plugin.core.feed import VALID_COUNT_DTYPE
 
     fn = fn if fn is not None else batch_change_function()
     if fn is None or not getattr(runner, "use_async_spec_decode", False):

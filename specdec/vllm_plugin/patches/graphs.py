@@ -26,7 +26,7 @@ FlashAttention 3's scheduler metadata depends on (requests, max query length) is
 outputs in run 18.) Version-checked by the source of the methods wrapped; anything unexpected: logged once, narrow
 batches run piecewise (correct, only slower). Never imported by ``drafters/``; imports vLLM only inside the patch.
 
-Ragged batches (requests of different lengths in one FULL graph): ``specdec.vllm_plugin.ragged_keys``; the
+Ragged batches (requests of different lengths in one FULL graph): ``specdec.vllm_plugin.patches.ragged_keys``; the
 wrappers here dispatch and capture them.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from specdec.vllm_plugin.logs import LOGGER_NAME
-from specdec.vllm_plugin.ragged_keys import (
+from specdec.vllm_plugin.patches.ragged_keys import (
     RAGGED_DESC,
     RAGGED_HIT,
     RAGGED_KEYS,
@@ -80,8 +80,8 @@ STATS = {"narrow_full": 0, "narrow_piecewise": 0, "narrow_keys": 0,  # this proc
 
 def narrow_widths(vllm_config: Any) -> tuple[int, ...]:
     """Our engine's narrow widths (``SpecdecOptions.narrow_widths``), () for any other engine or setting."""
-    from specdec.vllm_plugin.async_patch import _ours
-    from specdec.vllm_plugin.options import options_from_vllm_config
+    from specdec.vllm_plugin.patches.async_sched import _ours
+    from specdec.vllm_plugin.entry.options import options_from_vllm_config
 
     try:
         if not _ours(vllm_config):

@@ -20,12 +20,12 @@ from typing import Any, Callable, Iterable, NamedTuple, Sequence
 import numpy as np
 
 from specdec.drafters.base import Chain, Drafter, DraftGuard, DraftRequest
-from specdec.vllm_plugin.adaptive import AdaptiveController, StepCostModel, bucket_of, update_acceptance
-from specdec.vllm_plugin.lane import CALIB_DECAY, Lane, LaneCounts, find_lane, lane_step, lane_step_tokens
+from specdec.vllm_plugin.core.adaptive import AdaptiveController, StepCostModel, bucket_of, update_acceptance
+from specdec.vllm_plugin.core.lane import CALIB_DECAY, Lane, LaneCounts, find_lane, lane_step, lane_step_tokens
 from specdec.vllm_plugin.logs import LOGGER_NAME
-from specdec.vllm_plugin.state import Order, ProposerStats, RequestState  # noqa: F401 - RequestState re-exported
-from specdec.vllm_plugin.options import SpecdecOptions
-from specdec.vllm_plugin.worker import DraftWorker
+from specdec.vllm_plugin.core.state import Order, ProposerStats, RequestState  # noqa: F401 - RequestState re-exported
+from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.core.worker import DraftWorker
 
 logger = logging.getLogger(LOGGER_NAME)
 

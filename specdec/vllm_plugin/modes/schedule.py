@@ -48,9 +48,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from specdec.vllm_plugin.feed import TokenFeed, leading_counts, pad_rows, valid_counts
+from specdec.vllm_plugin.core.feed import TokenFeed, leading_counts, pad_rows, valid_counts
 from specdec.vllm_plugin.logs import LOGGER_NAME
-from specdec.vllm_plugin.slots import UNKNOWN
+from specdec.vllm_plugin.core.slots import UNKNOWN
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -403,7 +403,7 @@ class ScheduledDrafting:
         out = {"schedule": self.feed.stats.as_dict(),
                **self.core.stats_dict()}
         if self.slot_book is not None:
-            from specdec.vllm_plugin.graphs import STATS
+            from specdec.vllm_plugin.patches.graphs import STATS
 
             out["schedule"].update(self.slot_book.as_dict(), **STATS)
         return out

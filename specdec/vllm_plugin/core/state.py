@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from specdec.drafters.base import DraftRequest
-from specdec.vllm_plugin.lane import MAX_CALIBRATION, MIN_CALIBRATION, MIN_CALIBRATION_MASS
+from specdec.vllm_plugin.core.lane import MAX_CALIBRATION, MIN_CALIBRATION, MIN_CALIBRATION_MASS
 
 
 @dataclass
