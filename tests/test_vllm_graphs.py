@@ -30,11 +30,15 @@ PREFILL = 256  # ragged_prefill_tokens  # vLLM's sizes rounded to multiples of 1
 
 
 # ----------------------------------------------------------------- options and the slot book
-def test_narrow_width_is_off_where_it_cannot_apply() -> None:
-    assert SpecdecOptions().narrow_width == 6
-    assert SpecdecOptions(narrow_slots=0).narrow_width == 0
-    assert SpecdecOptions(num_speculative_tokens=6).narrow_width == 0  # not narrower than k
-    assert SpecdecOptions(draft_slots="uniform").narrow_width == 0  # vLLM's k slots for every request
+def test_narrow_widths_are_off_where_they_cannot_apply() -> None:
+    assert SpecdecOptions().narrow_widths == (4, 6, 8)
+    assert SpecdecOptions(narrow_graphs=False).narrow_widths == ()
+    assert SpecdecOptions(num_speculative_tokens=6).narrow_widths == (4,)  # not narrower than k
+    assert SpecdecOptions(draft_slots="uniform").narrow_widths == ()  # vLLM's k slots for every request
+    book = SlotBook.policy(K)
+    assert (book.narrow, book.high_width, book.large_width, book.narrow_from, book.narrow_below) == (6, 8, 4, 16, 48)
+    off = SlotBook.policy(K, narrow=False)
+    assert (off.narrow, off.high_width, off.large_width) == (0, 0, 0) and off.growth == 1.0
 
 
 def test_slot_book_narrow_schedules_give_every_request_the_width() -> None:
@@ -67,8 +71,6 @@ def test_large_batches_are_narrow_only_while_drafts_are_seldom_accepted() -> Non
     assert book.mat is not None and book.mat > 3.0
     book.begin_schedule(running=64)
     assert book.width == 0
-    assert SpecdecOptions().narrow_widths == (4, 6, 8)
-    assert SpecdecOptions(large_batch_narrow_slots=0, high_mat_narrow_slots=0).narrow_widths == (6,)
 
 
 def test_mid_size_narrow_steps_widen_while_drafts_are_often_accepted() -> None:
@@ -94,8 +96,7 @@ def test_mid_size_narrow_steps_widen_while_drafts_are_often_accepted() -> None:
     d = book.as_dict()  # narrow schedules by width: the first and the last at 6, one at 8
     assert (d["narrow_steps"], d["narrow_steps_w6"], d["narrow_steps_w8"]) == (3, 2, 1)
     assert SlotBook(K, high=(8, 4.0)).high_width == 0  # no mid-size narrow steps: nothing to widen
-    assert SpecdecOptions(narrow_slots=0).narrow_widths == (4,)  # off with narrow_slots
-    assert SpecdecOptions(high_mat_narrow_slots=16).high_mat_width == 0  # k: vLLM's own graphs
+    assert SlotBook(K, narrow=WIDTH, high=(16, 4.0)).high_width == 0  # k: vLLM's own graphs
 
 
 def test_large_batches_are_narrow_while_drafts_are_seldom_accepted() -> None:
@@ -502,4 +503,4 @@ def test_high_mat_steps_take_per_request_slots_once_ragged_graphs_exist() -> Non
     book.begin_schedule(running=32)
     assert book.width == WIDTH
     assert book.as_dict()["ragged_high_mat_steps"] == 1
-    assert SpecdecOptions().high_mat_ragged and SpecdecOptions().ragged_graphs
+    assert SpecdecOptions().ragged_graphs

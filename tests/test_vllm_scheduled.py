@@ -703,20 +703,22 @@ def test_scheduler_patch_trims_placeholders_only_while_a_book_is_registered():
     assert patch_async_scheduler(Scheduler) and patch_async_scheduler(Scheduler)  # idempotent
     out = SimpleNamespace(num_scheduled_tokens={"a": 5, "b": 5, "p": 100})
     sch = Scheduler(4)
+    sch.vllm_config = SimpleNamespace()  # the engine's config: the proposer attaches its slot book there
     try:
-        slots.register(None)
+        slots.attach_book(sch.vllm_config, None)
         sch._update_after_schedule(out)
         assert sch.requests["a"].spec_token_ids is sch._spec_token_placeholders  # no book: vLLM's k slots
         book = slots.SlotBook(4)
         book.note(["a", "b"], [1, 7])
-        slots.register(book)
+        slots.attach_book(sch.vllm_config, book)
         sch._update_after_schedule(out)
         assert sch.requests["a"].spec_token_ids == [-1] and sch.requests["b"].spec_token_ids == [-1] * 4
         assert sch.requests["p"].spec_token_ids == []  # a prefill chunk keeps what vLLM gave it
         bad = Scheduler(4, fail=True)
+        bad.vllm_config = sch.vllm_config
         bad._update_after_schedule(SimpleNamespace(num_scheduled_tokens={}))  # the patch failing: logged, no raise
     finally:
-        slots.register(None)
+        slots.attach_book(sch.vllm_config, None)
 
     class Other:
         def _update_after_schedule(self, scheduler_output):
@@ -817,7 +819,7 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch)
 
     book = slots.SlotBook(k)
     try:
-        slots.register(book)
+        slots.attach_book(sch.vllm_config, book)
         book.note(["a", "b"], [0, 2])
         s1 = sch.schedule()  # the prefills; step 2's placeholders follow the book as it is now
         assert s1.num_scheduled_tokens == {"a": 20, "b": 20}
@@ -850,7 +852,7 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch)
             sch.update_from_output(s, output(s, toks))
         assert all(sch.requests[r].num_output_placeholders >= 0 for r in ("a", "b", "c"))
     finally:
-        slots.register(None)
+        slots.attach_book(sch.vllm_config, None)
 
 
 def test_schedule_cpu_benchmark_configs_draft_the_same():

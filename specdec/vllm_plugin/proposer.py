@@ -2,7 +2,7 @@
 
 vLLM calls ``SpecdecProposer(vllm_config)`` in the model runner (``GPUModelRunner.__init__``) and then, each step,
 ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list[list[int]]``.
-That call carries no request ids; the plugin's runner patch (``plugin.ensure_runner_patch``) hands the proposer
+That call carries no request ids; the plugin's runner patch (row "request ids" of ``patches.table``) hands the proposer
 the runner's input batch (``input_batch.req_ids``, row order of this step) just before each call.
 
 Tensor parallelism: every TP rank builds a runner and a proposer, but the engine reads drafts from one rank only
@@ -14,21 +14,26 @@ This module imports vLLM only inside functions (CPU tests build it from a fake `
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import weakref
 from typing import Any, Sequence
-
-import os
 
 import numpy as np
 
 from specdec.drafters.base import Drafter
 from specdec.drafters.registry import build_drafter
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
+from specdec.vllm_plugin.core.slots import NARROW_FROM_ROWS, SlotBook, attach_book, book_of
+from specdec.vllm_plugin.entry.options import (SpecdecOptions, async_mode_for, estimate_params,
+                                               options_from_vllm_config, resolve_lane_threads)
 from specdec.vllm_plugin.logs import LOGGER_NAME
-from specdec.vllm_plugin.entry.options import (SpecdecOptions, async_mode_for,
-                                         estimate_params,  # noqa: F401 - re-exported
-                                         options_from_vllm_config, resolve_lane_threads)
+from specdec.vllm_plugin.modes.device_wait import STALL_TIMEOUT_MS, DeviceWait
+from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
+from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
+from specdec.vllm_plugin.patches.graphs import STATS as GRAPH_STATS
+from specdec.vllm_plugin.patches.graphs import ragged_ready
+from specdec.vllm_plugin.patches.table import PatchReport, apply_patches
 
 logger = logging.getLogger(LOGGER_NAME)
 INSTANCES: "weakref.WeakSet[SpecdecProposer]" = weakref.WeakSet()  # live proposers of this process (for stats)
@@ -52,7 +57,16 @@ def _tp_rank() -> int:
 class SpecdecProposer:
     """vLLM custom_class proposer backed by a specdec drafter (see the module docstring)."""
 
-    def __init__(self, vllm_config: Any, *, drafter: Drafter | None = None, patch_runner: bool = True) -> None:
+    specdec_proposer = True  # ``patches.common.PROPOSER_MARK``: the runner patches recognise us by it
+
+    def __init__(self, vllm_config: Any, *, drafter: Drafter | None = None, patch_runner: bool = True,
+                 patches: PatchReport | None = None) -> None:
+        """``patch_runner``: apply the model runner's rows of the patch table (and log the start-up line);
+        ``patches``: the report to act on instead (tests)."""
+        self.vllm_config = vllm_config
+        self.patches = apply_patches("worker") if patch_runner else (patches or PatchReport("unknown"))
+        if patch_runner:
+            logger.info("%s", self.patches.line())
         self.options = options_from_vllm_config(vllm_config)
         model_config = getattr(vllm_config, "model_config", None)
         max_model_len = int(getattr(model_config, "max_model_len", 0) or 1 << 30)
@@ -70,13 +84,11 @@ class SpecdecProposer:
         core_options = self.options.replace(lane_threads=threads)
         if self.schedule_mode and self.options.draft_slots == "uniform":
             core_options = core_options.replace(pad_drafts="on")
-        core_cls = ProposerCore
-        if self.threaded:
-            from specdec.vllm_plugin.modes.thread import ThreadedProposerCore as core_cls
+        core_cls = ThreadedProposerCore if self.threaded else ProposerCore
         self.core = core_cls(drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer),
                              core_options, max_model_len=max_model_len, target_params=params)
         if self.schedule_mode and self.options.draft_slots == "adaptive":
-            self.core.pad_below_rows = self.options.adaptive_slots_from
+            self.core.pad_below_rows = NARROW_FROM_ROWS  # below the narrow steps every row keeps k slots, padded
         logger.info("specdec: drafter=%s k=%d pad_drafts=%s (target ~%.0fM parameters) async=%s",
                     self.options.drafter, self.options.num_speculative_tokens, self.options.pad_mode,
                     params / 1e6, self.options.async_mode if self.options.async_drafting else "off")
@@ -84,10 +96,6 @@ class SpecdecProposer:
         self._scheduler_output: Any = None
         self._is_driver: bool | None = None
         self._warned_unbound = False
-        if patch_runner:
-            from specdec.vllm_plugin.entry.register import ensure_runner_patch
-
-            ensure_runner_patch()
         INSTANCES.add(self)
 
     # ----------------------------------------------------------------- runner binding
@@ -157,10 +165,8 @@ class SpecdecProposer:
 
     def _propose_threaded(self, n: int, args: tuple, kwargs: dict[str, Any]) -> list[list[int]]:
         """Start the step on the drafter's thread; with the take hook the drafts are collected later."""
-        from specdec.vllm_plugin.entry.register import take_hook_installed
-
         self.core.submit(*args, **kwargs)
-        if take_hook_installed():
+        if self.patches.on("thread hand-off"):
             return [[] for _ in range(n)]  # placeholder; replaced in take_draft_token_ids
         return self.core.collect() or [[] for _ in range(n)]
 
@@ -169,29 +175,19 @@ class SpecdecProposer:
         if not self.schedule_mode:
             return None
         if self.scheduled is None:
-            from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
-
             k = int(getattr(runner, "num_spec_tokens", 0) or self.options.num_speculative_tokens)
             device_wait, why = None, "device_wait is off"
-            if self.options.device_wait:  # reached only through the runner hooks, which release it (async_patch)
-                from specdec.vllm_plugin.modes.device_wait import STALL_TIMEOUT_MS, DeviceWait
-
+            if self.options.device_wait:  # reached only through the runner hooks, which release it
                 device_wait, why = DeviceWait.create(runner.device, timeout_ms=STALL_TIMEOUT_MS,
                                                      grace_ms=self.options.draft_timeout_ms)
             book = None
             if self.options.draft_slots == "adaptive":
-                from specdec.vllm_plugin.patches.graphs import ragged_ready
-                from specdec.vllm_plugin.core.slots import SlotBook, register
-
                 opts = self.options
-                book = SlotBook(k, prefill_cap=opts.prefill_step_slots,
-                                growth=opts.slot_growth,
-                                min_share=opts.slot_growth_min_share, narrow=opts.narrow_width,
-                                narrow_rows=(opts.adaptive_slots_from, opts.narrow_slots_below),
-                                large=(opts.large_batch_width, opts.large_batch_narrow_max_mat),
-                                high=(opts.high_mat_width, opts.high_mat_narrow_min_mat),
-                                high_ragged=ragged_ready if opts.ragged_graphs and opts.high_mat_ragged else None)
-                register(book)  # the scheduler (same process) trims each request's slots to its draft
+                ragged = opts.ragged_graphs and self.patches.on("ragged graphs")
+                book = SlotBook.policy(k, narrow=bool(opts.narrow_widths) and self.patches.on("narrow graphs"),
+                                       prefill_cap=opts.prefill_step_slots,
+                                       high_ragged=ragged_ready if ragged else None)
+                attach_book(self.vllm_config, book)  # this engine's scheduler trims each request's slots to it
             self.scheduled = ScheduledDrafting(self.core, k=k, max_rows=int(runner.max_num_reqs),
                                                device=runner.device, device_wait=device_wait, slot_book=book,
                                                matrix_step=self.options.matrix_step)
@@ -214,8 +210,6 @@ class SpecdecProposer:
         return int(k) if isinstance(k, int) and k > 0 else None
 
     def stats(self) -> dict[str, Any]:
-        from specdec.vllm_plugin.patches.graphs import STATS as GRAPH_STATS
-
         out = self.scheduled.stats() if self.scheduled is not None else self.core.stats_dict()
         return {**out, "graphs": dict(GRAPH_STATS)}  # this process's narrow and ragged dispatches and keys
 
@@ -223,8 +217,6 @@ class SpecdecProposer:
         if self.scheduled is not None:
             self.scheduled.close()
         if self.scheduled is not None and self.scheduled.slot_book is not None:
-            from specdec.vllm_plugin.core.slots import active, register
-
-            if active() is self.scheduled.slot_book:
-                register(None)
+            if book_of(self.vllm_config) is self.scheduled.slot_book:
+                attach_book(self.vllm_config, None)
         self.core.close()

@@ -17,12 +17,12 @@ token, as in plain decoding; its later drafts (still computed every step) set it
 the proposer pads every draft to ``k`` (``pad_drafts``: full CUDA graphs), keep ``k`` slots. Any draft token id in
 any slot is lossless: the verifier decides.
 
-``growth`` (``slot_growth``): the slots follow the drafts one round late, so a draft that grew since (a suffix match
+``growth`` (``SLOT_GROWTH``): the slots follow the drafts one round late, so a draft that grew since (a suffix match
 that lengthens as its copy is accepted: the depth cap is the match length) is cut to the older length. The forecast
 is ``L + ceil(growth * L)`` for a latest draft of ``L`` tokens, at most ``k``; ``note`` keeps it only while the extra
 slots pay: the share of them that ended up holding an accepted token (measured on the steps they were granted, an
 EMA) must reach the proposer's token cost (the acceptance probability a verified token needs, ``adaptive.py``) and
-``min_share`` (``slot_growth_min_share``).
+``min_share`` (``SLOT_GROWTH_MIN_SHARE``).
 While they do not, one note in ``GROWTH_PROBE_EVERY`` still grows, so the share keeps being measured. CPU replay of
 the target's own outputs (``eval/bench_slot_forecast.py``): growth 1 recovered most of the round's lag in accepted
 tokens per step.
@@ -33,17 +33,18 @@ compute-bound, so every verified draft token costs its full share of the GEMMs; 
 each decoding request keeps at most ``prefill_cap`` of its placeholders (``async_patch.cap_prefill_steps``).
 Such a step runs as piecewise graphs whatever its slots (the prefill makes the batch mixed).
 
-``narrow`` (``narrow_slots``) with ``narrow_rows`` = (from, below): a schedule of ``from <= running < below``
+``narrow`` (``NARROW_WIDTH``, ``NARROW_FROM_ROWS``, ``NARROW_BELOW_ROWS``) with ``narrow_rows`` = (from, below): a schedule of ``from <= running < below``
 requests gives every decoding request exactly ``narrow`` slots (``width``); from ``below`` requests on,
-``large`` = (width, max MAT) (``large_batch_narrow_slots``) does so with its own width while the tokens a request got
+``large`` = (width, max MAT) (``LARGE_BATCH_WIDTH``, ``LOW_MAT``) does so with its own width while the tokens a request got
 per step (``mat``, a moving average over notes) stay at most that MAT; ``high`` = (width, min MAT)
-(``high_mat_narrow_slots``) widens the mid-size narrow steps while ``mat`` is at least that MAT. The step's drafting
+(``HIGH_MAT_WIDTH``, ``HIGH_MAT``) widens the mid-size narrow steps while ``mat`` is at least that MAT. The step's drafting
 pads each row to the width: the verify batch is uniform with ``width + 1`` tokens per request, which vLLM runs as one
 FULL CUDA graph once ``graphs.py`` has captured that length (vLLM captures only ``k + 1``). Mid-size batches are bound by the
 host's launches of the piecewise graphs a mixed batch gets; large ones by the GPU, where verifying filler costs.
 
 The book is shared between the runner (writer, after drafting) and the scheduler (reader), which live in the
-same process with vLLM's one-GPU executor (the only one schedule mode runs under). Never imports vLLM.
+same process with vLLM's one-GPU executor (the only one schedule mode runs under) and share the engine's config
+object, which carries the book (``attach_book``). Never imports vLLM.
 """
 from __future__ import annotations
 
@@ -56,6 +57,27 @@ UNKNOWN = -1  # ``SlotBook.note``: a row without a draft length (no new token ye
 GROWTH_EMA = 0.9  # decay per note of the extra slots' granted and used sums behind their paid share
 MAT_EMA = 0.9  # decay per note of the moving average of tokens per request per step (large-batch narrow steps)
 GROWTH_PROBE_EVERY = 8  # while growth does not pay, every 8th note still grows (keeps the share measured)
+
+
+# The slot policy (schedule mode, adaptive slots). A verify batch that is uniform (every request the same number of
+# tokens) runs as one FULL CUDA graph; a ragged one as piecewise graphs whose launches keep the host busy, unless the
+# ragged graphs are captured. Where drafts are often accepted (a high MAT: tokens a request gets per step, a moving
+# average) long per-request slots pay; where they seldom are, a uniform narrow width pays more in launches saved
+# than its filler costs in verification. Measured on an 8B-shaped target on H100/H200 (docs/results.md):
+NARROW_FROM_ROWS = 16  # below this many running requests every row keeps k slots, padded (vLLM's own full graphs)
+NARROW_BELOW_ROWS = 48  # from NARROW_FROM_ROWS up to this, steps are narrow (launch-bound mid-size batches)
+NARROW_WIDTH = 6  # the mid-size narrow width
+HIGH_MAT_WIDTH = 8  # ... while the MAT is at least HIGH_MAT (long accepted drafts pay for a wider batch)
+HIGH_MAT = 4.0
+LARGE_BATCH_WIDTH = 4  # from NARROW_BELOW_ROWS on (GPU-bound): narrow only while the MAT is at most LOW_MAT
+LOW_MAT = 3.0
+SLOT_GROWTH = 1.0  # a request's next step gets L + ceil(SLOT_GROWTH * L) slots for a latest draft of L tokens ...
+SLOT_GROWTH_MIN_SHARE = 0.15  # ... while at least this share of the extra slots held an accepted token
+
+
+def policy_widths(k: int) -> tuple[int, ...]:
+    """The narrow widths the policy may choose at draft length ``k`` (each needs its own FULL CUDA graphs)."""
+    return tuple(sorted({w for w in (NARROW_WIDTH, HIGH_MAT_WIDTH, LARGE_BATCH_WIDTH) if usable_width(w, k)}))
 
 
 def usable_width(width: int, k: int) -> int:
@@ -107,6 +129,17 @@ class SlotBook:
         self._ema_extra = self._ema_used = 0.0  # decayed sums behind ``paid``
         self._grants: dict[str, tuple[int, int]] = {}  # this schedule's grants with extra slots: (base, slots)
         self._grants_before: dict[str, tuple[int, int]] = {}  # the previous schedule's (its step's tokens come next)
+
+    @classmethod
+    def policy(cls, k: int, *, narrow: bool = True, prefill_cap: int = -1,
+               high_ragged: Callable[[], bool] | None = None) -> "SlotBook":
+        """The book of the slot policy (the module constants); ``narrow`` False: per-request slots only (no narrow
+        graphs); ``high_ragged``: while the MAT is high, mid-size steps take per-request slots if it says the
+        ragged graphs are captured."""
+        return cls(k, prefill_cap=prefill_cap, growth=SLOT_GROWTH, min_share=SLOT_GROWTH_MIN_SHARE,
+                   narrow=NARROW_WIDTH if narrow else 0, narrow_rows=(NARROW_FROM_ROWS, NARROW_BELOW_ROWS),
+                   large=(LARGE_BATCH_WIDTH if narrow else 0, LOW_MAT), high=(HIGH_MAT_WIDTH, HIGH_MAT),
+                   high_ragged=high_ragged)
 
     def note(self, req_ids: Sequence[str], draft_lengths: Sequence[int], *, emitted: Sequence[int] = (),
              token_cost: float = 0.0) -> None:
@@ -236,16 +269,20 @@ class SlotBook:
                 **{f"narrow_steps_w{w}": n for w, n in sorted(self.width_steps.items())}}
 
 
-class _Registry:
-    """The slot book of the proposer running in this process (the scheduler reads it), or None."""
-
-    book: SlotBook | None = None
+ENGINE_BOOK = "_specdec_slot_book"  # attribute of an engine's vLLM config: the slot book of its proposer
 
 
-def register(book: SlotBook | None) -> None:
-    """Make ``book`` the one the scheduler patch applies (None: vLLM's uniform slots)."""
-    _Registry.book = book
+def attach_book(vllm_config: object, book: SlotBook | None) -> bool:
+    """Make ``book`` the slot book of the engine whose config is ``vllm_config`` (None: vLLM's uniform slots). The
+    scheduler and the runner of a one-GPU engine share that config object, so the scheduler patch reads the book of
+    its own engine (``book_of``). False if the config takes no attribute (then the scheduler keeps vLLM's slots)."""
+    try:
+        object.__setattr__(vllm_config, ENGINE_BOOK, book)
+    except (AttributeError, TypeError):
+        return False
+    return True
 
 
-def active() -> SlotBook | None:
-    return _Registry.book
+def book_of(vllm_config: object) -> SlotBook | None:
+    """The slot book attached to this engine's config, or None."""
+    return getattr(vllm_config, ENGINE_BOOK, None)

@@ -80,11 +80,11 @@ STATS = {"narrow_full": 0, "narrow_piecewise": 0, "narrow_keys": 0,  # this proc
 
 def narrow_widths(vllm_config: Any) -> tuple[int, ...]:
     """Our engine's narrow widths (``SpecdecOptions.narrow_widths``), () for any other engine or setting."""
-    from specdec.vllm_plugin.patches.async_sched import _ours
+    from specdec.vllm_plugin.patches.async_sched import is_schedule_config
     from specdec.vllm_plugin.entry.options import options_from_vllm_config
 
     try:
-        if not _ours(vllm_config):
+        if not is_schedule_config(vllm_config):
             return ()
         return options_from_vllm_config(vllm_config).narrow_widths
     except Exception as exc:  # noqa: BLE001 - never fail an engine's start for an optimisation
