@@ -19,6 +19,7 @@ from typing import Any
 
 from specdec.config import ConfigError
 from specdec.vllm_plugin.entry.options import ADDITIONAL_CONFIG_KEY, METHOD, normalise_keys, split_speculative_config
+from specdec.vllm_plugin.entry.validation import validate_for_serving
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.patches.common import is_wrapped, mark
 
@@ -46,6 +47,8 @@ def rewrite_engine_args(engine_args: Any) -> bool:
     if not isinstance(spec, dict) or normalise_keys(spec).get("method") != METHOD:
         return False
     theirs, options = split_speculative_config(spec)
+    served = getattr(engine_args, "tokenizer", None) or getattr(engine_args, "model", None) or ""
+    validate_for_serving(options, served=str(served))
     extra = getattr(engine_args, "additional_config", None)
     extra = dict(extra) if isinstance(extra, dict) else {}
     given = extra.get(ADDITIONAL_CONFIG_KEY)

@@ -167,7 +167,7 @@ class ScheduledDrafting:
         """Ring slot ``slot`` as a contiguous [rows, width] tensor (``ring``: the same slots as NumPy arrays, read
         without torch's per-op overhead). A [:rows, :width] slice would not be contiguous when width < k+1 (vLLM's
         k by batch size), and a device-to-host copy into a non-contiguous pinned tensor is not asynchronous: the
-        capture then waited for the step's GPU work (4.8 ms per capture in run 47)."""
+        capture then waited for the step's GPU work."""
         return (self.ring if ring is None else ring)[slot].reshape(-1)[:rows * width].reshape(rows, width)
 
     def _drain(self, upto: int | None = None) -> None:

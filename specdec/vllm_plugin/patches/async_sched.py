@@ -57,7 +57,7 @@ SCHEDULER_SOURCE = "spec_token_ids = self._spec_token_placeholders"  # vLLM 0.26
 SCHEDULE_SOURCE = "request.num_tokens_with_spec"  # vLLM 0.26-0.32's schedule: 1 + len(spec_token_ids) per decode
 # prefill_step_slots applies to steps with at least this many prompt tokens to compute: from there a step is
 # compute-bound on an H100/H200 whatever the dense model (the GEMMs' ridge is ~300 tokens), and each verified draft
-# token costs its full share. GPU run 58: capping every step with any prefill cost code prompts (~50 tokens, one
+# token costs its full share. Capping every step with any prefill cost code prompts (~50 tokens, one
 # arriving as one finishes) 8% at batch 64 and gained agentic prompts (~1,500 tokens) 2-4%.
 PREFILL_HEAVY_TOKENS = 512
 
