@@ -16,7 +16,7 @@ setup(
             depends=["csrc/suffix_lane.inc", "csrc/suffix_lane_tokens.inc", "csrc/suffix_lane_async.inc",
                      "csrc/job_thread.inc", "csrc/worker_pool.inc"],
             language="c++",
-            extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-pthread"],  # defer_cache's thread
+            extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-pthread"],  # the lane thread
             extra_link_args=["-pthread"],
             optional=True,
         ),

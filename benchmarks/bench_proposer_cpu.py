@@ -1,11 +1,11 @@
-"""CPU benchmark of the vLLM proposer's engine-thread cost per step: in-process vs overlapped (helper process).
+"""CPU benchmark of the vLLM proposer's engine-thread cost per step, by mode.
 
 A fake vLLM loop over recorded traces: B requests decode their recorded responses; each step verifies the
 previous drafts greedily against the recorded continuation (accepted prefix + the next token), hands vLLM-shaped
 arrays to the proposer, and then spends ``--engine-work-ms`` of Python on the engine thread (vLLM's
 ``update_from_output`` between ``propose`` and ``take_draft_token_ids``, ~0.5-2 ms at batch 64). Reported per
 mode: engine-thread milliseconds per step spent in the proposer (``sync``: the whole ``ProposerCore.step`` with
-the native one-call step; ``sync-python``: its Python path; ``overlap``: submit + the wait in collect), emitted
+the native one-call step; ``sync-python``: its Python path; ``thread``: submit + the wait in collect), emitted
 tokens (identical across modes: same drafts).
 
     python -m benchmarks.bench_proposer_cpu --dataset code_alpaca --batch-sizes 8,64 --engine-work-ms 1.0
@@ -22,10 +22,9 @@ import numpy as np
 from specdec.drafters.registry import build_drafter
 from specdec.eval.loaders import load_traces
 from specdec.eval.results import results_path, write_results
-from specdec.vllm_plugin.core import ProposerCore
-from specdec.vllm_plugin.options import SpecdecOptions
-from specdec.vllm_plugin.overlap import OverlapCore
-from specdec.vllm_plugin.threaded import ThreadedProposerCore
+from specdec.vllm_plugin.core.proposer_core import ProposerCore
+from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
 
 CONTEXT_TOKENS = 1500  # prompt tail kept per request (the GPU benchmark's agentic prompts are 1.5k tokens)
 WARMUP_STEPS = 2  # untimed first steps (requests start: their prompts are indexed)
@@ -90,18 +89,14 @@ def _busy(ms: float) -> None:
         x += 1
 
 
-MODES = {  # name -> proposer options (in-process unless "overlap")
+MODES = {  # name -> proposer options
     "sync": {},
-    "sync-defer": {"defer_cache": True},
-    "sync-defer0": {"defer_cache": True, "defer_cache_wait_ms": 0.0},
-    "sync-defer2": {"defer_cache": True, "defer_cache_wait_ms": 2.0},
     "sync-python": {"native_step": False},
     "sync-2t": {"lane_threads": 2},  # the native step's rows drafted by the engine thread and one helper
     "sync-4t": {"lane_threads": 4},
-    "overlap": {},
     "thread": {"async_drafting": True, "async_mode": "thread"},
 }
-DEFERRED = ("overlap", "thread")  # modes whose drafts are collected after the engine work
+DEFERRED = ("thread",)  # modes whose drafts are collected after the engine work
 
 
 def tail_ms(times: list[float]) -> dict[str, float]:
@@ -118,13 +113,11 @@ def run(mode: str, records: list[Any], pool: list[Any], *, k: int, steps: int, e
                                      "adaptive": False, **MODES[mode]})
     max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in pool) + 8
     eng = FakeEngine(records, pool, max_len)
-    in_process = mode != "overlap"
     suffix_opts = {} if suffix_depth is None else {"max_depth": suffix_depth}
     if suffix_opts:
         opts = opts.replace(drafter_options={"suffix": suffix_opts})
     core_cls = ThreadedProposerCore if mode == "thread" else ProposerCore
-    proposer: Any = (core_cls(build_drafter("suffix", {"suffix": suffix_opts}), opts, max_model_len=max_len)
-                     if in_process else OverlapCore(opts, max_model_len=max_len))
+    proposer: Any = core_cls(build_drafter("suffix", {"suffix": suffix_opts}), opts, max_model_len=max_len)
     spent, drafts = 0.0, [[] for _ in records]
     per_step: list[float] = []
     step_fn: Callable[..., Any] = proposer.submit if mode in DEFERRED else proposer.step
@@ -158,9 +151,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="code_alpaca", help="trace set (specdec-eval replay names)")
     ap.add_argument("--batch-sizes", default="8,64", type=lambda s: [int(x) for x in s.split(",")])
-    ap.add_argument("--modes", default="sync,sync-python,overlap", type=lambda s: s.split(","),
-                    help="sync: in-process, native one-call step; sync-defer: the same with defer_cache; "
-                         "sync-python: the Python path; overlap: helper process; thread: the native step on "
+    ap.add_argument("--modes", default="sync,sync-python,thread", type=lambda s: s.split(","),
+                    help="sync: in-process, native one-call step; "
+                         "sync-python: the Python path; thread: the native step on "
                          "its own thread (async_mode='thread')")
     ap.add_argument("--k", type=int, default=16, help="num_speculative_tokens (drafts padded to k)")
     ap.add_argument("--steps", type=int, default=60, help="timed steps per run")

@@ -3,12 +3,12 @@
 vLLM's async timeline, simulated: B requests decode recorded responses (each response tiled ``--repeat`` times, so
 that the suffix drafter accepts several tokens per step as on the GPU's code prompts); each step the sampled
 tokens are captured, the next step's fill runs (with the device wait: its early phase, i.e. stops, starts and the
-stale-front rebuilds or, with ``early_cache``, their hand-off to the caching thread), then ``--gpu-ms`` of the GPU's
+stale-front rebuilds), then ``--gpu-ms`` of the GPU's
 step pass (a sleep: the engine thread's other work; no GIL held), then ``finish`` drafts and releases. Reported per
 configuration, in ms per step on the engine thread: ``fill`` (with the early phase), ``finish`` (the drafting the
 GPU waits for) and their sum, with the drafts' acceptance (the same for every configuration: same drafts).
 
-    python -m benchmarks.bench_schedule_cpu --dataset code_alpaca --batch-size 64 --configs default,early_cache
+    python -m benchmarks.bench_schedule_cpu --dataset code_alpaca --batch-size 64 --configs default,no_early_refresh
 """
 from __future__ import annotations
 
@@ -23,17 +23,15 @@ import numpy as np
 from benchmarks.bench_proposer_cpu import CONTEXT_TOKENS, FakeEngine, tail_ms
 from specdec.eval.loaders import load_traces
 from specdec.eval.results import results_path, write_results
-from specdec.vllm_plugin.core import ProposerCore
-from specdec.vllm_plugin.options import SpecdecOptions
+from specdec.vllm_plugin.core.proposer_core import ProposerCore
+from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.proposer import build_proposer_drafter
-from specdec.vllm_plugin.scheduled import ScheduledDrafting
-from specdec.vllm_plugin.slots import SlotBook
+from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
+from specdec.vllm_plugin.core.slots import SlotBook
 
 CONFIGS = {  # name -> proposer options on top of schedule mode's (as SpecdecProposer sets them)
     "default": {},
     "no_early_refresh": {"early_refresh": False},
-    "early_cache": {"early_cache": True, "defer_cache": True},  # the proposer adds defer_cache in schedule mode
-    "late_cache": {"late_cache": True, "defer_cache": True},
     "one_thread": {"lane_threads": 1},
     "rows_step": {"matrix_step": False},  # the drafting from Python rows, padded in Python (before matrix_step)
     "depth64": {"drafter_options": {"suffix": {"max_depth": 64}}},  # the library's trie depth (the plugin: 32)
@@ -88,7 +86,7 @@ def run(config: str, records: list[Any], pool: list[Any], *, k: int, steps: int,
     that reads the clock off (the cost model; ``pad_drafts`` 'on' instead of 'auto', which pads by the measured step
     period; no drafting deadline): drafts then independent of timing, what the tests compare."""
     timing_free = {} if adaptive else {"adaptive": False, "pad_drafts": "on", "draft_timeout_ms": 0.0}
-    opts = SpecdecOptions.from_dict({"num_speculative_tokens": k, "ab_windows": False, "async_drafting": True,
+    opts = SpecdecOptions.from_dict({"num_speculative_tokens": k, "async_drafting": True,
                                      "async_mode": "schedule", "lane_threads": threads, **timing_free,
                                      **CONFIGS[config]})
     max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in pool) + 8
@@ -118,23 +116,21 @@ def run(config: str, records: list[Any], pool: list[Any], *, k: int, steps: int,
     finally:
         sched.close()
     stats = core.stats_dict()
-    lane_stats = core.lane.global_stats() if core.lane is not None else {}
     return {"config": config, "batch_size": len(records), "steps": steps, "gpu_ms": gpu_ms, "lane_threads": threads,
             "fill_ms": 1e3 * float(np.mean(fills)), "finish_ms": 1e3 * float(np.mean(finishes)),
             "engine_thread_ms": 1e3 * float(np.mean(fills) + np.mean(finishes)),
             "finish_tail": tail_ms(finishes), "emitted_per_step": eng.emitted / (steps + WARMUP_STEPS),
             "accepted_tokens": stats["accepted_tokens"], "drafted_tokens": stats["drafted_tokens"],
-            "stopped": stats["stopped"], "early_cached": stats.get("early_cached", 0),
+            "stopped": stats["stopped"],
             "fallbacks": {"timeouts": stats["timeouts"], "errors": sched.feed.stats.errors + stats.get("errors", 0),
-                          "resyncs": stats["resyncs"], "watchdog": sched.feed.stats.watchdog_releases,
-                          "steps_without_global": lane_stats.get("steps_without_global", 0)}}
+                          "resyncs": stats["resyncs"], "watchdog": sched.feed.stats.watchdog_releases}}
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="code_alpaca", help="trace set (specdec-eval replay names)")
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--configs", default="default,early_cache", type=lambda s: s.split(","),
+    ap.add_argument("--configs", default="default,no_early_refresh", type=lambda s: s.split(","),
                     help=f"comma-separated, of: {', '.join(CONFIGS)}")
     ap.add_argument("--k", type=int, default=16, help="num_speculative_tokens")
     ap.add_argument("--steps", type=int, default=200, help="timed steps per run")

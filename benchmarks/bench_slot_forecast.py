@@ -25,12 +25,12 @@ from benchmarks.bench_proposer_cpu import CONTEXT_TOKENS, FakeEngine
 from benchmarks.bench_schedule_cpu import HostWait, capture_step
 from specdec.eval.loaders import load_traces
 from specdec.eval.results import results_path, write_results
-from specdec.vllm_plugin.adaptive import StepCostModel
-from specdec.vllm_plugin.core import ProposerCore
-from specdec.vllm_plugin.options import SpecdecOptions
+from specdec.vllm_plugin.core.adaptive import StepCostModel
+from specdec.vllm_plugin.core.proposer_core import ProposerCore
+from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.proposer import build_proposer_drafter
-from specdec.vllm_plugin.scheduled import ScheduledDrafting
-from specdec.vllm_plugin.slots import SlotBook
+from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
+from specdec.vllm_plugin.core.slots import SlotBook
 
 MIN_RESPONSE = 32  # records with shorter responses are skipped
 SYNC = "sync"  # --growth entry: every draft verified at its own length
@@ -51,7 +51,7 @@ def run(records: list[Any], *, batch_size: int, growth: str, k: int, steps: int,
         token_cost: float, cut: bool = False) -> dict[str, Any]:
     """One configuration (``growth``: a ``slot_growth`` value, or ``SYNC``) over ``steps`` steps; ``cut``: drafts
     cut where the calibrated acceptance probability falls below ``token_cost`` (adaptive control on)."""
-    opts = SpecdecOptions.from_dict({"num_speculative_tokens": k, "ab_windows": False, "async_drafting": True,
+    opts = SpecdecOptions.from_dict({"num_speculative_tokens": k, "async_drafting": True,
                                      "async_mode": "schedule", "lane_threads": 1, "adaptive": cut})
     max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in records) + 8
     eng = FakeEngine(records[:batch_size], records, max_len)

@@ -73,9 +73,6 @@ METHODS: dict[str, dict[str, Any] | None] = {
                       "async_mode": "thread"},
     "specdec-thread": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
                        "async_mode": "thread"},
-    # the proposer in a helper process (pipes)
-    "specdec-overlap": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
-                        "async_mode": "overlap"},
     # vLLM's async scheduling (the engine prepares step N+1 while the GPU runs step N; drafts filled just in time)
     "specdec-sched": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
                       "async_mode": "schedule"},
@@ -89,21 +86,13 @@ METHODS: dict[str, dict[str, Any] | None] = {
     # a short k at large batches (k 4 lifted agentic batch 64 on the 8B-sized target from 0.73x to 0.86x no-spec)
     "specdec-sched-k2": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
                          "async_mode": "schedule", "num_speculative_tokens_per_batch_size": [[1, 16, 16], [17, 1024, 2]]},
-    "specdec-hedge": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
-                      "async_mode": "hedge"},
     # the draft model on the host CPU: the native forward on 8 threads (half the GPU host's cores), named rather
     # than calibrated at engine start (backend=auto would also build and time ONNX Runtime and numpy)
     "specdec-hybrid": {"method": "specdec", "drafter": ["suffix", "model"], "num_speculative_tokens": 8,
                        "async": False, "drafter_options": {"model": {"num_threads": 8, "backend": "native"}}},
-    "specdec-hybrid-async": {"method": "specdec", "drafter": ["suffix", "model"], "num_speculative_tokens": 8,
-                             "async": True, "async_mode": "overlap",
-                             "drafter_options": {"model": {"num_threads": 8, "backend": "native"}}},
     # k=4: each draft token is one model step
     "specdec-model": {"method": "specdec", "drafter": "model", "num_speculative_tokens": 4, "async": False,
                       "drafter_options": {"model": {"num_threads": 8, "backend": "native"}}},
-    "specdec-model-async": {"method": "specdec", "drafter": "model", "num_speculative_tokens": 4, "async": True,
-                            "async_mode": "overlap",
-                            "drafter_options": {"model": {"num_threads": 8, "backend": "native"}}},
 }
 V1_REFERENCES = ("nospec-v1", "nospec-sync")  # no-spec engines forced onto the V1 model runner
 LOADS = {"closed": ("closed",), "sustained": ("sustained",), "both": ("closed", "sustained")}  # --load -> engines

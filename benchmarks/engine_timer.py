@@ -44,12 +44,11 @@ def allow_rpc() -> None:
 
 
 def slot_counters() -> dict[str, int]:
-    """The counters of the slot book registered in this process (schedule mode, adaptive slots), or {}."""
-    try:
-        from specdec.vllm_plugin.slots import active
-    except ImportError:
-        return {}
-    book = active()
+    """The counters of the slot book of this process's proposer (schedule mode, adaptive slots), or {}."""
+    from specdec.vllm_plugin.proposer import INSTANCES
+
+    books = [p.scheduled.slot_book for p in list(INSTANCES) if getattr(p, "scheduled", None) is not None]
+    book = next((b for b in books if b is not None), None)
     if book is None:
         return {}
     d = book.as_dict()

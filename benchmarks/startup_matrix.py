@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown --configs/--methods value(s) {bad}; valid configs {sorted(CONFIGS)}, methods {sorted(METHODS)}")
     if not Path(args.prompts).is_file():
-        ap.error(f"--prompts {args.prompts}: no such file (python -m specdec.eval.prepare_prompts writes it)")
+        ap.error(f"--prompts {args.prompts}: no such file (python -m benchmarks.prepare_prompts writes it)")
     data = json.loads(Path(args.prompts).read_text())
     prompts = data["datasets"]["code"]["bs8"][:REQUESTS]  # HumanEval prompts
     rows = []

@@ -87,17 +87,17 @@ class StepTimer:
         for name, hook in (("_model_forward", self._forward_started), ("_bookkeeping_sync", self._sampling_done)):
             if hasattr(GPUModelRunner, name):
                 setattr(GPUModelRunner, name, self._marked(getattr(GPUModelRunner, name), hook))
-        from specdec.vllm_plugin.scheduled import (
+        from specdec.vllm_plugin.modes.schedule import (
             ScheduledDrafting,  # schedule mode drafts in two runner hooks
         )
 
         ScheduledDrafting.capture = self._timed(ScheduledDrafting.capture)
         ScheduledDrafting.fill = self._timed(ScheduledDrafting.fill)
-        # device wait: the drafting (inline in finish, or on the finisher thread with finish_thread)
+        # device wait: the drafting (inline in finish)
         ScheduledDrafting._finish_job = self._split(self._timed(ScheduledDrafting._finish_job), "finish_ms")
         ScheduledDrafting._tokens = self._split(ScheduledDrafting._tokens, "sync_ms")  # reading a step's tokens
         try:
-            from specdec.vllm_plugin.device_wait import DeviceWait
+            from specdec.vllm_plugin.modes.device_wait import DeviceWait
 
             DeviceWait.enqueue_copy = self._marked_after(DeviceWait.enqueue_copy)
         except ImportError:
@@ -112,7 +112,7 @@ class StepTimer:
     def _install_phases(self, runner_cls: Any, scheduler_cls: Any) -> None:
         """Host time of the engine loop's phases per step period (``step_trace.PHASE_COLS``): what the engine
         core's thread does between two ``execute_model`` entries, wherever the GPU is meanwhile."""
-        from specdec.vllm_plugin import async_patch
+        from specdec.vllm_plugin.patches import async_sched as async_patch
 
         # the plugin's schedule wrapper (AsyncScheduler, set after this) calls vLLM's schedule and these two by name
         for owner, name, col in ((runner_cls, "execute_model", "exec_ms"), (runner_cls, "sample_tokens", "sample_ms"),

@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specdec.vllm_plugin.async_patch import PREFILL_HEAVY_TOKENS
+from specdec.vllm_plugin.patches.async_sched import PREFILL_HEAVY_TOKENS
 
 TRACES_SUFFIX = ".traces.json.gz"  # beside RESULTS.json: RESULTS.traces.json.gz
 CG_CODES = {"FULL": "F", "PIECEWISE": "P", "NONE": "N"}  # vLLM CUDAGraphMode names -> one-letter codes
@@ -64,7 +64,7 @@ HOST_LATE_SYNC_MS = 0.3
 
 def _plugin_full_dispatches() -> int:
     """FULL dispatches of the specdec plugin's own graphs in this process so far (``graphs.STATS``)."""
-    from specdec.vllm_plugin.graphs import STATS
+    from specdec.vllm_plugin.patches.graphs import STATS
 
     return STATS["narrow_full"] + STATS["ragged_full"] + STATS["ragged_prefill_full"]
 

@@ -593,10 +593,6 @@ struct LaneConfig {
     double factor = 8.0, offset = 0.0, min_prob = 0.1, leaf_prior = 0.0;  // draft parameters (SuffixConfig)
     double pad_factor = 8.0;  // the factor of padded steps (verification free: SuffixConfig.free_spec_factor)
     bool use_local = true, use_global = true;
-    bool defer_cache = false;  // stopped requests' responses are cached by the cacher thread (see JobThread)
-    double defer_wait_us = 0;  // a lane step waits this long for the cacher before drafting without the global trie
-    bool late_refresh = false;  // defer_cache: the cacher's job also rebuilds every running request's global front,
-                                // and every entry point waits for it (schedule mode's late_cache)
 };
 
 struct LaneStep {  // one lane call's per-step decisions
@@ -604,7 +600,6 @@ struct LaneStep {  // one lane call's per-step decisions
     long long max_model_len = 0;
     bool spec = false, pad = false, adaptive = false;
     double min_acceptance = 0, floor = 0, value = 0;
-    bool global_ok = true;  // the global trie may be read (no deferred caching running)
 };
 
 // One vLLM step handed to the lane thread (lane_submit), and its result (lane_collect): see suffix_lane_async.inc.
@@ -697,7 +692,7 @@ struct WideIds {
 
 struct Engine;
 
-#include "job_thread.inc"  // JobThread: the cacher and the lane thread
+#include "job_thread.inc"  // JobThread: the lane thread
 #include "worker_pool.inc"  // WorkerPool: helpers of the lane thread
 
 struct Engine {
@@ -714,16 +709,10 @@ struct Engine {
     std::vector<Request*> lane_rows;    // the lane job's requests by row
     std::vector<RowChain> lane_chains;  // the lane job's drafts by row
     LaneConfig lane;
-    int64_t steps_without_global = 0;  // lane steps that found the cacher busy (defer_cache)
-    std::vector<Request> retired;  // stopped, response not yet cached (defer_cache; main thread's)
-    std::vector<Request> caching;  // handed to the cacher
-    bool cache_refreshing = false;  // the cacher's job also rebuilds running requests' fronts (lane_cache_early)
-    Scratch cacher_scratch;         // the cacher's, for those rebuilds
     LaneJob job;                   // the asynchronous lane step (suffix_lane_async.inc)
     LanePrep prep;                 // the step's early stops and starts (lane_prepare)
     WorkerPool workers;            // the lane thread's helpers (destroyed after the lane thread is joined)
-    JobThread cacher;              // declared last: destroyed (joined) first
-    JobThread lane_thread;         // runs `job`; joined before everything it touches is destroyed
+    JobThread lane_thread;         // declared last: destroyed (joined) first; runs `job`
 
     Engine(int d, int64_t mr, int64_t mt) : depth(d), max_requests(mr), max_tokens(mt), global(d) {}
 
@@ -739,8 +728,7 @@ struct Engine {
         r.global_version = version;
     }
 
-    // global_ok = false (deferred caching running): the global match front is left stale, rebuilt when next used.
-    void start(int64_t rid, const int32_t* toks, size_t n, bool global_ok = true) {
+    void start(int64_t rid, const int32_t* toks, size_t n) {
         Request& r = requests[rid];
         r.local = std::make_unique<Trie>(depth);
         r.local->reserve_edges(n * LOCAL_EDGES_PER_TOKEN);  // the prompt's edges go in without table growth
@@ -750,16 +738,13 @@ struct Engine {
         r.local_front.assign(1, 0);
         for (size_t i = 0; i < n; ++i) r.local->append(r.local_front, LOCAL_SEQ, i);
         r.global_version = ~0ull;
-        if (global_ok) refresh_global(r, scratch);
+        refresh_global(r, scratch);
     }
 
-    void extend(Request& r, const int32_t* toks, size_t n, bool global_ok = true) {
-        extend(r, toks, n, global_ok, scratch);
-    }
+    void extend(Request& r, const int32_t* toks, size_t n) { extend(r, toks, n, scratch); }
 
-    void extend(Request& r, const int32_t* toks, size_t n, bool global_ok, Scratch& s) {
-        bool fresh = global_ok && r.global_version == version;
-        if (!global_ok) r.global_version = ~0ull;
+    void extend(Request& r, const int32_t* toks, size_t n, Scratch& s) {
+        bool fresh = r.global_version == version;
         std::vector<int32_t>& ctx = r.local->seq(LOCAL_SEQ);
         for (size_t i = 0; i < n; ++i) {
             ctx.push_back(toks[i]);
@@ -768,17 +753,9 @@ struct Engine {
         }
     }
 
-    // The global trie may be read now (no deferred caching running).
-    bool global_ok() { return cacher.idle(); }
-
     void stop(int64_t rid) {
         auto it = requests.find(rid);
         if (it == requests.end()) return;
-        if (lane.defer_cache) {  // cached after the next lane_step has drafted
-            retired.push_back(std::move(it->second));
-            requests.erase(it);
-            return;
-        }
         cache_response(it->second);
         requests.erase(it);
     }
@@ -794,40 +771,6 @@ struct Engine {
             evict();
             ++version;
         }
-    }
-
-    // After a lane step has drafted: hand the retired requests to the cacher (if it is free; else next step). With
-    // late_refresh the job then rebuilds every running request's match front in the global trie, and the next entry
-    // point waits for it (quiesce: cache_refreshing), so no lane step drafts from a stale front or without the
-    // global trie: the responses retired before a step reach the global trie right after that step's drafting.
-    void launch_caching() {
-        if (retired.empty() || !cacher.idle()) return;
-        hand_to_cacher(lane.late_refresh);
-    }
-
-    // The cacher (idle) caches every retired response; with `refresh` it then rebuilds every running request's global
-    // match front, and every entry point waits for the job first (quiesce: cache_refreshing), since it reads them.
-    void hand_to_cacher(bool refresh) {
-        caching = std::move(retired);
-        retired.clear();
-        std::vector<Request*> running;
-        if (refresh) {
-            running.reserve(requests.size());
-            for (auto& kv : requests) running.push_back(&kv.second);
-            cache_refreshing = true;
-        }
-        cacher.launch([this, running = std::move(running)] {
-            for (Request& r : caching) cache_response(r);
-            caching.clear();
-            for (Request* r : running) refresh_global(*r, cacher_scratch);
-        });
-    }
-
-    // Everything retired into the global trie now (reporting, switching deferral off).
-    void flush_caching() {
-        cacher.wait();
-        for (Request& r : retired) cache_response(r);
-        retired.clear();
     }
 
     void evict() {
@@ -1029,7 +972,7 @@ PyObject* Engine_start(PyEngine* self, PyObject* args) {
     Engine& e = *self->engine;
     quiesce(e);
     if (!read_ids(toks, e.wide, g_tokens)) return nullptr;
-    e.start(rid, g_tokens.data(), g_tokens.size(), e.global_ok());
+    e.start(rid, g_tokens.data(), g_tokens.size());
     Py_RETURN_NONE;
 }
 
@@ -1044,7 +987,7 @@ PyObject* Engine_extend(PyEngine* self, PyObject* args) {
         return nullptr;
     }
     if (!read_ids(toks, self->engine->wide, g_tokens)) return nullptr;
-    self->engine->extend(it->second, g_tokens.data(), g_tokens.size(), self->engine->global_ok());
+    self->engine->extend(it->second, g_tokens.data(), g_tokens.size());
     Py_RETURN_NONE;
 }
 
@@ -1086,7 +1029,7 @@ PyObject* Engine_draft(PyEngine* self, PyObject* args) {
         PyErr_Format(PyExc_KeyError, "request %lld is not active (call start first)", rid);
         return nullptr;
     }
-    const Draft& d = self->engine->draft(it->second, p, use_local != 0, use_global != 0 && self->engine->global_ok());
+    const Draft& d = self->engine->draft(it->second, p, use_local != 0, use_global != 0);
     PyObject* probs = PyList_New(static_cast<Py_ssize_t>(d.probs.size()));
     if (!probs) return nullptr;
     for (size_t i = 0; i < d.probs.size(); ++i) PyList_SET_ITEM(probs, i, PyFloat_FromDouble(d.probs[i]));
@@ -1096,20 +1039,16 @@ PyObject* Engine_draft(PyEngine* self, PyObject* args) {
 
 PyObject* Engine_memory_bytes(PyEngine* self, PyObject*) {
     quiesce(*self->engine);
-    self->engine->cacher.wait();
     return PyLong_FromSize_t(self->engine->memory_bytes());
 }
 
 PyObject* Engine_global_stats(PyEngine* self, PyObject*) {
     quiesce(*self->engine);
-    self->engine->cacher.wait();
     Engine* e = self->engine;
-    return Py_BuildValue("{s:n,s:n,s:L,s:n,s:L,s:n}", "nodes", static_cast<Py_ssize_t>(e->global.live_nodes()),
+    return Py_BuildValue("{s:n,s:n,s:L,s:n}", "nodes", static_cast<Py_ssize_t>(e->global.live_nodes()),
                          "bytes", static_cast<Py_ssize_t>(e->global.memory_bytes()), "cached_tokens",
                          static_cast<long long>(e->cached_tokens), "cached_requests",
-                         static_cast<Py_ssize_t>(e->cached.size()), "steps_without_global",
-                         static_cast<long long>(e->steps_without_global), "retired",
-                         static_cast<Py_ssize_t>(e->retired.size()));
+                         static_cast<Py_ssize_t>(e->cached.size()));
 }
 
 PyObject* Engine_local_nodes(PyEngine* self, PyObject* args) {
@@ -1139,14 +1078,12 @@ PyMethodDef Engine_methods[] = {
      "exactly n_known (no extend), else it extends n_known by the row's sampled tokens"},
     {"lane_step", reinterpret_cast<PyCFunction>(Engine_lane_step), METH_VARARGS, kLaneStepDoc},
     {"lane_step_tokens", reinterpret_cast<PyCFunction>(Engine_lane_step_tokens), METH_VARARGS, kLaneStepTokensDoc},
-    {"lane_confident", reinterpret_cast<PyCFunction>(Engine_lane_confident), METH_VARARGS, kLaneConfidentDoc},
     {"lane_submit", reinterpret_cast<PyCFunction>(Engine_lane_submit), METH_VARARGS, kLaneSubmitDoc},
     {"lane_collect", reinterpret_cast<PyCFunction>(Engine_lane_collect), METH_VARARGS, kLaneCollectDoc},
     {"lane_spin", reinterpret_cast<PyCFunction>(Engine_lane_spin), METH_VARARGS, kLaneSpinDoc},
     {"lane_threads", reinterpret_cast<PyCFunction>(Engine_lane_threads), METH_VARARGS, kLaneThreadsDoc},
     {"lane_prepare", reinterpret_cast<PyCFunction>(Engine_lane_prepare), METH_VARARGS, kLanePrepareDoc},
     {"lane_refresh", reinterpret_cast<PyCFunction>(Engine_lane_refresh), METH_NOARGS, kLaneRefreshDoc},
-    {"lane_cache_early", reinterpret_cast<PyCFunction>(Engine_lane_cache_early), METH_NOARGS, kLaneCacheEarlyDoc},
     {nullptr, nullptr, 0, nullptr}};
 
 PyTypeObject EngineType = {PyVarObject_HEAD_INIT(nullptr, 0)};

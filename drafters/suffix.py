@@ -161,25 +161,13 @@ class SuffixDrafter(Drafter):
         return self._ids
 
     def lane_config(self, *, probe_tokens: int, accept_alpha: float, calib_decay: float, min_calib_mass: float,
-                    min_calib: float, max_calib: float, max_cut: float, defer_cache: bool = False,
-                    defer_wait_us: float = 0.0, late_refresh: bool = False) -> None:
-        """The proposer's constants for ``lane_step`` (see specdec/vllm_plugin/core.py). ``defer_cache``: a stop
-        only retires the request; its response reaches the global trie on a background thread after the next
-        ``lane_step`` has drafted; a step waits at most ``defer_wait_us`` for that thread, then drafts without the
-        global trie. ``late_refresh`` (with ``defer_cache``): that thread also rebuilds every running request's
-        match front in the global trie, and every later call waits for it (no step drafts without the global trie:
-        a response retired before a step is cached right after that step's drafting)."""
+                    min_calib: float, max_calib: float, max_cut: float) -> None:
+        """The proposer's constants for ``lane_step`` (see specdec/vllm_plugin/core.py)."""
         c = self.config
         self._lane_args = (probe_tokens, accept_alpha, calib_decay, min_calib_mass, min_calib, max_calib, max_cut,
                            c.max_spec_factor, c.max_spec_offset, c.min_token_prob, c.leaf_prior,
                            self._factor(True), c.use_local, c.use_global)
-        self.engine.lane_config(*self._lane_args, defer_cache, defer_wait_us, late_refresh)
-
-    def lane_release(self) -> None:
-        """Deferred caching off: responses still waiting are cached now, later stops cache at once."""
-        args = getattr(self, "_lane_args", None)
-        if args is not None:
-            self.engine.lane_config(*args, False)
+        self.engine.lane_config(*self._lane_args)
 
     def lane_restart(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int], n_known: int) -> None:
         """(Re)start a request from its context (prompt, then the rest); its next ``lane_step`` row must carry
@@ -205,12 +193,6 @@ class SuffixDrafter(Drafter):
         """Bring every active request's match front in the global cache up to date (after stops cached their
         responses) so that the next ``lane_step`` does not rebuild them; same drafts. Returns how many were stale."""
         return int(self.engine.lane_refresh())
-
-    def lane_cache_early(self) -> int:
-        """With ``defer_cache``: cache the stopped requests' responses and rebuild every running request's match front
-        on the caching thread (no GIL) while the caller goes on; every later call waits for that job, so the next
-        ``lane_step`` drafts as if both had been done inline. Returns the responses handed over."""
-        return int(self.engine.lane_cache_early())
 
     def lane_invalidate(self, request_id: str) -> None:
         """Make the request's next ``lane_step`` row ask for a restart (its context is about to be resent)."""
@@ -244,12 +226,6 @@ class SuffixDrafter(Drafter):
         rids = [ids.get(r, -1) for r in req_ids]
         return self.engine.lane_step_tokens(rids, tokens, known, fillers, out, k, max_model_len, spec, pad, adaptive,
                                             min_acceptance, floor, value)
-
-    def lane_confident(self, req_ids: Sequence[str]) -> list[int]:
-        """Per request: the tokens of its latest ``lane_step`` draft before the confidence cut (padding
-        excluded); 0 for a request the drafter does not hold."""
-        ids = self._ids
-        return self.engine.lane_confident([ids.get(r, -1) for r in req_ids])
 
     def lane_submit(self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]], lengths: Any, token_ids: Any,
                     num_prompt_tokens: Any, *, stops: Sequence[str], k: int, max_model_len: int, spec: bool,

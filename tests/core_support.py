@@ -259,17 +259,3 @@ def target_sequence(seed: int, length: int = 600) -> list[int]:
     while len(out) < length:
         out += rng.choice(phrases) if rng.random() < 0.85 else [rng.randrange(50, 90)]
     return out[:length]
-
-
-def stops_after_each_step(core) -> None:
-    """``late_cache``'s synchronous reference: the ``ProposerCore`` ``core`` stops the requests absent from a step
-    once that step has drafted (their responses reach the global cache one step later), instead of before."""
-    stop, step = core._stop_absent, core.step
-    core._stop_absent = lambda present: None
-
-    def step_then_stop(req_ids, *args, **kwargs):
-        out = step(req_ids, *args, **kwargs)
-        stop(set(req_ids[:len(args[0])]))  # args[0]: the rows' sampled tokens
-        return out
-
-    core.step = step_then_stop

@@ -44,7 +44,7 @@ def test_trace_records_periods_drafting_graph_modes_and_gpu(monkeypatch):
 def test_a_step_the_plugin_dispatched_to_its_own_full_graph_is_full(monkeypatch):
     """The plugin's narrow and ragged keys are dispatched by its wrapper, which the mode-noting wrapper does not
     see: a step during which its FULL count grew is "F", one without stays "?"."""
-    from specdec.vllm_plugin import graphs
+    from specdec.vllm_plugin.patches import graphs
 
     monkeypatch.setitem(graphs.STATS, "ragged_full", 10)
     tr = StepTrace()
@@ -112,14 +112,14 @@ def test_timer_and_trace_hooks_keep_vllm_signatures(monkeypatch):
     for owner, name in names:
         before[(owner, name)] = inspect.signature(getattr(owner, name))
         monkeypatch.setattr(owner, name, getattr(owner, name))  # restored after the test
-    from specdec.vllm_plugin.scheduled import ScheduledDrafting
+    from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 
-    from specdec.vllm_plugin.device_wait import DeviceWait
+    from specdec.vllm_plugin.modes.device_wait import DeviceWait
 
     for name in ("capture", "fill", "_finish_job", "_drain"):
         monkeypatch.setattr(ScheduledDrafting, name, getattr(ScheduledDrafting, name))
     monkeypatch.setattr(DeviceWait, "enqueue_copy", DeviceWait.enqueue_copy)
-    from specdec.vllm_plugin import async_patch
+    from specdec.vllm_plugin.patches import async_sched as async_patch
 
     for name in ("regrant_placeholders", "cap_prefill_steps"):
         monkeypatch.setattr(async_patch, name, getattr(async_patch, name))
@@ -182,7 +182,7 @@ def test_host_phases_are_timed_into_the_period_they_ran_in(monkeypatch):
     from benchmarks.bench_vllm_load import _with_split
     from benchmarks.step_timer import StepTimer
 
-    from specdec.vllm_plugin import async_patch
+    from specdec.vllm_plugin.patches import async_sched as async_patch
 
     clock = [0.0]
     monkeypatch.setattr(step_timer.time, "perf_counter", lambda: clock[0])

@@ -1,7 +1,16 @@
 """CPU tests of the vLLM benchmark's bookkeeping (summary, ratios, mismatch counts, lossless table, markdown)."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from benchmarks.bench_vllm import METHODS, _spec_config, markdown, summarise
+
+
+class BookHolder:
+    """Stands for a schedule-mode proposer holding a slot book (what ``engine_timer.slot_counters`` reads)."""
+
+    def __init__(self, book) -> None:
+        self.scheduled = SimpleNamespace(slot_book=book)
 
 
 def _cell(tps: float, outs: list[list[int]], accepted: float = 0.0) -> dict:
@@ -635,16 +644,18 @@ def test_step_traces_move_to_a_gzip_file_beside_the_results_and_read_back(tmp_pa
 def test_slot_counters_include_the_narrow_schedules_by_width():
     """bench_vllm's per-cell slot-book counters (deltas over a cell) carry the narrow schedules, also by width."""
     from benchmarks.engine_timer import slot_counters as _slot_counters
-    from specdec.vllm_plugin.slots import SlotBook, register
+    from specdec.vllm_plugin.core.slots import SlotBook
+    from specdec.vllm_plugin.proposer import INSTANCES
 
     book = SlotBook(16, narrow=6, narrow_rows=(16, 48), high=(8, 4.0))
-    register(book)
+    holder = BookHolder(book)
+    INSTANCES.add(holder)
     try:
         for _ in range(3):
             book.begin_schedule(running=32)
         counters = _slot_counters()
     finally:
-        register(None)
+        INSTANCES.discard(holder)
     assert counters["narrow_steps"] == 3 and counters["narrow_steps_w6"] == 3 and "narrow_steps_w8" not in counters
     assert _slot_counters() == {}
 

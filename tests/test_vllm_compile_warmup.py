@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from specdec.vllm_plugin import compile_warmup
-from specdec.vllm_plugin.compile_warmup import WARM_SHAPES, warm_batch_change
-from specdec.vllm_plugin.feed import valid_counts
+from specdec.vllm_plugin.patches import compile_warmup
+from specdec.vllm_plugin.patches.compile_warmup import WARM_SHAPES, warm_batch_change
+from specdec.vllm_plugin.core.feed import valid_counts
 
 MAX_REQS = 64  # the fake runner's max_num_reqs (R)
 
@@ -136,7 +136,7 @@ def test_the_plugin_wraps_vllms_worker(monkeypatch):
     import inspect
 
     gpu_worker = pytest.importorskip("vllm.v1.worker.gpu_worker")
-    from specdec.vllm_plugin import plugin
+    from specdec.vllm_plugin.entry import register as plugin
 
     before = inspect.signature(gpu_worker.Worker.compile_or_warm_up_model)
     monkeypatch.setattr(gpu_worker.Worker, "compile_or_warm_up_model", gpu_worker.Worker.compile_or_warm_up_model)

@@ -77,6 +77,13 @@ def clock(monkeypatch) -> list[float]:
     return t
 
 
+class BookHolder:
+    """Stands for a schedule-mode proposer holding a slot book (what ``engine_timer.slot_counters`` reads)."""
+
+    def __init__(self, book) -> None:
+        self.scheduled = SimpleNamespace(slot_book=book)
+
+
 def test_a_sustained_cell_reads_steps_drafting_and_trace_from_the_engine_process(monkeypatch, clock):
     """The cell's steps, drafting time and trace come from the engine process's timer; its GPU events run only
     during the cell (gpu_on set there before the first step, cleared after the last); the benchmark process's own
@@ -103,18 +110,20 @@ def test_a_sustained_cell_reads_steps_drafting_and_trace_from_the_engine_process
 
 def test_slot_counters_and_stats_run_where_the_engine_is(monkeypatch, clock):
     """``in_engine`` calls the named engine function through the proxy, or here for an in-process timer."""
-    from specdec.vllm_plugin.slots import SlotBook, register
+    from specdec.vllm_plugin.core.slots import SlotBook
+    from specdec.vllm_plugin.proposer import INSTANCES
 
     monkeypatch.setattr(engine_timer, "_timer", StepTimer())
     llm = FakeLLM(FakeEngineProcess(StepTimer(), clock))
     book = SlotBook(16, narrow=6, narrow_rows=(16, 48))
-    register(book)
+    holder = BookHolder(book)
+    INSTANCES.add(holder)
     try:
         book.begin_schedule(running=32)
         remote = engine_timer.in_engine(engine_timer.EngineTimer(llm, trace=False), "slot_counters")
         here = engine_timer.in_engine(StepTimer(), "slot_counters")
     finally:
-        register(None)
+        INSTANCES.discard(holder)
     assert remote == here and remote["narrow_steps"] == 1 and remote["narrow_steps_w6"] == 1
     assert llm.calls == ["ensure", "call"]
 

@@ -1,4 +1,4 @@
-"""FULL CUDA graphs for narrow verify batches (``specdec.vllm_plugin.graphs``) and the narrow slot schedule.
+"""FULL CUDA graphs for narrow verify batches (``specdec.vllm_plugin.patches.graphs``) and the narrow slot schedule.
 
 The dispatcher tests run vLLM's own ``CudagraphDispatcher`` (vLLM 0.32 on the CPU, CI's venv; skipped where vLLM is
 not importable) with our wrappers; the runner wrapper runs on a fake runner whose dispatch and capture record what
@@ -14,12 +14,12 @@ import pytest
 import torch
 from specdec.drafters.suffix import SuffixDrafter
 
-from specdec.vllm_plugin import graphs
-from specdec.vllm_plugin.core import ProposerCore
-from specdec.vllm_plugin.options import SpecdecOptions
-from specdec.vllm_plugin.ragged_keys import PREFILL_TAG
-from specdec.vllm_plugin.scheduled import ScheduledDrafting
-from specdec.vllm_plugin.slots import PLACEHOLDER, SlotBook
+from specdec.vllm_plugin.patches import graphs
+from specdec.vllm_plugin.core.proposer_core import ProposerCore
+from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.patches.ragged_keys import PREFILL_TAG
+from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
+from specdec.vllm_plugin.core.slots import PLACEHOLDER, SlotBook
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vllm not importable here (CI: /opt/vllm-venv)")
@@ -31,11 +31,15 @@ PREFILL = 256  # ragged_prefill_tokens  # vLLM's sizes rounded to multiples of 1
 
 
 # ----------------------------------------------------------------- options and the slot book
-def test_narrow_width_is_off_where_it_cannot_apply() -> None:
-    assert SpecdecOptions().narrow_width == 6
-    assert SpecdecOptions(narrow_slots=0).narrow_width == 0
-    assert SpecdecOptions(num_speculative_tokens=6).narrow_width == 0  # not narrower than k
-    assert SpecdecOptions(draft_slots="uniform").narrow_width == 0  # vLLM's k slots for every request
+def test_narrow_widths_are_off_where_they_cannot_apply() -> None:
+    assert SpecdecOptions().narrow_widths == (4, 6, 8)
+    assert SpecdecOptions(narrow_graphs=False).narrow_widths == ()
+    assert SpecdecOptions(num_speculative_tokens=6).narrow_widths == (4,)  # not narrower than k
+    assert SpecdecOptions(draft_slots="uniform").narrow_widths == ()  # vLLM's k slots for every request
+    book = SlotBook.policy(K)
+    assert (book.narrow, book.high_width, book.large_width, book.narrow_from, book.narrow_below) == (6, 8, 4, 16, 48)
+    off = SlotBook.policy(K, narrow=False)
+    assert (off.narrow, off.high_width, off.large_width) == (0, 0, 0) and off.growth == 1.0
 
 
 def test_slot_book_narrow_schedules_give_every_request_the_width() -> None:
@@ -68,8 +72,6 @@ def test_large_batches_are_narrow_only_while_drafts_are_seldom_accepted() -> Non
     assert book.mat is not None and book.mat > 3.0
     book.begin_schedule(running=64)
     assert book.width == 0
-    assert SpecdecOptions().narrow_widths == (4, 6, 8)
-    assert SpecdecOptions(large_batch_narrow_slots=0, high_mat_narrow_slots=0).narrow_widths == (6,)
 
 
 def test_mid_size_narrow_steps_widen_while_drafts_are_often_accepted() -> None:
@@ -95,39 +97,29 @@ def test_mid_size_narrow_steps_widen_while_drafts_are_often_accepted() -> None:
     d = book.as_dict()  # narrow schedules by width: the first and the last at 6, one at 8
     assert (d["narrow_steps"], d["narrow_steps_w6"], d["narrow_steps_w8"]) == (3, 2, 1)
     assert SlotBook(K, high=(8, 4.0)).high_width == 0  # no mid-size narrow steps: nothing to widen
-    assert SpecdecOptions(narrow_slots=0).narrow_widths == (4,)  # off with narrow_slots
-    assert SpecdecOptions(high_mat_narrow_slots=16).high_mat_width == 0  # k: vLLM's own graphs
+    assert SlotBook(K, narrow=WIDTH, high=(16, 4.0)).high_width == 0  # k: vLLM's own graphs
 
 
-def test_large_batches_are_narrow_at_the_high_mat_width_while_drafts_are_often_accepted() -> None:
-    """From 48 requests on: ``large_high`` while the moving MAT is at least the high-MAT floor, the low-MAT width
-    while it is at most its ceiling, per-request slots in between; mid-size batches keep their own rules."""
-    book = SlotBook(K, narrow=WIDTH, narrow_rows=(16, 48), large=(4, 3.0), high=(8, 4.0), large_high=8)
+def test_large_batches_are_narrow_while_drafts_are_seldom_accepted() -> None:
+    """From 48 requests on: the low-MAT width while the moving MAT is at most its ceiling, per-request slots above
+    it; mid-size batches keep their own rules."""
+    book = SlotBook(K, narrow=WIDTH, narrow_rows=(16, 48), large=(4, 3.0), high=(8, 4.0))
     book.begin_schedule(running=64)
     assert book.width == 0  # no MAT measured yet
     for _ in range(30):
         book.note(["a", "b"], [6, 6], emitted=[6, 7])  # MAT 6.5
     book.begin_schedule(running=64)
-    assert (book.width, book.slots("a", K)) == (8, 8)
-    for _ in range(20):
-        book.note(["a", "b"], [6, 6], emitted=[3, 4])  # MAT falls between 3 and 4
-    assert book.mat is not None and 3.0 < book.mat < 4.0
-    book.begin_schedule(running=64)
-    assert book.width == 0
+    assert book.width == 0 and book.slots("a", K) == 6
     for _ in range(30):
         book.note(["a", "b"], [6, 6], emitted=[2, 2])  # MAT ~2
     book.begin_schedule(running=64)
     assert book.width == 4
     book.begin_schedule(running=32)
     assert book.width == WIDTH
-    assert book.as_dict()["large_batch_high_mat_slots"] == 8
-    assert SlotBook(K, large_high=K).large_high_width == 0  # k: vLLM's own graphs
-    assert SpecdecOptions(large_batch_high_mat_slots=10).narrow_widths == (4, 6, 8, 10)
-    assert SpecdecOptions(large_batch_high_mat_slots=8).large_batch_high_mat_width == 8
 
 
 def test_regrant_on_a_narrow_schedule_hands_out_width_placeholders() -> None:
-    from specdec.vllm_plugin.async_patch import regrant_placeholders
+    from specdec.vllm_plugin.patches.async_sched import regrant_placeholders
 
     book = SlotBook(K, narrow=WIDTH, narrow_rows=(2, 48))
     shared = [PLACEHOLDER] * K
@@ -515,7 +507,7 @@ def test_high_mat_steps_take_per_request_slots_once_ragged_graphs_exist() -> Non
     book.begin_schedule(running=32)
     assert book.width == WIDTH
     assert book.as_dict()["ragged_high_mat_steps"] == 1
-    assert SpecdecOptions().high_mat_ragged and SpecdecOptions().ragged_graphs
+    assert SpecdecOptions().ragged_graphs
 
 
 def test_sparse_ladder_keeps_ends_and_spaces_the_rest() -> None:

@@ -13,10 +13,10 @@ import random
 import numpy as np
 import pytest
 
-from core_support import stops_after_each_step, target_sequence
+from core_support import target_sequence
 from specdec.drafters.suffix import SuffixDrafter, native_available
-from specdec.vllm_plugin.core import ProposerCore
-from specdec.vllm_plugin.options import SpecdecOptions
+from specdec.vllm_plugin.core.proposer_core import ProposerCore
+from specdec.vllm_plugin.entry.options import SpecdecOptions
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="native suffix core not built")
 
@@ -48,8 +48,6 @@ class FakeEngine:
         self.reqs: dict[str, dict] = {}
         self.next_id = 0
         self.clock = FakeClock()
-        self.check_confident = False  # step(): compare the cores' ProposerCore.confident too
-        self.confident_tokens = 0  # every step's confident draft tokens (ProposerCore.confident), summed
 
     def add(self) -> None:
         rid = f"r{self.next_id}"
@@ -83,12 +81,6 @@ class FakeEngine:
         self.clock.t += 1e-3 + 20e-6 * verified
         results = [core.step(order, sampled, lengths, self.tokens, num_prompt_tokens=prompts) for core in cores]
         assert all(r == results[0] for r in results)
-        if self.check_confident:  # ProposerCore twins: the same confident parts, before the cut, padding excluded
-            confident = [core.confident(order + ["unknown"]) for core in cores]
-            assert all(c == confident[0] for c in confident) and confident[0][-1] == 0
-            assert all(0 <= c <= cores[0].k for c in confident[0])
-            assert all(c <= len(d) for c, d in zip(confident[0], results[0]) if d)
-            self.confident_tokens += sum(confident[0])
         return dict(zip(order, results[0]))
 
     def churn(self, step: int) -> None:
@@ -119,7 +111,6 @@ def twins(clock: FakeClock | None = None, **opts) -> list[ProposerCore]:
 ])
 def test_lane_drafts_and_stats_equal_the_python_path(opts):
     eng = FakeEngine(seed=1)
-    eng.check_confident = True
     cores = twins(eng.clock, **opts)
     assert cores[0].lane is None and cores[1].lane is not None
     drafts: dict[str, list[int]] = {}
@@ -133,7 +124,6 @@ def test_lane_drafts_and_stats_equal_the_python_path(opts):
     for key in STAT_KEYS:
         assert a[key] == b[key], key
     assert a["resyncs"] >= 1 and a["stopped"] > 5 and a["drafted_tokens"] > 100 and a["accepted_tokens"] > 50
-    assert eng.confident_tokens > 50
     assert b["native_step"] and not a["native_step"]
     assert a["active_requests"] == b["active_requests"] >= len(eng.reqs) - 4  # not yet started: prefilling
 
@@ -215,28 +205,20 @@ class RepeatingEngine(FakeEngine):
     PREFILL_SHARE = 0.0
 
 
-@pytest.mark.parametrize(("threads", "cache"), [(1, False), (3, False), (1, True), (3, True)])
-def test_early_stops_and_front_refreshes_keep_the_drafts(threads, cache):
+@pytest.mark.parametrize("threads", [1, 3])
+def test_early_stops_and_front_refreshes_keep_the_drafts(threads):
     """Schedule mode stops absent requests and rebuilds the global-cache match fronts before the step, while the GPU
-    still runs (``refresh_early``; with ``early_cache`` the caching and the rebuilds run on the caching thread,
-    ``cache_early``): the drafts and statistics stay those of the Python path."""
+    still runs (``refresh_early``): the drafts and statistics stay those of the Python path."""
     eng = RepeatingEngine(seed=2)
     cores = twins(eng.clock, lane_threads=threads)
-    if cache:  # the lane of a schedule-mode proposer with early_cache: stops retire, cache_early caches
-        cores[1] = ProposerCore(SuffixDrafter(backend="native"), SpecdecOptions.from_dict(
-            {"num_speculative_tokens": 8, "lane_threads": threads, "defer_cache": True, "early_cache": True}),
-            max_model_len=MAX_LEN, target_params=5e7, clock=eng.clock)
     early, plain_step = cores[1], cores[1].step
-    handed = refreshed = 0
+    refreshed = 0
 
     def step(order, *args, **kwargs):
-        nonlocal handed, refreshed
+        nonlocal refreshed
         early.stop_absent(order)
-        if cache:
-            handed += early.cache_early()
-        else:
-            refreshed += early.refresh_early()
-            assert early.refresh_early() == 0  # nothing is stale right after a refresh
+        refreshed += early.refresh_early()
+        assert early.refresh_early() == 0  # nothing is stale right after a refresh
         return plain_step(order, *args, **kwargs)
 
     early.step = step  # type: ignore[method-assign]
@@ -248,40 +230,7 @@ def test_early_stops_and_front_refreshes_keep_the_drafts(threads, cache):
     for key in STAT_KEYS:
         assert a[key] == b[key], key
     assert a["stopped"] > 5 and a["accepted_tokens"] > 50
-    if cache:  # every stopped request's response went through the caching thread
-        assert handed == b["early_cached"] == b["stopped"]
-    else:
-        assert refreshed > 20 and b["early_refreshes"] == refreshed and cores[0].refresh_early() == 0
-
-
-@pytest.mark.parametrize("threads", [1, 3])
-def test_late_caching_drafts_as_if_requests_stopped_after_the_step(threads):
-    """``late_cache`` (schedule mode): the early stops only retire their requests, and the lane's caching thread
-    caches their responses and rebuilds every running request's global match front right after the step's drafting.
-    The drafts equal those of a plain lane whose absent requests are stopped after each step instead of before it,
-    and every stopped response ends up in the global cache."""
-    eng = RepeatingEngine(seed=3)
-    plain, late = (ProposerCore(SuffixDrafter(backend="native"), SpecdecOptions.from_dict(
-        {"num_speculative_tokens": 8, "lane_threads": threads, **opts}), max_model_len=MAX_LEN, target_params=5e7,
-        clock=eng.clock) for opts in ({}, {"late_cache": True, "defer_cache": True}))
-    stops_after_each_step(plain)
-    late_step = late.step
-
-    def stop_then_late(order, *args, **kwargs):
-        late.stop_absent(order)  # what ScheduledDrafting._prepare_early does
-        return late_step(order, *args, **kwargs)
-
-    late.step = stop_then_late  # type: ignore[method-assign]
-    drafts: dict[str, list[int]] = {}
-    for i in range(120):
-        eng.churn(i)
-        drafts = eng.step([plain, late], drafts)
-    a, b = (c.stats_dict() for c in (plain, late))
-    for key in STAT_KEYS:
-        assert a[key] == b[key], key
-    assert b["stopped"] > 5 and b["accepted_tokens"] > 50
-    cached = [c.guard.drafter.global_stats()["cached_requests"] for c in (plain, late)]
-    assert cached[0] == cached[1] == b["stopped"]
+    assert refreshed > 20 and b["early_refreshes"] == refreshed and cores[0].refresh_early() == 0
 
 
 def test_lane_is_off_for_thread_deadlines_and_non_native_drafters():
@@ -292,7 +241,7 @@ def test_lane_is_off_for_thread_deadlines_and_non_native_drafters():
 
 
 def test_lane_overruns_drop_their_steps_and_the_third_hands_over_to_the_python_path(monkeypatch):
-    import specdec.vllm_plugin.core as core_mod
+    import specdec.vllm_plugin.core.proposer_core as core_mod
 
     eng = FakeEngine(seed=2)
     lane_core = twins(draft_timeout_ms=5.0)[1]
@@ -349,34 +298,3 @@ def lane_core(clock: FakeClock, **opts) -> ProposerCore:
     options = SpecdecOptions.from_dict({"num_speculative_tokens": 8, **opts})
     return ProposerCore(SuffixDrafter(backend="native"), options, max_model_len=MAX_LEN, target_params=5e7,
                         clock=clock)
-
-
-def test_deferred_caching_keeps_requests_in_step_and_caches_every_response():
-    """defer_cache: responses reach the global trie from a background thread after the next step has drafted
-    (timing decides when a step sees them, so only invariants are checked against caching at stop)."""
-    stats = {}
-    for defer in (False, True):
-        eng = FakeEngine(seed=6)
-        core = lane_core(eng.clock, defer_cache=defer)
-        drafts: dict[str, list[int]] = {}
-        for step in range(120):
-            eng.churn(step)
-            drafts = eng.step([core], drafts)
-            assert all(len(d) <= 8 for d in drafts.values())
-        stats[defer] = core.stats_dict()
-        active = stats[defer]["active_requests"]
-        core.close()
-        assert core.guard.drafter.global_stats()["cached_requests"] == stats[defer]["stopped"] + active
-    assert stats[True]["resyncs"] == 0 and stats[True]["stopped"] == stats[False]["stopped"] > 5
-    assert stats[True]["accepted_tokens"] >= 0.9 * stats[False]["accepted_tokens"]
-
-
-def test_releasing_the_lane_caches_retired_responses():
-    drafter = SuffixDrafter(backend="native")
-    core = ProposerCore(drafter, SpecdecOptions.from_dict({"defer_cache": True}), max_model_len=MAX_LEN)
-    drafter.start("a", [1, 2, 3])
-    drafter.extend("a", [4, 5, 6, 7])
-    drafter.stop("a")  # retired: cached after the next lane step, or when deferral ends
-    assert drafter.global_stats()["cached_requests"] == 0
-    core._leave_lane()
-    assert drafter.global_stats()["cached_requests"] == 1

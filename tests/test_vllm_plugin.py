@@ -8,8 +8,11 @@ from types import SimpleNamespace
 import pytest
 
 from specdec.config import ConfigError
-from specdec.vllm_plugin import plugin
-from specdec.vllm_plugin.options import (
+from specdec.vllm_plugin.entry import register as plugin
+from specdec.vllm_plugin.entry import rewrite
+from specdec.vllm_plugin.patches import runner as runner_patches
+from specdec.vllm_plugin.patches.table import PatchReport
+from specdec.vllm_plugin.entry.options import (
     ADDITIONAL_CONFIG_KEY, PROPOSER_PATH, SpecdecOptions, options_from_vllm_config, split_speculative_config,
 )
 
@@ -28,7 +31,8 @@ def test_split_rewrites_to_custom_class_and_keeps_our_options():
     ({"draft_timeout": 5}, "'draft_timeout'"),
     ({"draft_timeout_ms": -1}, "draft_timeout_ms=-1"),
     ({"num_speculative_tokens": 500}, "num_speculative_tokens=500"),
-    ({"draft_ranks": "some"}, "draft_ranks='some'"),
+    ({"draft_slots": "some"}, "draft_slots='some'"),
+    ({"deadline_mode": "thread"}, "'deadline_mode'"),  # an internal setting, not a user option
     ({"model": "meta/llama"}, "draft_model"),
     ({"drafter": 3}, "drafter=3"),
 ])
@@ -43,7 +47,7 @@ def test_bad_options_name_the_key_and_the_fix(bad, needle):
 def test_rewrite_engine_args_in_place_and_leaves_other_methods_alone():
     ea = SimpleNamespace(speculative_config={"method": "specdec", "drafter": "ngram", "num_speculative_tokens": 4},
                          additional_config=None)
-    assert plugin.rewrite_engine_args(ea)
+    assert rewrite.rewrite_engine_args(ea)
     assert ea.speculative_config["method"] == "custom_class"
     assert ea.additional_config[ADDITIONAL_CONFIG_KEY]["drafter"] == "ngram"
     # what the proposer reads back inside vLLM
@@ -52,12 +56,12 @@ def test_rewrite_engine_args_in_place_and_leaves_other_methods_alone():
     assert options_from_vllm_config(cfg).drafter == "ngram"
     other = SimpleNamespace(speculative_config={"method": "ngram", "num_speculative_tokens": 3},
                             additional_config=None)
-    assert not plugin.rewrite_engine_args(other)
+    assert not rewrite.rewrite_engine_args(other)
     assert other.speculative_config["method"] == "ngram" and other.additional_config is None
     clash = SimpleNamespace(speculative_config={"method": "specdec"},
                             additional_config={"specdec": {"drafter": "model"}})
     with pytest.raises(ConfigError, match="one place only"):
-        plugin.rewrite_engine_args(clash)
+        rewrite.rewrite_engine_args(clash)
 
 
 def _args(**kw):
@@ -69,35 +73,35 @@ def _args(**kw):
 
 def test_rewrite_raises_the_cudagraph_capture_limit_unless_the_user_set_one():
     ea = _args()
-    plugin.rewrite_engine_args(ea)
+    rewrite.rewrite_engine_args(ea)
     assert ea.max_cudagraph_capture_size == 64 * 17  # batch 64 x (k + 1) verify tokens stay in graphs
     big = _args(max_num_seqs=None)  # vLLM's default (256-1024): batches of at most 64 requests x 17 in graphs
-    plugin.rewrite_engine_args(big)
-    assert big.max_cudagraph_capture_size == plugin.AUTO_CUDAGRAPH_MAX_REQUESTS * 17 == 1088
+    rewrite.rewrite_engine_args(big)
+    assert big.max_cudagraph_capture_size == rewrite.AUTO_CUDAGRAPH_MAX_REQUESTS * 17 == 1088
     wide = _args(max_num_seqs=1024, speculative_config={"method": "specdec", "num_speculative_tokens": 64})
-    plugin.rewrite_engine_args(wide)  # 64 x 65 tokens: capped
-    assert wide.max_cudagraph_capture_size == plugin.AUTO_CUDAGRAPH_MAX_TOKENS
+    rewrite.rewrite_engine_args(wide)  # 64 x 65 tokens: capped
+    assert wide.max_cudagraph_capture_size == rewrite.AUTO_CUDAGRAPH_MAX_TOKENS
     small = _args(max_num_seqs=8)  # 8 x 17 = 136: vLLM's default (512) already covers it
-    plugin.rewrite_engine_args(small)
+    rewrite.rewrite_engine_args(small)
     assert small.max_cudagraph_capture_size is None
     for user in (_args(max_cudagraph_capture_size=256), _args(enforce_eager=True),
                  _args(compilation_config={"cudagraph_capture_sizes": [1, 2, 4]}),
                  _args(speculative_config={"method": "specdec", "cudagraph_max_tokens": 0})):
         before = user.max_cudagraph_capture_size
-        plugin.rewrite_engine_args(user)
+        rewrite.rewrite_engine_args(user)
         assert user.max_cudagraph_capture_size == before
     fixed = _args(speculative_config={"method": "specdec", "cudagraph_max_tokens": 4096})
-    plugin.rewrite_engine_args(fixed)
+    rewrite.rewrite_engine_args(fixed)
     assert fixed.max_cudagraph_capture_size == 4096
 
 
 def test_rewrite_replaces_full_cudagraph_mode_which_breaks_verification():
     as_dict = _args(compilation_config={"cudagraph_mode": "FULL"})
-    plugin.rewrite_engine_args(as_dict)
+    rewrite.rewrite_engine_args(as_dict)
     assert as_dict.compilation_config["cudagraph_mode"] == "FULL_AND_PIECEWISE"
     for mode in (None, "PIECEWISE", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "NONE"):
         kept = _args(compilation_config={"cudagraph_mode": mode})
-        plugin.rewrite_engine_args(kept)
+        rewrite.rewrite_engine_args(kept)
         assert kept.compilation_config["cudagraph_mode"] == mode
 
 
@@ -112,9 +116,9 @@ def test_patch_engine_args_is_idempotent_and_rewrites_before_the_original():
             seen.append(dict(self.speculative_config))
             return "built"
 
-    assert plugin.patch_engine_args(FakeEngineArgs)
+    assert rewrite.patch_engine_args(FakeEngineArgs)
     first = FakeEngineArgs.create_speculative_config
-    assert plugin.patch_engine_args(FakeEngineArgs)
+    assert rewrite.patch_engine_args(FakeEngineArgs)
     assert FakeEngineArgs.create_speculative_config is first  # not wrapped twice
     ea = FakeEngineArgs({"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 8})
     assert ea.create_speculative_config(None, None) == "built"
@@ -138,7 +142,7 @@ def test_runner_patch_binds_the_input_batch_before_propose():
     from test_vllm_proposer import OracleDrafter
 
     prop = SpecdecProposer(cfg, drafter=OracleDrafter(), patch_runner=False)
-    assert plugin.patch_runner_class(FakeRunner) and plugin.patch_runner_class(FakeRunner)
+    assert runner_patches.patch_bind(FakeRunner) and runner_patches.patch_bind(FakeRunner)
     runner = FakeRunner(prop)
     assert runner.propose_draft_token_ids(SimpleNamespace(), [[1]]).req_ids == ["r1"]
 
@@ -146,13 +150,12 @@ def test_runner_patch_binds_the_input_batch_before_propose():
         def propose_draft_token_ids(self, sampled):
             return None
 
-    assert not plugin.patch_runner_class(OddRunner)  # unexpected signature: left alone
+    assert not runner_patches.patch_bind(OddRunner)  # unexpected signature: left alone
 
 
-@pytest.mark.parametrize("mode", ["overlap", "thread"])
-def test_async_proposer_defers_drafts_to_take_draft_token_ids(mode):
-    """propose() submits (to the helper process / the drafter's thread) and returns placeholders;
-    take_draft_token_ids() swaps the drafts in."""
+def test_thread_mode_defers_drafts_to_take_draft_token_ids():
+    """propose() submits to the drafter's thread and returns placeholders; take_draft_token_ids() swaps the drafts
+    in."""
     import numpy as np
 
     from specdec.vllm_plugin.proposer import SpecdecProposer
@@ -174,13 +177,13 @@ def test_async_proposer_defers_drafts_to_take_draft_token_ids(mode):
         def take_draft_token_ids(self):
             return self._get_draft_token_ids_cpu()
 
-    cfg = SimpleNamespace(additional_config={"specdec": {"async": True, "async_mode": mode, "adaptive": False,
+    cfg = SimpleNamespace(additional_config={"specdec": {"async": True, "async_mode": "thread", "adaptive": False,
                                                          "draft_timeout_ms": 0}},
                           speculative_config=SimpleNamespace(num_speculative_tokens=3),
                           model_config=SimpleNamespace(max_model_len=64))
-    prop = SpecdecProposer(cfg, patch_runner=False)
-    assert prop.overlapped == (mode == "overlap") and prop.threaded == (mode == "thread")
-    assert plugin.patch_runner_class(FakeRunner) and plugin.take_hook_installed()
+    prop = SpecdecProposer(cfg, patch_runner=False, patches=PatchReport("test", {"thread collect": "", "thread prepare": ""}))
+    assert prop.threaded and prop.patches.on("thread hand-off")
+    assert runner_patches.patch_bind(FakeRunner) and runner_patches.patch_take(FakeRunner)
     runner = FakeRunner(prop)
     try:
         assert runner.propose_draft_token_ids(SimpleNamespace(), [[3]]) == [[]]  # placeholder
@@ -189,7 +192,6 @@ def test_async_proposer_defers_drafts_to_take_draft_token_ids(mode):
         assert prop.stats()["steps"] == 1
     finally:
         prop.close()
-        plugin._state["take_patched"] = False
 
 
 def test_options_defaults_are_valid_and_described():
@@ -206,13 +208,12 @@ needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vllm not importable here (
 def test_real_engine_args_rewrite_builds_a_custom_class_speculative_config():
     from vllm.engine.arg_utils import EngineArgs
 
-    plugin._state["registered"] = False
     plugin.register()
     plugin.register()  # idempotent
     assert getattr(EngineArgs.create_speculative_config, "_specdec_wrapped", False)
     ea = EngineArgs(model="unused", speculative_config={"method": "specdec", "drafter": "suffix",
                                                          "num_speculative_tokens": 6, "draft_timeout_ms": 9})
-    plugin.rewrite_engine_args(ea)
+    rewrite.rewrite_engine_args(ea)
     assert ea.speculative_config["model"] == PROPOSER_PATH
     assert ea.additional_config["specdec"]["draft_timeout_ms"] == 9.0
     from vllm.config import CUDAGraphMode
@@ -220,7 +221,7 @@ def test_real_engine_args_rewrite_builds_a_custom_class_speculative_config():
     assert ea.compilation_config.cudagraph_mode is None  # vLLM's default stays
     full = EngineArgs(model="unused", speculative_config={"method": "specdec"},
                       compilation_config={"cudagraph_mode": "FULL"})
-    plugin.rewrite_engine_args(full)
+    rewrite.rewrite_engine_args(full)
     assert full.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE
     from vllm.config import SpeculativeConfig
 
@@ -237,7 +238,7 @@ def test_real_custom_class_hook_and_runner_signature():
 
     params = list(inspect.signature(GPUModelRunner.propose_draft_token_ids).parameters)
     assert params[:2] == ["self", "scheduler_output"]
-    # overlapped drafting collects in take_draft_token_ids; custom_class drafts are kept as a list there
+    # thread mode collects in take_draft_token_ids; custom_class drafts are kept as a list there
     assert list(inspect.signature(GPUModelRunner.take_draft_token_ids).parameters) == ["self"]
     src = inspect.getsource(GPUModelRunner._get_draft_token_ids_cpu)
     assert "isinstance(self._draft_token_ids, list)" in src
@@ -277,7 +278,7 @@ def test_real_create_speculative_config_through_the_entry_point():
 def test_yaml_presets_turn_into_valid_speculative_config_json():
     import json
 
-    from specdec.vllm_plugin.options import preset_json
+    from specdec.vllm_plugin.entry.options import preset_json
 
     for name in ("vllm_specdec", "vllm_specdec_hybrid"):
         data = json.loads(preset_json(name))

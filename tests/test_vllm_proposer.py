@@ -8,12 +8,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from specdec.config import ConfigError
 from specdec.drafters.base import Drafter
 from specdec.tree import TokenTree, best_chain
-from specdec.vllm_plugin.adaptive import BucketState, AdaptiveController, bucket_of
-from specdec.vllm_plugin.core import ProposerCore
-from specdec.vllm_plugin.options import SpecdecOptions
+from specdec.vllm_plugin.core.adaptive import AdaptiveController
+from specdec.vllm_plugin.core.proposer_core import ProposerCore
+from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.proposer import SpecdecProposer
 
 VOCAB = 97
@@ -324,31 +323,6 @@ def test_confidence_cut_grows_with_batch_size():
     assert core._chain(*best_chain(TokenTree.chain([1, 2, 3, 4], probs=[0.9] * 4)), 3, 0.0) == ([1, 2, 3], pytest.approx(2.439), 3)
 
 
-def test_throughput_check_turns_drafting_off_where_it_does_not_pay():
-    ctl = AdaptiveController(window_steps=4, probe_every=4, min_path_prob_per_seq=0.0, ab_windows=True)
-    now = 0.0
-    modes = []
-    for _ in range(200):
-        mode = ctl.mode(64, now)
-        modes.append(mode)
-        # at batch 64 drafting makes steps 3x slower while emitting only 1.5x the tokens
-        now += 0.003 if mode == "spec" else 0.001
-        ctl.observe(96 if mode == "spec" else 64)
-    st = ctl.buckets[bucket_of(64)]
-    assert st.plain_tps > st.spec_tps
-    tail = modes[-100:]
-    assert tail.count("plain") > 0.7 * len(tail)  # mostly plain, with periodic spec probes
-    assert "spec" in tail
-    ctl2 = AdaptiveController(window_steps=4, probe_every=4, ab_windows=True)
-    now = 0.0
-    for _ in range(200):
-        mode = ctl2.mode(1, now)
-        now += 0.0011 if mode == "spec" else 0.001
-        ctl2.observe(3 if mode == "spec" else 1)  # batch 1: 3 tokens per slightly slower step
-    assert ctl2.buckets[0].best_mode(1.0) == "spec"
-    assert ctl2.request_budget(8, 0.05) == 2 and ctl2.request_budget(8, 0.5) == 8
-
-
 def test_specdec_proposer_with_fake_vllm_config_and_tp_ranks(monkeypatch):
     cfg = SimpleNamespace(
         additional_config={"specdec": {"drafter": "suffix", "draft_timeout_ms": 0, "adaptive": False}},
@@ -390,7 +364,7 @@ def test_unbound_proposer_falls_back_to_the_callers_input_batch():
 
 
 def test_auto_deadline_mode_goes_inline_for_a_fast_drafter_and_back_on_an_overrun():
-    from specdec.vllm_plugin import core as core_mod
+    from specdec.vllm_plugin.core import proposer_core as core_mod
 
     drafter = OracleDrafter()
     core = make_core(drafter, draft_timeout_ms=200, max_model_len=4096)
@@ -411,52 +385,8 @@ def test_auto_deadline_mode_goes_inline_for_a_fast_drafter_and_back_on_an_overru
     core.close()
 
 
-def test_a_wrong_plain_lead_is_retried_within_a_few_windows():
-    from specdec.vllm_plugin.adaptive import PLAIN_PROBE_EVERY
-
-    ctl = AdaptiveController(window_steps=1, probe_every=32, ab_windows=True)
-    b = bucket_of(64)
-    st = ctl.buckets.setdefault(b, BucketState())
-    st.add("spec", 60, 0.020)  # a stale one-window estimate (say from a warm-up): spec 3,000 tok/s
-    st.add("plain", 64, 0.010)  # plain 6,400 tok/s
-    now, modes = 0.0, []
-    for _ in range(12):  # in fact spec emits 6x the tokens of a plain step for 1.1x its time
-        mode = ctl.mode(64, now)
-        modes.append(mode)
-        now += 0.011 if mode == "spec" else 0.010
-        ctl.observe(384 if mode == "spec" else 64)
-    first_spec = modes.index("spec")
-    assert first_spec < PLAIN_PROBE_EVERY  # the old schedule held plain for 31 windows
-    assert modes[first_spec:].count("plain") <= 1  # one spec window fixes the estimate; then spec stays
-    assert ctl.buckets[b].best_mode(1.0) == "spec"
-
-
-def test_spec_probes_back_off_while_plain_keeps_winning():
-    ctl = AdaptiveController(window_steps=1, probe_every=32, ab_windows=True)
-    now, modes = 0.0, []
-    for _ in range(200):  # drafting really loses here: 3x the time for 1.5x the tokens
-        mode = ctl.mode(64, now)
-        modes.append(mode)
-        now += 0.003 if mode == "spec" else 0.001
-        ctl.observe(96 if mode == "spec" else 64)
-    probes = [i for i, m in enumerate(modes[10:], start=10) if m == "spec"]
-    gaps = [b - a for a, b in zip(probes, probes[1:])]
-    assert gaps == sorted(gaps) and gaps[-1] == 32  # 4, 8, 16, then every 32 windows
-    assert len(probes) <= 9
-
-
-def test_windows_with_a_prefill_do_not_feed_the_estimate():
-    ctl = AdaptiveController(window_steps=2, probe_every=4, ab_windows=True)
-    ctl.mode(4, 0.0)
-    ctl.observe(4, prefill=True)
-    ctl.mode(4, 1.0)
-    ctl.observe(4)
-    ctl.mode(4, 2.0)  # closes the tainted window
-    assert ctl.buckets[bucket_of(4)].spec_tps is None
-
-
 def test_cost_model_fits_the_step_cost_and_cuts_unprofitable_tokens():
-    from specdec.vllm_plugin.adaptive import StepCostModel
+    from specdec.vllm_plugin.core.adaptive import StepCostModel
 
     free = StepCostModel()
     for t in range(40):  # batch 1 on a big GPU: verifying more tokens costs nothing
@@ -474,41 +404,12 @@ def test_cost_model_fits_the_step_cost_and_cuts_unprofitable_tokens():
 
 
 def test_per_request_calibration_scales_the_cut():
-    from specdec.vllm_plugin.core import RequestState
+    from specdec.vllm_plugin.core.proposer_core import RequestState
 
     st = RequestState(n_known=10)
     assert st.calibration() == 1.0  # no evidence yet
     st.pred_ema, st.acc_ema = 10.0, 2.5
     assert st.calibration() == 0.25
-
-
-@pytest.mark.parametrize("spec_step_cost, expect_mostly", [(4.0, "plain"), (1.2, "spec")])
-def test_proposer_stops_drafting_when_spec_steps_cost_more_than_they_emit(spec_step_cost, expect_mostly):
-    """A fake clock: a plain step takes 1 ms, a step with drafts ``spec_step_cost`` ms; drafts are right
-    half the time (wrong_at=2 of 4), so a spec step emits ~3 tokens per request vs 1."""
-    now = [0.0]
-    drafter = OracleDrafter(wrong_at=2)
-    opts = SpecdecOptions.from_dict({"num_speculative_tokens": 4, "draft_timeout_ms": 0, "ab_windows": True})
-    core = ProposerCore(drafter, opts, max_model_len=4096, clock=lambda: now[0])
-    runner = FakeRunner(max_model_len=4096)
-    for i in range(4):
-        runner.add(f"r{i}", [i + 1, i + 2, i + 3])
-    modes = []
-    for _ in range(400):
-        drafts = run_step(core, runner)
-        drafted = any(drafts)
-        modes.append("spec" if drafted else "plain")
-        now[0] += 1e-3 * (spec_step_cost if drafted else 1.0)
-    tail = modes[-200:]
-    assert tail.count(expect_mostly) > 0.85 * len(tail)
-    if expect_mostly == "plain":  # the A/B check (and the cost-model cut) found drafting unprofitable
-        st = core.adaptive.buckets[bucket_of(4)]
-        assert st.plain_tps > st.spec_tps or core._cost(bucket_of(4)).token_cost() > 0.5
-        assert len(core._pending) <= 4  # updates of steps without drafts are queued, merged per request
-    core.flush()
-    for row, rid in enumerate(runner.req_ids):  # bookkeeping intact through both modes
-        n = int(runner.num_tokens_no_spec[row])
-        assert drafter.ctx[rid] == runner.token_ids_cpu[row, :n].tolist()
 
 
 def test_draft_model_option_fills_the_model_drafters_path_and_target_tokenizer():
@@ -524,7 +425,7 @@ def test_draft_model_option_fills_the_model_drafters_path_and_target_tokenizer()
 
 
 def test_suffix_depth_caps_default_for_vllm_and_user_values_win():
-    from specdec.vllm_plugin.options import (VLLM_SUFFIX_FREE_SPEC_FACTOR, VLLM_SUFFIX_MAX_DEPTH,
+    from specdec.vllm_plugin.entry.options import (VLLM_SUFFIX_FREE_SPEC_FACTOR, VLLM_SUFFIX_MAX_DEPTH,
                                              VLLM_SUFFIX_SPEC_FACTOR)
     from specdec.vllm_plugin.proposer import build_proposer_drafter
 
@@ -540,14 +441,14 @@ def test_suffix_depth_caps_default_for_vllm_and_user_values_win():
 
 
 def test_async_mode_and_lane_threads_auto_resolve_by_target_size_and_parallelism():
-    from specdec.vllm_plugin.options import (AUTO_SCHEDULE_MIN_PARAMS, SCHEDULE_LANE_THREADS, resolve_async_mode,
+    from specdec.vllm_plugin.entry.options import (AUTO_SCHEDULE_MIN_PARAMS, SCHEDULE_LANE_THREADS, resolve_async_mode,
                                              resolve_lane_threads)
     from specdec.vllm_plugin.proposer import SpecdecProposer
 
     assert resolve_async_mode("auto", params=AUTO_SCHEDULE_MIN_PARAMS) == "schedule"
     assert resolve_async_mode("auto", params=5.3e7) == "thread"
     assert resolve_async_mode("auto", params=8e9, tp=2) == "thread"  # schedule mode runs on one GPU only
-    assert resolve_async_mode("overlap", params=8e9) == "overlap"  # an explicit mode stands
+    assert resolve_async_mode("thread", params=8e9) == "thread"  # an explicit mode stands
     llama8b = SimpleNamespace(hidden_size=4096, num_hidden_layers=32, intermediate_size=14336, num_attention_heads=32,
                               num_key_value_heads=8, vocab_size=128256)
 
@@ -564,16 +465,11 @@ def test_async_mode_and_lane_threads_auto_resolve_by_target_size_and_parallelism
     # lane_threads 0 ("auto"): the schedule mode's drafting (the GPU waits for it) on SCHEDULE_LANE_THREADS threads
     assert big.core.options.lane_threads == SCHEDULE_LANE_THREADS and small.core.options.lane_threads == 1
     assert resolve_lane_threads(0, schedule=False) == 1 and resolve_lane_threads(2, schedule=True) == 2
-    # early_cache: the schedule-mode lane retires stopped requests (defer_cache) for cache_early to hand over
-    assert not big.core.options.defer_cache
-    cached, plain = proposer(llama8b, early_cache=True), proposer(None, early_cache=True)
-    assert cached.core.options.defer_cache and not plain.core.options.defer_cache  # thread mode: unchanged
-    late = proposer(llama8b, late_cache=True)  # late_cache: stops retire too, the lane caches after drafting
-    assert late.core.options.defer_cache and late.core.options.late_cache
-    with pytest.raises(ConfigError, match="early_cache and late_cache"):
-        proposer(llama8b, early_cache=True, late_cache=True)
-    late.close()
-    cached.close()
-    plain.close()
     big.close()
     small.close()
+
+
+def test_a_request_with_poor_acceptance_drafts_probe_tokens_only():
+    ctl = AdaptiveController()
+    assert ctl.request_budget(8, 0.05) == 2 and ctl.request_budget(8, 0.5) == 8 and ctl.request_budget(8, None) == 8
+    assert AdaptiveController(enabled=False).request_budget(8, 0.05) == 8

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import random
-import threading
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -20,12 +19,12 @@ import numpy as np
 import pytest
 import torch
 
-from core_support import stops_after_each_step, target_sequence
+from core_support import target_sequence
 from specdec.drafters.suffix import SuffixDrafter
 from benchmarks.bench_schedule_cpu import HostWait
-from specdec.vllm_plugin.core import ProposerCore
-from specdec.vllm_plugin.options import SpecdecOptions
-from specdec.vllm_plugin.scheduled import ScheduledDrafting, TokenFeed, pad_rows, valid_counts
+from specdec.vllm_plugin.core.proposer_core import ProposerCore
+from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.modes.schedule import ScheduledDrafting, TokenFeed, pad_rows, valid_counts
 
 K = 6
 MAX_ROWS = 12
@@ -175,11 +174,8 @@ class AsyncEngine:
         return core.step(order, sampled, lengths, tokens, num_prompt_tokens=prompts, **kw)
 
 
-EARLY_ONLY = ("early_cache", "late_cache", "defer_cache")  # schedule mode's caching: the synchronous twin caches inline
-
-
 def make_core(clock, **opts) -> ProposerCore:
-    options = SpecdecOptions.from_dict({"num_speculative_tokens": K, "pad_drafts": "on", "ab_windows": False, **opts})
+    options = SpecdecOptions.from_dict({"num_speculative_tokens": K, "pad_drafts": "on", **opts})
     return ProposerCore(SuffixDrafter(), options, max_model_len=MAX_LEN, target_params=5e7, clock=clock)
 
 
@@ -201,24 +197,18 @@ class FakeDeviceWait(HostWait):
         return self.fires
 
 
-@pytest.mark.parametrize(("opts", "device_wait", "finish_thread"),
-                         [({}, False, False), ({"adaptive": False}, False, False), ({"native_step": False}, False, False),
-                          ({}, True, False), ({"native_step": False}, True, False), ({}, True, True),
-                          ({"native_step": False}, True, True),
-                          ({"early_cache": True, "defer_cache": True}, True, False),  # as the proposer sets it
-                          ({"late_cache": True, "defer_cache": True}, True, False),
-                          ({"matrix_step": False}, False, False), ({"matrix_step": False}, True, False)])
-def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, device_wait, finish_thread):
+@pytest.mark.parametrize(("opts", "device_wait"),
+                         [({}, False), ({"adaptive": False}, False), ({"native_step": False}, False),
+                          ({}, True), ({"native_step": False}, True),
+                          ({"matrix_step": False}, False), ({"matrix_step": False}, True)])
+def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, device_wait):
     clock = SimpleNamespace(t=0.0)
     tick = lambda: clock.t  # noqa: E731
     eng = AsyncEngine(seed=3)
     dw = FakeDeviceWait() if device_wait else None
     sched = ScheduledDrafting(make_core(tick, **opts), k=K, max_rows=2 * MAX_ROWS, device="cpu", device_wait=dw,
-                              finish_thread=finish_thread, matrix_step=opts.get("matrix_step", True))
-    assert sched.stats()["schedule"]["finish_thread"] is finish_thread
-    twin = make_core(tick, **{k: v for k, v in opts.items() if k not in EARLY_ONLY})  # the synchronous reference
-    if opts.get("late_cache"):
-        stops_after_each_step(twin)
+                              matrix_step=opts.get("matrix_step", True))
+    twin = make_core(tick, **opts)  # the synchronous reference
     stolen = torch.zeros((2 * MAX_ROWS, K), dtype=torch.int32)
     out = None
     for step in range(150):
@@ -229,10 +219,7 @@ def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, 
             if filled and dw is not None:  # the stream waits: nothing copied before finish() (the forward)
                 assert torch.equal(out, before) and sched.deferred is not None and dw.pending
                 before_finish = sched.core.stats_dict()  # finished requests stopped, new ones started at fill
-                sched.finish(background=True)  # finish_thread: drafts on the finisher thread
-                if finish_thread:
-                    assert sched.deferred is None
-                    sched.join()  # the end of execute_model
+                sched.finish()  # the forward's launch
                 after = sched.core.stats_dict()
                 assert after["stopped"] == before_finish["stopped"]
                 if opts.get("native_step", True):  # the native lane: no row restarts in finish either
@@ -341,8 +328,8 @@ def test_device_wait_always_releases_and_the_watchdog_switches_it_off():
 def test_whitelist_patch_adds_custom_class_for_our_schedule_mode_only():
     from typing import Literal, get_args
 
-    from specdec.vllm_plugin.async_patch import wrap_post_init
-    from specdec.vllm_plugin.options import PROPOSER_PATH
+    from specdec.vllm_plugin.patches.async_sched import wrap_post_init
+    from specdec.vllm_plugin.entry.options import PROPOSER_PATH
 
     module = SimpleNamespace(NgramGPUTypes=Literal["ngram_gpu"])
     seen: list[tuple] = []
@@ -385,7 +372,7 @@ def test_real_vllm_has_the_hooks_and_the_whitelist_this_mode_patches():
     import vllm.config.vllm as module
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from specdec.vllm_plugin.async_patch import RUNNER_METHODS, WHITELIST_SOURCE, _check
+    from specdec.vllm_plugin.patches.async_sched import RUNNER_METHODS, WHITELIST_SOURCE, _check
 
     assert _check(GPUModelRunner) == ""
     assert all(callable(getattr(GPUModelRunner, name, None)) for name in RUNNER_METHODS)
@@ -437,7 +424,7 @@ class FakeRunner:
 
 
 def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
-    from specdec.vllm_plugin.async_patch import patch_async_runner
+    from specdec.vllm_plugin.patches.async_sched import patch_async_runner
     from specdec.vllm_plugin.proposer import SpecdecProposer
 
     cfg = SimpleNamespace(additional_config={"specdec": {"async": True, "async_mode": "schedule", "adaptive": False}},
@@ -445,7 +432,7 @@ def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
                           model_config=SimpleNamespace(max_model_len=512))
     assert patch_async_runner(FakeRunner) and patch_async_runner(FakeRunner)  # idempotent
     prop = SpecdecProposer(cfg, patch_runner=False)
-    assert prop.schedule_mode and prop.core.options.pad_mode == "auto" and not prop.core.options.ab_windows
+    assert prop.schedule_mode and prop.core.options.pad_mode == "auto" 
     uniform = SimpleNamespace(**{**cfg.__dict__, "additional_config": {"specdec": {
         "async": True, "async_mode": "schedule", "draft_slots": "uniform"}}})
     assert SpecdecProposer(uniform, patch_runner=False).core.options.pad_mode == "on"  # k slots: pad every row
@@ -483,58 +470,6 @@ def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
     assert plain.calls == ["bookkeeping", "propose"]
 
 
-class GatedDeviceWait(FakeDeviceWait):
-    """The release blocks until the test opens the gate, and records which thread released."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate, self.threads = threading.Event(), []
-
-    def release(self, seq: int) -> None:
-        assert self.gate.wait(5.0), "the gate never opened"
-        self.threads.append(threading.current_thread().name)
-        super().release(seq)
-
-
-def test_finish_thread_launches_the_forward_before_the_drafts_exist_and_joins_at_the_end():
-    from specdec.vllm_plugin.async_patch import patch_async_runner
-    from specdec.vllm_plugin.proposer import SpecdecProposer
-
-    cfg = SimpleNamespace(additional_config={"specdec": {"async": True, "async_mode": "schedule", "adaptive": False,
-                                                          "finish_thread": True}},
-                          speculative_config=SimpleNamespace(num_speculative_tokens=K),
-                          model_config=SimpleNamespace(max_model_len=512))
-    assert patch_async_runner(FakeRunner)
-    prop = SpecdecProposer(cfg, patch_runner=False)
-    assert prop.core.options.finish_thread
-    runner = FakeRunner(prop)
-    sched = prop.scheduled_for(runner)  # on the CPU: no device wait, so no finisher thread (host fill)
-    assert sched._finisher is None and not sched.stats()["schedule"]["finish_thread"]
-    prop.scheduled = None
-    dw = GatedDeviceWait()
-    step = SimpleNamespace(num_spec_tokens_to_schedule=K, has_structured_output_requests=False)
-    sampled = torch.tensor([[1, 2, -1, -1, -1, -1, -1], [1, -1, -1, -1, -1, -1, -1]], dtype=torch.int32)
-    from specdec.vllm_plugin.scheduled import ScheduledDrafting
-
-    prop.scheduled = ScheduledDrafting(prop.core, k=K, max_rows=4, device="cpu", device_wait=dw, finish_thread=True)
-    forward = runner._model_forward
-
-    def model_forward(*a, **kw):  # the forward's launch: the drafts are not released yet; then let them go
-        forward(*a, **kw)
-        dw.gate.set()
-
-    runner._model_forward = model_forward
-    runner._bookkeeping_sync(step, SimpleNamespace(sampled_token_ids=sampled))
-    runner._draft_token_ids = runner.propose_draft_token_ids(step, [], None)
-    runner.execute_model(step)
-    assert ("forward", []) in runner.calls  # launched while the finisher thread was still drafting
-    assert dw.released == [1] and dw.threads[0].startswith("specdec-finish")  # joined by execute_model's end
-    drafts = runner._draft_token_ids.tolist()
-    assert drafts[0][:3] == [3, 4, 5] and drafts[1][:3] == [2, 3, 4]  # the same drafts as the inline path
-    prop.close()
-    assert prop.scheduled._finisher is None
-
-
 def test_k_of_the_step_bounds_the_real_draft_and_the_rest_is_filler():
     clock = SimpleNamespace(t=0.0)
     sched = ScheduledDrafting(make_core(lambda: clock.t, adaptive=False), k=K, max_rows=4, device="cpu")
@@ -560,7 +495,7 @@ def test_adaptive_slots_follow_each_requests_latest_draft_and_stay_lossless(grow
     not padded); the next step verifies only that many of the row's drafts (as vLLM's scheduler, patched, reserves
     them), or twice that with ``slot_growth`` 1, the buffer still equals the synchronous twin's, and every emitted
     token is the target's."""
-    from specdec.vllm_plugin.slots import SlotBook
+    from specdec.vllm_plugin.core.slots import SlotBook
 
     clock = SimpleNamespace(t=0.0)
     tick = lambda: clock.t  # noqa: E731
@@ -568,7 +503,7 @@ def test_adaptive_slots_follow_each_requests_latest_draft_and_stay_lossless(grow
     eng = AsyncEngine(seed=11)
     book = SlotBook(K, growth=growth)
     sched = ScheduledDrafting(make_core(tick, **opts), k=K, max_rows=2 * MAX_ROWS, device="cpu", slot_book=book)
-    twin = make_core(tick, **{k: v for k, v in opts.items() if k not in EARLY_ONLY})  # the synchronous reference
+    twin = make_core(tick, **opts)  # the synchronous reference
     out = None
     short = 0
     for step in range(120):
@@ -597,17 +532,17 @@ def test_narrow_schedules_verify_the_width_and_stay_lossless():
     row with the drafter's chain to it (as the synchronous twin drafting with k = width, padded); schedules that are
     not narrow keep the drafts' own slots. Switching between the two every few steps, every emitted token is the
     target's and no row verifies more than 1 + its slots."""
-    from specdec.vllm_plugin.slots import SlotBook
+    from specdec.vllm_plugin.core.slots import SlotBook
 
     clock = SimpleNamespace(t=0.0)
     tick = lambda: clock.t  # noqa: E731
     opts = {"pad_drafts": "off", "min_path_prob": 0.3}
     width = 3
     eng = AsyncEngine(seed=5)
-    book = SlotBook(K, narrow=width, narrow_rows=(1, 1000), prefill_confident=True)
+    book = SlotBook(K, narrow=width, narrow_rows=(1, 1000))
     sched = ScheduledDrafting(make_core(tick, **opts), k=K, max_rows=2 * MAX_ROWS, device="cpu", slot_book=book)
     twin = make_core(tick, **opts)
-    out, narrow_steps, under_width = None, 0, 0
+    out, narrow_steps = None, 0
     for step in range(120):
         if out is not None:
             book.begin_schedule(0 if step % 3 == 0 else len(eng.order))  # every third schedule is not narrow
@@ -618,8 +553,6 @@ def test_narrow_schedules_verify_the_width_and_stay_lossless():
             if book.width:
                 narrow_steps += 1
                 assert all(len(d) == width for d in drafts if d), step  # padded with the chain to the width
-                under_width += sum(book.confident[r] < width for r, d in zip(eng.order, drafts) if d)
-            assert book.confident == dict(zip(eng.order, twin.confident(eng.order))), step  # padding excluded
             assert out.numpy().tolist() == eng.expected_buffer(drafts, out.shape[0]), step
             eng.prev_drafts, eng.slots = out.clone(), reserved
         clock.t += 1e-3
@@ -627,7 +560,6 @@ def test_narrow_schedules_verify_the_width_and_stay_lossless():
     for r in eng.reqs.values():
         assert r["seq"] == r["target"][:len(r["seq"])]
     assert narrow_steps > 60 and sched.stats()["schedule"]["narrow_steps"] == narrow_steps
-    assert under_width > 20  # padded rows whose confident part is shorter than the width
     assert sched.core.stats_dict()["accepted_tokens"] > 100
 
 
@@ -646,7 +578,7 @@ class NotingDeviceWait(FakeDeviceWait):
 def test_device_wait_releases_before_the_slot_bookkeeping():
     """With the device wait the GPU waits only for the drafts: the slot book's note (next schedule's grants) and the
     cost fit come after the release, and still before the next fill reads them; the buffer equals the twin's."""
-    from specdec.vllm_plugin.slots import SlotBook
+    from specdec.vllm_plugin.core.slots import SlotBook
 
     clock = SimpleNamespace(t=0.0)
     tick = lambda: clock.t  # noqa: E731
@@ -680,7 +612,7 @@ def test_device_wait_releases_before_the_slot_bookkeeping():
 
 
 def test_slot_book_tables_clamps_and_placeholders():
-    from specdec.vllm_plugin.slots import PLACEHOLDER, UNKNOWN, SlotBook
+    from specdec.vllm_plugin.core.slots import PLACEHOLDER, UNKNOWN, SlotBook
 
     book = SlotBook(4)
     assert book.slots("new", 4) == 4  # unknown request: vLLM's k
@@ -703,7 +635,7 @@ def test_slot_growth_forecast_settles_its_extra_slots_and_stops_when_they_do_not
     """``slot_growth``: L + ceil(g * L) slots (at most k) while the share of extra slots that held an accepted token
     reaches the token cost; the share is settled from the step the grant was for (two schedules back at the note);
     below the cost the forecast is the draft's length except on every GROWTH_PROBE_EVERY-th note."""
-    from specdec.vllm_plugin.slots import GROWTH_PROBE_EVERY, SlotBook
+    from specdec.vllm_plugin.core.slots import GROWTH_PROBE_EVERY, SlotBook
 
     book = SlotBook(16, growth=1.0)
     book.note(["a", "b", "c"], [0, 3, 10])
@@ -762,8 +694,8 @@ class FakeAsyncScheduler:
 
 
 def test_scheduler_patch_trims_placeholders_only_while_a_book_is_registered():
-    from specdec.vllm_plugin import slots
-    from specdec.vllm_plugin.async_patch import patch_async_scheduler
+    from specdec.vllm_plugin.core import slots
+    from specdec.vllm_plugin.patches.async_sched import patch_async_scheduler
 
     class Scheduler(FakeAsyncScheduler):
         pass
@@ -771,20 +703,22 @@ def test_scheduler_patch_trims_placeholders_only_while_a_book_is_registered():
     assert patch_async_scheduler(Scheduler) and patch_async_scheduler(Scheduler)  # idempotent
     out = SimpleNamespace(num_scheduled_tokens={"a": 5, "b": 5, "p": 100})
     sch = Scheduler(4)
+    sch.vllm_config = SimpleNamespace()  # the engine's config: the proposer attaches its slot book there
     try:
-        slots.register(None)
+        slots.attach_book(sch.vllm_config, None)
         sch._update_after_schedule(out)
         assert sch.requests["a"].spec_token_ids is sch._spec_token_placeholders  # no book: vLLM's k slots
         book = slots.SlotBook(4)
         book.note(["a", "b"], [1, 7])
-        slots.register(book)
+        slots.attach_book(sch.vllm_config, book)
         sch._update_after_schedule(out)
         assert sch.requests["a"].spec_token_ids == [-1] and sch.requests["b"].spec_token_ids == [-1] * 4
         assert sch.requests["p"].spec_token_ids == []  # a prefill chunk keeps what vLLM gave it
         bad = Scheduler(4, fail=True)
+        bad.vllm_config = sch.vllm_config
         bad._update_after_schedule(SimpleNamespace(num_scheduled_tokens={}))  # the patch failing: logged, no raise
     finally:
-        slots.register(None)
+        slots.attach_book(sch.vllm_config, None)
 
     class Other:
         def _update_after_schedule(self, scheduler_output):
@@ -794,8 +728,8 @@ def test_scheduler_patch_trims_placeholders_only_while_a_book_is_registered():
 
 
 def test_prefill_steps_cap_the_decoding_requests_slots():
-    from specdec.vllm_plugin.async_patch import PREFILL_HEAVY_TOKENS, cap_prefill_steps
-    from specdec.vllm_plugin.slots import SlotBook
+    from specdec.vllm_plugin.patches.async_sched import PREFILL_HEAVY_TOKENS, cap_prefill_steps
+    from specdec.vllm_plugin.core.slots import SlotBook
 
     book = SlotBook(4, prefill_cap=1)
 
@@ -821,41 +755,11 @@ def test_prefill_steps_cap_the_decoding_requests_slots():
     assert book.as_dict()["prefill_steps"] == 2 and book.as_dict()["prefill_trimmed_slots"] == 6
 
 
-def test_prefill_steps_keep_the_confident_part_of_each_latest_draft():
-    """prefill_step_confident: on a heavy prefill step each decoding request keeps max(prefill_step_slots, the
-    tokens of its latest draft before the confidence cut), at most what it holds; a narrow step's padded lengths do
-    not count, requests the book never saw keep the plain cap."""
-    from specdec.vllm_plugin.async_patch import PREFILL_HEAVY_TOKENS, cap_prefill_steps
-    from specdec.vllm_plugin.slots import SlotBook
-
-    book = SlotBook(6, prefill_cap=0, prefill_confident=True, narrow=4, narrow_rows=(1, 100))
-    book.note(["a", "b", "c", "d"], [4, 4, 4, 4], confident=[0, 2, 4, 1])  # a narrow step: padded to 4 each
-    assert book.confident == {"a": 0, "b": 2, "c": 4, "d": 1}
-    assert [book.prefill_slots(r) for r in "abcde"] == [0, 2, 4, 1, 0]
-
-    def req(rid, n):
-        return SimpleNamespace(request_id=rid, spec_token_ids=[-1] * n, is_prefill_chunk=False, num_tokens=100,
-                               num_computed_tokens=100)
-
-    running = [req("a", 4), req("b", 4), req("c", 3), req("d", 0), req("e", 4)]
-    sch = SimpleNamespace(running=running, waiting=[SimpleNamespace(is_prefill_chunk=False, num_computed_tokens=0,
-                                                                    num_tokens=PREFILL_HEAVY_TOKENS)])
-    assert cap_prefill_steps(sch, book) == 3  # a, b and e capped; c holds 3 <= 4; d has no slots
-    assert [len(r.spec_token_ids) for r in running] == [0, 2, 3, 0, 0]
-    assert book.prefill_trimmed == 4 + 2 + 4
-    book.prefill_cap = 1  # the plain cap is the floor
-    running[0].spec_token_ids = [-1] * 4
-    assert cap_prefill_steps(sch, book) == 1 and len(running[0].spec_token_ids) == 1
-    off = SlotBook(6, prefill_cap=0)
-    off.note(["b"], [4], confident=[2])
-    assert off.prefill_slots("b") == 0  # without prefill_confident the cap alone decides
-
-
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable here (CI: /opt/vllm-venv)")
 def test_real_vllm_async_scheduler_is_the_one_the_slot_patch_expects():
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-    from specdec.vllm_plugin.async_patch import patch_async_scheduler
+    from specdec.vllm_plugin.patches.async_sched import patch_async_scheduler
 
     class Sub(AsyncScheduler):
         pass
@@ -879,8 +783,9 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch)
     from vllm.v1.structured_output import StructuredOutputManager
 
     from specdec.paths import TARGET_MODEL, model_path
-    from specdec.vllm_plugin import async_patch, slots
-    from specdec.vllm_plugin.async_patch import patch_async_scheduler
+    from specdec.vllm_plugin.patches import async_sched as async_patch
+    from specdec.vllm_plugin.core import slots
+    from specdec.vllm_plugin.patches.async_sched import patch_async_scheduler
 
     if not model_path(TARGET_MODEL).is_dir():
         pytest.skip("the shared target model is not here (SPECDEC_SHARED)")
@@ -914,7 +819,7 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch)
 
     book = slots.SlotBook(k)
     try:
-        slots.register(book)
+        slots.attach_book(sch.vllm_config, book)
         book.note(["a", "b"], [0, 2])
         s1 = sch.schedule()  # the prefills; step 2's placeholders follow the book as it is now
         assert s1.num_scheduled_tokens == {"a": 20, "b": 20}
@@ -947,12 +852,12 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch)
             sch.update_from_output(s, output(s, toks))
         assert all(sch.requests[r].num_output_placeholders >= 0 for r in ("a", "b", "c"))
     finally:
-        slots.register(None)
+        slots.attach_book(sch.vllm_config, None)
 
 
 def test_schedule_cpu_benchmark_configs_draft_the_same():
-    """eval/bench_schedule_cpu: early caching and the refresh's place change where the work runs, not the drafts
-    (greedy verification against fixed responses: equal acceptance), and the early caching did hand responses over.
+    """eval/bench_schedule_cpu: the refresh's place changes where the work runs, not the drafts
+    (greedy verification against fixed responses: equal acceptance).
     Two lane threads, and every clock-driven decision off (``adaptive=False``: pad_drafts 'auto' once made the
     drafts depend on the measured step period, a CI failure)."""
     from benchmarks.bench_schedule_cpu import run
@@ -962,17 +867,15 @@ def test_schedule_cpu_benchmark_configs_draft_the_same():
     phrases = [rng.integers(0, 30, 7) for _ in range(3)]
     records = [TraceRecord(str(i), rng.integers(0, 30, 50), np.concatenate([phrases[i % 3]] * 10)) for i in range(8)]
     out = {c: run(c, records[:4], records, k=4, steps=60, gpu_ms=0.0, threads=2, adaptive=False)
-           for c in ("default", "early_cache", "no_early_refresh")}
+           for c in ("default", "no_early_refresh")}
     accepted = {c: (r["accepted_tokens"], r["drafted_tokens"], r["emitted_per_step"]) for c, r in out.items()}
     assert not any(v for r in out.values() for v in r["fallbacks"].values())  # no timeout, error, resync...
     assert len(set(accepted.values())) == 1 and out["default"]["accepted_tokens"] > 100
-    assert out["early_cache"]["early_cached"] == out["early_cache"]["stopped"] > 3
-    assert out["default"]["early_cached"] == 0
 
 
 def test_regrant_gives_running_requests_the_slots_of_their_latest_draft():
-    from specdec.vllm_plugin.async_patch import regrant_placeholders
-    from specdec.vllm_plugin.slots import SlotBook
+    from specdec.vllm_plugin.patches.async_sched import regrant_placeholders
+    from specdec.vllm_plugin.core.slots import SlotBook
 
     book = SlotBook(4)
     shared = [-1] * 4

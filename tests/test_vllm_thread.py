@@ -16,10 +16,11 @@ import pytest
 
 from specdec.config import ConfigError
 from specdec.drafters.suffix import SuffixDrafter, native_available
-from specdec.vllm_plugin.core import ProposerCore
-from specdec.vllm_plugin.options import SpecdecOptions
+from specdec.vllm_plugin.core.proposer_core import ProposerCore
+from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.patches.table import PatchReport
 from specdec.vllm_plugin.proposer import SpecdecProposer
-from specdec.vllm_plugin.threaded import ThreadedProposerCore
+from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
 from test_vllm_lane import MAX_LEN, STAT_KEYS, FakeClock, FakeEngine
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="native suffix core not built")
@@ -204,7 +205,7 @@ def test_threads_mode_is_validated_and_other_drafters_draft_synchronously():
 
 
 def test_the_runner_patch_prepares_each_step_from_the_scheduler_output():
-    from specdec.vllm_plugin.plugin import patch_execute_model
+    from specdec.vllm_plugin.patches.runner import patch_execute as patch_execute_model
 
     cfg = SimpleNamespace(additional_config={"specdec": {"async": True, "async_mode": "thread", "adaptive": False}},
                           speculative_config=SimpleNamespace(num_speculative_tokens=4),
@@ -234,11 +235,10 @@ def test_a_failed_step_is_counted_and_the_proposer_starts_over(monkeypatch):
     cfg = SimpleNamespace(additional_config={"specdec": {"adaptive": False}},  # async thread: the default
                           speculative_config=SimpleNamespace(num_speculative_tokens=4),
                           model_config=SimpleNamespace(max_model_len=64))
-    prop = SpecdecProposer(cfg, patch_runner=False)
-    assert prop.threaded
+    prop = SpecdecProposer(cfg, patch_runner=False, patches=PatchReport("test", {"thread collect": ""}))
+    assert prop.threaded  # with the take hook: drafts are collected at take
     ctx = np.tile(np.arange(64, dtype=np.int32) % 5, (1, 1))
     prop.bind_step(SimpleNamespace(req_ids=["a"], num_prompt_tokens=None))
-    monkeypatch.setattr("specdec.vllm_plugin.plugin.take_hook_installed", lambda: True)  # collect at take
     assert prop.propose([[int(ctx[0, 9])]], np.array([10], np.int32), ctx) == [[]]  # placeholder
     lane = prop.core.lane
 
@@ -249,5 +249,6 @@ def test_a_failed_step_is_counted_and_the_proposer_starts_over(monkeypatch):
     assert prop.collect_deferred() is None  # take keeps the placeholders: no drafts, no exception
     assert prop.core.guard.stats.errors == 1 and lane.request_ids == {}  # state forgotten
     monkeypatch.undo()
+    prop.patches = PatchReport("test")  # no take hook: propose collects its own drafts
     assert prop.propose([[int(ctx[0, 10])]], np.array([11], np.int32), ctx) == [ctx[0, 11:15].tolist()]
     assert set(lane.request_ids) == {"a"} and prop.core.stats.resyncs == 0  # restarted from its context

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 
 def register() -> None:
-    """Entry point loaded by vLLM in every process; see ``specdec.vllm_plugin.plugin``."""
-    from specdec.vllm_plugin.plugin import register as _register
+    """Entry point loaded by vLLM in every process; see ``specdec.vllm_plugin.entry.register``."""
+    from specdec.vllm_plugin.entry.register import register as _register
 
     _register()

@@ -2,7 +2,7 @@
 
 vLLM calls ``SpecdecProposer(vllm_config)`` in the model runner (``GPUModelRunner.__init__``) and then, each step,
 ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list[list[int]]``.
-That call carries no request ids; the plugin's runner patch (``plugin.ensure_runner_patch``) hands the proposer
+That call carries no request ids; the plugin's runner patch (row "request ids" of ``patches.table``) hands the proposer
 the runner's input batch (``input_batch.req_ids``, row order of this step) just before each call.
 
 Tensor parallelism: every TP rank builds a runner and a proposer, but the engine reads drafts from one rank only
@@ -14,37 +14,35 @@ This module imports vLLM only inside functions (CPU tests build it from a fake `
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import weakref
 from typing import Any, Sequence
-
-import os
 
 import numpy as np
 
 from specdec.drafters.base import Drafter
 from specdec.drafters.registry import build_drafter
-from specdec.vllm_plugin.core import ProposerCore
+from specdec.vllm_plugin.core.proposer_core import ProposerCore
+from specdec.vllm_plugin.core.slots import NARROW_FROM_ROWS, SlotBook, attach_book, book_of
+from specdec.vllm_plugin.entry.options import (SpecdecOptions, async_mode_for, estimate_params,
+                                               options_from_vllm_config, resolve_lane_threads)
 from specdec.vllm_plugin.logs import LOGGER_NAME
-from specdec.vllm_plugin.options import (SpecdecOptions, async_mode_for,
-                                         estimate_params,  # noqa: F401 - re-exported
-                                         options_from_vllm_config, resolve_lane_threads)
+from specdec.vllm_plugin.modes.device_wait import STALL_TIMEOUT_MS, DeviceWait
+from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
+from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
+from specdec.vllm_plugin.patches.graphs import STATS as GRAPH_STATS
+from specdec.vllm_plugin.patches.graphs import ragged_ready
+from specdec.vllm_plugin.patches.table import PatchReport, apply_patches
 
 logger = logging.getLogger(LOGGER_NAME)
 INSTANCES: "weakref.WeakSet[SpecdecProposer]" = weakref.WeakSet()  # live proposers of this process (for stats)
 
 
 def build_proposer_drafter(options: SpecdecOptions, *, target_tokenizer: str = "") -> Drafter:
-    """The drafter named by the options, wrapped in ``AsyncDrafter`` for ``async`` with ``async_mode="hedge"``.
-
-    ``target_tokenizer``: the served model's tokenizer folder; a model drafter refuses a different tokenizer.
-    """
-    drafter = build_drafter(options.drafter, options.resolved_drafter_options(target_tokenizer))
-    if options.async_drafting and options.async_mode == "hedge":
-        from specdec.pipeline import AsyncDrafter
-
-        drafter = AsyncDrafter(drafter, **dict(options.async_options))
-    return drafter
+    """The drafter named by the options. ``target_tokenizer``: the served model's tokenizer folder; a model drafter
+    refuses a different tokenizer."""
+    return build_drafter(options.drafter, options.resolved_drafter_options(target_tokenizer))
 
 
 def _tp_rank() -> int:
@@ -59,7 +57,16 @@ def _tp_rank() -> int:
 class SpecdecProposer:
     """vLLM custom_class proposer backed by a specdec drafter (see the module docstring)."""
 
-    def __init__(self, vllm_config: Any, *, drafter: Drafter | None = None, patch_runner: bool = True) -> None:
+    specdec_proposer = True  # ``patches.common.PROPOSER_MARK``: the runner patches recognise us by it
+
+    def __init__(self, vllm_config: Any, *, drafter: Drafter | None = None, patch_runner: bool = True,
+                 patches: PatchReport | None = None) -> None:
+        """``patch_runner``: apply the model runner's rows of the patch table (and log the start-up line);
+        ``patches``: the report to act on instead (tests)."""
+        self.vllm_config = vllm_config
+        self.patches = apply_patches("worker") if patch_runner else (patches or PatchReport("unknown"))
+        if patch_runner:
+            logger.info("%s", self.patches.line())
         self.options = options_from_vllm_config(vllm_config)
         model_config = getattr(vllm_config, "model_config", None)
         max_model_len = int(getattr(model_config, "max_model_len", 0) or 1 << 30)
@@ -68,33 +75,20 @@ class SpecdecProposer:
         params = estimate_params(getattr(model_config, "hf_config", None))
         if self.options.async_mode == "auto":
             self.options = self.options.replace(async_mode=async_mode_for("auto", vllm_config))
-        self._core_args = {"max_model_len": max_model_len, "target_params": params}
-        self._target_tokenizer = target_tokenizer
-        # "async" in overlap mode: the whole ProposerCore lives in a helper process (created on the drafting rank)
-        self.overlapped = self.options.async_drafting and self.options.async_mode == "overlap" and drafter is None
         self.schedule_mode = self.options.async_drafting and self.options.async_mode == "schedule"
         self.threaded = self.options.async_drafting and self.options.async_mode == "thread"
-        self.overlap: Any = None  # OverlapCore, built at the first propose on the drafting rank
         self.scheduled: Any = None  # ScheduledDrafting, built at the first step under vLLM's async scheduling
-        self.core: ProposerCore | None = None
-        if not self.overlapped:
-            # schedule mode: the controller's plain (no-draft) A/B windows would save nothing (vLLM reserves the
-            # slots before the drafts exist); with vLLM's uniform k slots every row is padded to k, with adaptive
-            # slots the drafts stay cut (their lengths are the next step's slots) and pad_drafts decides as usual
-            threads = resolve_lane_threads(self.options.lane_threads, schedule=self.schedule_mode)
-            core_options = self.options.replace(lane_threads=threads)
-            if self.schedule_mode:
-                pad = {"pad_drafts": "on"} if self.options.draft_slots == "uniform" else {}
-                # stops retire; cache_early caches them before the step's drafting, late_cache right after it
-                defer = {"defer_cache": True} if self.options.early_cache or self.options.late_cache else {}
-                core_options = core_options.replace(ab_windows=False, **pad, **defer)
-            core_cls = ProposerCore
-            if self.threaded:
-                from specdec.vllm_plugin.threaded import ThreadedProposerCore as core_cls
-            self.core = core_cls(drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer),
-                                 core_options, **self._core_args)
-            if self.schedule_mode and self.options.draft_slots == "adaptive":
-                self.core.pad_below_rows = self.options.adaptive_slots_from
+        # schedule mode: with vLLM's uniform k slots every row is padded to k, with adaptive slots the drafts stay
+        # cut (their lengths are the next step's slots) and pad_drafts decides as usual
+        threads = resolve_lane_threads(self.options.lane_threads, schedule=self.schedule_mode)
+        core_options = self.options.replace(lane_threads=threads)
+        if self.schedule_mode and self.options.draft_slots == "uniform":
+            core_options = core_options.replace(pad_drafts="on")
+        core_cls = ThreadedProposerCore if self.threaded else ProposerCore
+        self.core = core_cls(drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer),
+                             core_options, max_model_len=max_model_len, target_params=params)
+        if self.schedule_mode and self.options.draft_slots == "adaptive":
+            self.core.pad_below_rows = NARROW_FROM_ROWS  # below the narrow steps every row keeps k slots, padded
         logger.info("specdec: drafter=%s k=%d pad_drafts=%s (target ~%.0fM parameters) async=%s",
                     self.options.drafter, self.options.num_speculative_tokens, self.options.pad_mode,
                     params / 1e6, self.options.async_mode if self.options.async_drafting else "off")
@@ -102,10 +96,6 @@ class SpecdecProposer:
         self._scheduler_output: Any = None
         self._is_driver: bool | None = None
         self._warned_unbound = False
-        if patch_runner:
-            from specdec.vllm_plugin.plugin import ensure_runner_patch
-
-            ensure_runner_patch()
         INSTANCES.add(self)
 
     # ----------------------------------------------------------------- runner binding
@@ -138,9 +128,6 @@ class SpecdecProposer:
             return [[] for _ in range(n)]
         args = (list(batch.req_ids), sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         kwargs = {"num_prompt_tokens": getattr(batch, "num_prompt_tokens", None), "k": self._dynamic_k()}
-        if self.overlapped:
-            return self._propose_overlapped(n, args, kwargs)
-        assert self.core is not None
         try:
             if self.threaded:
                 return self._propose_threaded(n, args, kwargs)
@@ -160,14 +147,13 @@ class SpecdecProposer:
         restarts from its full context); ``strict`` re-raises instead."""
         if self.options.strict:
             raise exc
-        assert self.core is not None
         self.core.guard.record_error(exc, req_ids)
         self.core.reset()
 
     def prepare_step(self, scheduler_output: Any) -> None:
         """Thread mode, called by the runner patch as vLLM starts executing a step: finished requests stop and
         new ones start on the drafter's thread while the GPU runs. Never raises (``submit`` catches up)."""
-        if not self.threaded or self.core is None:
+        if not self.threaded:
             return
         if not self._drafts_here():
             return
@@ -179,112 +165,58 @@ class SpecdecProposer:
 
     def _propose_threaded(self, n: int, args: tuple, kwargs: dict[str, Any]) -> list[list[int]]:
         """Start the step on the drafter's thread; with the take hook the drafts are collected later."""
-        from specdec.vllm_plugin.plugin import take_hook_installed
-
         self.core.submit(*args, **kwargs)
-        if take_hook_installed():
+        if self.patches.on("thread hand-off"):
             return [[] for _ in range(n)]  # placeholder; replaced in take_draft_token_ids
         return self.core.collect() or [[] for _ in range(n)]
 
-    def _propose_overlapped(self, n: int, args: tuple, kwargs: dict[str, Any]) -> list[list[int]]:
-        """Submit to the helper; with the take hook the drafts are collected later (``collect_deferred``)."""
-        from specdec.vllm_plugin.plugin import take_hook_installed
-
-        try:
-            if self.overlap is None:
-                from specdec.vllm_plugin.overlap import OverlapCore
-
-                self.overlap = OverlapCore(self.options, target_tokenizer=self._target_tokenizer, **self._core_args)
-            self.overlap.submit(*args, **kwargs)
-            if take_hook_installed():
-                return [[] for _ in range(n)]  # placeholder; replaced in take_draft_token_ids
-            return self.overlap.collect() or [[] for _ in range(n)]
-        except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
-            if self.options.strict:
-                raise
-            if self.overlap is not None:
-                self.overlap._die(f"overlapped drafting failed: {exc!r}")
-            else:
-                self.overlapped = False
-                logger.warning("specdec: overlapped drafting unavailable (%r); drafting in-process", exc)
-                self.core = ProposerCore(build_proposer_drafter(self.options, target_tokenizer=self._target_tokenizer),
-                                         self.options, **self._core_args)
-            return [[] for _ in range(n)]
-
     def scheduled_for(self, runner: Any) -> Any:
         """The ``ScheduledDrafting`` of this proposer (schedule mode under vLLM's async scheduling), or None."""
-        if not self.schedule_mode or self.core is None:
+        if not self.schedule_mode:
             return None
         if self.scheduled is None:
-            from specdec.vllm_plugin.scheduled import ScheduledDrafting
-
             k = int(getattr(runner, "num_spec_tokens", 0) or self.options.num_speculative_tokens)
             device_wait, why = None, "device_wait is off"
-            if self.options.device_wait:  # reached only through the runner hooks, which release it (async_patch)
-                from specdec.vllm_plugin.device_wait import STALL_TIMEOUT_MS, DeviceWait
-
+            if self.options.device_wait:  # reached only through the runner hooks, which release it
                 device_wait, why = DeviceWait.create(runner.device, timeout_ms=STALL_TIMEOUT_MS,
                                                      grace_ms=self.options.draft_timeout_ms)
             book = None
             if self.options.draft_slots == "adaptive":
-                from specdec.vllm_plugin.graphs import ragged_ready
-                from specdec.vllm_plugin.slots import SlotBook, register
-
                 opts = self.options
-                book = SlotBook(k, prefill_cap=opts.prefill_step_slots,
-                                prefill_confident=opts.prefill_step_confident, growth=opts.slot_growth,
-                                min_share=opts.slot_growth_min_share, narrow=opts.narrow_width,
-                                narrow_rows=(opts.adaptive_slots_from, opts.narrow_slots_below),
-                                large=(opts.large_batch_width, opts.large_batch_narrow_max_mat),
-                                high=(opts.high_mat_width, opts.high_mat_narrow_min_mat),
-                                large_high=opts.large_batch_high_mat_width,
-                                high_ragged=ragged_ready if opts.ragged_graphs and opts.high_mat_ragged else None)
-                register(book)  # the scheduler (same process) trims each request's slots to its draft
+                ragged = opts.ragged_graphs and self.patches.on("ragged graphs")
+                book = SlotBook.policy(k, narrow=bool(opts.narrow_widths) and self.patches.on("narrow graphs"),
+                                       prefill_cap=opts.prefill_step_slots,
+                                       high_ragged=ragged_ready if ragged else None)
+                attach_book(self.vllm_config, book)  # this engine's scheduler trims each request's slots to it
             self.scheduled = ScheduledDrafting(self.core, k=k, max_rows=int(runner.max_num_reqs),
                                                device=runner.device, device_wait=device_wait, slot_book=book,
-                                               finish_thread=self.options.finish_thread,
                                                matrix_step=self.options.matrix_step)
             logger.info("specdec: drafting under vLLM's async scheduling (k=%d, up to %d rows; %s)", k,
                         runner.max_num_reqs, "the GPU waits for drafts" if device_wait else f"host fill: {why}")
         return self.scheduled
 
     def collect_deferred(self) -> list[list[int]] | None:
-        """Drafts of the step submitted by the last ``propose`` (overlap and thread modes), or None if none is
-        pending. Never raises (a failed step -> no drafts, counted and logged once)."""
-        if self.threaded and self.core is not None:
-            try:
-                return self.core.collect()
-            except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
-                self._drafting_failed(exc, [])
-                return None
-        if self.overlap is None:
+        """Drafts of the step submitted by the last ``propose`` (thread mode), or None if none is pending. Never raises (a failed step -> no drafts, counted and logged once)."""
+        if not self.threaded:
             return None
-        return self.overlap.collect()
+        try:
+            return self.core.collect()
+        except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
+            self._drafting_failed(exc, [])
+            return None
 
     def _dynamic_k(self) -> int | None:
         k = getattr(self._scheduler_output, "num_spec_tokens_to_schedule", None)
         return int(k) if isinstance(k, int) and k > 0 else None
 
     def stats(self) -> dict[str, Any]:
-        from specdec.vllm_plugin.graphs import STATS as GRAPH_STATS
-
-        if self.scheduled is not None:
-            out = self.scheduled.stats()
-        elif self.core is not None:
-            out = self.core.stats_dict()
-        else:
-            out = self.overlap.stats() if self.overlap is not None else {"mode": "overlap", "steps": 0}
+        out = self.scheduled.stats() if self.scheduled is not None else self.core.stats_dict()
         return {**out, "graphs": dict(GRAPH_STATS)}  # this process's narrow and ragged dispatches and keys
 
     def close(self) -> None:
         if self.scheduled is not None:
             self.scheduled.close()
         if self.scheduled is not None and self.scheduled.slot_book is not None:
-            from specdec.vllm_plugin.slots import active, register
-
-            if active() is self.scheduled.slot_book:
-                register(None)
-        if self.core is not None:
-            self.core.close()
-        if self.overlap is not None:
-            self.overlap.close()
+            if book_of(self.vllm_config) is self.scheduled.slot_book:
+                attach_book(self.vllm_config, None)
+        self.core.close()

@@ -3,7 +3,7 @@
 Under vLLM's async scheduling the runner prepares step N+1 while the GPU runs step N. The host fill
 (``ScheduledDrafting.fill``) drafts at the start of ``_prepare_input_ids``, which means waiting there for step N's
 tokens: everything vLLM still prepares after that point (attention metadata, the graph launch) then runs while
-the GPU idles (0.9-2.2 ms per step on an 8B-sized target, run 41). With a device wait the runner enqueues, on its
+the GPU idles (0.9-2.2 ms per step on an 8B-sized target). With a device wait the runner enqueues, on its
 stream, "wait until the pinned word >= seq" and the copy of the pinned draft buffer, and prepares on without
 waiting; at the start of ``_model_forward`` (every input enqueued, the forward's launch next) it drafts, writes
 the buffer and stores ``seq`` (``execute_model``'s end releases too, for steps that never reach the forward).
@@ -36,7 +36,7 @@ FLAG_WORDS = 32  # the words sit in a 128-byte pinned block: the word at 0, the 
 REACHED_INDEX = 16  # 64 bytes from the word: its own cache line
 # the watchdog's deadline, from the wait's enqueue: longer than any step the host may legitimately take to
 # release, i.e. the previous step's remaining GPU work plus drafting (a chunked-prefill step of the 8B-sized
-# target ran 0.2 s; a 50 ms deadline fired on those, run 44). Only a stream blocked before release reaches it.
+# target ran 0.2 s; a 50 ms deadline fired on those). Only a stream blocked before release reaches it.
 STALL_TIMEOUT_MS = 2000.0
 
 

@@ -12,8 +12,7 @@ whole step (stops, extends, restarts, drafting, cut, padding) with the GIL relea
 most ``draft_timeout_ms``: a later step gets no drafts (counted as a timeout, logged once) and its drafts are
 dropped. Same drafts as the synchronous path step for step (``tests/test_vllm_thread.py``).
 
-The overlap mode (``overlap.py``) does the same with a helper process, whose pipe round trip costs more than it
-hides; a thread needs no copy of the drafter's state and no pickling, and the trie work never holds the GIL.
+A thread needs no copy of the drafter's state and no pickling, and the trie work never holds the GIL.
 Drafters without a native lane (``ngram``, ``model``, compositions, the Python suffix backend) draft synchronously
 in ``submit``; so does every drafter after ``LANE_MAX_OVERRUNS`` late steps (``ProposerCore._leave_lane``).
 """
@@ -24,8 +23,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from specdec.vllm_plugin.adaptive import bucket_of
-from specdec.vllm_plugin.core import LANE_MAX_OVERRUNS, ProposerCore, StepPlan
+from specdec.vllm_plugin.core.adaptive import bucket_of
+from specdec.vllm_plugin.core.proposer_core import LANE_MAX_OVERRUNS, ProposerCore, StepPlan
 from specdec.vllm_plugin.logs import LOGGER_NAME
 
 logger = logging.getLogger(LOGGER_NAME)

@@ -54,11 +54,11 @@ GRAPH_LADDER_RATIO = 1.25  # consecutive sizes of our extra graphs differ by >= 
 def ragged_prefill_tokens(vllm_config: Any) -> int:
     """Our engine with ``ragged_graphs`` on: its ``ragged_prefill_tokens`` (0: no prefill-carrying family; also with
     LoRA); -1 for any other engine or setting."""
-    from specdec.vllm_plugin.async_patch import _ours
-    from specdec.vllm_plugin.options import options_from_vllm_config
+    from specdec.vllm_plugin.patches.async_sched import is_schedule_config
+    from specdec.vllm_plugin.entry.options import options_from_vllm_config
 
     try:
-        if not _ours(vllm_config):
+        if not is_schedule_config(vllm_config):
             return -1
         opts = options_from_vllm_config(vllm_config)
         if not opts.ragged_graphs:

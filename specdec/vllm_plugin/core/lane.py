@@ -10,8 +10,6 @@ Same drafts, same statistics as the Python path (``tests/test_vllm_lane.py`` run
 moving rows, finished requests, resyncs and padding). Switched by the ``native_step`` option (default on); used
 with ``deadline_mode="auto"`` only (a step runs inline: one that overruns ``draft_timeout_ms`` is dropped and
 counted; after ``LANE_MAX_OVERRUNS`` of them the proposer falls back to the threaded Python path for good).
-``defer_cache`` (experimental, off): finished responses are cached by a background thread after the next step has
-drafted, instead of at stop (``SuffixDrafter.lane_config``).
 """
 from __future__ import annotations
 
@@ -19,7 +17,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from specdec.vllm_plugin.adaptive import ACCEPT_EMA_ALPHA, MAX_CUT, PROBE_TOKENS
+from specdec.vllm_plugin.core.adaptive import ACCEPT_EMA_ALPHA, MAX_CUT, PROBE_TOKENS
 
 CALIB_DECAY = 0.8  # decay of a request's predicted / accepted sums (calibration), per step
 MIN_CALIBRATION_MASS = 3.0  # predicted tokens before a request's calibration is used
@@ -36,11 +34,8 @@ class Lane(Protocol):
                      n_known: int) -> None: ...
     def lane_start(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int]) -> None: ...
     def lane_invalidate(self, request_id: str) -> None: ...
-    def lane_confident(self, req_ids: Sequence[str]) -> list[int]: ...
     def lane_threads(self, n: int) -> None: ...
-    def lane_release(self) -> None: ...
     def lane_refresh(self) -> int: ...
-    def lane_cache_early(self) -> int: ...
     def lane_step(self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]], lengths: Any,
                   **decisions: Any) -> tuple[list[list[int]], list[int], int, int]: ...
     def lane_step_tokens(self, req_ids: Sequence[str], tokens: Any, known: Sequence[int], fillers: Sequence[int],
@@ -48,17 +43,14 @@ class Lane(Protocol):
     def stop(self, request_id: str) -> None: ...
 
 
-def find_lane(drafter: Any, *, defer_cache: bool = False, defer_wait_ms: float = 0.0,
-              late_refresh: bool = False) -> Lane | None:
-    """The drafter's lane, or None (no native one-call step: the Python path runs). ``defer_cache``,
-    ``late_refresh``: see ``SuffixDrafter.lane_config``."""
+def find_lane(drafter: Any) -> Lane | None:
+    """The drafter's lane, or None (no native one-call step: the Python path runs)."""
     get = getattr(drafter, "native_lane", None)
     lane = get() if callable(get) else None
     if lane is not None:
         lane.lane_config(probe_tokens=PROBE_TOKENS, accept_alpha=ACCEPT_EMA_ALPHA, calib_decay=CALIB_DECAY,
                          min_calib_mass=MIN_CALIBRATION_MASS, min_calib=MIN_CALIBRATION,
-                         max_calib=MAX_CALIBRATION, max_cut=MAX_CUT, defer_cache=defer_cache,
-                         defer_wait_us=1e3 * defer_wait_ms, late_refresh=late_refresh)
+                         max_calib=MAX_CALIBRATION, max_cut=MAX_CUT)
     return lane
 
 

@@ -23,9 +23,7 @@ drafter take part (the plugin lifts the whitelist for our method only, version-c
    drafting itself (``finish``) runs at the start of ``_model_forward``, once vLLM has enqueued the step's other
    inputs, and releases the wait. The GPU then idles for the drafting only. In the usual case (``matrix_step``)
    that drafting is one native call on the captured matrix that writes the padded drafts into the pinned buffer;
-   the token record follows after the release (``_draft_from_matrix``). (``finish_thread``, off: that
-   drafting runs on a worker thread while the engine thread launches the forward behind the wait; slower on
-   the H200 in GPU run 56, the two contend for the GIL.)
+   the token record follows after the release (``_draft_from_matrix``).
 
 So the GPU idles only for the drafting itself (not for vLLM's output processing and scheduling, which the
 synchronous path also puts between two forward passes). vLLM's scheduler reserves k draft slots for every
@@ -50,9 +48,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from specdec.vllm_plugin.feed import TokenFeed, leading_counts, pad_rows, valid_counts
+from specdec.vllm_plugin.core.feed import TokenFeed, leading_counts, pad_rows, valid_counts
 from specdec.vllm_plugin.logs import LOGGER_NAME
-from specdec.vllm_plugin.slots import UNKNOWN
+from specdec.vllm_plugin.core.slots import UNKNOWN
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -89,7 +87,7 @@ class ScheduledDrafting:
     """The three calls of the module docstring, bound to one model runner and one ``ProposerCore``."""
 
     def __init__(self, core: Any, *, k: int, max_rows: int, device: Any, device_wait: Any = None,
-                 slot_book: Any = None, finish_thread: bool = False, matrix_step: bool = True) -> None:
+                 slot_book: Any = None, matrix_step: bool = True) -> None:
         import torch
 
         self.core = core
@@ -115,14 +113,6 @@ class ScheduledDrafting:
         self.feed = TokenFeed()
         self.job: tuple[list[str], int | None, Any] | None = None  # (req ids, k of the step, the tensor handed out)
         self._error_logged = False
-        # finish_thread (device wait only): the deferred drafting runs on this one worker thread, so the engine
-        # thread launches the forward (queued behind the stream's wait) while the drafting runs
-        self._finisher: Any = None
-        self._running: Any = None  # the finisher's Future of the step being drafted
-        if finish_thread and device_wait is not None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-finish")
 
     # ----------------------------------------------------------------- 1. capture (every step)
     def counts(self, sampled: Any, discard: dict[int, int], discard_mask: Any) -> tuple[Any, Any]:
@@ -144,7 +134,6 @@ class ScheduledDrafting:
 
         import torch
 
-        self.join()  # the finisher's drafting drains the same queue
         t0 = time.perf_counter()
         if len(self.queue) >= RING_SLOTS - 1:
             self._drain(upto=1)  # oldest first: its slot is reused next
@@ -178,7 +167,7 @@ class ScheduledDrafting:
         """Ring slot ``slot`` as a contiguous [rows, width] tensor (``ring``: the same slots as NumPy arrays, read
         without torch's per-op overhead). A [:rows, :width] slice would not be contiguous when width < k+1 (vLLM's
         k by batch size), and a device-to-host copy into a non-contiguous pinned tensor is not asynchronous: the
-        capture then waited for the step's GPU work (4.8 ms per capture in run 47)."""
+        capture then waited for the step's GPU work."""
         return (self.ring if ring is None else ring)[slot].reshape(-1)[:rows * width].reshape(rows, width)
 
     def _drain(self, upto: int | None = None) -> None:
@@ -215,7 +204,6 @@ class ScheduledDrafting:
         ``verified``: the tokens vLLM scheduled for this step (its verify batch; for the proposer's cost fit)."""
         import time
 
-        self.join()
         if self.deferred is not None:  # not expected: a second fill before the step's end; release the first
             self.finish()
         job, self.job = self.job, None
@@ -245,31 +233,14 @@ class ScheduledDrafting:
         self._note(done)
         return True
 
-    def finish(self, *, background: bool = False) -> None:
+    def finish(self) -> None:
         """Start of the runner's ``_model_forward`` (the step's inputs are enqueued; safety net: the end of
         ``execute_model``): draft a deferred fill into its pinned buffer and release the GPU's wait. Always
-        releases, whatever happens. ``background`` (with ``finish_thread``): on the finisher thread; returns at
-        once (``join`` waits for it)."""
+        releases, whatever happens."""
         job, self.deferred = self.deferred, None
         if job is None:
             return
-        if background and self._finisher is not None:
-            self._running = self._finisher.submit(self._finish_job, job)
-            return
         self._finish_job(job)
-
-    def join(self) -> None:
-        """Wait for a drafting running on the finisher thread. Called before anything else reads the feed, the
-        core or the slot book (capture, fill, the end of ``execute_model``). Never raises unless ``strict``."""
-        running, self._running = self._running, None
-        if running is None:
-            return
-        try:
-            running.result()
-        except Exception as exc:  # noqa: BLE001 - _finish_job already released the stream and counted it
-            if getattr(self.core.options, "strict", False):
-                raise
-            logger.debug("specdec: the finisher thread failed (%r)", exc)
 
     def _finish_job(self, job: tuple[list[str], int | None, Any, int, int]) -> None:
         import time
@@ -288,12 +259,8 @@ class ScheduledDrafting:
         self._note(done)  # bookkeeping for the next schedule, after the GPU was released
 
     def close(self) -> None:
-        """Release a pending wait and stop the finisher thread."""
-        self.join()
+        """Release a pending wait."""
         self.finish()
-        if self._finisher is not None:
-            self._finisher.shutdown(wait=True)
-            self._finisher = None
 
     def _enqueue_wait(self, out: Any, host: Any) -> int | None:
         """The device wait's seq for this step's copy of ``host`` into ``out``, or None (host fill): no device
@@ -325,10 +292,7 @@ class ScheduledDrafting:
                 known = len(hist) - len(feed.pending[rid])  # tokens already handed to the drafter's rows
                 p = feed.prompt_len[rid]
                 self.core.start_early(rid, hist[:p], hist[p:known])
-            options = self.core.options
-            if options.early_cache:  # caching and front rebuilds on the drafter's caching thread
-                self.core.cache_early()
-            elif options.early_refresh and not options.late_cache:  # late_cache: the lane rebuilds after drafting
+            if self.core.options.early_refresh:
                 self.core.refresh_early()  # the stops above made every request's global-cache front stale
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             if getattr(self.core.options, "strict", False):
@@ -430,18 +394,16 @@ class ScheduledDrafting:
             book = self.slot_book
             if book is not None:  # rows with no new token (prompts still prefilling) keep k slots
                 emitted = done.emitted  # [rows] tokens from the step just verified
-                confident = self.core.confident(done.req_ids) if book.prefill_confident else ()
                 book.note(done.req_ids, [m if e else UNKNOWN for m, e in zip(done.lengths, emitted)],
-                          emitted=emitted, token_cost=self.core.token_cost(len(emitted) - emitted.count(0)),
-                          confident=confident)
+                          emitted=emitted, token_cost=self.core.token_cost(len(emitted) - emitted.count(0)))
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             self._drafting_failed(exc)
 
     def stats(self) -> dict[str, Any]:
-        out = {"schedule": {**self.feed.stats.as_dict(), "finish_thread": self._finisher is not None},
+        out = {"schedule": self.feed.stats.as_dict(),
                **self.core.stats_dict()}
         if self.slot_book is not None:
-            from specdec.vllm_plugin.graphs import STATS
+            from specdec.vllm_plugin.patches.graphs import STATS
 
             out["schedule"].update(self.slot_book.as_dict(), **STATS)
         return out

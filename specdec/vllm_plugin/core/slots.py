@@ -3,7 +3,7 @@
 Under async scheduling vLLM's scheduler reserves the draft slots of step N+1 before step N's drafts exist: every
 decoding request gets ``k`` placeholder tokens (``AsyncScheduler._update_after_schedule``), and the verifier runs
 ``rows x (k + 1)`` tokens per step whatever the drafts are worth. On an 8B-sized target at batch 64 that verify
-work is most of what makes a speculative step dearer than a plain one (GPU runs 44-47: 22.4 ms per step with
+work is most of what makes a speculative step dearer than a plain one (measured: 22.4 ms per step with
 1,088 tokens against 18.0 ms for the synchronous path, which verifies only the drafts it has).
 
 ``SlotBook`` records, after each drafting step, how many tokens each request's draft really carries: its chain up
@@ -17,12 +17,12 @@ token, as in plain decoding; its later drafts (still computed every step) set it
 the proposer pads every draft to ``k`` (``pad_drafts``: full CUDA graphs), keep ``k`` slots. Any draft token id in
 any slot is lossless: the verifier decides.
 
-``growth`` (``slot_growth``): the slots follow the drafts one round late, so a draft that grew since (a suffix match
+``growth`` (``SLOT_GROWTH``): the slots follow the drafts one round late, so a draft that grew since (a suffix match
 that lengthens as its copy is accepted: the depth cap is the match length) is cut to the older length. The forecast
 is ``L + ceil(growth * L)`` for a latest draft of ``L`` tokens, at most ``k``; ``note`` keeps it only while the extra
 slots pay: the share of them that ended up holding an accepted token (measured on the steps they were granted, an
 EMA) must reach the proposer's token cost (the acceptance probability a verified token needs, ``adaptive.py``) and
-``min_share`` (``slot_growth_min_share``).
+``min_share`` (``SLOT_GROWTH_MIN_SHARE``).
 While they do not, one note in ``GROWTH_PROBE_EVERY`` still grows, so the share keeps being measured. CPU replay of
 the target's own outputs (``eval/bench_slot_forecast.py``): growth 1 recovered most of the round's lag in accepted
 tokens per step.
@@ -31,26 +31,20 @@ tokens per step.
 ``async_patch.PREFILL_HEAVY_TOKENS`` prompt tokens of waiting requests or prompts still being chunked) is
 compute-bound, so every verified draft token costs its full share of the GEMMs; before vLLM schedules such a step
 each decoding request keeps at most ``prefill_cap`` of its placeholders (``async_patch.cap_prefill_steps``).
-With ``prefill_confident`` (``prefill_step_confident``) it keeps up to the confident part of its latest draft
-instead, if that is more: the drafter's tokens before the confidence cut (``confident``, noted with each drafting;
-a narrow step's drafts are padded to the width, so their lengths say nothing of it). Such a step runs as piecewise
-graphs whatever its slots (the prefill makes the batch mixed), so verifying only the drafts worth it costs nothing
-extra in launches; GPU traces of the agentic prompts (runs 94, 95, 128) put those steps at 17-29% of the steps and
-~20 us of GPU time per verified token there. Measured off (GPU run 129, agentic prompts): those steps emitted 2-3x
-the tokens and the GPU's total work stayed the same (the next light steps had fewer accepted tokens left to take).
+Such a step runs as piecewise graphs whatever its slots (the prefill makes the batch mixed).
 
-``narrow`` (``narrow_slots``) with ``narrow_rows`` = (from, below): a schedule of ``from <= running < below``
+``narrow`` (``NARROW_WIDTH``, ``NARROW_FROM_ROWS``, ``NARROW_BELOW_ROWS``) with ``narrow_rows`` = (from, below): a schedule of ``from <= running < below``
 requests gives every decoding request exactly ``narrow`` slots (``width``); from ``below`` requests on,
-``large`` = (width, max MAT) (``large_batch_narrow_slots``) does so with its own width while the tokens a request got
-per step (``mat``, a moving average over notes) stay at most that MAT, and ``large_high``
-(``large_batch_high_mat_slots``) with its width while ``mat`` is at least ``high``'s MAT; ``high`` = (width, min MAT)
-(``high_mat_narrow_slots``) widens the mid-size narrow steps while ``mat`` is at least that MAT. The step's drafting
+``large`` = (width, max MAT) (``LARGE_BATCH_WIDTH``, ``LOW_MAT``) does so with its own width while the tokens a request got
+per step (``mat``, a moving average over notes) stay at most that MAT; ``high`` = (width, min MAT)
+(``HIGH_MAT_WIDTH``, ``HIGH_MAT``) widens the mid-size narrow steps while ``mat`` is at least that MAT. The step's drafting
 pads each row to the width: the verify batch is uniform with ``width + 1`` tokens per request, which vLLM runs as one
 FULL CUDA graph once ``graphs.py`` has captured that length (vLLM captures only ``k + 1``). Mid-size batches are bound by the
 host's launches of the piecewise graphs a mixed batch gets; large ones by the GPU, where verifying filler costs.
 
 The book is shared between the runner (writer, after drafting) and the scheduler (reader), which live in the
-same process with vLLM's one-GPU executor (the only one schedule mode runs under). Never imports vLLM.
+same process with vLLM's one-GPU executor (the only one schedule mode runs under) and share the engine's config
+object, which carries the book (``attach_book``). Never imports vLLM.
 """
 from __future__ import annotations
 
@@ -65,6 +59,27 @@ MAT_EMA = 0.9  # decay per note of the moving average of tokens per request per 
 GROWTH_PROBE_EVERY = 8  # while growth does not pay, every 8th note still grows (keeps the share measured)
 
 
+# The slot policy (schedule mode, adaptive slots). A verify batch that is uniform (every request the same number of
+# tokens) runs as one FULL CUDA graph; a ragged one as piecewise graphs whose launches keep the host busy, unless the
+# ragged graphs are captured. Where drafts are often accepted (a high MAT: tokens a request gets per step, a moving
+# average) long per-request slots pay; where they seldom are, a uniform narrow width pays more in launches saved
+# than its filler costs in verification. Measured on an 8B-shaped target on H100/H200 (docs/results.md):
+NARROW_FROM_ROWS = 16  # below this many running requests every row keeps k slots, padded (vLLM's own full graphs)
+NARROW_BELOW_ROWS = 48  # from NARROW_FROM_ROWS up to this, steps are narrow (launch-bound mid-size batches)
+NARROW_WIDTH = 6  # the mid-size narrow width
+HIGH_MAT_WIDTH = 8  # ... while the MAT is at least HIGH_MAT (long accepted drafts pay for a wider batch)
+HIGH_MAT = 4.0
+LARGE_BATCH_WIDTH = 4  # from NARROW_BELOW_ROWS on (GPU-bound): narrow only while the MAT is at most LOW_MAT
+LOW_MAT = 3.0
+SLOT_GROWTH = 1.0  # a request's next step gets L + ceil(SLOT_GROWTH * L) slots for a latest draft of L tokens ...
+SLOT_GROWTH_MIN_SHARE = 0.15  # ... while at least this share of the extra slots held an accepted token
+
+
+def policy_widths(k: int) -> tuple[int, ...]:
+    """The narrow widths the policy may choose at draft length ``k`` (each needs its own FULL CUDA graphs)."""
+    return tuple(sorted({w for w in (NARROW_WIDTH, HIGH_MAT_WIDTH, LARGE_BATCH_WIDTH) if usable_width(w, k)}))
+
+
 def usable_width(width: int, k: int) -> int:
     """A narrow step's slots per request, or 0 (off) where ``width`` is not in 1..k-1 (k itself is vLLM's own
     uniform batch)."""
@@ -77,19 +92,17 @@ class SlotBook:
     ``note`` replaces the whole table with the rows of the latest drafting step (requests that left the batch drop
     out); a request not in the table (new, or back from preemption) gets ``k``."""
 
-    def __init__(self, k: int, *, prefill_cap: int = -1, prefill_confident: bool = False, growth: float = 0.0,
+    def __init__(self, k: int, *, prefill_cap: int = -1, growth: float = 0.0,
                  min_share: float = 0.0,
                  narrow: int = 0, narrow_rows: tuple[int, int] = (0, 0),
                  large: tuple[int, float] = (0, 0.0), high: tuple[int, float] = (0, 0.0),
-                 large_high: int = 0, high_ragged: Callable[[], bool] | None = None) -> None:
+                 high_ragged: Callable[[], bool] | None = None) -> None:
         if k < 1:
             raise ValueError(f"k={k}: a slot book needs at least one draft slot per request")
         if not growth >= 0:
             raise ValueError(f"slot_growth={growth}: must be >= 0 (0: slots = the latest draft's length)")
         self.k = k
         self.prefill_cap = prefill_cap  # slots per request on steps that carry a prefill (-1: no cap)
-        self.prefill_confident = prefill_confident  # ... or the confident part of its latest draft, if more
-        self.confident: dict[str, int] = {}  # request id -> its latest draft's tokens before the confidence cut
         self.growth = float(growth)
         self.min_share = float(min_share)  # the extra slots' paid share must reach max(token cost, this)
         self.prefill_steps = 0  # steps scheduled with the prefill cap (statistics)
@@ -106,7 +119,6 @@ class SlotBook:
         self.large_max_mat = float(large[1])  # ... while ``mat`` is at most this
         self.high_width = usable_width(high[0], k) if self.narrow else 0  # mid-size narrow slots while ...
         self.high_min_mat = float(high[1])  # ... ``mat`` is at least this
-        self.large_high_width = usable_width(large_high, k)  # narrow slots from narrow_below on while mat >= that
         self.high_ragged = high_ragged  # while mat >= high_min_mat: per-request slots if this says ragged graphs
         self.ragged_high_steps = 0  # mid-size schedules that took per-request slots for that (statistics)
         self.mat: float | None = None  # tokens per request per step (EMA over notes), None before any
@@ -118,16 +130,24 @@ class SlotBook:
         self._grants: dict[str, tuple[int, int]] = {}  # this schedule's grants with extra slots: (base, slots)
         self._grants_before: dict[str, tuple[int, int]] = {}  # the previous schedule's (its step's tokens come next)
 
+    @classmethod
+    def policy(cls, k: int, *, narrow: bool = True, prefill_cap: int = -1,
+               high_ragged: Callable[[], bool] | None = None) -> "SlotBook":
+        """The book of the slot policy (the module constants); ``narrow`` False: per-request slots only (no narrow
+        graphs); ``high_ragged``: while the MAT is high, mid-size steps take per-request slots if it says the
+        ragged graphs are captured."""
+        return cls(k, prefill_cap=prefill_cap, growth=SLOT_GROWTH, min_share=SLOT_GROWTH_MIN_SHARE,
+                   narrow=NARROW_WIDTH if narrow else 0, narrow_rows=(NARROW_FROM_ROWS, NARROW_BELOW_ROWS),
+                   large=(LARGE_BATCH_WIDTH if narrow else 0, LOW_MAT), high=(HIGH_MAT_WIDTH, HIGH_MAT),
+                   high_ragged=high_ragged)
+
     def note(self, req_ids: Sequence[str], draft_lengths: Sequence[int], *, emitted: Sequence[int] = (),
-             token_cost: float = 0.0, confident: Sequence[int] = ()) -> None:
+             token_cost: float = 0.0) -> None:
         """After drafting a step: ``draft_lengths`` [rows] = tokens of each row's draft worth verifying; ``UNKNOWN``
         for a row that had no new token to draft from (a prompt still prefilling): that request gets ``k``.
         ``emitted`` [rows]: the tokens each row got from the step just verified (accepted + 1), which settle the
-        extra slots granted to that step; ``token_cost``: the acceptance probability a verified token needs;
-        ``confident`` [rows]: each draft's tokens before the confidence cut (``prefill_confident``)."""
+        extra slots granted to that step; ``token_cost``: the acceptance probability a verified token needs."""
         self.notes += 1
-        if confident:
-            self.confident = dict(zip(req_ids, map(int, confident)))
         if emitted:
             self._settle(req_ids, emitted)
             self._observe_mat(emitted)
@@ -189,12 +209,10 @@ class SlotBook:
             self.width_steps[self.width] = self.width_steps.get(self.width, 0) + 1
 
     def _large_width(self, running: int) -> int:
-        """A schedule of at least ``narrow_below`` requests: ``large_high_width`` while ``mat`` is at least
-        ``high_min_mat``, ``large_width`` while it is at most ``large_max_mat``, else 0 (per-request slots)."""
+        """A schedule of at least ``narrow_below`` requests: ``large_width`` while ``mat`` is at most
+        ``large_max_mat``, else 0 (per-request slots)."""
         if running < max(self.narrow_below, self.narrow_from) or self.mat is None:
             return 0
-        if self.large_high_width and self.mat >= self.high_min_mat:
-            return self.large_high_width
         if self.large_width and self.mat <= self.large_max_mat:
             return self.large_width
         return 0
@@ -204,19 +222,12 @@ class SlotBook:
         """Schedules that were narrow, whatever their width (statistics)."""
         return sum(self.width_steps.values())
 
-    def prefill_slots(self, request_id: str) -> int:
-        """Draft slots a decoding request keeps at most on a heavy prefill step: ``prefill_cap``, or with
-        ``prefill_confident`` the confident part of its latest draft if that is more."""
-        if self.prefill_confident:
-            return max(self.prefill_cap, self.confident.get(request_id, 0))
-        return self.prefill_cap
-
     def cap_grants(self) -> None:
-        """This schedule's grants were capped (a heavy prefill step, ``prefill_slots``): only the extra slots left
+        """This schedule's grants were capped (a heavy prefill step, ``prefill_cap``): only the extra slots left
         are settled."""
         grants = {}
         for rid, (base, n) in self._grants.items():
-            kept = min(n, self.prefill_slots(rid))
+            kept = min(n, self.prefill_cap)
             if kept > base:
                 grants[rid] = (base, kept)
         self._grants = grants
@@ -249,26 +260,29 @@ class SlotBook:
         return {"slots_granted": self.granted, "slots_offered": self.offered,
                 "slot_share": self.granted / self.offered if self.offered else 1.0,
                 "prefill_steps": self.prefill_steps, "prefill_trimmed_slots": self.prefill_trimmed,
-                "prefill_confident": self.prefill_confident,
                 "slot_growth": self.growth, "growth_notes": self.growth_notes, "notes": self.notes,
                 "growth_extra_slots": self.extra_granted, "growth_extra_used": self.extra_used,
                 "growth_paid_share": self.paid, "narrow_slots": self.narrow, "narrow_steps": self.narrow_steps,
                 "large_batch_narrow_slots": self.large_width, "high_mat_narrow_slots": self.high_width,
-                "large_batch_high_mat_slots": self.large_high_width, "mat": self.mat,
+                "mat": self.mat,
                 "ragged_high_mat_steps": self.ragged_high_steps,
                 **{f"narrow_steps_w{w}": n for w, n in sorted(self.width_steps.items())}}
 
 
-class _Registry:
-    """The slot book of the proposer running in this process (the scheduler reads it), or None."""
-
-    book: SlotBook | None = None
+ENGINE_BOOK = "_specdec_slot_book"  # attribute of an engine's vLLM config: the slot book of its proposer
 
 
-def register(book: SlotBook | None) -> None:
-    """Make ``book`` the one the scheduler patch applies (None: vLLM's uniform slots)."""
-    _Registry.book = book
+def attach_book(vllm_config: object, book: SlotBook | None) -> bool:
+    """Make ``book`` the slot book of the engine whose config is ``vllm_config`` (None: vLLM's uniform slots). The
+    scheduler and the runner of a one-GPU engine share that config object, so the scheduler patch reads the book of
+    its own engine (``book_of``). False if the config takes no attribute (then the scheduler keeps vLLM's slots)."""
+    try:
+        object.__setattr__(vllm_config, ENGINE_BOOK, book)
+    except (AttributeError, TypeError):
+        return False
+    return True
 
 
-def active() -> SlotBook | None:
-    return _Registry.book
+def book_of(vllm_config: object) -> SlotBook | None:
+    """The slot book attached to this engine's config, or None."""
+    return getattr(vllm_config, ENGINE_BOOK, None)

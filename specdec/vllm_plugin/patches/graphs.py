@@ -8,7 +8,7 @@ every request, so it is uniform too, but at a length vLLM neither captures nor d
 length, each a pass-through for any engine that is not ours with narrow slots:
 
 1. ``CudagraphDispatcher.initialize_cudagraph_keys`` (end): for every narrow width ``w`` (``narrow_slots``,
-   ``high_mat_narrow_slots``, ``large_batch_narrow_slots``, ``large_batch_high_mat_slots``) and every request count
+   ``high_mat_narrow_slots``, ``large_batch_narrow_slots``) and every request count
    ``r`` vLLM captures a uniform FULL graph for, a FULL key ``BatchDescriptor(num_tokens=(w + 1) * r, num_reqs=r,
    uniform=True)`` (a key differs from vLLM's by its tokens per request, so the two sets never collide). vLLM's
    capture loop (``capture_model``) and its memory profile capture every key.
@@ -26,7 +26,7 @@ FlashAttention 3's scheduler metadata depends on (requests, max query length) is
 outputs in run 18.) Version-checked by the source of the methods wrapped; anything unexpected: logged once, narrow
 batches run piecewise (correct, only slower). Never imported by ``drafters/``; imports vLLM only inside the patch.
 
-Ragged batches (requests of different lengths in one FULL graph): ``specdec.vllm_plugin.ragged_keys``; the
+Ragged batches (requests of different lengths in one FULL graph): ``specdec.vllm_plugin.patches.ragged_keys``; the
 wrappers here dispatch and capture them.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from specdec.vllm_plugin.logs import LOGGER_NAME
-from specdec.vllm_plugin.ragged_keys import (
+from specdec.vllm_plugin.patches.ragged_keys import (
     RAGGED_DESC,
     RAGGED_HIT,
     RAGGED_KEYS,
@@ -85,11 +85,11 @@ MIB = 1 << 20
 
 def narrow_widths(vllm_config: Any) -> tuple[int, ...]:
     """Our engine's narrow widths (``SpecdecOptions.narrow_widths``), () for any other engine or setting."""
-    from specdec.vllm_plugin.async_patch import _ours
-    from specdec.vllm_plugin.options import options_from_vllm_config
+    from specdec.vllm_plugin.patches.async_sched import is_schedule_config
+    from specdec.vllm_plugin.entry.options import options_from_vllm_config
 
     try:
-        if not _ours(vllm_config):
+        if not is_schedule_config(vllm_config):
             return ()
         return options_from_vllm_config(vllm_config).narrow_widths
     except Exception as exc:  # noqa: BLE001 - never fail an engine's start for an optimisation

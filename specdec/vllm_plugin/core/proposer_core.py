@@ -20,12 +20,12 @@ from typing import Any, Callable, Iterable, NamedTuple, Sequence
 import numpy as np
 
 from specdec.drafters.base import Chain, Drafter, DraftGuard, DraftRequest
-from specdec.vllm_plugin.adaptive import AdaptiveController, StepCostModel, bucket_of, update_acceptance
-from specdec.vllm_plugin.lane import CALIB_DECAY, Lane, LaneCounts, find_lane, lane_step, lane_step_tokens
+from specdec.vllm_plugin.core.adaptive import AdaptiveController, StepCostModel, bucket_of, update_acceptance
+from specdec.vllm_plugin.core.lane import CALIB_DECAY, Lane, LaneCounts, find_lane, lane_step, lane_step_tokens
 from specdec.vllm_plugin.logs import LOGGER_NAME
-from specdec.vllm_plugin.state import Order, ProposerStats, RequestState  # noqa: F401 - RequestState re-exported
-from specdec.vllm_plugin.options import SpecdecOptions
-from specdec.vllm_plugin.worker import DraftWorker
+from specdec.vllm_plugin.core.state import Order, ProposerStats, RequestState  # noqa: F401 - RequestState re-exported
+from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.core.worker import DraftWorker
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -68,9 +68,7 @@ class ProposerCore:
         self.clock = clock
         self.adaptive = AdaptiveController(
             enabled=options.adaptive, min_path_prob=options.min_path_prob,
-            min_path_prob_per_seq=options.min_path_prob_per_seq, min_acceptance=options.min_acceptance,
-            window_steps=options.probe_window_steps, probe_every=options.probe_every,
-            min_speedup=options.min_speedup, ab_windows=options.ab_windows)
+            min_path_prob_per_seq=options.min_path_prob_per_seq, min_acceptance=options.min_acceptance)
         self.costs: dict[int, StepCostModel] = {}  # one step-cost fit per batch-size bucket
         self._last_t: float | None = None
         self._last_verified = 0
@@ -93,8 +91,7 @@ class ProposerCore:
         self._lane_overruns = 0
         self._started_early: set[str] = set()  # started before their first step (threaded prepare): a prefill
         if options.native_step and options.deadline_mode == "auto":
-            self.lane = find_lane(drafter, defer_cache=options.defer_cache, defer_wait_ms=options.defer_cache_wait_ms,
-                                  late_refresh=options.late_cache)
+            self.lane = find_lane(drafter)
         if self.lane is not None and options.lane_threads > 1:  # 0 ("auto", resolved by the proposer) -> 1
             self.lane.lane_threads(options.lane_threads)  # rows of a step's drafting shared with helper threads
 
@@ -163,11 +160,10 @@ class ProposerCore:
         prefilled = running < n_rows or not known.keys() >= rows or not early.isdisjoint(rows)
         if early:  # keep those still prefilling (no token yet): their first token's step is a prefill step too
             self._started_early = {r for r, n in zip(req_ids, lens) if r in early and not n}
-        self.adaptive.observe(emitted, prefill=prefilled)
         if self._last_t is not None and not prefilled:
             self._cost(self._last_bucket).observe(t0 - self._last_t, self._last_verified, emitted)
             self._period_s = PERIOD_EMA * self._period_s + (1 - PERIOD_EMA) * (t0 - self._last_t)
-        mode = self.adaptive.mode(running, t0) if running else "plain"
+        mode = "spec" if running else "plain"  # "plain": no decoding row, nothing to draft
         self._pad_now = self._should_pad(running, k) if pad is None else pad
         return StepPlan(t0, n_rows, k, mode, running, rows)
 
@@ -247,7 +243,6 @@ class ProposerCore:
         self._inline_banned = True
         if lane is not None:
             _stop_all(lane)
-            lane.lane_release()
 
     def reset(self) -> None:
         """Forget all per-request state (after a bookkeeping failure): every request restarts from its context."""
@@ -341,17 +336,6 @@ class ProposerCore:
         self.stats.early_refreshes += n
         return n
 
-    def cache_early(self) -> int:
-        """Schedule mode's ``early_cache``: the early stops' responses go into the global cache, and every running
-        request's match front there is rebuilt, on the drafter's caching thread while the engine thread goes on
-        (the lane was configured with ``defer_cache``); the next ``step`` waits for it. Same drafts. Returns the
-        responses handed over (0 without the lane)."""
-        if self.lane is None:
-            return 0
-        n = self.lane.lane_cache_early()
-        self.stats.early_cached += n
-        return n
-
     def note_started_early(self, request_ids: Sequence[str]) -> None:
         """Requests started before their first step (``start_early``, thread mode's ``prepare``): counted, and their
         first step, a prefill step, kept out of the step-cost fit (``_begin``)."""
@@ -437,14 +421,6 @@ class ProposerCore:
     def _nothing(orders: list) -> tuple[list[list[int]], list[float | None], list[int]]:
         return [[] for _ in orders], [None for _ in orders], [0 for _ in orders]
 
-    def confident(self, req_ids: Sequence[str]) -> list[int]:
-        """[rows] per request, the tokens of its latest draft before the confidence cut (padding excluded; 0 for a
-        request without one): what a step that verifies only confident tokens would take."""
-        if self.lane is not None:
-            return self.lane.lane_confident(req_ids)
-        requests = self.requests
-        return [st.last_real if (st := requests.get(rid)) is not None else 0 for rid in req_ids]
-
     def token_cost(self, running: int) -> float:
         """The calibrated acceptance probability a verified draft token needs at ``running`` decoding rows (the
         step-cost fit's; 0 with the adaptive controller off)."""
@@ -512,7 +488,6 @@ class ProposerCore:
         d["draft_timeouts"] = self.stats.timeouts
         d["active_requests"] = len(self.lane.request_ids) if self.lane is not None else len(self.requests)
         d["native_step"] = self.lane is not None
-        d["adaptive"] = self.adaptive.as_dict()
         d["cost_model"] = {str(b): c.as_dict() for b, c in sorted(self.costs.items())}
         d["inline_drafting"] = self._inline_ok
         d["pad_token_us"] = 1e6 * self._token_s
@@ -537,7 +512,6 @@ class ProposerCore:
         self.requests.clear()
         if self.lane is not None:
             _stop_all(self.lane)
-            self.lane.lane_release()  # deferred responses are cached now
         if self.worker is not None:
             self.worker.close()
         self.guard.drafter.close()

@@ -16,11 +16,9 @@
      enqueues the stream's wait and the buffer's copy;
    - ``_model_forward`` (start): drafts a deferred fill and releases the stream (``ScheduledDrafting.finish``):
      every input of the step is enqueued by then, and the forward's launch is the next thing; later host work
-     of ``execute_model`` may block on the stream (vLLM 0.26's logits GEMM did, run 43), so not later;
-     with ``finish_thread`` the drafting runs on a worker thread instead, and this thread launches the forward
-     (queued behind the stream's wait) meanwhile;
-   - ``execute_model`` (end, always): waits for that worker; drafts and releases if the step never reached the
-     forward (an error, an early return).
+     of ``execute_model`` may block on the stream (vLLM 0.26's logits GEMM did), so not later;
+   - ``execute_model`` (end, always): drafts and releases if the step never reached the forward (an error, an
+     early return).
 3. ``patch_async_scheduler`` (``draft_slots="adaptive"``): ``AsyncScheduler.schedule`` (start) gives each
    running decoding request, instead of the ``k`` draft placeholders vLLM reserved at the end of the previous
    schedule, the slots of its latest draft (``slots.SlotBook``, ``regrant_placeholders``), and with the book's
@@ -32,19 +30,20 @@
 from __future__ import annotations
 
 import functools
-import inspect
 import itertools
 import logging
-from typing import Any, Literal, get_args
+from typing import Any, Callable, Literal, get_args
 
 import numpy as np
 
+from specdec.vllm_plugin.core.slots import PLACEHOLDER, book_of
+from specdec.vllm_plugin.entry.options import (ADDITIONAL_CONFIG_KEY, PROPOSER_PATH, SpecdecOptions, async_mode_for,
+                                               normalise_keys)
 from specdec.vllm_plugin.logs import LOGGER_NAME
-from specdec.vllm_plugin.slots import PLACEHOLDER, active
+from specdec.vllm_plugin.patches.common import is_ours, is_wrapped, mark, signature_problem, source_has
 
 logger = logging.getLogger(LOGGER_NAME)
 
-_WRAPPED = "_specdec_wrapped"
 WHITELIST_SOURCE = "get_args(NgramGPUTypes)"  # the expression of vLLM 0.26-0.32's async whitelist
 RUNNER_SIGNATURES = {  # method -> leading parameters this patch relies on
     "_bookkeeping_sync": ["self", "scheduler_output", "sampler_output"],
@@ -58,7 +57,7 @@ SCHEDULER_SOURCE = "spec_token_ids = self._spec_token_placeholders"  # vLLM 0.26
 SCHEDULE_SOURCE = "request.num_tokens_with_spec"  # vLLM 0.26-0.32's schedule: 1 + len(spec_token_ids) per decode
 # prefill_step_slots applies to steps with at least this many prompt tokens to compute: from there a step is
 # compute-bound on an H100/H200 whatever the dense model (the GEMMs' ridge is ~300 tokens), and each verified draft
-# token costs its full share. GPU run 58: capping every step with any prefill cost code prompts (~50 tokens, one
+# token costs its full share. Capping every step with any prefill cost code prompts (~50 tokens, one
 # arriving as one finishes) 8% at batch 64 and gained agentic prompts (~1,500 tokens) 2-4%.
 PREFILL_HEAVY_TOKENS = 512
 
@@ -66,8 +65,6 @@ PREFILL_HEAVY_TOKENS = 512
 def wants_schedule(additional_config: Any, vllm_config: Any = None) -> bool:
     """True if our options (``additional_config["specdec"]``) ask for async_mode='schedule', or for 'auto' and
     ``vllm_config`` (its target's size, TP, PP) resolves it so (``options.async_mode_for``)."""
-    from specdec.vllm_plugin.options import ADDITIONAL_CONFIG_KEY, SpecdecOptions, async_mode_for, normalise_keys
-
     ours = additional_config.get(ADDITIONAL_CONFIG_KEY) if isinstance(additional_config, dict) else None
     if not isinstance(ours, dict):
         return False
@@ -77,43 +74,41 @@ def wants_schedule(additional_config: Any, vllm_config: Any = None) -> bool:
     return async_mode_for(ours.get("async_mode", SpecdecOptions.async_mode), vllm_config) == "schedule"
 
 
-def _ours(config: Any) -> bool:
-    from specdec.vllm_plugin.options import PROPOSER_PATH
-
+def is_schedule_config(config: Any) -> bool:
+    """``config`` (a ``VllmConfig``) runs our proposer and asks for schedule mode."""
     spec = getattr(config, "speculative_config", None)
     return (spec is not None and getattr(spec, "method", None) == "custom_class"
             and getattr(spec, "model", None) == PROPOSER_PATH
             and wants_schedule(getattr(config, "additional_config", None), config))
 
 
-def patch_vllm_config() -> bool:
-    """Wrap ``VllmConfig.__post_init__`` (idempotent). Returns True if wrapped."""
-    try:
-        import vllm.config.vllm as module
-    except Exception as exc:  # noqa: BLE001
-        logger.debug("specdec: vllm.config.vllm not importable (%r)", exc)
-        return False
-    return wrap_post_init(module)
+def whitelist_problem(module: Any) -> str:
+    """'' if ``module`` (vLLM's ``vllm.config.vllm``) has the async-scheduling whitelist this patch was written for."""
+    orig = getattr(getattr(module, "VllmConfig", None), "__post_init__", None)
+    if orig is None or not hasattr(module, "NgramGPUTypes"):
+        return "VllmConfig.__post_init__ or NgramGPUTypes is missing"
+    return "" if source_has(orig, WHITELIST_SOURCE) else "the async-scheduling whitelist is not the one patched"
 
 
-def wrap_post_init(module: Any) -> bool:
-    """``patch_vllm_config`` on a given module (the one defining ``VllmConfig`` and ``NgramGPUTypes``)."""
-    cls = getattr(module, "VllmConfig", None)
-    orig = getattr(cls, "__post_init__", None)
-    if orig is None:
+def wrap_post_init(module: Any, *, hooks_problem: Callable[[], str] = lambda: "") -> bool:
+    """Wrap ``VllmConfig.__post_init__`` of ``module`` (idempotent). Returns True if wrapped. ``hooks_problem``: the
+    reason the runner hooks schedule mode needs cannot apply in this vLLM ('' if they can); asked only for our
+    configurations, so no whitelist is lifted without its hooks."""
+    if whitelist_problem(module):
         return False
-    if getattr(orig, _WRAPPED, False):
+    cls = module.VllmConfig
+    orig = cls.__post_init__
+    if is_wrapped(orig, "whitelist"):
         return True
-    source_ok = _source_has(orig, WHITELIST_SOURCE) and hasattr(module, "NgramGPUTypes")
 
     @functools.wraps(orig)
     def __post_init__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not _ours(self):
+        if not is_schedule_config(self):
             return orig(self, *args, **kwargs)
         par = getattr(self, "parallel_config", None)
         sizes = (getattr(par, "tensor_parallel_size", 1), getattr(par, "pipeline_parallel_size", 1))
-        if not source_ok or sizes != (1, 1):
-            why = "TP and PP must be 1" if source_ok else "this vLLM's async-scheduling whitelist is not the one patched"
+        why = "TP and PP must be 1" if sizes != (1, 1) else hooks_problem()
+        if why:
             logger.warning("specdec: async_mode='schedule' unavailable (%s); vLLM schedules synchronously and "
                            "specdec drafts in-process", why)
             return orig(self, *args, **kwargs)
@@ -124,25 +119,13 @@ def wrap_post_init(module: Any) -> bool:
         finally:
             module.NgramGPUTypes = saved
 
-    setattr(__post_init__, _WRAPPED, True)
-    cls.__post_init__ = __post_init__
+    cls.__post_init__ = mark(__post_init__, "whitelist")
     return True
-
-
-def _source_has(fn: Any, text: str) -> bool:
-    """Whether ``fn``'s source contains ``text`` (False when the source cannot be read): the version check of a
-    patch written against that code."""
-    try:
-        return text in inspect.getsource(fn)
-    except (OSError, TypeError):
-        return False
 
 
 def drafts_in_schedule_mode(runner: Any) -> bool:
     """The runner drafts with our proposer under vLLM's async scheduling (schedule mode)."""
-    from specdec.vllm_plugin.proposer import SpecdecProposer
-
-    return isinstance(getattr(runner, "drafter", None), SpecdecProposer) and bool(
+    return is_ours(getattr(runner, "drafter", None)) and bool(
         getattr(runner, "use_async_scheduling", False))
 
 
@@ -155,16 +138,11 @@ def _scheduled(runner: Any, *, create: bool = True) -> Any:
     return runner.drafter.scheduled_for(runner) if create else runner.drafter.scheduled
 
 
-def _finish_deferred(runner: Any, *, background: bool = False) -> None:
-    """Draft a deferred fill and release the stream waiting for it (device wait), if there is one; ``background``:
-    on the finisher thread if there is one (``finish_thread``). Otherwise first wait for a finisher still running."""
+def _finish_deferred(runner: Any) -> None:
+    """Draft a deferred fill and release the stream waiting for it (device wait), if there is one."""
     sched = _scheduled(runner, create=False)
-    if sched is None:
-        return
-    if not background:
-        sched.join()
-    if sched.deferred is not None:
-        sched.finish(background=background)
+    if sched is not None and sched.deferred is not None:
+        sched.finish()
 
 
 def _capture(runner: Any, sched: Any, sampler_output: Any) -> None:
@@ -184,26 +162,20 @@ def _capture(runner: Any, sched: Any, sampler_output: Any) -> None:
     sched.capture(sampled, req_ids, set(discard), requests=runner.requests)
 
 
-def _check(runner_cls: Any) -> str:
-    for name, lead in RUNNER_SIGNATURES.items():
-        fn = getattr(runner_cls, name, None)
-        if fn is None:
-            return f"{name} is missing"
-        params = list(inspect.signature(fn).parameters)
-        if params[:len(lead)] != lead:
-            return f"{name}{params} has an unexpected signature"
+def async_runner_problem(runner_cls: Any) -> str:
+    """'' if ``runner_cls`` has the methods schedule mode's hooks were written for, else the reason."""
+    problem = signature_problem(runner_cls, RUNNER_SIGNATURES)
+    if problem:
+        return problem
     missing = [name for name in RUNNER_METHODS if not callable(getattr(runner_cls, name, None))]
     return f"{', '.join(missing)} missing" if missing else ""
 
 
 def patch_async_runner(runner_cls: Any) -> bool:
     """Wrap the three runner methods (idempotent). Returns True if patched."""
-    problem = _check(runner_cls)
-    if problem:
-        logger.warning("specdec: async_mode='schedule' cannot hook this vLLM (%s); schedule mode will draft "
-                       "synchronously", problem)
+    if async_runner_problem(runner_cls):
         return False
-    if getattr(runner_cls._bookkeeping_sync, _WRAPPED, False):
+    if is_wrapped(runner_cls._bookkeeping_sync, "async_runner"):
         return True
     orig_book, orig_prop, orig_prep, orig_exec, orig_fwd = (
         runner_cls._bookkeeping_sync, runner_cls.propose_draft_token_ids, runner_cls._prepare_input_ids,
@@ -245,13 +217,11 @@ def patch_async_runner(runner_cls: Any) -> bool:
 
     @functools.wraps(orig_fwd)
     def _model_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        # inputs enqueued: draft now and let the stream go on before the forward's launch (finish_thread: the
-        # drafting runs on the finisher thread while this thread launches the forward behind the stream's wait)
-        _finish_deferred(self, background=True)
+        _finish_deferred(self)  # inputs enqueued: draft now and let the stream go on before the forward's launch
         return orig_fwd(self, *args, **kwargs)
 
     for fn in (_bookkeeping_sync, propose_draft_token_ids, _prepare_input_ids, execute_model, _model_forward):
-        setattr(fn, _WRAPPED, True)
+        mark(fn, "async_runner")
     runner_cls._bookkeeping_sync = _bookkeeping_sync
     runner_cls.propose_draft_token_ids = propose_draft_token_ids
     runner_cls._prepare_input_ids = _prepare_input_ids
@@ -260,29 +230,32 @@ def patch_async_runner(runner_cls: Any) -> bool:
     return True
 
 
-def patch_async_scheduler(scheduler_cls: Any) -> bool:
-    """Wrap ``scheduler_cls._update_after_schedule`` (idempotent; see item 3 of the module docstring). Returns
-    True if wrapped; False (logged) when the method is not the one this patch was written against."""
+def scheduler_problem(scheduler_cls: Any) -> str:
+    """'' if ``scheduler_cls._update_after_schedule`` is the one the slot patch was written for, else the reason."""
     orig = getattr(scheduler_cls, "_update_after_schedule", None)
     if orig is None:
+        return "_update_after_schedule is missing"
+    if signature_problem(scheduler_cls, {"_update_after_schedule": ["self", "scheduler_output"]}):
+        return "_update_after_schedule has an unexpected signature"
+    return "" if source_has(orig, SCHEDULER_SOURCE) else "_update_after_schedule is not the one patched"
+
+
+def patch_async_scheduler(scheduler_cls: Any) -> bool:
+    """Wrap ``scheduler_cls._update_after_schedule`` (idempotent; see item 3 of the module docstring). Returns
+    True if wrapped; False when the method is not the one this patch was written against. The slot book comes
+    from the scheduler's own ``vllm_config`` (``slots.book_of``): the proposer of the same engine attached it."""
+    if scheduler_problem(scheduler_cls):
         return False
-    if getattr(orig, _WRAPPED, False):
+    orig = scheduler_cls._update_after_schedule
+    if is_wrapped(orig, "slots"):
         return True
-    try:
-        lead = list(inspect.signature(orig).parameters)[:2]
-    except TypeError:
-        lead = []
-    if lead != ["self", "scheduler_output"] or not _source_has(orig, SCHEDULER_SOURCE):
-        logger.warning("specdec: %s._update_after_schedule is not the one draft_slots='adaptive' was written "
-                       "for; every request keeps vLLM's k draft slots", scheduler_cls.__name__)
-        return False
     logged: list[bool] = []
     regrants = _wrap_schedule(scheduler_cls, logged)  # True: the start of `schedule` sets every step's final slots
 
     @functools.wraps(orig)
     def _update_after_schedule(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig(self, scheduler_output, *args, **kwargs)
-        book = active()
+        book = book_of(getattr(self, "vllm_config", None))
         if book is not None and not regrants:  # without the schedule hook: trimmed here, one drafting round older
             try:
                 trim_placeholders(self, scheduler_output, book)
@@ -293,8 +266,7 @@ def patch_async_scheduler(scheduler_cls: Any) -> bool:
                                    "once)", exc)
         return out
 
-    setattr(_update_after_schedule, _WRAPPED, True)
-    scheduler_cls._update_after_schedule = _update_after_schedule
+    scheduler_cls._update_after_schedule = mark(_update_after_schedule, "slots")
     return True
 
 
@@ -304,14 +276,14 @@ def _wrap_schedule(scheduler_cls: Any, logged: list[bool]) -> bool:
     the one it was written against (logged; slots are then trimmed when vLLM reserves them, and no cap applies).
     Returns True if wrapped."""
     orig_schedule = getattr(scheduler_cls, "schedule", None)
-    if orig_schedule is None or not _source_has(orig_schedule, SCHEDULE_SOURCE):
+    if orig_schedule is None or not source_has(orig_schedule, SCHEDULE_SOURCE):
         logger.info("specdec: %s.schedule is not the one the slot re-grant and prefill_step_slots were written for; "
                     "slots follow older drafts, no prefill cap", scheduler_cls.__name__)
         return False
 
     @functools.wraps(orig_schedule)
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
-        book = active()
+        book = book_of(getattr(self, "vllm_config", None))
         if book is not None:
             try:
                 regrant_placeholders(self, book)
@@ -324,8 +296,7 @@ def _wrap_schedule(scheduler_cls: Any, logged: list[bool]) -> bool:
                                    "once)", exc)
         return orig_schedule(self, *args, **kwargs)
 
-    setattr(schedule, _WRAPPED, True)
-    scheduler_cls.schedule = schedule
+    scheduler_cls.schedule = mark(schedule, "slots")
     return True
 
 
@@ -343,8 +314,7 @@ def prefill_tokens_pending(waiting: Any, running: Any, *, enough: int) -> int:
 def cap_prefill_steps(scheduler: Any, book: Any) -> int:
     """Before vLLM schedules a step: if it will carry a heavy prefill (at least ``PREFILL_HEAVY_TOKENS`` context
     tokens of waiting requests or running prompt chunks), every decoding request keeps at most
-    ``book.prefill_slots`` draft placeholders (``prefill_cap``, or the confident part of its latest draft;
-    vLLM schedules ``1 + len(spec_token_ids)`` tokens for it). Returns the number of requests capped."""
+    ``book.prefill_cap`` draft placeholders (vLLM schedules ``1 + len(spec_token_ids)`` tokens for it). Returns the number of requests capped."""
     running = scheduler.running
     if prefill_tokens_pending(scheduler.waiting, running, enough=PREFILL_HEAVY_TOKENS) < PREFILL_HEAVY_TOKENS:
         return 0
@@ -353,7 +323,7 @@ def cap_prefill_steps(scheduler: Any, book: Any) -> int:
         spec = request.spec_token_ids
         if request.is_prefill_chunk or not spec or spec[0] != PLACEHOLDER:
             continue  # a prefill chunk, no slots, or real draft ids (not schedule mode's placeholders)
-        cap = book.prefill_slots(request.request_id)
+        cap = book.prefill_cap
         if len(spec) <= cap:
             continue
         taken += len(spec) - cap

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from specdec.drafters.base import DraftRequest
-from specdec.vllm_plugin.lane import MAX_CALIBRATION, MIN_CALIBRATION, MIN_CALIBRATION_MASS
+from specdec.vllm_plugin.core.lane import MAX_CALIBRATION, MIN_CALIBRATION, MIN_CALIBRATION_MASS
 
 
 @dataclass
@@ -48,7 +48,6 @@ class ProposerStats:
     started: int = 0
     stopped: int = 0
     plain_steps: int = 0
-    early_cached: int = 0  # responses cached on the caching thread before the step (schedule mode, cache_early)
     early_refreshes: int = 0  # global-cache match fronts rebuilt before the step (schedule mode, refresh_early)
 
     def as_dict(self) -> dict[str, float]:

@@ -1,0 +1,25 @@
+"""The ``vllm.general_plugins`` entry point (``specdec.vllm_plugin:register``).
+
+vLLM loads general plugins in every process (front-end, engine core, workers), so ``register()`` is idempotent and
+initialises no CUDA: it applies the "register" rows of the patch table (the speculative-config rewrite and the
+async-scheduling whitelist). The model runner's rows are applied when the proposer is built
+(``patches.table.apply_patches("worker")``), which also logs the start-up line.
+"""
+from __future__ import annotations
+
+import logging
+
+from specdec.vllm_plugin.logs import LOGGER_NAME, follow_vllm_logging
+from specdec.vllm_plugin.patches.table import apply_patches, PatchReport
+
+logger = logging.getLogger(LOGGER_NAME)
+
+
+def register() -> PatchReport:
+    """vLLM general-plugin entry point: idempotent, no CUDA initialisation. Returns the report of its rows."""
+    follow_vllm_logging()  # our lines where vLLM's go, in its format and at its level
+    report = apply_patches("register")
+    why = report.rows.get("speculative config")
+    if why:
+        logger.warning("specdec: method='specdec' unavailable (%s); use the custom_class form", why)
+    return report

@@ -1,0 +1,59 @@
+"""What every vLLM patch shares: the marker of a wrapped method, how our proposer is recognised, source checks.
+
+A patch never imports the proposer (it would close an import cycle through ``patches.table``): the proposer class
+carries ``PROPOSER_MARK`` and a runner's drafter is ours when its class has it.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+WRAPPED = "_specdec_wrapped"  # attribute set on every wrapper
+PATCHES = "_specdec_patches"  # the names of the patches a wrapper carries (``functools.wraps`` copies it outward)
+PROPOSER_MARK = "specdec_proposer"  # class attribute of ``SpecdecProposer``
+
+
+def is_wrapped(fn: Any, name: str) -> bool:
+    """``fn`` is (or wraps) the wrapper of patch ``name``: idempotent patches, and what ``patches.table`` reports."""
+    return name in getattr(fn, PATCHES, ())
+
+
+def mark(fn: Any, name: str) -> Any:
+    """Mark ``fn`` as patch ``name``'s wrapper and return it."""
+    setattr(fn, WRAPPED, True)
+    setattr(fn, PATCHES, frozenset(getattr(fn, PATCHES, ())) | {name})
+    return fn
+
+
+def is_ours(drafter: Any) -> bool:
+    """``drafter`` (a runner's ``drafter``) is a specdec proposer."""
+    return bool(getattr(type(drafter), PROPOSER_MARK, False))
+
+
+def source_has(fn: Any, text: str) -> bool:
+    """Whether ``fn``'s source contains ``text`` (False when the source cannot be read): the version check of a
+    patch written against that code."""
+    try:
+        return text in inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+
+
+def leading_params(fn: Any) -> list[str]:
+    """The parameter names of ``fn`` ([] when it has no signature)."""
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
+def signature_problem(cls: Any, wanted: dict[str, list[str]]) -> str:
+    """'' if every method of ``cls`` in ``wanted`` exists and starts with the given parameters, else the reason."""
+    for name, lead in wanted.items():
+        fn = getattr(cls, name, None)
+        if fn is None:
+            return f"{getattr(cls, '__name__', cls)}.{name} is missing"
+        params = leading_params(fn)
+        if params[:len(lead)] != lead:
+            return f"{getattr(cls, '__name__', cls)}.{name}{params} has an unexpected signature"
+    return ""

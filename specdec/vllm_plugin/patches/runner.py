@@ -1,0 +1,108 @@
+"""Runner hooks of the synchronous and thread modes (``GPUModelRunner``).
+
+- ``propose_draft_token_ids`` (start): hands our proposer the step's input batch (request ids by row), which vLLM's
+  ``propose`` call does not carry (``SpecdecProposer.bind_step``). Without it the proposer reads the batch from the
+  calling frame.
+- ``take_draft_token_ids`` (start): thread mode's drafts are collected there, after vLLM's scheduler has processed
+  the step's outputs (``SpecdecProposer.collect_deferred``). Needs the runner to keep custom_class drafts as a list
+  in ``_draft_token_ids``. Without it thread mode collects in ``propose``.
+- ``execute_model`` (start): thread mode sees each step's scheduler output as vLLM starts executing it (finished
+  requests stop, new ones start while the GPU runs: ``SpecdecProposer.prepare_step``). Without it they start and
+  stop when the step drafts.
+
+Each wrapper is a pass-through for any drafter that is not ours. Never imports vLLM.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from specdec.vllm_plugin.patches.common import is_ours, is_wrapped, leading_params, mark
+
+BIND_PARAMS = ["self", "scheduler_output"]  # leading parameters of propose_draft_token_ids and execute_model
+
+
+def bind_problem(runner_cls: Any) -> str:
+    """'' if ``propose_draft_token_ids`` is the one the bind hook was written for, else the reason."""
+    fn = getattr(runner_cls, "propose_draft_token_ids", None)
+    if fn is None:
+        return "propose_draft_token_ids is missing"
+    params = leading_params(fn)
+    return "" if params[:2] == BIND_PARAMS else f"propose_draft_token_ids{params} has an unexpected signature"
+
+
+def take_problem(runner_cls: Any) -> str:
+    """'' if ``take_draft_token_ids`` is the one thread mode's collection was written for, else the reason."""
+    fn = getattr(runner_cls, "take_draft_token_ids", None)
+    if fn is None or not hasattr(runner_cls, "_get_draft_token_ids_cpu"):
+        return "take_draft_token_ids or _get_draft_token_ids_cpu is missing"
+    params = leading_params(fn)
+    return "" if params == ["self"] else f"take_draft_token_ids{params} has an unexpected signature"
+
+
+def execute_problem(runner_cls: Any) -> str:
+    """'' if ``execute_model`` is the one thread mode's early starts and stops were written for, else the reason."""
+    fn = getattr(runner_cls, "execute_model", None)
+    if fn is None:
+        return "execute_model is missing"
+    params = leading_params(fn)
+    return "" if params[:2] == BIND_PARAMS else f"execute_model{params} has an unexpected signature"
+
+
+def patch_bind(runner_cls: Any) -> bool:
+    """Wrap ``runner_cls.propose_draft_token_ids`` (idempotent). Returns True if wrapped."""
+    if bind_problem(runner_cls):
+        return False
+    orig = runner_cls.propose_draft_token_ids
+    if is_wrapped(orig, "bind"):
+        return True
+
+    @functools.wraps(orig)
+    def propose_draft_token_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        drafter = getattr(self, "drafter", None)
+        if is_ours(drafter):
+            drafter.bind_step(self.input_batch, scheduler_output)
+        return orig(self, scheduler_output, *args, **kwargs)
+
+    runner_cls.propose_draft_token_ids = mark(propose_draft_token_ids, "bind")
+    return True
+
+
+def patch_take(runner_cls: Any) -> bool:
+    """Wrap ``runner_cls.take_draft_token_ids`` (idempotent). Returns True if wrapped."""
+    if take_problem(runner_cls):
+        return False
+    orig = runner_cls.take_draft_token_ids
+    if is_wrapped(orig, "take"):
+        return True
+
+    @functools.wraps(orig)
+    def take_draft_token_ids(self: Any) -> Any:
+        drafter = getattr(self, "drafter", None)
+        if is_ours(drafter):
+            drafts = drafter.collect_deferred()
+            if drafts is not None and isinstance(getattr(self, "_draft_token_ids", None), list):
+                self._draft_token_ids = drafts
+        return orig(self)
+
+    runner_cls.take_draft_token_ids = mark(take_draft_token_ids, "take")
+    return True
+
+
+def patch_execute(runner_cls: Any) -> bool:
+    """Wrap ``runner_cls.execute_model`` (idempotent). Returns True if wrapped."""
+    if execute_problem(runner_cls):
+        return False
+    orig = runner_cls.execute_model
+    if is_wrapped(orig, "execute"):
+        return True
+
+    @functools.wraps(orig)
+    def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        drafter = getattr(self, "drafter", None)
+        if is_ours(drafter):
+            drafter.prepare_step(scheduler_output)
+        return orig(self, scheduler_output, *args, **kwargs)
+
+    runner_cls.execute_model = mark(execute_model, "execute")
+    return True

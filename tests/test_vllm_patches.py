@@ -1,0 +1,151 @@
+"""The patch table (``specdec.vllm_plugin.patches.table``): every row's fallback, whole features, the start-up line,
+a vLLM outside the tested span; and the plugin's import graph (no cycles, every module importable alone)."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from specdec.vllm_plugin.patches import table
+from specdec.vllm_plugin.patches.table import TABLE, PatchReport, apply_patches, apply_row
+
+PLUGIN = Path(__file__).resolve().parents[1] / "specdec" / "vllm_plugin"
+TESTED = "0.26.0"
+
+
+class Empty:
+    """A vLLM class of another shape: none of the methods the patches wrap."""
+
+
+def empty_resolver(target: str):
+    return SimpleNamespace() if ":" not in target else type("Empty", (Empty,), {})
+
+
+@pytest.mark.parametrize("row", TABLE, ids=[r.name for r in TABLE])
+def test_every_row_falls_back_on_a_vllm_of_another_shape(row):
+    """Each row's check refuses a target without the methods it wraps, and nothing is patched (its fallback runs)."""
+    targets = [empty_resolver(t) for t in row.targets]
+    before = [dict(vars(t)) for t in targets]
+    why = apply_row(row, in_span=True, resolver=lambda t, it=iter(targets): next(it))
+    assert why and [dict(vars(t)) for t in targets] == before
+    assert row.fallback and row.check and row.feature and row.attribute
+
+
+def test_a_missing_vllm_module_is_a_fallback_never_an_error():
+    def missing(target):
+        raise ImportError(target)
+
+    report = apply_patches("all", version=TESTED, resolver=missing)
+    assert set(report.rows) == {r.name for r in TABLE}
+    assert all(why for why in report.rows.values())
+    assert report.line().startswith(f"specdec: 0/{len(TABLE)} vLLM patches applied (vLLM {TESTED}); features on: none")
+
+
+class Runner:
+    """Fits the thread-mode rows: ``take_draft_token_ids`` and ``execute_model`` as vLLM 0.26 has them."""
+
+    def propose_draft_token_ids(self, scheduler_output, sampled):
+        return None
+
+    def take_draft_token_ids(self):
+        return None
+
+    def _get_draft_token_ids_cpu(self):
+        return None
+
+    def execute_model(self, scheduler_output):
+        return None
+
+
+def test_a_feature_is_off_as_a_whole_when_one_of_its_rows_does_not_fit():
+    thread_rows = tuple(r for r in TABLE if r.feature == "thread hand-off")
+    assert {r.name for r in thread_rows} == {"thread collect", "thread prepare"}
+
+    class Odd(Runner):
+        def execute_model(self):  # another signature: "thread prepare" does not fit
+            return None
+
+    odd = type("OddRunner", (Odd,), {})
+    report = apply_patches("all", version=TESTED, resolver=lambda t: odd, table=thread_rows)
+    assert report.rows["thread collect"] and report.rows["thread prepare"]  # both off, with the reason
+    assert "take_draft_token_ids" not in vars(odd) and not report.on("thread hand-off")
+    good = type("GoodRunner", (Runner,), {})
+    report = apply_patches("all", version=TESTED, resolver=lambda t: good, table=thread_rows)
+    assert report.rows == {"thread collect": "", "thread prepare": ""} and report.on("thread hand-off")
+    assert "take_draft_token_ids" in vars(good) and "execute_model" in vars(good)
+    assert "features on: thread hand-off; off: none" in report.line()
+
+
+def test_outside_the_tested_span_only_the_method_rewrite_applies(monkeypatch):
+    class EngineArgs:
+        def create_speculative_config(self, *args):
+            return "built"
+
+    runner = type("R", (Runner,), {})
+    resolver = lambda t: EngineArgs if t == table.ENGINE_ARGS else runner  # noqa: E731
+    report = apply_patches("all", version="0.40.0", resolver=resolver)
+    assert report.rows["speculative config"] == ""
+    assert all("outside the tested versions" in why for name, why in report.rows.items() if name != "speculative config")
+    assert "propose_draft_token_ids" not in vars(runner)  # plain custom_class: the runner is left alone
+    assert report.on("method='specdec'") and not report.on("schedule")
+    monkeypatch.setattr(table, "vllm_version", lambda: "0.40.0")
+    assert "outside the tested versions" in table.schedule_hooks_problem()  # no whitelist without its hooks
+
+
+def test_the_start_up_line_names_the_features_and_why_they_are_off():
+    report = PatchReport("0.26.0", {"request ids": "", "narrow graphs": "CudagraphDispatcher.dispatch is not the one"})
+    assert report.line() == ("specdec: 1/2 vLLM patches applied (vLLM 0.26.0); features on: request ids; off: "
+                             "narrow graphs (narrow graphs: CudagraphDispatcher.dispatch is not the one)")
+
+
+def _modules() -> list[str]:
+    root = PLUGIN.parents[1]
+    return sorted(".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+                  for p in PLUGIN.rglob("*.py"))
+
+
+def _imports(module: str) -> set[str]:
+    """The plugin modules ``module`` imports (at any level of its code)."""
+    root = PLUGIN.parents[1]
+    path = root / Path(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specdec.vllm_plugin"):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                out.add(full if full in MODULES else node.module)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("specdec.vllm_plugin")}
+    return out & set(MODULES)
+
+
+MODULES = _modules()
+
+
+def test_the_plugin_has_no_import_cycle():
+    graph = {m: _imports(m) - {m} for m in MODULES}
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for n in graph[m]:
+            if state.get(n) == 1:
+                raise AssertionError(" -> ".join(path[path.index(n):] + [n]) if n in path else f"{m} -> {n}")
+            if n not in state:
+                visit(n, path + [n])
+        state[m] = 2
+
+    for m in MODULES:
+        if m not in state:
+            visit(m, [m])
+
+
+def test_every_plugin_module_imports_alone():
+    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
+    for m in MODULES:
+        subprocess.run([sys.executable, "-c", code, m], check=True, capture_output=True, timeout=120)

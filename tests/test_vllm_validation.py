@@ -1,0 +1,73 @@
+"""Configuration-time errors (``specdec.vllm_plugin.entry.validation``, run by the speculative-config rewrite before
+vLLM loads any weight): one message naming the key, the value and the fix."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from specdec.config import ConfigError
+from specdec.vllm_plugin.entry.options import USER_KEYS, split_speculative_config
+from specdec.vllm_plugin.entry.rewrite import rewrite_engine_args
+
+
+def tokenizer_folder(path, vocab: dict[str, int]):
+    """A model folder holding only a tokenizer.json (a word-level tokenizer over ``vocab``)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    path.mkdir()
+    Tokenizer(WordLevel(vocab, unk_token="<unk>")).save(str(path / "tokenizer.json"))
+    return path
+
+
+def engine_args(served: str = "", **spec):
+    return SimpleNamespace(speculative_config={"method": "specdec", **spec}, additional_config=None, model=served,
+                           tokenizer=None, compilation_config=None, enforce_eager=True)
+
+
+VOCAB = {"<unk>": 0, "<s>": 1, "</s>": 2, "def": 3, "return": 4}
+
+
+@pytest.mark.parametrize("spec, needles", [
+    ({"drafter": "sufix"}, ["drafter='sufix'", "suffix"]),
+    ({"drafter": ["suffix", {"name": "ngrm"}]}, ["drafter='ngrm'"]),
+    ({"drafter_options": {"suffix": {"max_depht": 3}}}, ["max_depht", "suffix"]),
+    ({"drafter_options": {"model": {"num_threads": 2}}}, ["drafter_options", "'model'"]),
+    ({"num_speculative_tokens": 0}, ["num_speculative_tokens=0"]),
+    ({"draft_timeout_ms": -5}, ["draft_timeout_ms=-5"]),
+    ({"async_mode": "overlap"}, ["async_mode='overlap'"]),
+    ({"narrow_slots": 6}, ["'narrow_slots'", "valid keys", "narrow_graphs"]),
+])
+def test_bad_options_stop_the_rewrite_with_the_key_and_the_fix(spec, needles):
+    with pytest.raises(ConfigError) as err:
+        rewrite_engine_args(engine_args(**spec))
+    assert all(n in str(err.value) for n in needles), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_missing_draft_model_folder_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="draft_model=.*nowhere.*is not a folder"):
+        rewrite_engine_args(engine_args(drafter="model", draft_model=str(tmp_path / "nowhere")))
+    with pytest.raises(ConfigError, match="drafter 'model' needs \"draft_model\""):
+        rewrite_engine_args(engine_args(drafter=["suffix", "model"]))
+    with pytest.raises(ConfigError, match="draft_model=.* is set but drafter='suffix'"):
+        rewrite_engine_args(engine_args(draft_model=str(tmp_path)))
+
+
+def test_a_draft_model_with_another_tokenizer_is_refused_before_any_weight(tmp_path):
+    served = tokenizer_folder(tmp_path / "served", VOCAB)
+    same = tokenizer_folder(tmp_path / "same", dict(VOCAB))
+    other = tokenizer_folder(tmp_path / "other", {**VOCAB, "def": 4, "return": 3})  # same size, ids swapped
+    ea = engine_args(str(served), drafter=["suffix", "model"], draft_model=str(same))
+    assert rewrite_engine_args(ea) and ea.additional_config["specdec"]["draft_model"] == str(same)
+    with pytest.raises(ConfigError, match="different tokenizers") as err:
+        rewrite_engine_args(engine_args(str(served), drafter=["suffix", "model"], draft_model=str(other)))
+    assert f"draft_model={str(other)!r}" in str(err.value) and "'def'" in str(err.value)
+
+
+def test_user_options_are_few_and_internal_settings_are_not_among_them():
+    assert len(USER_KEYS) <= 17
+    for internal in ("deadline_mode", "native_step", "thread_spin_us", "matrix_step", "min_path_prob"):
+        with pytest.raises(ConfigError, match=f"'{internal}'"):
+            split_speculative_config({"method": "specdec", internal: 1})
