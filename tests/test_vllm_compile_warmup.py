@@ -1,5 +1,5 @@
 """compile_warmup: vLLM's async spec-decode correction compiled ahead for every batch-size class, so no step
-recompiles it later (each recompile held the GPU host 0.5-0.6 s, GPU runs 110-113)."""
+recompiles it later (a recompile holds the host for a large share of a second while the GPU idles)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -130,16 +130,19 @@ def test_vllms_worker_and_runner_still_have_what_the_warm_up_uses():
     assert hasattr(gpu_worker.Worker, "compile_or_warm_up_model")
 
 
-def test_the_plugin_wraps_vllms_worker(monkeypatch):
-    """On a real vLLM (CI's vLLM venv): the plugin's runner patch step wraps ``Worker.compile_or_warm_up_model``
-    (restored after the test), keeping its signature."""
+def test_the_table_row_wraps_vllms_worker_once(monkeypatch):
+    """On a real vLLM (CI's vLLM venv): the patch table's "compile warm-up" row fits vLLM's ``Worker`` and wraps
+    ``compile_or_warm_up_model`` (restored after the test) once, keeping its signature."""
     import inspect
 
     gpu_worker = pytest.importorskip("vllm.v1.worker.gpu_worker")
-    from specdec.vllm_plugin.entry import register as plugin
+    from specdec.vllm_plugin.patches.table import TABLE, WORKER, apply_row
 
+    row = next(r for r in TABLE if r.name == "compile warm-up")
+    assert row.targets == (WORKER,) and row.feature == "compile warm-up" and row.stage == "worker"
     before = inspect.signature(gpu_worker.Worker.compile_or_warm_up_model)
     monkeypatch.setattr(gpu_worker.Worker, "compile_or_warm_up_model", gpu_worker.Worker.compile_or_warm_up_model)
-    assert plugin._patch_worker_warmup()
+    assert apply_row(row, in_span=True) == ""
     wrapped = gpu_worker.Worker.compile_or_warm_up_model
     assert getattr(wrapped, compile_warmup._WRAPPED) and inspect.signature(wrapped) == before
+    assert apply_row(row, in_span=True) == "" and gpu_worker.Worker.compile_or_warm_up_model is wrapped

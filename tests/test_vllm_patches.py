@@ -3,6 +3,7 @@ a vLLM outside the tested span; and the plugin's import graph (no cycles, every 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -100,6 +101,14 @@ def test_the_start_up_line_names_the_features_and_why_they_are_off():
     report = PatchReport("0.26.0", {"request ids": "", "narrow graphs": "CudagraphDispatcher.dispatch is not the one"})
     assert report.line() == ("specdec: 1/2 vLLM patches applied (vLLM 0.26.0); features on: request ids; off: "
                              "narrow graphs (narrow graphs: CudagraphDispatcher.dispatch is not the one)")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable (scripts/test.sh has vLLM)")
+@pytest.mark.parametrize("row", TABLE, ids=[r.name for r in TABLE])
+def test_every_row_fits_the_installed_vllm(row):
+    """On a real vLLM (each tested release): every row's targets import and its check passes (nothing applied)."""
+    targets = [table.resolve(t) for t in row.targets]
+    assert row.problem(*targets) == ""
 
 
 def _modules() -> list[str]:

@@ -372,9 +372,10 @@ def test_real_vllm_has_the_hooks_and_the_whitelist_this_mode_patches():
     import vllm.config.vllm as module
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from specdec.vllm_plugin.patches.async_sched import RUNNER_METHODS, WHITELIST_SOURCE, _check
+    from specdec.vllm_plugin.patches.async_sched import (RUNNER_METHODS, WHITELIST_SOURCE, async_runner_problem,
+                                                         whitelist_problem)
 
-    assert _check(GPUModelRunner) == ""
+    assert async_runner_problem(GPUModelRunner) == "" and whitelist_problem(module) == ""
     assert all(callable(getattr(GPUModelRunner, name, None)) for name in RUNNER_METHODS)
     assert WHITELIST_SOURCE in inspect.getsource(module.VllmConfig.__post_init__)
     src = inspect.getsource(GPUModelRunner._prepare_input_ids)
