@@ -46,7 +46,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from specdec.vllm_plugin.patches.async_sched import PREFILL_HEAVY_TOKENS
 
@@ -63,16 +63,20 @@ HOST_LATE_SYNC_MS = 0.3
 
 
 def _plugin_full_dispatches() -> int:
-    """FULL dispatches of the specdec plugin's own graphs in this process so far (``graphs.STATS``)."""
-    from specdec.vllm_plugin.patches.graphs import STATS
+    """FULL dispatches of the specdec plugin's own graphs so far, over the engines of this process (each live
+    proposer's ``graph_stats``)."""
+    from specdec.vllm_plugin.proposer import INSTANCES
 
-    return STATS["narrow_full"] + STATS["ragged_full"] + STATS["ragged_prefill_full"]
+    return sum(p.graph_stats.full_dispatches() for p in list(INSTANCES))
 
 
 class StepTrace:
     """Collects one record per engine step (see the module docstring); ``cell()`` returns and clears them."""
 
-    def __init__(self) -> None:
+    def __init__(self, full_dispatches: Callable[[], int] = _plugin_full_dispatches) -> None:
+        """``full_dispatches``: the plugin's FULL dispatches of its own graphs so far (a step during which they grew
+        replayed one)."""
+        self.full_dispatches = full_dispatches
         self.rows: list[dict[str, Any]] = []
         self._by_output: dict[int, int] = {}  # id(scheduler output) -> its row (this cell)
         self._cg = "?"
@@ -121,7 +125,7 @@ class StepTrace:
         now = time.perf_counter()
         if self.rows and self.rows[-1]["period_ms"] is None:
             self._close_last(1e3 * (now - self.rows[-1]["t"]), draft_s_total)
-        self._draft_at_start, self._cg, self._ours_at_start = draft_s_total, "?", _plugin_full_dispatches()
+        self._draft_at_start, self._cg, self._ours_at_start = draft_s_total, "?", self.full_dispatches()
         self._by_output[id(scheduler_output)] = len(self.rows)
         spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
         per_req = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
@@ -154,7 +158,7 @@ class StepTrace:
         last["period_ms"] = period_ms
         last["draft_ms"] = 1e3 * (draft_s_total - self._draft_at_start)
         # the plugin's narrow and ragged FULL keys are dispatched by its own wrapper, outside the one noting modes
-        ours = self._cg == "?" and _plugin_full_dispatches() > self._ours_at_start
+        ours = self._cg == "?" and self.full_dispatches() > self._ours_at_start
         last["cg"] = "F" if ours else self._cg
 
     def cell(self) -> dict[str, list[Any]]:

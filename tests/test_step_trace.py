@@ -44,16 +44,16 @@ def test_trace_records_periods_drafting_graph_modes_and_gpu(monkeypatch):
 def test_a_step_the_plugin_dispatched_to_its_own_full_graph_is_full(monkeypatch):
     """The plugin's narrow and ragged keys are dispatched by its wrapper, which the mode-noting wrapper does not
     see: a step during which its FULL count grew is "F", one without stays "?"."""
-    from specdec.vllm_plugin.patches import graphs
+    from specdec.vllm_plugin.patches.graph_stats import GraphStats
 
-    monkeypatch.setitem(graphs.STATS, "ragged_full", 10)
-    tr = StepTrace()
+    stats = GraphStats(ragged_full=10)  # the engine's counts, as its dispatcher wrapper keeps them
+    tr = StepTrace(stats.full_dispatches)
     tr.step(_sched({"a": 3}), draft_s_total=0.0)
-    graphs.STATS["ragged_full"] += 1  # the forward pass replays a ragged graph
+    stats.ragged_full += 1  # the forward pass replays a ragged graph
     tr.step(_sched({"a": 2}), draft_s_total=0.0)
     tr._cg = "P"
     tr.step(_sched({"a": 1}), draft_s_total=0.0)
-    graphs.STATS["ragged_prefill_full"] += 1  # a ragged batch with a prompt chunk (the second family)
+    stats.ragged_prefill_full += 1  # a ragged batch with a prompt chunk (the second family)
     tr.step(_sched({"a": 2}), draft_s_total=0.0)
     tr.end_call(0.0, {})
     assert tr.cell()["cg"] == "FPF?"  # (a count that grows after a step marks that step)

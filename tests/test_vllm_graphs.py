@@ -17,6 +17,7 @@ from specdec.drafters.suffix import SuffixDrafter
 from specdec.vllm_plugin.patches import graphs
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.patches.graph_stats import dispatcher_stats, graph_stats_of
 from specdec.vllm_plugin.patches.ragged_keys import PREFILL_TAG
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 from specdec.vllm_plugin.core.slots import PLACEHOLDER, SlotBook
@@ -323,11 +324,11 @@ def test_prefill_carrying_family_keys_rules_and_dispatch(monkeypatch: pytest.Mon
     assert graphs.ragged_key(d, num_tokens=PREFILL, num_reqs=1, max_query_len=PREFILL) == (17 * 16, 64, PREFILL)
     assert graphs.ragged_key(d, num_tokens=600, num_reqs=40, max_query_len=PREFILL + 1) is None  # a longer prompt
     assert graphs.ragged_key(d, num_tokens=2000, num_reqs=40, max_query_len=120) is None  # past the capture sizes
-    monkeypatch.setitem(graphs.STATS, "ragged_prefill_full", 0)
+    assert dispatcher_stats(d).ragged_prefill_full == 0
     setattr(d, graphs.RAGGED_DESC, (17 * 32, 64, PREFILL))
     mode, got = d.dispatch(num_tokens=500, uniform_decode=False)
     assert (mode, got) == (modes.FULL, desc(num_tokens=17 * 32, num_reqs=64, num_active_loras=PREFILL_TAG))
-    assert getattr(d, graphs.RAGGED_HIT) == PREFILL and graphs.STATS["ragged_prefill_full"] == 1
+    assert getattr(d, graphs.RAGGED_HIT) == PREFILL and dispatcher_stats(d).ragged_prefill_full == 1
     setattr(d, graphs.RAGGED_DESC, None)
     for prefill in (0, K + 1):  # off: 0, or not longer than the decoding family's q
         d, modes, _ = _dispatcher(monkeypatch, ragged=True, prefill=prefill)
@@ -365,11 +366,11 @@ def test_dispatch_of_a_ragged_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert d.dispatch(num_tokens=200, uniform_decode=False) == (modes.FULL, desc(num_tokens=272, num_reqs=64))
     assert getattr(d, graphs.RAGGED_HIT) == K + 1
     setattr(d, graphs.RAGGED_HIT, None)
-    monkeypatch.setitem(graphs.STATS, "ragged_piecewise", 0)
+    assert dispatcher_stats(d).ragged_piecewise == 0
     mode, got = d.dispatch(num_tokens=200, uniform_decode=False, invalid_modes={modes.FULL})  # cascade attention
     assert mode == modes.PIECEWISE and got.num_reqs is None and getattr(d, graphs.RAGGED_HIT) is None
     assert d.dispatch(num_tokens=200, uniform_decode=False, valid_modes={modes.NONE})[0] == modes.NONE
-    assert graphs.STATS["ragged_piecewise"] == 1  # the cascade step; a capture's eager warm-up is not counted
+    assert dispatcher_stats(d).ragged_piecewise == 1  # the cascade step; a capture's eager warm-up is not counted
     setattr(d, graphs.RAGGED_DESC, None)  # any other batch: vLLM's dispatch, never to a ragged key (a prompt chunk
     mode, got = d.dispatch(num_tokens=200, uniform_decode=False)  # would find (272, 64) there)
     assert mode == modes.PIECEWISE and got.num_reqs is None and getattr(d, graphs.RAGGED_HIT) is None
@@ -454,6 +455,54 @@ def test_capture_of_a_ragged_key_runs_vllms_uniform_dummy_under_that_key() -> No
     theirs = Desc(num_tokens=272, num_reqs=16, uniform=True)
     assert r._warmup_and_capture(theirs, "FULL") == (theirs, None)  # vLLM's own keys: as before
     assert getattr(r.cudagraph_dispatcher, graphs.RAGGED_DESC) is None
+
+
+def test_each_engine_counts_and_logs_the_graphs_it_added_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Captures of our keys count into the engine's ``GraphStats`` (found through its dispatcher's config, where the
+    proposer reads them); vLLM's own keys are not counted; each engine logs its added graphs once, after vLLM's
+    ``capture_model``; two engines in one process keep their counts apart."""
+    lines: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(graphs, "logger", SimpleNamespace(info=lambda *a: lines.append(a)))
+
+    class Runner(FakeRaggedRunner):
+        def capture_model(self) -> str:
+            self._warmup_and_capture(Desc(num_tokens=272, num_reqs=64), "FULL")  # ours
+            self._warmup_and_capture(Desc(num_tokens=272, num_reqs=16, uniform=True), "FULL")  # vLLM's
+            return "captured"
+
+    cls = type("CountingRunner", (Runner,), {})
+    graphs._wrap_runner(cls)
+    first, second = cls(), cls()
+    for r in (first, second):
+        r.cudagraph_dispatcher.vllm_config = SimpleNamespace()
+    assert first.capture_model() == "captured" and first.capture_model() == "captured"
+    stats = graph_stats_of(first.cudagraph_dispatcher.vllm_config)
+    assert stats is dispatcher_stats(first.cudagraph_dispatcher)
+    assert stats.added_graphs_captured == 2 and stats.added_graphs_logged == 1 and len(lines) == 1
+    assert lines[0][1] == 1  # (the log line's first figure: graphs added so far)
+    assert dispatcher_stats(second.cudagraph_dispatcher).added_graphs_captured == 0
+    second.capture_model()
+    assert dispatcher_stats(second.cudagraph_dispatcher).added_graphs_captured == 1 and len(lines) == 2
+
+
+def test_a_proposer_reports_its_own_engines_graph_counts() -> None:
+    from specdec.vllm_plugin.proposer import SpecdecProposer
+
+    def config() -> SimpleNamespace:
+        return SimpleNamespace(additional_config={"specdec": {"draft_timeout_ms": 0}},
+                               speculative_config=SimpleNamespace(num_speculative_tokens=K),
+                               model_config=SimpleNamespace(max_model_len=512))
+
+    ours, other = config(), config()
+    graph_stats_of(ours).ragged_keys = graph_stats_of(ours).ragged_full = 3  # what its dispatcher counted
+    prop, beside = SpecdecProposer(ours, patch_runner=False), SpecdecProposer(other, patch_runner=False)
+    try:
+        assert prop.graph_stats is graph_stats_of(ours) and prop.graph_stats.ragged_ready()
+        assert prop.stats()["graphs"]["ragged_full"] == 3 and beside.stats()["graphs"]["ragged_full"] == 0
+        assert not beside.graph_stats.ragged_ready()
+    finally:
+        prop.close()
+        beside.close()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,8 +31,7 @@ from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.device_wait import STALL_TIMEOUT_MS, DeviceWait
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
-from specdec.vllm_plugin.patches.graphs import STATS as GRAPH_STATS
-from specdec.vllm_plugin.patches.graphs import ragged_ready
+from specdec.vllm_plugin.patches.graph_stats import GraphStats, graph_stats_of
 from specdec.vllm_plugin.patches.table import PatchReport, apply_patches
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -170,6 +169,11 @@ class SpecdecProposer:
             return [[] for _ in range(n)]  # placeholder; replaced in take_draft_token_ids
         return self.core.collect() or [[] for _ in range(n)]
 
+    @property
+    def graph_stats(self) -> GraphStats:
+        """This engine's counts of the CUDA graphs the plugin added (shared with its dispatcher through the config)."""
+        return graph_stats_of(self.vllm_config)
+
     def scheduled_for(self, runner: Any) -> Any:
         """The ``ScheduledDrafting`` of this proposer (schedule mode under vLLM's async scheduling), or None."""
         if not self.schedule_mode:
@@ -186,11 +190,11 @@ class SpecdecProposer:
                 ragged = opts.ragged_graphs and self.patches.on("ragged graphs")
                 book = SlotBook.policy(k, narrow=bool(opts.narrow_widths) and self.patches.on("narrow graphs"),
                                        prefill_cap=opts.prefill_step_slots,
-                                       high_ragged=ragged_ready if ragged else None)
+                                       high_ragged=self.graph_stats.ragged_ready if ragged else None)
                 attach_book(self.vllm_config, book)  # this engine's scheduler trims each request's slots to it
             self.scheduled = ScheduledDrafting(self.core, k=k, max_rows=int(runner.max_num_reqs),
                                                device=runner.device, device_wait=device_wait, slot_book=book,
-                                               matrix_step=self.options.matrix_step)
+                                               matrix_step=self.options.matrix_step, graph_stats=self.graph_stats)
             logger.info("specdec: drafting under vLLM's async scheduling (k=%d, up to %d rows; %s)", k,
                         runner.max_num_reqs, "the GPU waits for drafts" if device_wait else f"host fill: {why}")
         return self.scheduled
@@ -211,7 +215,7 @@ class SpecdecProposer:
 
     def stats(self) -> dict[str, Any]:
         out = self.scheduled.stats() if self.scheduled is not None else self.core.stats_dict()
-        return {**out, "graphs": dict(GRAPH_STATS)}  # this process's narrow and ragged dispatches and keys
+        return {**out, "graphs": self.graph_stats.as_dict()}  # this engine's narrow and ragged dispatches and keys
 
     def close(self) -> None:
         if self.scheduled is not None:

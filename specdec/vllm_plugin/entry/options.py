@@ -8,10 +8,11 @@ This module never imports vLLM (CPU tests and CI use it directly).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from specdec.config import ConfigBase, ConfigError, rng
+from specdec.config import ConfigBase, ConfigError, load_yaml, rng
 from specdec.vllm_plugin.core.slots import SLOT_MODES, policy_widths
 
 METHOD = "specdec"  # the friendly method name users write
@@ -251,10 +252,6 @@ def options_from_vllm_config(vllm_config: Any) -> SpecdecOptions:
 
 def preset_json(name_or_path: str) -> str:
     """The ``--speculative-config`` JSON of a YAML preset (``configs/vllm_specdec.yaml``), validated."""
-    import json
-
-    from specdec.config import load_yaml
-
     data = load_yaml(name_or_path)
     split_speculative_config(data)  # raises ConfigError naming a bad key
     return json.dumps(data)

@@ -69,10 +69,10 @@ def rewrite_engine_args(engine_args: Any) -> bool:
 def guard_full_cudagraphs(engine_args: Any) -> bool:
     """Replace a user's ``cudagraph_mode=FULL`` by FULL_AND_PIECEWISE (warned). Returns True if replaced.
 
-    FULL also replays mixed batches (requests verifying different draft lengths) from full CUDA graphs. On vLLM
-    0.26 with FlashAttention 3 that breaks speculative verification: greedy outputs differed from no-spec on 8/8
-    prompts at batch 1 and 64/64 at batch 64, and acceptance collapsed, for vLLM's own ``ngram`` as for ours
-    (H200, ``eval/results/2026-11-22_h200_vllm_bench_run18_full_cudagraphs.md``). Lossless output comes first.
+    FULL also replays mixed batches (requests verifying different draft lengths) from full CUDA graphs captured
+    for other batch shapes. With FlashAttention 3 that breaks speculative verification: the attention's launch
+    choices captured in the graph are not those of the batch replayed, greedy outputs differ from no-spec and
+    acceptance collapses, for vLLM's own ``ngram`` as for ours. Lossless output comes first.
     """
     cc = getattr(engine_args, "compilation_config", None)
     mode = cc.get("cudagraph_mode") if isinstance(cc, dict) else getattr(cc, "cudagraph_mode", None)

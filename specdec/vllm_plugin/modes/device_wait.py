@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import time
 from typing import Any
 
 from specdec.vllm_plugin.logs import LOGGER_NAME
@@ -108,8 +109,6 @@ class DeviceWait:
     def _self_test(self, device: Any) -> str:
         """The device's current stream (the one vLLM runs on) waits for the word: an event behind the wait must
         still be pending ``SELF_TEST_HOLD_S`` later, and pass once the host stores the word (not the watchdog)."""
-        import time
-
         import torch
 
         stream = torch.cuda.current_stream(device)

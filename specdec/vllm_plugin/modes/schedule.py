@@ -43,6 +43,7 @@ from __future__ import annotations
 import faulthandler
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -50,6 +51,7 @@ import numpy as np
 
 from specdec.vllm_plugin.core.feed import TokenFeed, leading_counts, pad_rows, valid_counts
 from specdec.vllm_plugin.logs import LOGGER_NAME
+from specdec.vllm_plugin.patches.graph_stats import GraphStats
 from specdec.vllm_plugin.core.slots import UNKNOWN
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -87,11 +89,12 @@ class ScheduledDrafting:
     """The three calls of the module docstring, bound to one model runner and one ``ProposerCore``."""
 
     def __init__(self, core: Any, *, k: int, max_rows: int, device: Any, device_wait: Any = None,
-                 slot_book: Any = None, matrix_step: bool = True) -> None:
+                 slot_book: Any = None, matrix_step: bool = True, graph_stats: GraphStats | None = None) -> None:
         import torch
 
         self.core = core
         self.slot_book = slot_book  # SlotBook: each request's next step gets the slots of its latest draft
+        self.graph_stats = graph_stats  # the engine's added CUDA graphs (reported beside the slot book's counts)
         self.device_wait = device_wait  # DeviceWait: the GPU waits for the drafts, the host does not (fill/finish)
         self.deferred: tuple[list[str], int | None, Any, int, int] | None = None  # (req ids, k, host, seq, verified)
         self._watchdog_seen = 0
@@ -130,8 +133,6 @@ class ScheduledDrafting:
     def capture(self, sampled: Any, req_ids: Sequence[str], discard: set[int], *,
                 requests: dict[str, Any]) -> None:
         """Start the copy of ``sampled`` [rows, w] (w <= k+1) and note the step's rows (runner: after sampling)."""
-        import time
-
         import torch
 
         t0 = time.perf_counter()
@@ -179,8 +180,6 @@ class ScheduledDrafting:
 
     def _tokens(self, cap: Capture) -> np.ndarray:
         """A captured step's sampled tokens [rows, width] int32 (-1 = rejected), once its copy is done."""
-        import time
-
         if cap.event is not None:
             t0 = time.perf_counter()
             cap.event.synchronize()
@@ -202,8 +201,6 @@ class ScheduledDrafting:
     def fill(self, current: Any, *, defer: bool = True, verified: int = 0) -> bool:
         """Draft the pending job into the GPU buffer if vLLM still holds it (``current``). True if filled.
         ``verified``: the tokens vLLM scheduled for this step (its verify batch; for the proposer's cost fit)."""
-        import time
-
         if self.deferred is not None:  # not expected: a second fill before the step's end; release the first
             self.finish()
         job, self.job = self.job, None
@@ -243,8 +240,6 @@ class ScheduledDrafting:
         self._finish_job(job)
 
     def _finish_job(self, job: tuple[list[str], int | None, Any, int, int]) -> None:
-        import time
-
         req_ids, k, host, seq, verified = job
         t0 = time.perf_counter()
         if _DEBUG_WAIT:
@@ -403,7 +398,6 @@ class ScheduledDrafting:
         out = {"schedule": self.feed.stats.as_dict(),
                **self.core.stats_dict()}
         if self.slot_book is not None:
-            from specdec.vllm_plugin.patches.graphs import STATS
-
-            out["schedule"].update(self.slot_book.as_dict(), **STATS)
+            graphs = self.graph_stats.as_dict() if self.graph_stats is not None else {}
+            out["schedule"].update(self.slot_book.as_dict(), **graphs)
         return out

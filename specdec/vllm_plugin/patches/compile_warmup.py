@@ -7,17 +7,16 @@ on the GPU (``_prepare_inputs``) with ``update_num_computed_tokens_for_batch_cha
 specialises sizes of 1 and, by duck sizing, sizes that were equal when it traced, so a natural run recompiles it
 several times: at the first step whose n differs from m, the first after a step of one request (m = 1), the first
 of one request after a larger one, and so on (CPU check with vLLM's own function and a counting backend:
-``tests/test_vllm_compile_warmup.py``). On the GPU each recompile held the host 0.5-0.6 s with the GPU idle: the
-GPU lost 506-620 ms in the step after a one-request step in 3 of 28 schedule-mode cells (the peers, which
-do not take that path, in none of 32), once per engine and class.
+``tests/test_vllm_compile_warmup.py``). On the GPU each recompile holds the host about half a second with the GPU
+idle, once per engine and class, in the middle of serving (vLLM's own drafters do not take that path).
 
 ``warm_batch_change`` calls the function right after vLLM's own warm-up (``Worker.compile_or_warm_up_model``) for
 the four classes ``WARM_SHAPES`` (the general one first: n != m, both >= 2; then n = 1, m = 1, both 1), on scratch
 tensors made as the runner's call makes them: its dtypes, views of n rows of R-sized buffers where it slices, under
-``execute_model``'s inference mode. Dynamo guards all three: ``TORCH_LOGS=recompiles`` showed a
-first version of this warm-up (fresh [n] tensors, grad mode on) missing every later call ("GLOBAL_STATE changed:
-grad_mode", a view's base size), so the engines recompiled 3-4 times mid-run and stalled as before. Every later
-(n, m) now matches one of the four graphs. A failure is logged once and leaves the engine as it was (the stalls
+``execute_model``'s inference mode. Dynamo guards all three (``TORCH_LOGS=recompiles`` names them: "GLOBAL_STATE
+changed: grad_mode", a view's base size), so scratch tensors made otherwise (fresh [n] tensors, grad mode on) would
+miss every later call and the engine would recompile mid-run as without the warm-up. Every later (n, m) matches one
+of the four graphs. A failure is logged once and leaves the engine as it was (the stalls
 come back, nothing else changes).
 """
 from __future__ import annotations
@@ -27,8 +26,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from specdec.vllm_plugin.patches import async_sched as async_patch
+from specdec.vllm_plugin.core.feed import VALID_COUNT_DTYPE
 from specdec.vllm_plugin.logs import LOGGER_NAME
+from specdec.vllm_plugin.patches import async_sched as async_patch
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -51,8 +51,6 @@ def warm_batch_change(runner: Any, fn: Callable[..., Any] | None = None) -> int:
     """Call ``fn`` (default: ``batch_change_function()``) once per ``WARM_SHAPES`` class on scratch tensors shaped
     and typed as ``runner``'s call makes them; returns the calls made (0 where the runner takes no such path)."""
     import torch
-
-    from specdec.vllm_plugin.core.feed import VALID_COUNT_DTYPE
 
     fn = fn if fn is not None else batch_change_function()
     if fn is None or not getattr(runner, "use_async_spec_decode", False):

@@ -2,8 +2,8 @@
 
 vLLM 0.26's V1 runner replays a decode batch from a FULL CUDA graph (attention inside, one launch) only when it is
 *uniform* with ``uniform_decode_query_len = 1 + k`` tokens per request; any other batch runs as piecewise graphs
-with eager attention between them, whose launches keep the host busy (GPU runs 76 and 84: the host came late in
-81% of the steps at batch 32). A narrow schedule (``slots.SlotBook.width`` = w < k) verifies ``w + 1`` tokens for
+with eager attention between them, whose many launches keep the host busy long enough that it is often late with
+the next step at mid-size batches. A narrow schedule (``slots.SlotBook.width`` = w < k) verifies ``w + 1`` tokens for
 every request, so it is uniform too, but at a length vLLM neither captures nor dispatches. Three wrappers add that
 length, each a pass-through for any engine that is not ours with narrow slots:
 
@@ -22,8 +22,8 @@ length, each a pass-through for any engine that is not ours with narrow slots:
 
 The graphs are captured and replayed exactly as vLLM's own uniform ones, with a different query length: what
 FlashAttention 3's scheduler metadata depends on (requests, max query length) is the same at capture and replay.
-(vLLM's ``cudagraph_mode=FULL`` instead replays *mixed* batches from graphs captured for other shapes, which changed
-outputs in run 18.) Version-checked by the source of the methods wrapped; anything unexpected: logged once, narrow
+(vLLM's ``cudagraph_mode=FULL`` instead replays *mixed* batches from graphs captured for other shapes, whose
+scheduler metadata then differs from the replayed batch's and can change outputs.) Version-checked by the source of the methods wrapped; anything unexpected: logged once, narrow
 batches run piecewise (correct, only slower). Never imported by ``drafters/``; imports vLLM only inside the patch.
 
 Ragged batches (requests of different lengths in one FULL graph): ``specdec.vllm_plugin.patches.ragged_keys``; the
@@ -41,7 +41,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from specdec.vllm_plugin.entry.options import options_from_vllm_config
 from specdec.vllm_plugin.logs import LOGGER_NAME
+from specdec.vllm_plugin.patches.async_sched import is_schedule_config
+from specdec.vllm_plugin.patches.graph_stats import GraphStats, dispatcher_stats
 from specdec.vllm_plugin.patches.ragged_keys import (
     RAGGED_DESC,
     RAGGED_HIT,
@@ -76,18 +79,11 @@ RUNNER_SOURCE = {
     "_warmup_and_capture": "uniform_decode=desc.uniform",
     "_dummy_run": "max_query_len = self.uniform_decode_query_len if uniform_decode",
 }
-STATS = {"narrow_full": 0, "narrow_piecewise": 0, "narrow_keys": 0,  # this process's dispatches and keys
-         "ragged_full": 0, "ragged_piecewise": 0, "ragged_keys": 0, "ragged_prefill_full": 0,
-         "ragged_prefill_keys": 0, "added_graphs_captured": 0, "added_graph_bytes": 0, "added_graph_s": 0.0,
-         "added_graphs_logged": 0}
 MIB = 1 << 20
 
 
 def narrow_widths(vllm_config: Any) -> tuple[int, ...]:
     """Our engine's narrow widths (``SpecdecOptions.narrow_widths``), () for any other engine or setting."""
-    from specdec.vllm_plugin.patches.async_sched import is_schedule_config
-    from specdec.vllm_plugin.entry.options import options_from_vllm_config
-
     try:
         if not is_schedule_config(vllm_config):
             return ()
@@ -95,12 +91,6 @@ def narrow_widths(vllm_config: Any) -> tuple[int, ...]:
     except Exception as exc:  # noqa: BLE001 - never fail an engine's start for an optimisation
         logger.debug("specdec: no narrow graphs (%r)", exc)
         return ()
-
-
-def ragged_ready() -> bool:
-    """True once this process made ragged keys (the slot book, in the same process in schedule mode, then
-    gives high-MAT steps per-request slots: ``high_mat_ragged``)."""
-    return STATS["ragged_keys"] > 0
 
 
 def add_narrow_keys(dispatcher: Any, widths: tuple[int, ...], *, full_mode: Any, descriptor: Any,
@@ -120,7 +110,7 @@ def add_narrow_keys(dispatcher: Any, widths: tuple[int, ...], *, full_mode: Any,
         for r in counts:
             full.add(descriptor(num_tokens=q * r, num_reqs=r, uniform=True))
     setattr(dispatcher, NARROW_KEYS, keys)
-    STATS["narrow_keys"] = sum(len(c) for c in keys.values())
+    dispatcher_stats(dispatcher).narrow_keys = sum(len(c) for c in keys.values())
     return sorted({r for c in keys.values() for r in c})
 
 
@@ -226,13 +216,14 @@ def _add_keys(dispatcher: Any, cudagraph_mode: Any, q: int, *, modes: Any, descr
     prefill = ragged_prefill_tokens(dispatcher.vllm_config) if ragged_ok and q > 1 and ceiling else -1
     if prefill < 0:
         return
-    n = STATS["ragged_keys"] = add_ragged_keys(dispatcher, q, full_mode=modes.FULL, descriptor=descriptor,
-                                               ceiling=ceiling)
+    stats = dispatcher_stats(dispatcher)
+    n = stats.ragged_keys = add_ragged_keys(dispatcher, q, full_mode=modes.FULL, descriptor=descriptor,
+                                            ceiling=ceiling)
     logger.info("specdec: full CUDA graphs for ragged verify batches (%d sizes, at most %d tokens per request)", n, q)
     if n and prefill > q and has_field(descriptor, "num_active_loras"):
         n = add_ragged_keys(dispatcher, prefill, full_mode=modes.FULL, descriptor=descriptor, ceiling=ceiling,
                             prefill=True)
-        STATS["ragged_prefill_keys"] = n
+        stats.ragged_prefill_keys = n
         logger.info("specdec: full CUDA graphs for ragged batches with prompt chunks (%d sizes, at most %d tokens "
                     "per request)", n, prefill)
 
@@ -255,12 +246,16 @@ def _wrap_dispatcher(cls: Any, modes: Any, descriptor: Any) -> None:
             tokens, reqs, q = ragged
             prefill = q != getattr(self, RAGGED_KEYS)[0]
             desc = ragged_descriptor(descriptor, tokens, reqs, prefill=prefill)
+            stats = dispatcher_stats(self)
             if _allowed_full(modes, kwargs, has_lora) and desc in self.cudagraph_keys[modes.FULL]:
-                STATS["ragged_prefill_full" if prefill else "ragged_full"] += 1
+                if prefill:
+                    stats.ragged_prefill_full += 1
+                else:
+                    stats.ragged_full += 1
                 setattr(self, RAGGED_HIT, q)
                 return modes.FULL, desc
             if kwargs.get("valid_modes") is None:  # (not a capture's eager warm-up)
-                STATS["ragged_piecewise"] += 1
+                stats.ragged_piecewise += 1
             setattr(self, RAGGED_HIT, None)  # (a re-dispatch, e.g. data-parallel ranks agreeing on another mode)
             return orig_dispatch(self, num_tokens, False, has_lora, *args, **kwargs)
         if getattr(self, NARROW_Q, None) is None or not uniform_decode:
@@ -269,10 +264,11 @@ def _wrap_dispatcher(cls: Any, modes: Any, descriptor: Any) -> None:
             return orig_dispatch(self, num_tokens, uniform_decode, has_lora, *args, **kwargs)
         if _allowed_full(modes, kwargs, has_lora):
             desc = narrow_descriptor(self, num_tokens, descriptor=descriptor)
+            stats = dispatcher_stats(self)
             if desc is not None and desc in self.cudagraph_keys[modes.FULL]:
-                STATS["narrow_full"] += 1
+                stats.narrow_full += 1
                 return modes.FULL, desc
-            STATS["narrow_piecewise"] += 1
+            stats.narrow_piecewise += 1
         return orig_dispatch(self, num_tokens, False, has_lora, *args, **kwargs)  # vLLM's mixed-batch graphs
 
     for fn in (initialize_cudagraph_keys, dispatch):
@@ -307,9 +303,9 @@ def _is_ours(dispatcher: Any, desc: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _measured_capture() -> Iterator[None]:
+def _measured_capture(stats: GraphStats) -> Iterator[None]:
     """Count one capture of our graphs: the device memory it took (free memory before minus after, so graph-pool
-    blocks it reused count as nothing) and its seconds, into ``STATS``."""
+    blocks it reused count as nothing) and its seconds, into ``stats`` (the engine's)."""
     import torch
 
     cuda = torch.cuda.is_available()
@@ -321,20 +317,21 @@ def _measured_capture() -> Iterator[None]:
     finally:
         if cuda:
             torch.cuda.synchronize()
-            STATS["added_graph_bytes"] += max(free_before - torch.cuda.mem_get_info()[0], 0)
-        STATS["added_graph_s"] += time.perf_counter() - t0
-        STATS["added_graphs_captured"] += 1
+            stats.added_graph_bytes += max(free_before - torch.cuda.mem_get_info()[0], 0)
+        stats.added_graph_s += time.perf_counter() - t0
+        stats.added_graphs_captured += 1
 
 
-def log_added_graphs() -> None:
-    """Once, after vLLM captured its graphs: how many graphs the plugin added and what they cost."""
-    if not STATS["added_graphs_captured"] or STATS["added_graphs_logged"]:
+def log_added_graphs(stats: GraphStats) -> None:
+    """Once per engine (``stats``: its counts), after vLLM captured its graphs: how many graphs the plugin added and
+    what they cost."""
+    if not stats.added_graphs_captured or stats.added_graphs_logged:
         return
-    STATS["added_graphs_logged"] = 1
+    stats.added_graphs_logged = 1
     logger.info("specdec: added %d CUDA graphs (narrow %d, ragged %d, ragged with prompt chunks %d): %.0f MiB of "
                 "device memory and %.1f s to capture; vLLM's memory profile counts them before sizing the KV cache",
-                STATS["added_graphs_captured"], STATS["narrow_keys"], STATS["ragged_keys"],
-                STATS["ragged_prefill_keys"], STATS["added_graph_bytes"] / MIB, STATS["added_graph_s"])
+                stats.added_graphs_captured, stats.narrow_keys, stats.ragged_keys,
+                stats.ragged_prefill_keys, stats.added_graph_bytes / MIB, stats.added_graph_s)
 
 
 @contextlib.contextmanager
@@ -365,14 +362,14 @@ def _wrap_runner(cls: Any, *, ragged: bool = True) -> None:
     @functools.wraps(orig_capture_model or _wrap_runner)
     def capture_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig_capture_model(self, *args, **kwargs)
-        log_added_graphs()
+        log_added_graphs(dispatcher_stats(self.cudagraph_dispatcher))
         return out
 
     @functools.wraps(orig_capture)
     def _warmup_and_capture(self: Any, desc: Any, *args: Any, **kwargs: Any) -> Any:
         if not _is_ours(self.cudagraph_dispatcher, desc):
             return _capture_ours(self, desc, args, kwargs)
-        with _measured_capture():
+        with _measured_capture(dispatcher_stats(self.cudagraph_dispatcher)):
             return _capture_ours(self, desc, args, kwargs)
 
     def _capture_ours(self: Any, desc: Any, args: tuple, kwargs: dict[str, Any]) -> Any:

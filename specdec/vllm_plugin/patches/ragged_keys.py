@@ -13,15 +13,16 @@ no other non-uniform FULL keys). Such a graph is captured from vLLM's uniform du
 (an upper bound, correct for varlen attention), so the kernel's launch choices that FlashAttention 3 derives from the
 request count and the max query length (its scheduler metadata, split and GQA packing) are those of the capture, and
 only the per-request lengths, read on the GPU, differ. vLLM's ``cudagraph_mode=FULL`` replays mixed batches with the
-actual max query length from graphs captured with ``T`` (run 18: outputs changed); here the two agree by construction.
+actual max query length from graphs captured with ``T``, so capture and replay can disagree and outputs change; here
+the two agree by construction.
 
 **Prefill-carrying ragged batches** (``ragged_prefill_tokens`` = P > q): a step that also carries prompt chunks of
 at most P tokens each (short prompts joining a running batch: sustained load) gets a second family of FULL keys,
 captured and replayed the same way with ``max_query_len = P`` (vLLM's uniform dummy of ``cdiv(T, P)`` requests of P
 tokens). Its keys differ from the first family's by ``num_active_loras = PREFILL_TAG`` (vLLM's LoRA count, never
 non-zero without LoRA; no keys where LoRA is configured); the capture hands vLLM the key without the tag. Without
-them such steps run as piecewise graphs, whose launches the host could not keep up with on a slower host (run 142:
-the GPU idled 7.0 ms before each of them at code batch 64, 1.5 ms before the ragged FULL steps).
+them such steps run as piecewise graphs, whose many launches a slower host cannot issue as fast as the GPU runs
+them: the GPU idles before each such step, several times longer than before a step replayed from one FULL graph.
 """
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ import functools
 import logging
 from typing import Any
 
+from specdec.vllm_plugin.entry.options import options_from_vllm_config
 from specdec.vllm_plugin.logs import LOGGER_NAME
+from specdec.vllm_plugin.patches.async_sched import is_schedule_config
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -54,9 +57,6 @@ GRAPH_LADDER_RATIO = 1.25  # consecutive sizes of our extra graphs differ by >= 
 def ragged_prefill_tokens(vllm_config: Any) -> int:
     """Our engine with ``ragged_graphs`` on: its ``ragged_prefill_tokens`` (0: no prefill-carrying family; also with
     LoRA); -1 for any other engine or setting."""
-    from specdec.vllm_plugin.patches.async_sched import is_schedule_config
-    from specdec.vllm_plugin.entry.options import options_from_vllm_config
-
     try:
         if not is_schedule_config(vllm_config):
             return -1
