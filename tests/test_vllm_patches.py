@@ -103,6 +103,27 @@ def test_the_start_up_line_names_the_features_and_why_they_are_off():
                              "narrow graphs (narrow graphs: CudagraphDispatcher.dispatch is not the one)")
 
 
+def test_the_proposer_logs_the_whole_tables_line_once(monkeypatch):
+    """Building the proposer (once per engine, in the model runner) applies the whole table and logs its one line;
+    nothing else logs a line of the table."""
+    from specdec.vllm_plugin import proposer as proposer_module
+
+    report = PatchReport(TESTED, {r.name: "" for r in TABLE})
+    stages, lines = [], []
+    monkeypatch.setattr(proposer_module, "apply_patches", lambda stage: stages.append(stage) or report)
+    monkeypatch.setattr(proposer_module, "logger", SimpleNamespace(info=lambda *a: lines.append(a[0] % a[1:]),
+                                                                   warning=lambda *a: None))
+    cfg = SimpleNamespace(additional_config={"specdec": {"draft_timeout_ms": 0}},
+                          speculative_config=SimpleNamespace(num_speculative_tokens=4),
+                          model_config=SimpleNamespace(max_model_len=64))
+    prop = proposer_module.SpecdecProposer(cfg)
+    prop.close()
+    table_lines = [line for line in lines if "vLLM patches applied" in line]
+    assert stages == ["all"] and table_lines == [report.line()]
+    assert report.line().startswith(f"specdec: {len(TABLE)}/{len(TABLE)} vLLM patches applied (vLLM {TESTED}); "
+                                    "features on: method='specdec', schedule, ")
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable (scripts/test.sh has vLLM)")
 @pytest.mark.parametrize("row", TABLE, ids=[r.name for r in TABLE])
 def test_every_row_fits_the_installed_vllm(row):

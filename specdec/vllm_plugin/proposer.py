@@ -60,10 +60,11 @@ class SpecdecProposer:
 
     def __init__(self, vllm_config: Any, *, drafter: Drafter | None = None, patch_runner: bool = True,
                  patches: PatchReport | None = None) -> None:
-        """``patch_runner``: apply the model runner's rows of the patch table (and log the start-up line);
+        """``patch_runner``: apply the patch table (its model-runner rows; the plugin's entry point applied the
+        others in this process already, so those report as they stand) and log the start-up line, once per engine;
         ``patches``: the report to act on instead (tests)."""
         self.vllm_config = vllm_config
-        self.patches = apply_patches("worker") if patch_runner else (patches or PatchReport("unknown"))
+        self.patches = apply_patches("all") if patch_runner else (patches or PatchReport("unknown"))
         if patch_runner:
             logger.info("%s", self.patches.line())
         self.options = options_from_vllm_config(vllm_config)

@@ -3,7 +3,8 @@
 vLLM loads general plugins in every process (front-end, engine core, workers), so ``register()`` is idempotent and
 initialises no CUDA: it applies the "register" rows of the patch table (the speculative-config rewrite and the
 async-scheduling whitelist). The model runner's rows are applied when the proposer is built
-(``patches.table.apply_patches("worker")``), which also logs the start-up line.
+(``patches.table.apply_patches("all")``: the rows applied here are already in place and report so), which also logs
+the start-up line of the whole table, once per engine.
 """
 from __future__ import annotations
 
