@@ -15,7 +15,9 @@ import pytest
 
 from core_support import target_sequence
 from specdec.drafters.suffix import SuffixDrafter, native_available
+from specdec.vllm_plugin.core.engine import LaneEngine, StepEngine
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
+from specdec.vllm_plugin.core.python_engine import PythonEngine
 from specdec.vllm_plugin.entry.options import SpecdecOptions
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="native suffix core not built")
@@ -113,6 +115,8 @@ def test_lane_drafts_and_stats_equal_the_python_path(opts):
     eng = FakeEngine(seed=1)
     cores = twins(eng.clock, **opts)
     assert cores[0].lane is None and cores[1].lane is not None
+    assert all(isinstance(c.engine, StepEngine) for c in cores)  # the one interface the proposer drafts through
+    assert isinstance(cores[0].engine, PythonEngine) and isinstance(cores[1].engine, LaneEngine)
     drafts: dict[str, list[int]] = {}
     for step in range(160):
         eng.churn(step)
@@ -241,7 +245,7 @@ def test_lane_is_off_for_thread_deadlines_and_non_native_drafters():
 
 
 def test_lane_overruns_drop_their_steps_and_the_third_hands_over_to_the_python_path(monkeypatch):
-    import specdec.vllm_plugin.core.proposer_core as core_mod
+    import specdec.vllm_plugin.core.engine as core_mod  # the lane engine calls lane_step
 
     eng = FakeEngine(seed=2)
     lane_core = twins(draft_timeout_ms=5.0)[1]

@@ -364,7 +364,7 @@ def test_unbound_proposer_falls_back_to_the_callers_input_batch():
 
 
 def test_auto_deadline_mode_goes_inline_for_a_fast_drafter_and_back_on_an_overrun():
-    from specdec.vllm_plugin.core import proposer_core as core_mod
+    from specdec.vllm_plugin.core import python_engine as core_mod
 
     drafter = OracleDrafter()
     core = make_core(drafter, draft_timeout_ms=200, max_model_len=4096)
@@ -372,14 +372,14 @@ def test_auto_deadline_mode_goes_inline_for_a_fast_drafter_and_back_on_an_overru
     runner.add("a", [1, 2, 3])
     for _ in range(core_mod.AUTO_PROBE_JOBS):
         run_step(core, runner)
-    assert core._inline_ok and any(t.startswith("specdec-draft") for t in drafter.threads)
+    assert core.python.inline_ok and any(t.startswith("specdec-draft") for t in drafter.threads)
     drafter.sleep_s = 0.3  # now slower than the 200 ms deadline
     assert run_step(core, runner) == [[]]
-    assert core.stats.timeouts == 1 and not core._inline_ok
+    assert core.stats.timeouts == 1 and not core.python.inline_ok
     drafter.sleep_s = 0.0
     for _ in range(core_mod.AUTO_PROBE_JOBS + 2):
         run_step(core, runner)
-    assert not core._inline_ok  # an overrun bans inline drafting for good
+    assert not core.python.inline_ok  # an overrun bans inline drafting for good
     n = int(runner.num_tokens_no_spec[0])
     assert drafter.ctx["a"] == runner.token_ids_cpu[0, :n].tolist()
     core.close()

@@ -24,7 +24,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from specdec.vllm_plugin.core.adaptive import bucket_of
-from specdec.vllm_plugin.core.proposer_core import LANE_MAX_OVERRUNS, ProposerCore, StepPlan
+from specdec.vllm_plugin.core.engine import LANE_MAX_OVERRUNS, StepPlan
+from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.logs import LOGGER_NAME
 
 logger = logging.getLogger(LOGGER_NAME)

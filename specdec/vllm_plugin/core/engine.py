@@ -1,0 +1,132 @@
+"""The one typed interface between ``ProposerCore`` and the engine that drafts a step's rows (``StepEngine``), and
+its native implementation (``LaneEngine``: the drafter's one-call lane, ``lane.py``).
+
+``ProposerCore`` takes every step's decisions (``StepPlan``: the draft length limit, spec or plain, padding) and
+keeps the statistics; the engine holds the requests it drafts for and turns the rows into drafts. Two engines give
+the same drafts and statistics (``tests/test_vllm_lane.py``): ``PythonEngine`` (``python_engine.py``: per-row
+bookkeeping, a batched drafter job, maybe on the deadline thread) for any drafter, and ``LaneEngine`` for a drafter
+that offers a lane (the native suffix drafter). The proposer starts on the lane where there is one and falls back
+to the Python engine for good after ``LANE_MAX_OVERRUNS`` late steps.
+"""
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from specdec.vllm_plugin.core.lane import Lane, lane_step
+
+LANE_MAX_OVERRUNS = 3  # native-step calls over the deadline before the proposer falls back to the Python engine
+
+
+class StepPlan(NamedTuple):
+    """One step's decisions, taken before drafting (``ProposerCore._begin``)."""
+
+    t0: float  # clock at the step's start
+    rows: int
+    k: int  # draft length limit this step
+    mode: str  # "spec" or "plain"
+    running: int  # rows with new tokens
+    present: set[str]  # the step's request ids (those the drafter holds beyond them are stopped)
+
+
+@runtime_checkable
+class StepEngine(Protocol):
+    """What ``ProposerCore`` and the modes call on the engine that drafts (see the module docstring)."""
+
+    lane: Lane | None  # the drafter's native lane (token-matrix steps, thread mode), None for the Python engine
+
+    @property
+    def request_ids(self) -> Collection[str]:
+        """The requests the engine holds, in start order."""
+        ...
+
+    def draft_rows(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],
+                   num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray, num_prompt_tokens: np.ndarray | None,
+                   *, plan: StepPlan) -> list[list[int]]:
+        """One step's drafts per row (vLLM's arrays, as ``ProposerCore.step`` takes them), after the stops."""
+        ...
+
+    def stop(self, request_id: str) -> None:
+        """Stop a held request (it restarts from its context if seen again)."""
+        ...
+
+    def stop_all(self) -> None:
+        """Stop every held request."""
+        ...
+
+    def invalidate(self, request_id: str) -> None:
+        """The request's next row restarts it from its full context."""
+        ...
+
+    def start_early(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int]) -> bool:
+        """Start a request not held yet from its context ahead of its row; False if the engine does not."""
+        ...
+
+    def refresh_early(self) -> int:
+        """Rebuild now what the stops made stale (the next step would); the requests refreshed."""
+        ...
+
+    def close(self) -> None:
+        """Release what the engine holds (its requests are stopped first)."""
+        ...
+
+
+class LaneEngine:
+    """``StepEngine`` on the drafter's native lane: every row's bookkeeping, drafting, cut and padding in one call.
+    ``core``: the ``ProposerCore`` that owns it (its decisions, statistics and deadline)."""
+
+    def __init__(self, core: Any, lane: Lane) -> None:
+        self.core = core
+        self.lane: Lane | None = lane
+
+    @property
+    def request_ids(self) -> Collection[str]:
+        assert self.lane is not None
+        return self.lane.request_ids
+
+    def draft_rows(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],
+                   num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray, num_prompt_tokens: np.ndarray | None,
+                   *, plan: StepPlan) -> list[list[int]]:
+        """Same drafts as the Python engine. A step over the deadline is dropped (counted); after
+        LANE_MAX_OVERRUNS of them the core moves to the Python engine (threaded, deadline-checked)."""
+        assert self.lane is not None
+        core = self.core
+        decisions = core._lane_decisions(k=plan.k, mode=plan.mode, running=plan.running)
+        t0 = core.clock()
+        drafts, counts = lane_step(self.lane, req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+                                   num_prompt_tokens=num_prompt_tokens, decisions=decisions)
+        core._count_lane(counts)
+        if core._lane_overrun(t0):
+            core._on_timeout(sum(1 for d in drafts if d))
+            return [[] for _ in drafts]
+        return drafts
+
+    def stop(self, request_id: str) -> None:
+        assert self.lane is not None
+        self.lane.stop(request_id)
+
+    def stop_all(self) -> None:
+        if self.lane is not None:
+            for rid in list(self.lane.request_ids):
+                self.lane.stop(rid)
+
+    def invalidate(self, request_id: str) -> None:
+        assert self.lane is not None
+        self.lane.lane_invalidate(request_id)
+
+    def start_early(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int]) -> bool:
+        assert self.lane is not None
+        if request_id in self.lane.request_ids:
+            return False
+        self.lane.lane_start(request_id, prompt_ids, rest_ids)
+        return True
+
+    def refresh_early(self) -> int:
+        assert self.lane is not None
+        return self.lane.lane_refresh()
+
+    def close(self) -> None:
+        self.stop_all()
+
