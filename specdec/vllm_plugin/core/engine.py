@@ -10,8 +10,8 @@ to the Python engine for good after ``LANE_MAX_OVERRUNS`` late steps.
 """
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
+from collections.abc import Collection, Sequence
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 

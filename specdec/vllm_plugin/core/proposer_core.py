@@ -5,18 +5,20 @@ Each step vLLM hands the proposer, row by row of its input batch, the tokens the
 context length after them (``num_tokens_no_spec[i]``) and the context itself (``token_ids_cpu[i, :n]``).
 Rows move between steps, so state is keyed by vLLM's request id (``req_ids[i]``, from the runner's input batch).
 
-``ProposerCore.step`` takes the step's decisions (``StepPlan``), keeps the statistics and the step-cost fit, and
-hands the rows to its drafting engine (``engine.StepEngine``: the native lane or the Python engine), which turns
-them into drafter lifecycle calls (start / extend / stop, keyed by request id), drafting under a deadline, and chain
-drafts that never exceed ``num_speculative_tokens`` nor reach past ``max_model_len``. A request seen with a context length that does not follow from what the drafter
-knows (preemption, recompute) is restarted from the full context ("resync"). Requests absent from the batch are
-stopped (finished, aborted or preempted; a preempted one is restarted when it returns).
+``ProposerCore.step`` takes the step's decisions (``StepPlan``), keeps the statistics and the step-cost fit, and hands
+the rows to its drafting engine (``engine.StepEngine``: the native lane or the Python engine), which turns them into
+drafter lifecycle calls (start / extend / stop, keyed by request id), drafting under a deadline, and chain drafts that
+never exceed ``num_speculative_tokens`` nor reach past ``max_model_len``. A request seen with a context length that
+does not follow from what the drafter knows (preemption, recompute) is restarted from the full context ("resync").
+Requests absent from the batch are stopped (finished, aborted or preempted; a preempted one is restarted when it
+returns).
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 

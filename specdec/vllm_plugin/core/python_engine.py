@@ -9,8 +9,8 @@ first path probability under the step's cut, then padded where the step pads.
 """
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Any, Sequence
+from collections.abc import Collection, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -8,6 +8,7 @@ in one process keep theirs apart. Never imports vLLM.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
@@ -50,10 +51,8 @@ def graph_stats_of(vllm_config: Any) -> GraphStats:
     stats = getattr(vllm_config, ENGINE_GRAPH_STATS, None)
     if stats is None:
         stats = GraphStats()
-        try:
+        with contextlib.suppress(AttributeError, TypeError):
             object.__setattr__(vllm_config, ENGINE_GRAPH_STATS, stats)
-        except (AttributeError, TypeError):
-            pass
     return stats
 
 

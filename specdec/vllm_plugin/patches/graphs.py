@@ -22,9 +22,10 @@ length, each a pass-through for any engine that is not ours with narrow slots:
 
 The graphs are captured and replayed exactly as vLLM's own uniform ones, with a different query length: what
 FlashAttention 3's scheduler metadata depends on (requests, max query length) is the same at capture and replay.
-(vLLM's ``cudagraph_mode=FULL`` instead replays *mixed* batches from graphs captured for other shapes, whose
-scheduler metadata then differs from the replayed batch's and can change outputs.) Version-checked by the source of the methods wrapped; anything unexpected: logged once, narrow
-batches run piecewise (correct, only slower). Never imported by ``drafters/``; imports vLLM only inside the patch.
+(vLLM's ``cudagraph_mode=FULL`` instead replays *mixed* batches from graphs captured for other shapes, whose scheduler
+metadata then differs from the replayed batch's and can change outputs.) Version-checked by the source of the methods
+wrapped; anything unexpected: logged once, narrow batches run piecewise (correct, only slower). Never imported by
+``drafters/``; imports vLLM only inside the patch.
 
 Ragged batches (requests of different lengths in one FULL graph): ``specdec.vllm_plugin.patches.ragged_keys``; the
 wrappers here dispatch and capture them.
