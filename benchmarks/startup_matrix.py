@@ -50,7 +50,7 @@ MAX_TOKENS = 64  # new tokens per request
 LOG_PATTERNS = {  # vLLM 0.26's start-up lines (and specdec's own)
     "graph_profile": re.compile(r"Profiling CUDA graph memory: (.*)"),
     "graph_estimate_gib": re.compile(r"Estimated CUDA graph memory: ([\d.]+) GiB total"),
-    "graph_mode_estimate": re.compile(r"Estimated (\w+) CUDA graph memory: ([\d.]+) MiB first-capture \+ "
+    "graph_mode_estimate": re.compile(r"Estimated (\w+) CUDA graph memory: (-?[\d.]+) MiB first-capture \+ "
                                       r"\((\d+)-1\) × ([\d.]+) MiB per-graph"),
     "kv_cache_gib": re.compile(r"Available KV cache memory: (-?[\d.]+) GiB"),
     "kv_cache_tokens": re.compile(r"GPU KV cache size: ([\d,]+) tokens"),
