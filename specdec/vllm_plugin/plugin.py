@@ -22,7 +22,7 @@ import logging
 from typing import Any
 
 from specdec.config import ConfigError
-from specdec.vllm_plugin.logs import LOGGER_NAME, follow_vllm_logging
+from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.options import ADDITIONAL_CONFIG_KEY, METHOD, normalise_keys, split_speculative_config
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -161,7 +161,6 @@ def register() -> None:
     if _state["registered"]:
         return
     _state["registered"] = True
-    follow_vllm_logging()  # our lines where vLLM's go, in its format and at its level
     try:
         from vllm.engine.arg_utils import EngineArgs
     except Exception as exc:  # noqa: BLE001 - never break vLLM start-up from a plugin
