@@ -17,6 +17,7 @@ cd "$(dirname "$0")/.."
 
 PY=python
 VENV_ROOT="${SPECDEC_VLLM_VENV_ROOT:-/opt}"
+[ -w "$VENV_ROOT" ] || [ -n "${SPECDEC_VLLM_VENV_ROOT:-}" ] || VENV_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/specdec"
 TORCH_PIN="torch==2.13.0"
 # Packages vLLM requires that serve only its GPU kernels or need a CUDA torch of their own; the glue tests import vLLM
 # on the CPU torch above without them.
@@ -100,7 +101,8 @@ make_vllm_venv() {  # <venv> <version>; called in an `||` list, where `set -e` i
   rm -rf "$venv" && "$PY" -m venv "$venv" || return 1
   site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") || return 1
   point_at_caller "$site" || return 1
-  wheel_dir=$(mktemp -d)
+  wheel_dir="$venv/.specdec-download"  # goes with the venv when it is made again
+  mkdir -p "$wheel_dir" || return 1
   quiet_pip "$venv/bin/pip" download -q --no-deps "vllm==$version" -d "$wheel_dir" || return 1
   vllm_requirements "$wheel_dir"/vllm-*.whl > "$wheel_dir/requirements.txt" || return 1
   # torch pinned to the caller's: a requirement wanting another torch fails here instead of pulling a CUDA build.
@@ -110,16 +112,15 @@ make_vllm_venv() {  # <venv> <version>; called in an `||` list, where `set -e` i
   local pulled
   pulled=$("$venv/bin/pip" list --format=freeze --path "$site" | cut -d= -f1 | tr 'A-Z_.' 'a-z--' | grep -E "$GPU_ONLY") || true
   [ -z "$pulled" ] || "$venv/bin/pip" uninstall -y -q $pulled || return 1
-  quiet_pip "$venv/bin/pip" install -q --no-deps "$wheel_dir"/vllm-*.whl || return 1
-  rm -rf "$wheel_dir"
+  quiet_pip "$venv/bin/pip" install -q --no-deps "$wheel_dir"/vllm-*.whl && rm -rf "$wheel_dir"
 }
 
-# The vLLM venv sees the caller's site-packages after its own (torch and the editable specdec; their .pth files run
-# too). Rewritten on every run, so a cached venv follows whichever venv runs this script.
+# The vLLM venv sees the site-packages named by SPECDEC_CALLER_SITE after its own (this venv's torch and editable
+# specdec; their .pth files run too). The name travels in the environment, not in the shared venv, so two callers
+# running at once each see their own.
 point_at_caller() {  # <vLLM venv's site-packages>
-  local ours
-  ours=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") &&
-    echo "import site; site.addsitedir('$ours')" > "$1/specdec-caller-venv.pth"
+  echo 'import os, site; os.environ.get("SPECDEC_CALLER_SITE") and site.addsitedir(os.environ["SPECDEC_CALLER_SITE"])' \
+    > "$1/specdec-caller-site.pth"
 }
 
 vllm_glue_tests() {  # <version>
@@ -143,6 +144,8 @@ vllm_glue_tests() {  # <version>
 step "install ($TORCH_PIN, then -e .[dev,onnx])"
 quiet_pip "$PY" -m pip install -q "$TORCH_PIN"
 quiet_pip "$PY" -m pip install -q -e ".[dev,onnx]"
+SPECDEC_CALLER_SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+export SPECDEC_CALLER_SITE
 
 step "ruff check"
 "$PY" -m ruff check . || FAILED+=("ruff-check")
