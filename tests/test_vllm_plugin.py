@@ -1,5 +1,5 @@
 """CPU tests of the plugin's config rewrite and option validation (vLLM-free), plus the real vLLM hooks when
-vLLM is importable (CI: the /opt/vllm-venv venv with vllm==0.32.0; see docs/vllm.md)."""
+vLLM is importable (scripts/test.sh runs them against each vLLM in specdec/vllm_plugin/versions.py)."""
 from __future__ import annotations
 
 import importlib.util
@@ -196,7 +196,7 @@ def test_options_defaults_are_valid_and_described():
 
 
 # ----------------------------------------------------------------------------- real vLLM (CPU import only)
-needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vllm not importable here (CI: run in /opt/vllm-venv)")
+needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vllm not importable (scripts/test.sh has vLLM)")
 
 
 @needs_vllm
