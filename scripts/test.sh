@@ -162,7 +162,8 @@ run_pytest "cpu-suite" "$PY" -q -m "not vllm"
 step "native extensions"
 check_native
 
-for version in $(tested_vllm_versions); do
+versions=$(tested_vllm_versions)  # an unreadable list stops the script here (set -e) rather than testing nothing
+for version in $versions; do
   step "vLLM glue tests against vLLM $version"
   vllm_glue_tests "$version"
 done
