@@ -31,6 +31,7 @@ IDLE_EXIT_S = 60.0  # the fake server exits after this long without a request
 WORDS = ("alpha", "beta", "gamma", "delta", "omega", "\n", "sigma", "tau")
 DRAFT_K = 4  # fake drafting: per generated token one draft of DRAFT_K tokens, half accepted
 BENCH_THREADS = 8
+GREEDY_TOP_P = 1e-6  # top_p below this keeps one candidate: greedy
 
 
 class FakeState:
@@ -63,7 +64,8 @@ class FakeState:
 def _words(body: dict[str, Any]) -> list[str]:
     prompt = body.get("prompt", "")
     seed = hashlib.sha256(json.dumps(prompt).encode()).digest()
-    rng = random.Random(None if body.get("temperature", 1.0) else seed)  # greedy: every choice the same
+    greedy = not body.get("temperature", 1.0) or body.get("top_k") == 1 or body.get("top_p", 1.0) < GREEDY_TOP_P
+    rng = random.Random(seed if greedy else None)  # greedy: every choice the same
     out, text = [], ""
     for _ in range(int(body.get("max_tokens", 16))):
         out.append(rng.choice(WORDS) + " ")
