@@ -285,6 +285,9 @@ def _validate(args: argparse.Namespace) -> None:
         raise ServeError(f"--rates {args.rates} are relative to R: pass --saturation-rate R, --saturation-rate auto "
                          "or --saturation-file")
     load_saturation(args)
+    if args.cmd == "run":  # the syntax of every rate, R taken as 1 until it is known
+        for d in args.datasets:
+            parse_rates(args.rates, {d: {"rate": 1.0}}, d)
 
 
 def _inflate(args: argparse.Namespace) -> None:

@@ -82,7 +82,8 @@ def plot(doc: dict[str, Any], path: Path) -> str:
             ax.set_xlabel(f"request rate (req/s; inf at {INF_X_FACTOR}x the largest)")
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
+            if ax.lines:
+                ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
