@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -29,6 +31,7 @@ from benchmarks import serve_inputs as inputs
 from benchmarks.serve_common import (
     HEALTH_TIMEOUT_S,
     HOST,
+    VLLM_CLI_ENV,
     ServeError,
     Server,
     device_name,
@@ -288,6 +291,10 @@ def _validate(args: argparse.Namespace) -> None:
     if args.cmd == "run":  # the syntax of every rate, R taken as 1 until it is known
         for d in args.datasets:
             parse_rates(args.rates, {d: {"rate": 1.0}}, d)
+    real_cli = not (args.vllm_cli or os.environ.get(VLLM_CLI_ENV))
+    if needs_pools and real_cli and importlib.util.find_spec("pandas") is None:
+        raise ServeError(f"datasets {needs_pools} need pandas (vLLM's custom dataset reads JSONL with it): build the "
+                         "bundle with --extra-req benchmarks/requirements-serve.txt, or use --datasets random")
 
 
 def _inflate(args: argparse.Namespace) -> None:
