@@ -50,7 +50,7 @@ MAX_TOKENS = 64  # new tokens per request
 LOG_PATTERNS = {  # vLLM 0.26's start-up lines (and specdec's own)
     "graph_profile": re.compile(r"Profiling CUDA graph memory: (.*)"),
     "graph_estimate_gib": re.compile(r"Estimated CUDA graph memory: ([\d.]+) GiB total"),
-    "graph_mode_estimate": re.compile(r"Estimated (\w+) CUDA graph memory: ([\d.]+) MiB first-capture \+ "
+    "graph_mode_estimate": re.compile(r"Estimated (\w+) CUDA graph memory: (-?[\d.]+) MiB first-capture \+ "
                                       r"\((\d+)-1\) × ([\d.]+) MiB per-graph"),
     "kv_cache_gib": re.compile(r"Available KV cache memory: (-?[\d.]+) GiB"),
     "kv_cache_tokens": re.compile(r"GPU KV cache size: ([\d,]+) tokens"),
@@ -127,9 +127,10 @@ def run_one(args: argparse.Namespace, config: str, method: str, prompts: list[li
 
 def compare(rows: list[dict[str, Any]]) -> None:
     """Each row's greedy outputs against no speculation's in the same configuration (``same_as_nospec``)."""
-    base = {r["config"]: r.get("outputs") for r in rows if r["method"] == "nospec"}
+    base = {r["config"]: r.get("outputs") for r in rows if r["method"] == "nospec" and r.get("outputs")}
+    first = next(iter(base.values()), None)  # configurations without a no-spec engine of their own compare to it
     for r in rows:
-        ref = base.get(r["config"])
+        ref = base.get(r["config"], first)
         if not r["method"].startswith("nospec") and ref is not None and r.get("outputs") is not None:
             r["prompts_differing"] = sum(a != b for a, b in zip(ref, r["outputs"]))
 
@@ -169,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", default="device_inputs/prompts.json", help="prepare_prompts output (code set)")
     ap.add_argument("--configs", default="defaults", type=lambda s: s.split(","))
     ap.add_argument("--methods", default="nospec,suffix,specdec", type=lambda s: s.split(","))
+    ap.add_argument("--nospec-configs", default="", type=lambda s: [c for c in s.split(",") if c],
+                    help="run no speculation only in these configurations (the others compare to the first one's)")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--engine-json", default="", help="JSON engine arguments added to every configuration")
     ap.add_argument("--log-level", default="INFO", help="VLLM_LOGGING_LEVEL of the engines (DEBUG: per-mode "
@@ -190,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for config in args.configs:
         for method in args.methods:
+            if method == "nospec" and args.nospec_configs and config not in args.nospec_configs:
+                continue
             row = run_one(args, config, method, prompts)
             rows.append(row)
             print(f"[startup_matrix] {config:>9} {method:>8}: started={row['started']} "

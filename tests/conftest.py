@@ -12,7 +12,13 @@ def _has_cuda() -> bool:
         return False
 
 
+VLLM_GLUE_PREFIX = "test_vllm_"  # every test in tests/test_vllm_*.py is a vLLM glue test; others opt in with the marker
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name.startswith(VLLM_GLUE_PREFIX):
+            item.add_marker(pytest.mark.vllm)
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine; results under eval/results/)")

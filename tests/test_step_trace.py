@@ -93,6 +93,7 @@ def test_step_cost_fit_recovers_a_known_line_and_skips_prefill_and_narrow_steps(
     assert plain["period_ms"] == pytest.approx(sum(trace["period_ms"][:10]) / 10)
 
 
+@pytest.mark.vllm  # needs vLLM: run by scripts/test.sh against each tested vLLM
 def test_timer_and_trace_hooks_keep_vllm_signatures(monkeypatch):
     """On a real vLLM (CI's vLLM venv): the wrapped runner, dispatcher and scheduler methods keep their signatures
     (the plugin's runner patch checks them)."""

@@ -1,6 +1,6 @@
 """FULL CUDA graphs for narrow verify batches (``specdec.vllm_plugin.patches.graphs``) and the narrow slot schedule.
 
-The dispatcher tests run vLLM's own ``CudagraphDispatcher`` (vLLM 0.32 on the CPU, CI's venv; skipped where vLLM is
+The dispatcher tests run vLLM's own ``CudagraphDispatcher`` (every tested vLLM on the CPU in CI; skipped where vLLM is
 not importable) with our wrappers; the runner wrapper runs on a fake runner whose dispatch and capture record what
 vLLM's would do; the slot book and the drafting's padding need no vLLM."""
 from __future__ import annotations
@@ -23,7 +23,7 @@ from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 from specdec.vllm_plugin.core.slots import PLACEHOLDER, SlotBook
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vllm not importable here (CI: /opt/vllm-venv)")
+needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vllm not importable (scripts/test.sh has vLLM)")
 K = 16  # vLLM's uniform graphs: 17 tokens per request
 WIDTH = 6  # narrow graphs: 7 tokens per request
 CAPTURE_SIZES = [17 * r for r in (1, 2, 4, 8, 16, 24, 32, 48, 64)]

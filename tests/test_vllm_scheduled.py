@@ -365,7 +365,7 @@ def test_whitelist_patch_adds_custom_class_for_our_schedule_mode_only():
     assert get_args(module.NgramGPUTypes) == ("ngram_gpu",)  # restored after the call
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable here (CI: /opt/vllm-venv)")
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable (scripts/test.sh has vLLM)")
 def test_real_vllm_has_the_hooks_and_the_whitelist_this_mode_patches():
     import inspect
 
@@ -756,7 +756,7 @@ def test_prefill_steps_cap_the_decoding_requests_slots():
     assert book.as_dict()["prefill_steps"] == 2 and book.as_dict()["prefill_trimmed_slots"] == 6
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable here (CI: /opt/vllm-venv)")
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable (scripts/test.sh has vLLM)")
 def test_real_vllm_async_scheduler_is_the_one_the_slot_patch_expects():
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
@@ -769,7 +769,7 @@ def test_real_vllm_async_scheduler_is_the_one_the_slot_patch_expects():
     assert not getattr(AsyncScheduler._update_after_schedule, "_specdec_wrapped", False)  # the subclass only
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable here (CI: /opt/vllm-venv)")
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable (scripts/test.sh has vLLM)")
 def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch):
     """vLLM's own AsyncScheduler (CPU, no model run) with the slot patch: a step's scheduled tokens per request are
     1 + the slots the book holds when that step is scheduled (vLLM reserved placeholders at the end of scheduling

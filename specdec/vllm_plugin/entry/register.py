@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from specdec.vllm_plugin.logs import LOGGER_NAME, follow_vllm_logging
+from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.patches.table import apply_patches, PatchReport
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -18,7 +18,6 @@ logger = logging.getLogger(LOGGER_NAME)
 
 def register() -> PatchReport:
     """vLLM general-plugin entry point: idempotent, no CUDA initialisation. Returns the report of its rows."""
-    follow_vllm_logging()  # our lines where vLLM's go, in its format and at its level
     report = apply_patches("register")
     why = report.rows.get("speculative config")
     if why:

@@ -1,0 +1,330 @@
+"""Serving benchmark with vLLM's own client: `vllm serve` (vLLM's default engine arguments plus only
+``--speculative-config``) driven by `vllm bench serve` over the completions API, one server per method.
+
+    python -m benchmarks.serve_bench prepare                                   # CPU: device_inputs/serve_prompts.json
+    python -m benchmarks.serve_bench find-saturation --datasets code --out-dir $OUT        # GPU: R of no speculation
+    python -m benchmarks.serve_bench run --methods nospec,specdec --datasets code,random \\
+        --saturation-file sat.json --out-dir $OUT                                           # GPU: the table
+
+Per method: start the server on loopback, wait for /health, warm it up on a slice of its own, then per dataset
+and rate run `vllm bench serve` on a slice no earlier rate of that server used (``--fresh-server-per-rate``: a new
+server for every rate), scrape /metrics before and after for vLLM's spec-decode counters, and stop the server with
+SIGINT to its process group. Rates: ``0.25R,0.5R,0.75R,inf`` (``R`` from ``--saturation-rate``,
+``--saturation-file`` or ``auto``: found first in the same call) or plain numbers. ``--time-budget-s`` stops
+starting new work in time to write results inside one device call. Writes serve_bench-<tag>.{json,md,png}.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from benchmarks import serve_inputs as inputs
+from benchmarks.serve_common import (
+    HEALTH_TIMEOUT_S,
+    HOST,
+    VLLM_CLI_ENV,
+    ServeError,
+    Server,
+    device_name,
+    free_port,
+    parse_methods,
+    scrape,
+    spec_config,
+    spec_delta,
+    versions,
+    vllm_cli,
+)
+from benchmarks.serve_report import write_outputs
+
+RANDOM_INPUT_LEN, RANDOM_OUTPUT_LEN = 256, 128  # the low-acceptance random traffic of the issue
+WARMUP_SLICE = 0  # slice 0 of every pool warms a server up; rate k uses slice k + 1
+SATURATION_LADDER = (0.5, 0.75, 1.0, 1.25)  # rates (x capacity) measured to show where output tokens/s stop rising
+BENCH_TIMEOUT_S = 600
+RATE_SLICES = 4  # slices the saturation ladder cycles through (one per default rate)
+MARGIN_S = 30.0  # kept from --time-budget-s for stopping the server and writing results
+
+
+class Budget:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic() - MARGIN_S
+
+
+def parse_rates(text: str, saturation: dict[str, float] | None, dataset: str) -> list[tuple[str, float | str]]:
+    """``0.25R,...,inf,12`` -> [(label, req/s or "inf")]; ``xR`` needs the dataset's saturation rate."""
+    out: list[tuple[str, float | str]] = []
+    for tok in (t.strip() for t in text.split(",") if t.strip()):
+        if tok == "inf":
+            out.append(("inf", "inf"))
+        elif tok.endswith("R"):
+            if not saturation or dataset not in saturation:
+                raise ServeError(f"rate {tok!r} needs the saturation rate R of dataset {dataset!r}: pass "
+                                 "--saturation-rate, --saturation-file or --saturation-rate auto")
+            out.append((tok, float(tok[:-1] or 1) * saturation[dataset]["rate"]))
+        else:
+            try:
+                out.append((tok, float(tok)))
+            except ValueError:
+                raise ServeError(f"rate {tok!r} is not a number, 'xR' or 'inf' (e.g. --rates 0.25R,0.5R,inf)") from None
+    return out
+
+
+def bench_cmd(args: argparse.Namespace, *, port: int, dataset: str, rows_file: Path | None, num: int,
+              rate: float | str, seed: int, result: Path) -> list[str]:
+    """The `vllm bench serve` command line of one rate (flags as in vLLM 0.26's benchmarks/serve.py)."""
+    cmd = [*vllm_cli(args.vllm_cli), "bench", "serve", "--backend", "vllm", "--model", args.model,
+           "--host", HOST, "--port", str(port), "--endpoint", "/v1/completions", "--num-prompts", str(num),
+           "--request-rate", str(rate), "--seed", str(seed), "--temperature", str(args.temperature),
+           "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--disable-tqdm",
+           "--save-result", "--result-dir", str(result.parent), "--result-filename", result.name]
+    if dataset == inputs.RANDOM_DATASET:
+        cmd += ["--dataset-name", "random", "--random-input-len", str(RANDOM_INPUT_LEN),
+                "--random-output-len", str(RANDOM_OUTPUT_LEN)]
+    else:
+        cmd += ["--dataset-name", "custom", "--dataset-path", str(rows_file), "--custom-output-len", "-1",
+                "--skip-chat-template", "--disable-shuffle", "--no-oversample"]
+    if args.ignore_eos:
+        cmd.append("--ignore-eos")
+    return cmd
+
+
+def bench_once(args: argparse.Namespace, server: Server, *, dataset: str, slice_index: int, rate: float | str,
+               budget: Budget, num: int = 0) -> dict[str, Any]:
+    """One `vllm bench serve` run on the first ``num`` prompts (default all) of slice ``slice_index``: its result
+    keys and the spec-decode deltas."""
+    num = num or args.num_prompts
+    work = Path(args.out_dir) / "work"
+    tag = f"{server.port}-{dataset}-{slice_index}"
+    rows_file = None
+    if dataset != inputs.RANDOM_DATASET:
+        rows = inputs.rate_slice(args.pools[dataset], slice_index, args.num_prompts, pool=dataset)
+        rows_file = inputs.write_jsonl(work / f"{tag}.jsonl", rows[:num])
+    result = work / f"{tag}.result.json"
+    result.unlink(missing_ok=True)
+    cmd = bench_cmd(args, port=server.port, dataset=dataset, rows_file=rows_file, num=num, rate=rate,
+                    seed=slice_index, result=result)
+    before = scrape(server.base_url)
+    log = work / f"{tag}.bench.log"
+    with open(log, "w") as fh:
+        try:
+            rc = subprocess.run(cmd, check=False, stdout=fh, stderr=subprocess.STDOUT,
+                                timeout=max(1.0, min(BENCH_TIMEOUT_S, budget.left()))).returncode
+        except subprocess.TimeoutExpired:
+            raise ServeError(f"`vllm bench serve` ran past the time budget: see {log}") from None
+    if rc != 0 or not result.exists():
+        raise ServeError(f"`vllm bench serve` exited with code {rc}: see {log}")
+    bench = json.loads(result.read_text())
+    return {"bench": {k: v for k, v in bench.items() if not isinstance(v, list)},
+            "spec": spec_delta(before, scrape(server.base_url)), "command": cmd}
+
+
+@contextlib.contextmanager
+def serving(args: argparse.Namespace, method: str, tag: str) -> Iterator[Server]:
+    spec = spec_config(method, args.draft_model)
+    port = args.port or free_port()
+    server = Server(args.model, port=port, log=Path(args.out_dir) / f"server-{method}-{tag}.log", spec=spec,
+                    server_args=args.server_args, cli=args.vllm_cli)
+    try:
+        server.start(args.health_timeout_s)
+        if args.warmup_prompts:
+            bench_once(args, server, dataset=args.datasets[0], slice_index=WARMUP_SLICE, rate="inf",
+                       budget=Budget(BENCH_TIMEOUT_S), num=args.warmup_prompts)
+        yield server
+    finally:
+        server.stop()
+
+
+def find_saturation(args: argparse.Namespace, server: Server, budget: Budget) -> dict[str, Any]:
+    """Per dataset: capacity C = request throughput with every request at once; then the ladder C x
+    SATURATION_LADDER. R = the smallest ladder rate whose output tokens/s reach (1 - tol) of the all-at-once
+    figure, else C."""
+    out = {}
+    for dataset in args.datasets:
+        top = bench_once(args, server, dataset=dataset, slice_index=1, rate="inf", budget=budget)
+        cap, tput = top["bench"]["request_throughput"], top["bench"]["output_throughput"]
+        ladder = []
+        for i, f in enumerate(SATURATION_LADDER):
+            # no speculation keeps no cache: the ladder may reuse the rate slices
+            run = bench_once(args, server, dataset=dataset, slice_index=1 + (i + 1) % RATE_SLICES, rate=f * cap,
+                             budget=budget)
+            ladder.append({"rate": f * cap, "output_throughput": run["bench"]["output_throughput"]})
+        reached = [p["rate"] for p in ladder if p["output_throughput"] >= (1 - args.saturation_tol) * tput]
+        out[dataset] = {"rate": min(reached) if reached else cap, "capacity_req_s": cap,
+                        "inf_output_throughput": tput, "ladder": ladder}
+    return out
+
+
+def _record(doc: dict[str, Any], method: str, dataset: str, label: str, rate: float | str,
+            res: dict[str, Any]) -> None:
+    doc["runs"].append({"method": method, "dataset": dataset, "rate_label": label, "rate": rate, **res})
+
+
+def run_method(args: argparse.Namespace, method: str, doc: dict[str, Any], budget: Budget) -> None:
+    """Every dataset and rate of one method: one server, or one per rate with --fresh-server-per-rate."""
+    cells = [(d, i, label, rate) for d in args.datasets
+             for i, (label, rate) in enumerate(parse_rates(args.rates, doc["saturation"], d))]
+    groups = [[c] for c in cells] if args.fresh_server_per_rate else [cells]
+    for group in groups:
+        if budget.left() <= 0:
+            doc["skipped"] += [f"{method}/{d}/{label}" for d, _, label, _ in group]
+            continue
+        with serving(args, method, f"{group[0][0]}-{group[0][1]}") as server:
+            for dataset, i, label, rate in group:
+                if budget.left() <= 0:
+                    doc["skipped"].append(f"{method}/{dataset}/{label}")
+                    continue
+                _record(doc, method, dataset, label, rate,
+                        bench_once(args, server, dataset=dataset, slice_index=i + 1, rate=rate, budget=budget))
+
+
+def run(args: argparse.Namespace, *, find_only: bool) -> dict[str, Any]:
+    budget = Budget(args.time_budget_s)
+    doc: dict[str, Any] = {"command": sys.argv, "device": device_name(), "versions": versions(), "runs": [],
+                           "errors": [], "skipped": [], "saturation": load_saturation(args),
+                           "settings": {k: v for k, v in vars(args).items() if k not in ("pools", "func")}}
+    if find_only or args.saturation_rate == "auto":
+        with serving(args, "nospec", "saturation") as server:
+            doc["saturation"] = find_saturation(args, server, budget)
+    if not find_only:
+        for method in args.methods:
+            try:
+                run_method(args, method, doc, budget)
+            except ServeError as exc:  # a method that does not start (e.g. the hybrid): recorded, others go on
+                doc["errors"].append({"method": method, "error": str(exc)})
+    return doc
+
+
+def load_saturation(args: argparse.Namespace) -> dict[str, Any]:
+    if args.saturation_file:
+        path = Path(args.saturation_file)
+        try:
+            sat = json.loads(path.read_text())["saturation"]
+        except (OSError, json.JSONDecodeError, KeyError) as exc:
+            raise ServeError(f"--saturation-file {path}: no saturation rates ({type(exc).__name__}); pass the JSON "
+                             "`serve_bench find-saturation` wrote") from None
+        return {k: v if isinstance(v, dict) else {"rate": float(v)} for k, v in sat.items()}
+    if args.saturation_rate not in ("", "auto"):
+        try:
+            return {d: {"rate": float(args.saturation_rate)} for d in args.datasets}
+        except ValueError:
+            raise ServeError(f"--saturation-rate {args.saturation_rate!r}: a number of requests/s or 'auto'") from None
+    return {}
+
+
+# --------------------------------------------------------------------------- CLI
+def _common(ap: argparse.ArgumentParser) -> None:
+    from specdec.paths import DRAFT_MODEL, TARGET_MODEL, model_path
+
+    ap.add_argument("--prompts", default="device_inputs/serve_prompts.json", help="from `serve_bench prepare`")
+    ap.add_argument("--model", default=str(model_path(TARGET_MODEL)))
+    ap.add_argument("--inflate", default="", help="serve the target inflated to this shape (e.g. llama-8b; "
+                    "specdec.eval.inflate_model: same outputs, an 8B forward pass), built once under /tmp")
+    ap.add_argument("--draft-model", default=str(model_path(DRAFT_MODEL)), help="for method 'hybrid'")
+    ap.add_argument("--datasets", default="code,agentic,random", type=lambda s: [x for x in s.split(",") if x])
+    ap.add_argument("--num-prompts", type=int, default=200, help="requests per rate")
+    ap.add_argument("--warmup-prompts", type=int, default=32, help="all-at-once requests before the first rate")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--ignore-eos", action="store_true")
+    ap.add_argument("--server-args", default="", type=lambda s: s.split(), help="extra `vllm serve` arguments")
+    ap.add_argument("--port", type=int, default=0, help="0: a free port")
+    ap.add_argument("--health-timeout-s", type=float, default=HEALTH_TIMEOUT_S)
+    ap.add_argument("--time-budget-s", type=float, default=540.0, help="start no new work past this")
+    ap.add_argument("--vllm-cli", default="", help="the vLLM command (default: this Python's vLLM CLI module)")
+    ap.add_argument("--out-dir", default="eval/results/serve")
+    ap.add_argument("--tag", default="", help="file name suffix (default: the methods)")
+    ap.add_argument("--saturation-rate", default="", help="R in requests/s, or 'auto' (found first, same call)")
+    ap.add_argument("--saturation-file", default="", help="JSON from `serve_bench find-saturation`")
+    ap.add_argument("--saturation-tol", type=float, default=0.05)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    prep = sub.add_parser("prepare", help="write the prompt pools (CPU side)")
+    prep.add_argument("--out", default="device_inputs/serve_prompts.json")
+    prep.add_argument("--per-pool", type=int, default=1000)
+    prep.add_argument("--max-code-tokens", type=int, default=1024)
+    prep.add_argument("--max-agentic-tokens", type=int, default=1024)
+    sat = sub.add_parser("find-saturation", help="the saturation rate R of no speculation, per dataset")
+    _common(sat)
+    run_p = sub.add_parser("run", help="methods x datasets x rates")
+    _common(run_p)
+    run_p.add_argument("--methods", default="nospec,ngram,suffix,specdec,hybrid")
+    run_p.add_argument("--rates", default="0.25R,0.5R,0.75R,inf")
+    run_p.add_argument("--fresh-server-per-rate", action="store_true")
+    return ap
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    settings = {"per_pool": args.per_pool, "max_code_tokens": args.max_code_tokens,
+                "max_agentic_tokens": args.max_agentic_tokens, "output_lengths": list(inputs.OUTPUT_LENGTHS)}
+    pools = inputs.build_pools(per_pool=args.per_pool, max_code_tokens=args.max_code_tokens,
+                               max_agentic_tokens=args.max_agentic_tokens)
+    size = inputs.write_pools(Path(args.out), pools, settings)
+    print(", ".join(f"{k}: {len(v)}" for k, v in pools.items()) + f"; wrote {args.out} ({size / 1e6:.2f} MB)")
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> None:
+    """Every input checked before a server starts."""
+    args.methods = parse_methods(args.methods) if hasattr(args, "methods") else []
+    if "hybrid" in args.methods and not Path(args.draft_model).is_dir():
+        raise ServeError(f"--draft-model {args.draft_model}: no such folder (method 'hybrid' needs the draft model)")
+    needs_pools = [d for d in args.datasets if d != inputs.RANDOM_DATASET]
+    args.pools = inputs.load_pools(Path(args.prompts)) if needs_pools else None
+    inputs.check_datasets(args.datasets, args.pools, Path(args.prompts))
+    if args.cmd == "run" and not (args.saturation_rate or args.saturation_file) and "R" in args.rates:
+        raise ServeError(f"--rates {args.rates} are relative to R: pass --saturation-rate R, --saturation-rate auto "
+                         "or --saturation-file")
+    load_saturation(args)
+    if args.cmd == "run":  # the syntax of every rate, R taken as 1 until it is known
+        for d in args.datasets:
+            parse_rates(args.rates, {d: {"rate": 1.0}}, d)
+    real_cli = not (args.vllm_cli or os.environ.get(VLLM_CLI_ENV))
+    if needs_pools and real_cli and importlib.util.find_spec("pandas") is None:
+        raise ServeError(f"datasets {needs_pools} need pandas (vLLM's custom dataset reads JSONL with it): build the "
+                         "bundle with --extra-req benchmarks/requirements-serve.txt, or use --datasets random")
+
+
+def _inflate(args: argparse.Namespace) -> None:
+    if args.inflate:
+        from specdec.eval.inflate_model import INFLATE_DIR
+
+        out = INFLATE_DIR / f"{Path(args.model).name}-{args.inflate}"
+        subprocess.check_call([sys.executable, "-m", "specdec.eval.inflate_model", "--model", args.model,
+                               "--shape", args.inflate, "--out", str(out)])
+        args.model = str(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.cmd == "prepare":
+            return _prepare(args)
+        _validate(args)
+        _inflate(args)
+        doc = run(args, find_only=args.cmd == "find-saturation")
+    except ServeError as exc:
+        print(f"serve_bench: {exc}", file=sys.stderr)
+        return 2
+    stem = "saturation" if args.cmd == "find-saturation" else f"serve_bench-{args.tag or '-'.join(args.methods)}"
+    paths = write_outputs(doc, Path(args.out_dir), stem)
+    print(json.dumps({"outputs": paths, "runs": len(doc["runs"]), "errors": doc["errors"],
+                      "skipped": doc["skipped"], "saturation": doc["saturation"]}, indent=1))
+    failed = sum(r["bench"].get("failed", 0) for r in doc["runs"])
+    return 1 if doc["errors"] or failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,284 @@
+"""Shared pieces of the served-path drivers (serve_bench, serve_features, serve_soak): starting and stopping
+`vllm serve` on loopback, waiting for /health, reading Prometheus text from /metrics, the method table, versions.
+
+Every failure a user can cause (a server that dies or never answers, an unreachable URL, an unknown method, a
+dataset without prompts) raises ``ServeError`` with one line naming the thing, the value and the fix; the drivers'
+``main`` prints that line and exits 2.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Self
+
+HOST = "127.0.0.1"
+HEALTH_TIMEOUT_S = 900.0  # an 8B-shaped target loads and compiles in a few minutes
+HEALTH_POLL_S = 1.0
+SHUTDOWN_WAIT_S = 60.0
+HTTP_TIMEOUT_S = 10.0
+VLLM_CLI_ENV = "SPECDEC_VLLM_CLI"  # overrides the vLLM command line (the CPU tests point it at serve_fake)
+SPEC_PREFIX = "vllm:spec_decode_num_"
+SPECDEC_PREFIX = "specdec"  # the plugin's own counters, where it exports them on /metrics
+
+# method name -> vLLM speculative config (None: no speculation). "hybrid" gets draft_model filled in.
+METHODS: dict[str, dict[str, Any] | None] = {
+    "nospec": None,
+    "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
+    "suffix": {"method": "suffix"},
+    "specdec": {"method": "specdec"},
+    "hybrid": {"method": "specdec", "drafter": ["suffix", "model"]},
+}
+
+
+class ServeError(RuntimeError):
+    """A one-line, user-fixable failure of a served-path driver."""
+
+
+def spec_config(method: str, draft_model: str = "") -> dict[str, Any] | None:
+    """The ``--speculative-config`` of ``method`` (None for no speculation)."""
+    if method not in METHODS:
+        raise ServeError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
+    cfg = METHODS[method]
+    if cfg is None:
+        return None
+    cfg = dict(cfg)
+    if method == "hybrid":
+        if not draft_model:
+            raise ServeError("method 'hybrid' needs --draft-model (the draft model folder)")
+        cfg["draft_model"] = draft_model
+    return cfg
+
+
+def parse_methods(text: str) -> list[str]:
+    """A comma-separated method list, each checked against METHODS before any server starts."""
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    if not methods:
+        raise ServeError("--methods is empty: name at least one of " + ", ".join(METHODS))
+    for m in methods:
+        spec_config(m, draft_model="-")
+    return methods
+
+
+def vllm_cli(override: str = "") -> list[str]:
+    """The `vllm` command: ``override``, else $SPECDEC_VLLM_CLI, else this Python's vLLM CLI module (the `vllm`
+    console script is absent when vLLM comes through PYTHONPATH, as on the GPU machine)."""
+    text = override or os.environ.get(VLLM_CLI_ENV, "")
+    return shlex.split(text) if text else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str, timeout: float = HTTP_TIMEOUT_S) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read().decode()
+
+
+def check_reachable(base_url: str) -> None:
+    """Raise a one-line ServeError unless ``base_url``/health answers 200."""
+    try:
+        status, _ = http_get(f"{base_url}/health")
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ServeError(f"cannot reach {base_url}/health ({reason}): start the server or fix --base-url") from None
+    if status != 200:
+        raise ServeError(f"{base_url}/health answered {status}: the server is not ready")
+
+
+class Server:
+    """`vllm serve` in its own process group on loopback; ``stop`` sends SIGINT to the group (SIGKILL after
+    SHUTDOWN_WAIT_S). Use as a context manager so the server never outlives the driver."""
+
+    def __init__(self, model: str, *, port: int, log: Path, spec: dict[str, Any] | None = None,
+                 server_args: list[str] | None = None, cli: str = "") -> None:
+        self.model, self.port, self.log = model, port, log
+        self.base_url = f"http://{HOST}:{port}"
+        self.cmd = [*vllm_cli(cli), "serve", model, "--host", HOST, "--port", str(port)]
+        if spec is not None:
+            self.cmd += ["--speculative-config", json.dumps(spec)]
+        self.cmd += list(server_args or [])
+        self.proc: subprocess.Popen | None = None
+        self.exit_code: int | None = None
+
+    def start(self, timeout_s: float = HEALTH_TIMEOUT_S) -> Server:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "w") as fh:
+            self.proc = subprocess.Popen(self.cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        self.wait_health(timeout_s)
+        return self
+
+    def wait_health(self, timeout_s: float) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            rc = self.proc.poll()
+            if rc is not None:
+                raise ServeError(f"server exited with code {rc} before /health answered: see {self.log} "
+                                 f"({last_line(self.log)})")
+            try:
+                if http_get(f"{self.base_url}/health", timeout=HEALTH_POLL_S * 5)[0] == 200:
+                    return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(HEALTH_POLL_S)
+        self.stop()
+        raise ServeError(f"server not healthy after {timeout_s:.0f} s: see {self.log}; raise --health-timeout-s")
+
+    def pids(self) -> list[int]:
+        """The server's processes (its process group: API server, engine core, workers)."""
+        if self.proc is None:
+            return []
+        return process_group(self.proc.pid)
+
+    def stop(self) -> int | None:
+        """SIGINT to the process group; the exit code, or None if it had to be killed."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGINT)
+                self.proc.wait(timeout=SHUTDOWN_WAIT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+                self.exit_code = None
+                return None
+            except ProcessLookupError:
+                self.proc.wait()
+        self.exit_code = self.proc.returncode
+        return self.exit_code
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def last_line(path: Path) -> str:
+    """The log's last non-empty line (the error a dying server printed), cut to 200 characters."""
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no log"
+    return lines[-1].strip()[:200] if lines else "empty log"
+
+
+def process_group(pgid: int) -> list[int]:
+    """PIDs whose process group is ``pgid`` (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after "(comm)": state ppid pgrp ...
+        if int(fields[2]) == pgid:
+            out.append(int(entry.name))
+    return out
+
+
+def rss_mib(pids: list[int]) -> float:
+    """Summed resident set size of ``pids`` in MiB (processes that ended count 0)."""
+    total_kib = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total_kib += int(line.split()[1])
+        except OSError:
+            continue
+    return total_kib / 1024
+
+
+def gpu_memory_mib() -> float | None:
+    """Used memory of GPU 0 from nvidia-smi (None without one)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=HTTP_TIMEOUT_S, check=True).stdout
+        return float(out.splitlines()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+# --------------------------------------------------------------------------- /metrics
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {metric name (labels dropped): value summed over label sets}; comments skipped."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        name = head.split("{", 1)[0].strip()
+        try:
+            out[name] = out.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def scrape(base_url: str) -> dict[str, float]:
+    return parse_metrics(http_get(f"{base_url}/metrics")[1])
+
+
+def spec_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """vLLM's spec-decode counters over a window: drafts, draft tokens, accepted tokens, acceptance (accepted /
+    drafted) and emitted tokens per drafting step (1 + accepted / drafts); zeros without speculation."""
+    def d(key: str) -> float:
+        name = f"{SPEC_PREFIX}{key}_total"
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    drafts, drafted, accepted = d("drafts"), d("draft_tokens"), d("accepted_tokens")
+    return {"drafts": drafts, "draft_tokens": drafted, "accepted_tokens": accepted,
+            "acceptance": accepted / drafted if drafted else 0.0,
+            "emitted_per_step": 1.0 + accepted / drafts if drafts else 0.0}
+
+
+def plugin_counters(metrics: dict[str, float]) -> dict[str, float]:
+    """The plugin's own counters where /metrics carries them (names starting with ``specdec``)."""
+    return {k: v for k, v in metrics.items() if k.startswith(SPECDEC_PREFIX)}
+
+
+# --------------------------------------------------------------------------- provenance
+def versions() -> dict[str, str]:
+    import importlib.metadata as md
+    import platform
+
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for pkg in ("vllm", "torch", "transformers", "arctic-inference", "specdec", "openai"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def device_name() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=HTTP_TIMEOUT_S, check=True).stdout
+        return out.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "no GPU (nvidia-smi absent)"
+
+
+def write_json(path: Path, doc: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(path)

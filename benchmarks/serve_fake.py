@@ -1,0 +1,272 @@
+"""A stand-in for the `vllm` CLI, for testing the served-path drivers on the CPU (no vLLM, no GPU).
+
+    python -m benchmarks.serve_fake serve MODEL --host 127.0.0.1 --port P [--speculative-config JSON] [...]
+    python -m benchmarks.serve_fake bench serve --port P --dataset-name custom --dataset-path F ... --result-dir D
+    python -m benchmarks.serve_fake --fail-start serve ...        # prints an error and exits 1 (a dying server)
+
+``serve`` answers /health, /v1/models, /v1/completions (streaming or not, ``n``, ``stop``, ``logprobs``,
+``max_tokens``; "tokens" are words chosen from the prompt's hash, or at random with temperature > 0) and /metrics
+(vLLM's spec-decode counter names when a speculative config is given). It stops by itself after IDLE_EXIT_S
+without a request, or on SIGINT. ``bench serve`` reads the flags the drivers pass to `vllm bench serve`, sends the
+dataset's requests (streaming) and writes a result JSON with the keys vLLM 0.26's `vllm bench serve` writes.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import hashlib
+import json
+import random
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+IDLE_EXIT_S = 60.0  # the fake server exits after this long without a request
+WORDS = ("alpha", "beta", "gamma", "delta", "omega", "\n", "sigma", "tau")
+DRAFT_K = 4  # fake drafting: per generated token one draft of DRAFT_K tokens, half accepted
+BENCH_THREADS = 8
+GREEDY_TOP_P = 1e-6  # top_p below this keeps one candidate: greedy
+
+
+class FakeState:
+    def __init__(self, model: str, spec: bool) -> None:
+        self.model, self.spec = model, spec
+        self.lock = threading.Lock()
+        self.counters = {"generation_tokens": 0, "spec_decode_num_drafts": 0, "spec_decode_num_draft_tokens": 0,
+                         "spec_decode_num_accepted_tokens": 0, "request_success": 0, "num_preemptions": 0}
+        self.running = 0
+        self.last_request = time.monotonic()
+
+    def count(self, tokens: int) -> None:
+        with self.lock:
+            self.counters["generation_tokens"] += tokens
+            if self.spec:
+                self.counters["spec_decode_num_drafts"] += tokens
+                self.counters["spec_decode_num_draft_tokens"] += DRAFT_K * tokens
+                self.counters["spec_decode_num_accepted_tokens"] += DRAFT_K // 2 * tokens
+
+    def metrics_text(self) -> str:
+        lines = []
+        for name, value in self.counters.items():
+            if name.startswith("spec_decode") and not self.spec:
+                continue
+            lines += [f"# TYPE vllm:{name}_total counter", f'vllm:{name}_total{{model_name="{self.model}"}} {value}.0']
+        lines.append(f'vllm:num_requests_running{{model_name="{self.model}"}} {self.running}.0')
+        return "\n".join(lines) + "\n"
+
+
+def _words(body: dict[str, Any]) -> list[str]:
+    prompt = body.get("prompt", "")
+    seed = hashlib.sha256(json.dumps(prompt).encode()).digest()
+    greedy = not body.get("temperature", 1.0) or body.get("top_k") == 1 or body.get("top_p", 1.0) < GREEDY_TOP_P
+    rng = random.Random(seed if greedy else None)  # greedy: every choice the same
+    out, text = [], ""
+    for _ in range(int(body.get("max_tokens", 16))):
+        out.append(rng.choice(WORDS) + " ")
+        text += out[-1]
+        if any(s and s in text for s in body.get("stop") or []):
+            break
+    return out
+
+
+def _choice(words: list[str], index: int, body: dict[str, Any]) -> dict[str, Any]:
+    done = "length" if len(words) == int(body.get("max_tokens", 16)) else "stop"
+    logprobs = None
+    if body.get("logprobs") is not None:
+        logprobs = {"tokens": words, "token_logprobs": [-0.5] * len(words),
+                    "top_logprobs": [{w: -0.5} for w in words], "text_offset": list(range(len(words)))}
+    return {"index": index, "text": "".join(words), "finish_reason": done, "logprobs": logprobs}
+
+
+class Handler(BaseHTTPRequestHandler):
+    state: FakeState
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def _send(self, code: int, payload: str, ctype: str = "application/json") -> None:
+        data = payload.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self.state.last_request = time.monotonic()
+        if self.path == "/health":
+            self._send(200, "")
+        elif self.path == "/v1/models":
+            self._send(200, json.dumps({"object": "list", "data": [{"id": self.state.model, "object": "model"}]}))
+        elif self.path == "/metrics":
+            self._send(200, self.state.metrics_text(), "text/plain")
+        else:
+            self._send(404, json.dumps({"error": f"no route {self.path}"}))
+
+    def do_POST(self) -> None:
+        self.state.last_request = time.monotonic()
+        if self.path != "/v1/completions":
+            self._send(404, json.dumps({"error": f"no route {self.path}"}))
+            return
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        choices = [_words(body) for _ in range(int(body.get("n", 1)))]
+        with self.state.lock:
+            self.state.running += 1
+        try:
+            if body.get("stream"):
+                self._stream(choices, body)
+            else:
+                out = [_choice(w, i, body) for i, w in enumerate(choices)]
+                n_out = sum(map(len, choices))
+                self._send(200, json.dumps({"id": "cmpl-fake", "object": "text_completion", "model": self.state.model,
+                                            "choices": out, "usage": {"prompt_tokens": 1, "completion_tokens": n_out,
+                                                                      "total_tokens": 1 + n_out}}))
+            self.state.count(sum(map(len, choices)))
+            with self.state.lock:
+                self.state.counters["request_success"] += 1
+        except (BrokenPipeError, ConnectionResetError):  # a client that cancelled midway
+            pass
+        finally:
+            with self.state.lock:
+                self.state.running -= 1
+
+    def _stream(self, choices: list[list[str]], body: dict[str, Any]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for i, words in enumerate(choices):
+            for j, w in enumerate(words):
+                done = _choice(words, i, body)["finish_reason"] if j == len(words) - 1 else None
+                chunk = {"index": i, "text": w, "finish_reason": done, "logprobs": None}
+                self.wfile.write(f"data: {json.dumps({'id': 'cmpl-fake', 'object': 'text_completion', 'model': self.state.model, 'choices': [chunk]})}\n\n".encode())
+                self.wfile.flush()
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+
+def serve(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="serve_fake serve")
+    ap.add_argument("model")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--speculative-config", default="")
+    args, _ = ap.parse_known_args(argv)
+    Handler.state = FakeState(args.model, spec=bool(args.speculative_config))
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    server.daemon_threads = True
+
+    def watchdog() -> None:
+        while time.monotonic() - Handler.state.last_request < IDLE_EXIT_S:
+            time.sleep(0.5)
+        server.shutdown()
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    print(f"fake server on {args.host}:{args.port}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    server.server_close()
+    return 0
+
+
+# --------------------------------------------------------------------------- bench serve
+def _dataset(args: argparse.Namespace) -> list[dict[str, Any]]:
+    if args.dataset_name == "custom":
+        rows = [json.loads(line) for line in Path(args.dataset_path).read_text().splitlines() if line.strip()]
+        return rows[: args.num_prompts]
+    rng = random.Random(args.seed)
+    return [{"prompt": " ".join(rng.choice(WORDS) for _ in range(args.random_input_len)),
+             "output_tokens": args.random_output_len} for _ in range(args.num_prompts)]
+
+
+def _one(url: str, model: str, row: dict[str, Any], temperature: float | None) -> dict[str, Any]:
+    body = {"model": model, "prompt": row["prompt"], "max_tokens": int(row["output_tokens"]), "stream": True}
+    if temperature is not None:
+        body["temperature"] = temperature
+    t0 = time.perf_counter()
+    stamps = []
+    try:
+        req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            for line in r:
+                if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
+                    stamps.append(time.perf_counter())
+    except OSError as exc:
+        return {"ok": False, "error": repr(exc)}
+    ttft = stamps[0] - t0 if stamps else 0.0
+    itl = list(np.diff(stamps)) if len(stamps) > 1 else []
+    tpot = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else 0.0
+    return {"ok": True, "ttft": ttft, "itl": itl, "tpot": tpot, "tokens": len(stamps)}
+
+
+def _spec(url: str) -> dict[str, float]:
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return {ln.split("{")[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith("vllm:spec")}
+
+
+def bench(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="serve_fake bench serve")
+    for flag, kw in (("--host", {"default": "127.0.0.1"}), ("--port", {"type": int, "default": 8000}),
+                     ("--model", {}), ("--dataset-name", {"default": "random"}), ("--dataset-path", {}),
+                     ("--num-prompts", {"type": int, "default": 1000}), ("--request-rate", {"default": "inf"}),
+                     ("--random-input-len", {"type": int, "default": 16}), ("--seed", {"type": int, "default": 0}),
+                     ("--random-output-len", {"type": int, "default": 16}), ("--temperature", {"type": float}),
+                     ("--result-dir", {"default": "."}), ("--result-filename", {"default": "result.json"})):
+        ap.add_argument(flag, **kw)
+    args, _ = ap.parse_known_args(argv)
+    base = f"http://{args.host}:{args.port}"
+    rows = _dataset(args)
+    before = _spec(f"{base}/metrics")
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(BENCH_THREADS) as pool:
+        outs = list(pool.map(lambda r: _one(f"{base}/v1/completions", args.model, r, args.temperature), rows))
+    duration = time.perf_counter() - t0
+    after = _spec(f"{base}/metrics")
+    ok = [o for o in outs if o["ok"]]
+    tokens = sum(o["tokens"] for o in ok)
+    result: dict[str, Any] = {"request_rate": args.request_rate, "num_prompts": len(rows), "duration": duration,
+                              "completed": len(ok), "failed": len(outs) - len(ok), "total_output_tokens": tokens,
+                              "request_throughput": len(ok) / duration, "output_throughput": tokens / duration}
+    series = {"ttft": [o["ttft"] for o in ok], "tpot": [o["tpot"] for o in ok],
+              "itl": [x for o in ok for x in o["itl"]]}
+    for name, xs in series.items():
+        xs = xs or [0.0]
+        result[f"mean_{name}_ms"] = float(np.mean(xs)) * 1e3
+        result[f"median_{name}_ms"] = float(np.median(xs)) * 1e3
+        for p in (50, 99):
+            result[f"p{p}_{name}_ms"] = float(np.percentile(xs, p)) * 1e3
+    if before:
+        d = {k: after[k] - before.get(k, 0.0) for k in after}
+        drafts, drafted = d["vllm:spec_decode_num_drafts_total"], d["vllm:spec_decode_num_draft_tokens_total"]
+        accepted = d["vllm:spec_decode_num_accepted_tokens_total"]
+        result.update(spec_decode_acceptance_rate=100 * accepted / max(drafted, 1),
+                      spec_decode_acceptance_length=1 + accepted / max(drafts, 1))
+    out = Path(args.result_dir) / args.result_filename
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result))
+    print(f"fake bench: {len(ok)}/{len(outs)} completed")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--fail-start":
+        print("fake server: CUDA out of memory (simulated start-up failure)", flush=True)
+        return 1
+    if argv[:1] == ["serve"]:
+        return serve(argv[1:])
+    if argv[:2] == ["bench", "serve"]:
+        return bench(argv[2:])
+    print("usage: serve_fake {serve MODEL ... | bench serve ...}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

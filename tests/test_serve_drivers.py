@@ -1,0 +1,227 @@
+"""The served-path drivers (serve_bench, serve_features, serve_soak) against benchmarks.serve_fake, a stand-in for
+the `vllm` CLI (an OpenAI-compatible HTTP server on 127.0.0.1, an ephemeral port, that stops by itself) — no vLLM."""
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from benchmarks import serve_bench, serve_features, serve_inputs, serve_soak
+from benchmarks.serve_common import (
+    VLLM_CLI_ENV,
+    ServeError,
+    Server,
+    free_port,
+    parse_methods,
+    parse_metrics,
+    spec_config,
+    spec_delta,
+)
+
+FAKE_CLI = f"{sys.executable} -m benchmarks.serve_fake"
+METRICS_TEXT = """# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0
+vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 10.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 80.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 30.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="0"} 15.0
+vllm:num_requests_running{model_name="m"} 3.0
+"""
+
+
+@pytest.fixture
+def fake_cli(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv(VLLM_CLI_ENV, FAKE_CLI)
+    return FAKE_CLI
+
+
+@pytest.fixture
+def pools_file(tmp_path: Path) -> Path:
+    pools = {name: [{"prompt": f"<|endoftext|>{name} prompt {i} " * 3, "output_tokens": 4 + i % 3}
+                    for i in range(40)] for name in serve_inputs.POOLS}
+    path = tmp_path / "pools.json"
+    serve_inputs.write_pools(path, pools, {"test": True})
+    return path
+
+
+def _post(url: str, body: dict) -> bytes:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.read()
+
+
+# --------------------------------------------------------------------------- pure pieces
+def test_parse_metrics_sums_label_sets_and_skips_comments() -> None:
+    m = parse_metrics(METRICS_TEXT)
+    assert m["vllm:spec_decode_num_drafts_total"] == 20.0
+    assert m["vllm:num_requests_running"] == 3.0
+    assert not any(k.startswith("#") for k in m)
+
+
+def test_spec_delta_by_hand() -> None:
+    before = parse_metrics(METRICS_TEXT)
+    after = {**before, "vllm:spec_decode_num_drafts_total": 30.0, "vllm:spec_decode_num_draft_tokens_total": 120.0,
+             "vllm:spec_decode_num_accepted_tokens_total": 50.0}
+    d = spec_delta(before, after)
+    assert (d["drafts"], d["draft_tokens"], d["accepted_tokens"]) == (10.0, 40.0, 20.0)
+    assert d["acceptance"] == pytest.approx(0.5)
+    assert d["emitted_per_step"] == pytest.approx(3.0)
+    assert spec_delta({}, {})["emitted_per_step"] == 0.0
+
+
+def test_methods_and_rates() -> None:
+    assert spec_config("nospec") is None
+    assert spec_config("hybrid", "/d") == {"method": "specdec", "drafter": ["suffix", "model"], "draft_model": "/d"}
+    with pytest.raises(ServeError, match="unknown method 'eagle'"):
+        parse_methods("nospec,eagle")
+    sat = {"code": {"rate": 8.0}}
+    assert serve_bench.parse_rates("0.25R,inf,3", sat, "code") == [("0.25R", 2.0), ("inf", "inf"), ("3", 3.0)]
+    with pytest.raises(ServeError, match="needs the saturation rate"):
+        serve_bench.parse_rates("0.5R", {}, "code")
+
+
+def test_rate_slices_are_disjoint_and_bounded() -> None:
+    rows = [{"prompt": str(i)} for i in range(10)]
+    a, b = (serve_inputs.rate_slice(rows, k, 4, pool="p") for k in (0, 1))
+    assert {r["prompt"] for r in a}.isdisjoint(r["prompt"] for r in b)
+    with pytest.raises(ServeError, match="pool 'p' has 10 prompts; slice 2 of 4 needs 12"):
+        serve_inputs.rate_slice(rows, 2, 4, pool="p")
+
+
+def test_soak_plan_mixes_modes() -> None:
+    reqs = serve_soak.plan(["a", "b"], 2000, cancel_share=0.05)
+    cancels = sum(r["mode"] == "cancel" for r in reqs)
+    assert 50 < cancels < 150  # 5% of 2,000, seeded
+    assert {r["max_tokens"] for r in reqs} == set(serve_soak.SOAK_LENGTHS)
+
+
+# --------------------------------------------------------------------------- the fake server
+def test_fake_server_endpoints(fake_cli: str, tmp_path: Path) -> None:
+    srv = Server("m", port=free_port(), log=tmp_path / "s.log", spec={"method": "specdec"}).start(60)
+    try:
+        plain = json.loads(_post(f"{srv.base_url}/v1/completions", {"prompt": "x", "max_tokens": 5, "temperature": 0}))
+        assert plain["usage"]["completion_tokens"] == 5
+        stream = _post(f"{srv.base_url}/v1/completions", {"prompt": "x", "max_tokens": 5, "temperature": 0,
+                                                          "stream": True}).decode()
+        chunks = [json.loads(ln[6:]) for ln in stream.splitlines() if ln.startswith("data: {")]
+        assert "".join(c["choices"][0]["text"] for c in chunks) == plain["choices"][0]["text"]
+        assert stream.rstrip().endswith("data: [DONE]")
+        with urllib.request.urlopen(f"{srv.base_url}/metrics") as r:
+            m = parse_metrics(r.read().decode())
+        assert m["vllm:spec_decode_num_drafts_total"] == 10.0  # one fake draft per generated token
+    finally:
+        assert srv.stop() == 0  # SIGINT to the process group: a clean exit
+
+
+# --------------------------------------------------------------------------- serve_bench
+def test_serve_bench_end_to_end(fake_cli: str, pools_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    rc = serve_bench.main(["run", "--methods", "nospec,specdec", "--datasets", "code,random", "--prompts",
+                           str(pools_file), "--num-prompts", "3", "--warmup-prompts", "2", "--rates", "0.5R,inf",
+                           "--saturation-rate", "4", "--out-dir", str(out)])
+    assert rc == 0
+    doc = json.loads((out / "serve_bench-nospec-specdec.json").read_text())
+    assert len(doc["runs"]) == 2 * 2 * 2 and not doc["errors"]
+    spec = [r for r in doc["runs"] if r["method"] == "specdec"]
+    assert all(r["spec"]["acceptance"] == pytest.approx(0.5) for r in spec)
+    assert all(r["spec"]["drafts"] == 0 for r in doc["runs"] if r["method"] == "nospec")
+    assert [r["rate"] for r in spec[:2]] == [2.0, "inf"]
+    assert all(r["bench"]["completed"] == 3 and r["bench"]["failed"] == 0 for r in doc["runs"])
+    table = (out / "serve_bench-nospec-specdec.md").read_text()
+    assert "| specdec | 0.5R | 2.00 |" in table and "50.0%" in table
+    # every code slice a server used is disjoint from its others (warm-up included)
+    for port in {p.name.split("-")[0] for p in (out / "work").glob("*-code-*.jsonl")}:
+        seen: list[str] = []
+        for f in sorted((out / "work").glob(f"{port}-code-*.jsonl")):
+            seen += [json.loads(line)["prompt"] for line in f.read_text().splitlines()]
+        assert len(seen) == len(set(seen))
+
+
+def test_serve_bench_saturation_then_report(fake_cli: str, pools_file: Path, tmp_path: Path) -> None:
+    rc = serve_bench.main(["find-saturation", "--datasets", "code", "--prompts", str(pools_file), "--num-prompts",
+                           "3", "--warmup-prompts", "0", "--out-dir", str(tmp_path)])
+    assert rc == 0
+    sat = json.loads((tmp_path / "saturation.json").read_text())["saturation"]["code"]
+    ladder_rates = [p["rate"] for p in sat["ladder"]]
+    assert ladder_rates == pytest.approx([f * sat["capacity_req_s"] for f in serve_bench.SATURATION_LADDER])
+    assert sat["rate"] in ladder_rates or sat["rate"] == sat["capacity_req_s"]
+
+
+def test_serve_bench_dead_server_is_one_line_naming_the_log(monkeypatch: pytest.MonkeyPatch, pools_file: Path,
+                                                            tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setenv(VLLM_CLI_ENV, f"{FAKE_CLI} --fail-start")
+    rc = serve_bench.main(["run", "--methods", "specdec", "--datasets", "code", "--prompts", str(pools_file),
+                           "--rates", "inf", "--out-dir", str(tmp_path)])
+    assert rc == 1
+    err = json.loads((tmp_path / "serve_bench-specdec.json").read_text())["errors"][0]["error"]
+    assert "server exited with code 1 before /health answered" in err and "server-specdec" in err
+    assert "simulated start-up failure" in err and "\n" not in err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--methods", "nospec,eagle"], "unknown method 'eagle'"),
+    (["--datasets", "code,poems"], "unknown dataset 'poems'"),
+    (["--rates", "0.5R"], "are relative to R"),
+    (["--rates", "fast", "--saturation-rate", "3"], "rate 'fast' is not a number"),
+])
+def test_serve_bench_bad_input(args: list[str], message: str, pools_file: Path, tmp_path: Path,
+                               capsys: pytest.CaptureFixture) -> None:
+    base = ["run", "--prompts", str(pools_file), "--out-dir", str(tmp_path), "--rates", "inf"]
+    if "fast" in args:
+        base.remove("inf"), base.remove("--rates")
+    assert serve_bench.main(base + args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_dataset_file_without_prompts(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"pools": {"code": []}}))
+    assert serve_bench.main(["run", "--prompts", str(empty), "--datasets", "code", "--rates", "inf"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "pool 'code' has no prompts" in err and str(empty) in err and len(err.splitlines()) == 1
+    missing = tmp_path / "nope.json"
+    assert serve_bench.main(["run", "--prompts", str(missing), "--datasets", "code", "--rates", "inf"]) == 2
+    assert "serve_bench prepare" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- serve_features, serve_soak
+def test_serve_features_against_fakes(fake_cli: str, pools_file: Path, tmp_path: Path) -> None:
+    pytest.importorskip("openai")
+    feats = "streaming,stop,max_tokens_1,top_p_top_k,n2,logprobs,cancel_stream"
+    rc = serve_features.main(["--prompts", str(pools_file), "--features", feats, "--out-dir", str(tmp_path)])
+    doc = json.loads((tmp_path / "serve_features.json").read_text())
+    assert rc == 0, doc
+    assert list(doc["features"]) == feats.split(",")
+    assert all(f["spec"]["accepted_tokens"] > 0 and f["carriers_identical"] == serve_features.CARRIERS
+               for f in doc["features"].values())
+    assert doc["exit_codes"] == {"features-ref": 0, "features-spec": 0}
+
+
+def test_serve_features_unknown_feature(capsys: pytest.CaptureFixture) -> None:
+    assert serve_features.main(["--features", "streaming,telepathy"]) == 2
+    assert "unknown feature 'telepathy'" in capsys.readouterr().err
+
+
+def test_serve_soak_against_fake(fake_cli: str, pools_file: Path, tmp_path: Path) -> None:
+    pytest.importorskip("openai")
+    rc = serve_soak.main(["--prompts", str(pools_file), "--requests", "120", "--concurrency", "8",
+                          "--sample-s", "0.1", "--out-dir", str(tmp_path)])
+    doc = json.loads((tmp_path / "serve_soak.json").read_text())
+    assert rc == 0 and doc["pass"]
+    planned = sum(r["mode"] == "cancel" for r in serve_soak.plan(["x"], 120, cancel_share=0.05))
+    assert (doc["failed"], doc["cancelled"], doc["ok"]) == (0, planned, 120 - planned)
+    assert doc["spec"]["accepted_tokens"] > 0 and doc["server_exit_code"] == 0
+    assert len(doc["samples"]) >= 2
+
+
+def test_serve_soak_unreachable_server(capsys: pytest.CaptureFixture, tmp_path: Path, pools_file: Path) -> None:
+    port = free_port()  # nothing listens there
+    assert serve_soak.main(["--prompts", str(pools_file), "--base-url", f"http://127.0.0.1:{port}",
+                            "--out-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"cannot reach http://127.0.0.1:{port}/health" in err and len(err.splitlines()) == 1
