@@ -1,8 +1,10 @@
 """CPU tests of the vLLM proposer's bookkeeping with fake inputs shaped like vLLM's (no vLLM needed)."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,6 +15,7 @@ from specdec.tree import TokenTree, best_chain
 from specdec.vllm_plugin.core.adaptive import AdaptiveController
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.proposer import SpecdecProposer
 
 VOCAB = 97
@@ -280,7 +283,20 @@ def test_drafter_errors_never_fail_a_step_and_are_counted(caplog):
         run_step(strict, runner2)
 
 
-def test_slow_drafter_hits_the_deadline_and_ops_stay_in_order(caplog):
+@pytest.fixture
+def plugin_log(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[[], list[logging.LogRecord]]]:
+    """The plugin logger's records, whether or not vLLM's logging configuration (set up once any test imported vLLM)
+    stops them at vLLM's non-propagating logger: pytest's capture handler is attached to the plugin's logger too, and
+    a record both places saw counts once."""
+    logger = logging.getLogger(LOGGER_NAME)
+    logger.addHandler(caplog.handler)
+    try:
+        yield lambda: list({id(r): r for r in caplog.records}.values())
+    finally:
+        logger.removeHandler(caplog.handler)
+
+
+def test_slow_drafter_hits_the_deadline_and_ops_stay_in_order(plugin_log):
     drafter = OracleDrafter(sleep_s=0.3)
     core = make_core(drafter, draft_timeout_ms=20)
     runner = FakeRunner()
@@ -298,7 +314,7 @@ def test_slow_drafter_hits_the_deadline_and_ops_stay_in_order(caplog):
     n = int(runner.num_tokens_no_spec[0])
     assert drafter.ctx["a"] == runner.token_ids_cpu[0, :n].tolist()
     assert drafter.threads == {t for t in drafter.threads if t.startswith("specdec-draft")}
-    assert sum("draft_timeout_ms" in r.message for r in caplog.records) == 1
+    assert sum("draft_timeout_ms" in r.message for r in plugin_log()) == 1
     core.close()
 
 
