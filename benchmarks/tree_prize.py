@@ -271,6 +271,35 @@ def prize_rows(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def gains(rows: Sequence[dict[str, Any]], free: Sequence[int], *,
+          threshold: float = PRIZE_THRESHOLD) -> list[dict[str, Any]]:
+    """The decision rule: every (dataset, drafter, budget, arm) at a ``free`` budget whose tree / chain MAT
+    reaches ``threshold``. Empty: no drafter gains from trees, stop."""
+    out = []
+    for r in rows:
+        if r["budget"] not in free:
+            continue
+        for arm in ("tree-own", "tree-static"):
+            ratio = r.get(f"{arm} / chain")
+            if ratio is not None and ratio >= threshold:
+                out.append({"dataset": r["dataset"], "drafter": r["drafter"], "budget": r["budget"], "arm": arm,
+                            "ratio": round(ratio, 4)})
+    return out
+
+
+def decide(path: Path, free: Sequence[int]) -> int:
+    """Print the decision for the free budgets read off the GPU curve (``--decide``)."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    won = gains(prize_rows(doc["cells"]), free)
+    if not won:
+        print(f"free budgets {sorted(free)}: no drafter gains >= {PRIZE_THRESHOLD}x MAT from trees: stop")
+        return 0
+    for g in won:
+        print(f"free budgets {sorted(free)}: {g['drafter']} on {g['dataset']} at B={g['budget']} ({g['arm']}): "
+              f"{g['ratio']:.3f}x its chain")
+    return 0
+
+
 def markdown(doc: dict[str, Any]) -> str:
     def f(v: Any, nd: int = 3) -> str:
         return "-" if v is None else f"{v:.{nd}f}"
@@ -307,6 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--drafters", nargs="+", default=["suffix", "model", "suffix+model"])
     ap.add_argument("--budgets", nargs="+", type=int, default=list(BUDGETS))
+    ap.add_argument("--datasets", nargs="+", default=["openhands_swebench", "code_alpaca"])
     ap.add_argument("--static-for", nargs="*", default=["suffix"], help="drafters that get the tree-static arm")
     ap.add_argument("--agentic", type=int, default=200, help="measured agentic records (suffix)")
     ap.add_argument("--code", type=int, default=1000, help="measured code records (suffix)")
@@ -315,10 +345,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--model-threads", type=int, default=2)
     ap.add_argument("--out-name", default="2026-11-26_cpu-2core_tree_prize")
     ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parents[1] / "eval" / "results"))
+    ap.add_argument("--decide", nargs="+", type=int, metavar="B",
+                    help="only apply the decision rule to the saved results, with these free budgets")
     args = ap.parse_args(argv)
+    out = Path(args.out_dir) / args.out_name
+    if args.decide:
+        if not out.with_suffix(".json").exists():
+            raise SystemExit(f"--decide: {out.with_suffix('.json')} does not exist; run the benchmark first")
+        return decide(out.with_suffix(".json"), args.decide)
     if any(b < 1 for b in args.budgets):
         raise SystemExit(f"--budgets {args.budgets}: every budget must be >= 1")
-    out = Path(args.out_dir) / args.out_name
     machine, vers = _machine()
     doc: dict[str, Any] = {"command": "python -m benchmarks.tree_prize " + " ".join(sys.argv[1:] if argv is None
                                                                                     else argv),
@@ -327,6 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if out.with_suffix(".json").exists():  # resume: keep finished cells
         old = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
         doc["cells"], doc["shapes"] = old.get("cells", []), old.get("shapes", {})
+        doc["earlier_commands"] = old.get("earlier_commands", []) + [old["command"]]  # the runs that made the cells
     done = {(c["dataset"], c["drafter"], c["budget"], c["arm"]) for c in doc["cells"]}
     model_options = {"backend": "native", "num_threads": args.model_threads}
     slices = load_slices(agentic_n=args.agentic, code_n=args.code, agentic_heavy=args.agentic_heavy,
@@ -334,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc["sizes"] = {s.name: {"calibration": len(s.calibration), "measured": len(s.measured),
                              "measured_model_hybrid": len(s.measured_heavy)} for s in slices}
     for spec in args.drafters:
-        for sl in slices:
+        for sl in (s for s in slices if s.name in args.datasets):
             for b in args.budgets:
                 arms = ["chain", "tree-own"] + (["tree-static"] if spec in args.static_for else [])
                 for arm in arms:

@@ -16,7 +16,9 @@ from benchmarks.tree_prize import (
     RankStats,
     ShapedDrafter,
     acceptance_table,
+    gains,
     pool_budget,
+    prize_rows,
     prune_to_shape,
     rank_paths,
     static_shape,
@@ -130,6 +132,18 @@ def test_shaped_drafter_asks_the_pool_and_prunes_trees_only() -> None:
     assert tree.tokens.tolist() == [11, 14] and tree.parents.tolist() == [ROOT, 0]
     assert chain.tokens.tolist() == [1, 2, 3]
     assert pool_budget(2) == 8 and pool_budget(100) == 256
+
+
+def test_decision_rule_counts_only_free_budgets_at_the_threshold() -> None:
+    cells = [{"dataset": "d", "drafter": "x", "budget": b, "arm": arm, "mat": mat}
+             for b, arm, mat in [(8, "chain", 2.0), (8, "tree-own", 2.15), (8, "tree-static", 2.17),
+                                 (32, "chain", 2.0), (32, "tree-own", 2.4)]]
+    rows = prize_rows(cells)
+    assert rows[0]["tree-own / chain"] == pytest.approx(1.075) and rows[1]["tree-static"] is None
+    assert gains(rows, [1, 2, 4, 8, 16]) == [{"dataset": "d", "drafter": "x", "budget": 8, "arm": "tree-static",
+                                              "ratio": 1.085}]
+    assert [g["budget"] for g in gains(rows, [8, 32])] == [8, 32]
+    assert gains(rows, [1, 2, 4]) == []
 
 
 # ----------------------------------------------------------------------------- step-cost curve
