@@ -63,13 +63,13 @@ def largest_free(curve: dict[int, float], *, ratio: float = FREE_RATIO) -> int:
 
 # ----------------------------------------------------------------------------- measurement
 def load_model(path: str, *, device: str, dtype: torch.dtype) -> Any:
+    import transformers
     from transformers import LlamaForCausalLM
 
-    try:
-        model = LlamaForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
-    except TypeError:  # older transformers name the argument torch_dtype
-        model = LlamaForCausalLM.from_pretrained(path, torch_dtype=dtype, attn_implementation="sdpa")
-    return model.to(device).eval()
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"  # older releases read torch_dtype only
+    model = LlamaForCausalLM.from_pretrained(path, attn_implementation="sdpa", **{key: dtype})
+    return model.to(device=device, dtype=dtype).eval()
 
 
 @torch.inference_mode()
@@ -80,7 +80,7 @@ def prefill(model: Any, *, batch: int, context: int, device: str) -> Any:
     gen = torch.Generator(device="cpu").manual_seed(SEED)
     ids = torch.randint(0, model.config.vocab_size, (batch, context), generator=gen).to(device)  # [b, context]
     cache = DynamicCache()
-    model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    model(input_ids=ids, past_key_values=cache, use_cache=True)
     return cache
 
 
@@ -88,7 +88,9 @@ def prefill(model: Any, *, batch: int, context: int, device: str) -> Any:
 def verify_forward(model: Any, cache: Any, ids: torch.Tensor, context: int) -> torch.Tensor:
     """One verify step: ``ids`` [b, k + 1] after the cache; the cache is cut back to ``context`` afterwards."""
     out = model(input_ids=ids, past_key_values=cache, use_cache=True).logits  # [b, k + 1, vocab]
-    cache.crop(-(cache.get_seq_length() - context))  # negative: "remove this many", in old and new transformers
+    added = cache.get_seq_length() - context
+    if added > 0:  # a negative crop removes that many tokens, in old and new transformers alike
+        cache.crop(-added)
     return out
 
 
@@ -117,12 +119,18 @@ def time_busy(fn: Any, *, runs: int) -> float:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-        total_us = 0.0
-        for evt in prof.events():
-            if getattr(evt, "device_type", None) == torch.autograd.DeviceType.CUDA:
-                total_us += evt.device_time if hasattr(evt, "device_time") else evt.cuda_time
+        total_us = sum(_kernel_us(evt) for evt in prof.events()
+                       if getattr(evt, "device_type", None) == torch.autograd.DeviceType.CUDA)
+        if total_us <= 0.0:  # profilers that attach kernels to their CPU ops only: the per-op device totals
+            total_us = sum(getattr(e, "self_device_time_total", 0.0) for e in prof.key_averages())
+        if total_us <= 0.0:
+            raise RuntimeError("torch.profiler recorded no CUDA kernel time; is the forward running on the GPU?")
         sums.append(total_us / 1000.0)
     return statistics.median(sums)
+
+
+def _kernel_us(evt: Any) -> float:
+    return float(evt.device_time if hasattr(evt, "device_time") else evt.cuda_time)
 
 
 def measure(model: Any, *, batches: Sequence[int], ks: Sequence[int], context: int, device: str, warmup: int,
