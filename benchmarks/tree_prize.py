@@ -38,6 +38,7 @@ AGENTIC_CAL_INSTANCES = 5  # OpenHands instances (groups) in the calibration sli
 CODE_CAL_RECORDS = 300  # code_alpaca records in the calibration slice
 HEAVY_DRAFTERS = ("model", "suffix+model")  # draft-model drafters: smaller measured slices, batched replay
 HEAVY_BATCH = 16  # requests replayed at once for HEAVY_DRAFTERS
+BOOTSTRAP_DRAWS = 2000  # resamples of the records for the tree / chain interval
 
 
 # ----------------------------------------------------------------------------- static shapes (pure logic)
@@ -183,6 +184,35 @@ class ShapedDrafter(_Wrapper):
         return [prune_to_shape(t, self.shape) if r.tree else t for r, t in zip(requests, trees)]
 
 
+class StepCounter(_Wrapper):
+    """Counts the steps (draft calls) of every request, for the paired bootstrap over records."""
+
+    def __init__(self, inner: Drafter) -> None:
+        super().__init__(inner)
+        self.steps: dict[str, int] = {}
+
+    def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
+        for r in requests:
+            self.steps[r.request_id] = self.steps.get(r.request_id, 0) + 1
+        return self.inner.draft_batch(requests)
+
+
+def ratio_ci(chain_steps: Sequence[int], tree_steps: Sequence[int], *, draws: int = BOOTSTRAP_DRAWS,
+             seed: int = 0) -> tuple[float, float]:
+    """95% paired-bootstrap interval of MAT(tree) / MAT(chain) over records.
+
+    Both arms emit every record's whole response, so the MAT ratio is steps(chain) / steps(tree) summed over the
+    resampled records (lists aligned by record)."""
+    c = np.asarray(chain_steps, np.float64)  # [records]
+    t = np.asarray(tree_steps, np.float64)  # [records]
+    if c.shape != t.shape or not c.size:
+        raise ValueError(f"step lists must be aligned by record: {c.size} vs {t.size}")
+    idx = np.random.default_rng(seed).integers(0, c.size, (draws, c.size))  # [draws, records]
+    ratios = c[idx].sum(axis=1) / t[idx].sum(axis=1)  # [draws]
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 # ----------------------------------------------------------------------------- slices and runs
 @dataclass
 class Slices:
@@ -242,12 +272,14 @@ def run_cell(spec: str, sl: Slices, budget: int, arm: str, *, model_options: dic
     drafter = make_drafter(spec, model_options)
     if arm == "tree-static":
         drafter = ShapedDrafter(drafter, shape or [])
+    counter = StepCounter(drafter)
     t0 = time.perf_counter()
-    d = _replay(drafter, records, budget=budget, tree=arm != "chain", batch=batch)
+    d = _replay(counter, records, budget=budget, tree=arm != "chain", batch=batch)
     keep = ("mat", "steps", "emitted_tokens", "accepted_tokens", "drafted_tokens", "records", "response_tokens",
             "draft_errors", "budget_violations", "per_position_acceptance")
     out = {"dataset": sl.name, "drafter": spec, "budget": budget, "arm": arm, "batch_size": batch,
            **{k: d[k] for k in keep}, "wall_s": round(time.perf_counter() - t0, 2)}
+    out["steps_by_record"] = [counter.steps[k] for k in sorted(counter.steps)]  # aligned across arms by request id
     if shape is not None:
         out["shape"] = [list(s) for s in shape]
     return out
@@ -255,18 +287,22 @@ def run_cell(spec: str, sl: Slices, budget: int, arm: str, *, model_options: dic
 
 # ----------------------------------------------------------------------------- report
 def prize_rows(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (dataset, drafter, budget): chain MAT and each tree arm's MAT and ratio to it."""
-    by: dict[tuple[str, str, int], dict[str, float]] = {}
+    """One row per (dataset, drafter, budget): chain MAT, each tree arm's MAT, its ratio to the chain and (when both
+    cells kept per-record steps) the ratio's 95% paired-bootstrap interval."""
+    by: dict[tuple[str, str, int], dict[str, dict[str, Any]]] = {}
     for c in cells:
-        by.setdefault((c["dataset"], c["drafter"], c["budget"]), {})[c["arm"]] = c["mat"]
+        by.setdefault((c["dataset"], c["drafter"], c["budget"]), {})[c["arm"]] = c
     rows = []
     for (ds, dr, b), arms in by.items():
         chain = arms.get("chain")
-        row: dict[str, Any] = {"dataset": ds, "drafter": dr, "budget": b, "chain": chain}
+        row: dict[str, Any] = {"dataset": ds, "drafter": dr, "budget": b, "chain": chain and chain["mat"]}
         for arm in ("tree-own", "tree-static"):
-            mat = arms.get(arm)
-            row[arm] = mat
-            row[f"{arm} / chain"] = mat / chain if mat is not None and chain else None
+            cell = arms.get(arm)
+            row[arm] = cell and cell["mat"]
+            row[f"{arm} / chain"] = cell["mat"] / chain["mat"] if cell and chain and chain["mat"] else None
+            steps = (chain or {}).get("steps_by_record"), (cell or {}).get("steps_by_record")
+            ok = steps[0] and steps[1] and len(steps[0]) == len(steps[1])
+            row[f"{arm} ci95"] = ratio_ci(steps[0], steps[1]) if ok else None
         rows.append(row)
     return rows
 
@@ -304,6 +340,10 @@ def markdown(doc: dict[str, Any]) -> str:
     def f(v: Any, nd: int = 3) -> str:
         return "-" if v is None else f"{v:.{nd}f}"
 
+    def ratio(r: dict[str, Any], arm: str) -> str:
+        ci = r[f"{arm} ci95"]
+        return f(r[f"{arm} / chain"]) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+
     lines = [f"# Tree prize: tree vs chain MAT, same drafter, same budget ({doc['date']})", "",
              (f"Command: `{doc['command']}`; machine: {doc['machine']['cpu']} ({doc['machine']['cpu_count']} "
               f"cores); method: docs/trees.md (Method). Prize threshold: tree / chain >= {PRIZE_THRESHOLD}."), ""]
@@ -313,8 +353,10 @@ def markdown(doc: dict[str, Any]) -> str:
               "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in doc["prize"]:
         lines.append(f"| {r['dataset']} | {r['drafter']} | {r['budget']} | {f(r['chain'])} | {f(r['tree-own'])} | "
-                     f"{f(r['tree-own / chain'])} | {f(r['tree-static'])} | {f(r['tree-static / chain'])} |")
-    lines += ["", "Static shapes (rank paths, best first) per (dataset, budget) are in the JSON (`shapes`)."]
+                     f"{ratio(r, 'tree-own')} | {f(r['tree-static'])} | {ratio(r, 'tree-static')} |")
+    lines += ["", ("Ratios: tree / chain MAT; in brackets its 95% paired bootstrap interval over records (cells that "
+                   "kept per-record steps)."),
+              "Static shapes (rank paths, best first) per (dataset, budget) are in the JSON (`shapes`)."]
     return "\n".join(lines) + "\n"
 
 

@@ -20,6 +20,7 @@ from benchmarks.tree_prize import (
     pool_budget,
     prize_rows,
     prune_to_shape,
+    ratio_ci,
     rank_paths,
     static_shape,
 )
@@ -144,6 +145,15 @@ def test_decision_rule_counts_only_free_budgets_at_the_threshold() -> None:
                                               "ratio": 1.085}]
     assert [g["budget"] for g in gains(rows, [8, 32])] == [8, 32]
     assert gains(rows, [1, 2, 4]) == []
+
+
+def test_ratio_ci_brackets_the_paired_ratio() -> None:
+    chain, tree = [10, 20, 30, 40], [8, 20, 25, 40]  # tree / chain MAT = 100 / 93
+    lo, hi = ratio_ci(chain, tree)
+    assert lo <= 100 / 93 <= hi and lo >= 1.0  # the tree never takes more steps on any record
+    assert ratio_ci([5, 5], [5, 5]) == (1.0, 1.0)
+    with pytest.raises(ValueError, match="aligned"):
+        ratio_ci([1, 2], [1])
 
 
 # ----------------------------------------------------------------------------- step-cost curve
