@@ -6,6 +6,7 @@ All are optional: without them ``specdec.drafters.suffix`` falls back to its pur
 model to its other backends (``native`` then reports itself unavailable) and schedule mode fills drafts from the
 host (no device wait).
 """
+
 from setuptools import Extension, setup
 
 setup(
@@ -13,8 +14,13 @@ setup(
         Extension(
             "specdec.drafters._suffix_native",
             sources=["csrc/suffix_native.cpp"],
-            depends=["csrc/suffix_lane.inc", "csrc/suffix_lane_tokens.inc", "csrc/suffix_lane_async.inc",
-                     "csrc/job_thread.inc", "csrc/worker_pool.inc"],
+            depends=[
+                "csrc/suffix_lane.inc",
+                "csrc/suffix_lane_tokens.inc",
+                "csrc/suffix_lane_async.inc",
+                "csrc/job_thread.inc",
+                "csrc/worker_pool.inc",
+            ],
             language="c++",
             extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-pthread"],  # the lane thread
             extra_link_args=["-pthread"],
@@ -33,8 +39,14 @@ setup(
             sources=["csrc/llama_native.cpp"],
             depends=["csrc/llama_native.h", "csrc/llama_kernels.inc", "csrc/thread_pool.h"],
             language="c++",
-            extra_compile_args=["-O3", "-std=c++20", "-ffp-contract=fast", "-fvisibility=hidden", "-Wno-psabi",
-                                "-pthread"],
+            extra_compile_args=[
+                "-O3",
+                "-std=c++20",
+                "-ffp-contract=fast",
+                "-fvisibility=hidden",
+                "-Wno-psabi",
+                "-pthread",
+            ],
             extra_link_args=["-pthread"],
             optional=True,
         ),

@@ -12,6 +12,7 @@ shared model's own greedy continuations of HumanEval prompts (teacher-forced, de
 bf16 backends show whether acceptance can suffer. Missing backends (no onnxruntime, compile failure...)
 are reported as unavailable and skipped. JSON goes to eval/results/<date>_<device>_draft_cpu.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -95,7 +96,7 @@ def agreement_sequences(model: torch.nn.Module, prompts: list[list[int]]) -> lis
         for p in prompts:
             ids = torch.as_tensor([p])
             gen = model.generate(ids, max_new_tokens=AGREE_TOKENS, do_sample=False, pad_token_id=0)
-            out.append((p, gen[0, len(p):].tolist()))
+            out.append((p, gen[0, len(p) :].tolist()))
     return out
 
 
@@ -130,15 +131,23 @@ def load_code_prompts(n: int, model_dir: Path) -> list[list[int]]:
 
 def stats_ms(times: list[float]) -> dict[str, float]:
     a = np.asarray(times) * 1e3
-    return {"median_ms": float(np.median(a)), "p10_ms": float(np.percentile(a, 10)),
-            "p90_ms": float(np.percentile(a, 90)), "mean_ms": float(a.mean()), "n": int(a.size)}
+    return {
+        "median_ms": float(np.median(a)),
+        "p10_ms": float(np.percentile(a, 10)),
+        "p90_ms": float(np.percentile(a, 90)),
+        "mean_ms": float(a.mean()),
+        "n": int(a.size),
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=str(model_path(DRAFT_MODEL)), help="HF draft model folder")
-    ap.add_argument("--backends", default=",".join((BASELINE,) + BACKEND_NAMES),
-                    help=f"comma list of {BASELINE} and {', '.join(BACKEND_NAMES)}")
+    ap.add_argument(
+        "--backends",
+        default=",".join((BASELINE,) + BACKEND_NAMES),
+        help=f"comma list of {BASELINE} and {', '.join(BACKEND_NAMES)}",
+    )
     ap.add_argument("--batches", default="1,8,32", help="comma list of batch sizes")
     ap.add_argument("--threads", type=int, default=0, help="torch/ORT intra-op threads (0 = torch default)")
     ap.add_argument("--affinity", default="", help="CPU ids to pin to, e.g. 0-7 (default: leave)")
@@ -147,8 +156,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=5, help="untimed decode steps first")
     ap.add_argument("--draft-rounds", type=int, default=10, help="timed draft_batch calls (0 = skip draft8)")
     ap.add_argument("--agree-prompts", type=int, default=6, help="HumanEval prompts for top-1 agreement (0 = skip)")
-    ap.add_argument("--onnx-spin", type=int, default=0, choices=(0, 1),
-                    help="ONNX Runtime threads spin between ops (1) or sleep (0)")
+    ap.add_argument(
+        "--onnx-spin",
+        type=int,
+        default=0,
+        choices=(0, 1),
+        help="ONNX Runtime threads spin between ops (1) or sleep (0)",
+    )
     ap.add_argument("--device-name", default="", help="device label in the file name (default cpu-<N>core)")
     ap.add_argument("--note", default="", help="free text stored in settings (e.g. 'contended')")
     ap.add_argument("--out", default="", help="output JSON (default eval/results/<date>_<device>_draft_cpu.json)")
@@ -159,8 +173,9 @@ def build(name: str, model_dir: Path, hf_model: Any, spin: int) -> Any:
     return hf_model if name == BASELINE else make_backend(name, model_dir, onnx_spin=bool(spin))
 
 
-def measure(name: str, obj: Any, args: argparse.Namespace, batches: list[int],
-            seqs: list[tuple[list[int], list[int]]]) -> list[dict[str, Any]]:
+def measure(
+    name: str, obj: Any, args: argparse.Namespace, batches: list[int], seqs: list[tuple[list[int], list[int]]]
+) -> list[dict[str, Any]]:
     rows = []
     agree = None
     if seqs and name != BASELINE:
@@ -171,8 +186,11 @@ def measure(name: str, obj: Any, args: argparse.Namespace, batches: list[int],
             d = None
         else:
             t = time_decode_step(obj, batch=b, prompt_len=args.prompt_len, steps=args.steps, warmup=args.warmup)
-            d = draft_times(obj, batch=b, prompt_len=args.prompt_len, rounds=args.draft_rounds) \
-                if args.draft_rounds else None
+            d = (
+                draft_times(obj, batch=b, prompt_len=args.prompt_len, rounds=args.draft_rounds)
+                if args.draft_rounds
+                else None
+            )
         row = {"backend": name, "batch": b, "step": stats_ms(t), "top1_agreement_vs_fp32": agree}
         if d:
             row["draft8"] = stats_ms(d)
@@ -188,8 +206,10 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         ratio = base.get(r["batch"], float("nan")) / s["median_ms"]
         d8 = f"{r['draft8']['median_ms']:.2f}" if r.get("draft8") else "-"
         agree = f"{r['top1_agreement_vs_fp32']:.3f}" if r["top1_agreement_vs_fp32"] is not None else "-"
-        print(f"{r['backend']:<12}{r['batch']:>6}{s['median_ms']:>10.3f}{s['p10_ms']:>8.3f}{s['p90_ms']:>8.3f}"
-              f"{ratio:>9.2f}x{d8:>11}{agree:>7}")
+        print(
+            f"{r['backend']:<12}{r['batch']:>6}{s['median_ms']:>10.3f}{s['p10_ms']:>8.3f}{s['p90_ms']:>8.3f}"
+            f"{ratio:>9.2f}x{d8:>11}{agree:>7}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,8 +250,15 @@ def main(argv: list[str] | None = None) -> int:
         rows.extend(got)
     print_table(rows)
     settings = {k: v for k, v in vars(args).items() if k != "out"}
-    settings.update({"threads_effective": torch.get_num_threads(), "cpu_features": cpu.features,
-                     "ipex": ipex_status(), "unavailable": unavailable, "draft_budget": DRAFT_BUDGET})
+    settings.update(
+        {
+            "threads_effective": torch.get_num_threads(),
+            "cpu_features": cpu.features,
+            "ipex": ipex_status(),
+            "unavailable": unavailable,
+            "draft_budget": DRAFT_BUDGET,
+        }
+    )
     write(args, settings, rows)
     return 0
 

@@ -10,12 +10,13 @@ token), through the ``Drafter`` interface (TokenTree construction included). MAT
     python -m benchmarks.bench_model_free openhands_swebench --limit 400 --drafters suffix arctic \
         --budget 16 --save-results cost_suffix_vs_arctic
 """
+
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 from specdec.drafters import build_drafter
 from specdec.drafters.base import Drafter, DraftRequest
@@ -38,15 +39,20 @@ class Cost:
 
     def summary(self) -> dict:
         e = max(self.emitted, 1)
-        return {**asdict(self), "mat": self.emitted / max(self.steps, 1),
-                "acceptance_rate": self.accepted / max(self.drafted, 1),
-                "draft_us_per_token": self.draft_s * US / e, "update_us_per_token": self.update_s * US / e,
-                "draft_plus_update_us_per_token": (self.draft_s + self.update_s) * US / e,
-                "start_us_per_prompt_token": self.start_s * US / max(self.prompt_tokens, 1)}
+        return {
+            **asdict(self),
+            "mat": self.emitted / max(self.steps, 1),
+            "acceptance_rate": self.accepted / max(self.drafted, 1),
+            "draft_us_per_token": self.draft_s * US / e,
+            "update_us_per_token": self.update_s * US / e,
+            "draft_plus_update_us_per_token": (self.draft_s + self.update_s) * US / e,
+            "start_us_per_prompt_token": self.start_s * US / max(self.prompt_tokens, 1),
+        }
 
 
-def replay_one(d: Drafter, cost: Cost, rid: str, prompt: list[int], resp: list[int], *, budget: int,
-               tree: bool) -> None:
+def replay_one(
+    d: Drafter, cost: Cost, rid: str, prompt: list[int], resp: list[int], *, budget: int, tree: bool
+) -> None:
     pc = time.perf_counter
     t0 = pc()
     d.start(rid, prompt)
@@ -58,7 +64,7 @@ def replay_one(d: Drafter, cost: Cost, rid: str, prompt: list[int], resp: list[i
         draft = d.draft_batch(req)[0]
         t1 = pc()
         acc = len(draft.match_length(resp[pos:]))
-        emit = resp[pos:pos + acc + 1]
+        emit = resp[pos : pos + acc + 1]
         t2 = pc()
         d.extend(rid, emit)
         t3 = pc()
@@ -104,9 +110,12 @@ def main(argv: list[str] | None = None) -> int:
         for row in run(records, args.drafters, budget=args.budget, tree=args.tree):
             row.update(dataset=name, budget=args.budget, tree=args.tree)
             rows.append(row)
-            print(f"{name:24s} {row['drafter']:10s} MAT {row['mat']:.3f}  draft {row['draft_us_per_token']:7.2f} "
-                  f"+ update {row['update_us_per_token']:7.2f} = {row['draft_plus_update_us_per_token']:7.2f} us/tok"
-                  f"  start {row['start_us_per_prompt_token']:.2f} us/prompt tok", flush=True)
+            print(
+                f"{name:24s} {row['drafter']:10s} MAT {row['mat']:.3f}  draft {row['draft_us_per_token']:7.2f} "
+                f"+ update {row['update_us_per_token']:7.2f} = {row['draft_plus_update_us_per_token']:7.2f} us/tok"
+                f"  start {row['start_us_per_prompt_token']:.2f} us/prompt tok",
+                flush=True,
+            )
     path = results_path(args.save_results)
     write_results(path, vars(args), rows)
     print(f"wrote {path}")

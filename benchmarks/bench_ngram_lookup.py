@@ -12,6 +12,7 @@ All methods must return identical matches (checked). Usage::
 
     python -m benchmarks.bench_ngram_lookup openhands_swebench --limit 2 --records 20 --positions 300
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,7 +35,7 @@ def ac_scan_match(ahocorasick, ctx: list[int], lengths: list[int]) -> tuple[int,
     auto = ahocorasick.Automaton()
     for n in lengths:
         if last >= n:
-            auto.add_word(text[last - n + 1:], n)
+            auto.add_word(text[last - n + 1 :], n)
     if not len(auto):
         return None
     auto.make_automaton()
@@ -62,7 +63,7 @@ class AcTrie:
         end = len(self.text) - 1
         for n in self.lengths:
             if end + 1 >= n:
-                key = "".join(self.text[end - n + 1:])
+                key = "".join(self.text[end - n + 1 :])
                 lst = self.trie.get(key, None)
                 if lst is None:
                     self.trie.add_word(key, [end])
@@ -74,7 +75,7 @@ class AcTrie:
         for n in self.lengths:
             if last < n:
                 continue
-            hit = self.trie.get("".join(self.text[last - n + 1:]), None)
+            hit = self.trie.get("".join(self.text[last - n + 1 :]), None)
             if hit:
                 ends = hit[:-1] if hit[-1] == last else hit
                 if ends:
@@ -129,9 +130,16 @@ def run(records, *, min_n: int, max_n: int, positions: int, scan_context_cap: in
             timers["hash-index"] += t1 - t0
             timers["ac-trie"] += t2 - t1
             ctx.append(tok)
-    return [{"method": m, "steps": steps[m], "us_per_step": timers[m] * 1e6 / max(steps[m], 1),
-             "build_us_per_prompt_token": build[m] * 1e6 / max(prompt_tokens, 1),
-             "mismatches_vs_hash_index": mismatches} for m in timers]
+    return [
+        {
+            "method": m,
+            "steps": steps[m],
+            "us_per_step": timers[m] * 1e6 / max(steps[m], 1),
+            "build_us_per_prompt_token": build[m] * 1e6 / max(prompt_tokens, 1),
+            "mismatches_vs_hash_index": mismatches,
+        }
+        for m in timers
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,17 +154,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-n", type=int, default=2)
     ap.add_argument("--max-n", type=int, default=8)
     ap.add_argument("--max-candidates", type=int, default=8, help="most recent occurrences returned (ngram's)")
-    ap.add_argument("--scan-context-cap", type=int, default=20_000,
-                    help="skip ac-scan steps on longer contexts (it is O(context) per step)")
+    ap.add_argument(
+        "--scan-context-cap",
+        type=int,
+        default=20_000,
+        help="skip ac-scan steps on longer contexts (it is O(context) per step)",
+    )
     ap.add_argument("--save-results", default="ngram_lookup", help="results name under eval/results/")
     args = ap.parse_args(argv)
     name, records = load_traces(args.source, limit=args.limit)
-    rows = run(records[:args.records], min_n=args.min_n, max_n=args.max_n, positions=args.positions,
-               scan_context_cap=args.scan_context_cap, cands=args.max_candidates)
+    rows = run(
+        records[: args.records],
+        min_n=args.min_n,
+        max_n=args.max_n,
+        positions=args.positions,
+        scan_context_cap=args.scan_context_cap,
+        cands=args.max_candidates,
+    )
     for r in rows:
-        print(f"{name:24s} {r['method']:11s} steps {r['steps']:7d}  {r['us_per_step']:9.2f} us/step (lookup + "
-              f"update)  build {r['build_us_per_prompt_token']:6.2f} us/prompt token  "
-              f"mismatches {r['mismatches_vs_hash_index']}")
+        print(
+            f"{name:24s} {r['method']:11s} steps {r['steps']:7d}  {r['us_per_step']:9.2f} us/step (lookup + "
+            f"update)  build {r['build_us_per_prompt_token']:6.2f} us/prompt token  "
+            f"mismatches {r['mismatches_vs_hash_index']}"
+        )
     path = results_path(args.save_results)
     write_results(path, vars(args), [{"dataset": name, **r} for r in rows])
     print(f"wrote {path}")

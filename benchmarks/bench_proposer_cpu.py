@@ -10,12 +10,14 @@ tokens (identical across modes: same drafts).
 
     python -m benchmarks.bench_proposer_cpu --dataset code_alpaca --batch-sizes 8,64 --engine-work-ms 1.0
 """
+
 from __future__ import annotations
 
 import argparse
 import gc
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +53,7 @@ class FakeEngine:
 
     def _load(self, i: int, record: Any) -> None:
         p = record.prompt_ids[-CONTEXT_TOKENS:]
-        self.tokens[i, :len(p)] = p
+        self.tokens[i, : len(p)] = p
         self.n[i] = self.prompt[i] = len(p)
         self.responses[i], self.pos[i] = record.response_ids.tolist(), 0
         self.ids[i] = f"req-{self.started}"
@@ -75,7 +77,7 @@ class FakeEngine:
                 self.pos[i] += 1
                 if d != want:
                     break
-            self.tokens[i, self.n[i]:self.n[i] + len(out)] = out
+            self.tokens[i, self.n[i] : self.n[i] + len(out)] = out
             self.n[i] += len(out)
             self.emitted += len(out)
             sampled.append(out)
@@ -107,10 +109,19 @@ def tail_ms(times: list[float]) -> dict[str, float]:
     return {"p50_ms": float(np.median(ms)), "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms[-1])}
 
 
-def run(mode: str, records: list[Any], pool: list[Any], *, k: int, steps: int, engine_work_ms: float,
-        suffix_depth: int | None = None) -> dict[str, Any]:
-    opts = SpecdecOptions.from_dict({"num_speculative_tokens": k, "draft_timeout_ms": 0, "pad_drafts": "on",
-                                     "adaptive": False, **MODES[mode]})
+def run(
+    mode: str,
+    records: list[Any],
+    pool: list[Any],
+    *,
+    k: int,
+    steps: int,
+    engine_work_ms: float,
+    suffix_depth: int | None = None,
+) -> dict[str, Any]:
+    opts = SpecdecOptions.from_dict(
+        {"num_speculative_tokens": k, "draft_timeout_ms": 0, "pad_drafts": "on", "adaptive": False, **MODES[mode]}
+    )
     max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in pool) + 8
     eng = FakeEngine(records, pool, max_len)
     suffix_opts = {} if suffix_depth is None else {"max_depth": suffix_depth}
@@ -140,21 +151,31 @@ def run(mode: str, records: list[Any], pool: list[Any], *, k: int, steps: int, e
                 per_step.append(t)
     finally:
         proposer.close()
-    return {"mode": mode, "batch_size": len(records), "steps": steps, "engine_work_ms": engine_work_ms,
-            "suffix_depth": suffix_depth,
-            "proposer_ms_per_step": 1e3 * spent / steps, "emitted_tokens": eng.emitted,
-            **tail_ms(per_step),
-            "requests_started": eng.started}
+    return {
+        "mode": mode,
+        "batch_size": len(records),
+        "steps": steps,
+        "engine_work_ms": engine_work_ms,
+        "suffix_depth": suffix_depth,
+        "proposer_ms_per_step": 1e3 * spent / steps,
+        "emitted_tokens": eng.emitted,
+        **tail_ms(per_step),
+        "requests_started": eng.started,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="code_alpaca", help="trace set (specdec-eval replay names)")
     ap.add_argument("--batch-sizes", default="8,64", type=lambda s: [int(x) for x in s.split(",")])
-    ap.add_argument("--modes", default="sync,sync-python,thread", type=lambda s: s.split(","),
-                    help="sync: in-process, native one-call step; "
-                         "sync-python: the Python path; thread: the native step on "
-                         "its own thread (async_mode='thread')")
+    ap.add_argument(
+        "--modes",
+        default="sync,sync-python,thread",
+        type=lambda s: s.split(","),
+        help="sync: in-process, native one-call step; "
+        "sync-python: the Python path; thread: the native step on "
+        "its own thread (async_mode='thread')",
+    )
     ap.add_argument("--k", type=int, default=16, help="num_speculative_tokens (drafts padded to k)")
     ap.add_argument("--steps", type=int, default=60, help="timed steps per run")
     ap.add_argument("--engine-work-ms", type=float, default=1.0, help="engine-thread work between propose and take")
@@ -168,16 +189,27 @@ def main(argv: list[str] | None = None) -> None:
     for b in args.batch_sizes:
         records = all_records[:b]
         for mode in args.modes:
-            runs = [run(mode, records, all_records, k=args.k, steps=args.steps, engine_work_ms=args.engine_work_ms,
-                        suffix_depth=args.suffix_depth)
-                    for _ in range(args.repeats)]
+            runs = [
+                run(
+                    mode,
+                    records,
+                    all_records,
+                    k=args.k,
+                    steps=args.steps,
+                    engine_work_ms=args.engine_work_ms,
+                    suffix_depth=args.suffix_depth,
+                )
+                for _ in range(args.repeats)
+            ]
             row = sorted(runs, key=lambda r: r["proposer_ms_per_step"])[len(runs) // 2]
             row["all_ms_per_step"] = [r["proposer_ms_per_step"] for r in runs]
             rows.append(row)
-            print(f"B={b:3d} {mode:8s} proposer on the engine thread: {row['proposer_ms_per_step']:.3f} ms/step "
-                  f"(runs {', '.join(f'{x:.3f}' for x in row['all_ms_per_step'])}), p50 {row['p50_ms']:.3f} "
-                  f"p99 {row['p99_ms']:.2f} max {row['max_ms']:.1f} ms, emitted {row['emitted_tokens']}",
-                  flush=True)
+            print(
+                f"B={b:3d} {mode:8s} proposer on the engine thread: {row['proposer_ms_per_step']:.3f} ms/step "
+                f"(runs {', '.join(f'{x:.3f}' for x in row['all_ms_per_step'])}), p50 {row['p50_ms']:.3f} "
+                f"p99 {row['p99_ms']:.2f} max {row['max_ms']:.1f} ms, emitted {row['emitted_tokens']}",
+                flush=True,
+            )
     print("wrote", write_results(results_path(args.name, device="cpu"), vars(args), rows, device="cpu"))
 
 

@@ -10,6 +10,7 @@ GPU waits for) and their sum, with the drafts' acceptance (the same for every co
 
     python -m benchmarks.bench_schedule_cpu --dataset code_alpaca --batch-size 64 --configs default,no_early_refresh
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,10 +25,10 @@ from benchmarks.bench_proposer_cpu import CONTEXT_TOKENS, FakeEngine, tail_ms
 from specdec.eval.loaders import load_traces
 from specdec.eval.results import results_path, write_results
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
-from specdec.vllm_plugin.entry.options import SpecdecOptions
-from specdec.vllm_plugin.proposer import build_proposer_drafter
-from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 from specdec.vllm_plugin.core.slots import SlotBook
+from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
+from specdec.vllm_plugin.proposer import build_proposer_drafter
 
 CONFIGS = {  # name -> proposer options on top of schedule mode's (as SpecdecProposer sets them)
     "default": {},
@@ -64,37 +65,61 @@ class HostWait:
         return 0
 
 
-def capture_step(sched: ScheduledDrafting, eng: FakeEngine, sampled: list[list[int]], states: dict[str, Any], *,
-                 k: int) -> Any:
+def capture_step(
+    sched: ScheduledDrafting, eng: FakeEngine, sampled: list[list[int]], states: dict[str, Any], *, k: int
+) -> Any:
     """vLLM's side of a verified step: the engine's new requests into ``states`` (their prompts), the sampled tokens
     ``[rows, k+1]`` (-1 = rejected) captured, and the next step's draft buffer ``[rows, k]`` (not filled yet)."""
     import torch
 
     for i, rid in enumerate(eng.ids):
         if rid not in states:
-            states[rid] = SimpleNamespace(prompt_token_ids=eng.tokens[i, :eng.prompt[i]].tolist(), output_token_ids=[])
+            states[rid] = SimpleNamespace(prompt_token_ids=eng.tokens[i, : eng.prompt[i]].tolist(), output_token_ids=[])
     tokens = torch.full((len(eng.ids), k + 1), -1, dtype=torch.int32)  # [rows, k+1], -1 = rejected
     for i, s in enumerate(sampled):
-        tokens[i, :len(s)] = torch.tensor(s, dtype=torch.int32)
+        tokens[i, : len(s)] = torch.tensor(s, dtype=torch.int32)
     sched.capture(tokens, list(eng.ids), set(), requests=states)
     return sched.submit(list(eng.ids), k=None, eager=False)
 
 
-def run(config: str, records: list[Any], pool: list[Any], *, k: int, steps: int, gpu_ms: float,
-        threads: int, adaptive: bool = True) -> dict[str, Any]:
+def run(
+    config: str,
+    records: list[Any],
+    pool: list[Any],
+    *,
+    k: int,
+    steps: int,
+    gpu_ms: float,
+    threads: int,
+    adaptive: bool = True,
+) -> dict[str, Any]:
     """One configuration over ``steps`` timed steps (see the module docstring); ``adaptive`` False: every decision
     that reads the clock off (the cost model; ``pad_drafts`` 'on' instead of 'auto', which pads by the measured step
     period; no drafting deadline): drafts then independent of timing, what the tests compare."""
     timing_free = {} if adaptive else {"adaptive": False, "pad_drafts": "on", "draft_timeout_ms": 0.0}
-    opts = SpecdecOptions.from_dict({"num_speculative_tokens": k, "async_drafting": True,
-                                     "async_mode": "schedule", "lane_threads": threads, **timing_free,
-                                     **CONFIGS[config]})
+    opts = SpecdecOptions.from_dict(
+        {
+            "num_speculative_tokens": k,
+            "async_drafting": True,
+            "async_mode": "schedule",
+            "lane_threads": threads,
+            **timing_free,
+            **CONFIGS[config],
+        }
+    )
     max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in pool) + 8
     eng = FakeEngine(records, pool, max_len)
     core = ProposerCore(build_proposer_drafter(opts), opts, max_model_len=max_len, target_params=7e9)
     book = SlotBook(k, prefill_cap=0)
-    sched = ScheduledDrafting(core, k=k, max_rows=len(records), device="cpu", device_wait=HostWait(), slot_book=book,
-                              matrix_step=opts.matrix_step)
+    sched = ScheduledDrafting(
+        core,
+        k=k,
+        max_rows=len(records),
+        device="cpu",
+        device_wait=HostWait(),
+        slot_book=book,
+        matrix_step=opts.matrix_step,
+    )
     states: dict[str, Any] = {}
     drafts: list[list[int]] = [[] for _ in records]
     fills: list[float] = []
@@ -112,31 +137,52 @@ def run(config: str, records: list[Any], pool: list[Any], *, k: int, steps: int,
             if step >= WARMUP_STEPS:
                 fills.append(t1 - t0)
                 finishes.append(t3 - t2)
-            drafts = [out[i, :book.table.get(rid, k)].tolist() for i, rid in enumerate(eng.ids)]
+            drafts = [out[i, : book.table.get(rid, k)].tolist() for i, rid in enumerate(eng.ids)]
     finally:
         sched.close()
     stats = core.stats_dict()
-    return {"config": config, "batch_size": len(records), "steps": steps, "gpu_ms": gpu_ms, "lane_threads": threads,
-            "fill_ms": 1e3 * float(np.mean(fills)), "finish_ms": 1e3 * float(np.mean(finishes)),
-            "engine_thread_ms": 1e3 * float(np.mean(fills) + np.mean(finishes)),
-            "finish_tail": tail_ms(finishes), "emitted_per_step": eng.emitted / (steps + WARMUP_STEPS),
-            "accepted_tokens": stats["accepted_tokens"], "drafted_tokens": stats["drafted_tokens"],
-            "stopped": stats["stopped"],
-            "fallbacks": {"timeouts": stats["timeouts"], "errors": sched.feed.stats.errors + stats.get("errors", 0),
-                          "resyncs": stats["resyncs"], "watchdog": sched.feed.stats.watchdog_releases}}
+    return {
+        "config": config,
+        "batch_size": len(records),
+        "steps": steps,
+        "gpu_ms": gpu_ms,
+        "lane_threads": threads,
+        "fill_ms": 1e3 * float(np.mean(fills)),
+        "finish_ms": 1e3 * float(np.mean(finishes)),
+        "engine_thread_ms": 1e3 * float(np.mean(fills) + np.mean(finishes)),
+        "finish_tail": tail_ms(finishes),
+        "emitted_per_step": eng.emitted / (steps + WARMUP_STEPS),
+        "accepted_tokens": stats["accepted_tokens"],
+        "drafted_tokens": stats["drafted_tokens"],
+        "stopped": stats["stopped"],
+        "fallbacks": {
+            "timeouts": stats["timeouts"],
+            "errors": sched.feed.stats.errors + stats.get("errors", 0),
+            "resyncs": stats["resyncs"],
+            "watchdog": sched.feed.stats.watchdog_releases,
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="code_alpaca", help="trace set (specdec-eval replay names)")
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--configs", default="default,no_early_refresh", type=lambda s: s.split(","),
-                    help=f"comma-separated, of: {', '.join(CONFIGS)}")
+    ap.add_argument(
+        "--configs",
+        default="default,no_early_refresh",
+        type=lambda s: s.split(","),
+        help=f"comma-separated, of: {', '.join(CONFIGS)}",
+    )
     ap.add_argument("--k", type=int, default=16, help="num_speculative_tokens")
     ap.add_argument("--steps", type=int, default=200, help="timed steps per run")
     ap.add_argument("--gpu-ms", type=float, default=8.0, help="the GPU's step between fill and finish (a sleep)")
-    ap.add_argument("--repeat", type=int, default=6, help="each response's first 80 tokens tiled this many times "
-                                                          "(1: the recorded responses as they are)")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=6,
+        help="each response's first 80 tokens tiled this many times (1: the recorded responses as they are)",
+    )
     ap.add_argument("--lane-threads", type=int, default=2, help="lane_threads (this machine's cores, at most)")
     ap.add_argument("--repeats", type=int, default=3, help="runs per config (interleaved); the median is reported")
     ap.add_argument("--name", default="bench_schedule_cpu", help="results file name part")
@@ -147,17 +193,28 @@ def main(argv: list[str] | None = None) -> None:
     _, records = load_traces(args.dataset, limit=args.batch_size * 8)
     records = [r for r in records if len(r.response_ids) >= MIN_RESPONSE]
     if args.repeat > 1:
-        records = [dataclasses.replace(r, response_ids=np.tile(r.response_ids[:REPEAT_PREFIX], args.repeat))
-                   for r in records]
+        records = [
+            dataclasses.replace(r, response_ids=np.tile(r.response_ids[:REPEAT_PREFIX], args.repeat)) for r in records
+        ]
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in args.configs}
     for i in range(args.repeats):
         for config in args.configs:
-            row = run(config, records[:args.batch_size], records, k=args.k, steps=args.steps, gpu_ms=args.gpu_ms,
-                      threads=args.lane_threads)
+            row = run(
+                config,
+                records[: args.batch_size],
+                records,
+                k=args.k,
+                steps=args.steps,
+                gpu_ms=args.gpu_ms,
+                threads=args.lane_threads,
+            )
             runs[config].append(row)
-            print(f"[{i + 1}/{args.repeats}] {config:16s} fill {row['fill_ms']:.3f} + finish {row['finish_ms']:.3f} "
-                  f"= {row['engine_thread_ms']:.3f} ms/step; emitted {row['emitted_per_step']:.1f}/step, accepted "
-                  f"{row['accepted_tokens']}", flush=True)
+            print(
+                f"[{i + 1}/{args.repeats}] {config:16s} fill {row['fill_ms']:.3f} + finish {row['finish_ms']:.3f} "
+                f"= {row['engine_thread_ms']:.3f} ms/step; emitted {row['emitted_per_step']:.1f}/step, accepted "
+                f"{row['accepted_tokens']}",
+                flush=True,
+            )
     rows = []
     for config, rs in runs.items():
         row = sorted(rs, key=lambda r: r["engine_thread_ms"])[len(rs) // 2]

@@ -16,6 +16,7 @@ rows then also report the tokens the slots cut off fresh drafts (``truncated``) 
 
     python -m benchmarks.bench_slot_forecast /tmp/code.jsonl /tmp/agentic.jsonl --growth sync,0,1,2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,10 +28,10 @@ from specdec.eval.loaders import load_traces
 from specdec.eval.results import results_path, write_results
 from specdec.vllm_plugin.core.adaptive import StepCostModel
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
-from specdec.vllm_plugin.entry.options import SpecdecOptions
-from specdec.vllm_plugin.proposer import build_proposer_drafter
-from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 from specdec.vllm_plugin.core.slots import SlotBook
+from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
+from specdec.vllm_plugin.proposer import build_proposer_drafter
 
 MIN_RESPONSE = 32  # records with shorter responses are skipped
 SYNC = "sync"  # --growth entry: every draft verified at its own length
@@ -47,12 +48,20 @@ class ForcedCost(StepCostModel):
         return self.forced
 
 
-def run(records: list[Any], *, batch_size: int, growth: str, k: int, steps: int,
-        token_cost: float, cut: bool = False) -> dict[str, Any]:
+def run(
+    records: list[Any], *, batch_size: int, growth: str, k: int, steps: int, token_cost: float, cut: bool = False
+) -> dict[str, Any]:
     """One configuration (``growth``: a ``slot_growth`` value, or ``SYNC``) over ``steps`` steps; ``cut``: drafts
     cut where the calibrated acceptance probability falls below ``token_cost`` (adaptive control on)."""
-    opts = SpecdecOptions.from_dict({"num_speculative_tokens": k, "async_drafting": True,
-                                     "async_mode": "schedule", "lane_threads": 1, "adaptive": cut})
+    opts = SpecdecOptions.from_dict(
+        {
+            "num_speculative_tokens": k,
+            "async_drafting": True,
+            "async_mode": "schedule",
+            "lane_threads": 1,
+            "adaptive": cut,
+        }
+    )
     max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in records) + 8
     eng = FakeEngine(records[:batch_size], records, max_len)
     core = ProposerCore(build_proposer_drafter(opts), opts, max_model_len=max_len, target_params=7e9)
@@ -83,23 +92,43 @@ def run(records: list[Any], *, batch_size: int, growth: str, k: int, steps: int,
             verified += sum(map(len, drafts)) + rows
     finally:
         sched.close()
-    return {"growth": growth, "batch_size": rows, "steps": steps, "token_cost": token_cost, "cut": cut,
-            "emitted_per_step": eng.emitted / steps, "verified_per_step": verified / steps,
-            "truncated_per_step": truncated / steps, "filler_per_step": filler / steps, **book.as_dict()}
+    return {
+        "growth": growth,
+        "batch_size": rows,
+        "steps": steps,
+        "token_cost": token_cost,
+        "cut": cut,
+        "emitted_per_step": eng.emitted / steps,
+        "verified_per_step": verified / steps,
+        "truncated_per_step": truncated / steps,
+        "filler_per_step": filler / steps,
+        **book.as_dict(),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("traces", nargs="+", help="trace sets (files or specdec-eval dataset names)")
-    ap.add_argument("--growth", default="sync,0,1", type=lambda s: s.split(","),
-                    help="comma-separated slot_growth values, and 'sync' (drafts at their own length)")
+    ap.add_argument(
+        "--growth",
+        default="sync,0,1",
+        type=lambda s: s.split(","),
+        help="comma-separated slot_growth values, and 'sync' (drafts at their own length)",
+    )
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--k", type=int, default=16, help="num_speculative_tokens")
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--token-cost", type=float, default=0.0,
-                    help="the acceptance probability a verified token needs (the GPU's cost fit, forced)")
-    ap.add_argument("--cut", action="store_true",
-                    help="adaptive control on: drafts cut at --token-cost, as the proposer does on the GPU")
+    ap.add_argument(
+        "--token-cost",
+        type=float,
+        default=0.0,
+        help="the acceptance probability a verified token needs (the GPU's cost fit, forced)",
+    )
+    ap.add_argument(
+        "--cut",
+        action="store_true",
+        help="adaptive control on: drafts cut at --token-cost, as the proposer does on the GPU",
+    )
     ap.add_argument("--step-ms", type=float, default=6.4, help="step model: fixed ms per step")
     ap.add_argument("--token-us", type=float, default=18.8, help="step model: us per verified token")
     ap.add_argument("--name", default="bench_slot_forecast", help="results file name part")
@@ -108,23 +137,36 @@ def main(argv: list[str] | None = None) -> None:
     if bad:
         ap.error(f"--growth: {', '.join(bad)} is neither a number nor '{SYNC}'")
     rows = []
-    print("| traces | growth | emitted/step | verified/step | truncated/step | filler/step | extra slots used | "
-          "est tokens/ms |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| traces | growth | emitted/step | verified/step | truncated/step | filler/step | extra slots used | "
+        "est tokens/ms |\n| --- | --- | --- | --- | --- | --- | --- | --- |"
+    )
     for source in args.traces:
         name, records = load_traces(source)
         records = [r for r in records if len(r.response_ids) >= MIN_RESPONSE]
         for g in args.growth:
-            row = run(records, batch_size=args.batch_size, growth=g, k=args.k, steps=args.steps,
-                      token_cost=args.token_cost, cut=args.cut)
+            row = run(
+                records,
+                batch_size=args.batch_size,
+                growth=g,
+                k=args.k,
+                steps=args.steps,
+                token_cost=args.token_cost,
+                cut=args.cut,
+            )
             row["traces"] = name
             row["est_tokens_per_ms"] = row["emitted_per_step"] / (
-                args.step_ms + 1e-3 * args.token_us * row["verified_per_step"])
+                args.step_ms + 1e-3 * args.token_us * row["verified_per_step"]
+            )
             rows.append(row)
             paid = row["growth_extra_used"] / row["growth_extra_slots"] if row["growth_extra_slots"] else None
             row["growth_used_share"] = paid
-            print(f"| {name} | {g} | {row['emitted_per_step']:.1f} | {row['verified_per_step']:.1f} | "
-                  f"{row['truncated_per_step']:.1f} | {row['filler_per_step']:.1f} | "
-                  f"{'-' if paid is None else f'{paid:.2f}'} | {row['est_tokens_per_ms']:.2f} |", flush=True)
+            print(
+                f"| {name} | {g} | {row['emitted_per_step']:.1f} | {row['verified_per_step']:.1f} | "
+                f"{row['truncated_per_step']:.1f} | {row['filler_per_step']:.1f} | "
+                f"{'-' if paid is None else f'{paid:.2f}'} | {row['est_tokens_per_ms']:.2f} |",
+                flush=True,
+            )
     print("wrote", write_results(results_path(args.name, device="cpu"), vars(args), rows, device="cpu"))
 
 

@@ -7,6 +7,7 @@ tree size (its own ``estimate_memory``) after the same replay is added when it i
 
     python -m benchmarks.bench_suffix_memory openhands_swebench --limit 400 --bounds 0,20000,100000
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("source", nargs="?", default="openhands_swebench")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--budget", type=int, default=16)
-    ap.add_argument("--bounds", default="0,20000,100000",
-                    help="comma-separated max_cached_tokens values (0: the default 10M, i.e. unbounded here)")
+    ap.add_argument(
+        "--bounds",
+        default="0,20000,100000",
+        help="comma-separated max_cached_tokens values (0: the default 10M, i.e. unbounded here)",
+    )
     ap.add_argument("--arctic", action="store_true", help="also replay Arctic (depth 24) and size its tree")
     ap.add_argument("--save-results", default="suffix_memory")
     args = ap.parse_args(argv)
@@ -50,19 +54,34 @@ def main(argv: list[str] | None = None) -> int:
         kw = {"max_cached_tokens": bound} if bound != UNBOUNDED else {}
         d = SampledSuffix(**kw)
         res = replay(d, records, budget=args.budget, tree=False)
-        row = {"dataset": name, "drafter": "suffix", "max_cached_tokens": d.config.max_cached_tokens,
-               "mat": res.mat, "final": d.global_stats(), "peak": dict(d.peak),
-               "bytes_per_cached_token": d.global_stats()["bytes"] / max(d.global_stats()["cached_tokens"], 1)}
+        row = {
+            "dataset": name,
+            "drafter": "suffix",
+            "max_cached_tokens": d.config.max_cached_tokens,
+            "mat": res.mat,
+            "final": d.global_stats(),
+            "peak": dict(d.peak),
+            "bytes_per_cached_token": d.global_stats()["bytes"] / max(d.global_stats()["cached_tokens"], 1),
+        }
         rows.append(row)
-        print(f"{name} suffix max_cached_tokens={row['max_cached_tokens']:>10,}: MAT {res.mat:.3f}  final "
-              f"{row['final']}  peak {row['peak']}", flush=True)
+        print(
+            f"{name} suffix max_cached_tokens={row['max_cached_tokens']:>10,}: MAT {res.mat:.3f}  final "
+            f"{row['final']}  peak {row['peak']}",
+            flush=True,
+        )
     if args.arctic:
         from specdec.eval.peers import ArcticDrafter
 
         a = ArcticDrafter()
         res = replay(a, records, budget=args.budget, tree=False)
-        rows.append({"dataset": name, "drafter": "arctic", "mat": res.mat,
-                     "final": {"bytes": a.memory_bytes(), "cached_requests": len(a.cache.cached_requests)}})
+        rows.append(
+            {
+                "dataset": name,
+                "drafter": "arctic",
+                "mat": res.mat,
+                "final": {"bytes": a.memory_bytes(), "cached_requests": len(a.cache.cached_requests)},
+            }
+        )
         print(f"{name} arctic: MAT {res.mat:.3f}  global tree {rows[-1]['final']}", flush=True)
     path = results_path(args.save_results)
     write_results(path, vars(args), rows)

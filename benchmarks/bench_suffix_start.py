@@ -7,6 +7,7 @@ and reports the median ms per start and the per-request trie size. Usage::
 
     python -m benchmarks.bench_suffix_start openhands_swebench --context 1536 --requests 40 --repeats 7
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,9 +31,12 @@ def time_starts(prompts: list[list[int]], *, depth: int, repeats: int) -> dict[s
             engine.start(rid, prompt)
         per_start.append(1e3 * (time.perf_counter() - t0) / len(prompts))
     assert engine is not None
-    return {"ms_per_start_median": statistics.median(per_start), "ms_per_start_min": min(per_start),
-            "runs_ms": per_start, "local_nodes_median": statistics.median(engine.local_nodes(r)
-                                                                        for r in range(len(prompts)))}
+    return {
+        "ms_per_start_median": statistics.median(per_start),
+        "ms_per_start_min": min(per_start),
+        "runs_ms": per_start,
+        "local_nodes_median": statistics.median(engine.local_nodes(r) for r in range(len(prompts))),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,14 +52,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="bench_suffix_start")
     args = ap.parse_args(argv)
     name, records = load_traces(args.source, limit=args.requests * 4)
-    prompts = [list(r.prompt_ids)[-args.context:] for r in records if len(r.prompt_ids) >= args.context]
-    prompts = prompts[:args.requests]
+    prompts = [list(r.prompt_ids)[-args.context :] for r in records if len(r.prompt_ids) >= args.context]
+    prompts = prompts[: args.requests]
     if not prompts:
         raise SystemExit(f"{name}: no prompt has --context {args.context} tokens; use a smaller --context")
-    res = {"dataset": name, "prompts": len(prompts), "context": args.context, "depth": args.depth,
-           **time_starts(prompts, depth=args.depth, repeats=args.repeats)}
-    print(f"{name}: {res['ms_per_start_median']:.3f} ms per start of a {args.context}-token context "
-          f"(min {res['ms_per_start_min']:.3f}; {res['local_nodes_median']:.0f} trie nodes)")
+    res = {
+        "dataset": name,
+        "prompts": len(prompts),
+        "context": args.context,
+        "depth": args.depth,
+        **time_starts(prompts, depth=args.depth, repeats=args.repeats),
+    }
+    print(
+        f"{name}: {res['ms_per_start_median']:.3f} ms per start of a {args.context}-token context "
+        f"(min {res['ms_per_start_min']:.3f}; {res['local_nodes_median']:.0f} trie nodes)"
+    )
     path = write_results(results_path(args.name), vars(args), [res])
     print(f"wrote {path}")
     return 0

@@ -19,6 +19,7 @@ instead of ``--max-tokens`` for all, so that no method runs in lockstep. ``--los
 specdec, EOS respected) at batch 1/8/64 and counts prompts compared and identical. Writes
 eval/results/<date>_<device>_vllm_bench.json (+ .md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,12 +45,11 @@ from benchmarks.bench_vllm_load import (
     varied_lengths,
 )
 from benchmarks.bench_vllm_report import markdown, summarise  # noqa: F401 - re-exported
-from specdec.eval.model_shapes import INFLATE_SHAPES, SHAPES, shaped_model
-from benchmarks.prepare_prompts import SUSTAINED_FACTOR
 from benchmarks.engine_timer import EngineTimer, allow_rpc, in_engine, install_local
+from benchmarks.prepare_prompts import SUSTAINED_FACTOR
 from benchmarks.step_timer import CellTimer
 from benchmarks.step_trace import save_step_traces
-
+from specdec.eval.model_shapes import INFLATE_SHAPES, SHAPES, shaped_model
 from specdec.paths import TARGET_MODEL, model_path
 
 METHODS: dict[str, dict[str, Any] | None] = {
@@ -69,30 +69,73 @@ METHODS: dict[str, dict[str, Any] | None] = {
     # async_mode "thread" ("specdec-async" keeps the name it had while thread mode was the default): the native
     # step on the suffix engine's own thread, GIL released, beside vLLM's update_from_output; stops and starts while
     # the GPU runs the step
-    "specdec-async": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
-                      "async_mode": "thread"},
-    "specdec-thread": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
-                       "async_mode": "thread"},
+    "specdec-async": {
+        "method": "specdec",
+        "drafter": "suffix",
+        "num_speculative_tokens": 16,
+        "async": True,
+        "async_mode": "thread",
+    },
+    "specdec-thread": {
+        "method": "specdec",
+        "drafter": "suffix",
+        "num_speculative_tokens": 16,
+        "async": True,
+        "async_mode": "thread",
+    },
     # vLLM's async scheduling (the engine prepares step N+1 while the GPU runs step N; drafts filled just in time)
-    "specdec-sched": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
-                      "async_mode": "schedule"},
+    "specdec-sched": {
+        "method": "specdec",
+        "drafter": "suffix",
+        "num_speculative_tokens": 16,
+        "async": True,
+        "async_mode": "schedule",
+    },
     # vLLM's uniform k slots per request under async scheduling (draft_slots "adaptive", the default, reserves each
     # request only as many slots as its latest draft had tokens past the confidence cut)
-    "specdec-sched-uniform": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
-                              "async_mode": "schedule", "draft_slots": "uniform"},
+    "specdec-sched-uniform": {
+        "method": "specdec",
+        "drafter": "suffix",
+        "num_speculative_tokens": 16,
+        "async": True,
+        "async_mode": "schedule",
+        "draft_slots": "uniform",
+    },
     # the same with k by batch size (vLLM's scheduler reserves k slots for every request under async scheduling)
-    "specdec-sched-dyn": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
-                          "async_mode": "schedule", "num_speculative_tokens_per_batch_size": [[1, 16, 16], [17, 1024, 8]]},
+    "specdec-sched-dyn": {
+        "method": "specdec",
+        "drafter": "suffix",
+        "num_speculative_tokens": 16,
+        "async": True,
+        "async_mode": "schedule",
+        "num_speculative_tokens_per_batch_size": [[1, 16, 16], [17, 1024, 8]],
+    },
     # a short k at large batches (k 4 lifted agentic batch 64 on the 8B-sized target from 0.73x to 0.86x no-spec)
-    "specdec-sched-k2": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": True,
-                         "async_mode": "schedule", "num_speculative_tokens_per_batch_size": [[1, 16, 16], [17, 1024, 2]]},
+    "specdec-sched-k2": {
+        "method": "specdec",
+        "drafter": "suffix",
+        "num_speculative_tokens": 16,
+        "async": True,
+        "async_mode": "schedule",
+        "num_speculative_tokens_per_batch_size": [[1, 16, 16], [17, 1024, 2]],
+    },
     # the draft model on the host CPU: the native forward on 8 threads (half the GPU host's cores), named rather
     # than calibrated at engine start (backend=auto would also build and time ONNX Runtime and numpy)
-    "specdec-hybrid": {"method": "specdec", "drafter": ["suffix", "model"], "num_speculative_tokens": 8,
-                       "async": False, "drafter_options": {"model": {"num_threads": 8, "backend": "native"}}},
+    "specdec-hybrid": {
+        "method": "specdec",
+        "drafter": ["suffix", "model"],
+        "num_speculative_tokens": 8,
+        "async": False,
+        "drafter_options": {"model": {"num_threads": 8, "backend": "native"}},
+    },
     # k=4: each draft token is one model step
-    "specdec-model": {"method": "specdec", "drafter": "model", "num_speculative_tokens": 4, "async": False,
-                      "drafter_options": {"model": {"num_threads": 8, "backend": "native"}}},
+    "specdec-model": {
+        "method": "specdec",
+        "drafter": "model",
+        "num_speculative_tokens": 4,
+        "async": False,
+        "drafter_options": {"model": {"num_threads": 8, "backend": "native"}},
+    },
 }
 V1_REFERENCES = ("nospec-v1", "nospec-sync")  # no-spec engines forced onto the V1 model runner
 LOADS = {"closed": ("closed",), "sustained": ("sustained",), "both": ("closed", "sustained")}  # --load -> engines
@@ -101,8 +144,10 @@ LOSSLESS_BATCHES = (1, 8, 64)
 LOSSLESS_MAX_TOKENS = 128
 PROFILE_TOP = 45  # functions listed per sort order in --profile output
 ENGINE_INPROC_SETTING = "vLLM LLM(), engine core in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), seed 0"
-ENGINE_PROCESS_SETTING = ("vLLM LLM(), engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1, vLLM's "
-                          "default layout; drafting and GPU timers there, read through collective_rpc), seed 0")
+ENGINE_PROCESS_SETTING = (
+    "vLLM LLM(), engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1, vLLM's "
+    "default layout; drafting and GPU timers there, read through collective_rpc), seed 0"
+)
 TIMEOUT_RC = 124  # a worker past --method-timeout-s (killed): reported like timeout(1)
 FIRST_ENGINE_EXTRA_S = 60  # the run's first engine also compiles (torch.compile, CUDA graphs) for the later ones:
 # on a fresh H200 machine it took 108-135 s where the others took 70-97 s
@@ -114,17 +159,22 @@ def _engine_config(llm: Any) -> dict[str, Any]:
     try:
         cfg = llm.llm_engine.vllm_config
         cc = cfg.compilation_config
-        return {"async_scheduling": bool(cfg.scheduler_config.async_scheduling),
-                "cudagraph_mode": str(cc.cudagraph_mode), "max_cudagraph_capture_size": cc.max_cudagraph_capture_size,
-                "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
-                "max_num_seqs": cfg.scheduler_config.max_num_seqs, "max_model_len": cfg.model_config.max_model_len,
-                "num_gpu_blocks": cfg.cache_config.num_gpu_blocks}
+        return {
+            "async_scheduling": bool(cfg.scheduler_config.async_scheduling),
+            "cudagraph_mode": str(cc.cudagraph_mode),
+            "max_cudagraph_capture_size": cc.max_cudagraph_capture_size,
+            "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
+            "max_num_seqs": cfg.scheduler_config.max_num_seqs,
+            "max_model_len": cfg.model_config.max_model_len,
+            "num_gpu_blocks": cfg.cache_config.num_gpu_blocks,
+        }
     except Exception as exc:  # noqa: BLE001 - informational only
         return {"error": repr(exc)}
 
 
-def _spec_config(method: str, override: dict[str, Any], variants: dict[str, Any] | None = None
-                 ) -> dict[str, Any] | None:
+def _spec_config(
+    method: str, override: dict[str, Any], variants: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
     """The speculative config of a method or of a ``--variants`` entry ({"base": method, "spec": {...}})."""
     variant = (variants or {}).get(method)
     if variant is not None:
@@ -181,17 +231,34 @@ def worker(args: argparse.Namespace) -> None:
     if args.shape:
         extra["load_format"] = "dummy"
     if not args.vllm_defaults:  # the harness's own engine arguments; --vllm-defaults: vLLM's, as a user runs it
-        extra.update(max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_mem,
-                     max_num_seqs=max(args.batch_sizes), seed=0)
-    llm = LLM(model=shaped_model(args.model, args.shape), dtype=args.dtype, speculative_config=spec,
-              enforce_eager=args.eager, disable_log_stats=False, tensor_parallel_size=args.tp, **extra)
+        extra.update(
+            max_model_len=args.max_model_len,
+            gpu_memory_utilization=args.gpu_mem,
+            max_num_seqs=max(args.batch_sizes),
+            seed=0,
+        )
+    llm = LLM(
+        model=shaped_model(args.model, args.shape),
+        dtype=args.dtype,
+        speculative_config=spec,
+        enforce_eager=args.eager,
+        disable_log_stats=False,
+        tensor_parallel_size=args.tp,
+        **extra,
+    )
     startup = time.perf_counter() - t0
     if args.engine_process:  # the timer that counts is the engine process's
         timer = EngineTimer(llm, trace=args.trace)
     lossless = args.dtype == "float32"
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=not lossless, detokenize=False)
-    result: dict[str, Any] = {"method": args.method, "dtype": args.dtype, "speculative_config": spec,
-                              "startup_s": startup, "load": args.load, "datasets": {}}
+    result: dict[str, Any] = {
+        "method": args.method,
+        "dtype": args.dtype,
+        "speculative_config": spec,
+        "startup_s": startup,
+        "load": args.load,
+        "datasets": {},
+    }
     result["engine_config"] = {**_engine_config(llm), "cpu_affinity": sorted(os.sched_getaffinity(0))}
     variant = variants.get(args.method, {})
     args.batch_sizes = [b for b in args.batch_sizes if b in variant.get("batch_sizes", args.batch_sizes)]
@@ -199,8 +266,16 @@ def worker(args: argparse.Namespace) -> None:
     for name in [d for d in args.datasets if d in variant.get("datasets", args.datasets)]:
         result["datasets"][name] = cells = {}
         # every finished cell is on disk at once: a worker killed by --method-timeout-s keeps them (``_read_worker``)
-        _dataset_cells(args, llm, name, prompts["datasets"][name], sp, timer, cells=cells,
-                       on_cell=lambda: _write_atomic(out, json.dumps({**result, "partial": True})))
+        _dataset_cells(
+            args,
+            llm,
+            name,
+            prompts["datasets"][name],
+            sp,
+            timer,
+            cells=cells,
+            on_cell=lambda: _write_atomic(out, json.dumps({**result, "partial": True})),
+        )
     try:
         result["specdec_stats"] = in_engine(timer, "specdec_stats")
     except Exception:  # noqa: BLE001 - no specdec proposer (a peer's engine)
@@ -215,8 +290,17 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def _dataset_cells(args: argparse.Namespace, llm: Any, name: str, sets: dict[str, list[list[int]]], sp: Any,
-                   timer: CellTimer, *, cells: dict[str, Any], on_cell: Callable[[], None]) -> None:
+def _dataset_cells(
+    args: argparse.Namespace,
+    llm: Any,
+    name: str,
+    sets: dict[str, list[list[int]]],
+    sp: Any,
+    timer: CellTimer,
+    *,
+    cells: dict[str, Any],
+    on_cell: Callable[[], None],
+) -> None:
     """One dataset on this engine: the warm-up, then a cell per batch size into ``cells``, keyed "b" (closed load)
     or "sus{b}" (sustained load; batch sizes without a sustained set in the prompts file are skipped;
     ``--output-lengths varied``: per-prompt lengths, the cell marked ``output_lengths``); ``on_cell()`` after each."""
@@ -227,11 +311,21 @@ def _dataset_cells(args: argparse.Namespace, llm: Any, name: str, sets: dict[str
         if args.load == "sustained":
             key = label = f"{SUSTAINED_SET}{b}"
             if key not in sets:
-                print(f"[{args.method}] {name}: no {key} set in {args.prompts}: batch {b} skipped (sustained load)",
-                      flush=True)
+                print(
+                    f"[{args.method}] {name}: no {key} set in {args.prompts}: batch {b} skipped (sustained load)",
+                    flush=True,
+                )
                 continue
-            run = functools.partial(run_sustained, llm, sets[key], b, feed_sp, timer, request_prefix=f"{name}-{key}",
-                                    max_tokens=varied_lengths(len(sets[key])) if varied else None)
+            run = functools.partial(
+                run_sustained,
+                llm,
+                sets[key],
+                b,
+                feed_sp,
+                timer,
+                request_prefix=f"{name}-{key}",
+                max_tokens=varied_lengths(len(sets[key])) if varied else None,
+            )
         else:
             key, label = str(b), f"bs{b}"
             run = functools.partial(run_closed, llm, sets[f"bs{b}"], b, sp, timer)
@@ -246,8 +340,11 @@ def _dataset_cells(args: argparse.Namespace, llm: Any, name: str, sets: dict[str
             cell["slot_book"] = {k: v - before.get(k, 0) for k, v in after.items()}
         if varied:
             cell["output_lengths"] = VARIED
-        print(f"[{args.method} {args.dtype}] {name} {label}: {cell['tokens_per_s']:.0f} tok/s, MAT "
-              f"{cell['mat']:.2f}, draft {cell['draft_ms_per_step'] or 0.0:.3f} ms/step", flush=True)
+        print(
+            f"[{args.method} {args.dtype}] {name} {label}: {cell['tokens_per_s']:.0f} tok/s, MAT "
+            f"{cell['mat']:.2f}, draft {cell['draft_ms_per_step'] or 0.0:.3f} ms/step",
+            flush=True,
+        )
         on_cell()
 
 
@@ -285,19 +382,63 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _spawn(args: argparse.Namespace, method: str, dtype: str, batches: list[int], max_tokens: int,
-           eager: bool, tmp: Path, *, load: str = "closed", first: bool = False) -> dict[str, Any] | None:
+def _spawn(
+    args: argparse.Namespace,
+    method: str,
+    dtype: str,
+    batches: list[int],
+    max_tokens: int,
+    eager: bool,
+    tmp: Path,
+    *,
+    load: str = "closed",
+    first: bool = False,
+) -> dict[str, Any] | None:
     """One engine in its own worker process, under ``--method-timeout-s`` (``first``: the run's first engine,
     ``FIRST_ENGINE_EXTRA_S`` more); its result, or the cells it finished (``_read_worker``)."""
     out = tmp / f"{method}_{dtype}{'' if load == 'closed' else '_' + load}.json"
-    cmd = [sys.executable, "-m", "benchmarks.bench_vllm", "--worker", "--method", method, "--dtype", dtype,
-           "--prompts", args.prompts, "--model", args.model, "--worker-out", str(out),
-           "--max-tokens", str(max_tokens), "--batch-sizes", ",".join(map(str, batches)),
-           "--datasets", ",".join(args.datasets), "--max-model-len", str(args.max_model_len),
-           "--gpu-mem", str(args.gpu_mem), "--specdec-config", args.specdec_config or "{}",
-           "--variants", args.variants or "{}", "--tp", str(args.tp), "--compilation-config", args.compilation_config or "null",
-           "--profile-dir", args.profile_dir if method in args.profile_methods else "", "--shape", args.shape,
-           "--load", load, "--output-lengths", args.output_lengths]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.bench_vllm",
+        "--worker",
+        "--method",
+        method,
+        "--dtype",
+        dtype,
+        "--prompts",
+        args.prompts,
+        "--model",
+        args.model,
+        "--worker-out",
+        str(out),
+        "--max-tokens",
+        str(max_tokens),
+        "--batch-sizes",
+        ",".join(map(str, batches)),
+        "--datasets",
+        ",".join(args.datasets),
+        "--max-model-len",
+        str(args.max_model_len),
+        "--gpu-mem",
+        str(args.gpu_mem),
+        "--specdec-config",
+        args.specdec_config or "{}",
+        "--variants",
+        args.variants or "{}",
+        "--tp",
+        str(args.tp),
+        "--compilation-config",
+        args.compilation_config or "null",
+        "--profile-dir",
+        args.profile_dir if method in args.profile_methods else "",
+        "--shape",
+        args.shape,
+        "--load",
+        load,
+        "--output-lengths",
+        args.output_lengths,
+    ]
     if args.trace:
         cmd.append("--trace")
     if args.engine_process:
@@ -366,27 +507,42 @@ def write_doc(args: argparse.Namespace, runs: dict, lossless: dict, t_start: flo
     versions = _versions()
     device = args.device or versions.get("gpu", "gpu").replace("NVIDIA ", "").split()[0].lower()
     doc = {
-        "date": time.strftime("%Y-%m-%d"), "device": device, "versions": versions,
-        "settings": {"model": _model_label(args),
-                     "shape": SHAPES.get(args.shape), "methods": {m: _spec_config(m, {}, json.loads(args.variants or "{}"))
-                                                             for m in args.methods},
-                     "variants": json.loads(args.variants or "{}"),
-                     "compilation_config": json.loads(args.compilation_config or "null"),
-                     "specdec_override": json.loads(args.specdec_config or "{}"), "batch_sizes": args.batch_sizes,
-                     "max_tokens": args.max_tokens, "ignore_eos": True, "greedy": True, "dtype": "bfloat16",
-                     "cuda_graphs": not args.eager_bench, "datasets": args.datasets,
-                     "prompts_per_batch": {b: len(prompts["datasets"][args.datasets[0]][f"bs{b}"])
-                                           for b in args.batch_sizes},
-                     "load": args.load, **_sustained_settings(args, prompts),
-                     "output_lengths": _output_lengths_setting(args.output_lengths),
-                     "cache_policy": prompts["policy"],
-                     "lossless": {"dtype": "float32", "batch_sizes": args.lossless_batch_sizes,
-                                  "max_tokens": LOSSLESS_MAX_TOKENS, "eos": "respected",
-                                  "enforce_eager": not args.lossless_graphs}
-                     if args.lossless else None,
-                     "engine": ENGINE_PROCESS_SETTING if args.engine_process else ENGINE_INPROC_SETTING,
-                     "tensor_parallel_size": args.tp,
-                     "command": " ".join(sys.argv), "total_s": time.perf_counter() - t_start},
+        "date": time.strftime("%Y-%m-%d"),
+        "device": device,
+        "versions": versions,
+        "settings": {
+            "model": _model_label(args),
+            "shape": SHAPES.get(args.shape),
+            "methods": {m: _spec_config(m, {}, json.loads(args.variants or "{}")) for m in args.methods},
+            "variants": json.loads(args.variants or "{}"),
+            "compilation_config": json.loads(args.compilation_config or "null"),
+            "specdec_override": json.loads(args.specdec_config or "{}"),
+            "batch_sizes": args.batch_sizes,
+            "max_tokens": args.max_tokens,
+            "ignore_eos": True,
+            "greedy": True,
+            "dtype": "bfloat16",
+            "cuda_graphs": not args.eager_bench,
+            "datasets": args.datasets,
+            "prompts_per_batch": {b: len(prompts["datasets"][args.datasets[0]][f"bs{b}"]) for b in args.batch_sizes},
+            "load": args.load,
+            **_sustained_settings(args, prompts),
+            "output_lengths": _output_lengths_setting(args.output_lengths),
+            "cache_policy": prompts["policy"],
+            "lossless": {
+                "dtype": "float32",
+                "batch_sizes": args.lossless_batch_sizes,
+                "max_tokens": LOSSLESS_MAX_TOKENS,
+                "eos": "respected",
+                "enforce_eager": not args.lossless_graphs,
+            }
+            if args.lossless
+            else None,
+            "engine": ENGINE_PROCESS_SETTING if args.engine_process else ENGINE_INPROC_SETTING,
+            "tensor_parallel_size": args.tp,
+            "command": " ".join(sys.argv),
+            "total_s": time.perf_counter() - t_start,
+        },
         "summary": summarise(runs, lossless),
     }
     name = f"{doc['date']}_{device}_vllm_{'lossless' if args.lossless_only else 'bench'}"
@@ -405,8 +561,11 @@ def _sustained_settings(args: argparse.Namespace, prompts: dict[str, Any]) -> di
     if "sustained" not in LOADS[args.load]:
         return {}
     sets = prompts["datasets"][args.datasets[0]]
-    return {"sustained_prompts": {b: len(sets[f"{SUSTAINED_SET}{b}"]) for b in args.batch_sizes
-                                  if f"{SUSTAINED_SET}{b}" in sets}}
+    return {
+        "sustained_prompts": {
+            b: len(sets[f"{SUSTAINED_SET}{b}"]) for b in args.batch_sizes if f"{SUSTAINED_SET}{b}" in sets
+        }
+    }
 
 
 def _output_lengths_setting(choice: str) -> str | dict[str, Any]:
@@ -441,16 +600,36 @@ def driver(args: argparse.Namespace) -> None:
         from specdec.eval.inflate_model import INFLATE_DIR
 
         out = INFLATE_DIR / f"{Path(args.model).name}-{args.inflate}"
-        subprocess.check_call([sys.executable, "-m", "specdec.eval.inflate_model", "--model", args.model,
-                               "--shape", args.inflate, "--out", str(out)])
+        subprocess.check_call(
+            [
+                sys.executable,
+                "-m",
+                "specdec.eval.inflate_model",
+                "--model",
+                args.model,
+                "--shape",
+                args.inflate,
+                "--out",
+                str(out),
+            ]
+        )
         args.model = str(out)
     first = True  # the run's first engine compiles for the others
     if not args.lossless_only:
         for method in args.methods:
             res = None
             for load in LOADS[args.load]:  # --load both: a fresh engine per load (see prepare_prompts)
-                part = _spawn(args, method, "bfloat16", args.batch_sizes, args.max_tokens, args.eager_bench, tmp,
-                              load=load, first=first)
+                part = _spawn(
+                    args,
+                    method,
+                    "bfloat16",
+                    args.batch_sizes,
+                    args.max_tokens,
+                    args.eager_bench,
+                    tmp,
+                    load=load,
+                    first=first,
+                )
                 first = False
                 res = part if load == "closed" else _merge_loads(res, part)
             if res is not None:
@@ -460,8 +639,16 @@ def driver(args: argparse.Namespace) -> None:
         args.lossless = True
         methods = args.lossless_methods or [m for m in args.methods if m.startswith("specdec")]
         for method in ["nospec"] + [m for m in methods if m != "nospec"]:
-            res = _spawn(args, method, "float32", args.lossless_batch_sizes, LOSSLESS_MAX_TOKENS,
-                         not args.lossless_graphs, tmp, first=first)
+            res = _spawn(
+                args,
+                method,
+                "float32",
+                args.lossless_batch_sizes,
+                LOSSLESS_MAX_TOKENS,
+                not args.lossless_graphs,
+                tmp,
+                first=first,
+            )
             first = False
             if res is not None:
                 lossless[method] = res
@@ -476,50 +663,96 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--methods", default="nospec,ngram,suffix,specdec", type=lambda s: s.split(","))
     ap.add_argument("--datasets", default="code,agentic", type=lambda s: s.split(","))
     ap.add_argument("--batch-sizes", default="1,8,32,64", type=lambda s: [int(x) for x in s.split(",")])
-    ap.add_argument("--shape", default="", choices=("",) + tuple(SHAPES),
-                    help="benchmark a model of this shape with random weights (vLLM load_format='dummy') and the "
-                         "shared target's tokenizer: GPU step times of a real size (speed only; outputs are noise)")
-    ap.add_argument("--inflate", default="", choices=("",) + tuple(INFLATE_SHAPES),
-                    help="benchmark the target inflated to this size (specdec.eval.inflate_model: same outputs, an "
-                         "8B model's step time); built under /tmp/specdec_shapes on first use")
-    ap.add_argument("--load", default="closed", choices=tuple(LOADS),
-                    help="closed: each batch size b = b prompts submitted together (a closed batch); sustained: the "
-                         f"prompts file's sus{{b}} set ({SUSTAINED_FACTOR} x b prompts) with at most b in flight, a "
-                         "new request as one finishes; both: each, in an engine of its own per method")
-    ap.add_argument("--output-lengths", default=FIXED, choices=OUTPUT_LENGTHS,
-                    help="fixed: every request asks for --max-tokens; varied (sustained load only; closed batches "
-                         "keep --max-tokens): prompt i of a sustained cell asks for a length drawn uniformly from "
-                         f"{VARIED_LENGTHS[0]}-{VARIED_LENGTHS[1]} (seed {VARIED_LENGTH_SEED}, the same per prompt "
-                         "for every method), so that no method runs in lockstep, as on a server")
+    ap.add_argument(
+        "--shape",
+        default="",
+        choices=("",) + tuple(SHAPES),
+        help="benchmark a model of this shape with random weights (vLLM load_format='dummy') and the "
+        "shared target's tokenizer: GPU step times of a real size (speed only; outputs are noise)",
+    )
+    ap.add_argument(
+        "--inflate",
+        default="",
+        choices=("",) + tuple(INFLATE_SHAPES),
+        help="benchmark the target inflated to this size (specdec.eval.inflate_model: same outputs, an "
+        "8B model's step time); built under /tmp/specdec_shapes on first use",
+    )
+    ap.add_argument(
+        "--load",
+        default="closed",
+        choices=tuple(LOADS),
+        help="closed: each batch size b = b prompts submitted together (a closed batch); sustained: the "
+        f"prompts file's sus{{b}} set ({SUSTAINED_FACTOR} x b prompts) with at most b in flight, a "
+        "new request as one finishes; both: each, in an engine of its own per method",
+    )
+    ap.add_argument(
+        "--output-lengths",
+        default=FIXED,
+        choices=OUTPUT_LENGTHS,
+        help="fixed: every request asks for --max-tokens; varied (sustained load only; closed batches "
+        "keep --max-tokens): prompt i of a sustained cell asks for a length drawn uniformly from "
+        f"{VARIED_LENGTHS[0]}-{VARIED_LENGTHS[1]} (seed {VARIED_LENGTH_SEED}, the same per prompt "
+        "for every method), so that no method runs in lockstep, as on a server",
+    )
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--gpu-mem", type=float, default=0.3)
-    ap.add_argument("--vllm-defaults", action="store_true", help="engines with vLLM's default arguments (no "
-                    "max_model_len, gpu_memory_utilization or max_num_seqs set): what a user's first try runs")
+    ap.add_argument(
+        "--vllm-defaults",
+        action="store_true",
+        help="engines with vLLM's default arguments (no "
+        "max_model_len, gpu_memory_utilization or max_num_seqs set): what a user's first try runs",
+    )
     ap.add_argument("--specdec-config", default="", help="JSON merged into the specdec methods' config")
-    ap.add_argument("--variants", default="", help='JSON {"name": {"base": "specdec", "spec": {...}, '
-                    '"compilation_config": {...}, "env": {...}, "batch_sizes": [...], "datasets": [...], '
-                    '"cpus": [...]}}: extra methods, usable in --methods (batch_sizes/datasets: a subset of the '
-                    'run\'s; cpus: CPU ids the engine process is pinned to)')
+    ap.add_argument(
+        "--variants",
+        default="",
+        help='JSON {"name": {"base": "specdec", "spec": {...}, '
+        '"compilation_config": {...}, "env": {...}, "batch_sizes": [...], "datasets": [...], '
+        '"cpus": [...]}}: extra methods, usable in --methods (batch_sizes/datasets: a subset of the '
+        "run's; cpus: CPU ids the engine process is pinned to)",
+    )
     ap.add_argument("--compilation-config", default="", help="JSON compilation_config for every method's engine")
     ap.add_argument("--profile-dir", default="", help="write cProfile tables per cell here (--profile-methods)")
-    ap.add_argument("--profile-methods", default="", type=lambda s: [m for m in s.split(",") if m],
-                    help="methods run under cProfile (slower: their timings are not comparable)")
-    ap.add_argument("--trace", action="store_true", help="record every engine step of the speed cells (width, "
-                    "tokens, drafting, CUDA-graph mode, GPU busy/gap): python -m benchmarks.step_trace RESULTS")
-    ap.add_argument("--engine-process", action="store_true",
-                    help="each engine's core in a process of its own, as vllm serve and LLM() run it by default "
-                         "(VLLM_ENABLE_V1_MULTIPROCESSING=1; default: in the worker's process); the timers (drafting, "
-                         "GPU gap and busy, --trace, specdec stats) run there and are read through vLLM's "
-                         "collective_rpc (engine_timer.py); --profile-methods is refused")
+    ap.add_argument(
+        "--profile-methods",
+        default="",
+        type=lambda s: [m for m in s.split(",") if m],
+        help="methods run under cProfile (slower: their timings are not comparable)",
+    )
+    ap.add_argument(
+        "--trace",
+        action="store_true",
+        help="record every engine step of the speed cells (width, "
+        "tokens, drafting, CUDA-graph mode, GPU busy/gap): python -m benchmarks.step_trace RESULTS",
+    )
+    ap.add_argument(
+        "--engine-process",
+        action="store_true",
+        help="each engine's core in a process of its own, as vllm serve and LLM() run it by default "
+        "(VLLM_ENABLE_V1_MULTIPROCESSING=1; default: in the worker's process); the timers (drafting, "
+        "GPU gap and busy, --trace, specdec stats) run there and are read through vLLM's "
+        "collective_rpc (engine_timer.py); --profile-methods is refused",
+    )
     ap.add_argument("--lossless", action="store_true", help="add float32 runs: no-spec vs specdec methods")
-    ap.add_argument("--lossless-methods", default="", type=lambda s: [m for m in s.split(",") if m],
-                    help="methods compared with no-spec in float32 (default: the specdec methods of --methods)")
+    ap.add_argument(
+        "--lossless-methods",
+        default="",
+        type=lambda s: [m for m in s.split(",") if m],
+        help="methods compared with no-spec in float32 (default: the specdec methods of --methods)",
+    )
     ap.add_argument("--lossless-only", action="store_true", help="only the float32 lossless runs")
-    ap.add_argument("--lossless-graphs", action="store_true",
-                    help="float32 runs with CUDA graphs (default eager): checks the graphs a method's batches replay")
-    ap.add_argument("--lossless-batch-sizes", default=",".join(map(str, LOSSLESS_BATCHES)),
-                    type=lambda s: [int(x) for x in s.split(",") if x], help="batch sizes of the float32 runs")
+    ap.add_argument(
+        "--lossless-graphs",
+        action="store_true",
+        help="float32 runs with CUDA graphs (default eager): checks the graphs a method's batches replay",
+    )
+    ap.add_argument(
+        "--lossless-batch-sizes",
+        default=",".join(map(str, LOSSLESS_BATCHES)),
+        type=lambda s: [int(x) for x in s.split(",") if x],
+        help="batch sizes of the float32 runs",
+    )
     ap.add_argument("--eager-bench", action="store_true", help="enforce_eager for the speed runs (no CUDA graphs)")
     ap.add_argument("--method-timeout-s", type=int, default=900)
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size of every engine (the shared target: <= 2)")
@@ -536,8 +769,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.output_lengths == VARIED and "sustained" not in LOADS[args.load] and not args.worker:
         ap.error("--output-lengths varied applies to sustained-load cells only: add --load sustained or --load both")
     if args.engine_process and args.profile_methods:
-        ap.error("--engine-process runs the engine core in another process, which --profile-methods (cProfile of "
-                 "the benchmark's process) does not see: drop one of them")
+        ap.error(
+            "--engine-process runs the engine core in another process, which --profile-methods (cProfile of "
+            "the benchmark's process) does not see: drop one of them"
+        )
     if args.shape and args.inflate:
         ap.error("--shape and --inflate exclude each other: --shape is random weights, --inflate the real model")
     known = set(METHODS) | set(json.loads(args.variants or "{}"))

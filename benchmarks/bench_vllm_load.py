@@ -15,6 +15,7 @@ in sustained cells, prompt i asks for ``varied_lengths(N)[i]`` (``varied``: unif
 from one seed, so every method gets the same length per prompt). With one fixed length no-spec runs in lockstep
 under sustained load (all b requests finish in the same step, b successors prefill together), unlike a server.
 """
+
 from __future__ import annotations
 
 import copy
@@ -24,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
 from benchmarks.step_timer import CellTimer
 from benchmarks.step_trace import PHASE_COLS, SPLIT_COLS, host_late_share
 
@@ -78,9 +80,15 @@ def tpot_ms(outputs: list[Any]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def feed(engine: Any, prompts: list[list[int]], concurrency: int, params: Any, *,
-         request_prefix: str = SUSTAINED_REQUEST_PREFIX,
-         max_tokens: Sequence[int] | None = None) -> tuple[list[Any], float]:
+def feed(
+    engine: Any,
+    prompts: list[list[int]],
+    concurrency: int,
+    params: Any,
+    *,
+    request_prefix: str = SUSTAINED_REQUEST_PREFIX,
+    max_tokens: Sequence[int] | None = None,
+) -> tuple[list[Any], float]:
     """Run ``prompts`` through ``engine`` (vLLM's ``LLMEngine``: ``add_request``, ``step``,
     ``has_unfinished_requests``) with at most ``concurrency`` requests in flight, a new one added as soon as a step
     reports one finished. Returns the finished outputs in prompt order and the seconds from the first add to the
@@ -115,17 +123,19 @@ def feed(engine: Any, prompts: list[list[int]], concurrency: int, params: Any, *
     wall = time.perf_counter() - t0
     missing = [i for i, o in enumerate(outputs) if o is None]
     if missing:
-        raise RuntimeError(f"sustained load: {len(missing)} of {len(prompts)} requests never finished "
-                           f"(first: prompt {missing[0]})")
+        raise RuntimeError(
+            f"sustained load: {len(missing)} of {len(prompts)} requests never finished (first: prompt {missing[0]})"
+        )
     return outputs, wall
 
 
 def run_closed(llm: Any, prompts: list[list[int]], batch: int, sp: Any, timer: CellTimer) -> dict[str, Any]:
     """A closed-batch cell: ``LLM.generate`` over chunks of ``batch`` prompts (wall = the sum of the calls)."""
+
     def measure() -> tuple[list[list[int]], float, list[float]]:
         wall, outs, tpots = 0.0, [], []
         for i in range(0, len(prompts), batch):
-            chunk = [{"prompt_token_ids": p} for p in prompts[i:i + batch]]
+            chunk = [{"prompt_token_ids": p} for p in prompts[i : i + batch]]
             timer.gpu_on = True
             t0 = time.perf_counter()
             res = llm.generate(chunk, sp, use_tqdm=False)
@@ -141,16 +151,23 @@ def run_closed(llm: Any, prompts: list[list[int]], batch: int, sp: Any, timer: C
     return {**measured_cell(llm, timer, batch, measure), "load": "closed"}
 
 
-def run_sustained(llm: Any, prompts: list[list[int]], concurrency: int, sp: Any, timer: CellTimer, *,
-                  request_prefix: str = SUSTAINED_REQUEST_PREFIX,
-                  max_tokens: Sequence[int] | None = None) -> dict[str, Any]:
+def run_sustained(
+    llm: Any,
+    prompts: list[list[int]],
+    concurrency: int,
+    sp: Any,
+    timer: CellTimer,
+    *,
+    request_prefix: str = SUSTAINED_REQUEST_PREFIX,
+    max_tokens: Sequence[int] | None = None,
+) -> dict[str, Any]:
     """A sustained-load cell: ``feed`` on the LLM's engine (``sp`` should ask for final outputs only, as
     ``LLM.generate`` does, so steps do not build a partial output per request; ``request_prefix`` unique per cell
     of an engine; ``max_tokens``: per-prompt lengths, as ``feed``'s)."""
+
     def measure() -> tuple[list[list[int]], float, list[float]]:
         timer.gpu_on = True
-        res, wall = feed(llm.llm_engine, prompts, concurrency, sp, request_prefix=request_prefix,
-                         max_tokens=max_tokens)
+        res, wall = feed(llm.llm_engine, prompts, concurrency, sp, request_prefix=request_prefix, max_tokens=max_tokens)
         timer.gpu_on = False
         timer.collect_gpu()
         t = tpot_ms(res)
@@ -159,8 +176,9 @@ def run_sustained(llm: Any, prompts: list[list[int]], concurrency: int, sp: Any,
     return {**measured_cell(llm, timer, concurrency, measure), "load": "sustained", "concurrency": concurrency}
 
 
-def measured_cell(llm: Any, timer: CellTimer, batch: int,
-                  measure: Callable[[], tuple[list[list[int]], float, list[float]]]) -> dict[str, Any]:
+def measured_cell(
+    llm: Any, timer: CellTimer, batch: int, measure: Callable[[], tuple[list[list[int]], float, list[float]]]
+) -> dict[str, Any]:
     """Run ``measure`` (-> outputs in prompt order, wall seconds, TPOTs in ms) and book the cell: tokens/s, MAT and
     acceptance from vLLM's counters, engine steps, drafting and GPU gap/busy from ``timer`` (deltas over the run)."""
     c0, t0 = spec_counters(llm), timer.counts()
@@ -175,12 +193,18 @@ def measured_cell(llm: Any, timer: CellTimer, batch: int,
     return {
         "gpu_gap_ms_per_step": (t1["gap_ms"] - t0["gap_ms"]) / gaps if gaps else None,
         "gpu_busy_ms_per_step": (t1["busy_ms"] - t0["busy_ms"]) / gaps if gaps else None,
-        "batch_size": batch, "prompts": len(outs), "output_tokens": n_out, "wall_s": wall,
+        "batch_size": batch,
+        "prompts": len(outs),
+        "output_tokens": n_out,
+        "wall_s": wall,
         "tokens_per_s": n_out / wall,
         "tpot_ms": sum(tpots) / len(tpots) if tpots else MS_PER_S * wall * batch / max(n_out, 1),
-        "mat": n_out / max(n_out - accepted, 1), "accepted_tokens": accepted, "drafted_tokens": drafted,
+        "mat": n_out / max(n_out - accepted, 1),
+        "accepted_tokens": accepted,
+        "drafted_tokens": drafted,
         "acceptance_rate": accepted / drafted if drafted else None,
-        "engine_steps": steps, "draft_ms_per_step": MS_PER_S * draft_s / steps if steps else None,
+        "engine_steps": steps,
+        "draft_ms_per_step": MS_PER_S * draft_s / steps if steps else None,
         "draft_share": draft_s / wall if steps else None,
         "outputs": outs,
         **(_with_split(trace) if trace is not None else {}),
@@ -204,6 +228,8 @@ def _with_split(trace: dict[str, list[Any]]) -> dict[str, Any]:
     timed = [i for i, p in enumerate(trace.get("period_ms", ())) if p is not None]
     phases = [col for col in PHASE_COLS if any(v is not None for v in trace.get(col, ()))]  # columns timed at all
     if timed and phases:
-        out["host_phase_ms"] = {"period_ms": sum(trace["period_ms"][i] for i in timed) / len(timed),
-                                **{col: sum(trace[col][i] or 0.0 for i in timed) / len(timed) for col in phases}}
+        out["host_phase_ms"] = {
+            "period_ms": sum(trace["period_ms"][i] for i in timed) / len(timed),
+            **{col: sum(trace[col][i] or 0.0 for i in timed) / len(timed) for col in phases},
+        }
     return out

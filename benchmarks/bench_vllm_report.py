@@ -3,6 +3,7 @@ same run's peers, bf16 mismatch counts, the float32 lossless comparison.
 
     python -m benchmarks.bench_vllm_report eval/results/RESULTS.json [--write]   # re-render the markdown
 """
+
 from __future__ import annotations
 
 import argparse
@@ -82,11 +83,18 @@ def summarise(runs: dict[str, dict[str, Any]], lossless: dict[str, dict[str, Any
                     if ref_cell is None:  # the reference engine was cut short before this cell
                         continue
                     ref = ref_cell["outputs"]
-                    checks.append({"method": method, "dataset": ds, "batch_size": int(b), "compared": len(ref),
-                                   "identical": len(ref) - _mismatches(cell["outputs"], ref),
-                                   # a comparison of empty outputs proves nothing: record what was compared
-                                   "mean_output_tokens": sum(map(len, ref)) / max(len(ref), 1),
-                                   "first_diffs": first_diffs(cell["outputs"], ref)})
+                    checks.append(
+                        {
+                            "method": method,
+                            "dataset": ds,
+                            "batch_size": int(b),
+                            "compared": len(ref),
+                            "identical": len(ref) - _mismatches(cell["outputs"], ref),
+                            # a comparison of empty outputs proves nothing: record what was compared
+                            "mean_output_tokens": sum(map(len, ref)) / max(len(ref), 1),
+                            "first_diffs": first_diffs(cell["outputs"], ref),
+                        }
+                    )
         out["lossless_fp32"] = checks
     out["startup_s"] = {m: r["startup_s"] for m, r in runs.items()}
     out["engine_config"] = {m: r.get("engine_config") for m, r in runs.items()}
@@ -121,15 +129,18 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 
 
 def _waiting(rows: list[dict[str, Any]]) -> None:
-    """"GPU waiting for drafts" per row: its GPU idle gap per step minus no-spec's (``nospec-v1``: same runner),
+    """ "GPU waiting for drafts" per row: its GPU idle gap per step minus no-spec's (``nospec-v1``: same runner),
     and that as a share of the step (busy + gap). With ``nospec-sync`` in the run (no-spec, same runner, vLLM's
     synchronous scheduling) the wait of a speculative method is split in three parts (ms per step, and shares):
     ``sync_scheduling`` = nospec-sync's gap - nospec-v1's (what synchronous scheduling, imposed by vLLM 0.26 on
     every CPU drafter, costs even without speculation), ``drafting`` = the method's drafting time on the engine
     thread (``draft_ms_per_step``), ``speculation`` = the rest (vLLM's own host work for speculative steps)."""
     ref = {_key(r): r.get("gpu_gap_ms_per_step") for r in rows if r["method"] == "nospec-v1"}
-    sync_ref = {_key(r): r.get("gpu_gap_ms_per_step") for r in rows
-                if r["method"] == "nospec-sync" and r.get("gpu_gap_ms_per_step") is not None}
+    sync_ref = {
+        _key(r): r.get("gpu_gap_ms_per_step")
+        for r in rows
+        if r["method"] == "nospec-sync" and r.get("gpu_gap_ms_per_step") is not None
+    }
     for r in rows:
         base = ref.get(_key(r))
         gap, busy = r.get("gpu_gap_ms_per_step"), r.get("gpu_busy_ms_per_step")
@@ -147,8 +158,14 @@ def _waiting(rows: list[dict[str, Any]]) -> None:
 
 def markdown(doc: dict[str, Any]) -> str:
     rows = doc["summary"]["rows"]
-    lines = [f"# vLLM benchmark {doc['date']} on {doc['device']}", "",
-             f"Settings: {json.dumps(doc['settings'])}", "", f"Cache policy: {doc['settings']['cache_policy']}", ""]
+    lines = [
+        f"# vLLM benchmark {doc['date']} on {doc['device']}",
+        "",
+        f"Settings: {json.dumps(doc['settings'])}",
+        "",
+        f"Cache policy: {doc['settings']['cache_policy']}",
+        "",
+    ]
     batches = doc["settings"]["batch_sizes"]
     closed = [r for r in rows if load_of(r) == CLOSED]
     methods = list(dict.fromkeys(r["method"] for r in closed))  # every closed table lists every method
@@ -158,14 +175,23 @@ def markdown(doc: dict[str, Any]) -> str:
             lines += [f"## {ds}: {SPEED_COLUMNS}", ""]
             lines += _speed_table(mine, methods, batches, [f"bs {b}" for b in batches])
             lines += _peer_table(mine, ds, batches) + _gap_table(mine, ds, batches)
-        lines += _sustained_tables([r for r in rows if r["dataset"] == ds and load_of(r) == SUSTAINED], ds,
-                                   lengths=_lengths_note(doc["settings"]))
+        lines += _sustained_tables(
+            [r for r in rows if r["dataset"] == ds and load_of(r) == SUSTAINED],
+            ds,
+            lengths=_lengths_note(doc["settings"]),
+        )
     if doc["summary"].get("lossless_fp32"):
-        lines += ["## Greedy lossless check, float32 (EOS respected)", "",
-                  "| method | dataset | bs | identical | mean output tokens |", "| --- | --- | --- | --- | --- |"]
+        lines += [
+            "## Greedy lossless check, float32 (EOS respected)",
+            "",
+            "| method | dataset | bs | identical | mean output tokens |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         for c in doc["summary"]["lossless_fp32"]:
-            lines.append(f"| {c['method']} | {c['dataset']} | {c['batch_size']} | {c['identical']}/{c['compared']} "
-                         f"| {c.get('mean_output_tokens', float('nan')):.1f} |")
+            lines.append(
+                f"| {c['method']} | {c['dataset']} | {c['batch_size']} | {c['identical']}/{c['compared']} "
+                f"| {c.get('mean_output_tokens', float('nan')):.1f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -197,30 +223,40 @@ def _sustained_tables(rows: list[dict[str, Any]], ds: str, *, lengths: str = "")
 
 def _speed_table(rows: list[dict[str, Any]], methods: list[str], batches: list[int], heads: list[str]) -> list[str]:
     """Tokens/s (x no-spec), MAT, drafting ms per step and bf16 mismatches per method and batch size."""
+
     def text(r: dict[str, Any]) -> str:
         sp = f" ({r['speedup_vs_nospec']:.2f}x)" if "speedup_vs_nospec" in r else ""
-        mm = f", {r['mismatches_vs_nospec']}/{r['prompts']} mm" if r["method"] != "nospec" and \
-            "mismatches_vs_nospec" in r else ""
+        mm = (
+            f", {r['mismatches_vs_nospec']}/{r['prompts']} mm"
+            if r["method"] != "nospec" and "mismatches_vs_nospec" in r
+            else ""
+        )
         draft = "-" if r.get("draft_ms_per_step") is None else f"{r['draft_ms_per_step']:.2f}"
         return f"{r['tokens_per_s']:,.0f}{sp}; MAT {r['mat']:.2f}; {draft} ms{mm}"
 
     return _grid(rows, batches, heads, text, methods) + [""]
 
 
-def _grid(rows: list[dict[str, Any]], batches: list[int], heads: list[str] | None,
-          text: Callable[[dict[str, Any]], str], methods: list[str] | None = None) -> list[str]:
+def _grid(
+    rows: list[dict[str, Any]],
+    batches: list[int],
+    heads: list[str] | None,
+    text: Callable[[dict[str, Any]], str],
+    methods: list[str] | None = None,
+) -> list[str]:
     """A method x batch-size markdown table: header (``heads``, default "bs b"), then one line per method
     (``methods``, default in row order) with ``text(row)`` per batch size, "-" where the method has no row."""
-    lines = ["| method | " + " | ".join(heads or [f"bs {b}" for b in batches]) + " |",
-             "| --- |" + " --- |" * len(batches)]
+    lines = [
+        "| method | " + " | ".join(heads or [f"bs {b}" for b in batches]) + " |",
+        "| --- |" + " --- |" * len(batches),
+    ]
     for method in methods or dict.fromkeys(r["method"] for r in rows):
         cells = {r["batch_size"]: r for r in rows if r["method"] == method}
         lines.append(f"| {method} | " + " | ".join(text(cells[b]) if b in cells else "-" for b in batches) + " |")
     return lines
 
 
-def _gap_table(rows: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None
-               ) -> list[str]:
+def _gap_table(rows: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None) -> list[str]:
     """GPU idle gap per step (ms), busy per step (ms) and waiting-for-drafts share, where measured (``rows``: one
     dataset and load; ``name`` titles the table, ``heads`` the batch-size columns, default "bs b")."""
     mine = [r for r in rows if r.get("gpu_gap_ms_per_step") is not None]
@@ -229,75 +265,115 @@ def _gap_table(rows: list[dict[str, Any]], name: str, batches: list[int], heads:
 
     def text(r: dict[str, Any]) -> str:
         share = r.get("gpu_wait_for_drafts_share")
-        return (f"{r['gpu_gap_ms_per_step']:.3f} / {r['gpu_busy_ms_per_step']:.3f}"
-                + (f"; wait {100 * share:.1f}%" if share is not None else ""))
+        return f"{r['gpu_gap_ms_per_step']:.3f} / {r['gpu_busy_ms_per_step']:.3f}" + (
+            f"; wait {100 * share:.1f}%" if share is not None else ""
+        )
 
-    lines = [f"### {name}: GPU idle gap / busy per step (ms) | waiting for drafts (gap - nospec-v1 gap) share of step",
-             "", *_grid(mine, batches, heads, text)]
-    return (lines + [""] + _parts_table(mine, name, batches, heads) + _split_table(mine, name, batches, heads)
-            + _phase_table(mine, name, batches, heads))
+    lines = [
+        f"### {name}: GPU idle gap / busy per step (ms) | waiting for drafts (gap - nospec-v1 gap) share of step",
+        "",
+        *_grid(mine, batches, heads, text),
+    ]
+    return (
+        lines
+        + [""]
+        + _parts_table(mine, name, batches, heads)
+        + _split_table(mine, name, batches, heads)
+        + _phase_table(mine, name, batches, heads)
+    )
 
 
-def _phase_table(mine: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None
-                 ) -> list[str]:
+def _phase_table(
+    mine: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None
+) -> list[str]:
     """The engine thread's host time per step period by phase (``bench_vllm --trace``; ``step_trace.PHASE_COLS``),
     where measured: a step whose phases fill its period is paced by the host, not the GPU. The drafting hooks' time
     (capture in sample, fill and drafting in execute, the drafting's wait for the step's tokens included) is part of
     those phases, shown beside them."""
+
     def cell(r: dict[str, Any]) -> str:
         c = r["host_phase_ms"]
         parts = [c.get(col, 0.0) for col in PHASE_COLS]
         hooks = r.get("draft_ms_per_step")
-        return (" + ".join(f"{v:.2f}" for v in parts) + f" = {sum(parts):.2f} of {c['period_ms']:.2f}"
-                + (f"; drafting hooks {hooks:.2f}" if hooks else ""))
+        return (
+            " + ".join(f"{v:.2f}" for v in parts)
+            + f" = {sum(parts):.2f} of {c['period_ms']:.2f}"
+            + (f"; drafting hooks {hooks:.2f}" if hooks else "")
+        )
 
     timed = [r for r in mine if r.get("host_phase_ms")]
     if not timed:
         return []
-    title = (f"### {name}: host ms per step period (engine thread): schedule + execute + sample + update = sum of the "
-             "period; the drafting hooks within them")
+    title = (
+        f"### {name}: host ms per step period (engine thread): schedule + execute + sample + update = sum of the "
+        "period; the drafting hooks within them"
+    )
     return [title, "", *_grid(timed, batches, heads, cell), ""]
 
 
-def _split_table(mine: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None
-                 ) -> list[str]:
+def _split_table(
+    mine: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None
+) -> list[str]:
     """Schedule mode's gap split (``bench_vllm --trace``; ``step_trace.SPLIT_COLS``), where measured: the drafting's
     own time also as a share of the step (busy + gap), the part of the GPU's wait that the drafting itself causes
     (the rest of the wait: the host reaching the drafting late)."""
+
     def cell(r: dict[str, Any]) -> str:
         c = r["gap_split_ms"]
         late, drafting = c.get("host_late_share"), c.get("finish_ms", 0.0) - c.get("sync_ms", 0.0)
         step = (r.get("gpu_busy_ms_per_step") or 0.0) + (r.get("gpu_gap_ms_per_step") or 0.0)
-        return (f"{c['held_ms']:.2f} + {c['after_ms']:.2f}; drafting {drafting:.2f}"
-                + (f" ({100 * drafting / step:.1f}% of step)" if step > 0 else "")
-                + (f"; host late {100 * late:.0f}%" if late is not None else ""))
+        return (
+            f"{c['held_ms']:.2f} + {c['after_ms']:.2f}; drafting {drafting:.2f}"
+            + (f" ({100 * drafting / step:.1f}% of step)" if step > 0 else "")
+            + (f"; host late {100 * late:.0f}%" if late is not None else "")
+        )
 
     split = [r for r in mine if "held_ms" in (r.get("gap_split_ms") or {})]
     if not split:
         return []
-    return [f"### {name}: GPU gap (ms) = held for drafts + after the wait; host drafting once the tokens arrived (ms, "
-            "share of the step); host late = steps whose tokens were ready before the drafting began", "",
-            *_grid(split, batches, heads, cell), ""]
+    return [
+        f"### {name}: GPU gap (ms) = held for drafts + after the wait; host drafting once the tokens arrived (ms, "
+        "share of the step); host late = steps whose tokens were ready before the drafting began",
+        "",
+        *_grid(split, batches, heads, cell),
+        "",
+    ]
 
 
-def _peer_table(rows: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None
-                ) -> list[str]:
+def _peer_table(rows: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None) -> list[str]:
     """Tokens/s of each specdec method over the same run's peers (``add_ratios``), where any was measured."""
-    return _method_table(rows, "speedup_vs_peers", batches, f"{name}: specdec tokens/s over the same run's peers",
-                         lambda c: ", ".join(f"{v:.2f}x {PEER_LABELS[p]}" for p, v in c.items()), heads)
+    return _method_table(
+        rows,
+        "speedup_vs_peers",
+        batches,
+        f"{name}: specdec tokens/s over the same run's peers",
+        lambda c: ", ".join(f"{v:.2f}x {PEER_LABELS[p]}" for p, v in c.items()),
+        heads,
+    )
 
 
-def _parts_table(mine: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None
-                 ) -> list[str]:
+def _parts_table(
+    mine: list[dict[str, Any]], name: str, batches: list[int], heads: list[str] | None = None
+) -> list[str]:
     """The wait split by ``_waiting`` (shares of the step), where nospec-sync was measured."""
-    return _method_table(mine, "gpu_wait_parts_share", batches,
-                         f"{name}: waiting split, share of step: synchronous scheduling + speculation (vLLM) + drafting",
-                         lambda c: f"{100 * c['sync_scheduling']:.1f}% + {100 * c['speculation']:.1f}% + "
-                                   f"{100 * c['drafting']:.1f}%", heads)
+    return _method_table(
+        mine,
+        "gpu_wait_parts_share",
+        batches,
+        f"{name}: waiting split, share of step: synchronous scheduling + speculation (vLLM) + drafting",
+        lambda c: f"{100 * c['sync_scheduling']:.1f}% + {100 * c['speculation']:.1f}% + {100 * c['drafting']:.1f}%",
+        heads,
+    )
 
 
-def _method_table(rows: list[dict[str, Any]], key: str, batches: list[int], title: str,
-                  cell: Callable[[Any], str], heads: list[str] | None = None) -> list[str]:
+def _method_table(
+    rows: list[dict[str, Any]],
+    key: str,
+    batches: list[int],
+    title: str,
+    cell: Callable[[Any], str],
+    heads: list[str] | None = None,
+) -> list[str]:
     """A method x batch-size table of ``cell(row[key])`` over the rows that have ``key`` ([] if none has)."""
     mine = [r for r in rows if r.get(key)]
     if not mine:

@@ -12,6 +12,7 @@ the plugin's class methods, looked up per call, so they see every later step).
 ``collective_rpc`` sends a callable by reference to this module (cloudpickle), which vLLM's serializer allows
 only with ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (``ALLOW_PICKLE_ENV``, set by ``allow_rpc`` before the engine
 is built; a benchmark's own processes only)."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,16 @@ from benchmarks.step_timer import StepTimer
 from benchmarks.step_trace import StepTrace
 
 ALLOW_PICKLE_ENV = "VLLM_ALLOW_INSECURE_SERIALIZATION"
-SLOT_COUNTERS = ("notes", "growth_notes", "growth_extra_slots", "growth_extra_used", "slots_granted",
-                 "slots_offered", "prefill_steps", "narrow_steps")
+SLOT_COUNTERS = (
+    "notes",
+    "growth_notes",
+    "growth_extra_slots",
+    "growth_extra_used",
+    "slots_granted",
+    "slots_offered",
+    "prefill_steps",
+    "narrow_steps",
+)
 NARROW_WIDTH_COUNTER = "narrow_steps_w"  # the slot book's narrow schedules by width: narrow_steps_w6, ...
 
 _timer: StepTimer | None = None  # this process's installed timer (an engine process forked after install_local
@@ -52,8 +61,9 @@ def slot_counters() -> dict[str, int]:
     if book is None:
         return {}
     d = book.as_dict()
-    return {k: int(v) for k, v in d.items()
-            if v is not None and (k in SLOT_COUNTERS or k.startswith(NARROW_WIDTH_COUNTER))}
+    return {
+        k: int(v) for k, v in d.items() if v is not None and (k in SLOT_COUNTERS or k.startswith(NARROW_WIDTH_COUNTER))
+    }
 
 
 def specdec_stats() -> list[dict[str, Any]]:
@@ -97,8 +107,10 @@ class EngineTimer:
         self._llm = llm
         self._gpu_on = False
         if self._rpc("ensure", trace) != trace:
-            raise RuntimeError("engine timer: the engine process's timer has no trace where one was asked for "
-                               "(or the reverse): install_local and EngineTimer disagree on trace")
+            raise RuntimeError(
+                "engine timer: the engine process's timer has no trace where one was asked for "
+                "(or the reverse): install_local and EngineTimer disagree on trace"
+            )
 
     def _rpc(self, action: str, value: Any = None) -> Any:
         out = self._llm.collective_rpc(on_engine, args=(action, value))

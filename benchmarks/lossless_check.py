@@ -9,6 +9,7 @@ the target ends the document at once; without it, it writes the function body); 
 The baseline is plain greedy decoding (drafter=None) one prompt at a time; every (drafter, chain/tree,
 batch size) run must reproduce it exactly. Writes ``eval/results/<date>_<device>_lossless.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,8 @@ import gzip
 import json
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -47,8 +49,9 @@ def humaneval_prompts(tokenizer: Any, limit: int) -> list[list[int]]:
     return [bos + tokenizer(t.rstrip("\n"), add_special_tokens=False)["input_ids"] for t in texts]
 
 
-def plain_greedy(target: torch.nn.Module, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-                 eos_token_id: int | None) -> tuple[list[list[int]], SpecStats]:
+def plain_greedy(
+    target: torch.nn.Module, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eos_token_id: int | None
+) -> tuple[list[list[int]], SpecStats]:
     """The baseline: plain greedy decoding, one prompt at a time."""
     gen = SpecGenerator(target)
     tokens, stats = [], SpecStats()
@@ -59,15 +62,28 @@ def plain_greedy(target: torch.nn.Module, prompts: Sequence[Sequence[int]], *, m
     return tokens, stats
 
 
-def run_one(target: torch.nn.Module, drafter: Drafter | None, prompts: Sequence[Sequence[int]], *, tree: bool,
-            batch_size: int, budget: int, max_new_tokens: int, eos_token_id: int | None,
-            progress: bool = False) -> tuple[list[list[int]], SpecStats]:
+def run_one(
+    target: torch.nn.Module,
+    drafter: Drafter | None,
+    prompts: Sequence[Sequence[int]],
+    *,
+    tree: bool,
+    batch_size: int,
+    budget: int,
+    max_new_tokens: int,
+    eos_token_id: int | None,
+    progress: bool = False,
+) -> tuple[list[list[int]], SpecStats]:
     """Speculative greedy generation of ``prompts`` in batches of ``batch_size``; (tokens, summed stats)."""
     gen = SpecGenerator(target, drafter, budget=budget, tree=tree)
     tokens, stats = [], SpecStats()
     for lo in range(0, len(prompts), batch_size):
-        res = gen.generate(list(prompts[lo : lo + batch_size]), max_new_tokens=max_new_tokens,
-                           eos_token_id=eos_token_id, progress=progress)
+        res = gen.generate(
+            list(prompts[lo : lo + batch_size]),
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos_token_id,
+            progress=progress,
+        )
         tokens += res.tokens
         stats = stats.merge(res.stats)
     return tokens, stats
@@ -101,8 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--model-backend", default="eager", help="ModelDrafter backend (eager, torch, onnx, auto...)")
     ap.add_argument("--no-eos", action="store_true", help="ignore EOS: always generate --max-new-tokens")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave the default)")
-    ap.add_argument("--out", default=None,
-                    help="results JSON path (default eval/results/<date>_<device>_lossless.json)")
+    ap.add_argument(
+        "--out", default=None, help="results JSON path (default eval/results/<date>_<device>_lossless.json)"
+    )
     ap.add_argument("--progress", action="store_true")
     args = ap.parse_args(argv)
     from specdec.eval.results import results_path, write_results
@@ -115,28 +132,61 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     baseline, base_stats = plain_greedy(target, prompts, max_new_tokens=args.max_new_tokens, eos_token_id=eos)
     base_s = time.perf_counter() - t0
-    results: list[dict[str, Any]] = [{"drafter": "none", "mode": "plain", "batch_size": 1, "all_equal": True,
-                                      "tokens_per_second": base_stats.emitted_tokens / base_s, **base_stats.as_dict()}]
+    results: list[dict[str, Any]] = [
+        {
+            "drafter": "none",
+            "mode": "plain",
+            "batch_size": 1,
+            "all_equal": True,
+            "tokens_per_second": base_stats.emitted_tokens / base_s,
+            **base_stats.as_dict(),
+        }
+    ]
     runs = [(None, "plain", b) for b in args.batch_sizes if b > 1]
     runs += [(d, m, b) for d in args.drafters for m in args.modes for b in args.batch_sizes]
     for name, mode, bs in runs:
         drafter = make_drafter(name, model_backend=args.model_backend) if name else None
         t0 = time.perf_counter()
-        tokens, stats = run_one(target, drafter, prompts, tree=mode == "tree", batch_size=bs, budget=args.budget,
-                                max_new_tokens=args.max_new_tokens, eos_token_id=eos, progress=args.progress)
+        tokens, stats = run_one(
+            target,
+            drafter,
+            prompts,
+            tree=mode == "tree",
+            batch_size=bs,
+            budget=args.budget,
+            max_new_tokens=args.max_new_tokens,
+            eos_token_id=eos,
+            progress=args.progress,
+        )
         wall = time.perf_counter() - t0
         per_prompt = compare(tokens, baseline)
-        results.append({"drafter": name or "none", "mode": mode, "batch_size": bs,
-                        "all_equal": all(p["equal"] for p in per_prompt),
-                        "tokens_per_second": stats.emitted_tokens / wall,
-                        **stats.as_dict(), "per_prompt": per_prompt})
+        results.append(
+            {
+                "drafter": name or "none",
+                "mode": mode,
+                "batch_size": bs,
+                "all_equal": all(p["equal"] for p in per_prompt),
+                "tokens_per_second": stats.emitted_tokens / wall,
+                **stats.as_dict(),
+                "per_prompt": per_prompt,
+            }
+        )
         if drafter is not None:
             drafter.close()
-    settings = {"target": TARGET_MODEL, "dtype": "float32", "device": "cpu", "prompts": args.prompts,
-                "prompt_source": HUMAN_EVAL, "prompt_format": "[BOS] + tokenizer(prompt.rstrip('\\n'))",
-                "max_new_tokens": args.max_new_tokens, "eos_token_id": eos, "budget": args.budget,
-                "model_backend": args.model_backend, "torch_threads": torch.get_num_threads(),
-                "verifier": "specdec.verifiers.reference (greedy)"}
+    settings = {
+        "target": TARGET_MODEL,
+        "dtype": "float32",
+        "device": "cpu",
+        "prompts": args.prompts,
+        "prompt_source": HUMAN_EVAL,
+        "prompt_format": "[BOS] + tokenizer(prompt.rstrip('\\n'))",
+        "max_new_tokens": args.max_new_tokens,
+        "eos_token_id": eos,
+        "budget": args.budget,
+        "model_backend": args.model_backend,
+        "torch_threads": torch.get_num_threads(),
+        "verifier": "specdec.verifiers.reference (greedy)",
+    }
     path = write_results(args.out or results_path("lossless"), settings, results)
     _print_table(results)
     print(f"wrote {path}")
@@ -148,8 +198,10 @@ def _print_table(results: list[dict[str, Any]]) -> None:
     print(head)
     print("-" * len(head))
     for r in results:
-        print(f"{r['drafter']:<8} {r['mode']:<6} {r['batch_size']:>3} {str(r['all_equal']):>6} {r['mat']:>6.2f} "
-              f"{r['acceptance_rate']:>8.3f} {r['steps']:>6} {r['tokens_per_second']:>7.1f}")
+        print(
+            f"{r['drafter']:<8} {r['mode']:<6} {r['batch_size']:>3} {str(r['all_equal']):>6} {r['mat']:>6.2f} "
+            f"{r['acceptance_rate']:>8.3f} {r['steps']:>6} {r['tokens_per_second']:>7.1f}"
+        )
 
 
 if __name__ == "__main__":

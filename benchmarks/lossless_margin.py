@@ -13,6 +13,7 @@ is an arithmetic near-tie; anything else is a bug to chase.
     python -m benchmarks.lossless_margin --prompts device_inputs/prompts.json --method w4 \
         --variants '{"w4": {"base": "specdec", "spec": {"narrow_slots": 4}}}' --graphs --out margins.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_vllm import LOSSLESS_MAX_TOKENS, _spec_config
-
 from specdec.paths import TARGET_MODEL, model_path
 
 REFERENCE = "nospec"
@@ -36,11 +36,21 @@ TIE_MARGIN = 1e-3  # nats: below this a float32 rounding difference can flip the
 def _engine(args: argparse.Namespace, method: str) -> Any:
     from vllm import LLM
 
-    spec = None if method == REFERENCE else _spec_config(method, json.loads(args.specdec_config or "{}"),
-                                                         json.loads(args.variants or "{}"))
-    return LLM(model=args.model, dtype="float32", speculative_config=spec, max_model_len=args.max_model_len,
-               gpu_memory_utilization=args.gpu_mem, max_num_seqs=max(args.batch_sizes), seed=0,
-               enforce_eager=not args.graphs)
+    spec = (
+        None
+        if method == REFERENCE
+        else _spec_config(method, json.loads(args.specdec_config or "{}"), json.loads(args.variants or "{}"))
+    )
+    return LLM(
+        model=args.model,
+        dtype="float32",
+        speculative_config=spec,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_mem,
+        max_num_seqs=max(args.batch_sizes),
+        seed=0,
+        enforce_eager=not args.graphs,
+    )
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -51,8 +61,9 @@ def worker(args: argparse.Namespace) -> None:
 
     reference = args.worker == REFERENCE
     llm = _engine(args, args.worker)
-    sp = SamplingParams(temperature=0.0, max_tokens=LOSSLESS_MAX_TOKENS, detokenize=False,
-                        logprobs=TOP_LOGPROBS if reference else None)
+    sp = SamplingParams(
+        temperature=0.0, max_tokens=LOSSLESS_MAX_TOKENS, detokenize=False, logprobs=TOP_LOGPROBS if reference else None
+    )
     prompts = json.loads(Path(args.prompts).read_text())["datasets"]
     out: dict[str, Any] = {}
     for name in args.datasets:
@@ -61,7 +72,7 @@ def worker(args: argparse.Namespace) -> None:
         for b in args.batch_sizes:
             cell = out.setdefault(f"{name}|{b}", {"tokens": [], "margins": []})
             for i in range(0, len(sets[f"bs{b}"]), b):
-                chunk = [{"prompt_token_ids": p} for p in sets[f"bs{b}"][i:i + b]]
+                chunk = [{"prompt_token_ids": p} for p in sets[f"bs{b}"][i : i + b]]
                 for res in llm.generate(chunk, sp, use_tqdm=False):
                     seq = res.outputs[0]
                     cell["tokens"].append(list(seq.token_ids))
@@ -86,9 +97,17 @@ def compare(ref: dict[str, Any], got: dict[str, Any], *, tie_margin: float) -> l
                 continue
             pos = next((j for j, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
             margin = r["margins"][i][pos] if pos < len(r["margins"][i]) else None
-            rows.append({"cell": cell, "prompt": i, "position": pos, "reference_token": want[pos] if pos < len(want)
-                         else None, "method_token": have[pos] if pos < len(have) else None, "margin": margin,
-                         "near_tie": margin is not None and margin < tie_margin})
+            rows.append(
+                {
+                    "cell": cell,
+                    "prompt": i,
+                    "position": pos,
+                    "reference_token": want[pos] if pos < len(want) else None,
+                    "method_token": have[pos] if pos < len(have) else None,
+                    "margin": margin,
+                    "near_tie": margin is not None and margin < tie_margin,
+                }
+            )
     return rows
 
 
@@ -116,8 +135,16 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for which in (REFERENCE, args.method):
             path = Path(tmp) / f"{which}.json"
-            cmd = [sys.executable, "-m", "benchmarks.lossless_margin", *(argv if argv is not None else sys.argv[1:]),
-                   "--worker", which, "--worker-out", str(path)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "benchmarks.lossless_margin",
+                *(argv if argv is not None else sys.argv[1:]),
+                "--worker",
+                which,
+                "--worker-out",
+                str(path),
+            ]
             subprocess.check_call(cmd)
             results[which] = json.loads(path.read_text())
     rows = compare(results[REFERENCE], results[args.method], tie_margin=args.tie_margin)
@@ -125,15 +152,27 @@ def main(argv: list[str] | None = None) -> None:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         m = "n/a" if r["margin"] is None else f"{r['margin']:.2e}"
-        print(f"| {r['cell']} | {r['prompt']} | {r['position']} | {r['reference_token']} | {r['method_token']} | {m} "
-              f"| {'yes' if r['near_tie'] else 'NO'} |")
+        print(
+            f"| {r['cell']} | {r['prompt']} | {r['position']} | {r['reference_token']} | {r['method_token']} | {m} "
+            f"| {'yes' if r['near_tie'] else 'NO'} |"
+        )
     compared = {c: len(v["tokens"]) for c, v in results[REFERENCE].items()}
     print(f"compared: {compared}; differences: {len(rows)}, near ties: {sum(r['near_tie'] for r in rows)}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"method": args.method, "variants": args.variants,
-                                              "specdec_config": args.specdec_config, "graphs": args.graphs,
-                                              "tie_margin": args.tie_margin, "compared": compared,
-                                              "differences": rows}, indent=1))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "method": args.method,
+                    "variants": args.variants,
+                    "specdec_config": args.specdec_config,
+                    "graphs": args.graphs,
+                    "tie_margin": args.tie_margin,
+                    "compared": compared,
+                    "differences": rows,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

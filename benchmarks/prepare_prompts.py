@@ -14,6 +14,7 @@ or ours, is never measured on a prompt it has already answered in the same engin
   instances with closed sets, which is why bench_vllm measures the sustained cells in an engine of their own).
 Token ids start with BOS (<|endoftext|>, id 0), as the shared models were trained.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,10 @@ PROMPTS_PER_BATCH = {1: 8, 8: 16, 32: 32, 64: 64}  # measured prompts per batch 
 WARMUP_PROMPTS = 16
 BOS_ID = 0
 CHARS_PER_TOKEN_MAX = 8  # text kept before tokenizing (then cut exactly to the token limit)
-OPENHANDS_TAR = ("agent/openhands_swebench_verified/claude-3-5-sonnet-20241022_maxiter_50_N_"
-                 "v0.15.0-no-hint-no-condensation-run_1.tar.gz")
+OPENHANDS_TAR = (
+    "agent/openhands_swebench_verified/claude-3-5-sonnet-20241022_maxiter_50_N_"
+    "v0.15.0-no-hint-no-condensation-run_1.tar.gz"
+)
 # instance groups (indices into the sorted instance list): warm-up, then one group per batch size
 AGENT_GROUPS = {"warmup": (0, 4), 1: (4, 8), 8: (8, 16), 32: (16, 30), 64: (30, 50)}
 SUSTAINED_BATCHES = (32, 64)  # concurrency caps with a sustained set ``sus{b}``
@@ -49,8 +52,8 @@ def _tokenizer() -> Any:
 
 
 def _encode(tok: Any, text: str, max_tokens: int) -> list[int]:
-    ids = tok.encode(text[-max_tokens * CHARS_PER_TOKEN_MAX:], add_special_tokens=False).ids
-    return [BOS_ID] + ids[-(max_tokens - 1):]
+    ids = tok.encode(text[-max_tokens * CHARS_PER_TOKEN_MAX :], add_special_tokens=False).ids
+    return [BOS_ID] + ids[-(max_tokens - 1) :]
 
 
 def code_sets(tok: Any, max_tokens: int) -> dict[str, list[list[int]]]:
@@ -64,21 +67,23 @@ def code_sets(tok: Any, max_tokens: int) -> dict[str, list[list[int]]]:
         n = PROMPTS_PER_BATCH[b]
         # The shared target answers a prompt ending in a bare newline with EOS at once: strip the trailing
         # whitespace so the model writes the function body (and the lossless check compares real outputs).
-        sets[f"bs{b}"] = [_encode(tok, p.rstrip(), max_tokens) for p in humaneval[start:start + n]]
+        sets[f"bs{b}"] = [_encode(tok, p.rstrip(), max_tokens) for p in humaneval[start : start + n]]
         start += n
     # MBPP repeats a task (ids 76 and 347): each prompt once, in task order, after the warm-up's
     warm = set(map(_mbpp_prompt, mbpp[:WARMUP_PROMPTS]))
     # measured prompts open the function (``def name(``, from the task's test): the model writes code, not the
     # import lists it answers a bare docstring with
-    rest = list(dict.fromkeys(_mbpp_prompt(r) + _mbpp_header(r) for r in mbpp[WARMUP_PROMPTS:]
-                              if _mbpp_prompt(r) not in warm))
+    rest = list(
+        dict.fromkeys(_mbpp_prompt(r) + _mbpp_header(r) for r in mbpp[WARMUP_PROMPTS:] if _mbpp_prompt(r) not in warm)
+    )
     start = 0
     for b in SUSTAINED_BATCHES:
         n = SUSTAINED_FACTOR * b
         if start + n > len(rest):
-            raise SystemExit(f"MBPP has {len(rest)} distinct tasks after the warm-up: sustained set sus{b} needs "
-                             f"{start + n}")
-        sets[f"sus{b}"] = [_encode(tok, p, max_tokens) for p in rest[start:start + n]]
+            raise SystemExit(
+                f"MBPP has {len(rest)} distinct tasks after the warm-up: sustained set sus{b} needs {start + n}"
+            )
+        sets[f"sus{b}"] = [_encode(tok, p, max_tokens) for p in rest[start : start + n]]
         start += n
     return sets
 
@@ -140,8 +145,10 @@ def sustained_picks(free: list[int], want: int) -> list[tuple[int, int]]:
     ``_spread`` of the same number q in every instance (all of an instance that has fewer), q the least that gives
     ``want``, the first ``want`` kept."""
     if sum(free) < want:
-        raise SystemExit(f"sustained agentic set: {want} prompts wanted, its instances have only {sum(free)} "
-                         "prompts no other set holds")
+        raise SystemExit(
+            f"sustained agentic set: {want} prompts wanted, its instances have only {sum(free)} "
+            "prompts no other set holds"
+        )
     per = next(q for q in range(1, max(free) + 1) if sum(min(q, n) for n in free) >= want)
     return [(i, k) for i, n in enumerate(free) for k in _spread(n, min(per, n))][:want]
 
@@ -167,8 +174,10 @@ def agentic_sets(tok: Any, max_tokens: int) -> dict[str, list[list[int]]]:
     instances = sorted(calls)
     needed = max(hi for _, hi in [*AGENT_GROUPS.values(), *SUSTAINED_AGENT_GROUPS.values()])
     if len(instances) < needed:
-        raise SystemExit(f"{OPENHANDS_TAR} holds {len(instances)} instances; the agentic groups need {needed} "
-                         "(AGENT_GROUPS, SUSTAINED_AGENT_GROUPS)")
+        raise SystemExit(
+            f"{OPENHANDS_TAR} holds {len(instances)} instances; the agentic groups need {needed} "
+            "(AGENT_GROUPS, SUSTAINED_AGENT_GROUPS)"
+        )
     sets = {}
     for key, (lo, hi) in AGENT_GROUPS.items():
         group = instances[lo:hi]
@@ -201,14 +210,16 @@ def main(argv: list[str] | None = None) -> None:
     tok = _tokenizer()
     out = {
         "policy": "warm-up on a disjoint set (code: MBPP; agentic: other OpenHands instances); each batch size "
-                  "measured on its own disjoint prompts (code: HumanEval slices; agentic: disjoint instance groups); "
-                  f"sustained load (sus{{b}}: {SUSTAINED_FACTOR} x b prompts, at most b in flight) on prompts no other "
-                  "set holds (code: MBPP slices after the warm-up's; agentic: unused calls of disjoint instance "
-                  "groups that closed sets also draw from, measured in an engine of their own)",
+        "measured on its own disjoint prompts (code: HumanEval slices; agentic: disjoint instance groups); "
+        f"sustained load (sus{{b}}: {SUSTAINED_FACTOR} x b prompts, at most b in flight) on prompts no other "
+        "set holds (code: MBPP slices after the warm-up's; agentic: unused calls of disjoint instance "
+        "groups that closed sets also draw from, measured in an engine of their own)",
         "batch_sizes": list(BATCH_SIZES),
         "sustained_batches": list(SUSTAINED_BATCHES),
-        "datasets": {"code": code_sets(tok, args.max_code_tokens),
-                     "agentic": agentic_sets(tok, args.max_prompt_tokens)},
+        "datasets": {
+            "code": code_sets(tok, args.max_code_tokens),
+            "agentic": agentic_sets(tok, args.max_prompt_tokens),
+        },
     }
     for name, sets in out["datasets"].items():
         check_disjoint(name, sets)

@@ -12,6 +12,7 @@ capture are left out) and only the frames inside the loop are listed; shares are
 function and file) and *leaf chains* (the innermost frames, where the time is spent). The warm-up cells of the
 benchmark are in the busy loop too, so one-time work (Triton's first compiles) shows as a few percent.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,7 +71,7 @@ def aggregate(lines: Iterable[str]) -> Profile:
         start = next((i for i, k in enumerate(keys) if BUSY_LOOP in k), None)
         if start is None:
             continue
-        keys = keys[start + 1:]  # the frames around the loop (process start-up) are in every sample
+        keys = keys[start + 1 :]  # the frames around the loop (process start-up) are in every sample
         prof.busy += n
         for key in dict.fromkeys(keys):  # a recursive function counts once per sample
             prof.inclusive[key] += n
@@ -79,8 +80,12 @@ def aggregate(lines: Iterable[str]) -> Profile:
 
 
 def markdown(prof: Profile, *, label: str, top: int = DEFAULT_TOP) -> str:
-    lines = [f"## {label}: engine busy loop, {prof.busy} of {prof.total} samples", "",
-             "| inclusive % | function (file) |", "| ---: | --- |"]
+    lines = [
+        f"## {label}: engine busy loop, {prof.busy} of {prof.total} samples",
+        "",
+        "| inclusive % | function (file) |",
+        "| ---: | --- |",
+    ]
     lines += [f"| {prof.share(n):.1f} | `{k}` |" for k, n in prof.inclusive.most_common(top)]
     lines += ["", f"| leaf % | innermost {LEAF_DEPTH} frames, innermost first |", "| ---: | --- |"]
     lines += [f"| {prof.share(n):.1f} | `{k}` |" for k, n in prof.leaves.most_common(top)]

@@ -13,6 +13,7 @@ SIGINT to its process group. Rates: ``0.25R,0.5R,0.75R,inf`` (``R`` from ``--sat
 ``--saturation-file`` or ``auto``: found first in the same call) or plain numbers. ``--time-budget-s`` stops
 starting new work in time to write results inside one device call. Writes serve_bench-<tag>.{json,md,png}.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,8 +70,10 @@ def parse_rates(text: str, saturation: dict[str, float] | None, dataset: str) ->
             out.append(("inf", "inf"))
         elif tok.endswith("R"):
             if not saturation or dataset not in saturation:
-                raise ServeError(f"rate {tok!r} needs the saturation rate R of dataset {dataset!r}: pass "
-                                 "--saturation-rate, --saturation-file or --saturation-rate auto")
+                raise ServeError(
+                    f"rate {tok!r} needs the saturation rate R of dataset {dataset!r}: pass "
+                    "--saturation-rate, --saturation-file or --saturation-rate auto"
+                )
             out.append((tok, float(tok[:-1] or 1) * saturation[dataset]["rate"]))
         else:
             try:
@@ -80,27 +83,87 @@ def parse_rates(text: str, saturation: dict[str, float] | None, dataset: str) ->
     return out
 
 
-def bench_cmd(args: argparse.Namespace, *, port: int, dataset: str, rows_file: Path | None, num: int,
-              rate: float | str, seed: int, result: Path) -> list[str]:
+def bench_cmd(
+    args: argparse.Namespace,
+    *,
+    port: int,
+    dataset: str,
+    rows_file: Path | None,
+    num: int,
+    rate: float | str,
+    seed: int,
+    result: Path,
+) -> list[str]:
     """The `vllm bench serve` command line of one rate (flags as in vLLM 0.26's benchmarks/serve.py)."""
-    cmd = [*vllm_cli(args.vllm_cli), "bench", "serve", "--backend", "vllm", "--model", args.model,
-           "--host", HOST, "--port", str(port), "--endpoint", "/v1/completions", "--num-prompts", str(num),
-           "--request-rate", str(rate), "--seed", str(seed), "--temperature", str(args.temperature),
-           "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--disable-tqdm",
-           "--save-result", "--result-dir", str(result.parent), "--result-filename", result.name]
+    cmd = [
+        *vllm_cli(args.vllm_cli),
+        "bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--model",
+        args.model,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--endpoint",
+        "/v1/completions",
+        "--num-prompts",
+        str(num),
+        "--request-rate",
+        str(rate),
+        "--seed",
+        str(seed),
+        "--temperature",
+        str(args.temperature),
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,99",
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        str(result.parent),
+        "--result-filename",
+        result.name,
+    ]
     if dataset == inputs.RANDOM_DATASET:
-        cmd += ["--dataset-name", "random", "--random-input-len", str(RANDOM_INPUT_LEN),
-                "--random-output-len", str(RANDOM_OUTPUT_LEN)]
+        cmd += [
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(RANDOM_INPUT_LEN),
+            "--random-output-len",
+            str(RANDOM_OUTPUT_LEN),
+        ]
     else:
-        cmd += ["--dataset-name", "custom", "--dataset-path", str(rows_file), "--custom-output-len", "-1",
-                "--skip-chat-template", "--disable-shuffle", "--no-oversample"]
+        cmd += [
+            "--dataset-name",
+            "custom",
+            "--dataset-path",
+            str(rows_file),
+            "--custom-output-len",
+            "-1",
+            "--skip-chat-template",
+            "--disable-shuffle",
+            "--no-oversample",
+        ]
     if args.ignore_eos:
         cmd.append("--ignore-eos")
     return cmd
 
 
-def bench_once(args: argparse.Namespace, server: Server, *, dataset: str, slice_index: int, rate: float | str,
-               budget: Budget, num: int = 0) -> dict[str, Any]:
+def bench_once(
+    args: argparse.Namespace,
+    server: Server,
+    *,
+    dataset: str,
+    slice_index: int,
+    rate: float | str,
+    budget: Budget,
+    num: int = 0,
+) -> dict[str, Any]:
     """One `vllm bench serve` run on the first ``num`` prompts (default all) of slice ``slice_index``: its result
     keys and the spec-decode deltas."""
     num = num or args.num_prompts
@@ -112,34 +175,63 @@ def bench_once(args: argparse.Namespace, server: Server, *, dataset: str, slice_
         rows_file = inputs.write_jsonl(work / f"{tag}.jsonl", rows[:num])
     result = work / f"{tag}.result.json"
     result.unlink(missing_ok=True)
-    cmd = bench_cmd(args, port=server.port, dataset=dataset, rows_file=rows_file, num=num, rate=rate,
-                    seed=slice_index, result=result)
+    cmd = bench_cmd(
+        args,
+        port=server.port,
+        dataset=dataset,
+        rows_file=rows_file,
+        num=num,
+        rate=rate,
+        seed=slice_index,
+        result=result,
+    )
     before = scrape(server.base_url)
     log = work / f"{tag}.bench.log"
     with open(log, "w") as fh:
         try:
-            rc = subprocess.run(cmd, check=False, stdout=fh, stderr=subprocess.STDOUT,
-                                timeout=max(1.0, min(BENCH_TIMEOUT_S, budget.left()))).returncode
+            rc = subprocess.run(
+                cmd,
+                check=False,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                timeout=max(1.0, min(BENCH_TIMEOUT_S, budget.left())),
+            ).returncode
         except subprocess.TimeoutExpired:
             raise ServeError(f"`vllm bench serve` ran past the time budget: see {log}") from None
     if rc != 0 or not result.exists():
         raise ServeError(f"`vllm bench serve` exited with code {rc}: see {log}")
     bench = json.loads(result.read_text())
-    return {"bench": {k: v for k, v in bench.items() if not isinstance(v, list)},
-            "spec": spec_delta(before, scrape(server.base_url)), "command": cmd}
+    return {
+        "bench": {k: v for k, v in bench.items() if not isinstance(v, list)},
+        "spec": spec_delta(before, scrape(server.base_url)),
+        "command": cmd,
+    }
 
 
 @contextlib.contextmanager
 def serving(args: argparse.Namespace, method: str, tag: str) -> Iterator[Server]:
     spec = spec_config(method, args.draft_model)
     port = args.port or free_port()
-    server = Server(args.model, port=port, log=Path(args.out_dir) / f"server-{method}-{tag}.log", spec=spec,
-                    server_args=args.server_args, cli=args.vllm_cli)
+    server = Server(
+        args.model,
+        port=port,
+        log=Path(args.out_dir) / f"server-{method}-{tag}.log",
+        spec=spec,
+        server_args=args.server_args,
+        cli=args.vllm_cli,
+    )
     try:
         server.start(args.health_timeout_s)
         if args.warmup_prompts:
-            bench_once(args, server, dataset=args.datasets[0], slice_index=WARMUP_SLICE, rate="inf",
-                       budget=Budget(BENCH_TIMEOUT_S), num=args.warmup_prompts)
+            bench_once(
+                args,
+                server,
+                dataset=args.datasets[0],
+                slice_index=WARMUP_SLICE,
+                rate="inf",
+                budget=Budget(BENCH_TIMEOUT_S),
+                num=args.warmup_prompts,
+            )
         yield server
     finally:
         server.stop()
@@ -156,24 +248,31 @@ def find_saturation(args: argparse.Namespace, server: Server, budget: Budget) ->
         ladder = []
         for i, f in enumerate(SATURATION_LADDER):
             # no speculation keeps no cache: the ladder may reuse the rate slices
-            run = bench_once(args, server, dataset=dataset, slice_index=1 + (i + 1) % RATE_SLICES, rate=f * cap,
-                             budget=budget)
+            run = bench_once(
+                args, server, dataset=dataset, slice_index=1 + (i + 1) % RATE_SLICES, rate=f * cap, budget=budget
+            )
             ladder.append({"rate": f * cap, "output_throughput": run["bench"]["output_throughput"]})
         reached = [p["rate"] for p in ladder if p["output_throughput"] >= (1 - args.saturation_tol) * tput]
-        out[dataset] = {"rate": min(reached) if reached else cap, "capacity_req_s": cap,
-                        "inf_output_throughput": tput, "ladder": ladder}
+        out[dataset] = {
+            "rate": min(reached) if reached else cap,
+            "capacity_req_s": cap,
+            "inf_output_throughput": tput,
+            "ladder": ladder,
+        }
     return out
 
 
-def _record(doc: dict[str, Any], method: str, dataset: str, label: str, rate: float | str,
-            res: dict[str, Any]) -> None:
+def _record(doc: dict[str, Any], method: str, dataset: str, label: str, rate: float | str, res: dict[str, Any]) -> None:
     doc["runs"].append({"method": method, "dataset": dataset, "rate_label": label, "rate": rate, **res})
 
 
 def run_method(args: argparse.Namespace, method: str, doc: dict[str, Any], budget: Budget) -> None:
     """Every dataset and rate of one method: one server, or one per rate with --fresh-server-per-rate."""
-    cells = [(d, i, label, rate) for d in args.datasets
-             for i, (label, rate) in enumerate(parse_rates(args.rates, doc["saturation"], d))]
+    cells = [
+        (d, i, label, rate)
+        for d in args.datasets
+        for i, (label, rate) in enumerate(parse_rates(args.rates, doc["saturation"], d))
+    ]
     groups = [[c] for c in cells] if args.fresh_server_per_rate else [cells]
     for group in groups:
         if budget.left() <= 0:
@@ -184,15 +283,28 @@ def run_method(args: argparse.Namespace, method: str, doc: dict[str, Any], budge
                 if budget.left() <= 0:
                     doc["skipped"].append(f"{method}/{dataset}/{label}")
                     continue
-                _record(doc, method, dataset, label, rate,
-                        bench_once(args, server, dataset=dataset, slice_index=i + 1, rate=rate, budget=budget))
+                _record(
+                    doc,
+                    method,
+                    dataset,
+                    label,
+                    rate,
+                    bench_once(args, server, dataset=dataset, slice_index=i + 1, rate=rate, budget=budget),
+                )
 
 
 def run(args: argparse.Namespace, *, find_only: bool) -> dict[str, Any]:
     budget = Budget(args.time_budget_s)
-    doc: dict[str, Any] = {"command": sys.argv, "device": device_name(), "versions": versions(), "runs": [],
-                           "errors": [], "skipped": [], "saturation": load_saturation(args),
-                           "settings": {k: v for k, v in vars(args).items() if k not in ("pools", "func")}}
+    doc: dict[str, Any] = {
+        "command": sys.argv,
+        "device": device_name(),
+        "versions": versions(),
+        "runs": [],
+        "errors": [],
+        "skipped": [],
+        "saturation": load_saturation(args),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("pools", "func")},
+    }
     if find_only or args.saturation_rate == "auto":
         with serving(args, "nospec", "saturation") as server:
             doc["saturation"] = find_saturation(args, server, budget)
@@ -211,8 +323,10 @@ def load_saturation(args: argparse.Namespace) -> dict[str, Any]:
         try:
             sat = json.loads(path.read_text())["saturation"]
         except (OSError, json.JSONDecodeError, KeyError) as exc:
-            raise ServeError(f"--saturation-file {path}: no saturation rates ({type(exc).__name__}); pass the JSON "
-                             "`serve_bench find-saturation` wrote") from None
+            raise ServeError(
+                f"--saturation-file {path}: no saturation rates ({type(exc).__name__}); pass the JSON "
+                "`serve_bench find-saturation` wrote"
+            ) from None
         return {k: v if isinstance(v, dict) else {"rate": float(v)} for k, v in sat.items()}
     if args.saturation_rate not in ("", "auto"):
         try:
@@ -228,8 +342,12 @@ def _common(ap: argparse.ArgumentParser) -> None:
 
     ap.add_argument("--prompts", default="device_inputs/serve_prompts.json", help="from `serve_bench prepare`")
     ap.add_argument("--model", default=str(model_path(TARGET_MODEL)))
-    ap.add_argument("--inflate", default="", help="serve the target inflated to this shape (e.g. llama-8b; "
-                    "specdec.eval.inflate_model: same outputs, an 8B forward pass), built once under /tmp")
+    ap.add_argument(
+        "--inflate",
+        default="",
+        help="serve the target inflated to this shape (e.g. llama-8b; "
+        "specdec.eval.inflate_model: same outputs, an 8B forward pass), built once under /tmp",
+    )
     ap.add_argument("--draft-model", default=str(model_path(DRAFT_MODEL)), help="for method 'hybrid'")
     ap.add_argument("--datasets", default="code,agentic,random", type=lambda s: [x for x in s.split(",") if x])
     ap.add_argument("--num-prompts", type=int, default=200, help="requests per rate")
@@ -267,10 +385,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    settings = {"per_pool": args.per_pool, "max_code_tokens": args.max_code_tokens,
-                "max_agentic_tokens": args.max_agentic_tokens, "output_lengths": list(inputs.OUTPUT_LENGTHS)}
-    pools = inputs.build_pools(per_pool=args.per_pool, max_code_tokens=args.max_code_tokens,
-                               max_agentic_tokens=args.max_agentic_tokens)
+    settings = {
+        "per_pool": args.per_pool,
+        "max_code_tokens": args.max_code_tokens,
+        "max_agentic_tokens": args.max_agentic_tokens,
+        "output_lengths": list(inputs.OUTPUT_LENGTHS),
+    }
+    pools = inputs.build_pools(
+        per_pool=args.per_pool, max_code_tokens=args.max_code_tokens, max_agentic_tokens=args.max_agentic_tokens
+    )
     size = inputs.write_pools(Path(args.out), pools, settings)
     print(", ".join(f"{k}: {len(v)}" for k, v in pools.items()) + f"; wrote {args.out} ({size / 1e6:.2f} MB)")
     return 0
@@ -285,16 +408,20 @@ def _validate(args: argparse.Namespace) -> None:
     args.pools = inputs.load_pools(Path(args.prompts)) if needs_pools else None
     inputs.check_datasets(args.datasets, args.pools, Path(args.prompts))
     if args.cmd == "run" and not (args.saturation_rate or args.saturation_file) and "R" in args.rates:
-        raise ServeError(f"--rates {args.rates} are relative to R: pass --saturation-rate R, --saturation-rate auto "
-                         "or --saturation-file")
+        raise ServeError(
+            f"--rates {args.rates} are relative to R: pass --saturation-rate R, --saturation-rate auto "
+            "or --saturation-file"
+        )
     load_saturation(args)
     if args.cmd == "run":  # the syntax of every rate, R taken as 1 until it is known
         for d in args.datasets:
             parse_rates(args.rates, {d: {"rate": 1.0}}, d)
     real_cli = not (args.vllm_cli or os.environ.get(VLLM_CLI_ENV))
     if needs_pools and real_cli and importlib.util.find_spec("pandas") is None:
-        raise ServeError(f"datasets {needs_pools} need pandas (vLLM's custom dataset reads JSONL with it): build the "
-                         "bundle with --extra-req benchmarks/requirements-serve.txt, or use --datasets random")
+        raise ServeError(
+            f"datasets {needs_pools} need pandas (vLLM's custom dataset reads JSONL with it): build the "
+            "bundle with --extra-req benchmarks/requirements-serve.txt, or use --datasets random"
+        )
 
 
 def _inflate(args: argparse.Namespace) -> None:
@@ -302,8 +429,19 @@ def _inflate(args: argparse.Namespace) -> None:
         from specdec.eval.inflate_model import INFLATE_DIR
 
         out = INFLATE_DIR / f"{Path(args.model).name}-{args.inflate}"
-        subprocess.check_call([sys.executable, "-m", "specdec.eval.inflate_model", "--model", args.model,
-                               "--shape", args.inflate, "--out", str(out)])
+        subprocess.check_call(
+            [
+                sys.executable,
+                "-m",
+                "specdec.eval.inflate_model",
+                "--model",
+                args.model,
+                "--shape",
+                args.inflate,
+                "--out",
+                str(out),
+            ]
+        )
         args.model = str(out)
 
 
@@ -320,8 +458,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stem = "saturation" if args.cmd == "find-saturation" else f"serve_bench-{args.tag or '-'.join(args.methods)}"
     paths = write_outputs(doc, Path(args.out_dir), stem)
-    print(json.dumps({"outputs": paths, "runs": len(doc["runs"]), "errors": doc["errors"],
-                      "skipped": doc["skipped"], "saturation": doc["saturation"]}, indent=1))
+    print(
+        json.dumps(
+            {
+                "outputs": paths,
+                "runs": len(doc["runs"]),
+                "errors": doc["errors"],
+                "skipped": doc["skipped"],
+                "saturation": doc["saturation"],
+            },
+            indent=1,
+        )
+    )
     failed = sum(r["bench"].get("failed", 0) for r in doc["runs"])
     return 1 if doc["errors"] or failed else 0
 

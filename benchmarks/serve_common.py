@@ -5,6 +5,7 @@ Every failure a user can cause (a server that dies or never answers, an unreacha
 dataset without prompts) raises ``ServeError`` with one line naming the thing, the value and the fix; the drivers'
 ``main`` prints that line and exits 2.
 """
+
 from __future__ import annotations
 
 import json
@@ -101,8 +102,16 @@ class Server:
     """`vllm serve` in its own process group on loopback; ``stop`` sends SIGINT to the group (SIGKILL after
     SHUTDOWN_WAIT_S). Use as a context manager so the server never outlives the driver."""
 
-    def __init__(self, model: str, *, port: int, log: Path, spec: dict[str, Any] | None = None,
-                 server_args: list[str] | None = None, cli: str = "") -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        port: int,
+        log: Path,
+        spec: dict[str, Any] | None = None,
+        server_args: list[str] | None = None,
+        cli: str = "",
+    ) -> None:
         self.model, self.port, self.log = model, port, log
         self.base_url = f"http://{HOST}:{port}"
         self.cmd = [*vllm_cli(cli), "serve", model, "--host", HOST, "--port", str(port)]
@@ -125,8 +134,9 @@ class Server:
         while time.monotonic() < deadline:
             rc = self.proc.poll()
             if rc is not None:
-                raise ServeError(f"server exited with code {rc} before /health answered: see {self.log} "
-                                 f"({last_line(self.log)})")
+                raise ServeError(
+                    f"server exited with code {rc} before /health answered: see {self.log} ({last_line(self.log)})"
+                )
             try:
                 if http_get(f"{self.base_url}/health", timeout=HEALTH_POLL_S * 5)[0] == 200:
                     return
@@ -208,8 +218,13 @@ def rss_mib(pids: list[int]) -> float:
 def gpu_memory_mib() -> float | None:
     """Used memory of GPU 0 from nvidia-smi (None without one)."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=HTTP_TIMEOUT_S, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=HTTP_TIMEOUT_S,
+            check=True,
+        ).stdout
         return float(out.splitlines()[0])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
@@ -239,14 +254,19 @@ def scrape(base_url: str) -> dict[str, float]:
 def spec_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """vLLM's spec-decode counters over a window: drafts, draft tokens, accepted tokens, acceptance (accepted /
     drafted) and emitted tokens per drafting step (1 + accepted / drafts); zeros without speculation."""
+
     def d(key: str) -> float:
         name = f"{SPEC_PREFIX}{key}_total"
         return after.get(name, 0.0) - before.get(name, 0.0)
 
     drafts, drafted, accepted = d("drafts"), d("draft_tokens"), d("accepted_tokens")
-    return {"drafts": drafts, "draft_tokens": drafted, "accepted_tokens": accepted,
-            "acceptance": accepted / drafted if drafted else 0.0,
-            "emitted_per_step": 1.0 + accepted / drafts if drafts else 0.0}
+    return {
+        "drafts": drafts,
+        "draft_tokens": drafted,
+        "accepted_tokens": accepted,
+        "acceptance": accepted / drafted if drafted else 0.0,
+        "emitted_per_step": 1.0 + accepted / drafts if drafts else 0.0,
+    }
 
 
 def plugin_counters(metrics: dict[str, float]) -> dict[str, float]:
@@ -270,8 +290,13 @@ def versions() -> dict[str, str]:
 
 def device_name() -> str:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=HTTP_TIMEOUT_S, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=HTTP_TIMEOUT_S,
+            check=True,
+        ).stdout
         return out.strip().splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError):
         return "no GPU (nvidia-smi absent)"

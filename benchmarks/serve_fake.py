@@ -10,6 +10,7 @@
 without a request, or on SIGINT. ``bench serve`` reads the flags the drivers pass to `vllm bench serve`, sends the
 dataset's requests (streaming) and writes a result JSON with the keys vLLM 0.26's `vllm bench serve` writes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,14 @@ class FakeState:
     def __init__(self, model: str, spec: bool) -> None:
         self.model, self.spec = model, spec
         self.lock = threading.Lock()
-        self.counters = {"generation_tokens": 0, "spec_decode_num_drafts": 0, "spec_decode_num_draft_tokens": 0,
-                         "spec_decode_num_accepted_tokens": 0, "request_success": 0, "num_preemptions": 0}
+        self.counters = {
+            "generation_tokens": 0,
+            "spec_decode_num_drafts": 0,
+            "spec_decode_num_draft_tokens": 0,
+            "spec_decode_num_accepted_tokens": 0,
+            "request_success": 0,
+            "num_preemptions": 0,
+        }
         self.running = 0
         self.last_request = time.monotonic()
 
@@ -79,8 +86,12 @@ def _choice(words: list[str], index: int, body: dict[str, Any]) -> dict[str, Any
     done = "length" if len(words) == int(body.get("max_tokens", 16)) else "stop"
     logprobs = None
     if body.get("logprobs") is not None:
-        logprobs = {"tokens": words, "token_logprobs": [-0.5] * len(words),
-                    "top_logprobs": [{w: -0.5} for w in words], "text_offset": list(range(len(words)))}
+        logprobs = {
+            "tokens": words,
+            "token_logprobs": [-0.5] * len(words),
+            "top_logprobs": [{w: -0.5} for w in words],
+            "text_offset": list(range(len(words))),
+        }
     return {"index": index, "text": "".join(words), "finish_reason": done, "logprobs": logprobs}
 
 
@@ -124,9 +135,18 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 out = [_choice(w, i, body) for i, w in enumerate(choices)]
                 n_out = sum(map(len, choices))
-                self._send(200, json.dumps({"id": "cmpl-fake", "object": "text_completion", "model": self.state.model,
-                                            "choices": out, "usage": {"prompt_tokens": 1, "completion_tokens": n_out,
-                                                                      "total_tokens": 1 + n_out}}))
+                self._send(
+                    200,
+                    json.dumps(
+                        {
+                            "id": "cmpl-fake",
+                            "object": "text_completion",
+                            "model": self.state.model,
+                            "choices": out,
+                            "usage": {"prompt_tokens": 1, "completion_tokens": n_out, "total_tokens": 1 + n_out},
+                        }
+                    ),
+                )
             self.state.count(sum(map(len, choices)))
             with self.state.lock:
                 self.state.counters["request_success"] += 1
@@ -144,7 +164,9 @@ class Handler(BaseHTTPRequestHandler):
             for j, w in enumerate(words):
                 done = _choice(words, i, body)["finish_reason"] if j == len(words) - 1 else None
                 chunk = {"index": i, "text": w, "finish_reason": done, "logprobs": None}
-                self.wfile.write(f"data: {json.dumps({'id': 'cmpl-fake', 'object': 'text_completion', 'model': self.state.model, 'choices': [chunk]})}\n\n".encode())
+                self.wfile.write(
+                    f"data: {json.dumps({'id': 'cmpl-fake', 'object': 'text_completion', 'model': self.state.model, 'choices': [chunk]})}\n\n".encode()
+                )
                 self.wfile.flush()
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
@@ -182,8 +204,13 @@ def _dataset(args: argparse.Namespace) -> list[dict[str, Any]]:
         rows = [json.loads(line) for line in Path(args.dataset_path).read_text().splitlines() if line.strip()]
         return rows[: args.num_prompts]
     rng = random.Random(args.seed)
-    return [{"prompt": " ".join(rng.choice(WORDS) for _ in range(args.random_input_len)),
-             "output_tokens": args.random_output_len} for _ in range(args.num_prompts)]
+    return [
+        {
+            "prompt": " ".join(rng.choice(WORDS) for _ in range(args.random_input_len)),
+            "output_tokens": args.random_output_len,
+        }
+        for _ in range(args.num_prompts)
+    ]
 
 
 def _one(url: str, model: str, row: dict[str, Any], temperature: float | None) -> dict[str, Any]:
@@ -213,12 +240,21 @@ def _spec(url: str) -> dict[str, float]:
 
 def bench(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="serve_fake bench serve")
-    for flag, kw in (("--host", {"default": "127.0.0.1"}), ("--port", {"type": int, "default": 8000}),
-                     ("--model", {}), ("--dataset-name", {"default": "random"}), ("--dataset-path", {}),
-                     ("--num-prompts", {"type": int, "default": 1000}), ("--request-rate", {"default": "inf"}),
-                     ("--random-input-len", {"type": int, "default": 16}), ("--seed", {"type": int, "default": 0}),
-                     ("--random-output-len", {"type": int, "default": 16}), ("--temperature", {"type": float}),
-                     ("--result-dir", {"default": "."}), ("--result-filename", {"default": "result.json"})):
+    for flag, kw in (
+        ("--host", {"default": "127.0.0.1"}),
+        ("--port", {"type": int, "default": 8000}),
+        ("--model", {}),
+        ("--dataset-name", {"default": "random"}),
+        ("--dataset-path", {}),
+        ("--num-prompts", {"type": int, "default": 1000}),
+        ("--request-rate", {"default": "inf"}),
+        ("--random-input-len", {"type": int, "default": 16}),
+        ("--seed", {"type": int, "default": 0}),
+        ("--random-output-len", {"type": int, "default": 16}),
+        ("--temperature", {"type": float}),
+        ("--result-dir", {"default": "."}),
+        ("--result-filename", {"default": "result.json"}),
+    ):
         ap.add_argument(flag, **kw)
     args, _ = ap.parse_known_args(argv)
     base = f"http://{args.host}:{args.port}"
@@ -231,11 +267,21 @@ def bench(argv: list[str]) -> int:
     after = _spec(f"{base}/metrics")
     ok = [o for o in outs if o["ok"]]
     tokens = sum(o["tokens"] for o in ok)
-    result: dict[str, Any] = {"request_rate": args.request_rate, "num_prompts": len(rows), "duration": duration,
-                              "completed": len(ok), "failed": len(outs) - len(ok), "total_output_tokens": tokens,
-                              "request_throughput": len(ok) / duration, "output_throughput": tokens / duration}
-    series = {"ttft": [o["ttft"] for o in ok], "tpot": [o["tpot"] for o in ok],
-              "itl": [x for o in ok for x in o["itl"]]}
+    result: dict[str, Any] = {
+        "request_rate": args.request_rate,
+        "num_prompts": len(rows),
+        "duration": duration,
+        "completed": len(ok),
+        "failed": len(outs) - len(ok),
+        "total_output_tokens": tokens,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": tokens / duration,
+    }
+    series = {
+        "ttft": [o["ttft"] for o in ok],
+        "tpot": [o["tpot"] for o in ok],
+        "itl": [x for o in ok for x in o["itl"]],
+    }
     for name, xs in series.items():
         xs = xs or [0.0]
         result[f"mean_{name}_ms"] = float(np.mean(xs)) * 1e3
@@ -246,8 +292,10 @@ def bench(argv: list[str]) -> int:
         d = {k: after[k] - before.get(k, 0.0) for k in after}
         drafts, drafted = d["vllm:spec_decode_num_drafts_total"], d["vllm:spec_decode_num_draft_tokens_total"]
         accepted = d["vllm:spec_decode_num_accepted_tokens_total"]
-        result.update(spec_decode_acceptance_rate=100 * accepted / max(drafted, 1),
-                      spec_decode_acceptance_length=1 + accepted / max(drafts, 1))
+        result.update(
+            spec_decode_acceptance_rate=100 * accepted / max(drafted, 1),
+            spec_decode_acceptance_length=1 + accepted / max(drafts, 1),
+        )
     out = Path(args.result_dir) / args.result_filename
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result))

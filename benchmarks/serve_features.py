@@ -12,6 +12,7 @@ passes only if vLLM's accepted-token counter rose during it: a feature that pass
 proves nothing. ``sampling``: temperature 1, the first SAMPLE_TOKENS tokens of >= SAMPLES samples per prompt on
 each server, two-sample chi-square p > P_MIN; a deliberately biased copy of the spec samples must fail it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,16 @@ from benchmarks.serve_common import (
 from benchmarks.serve_stats import biased, chi_square_two_sample
 
 MAX_MODEL_LEN = 2048
-SERVER_ARGS = ["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--gpu-memory-utilization", "0.25",
-               "--seed", "0"]
+SERVER_ARGS = [
+    "--dtype",
+    "float32",
+    "--max-model-len",
+    str(MAX_MODEL_LEN),
+    "--gpu-memory-utilization",
+    "0.25",
+    "--seed",
+    "0",
+]
 PREEMPT_BLOCKS = 256  # 4,096 tokens of KV cache (block size 16): far below PREEMPT_REQUESTS long requests
 PREEMPT_REQUESTS = 64
 PREEMPT_TOKENS = 256
@@ -54,14 +63,18 @@ P_MIN = 1e-3
 BIAS_FRACTION = 0.15
 LOGPROB_ATOL = 1e-2  # float32: verifying k + 1 positions at once sums in another order than one-token decoding
 IDLE_WAIT_S = 60.0
-JSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                                "count": {"type": "integer"}},
-               "required": ["name", "count"], "additionalProperties": False}
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "count": {"type": "integer"}},
+    "required": ["name", "count"],
+    "additionalProperties": False,
+}
 
 
 @dataclass
 class Ctx:
     """What a feature needs: clients of the servers, the model name, prompts, long prompt ids."""
+
     model: str
     ref: Any
     spec: Any
@@ -108,68 +121,75 @@ def _same(ctx: Ctx, prompts: list[Any], **kw: Any) -> dict[str, Any]:
     """Greedy requests to both servers; identical texts and finish reasons required."""
     a = [complete(ctx.ref, ctx.model, p, **kw) for p in prompts]
     b = [complete(ctx.spec, ctx.model, p, **kw) for p in prompts]
-    same = sum(texts(x) == texts(y) and [c.finish_reason for c in x.choices] == [c.finish_reason for c in y.choices]
-               for x, y in zip(a, b))
+    same = sum(
+        texts(x) == texts(y) and [c.finish_reason for c in x.choices] == [c.finish_reason for c in y.choices]
+        for x, y in zip(a, b)
+    )
     return {"ok": same == len(prompts), "identical": same, "compared": len(prompts)}
 
 
 def f_streaming(ctx: Ctx) -> dict[str, Any]:
-    prompts = ctx.prompts[CARRIERS:CARRIERS + 4]
+    prompts = ctx.prompts[CARRIERS : CARRIERS + 4]
     want = [texts(complete(ctx.ref, ctx.model, p))[0] for p in prompts]
-    got = ["".join(ch.choices[0].text for ch in complete(ctx.spec, ctx.model, p, stream=True) if ch.choices)
-           for p in prompts]
+    got = [
+        "".join(ch.choices[0].text for ch in complete(ctx.spec, ctx.model, p, stream=True) if ch.choices)
+        for p in prompts
+    ]
     same = sum(a == b for a, b in zip(got, want))
     return {"ok": same == len(prompts), "identical": same, "compared": len(prompts)}
 
 
 def f_stop(ctx: Ctx) -> dict[str, Any]:
-    return _same(ctx, ctx.prompts[CARRIERS:CARRIERS + 4], stop=["\n\n", "return "])
+    return _same(ctx, ctx.prompts[CARRIERS : CARRIERS + 4], stop=["\n\n", "return "])
 
 
 def f_max_tokens_1(ctx: Ctx) -> dict[str, Any]:
-    return _same(ctx, ctx.prompts[CARRIERS:CARRIERS + 4], max_tokens=1)
+    return _same(ctx, ctx.prompts[CARRIERS : CARRIERS + 4], max_tokens=1)
 
 
 def f_top_p_top_k(ctx: Ctx) -> dict[str, Any]:
     """Sampling parameters that leave one candidate (top_k 1; a tiny top_p) must give the greedy text."""
-    prompts = ctx.prompts[CARRIERS:CARRIERS + 3]
+    prompts = ctx.prompts[CARRIERS : CARRIERS + 3]
     want = [texts(complete(ctx.ref, ctx.model, p))[0] for p in prompts]
-    got_k = [texts(complete(ctx.spec, ctx.model, p, temperature=1.0, extra_body={"top_k": 1}))[0]
-             for p in prompts]
+    got_k = [texts(complete(ctx.spec, ctx.model, p, temperature=1.0, extra_body={"top_k": 1}))[0] for p in prompts]
     got_p = [texts(complete(ctx.spec, ctx.model, p, temperature=1.0, top_p=1e-9))[0] for p in prompts]
     same = sum(a == w for a, w in zip(got_k, want)) + sum(a == w for a, w in zip(got_p, want))
     return {"ok": same == 2 * len(prompts), "identical": same, "compared": 2 * len(prompts)}
 
 
 def f_logprobs(ctx: Ctx) -> dict[str, Any]:
-    prompts = ctx.prompts[CARRIERS:CARRIERS + 3]
+    prompts = ctx.prompts[CARRIERS : CARRIERS + 3]
     worst, same = 0.0, 0
     for p in prompts:
         a, b = (complete(c, ctx.model, p, logprobs=5).choices[0].logprobs for c in (ctx.ref, ctx.spec))
         same += a.tokens == b.tokens and [set(x) for x in a.top_logprobs] == [set(x) for x in b.top_logprobs]
         if a.tokens == b.tokens:
             worst = max([worst, *(abs(x - y) for x, y in zip(a.token_logprobs, b.token_logprobs))])
-    return {"ok": same == len(prompts) and worst <= LOGPROB_ATOL, "identical": same, "compared": len(prompts),
-            "max_logprob_diff": worst}
+    return {
+        "ok": same == len(prompts) and worst <= LOGPROB_ATOL,
+        "identical": same,
+        "compared": len(prompts),
+        "max_logprob_diff": worst,
+    }
 
 
 def f_n2(ctx: Ctx) -> dict[str, Any]:
-    return _same(ctx, ctx.prompts[CARRIERS:CARRIERS + 3], n=2)
+    return _same(ctx, ctx.prompts[CARRIERS : CARRIERS + 3], n=2)
 
 
 def f_long_prompt(ctx: Ctx) -> dict[str, Any]:
     """A prompt of max_model_len - 1 tokens (room for one), and one of max_model_len - 8 (drafts must be cut)."""
     if not ctx.long_ids:
         raise ServeError("feature 'long_prompt' needs token ids (the tokenizer of --model)")
-    out = _same(ctx, [ctx.long_ids[-(MAX_MODEL_LEN - 1):]], max_tokens=1)
-    out8 = _same(ctx, [ctx.long_ids[-(MAX_MODEL_LEN - 8):]], max_tokens=7)
+    out = _same(ctx, [ctx.long_ids[-(MAX_MODEL_LEN - 1) :]], max_tokens=1)
+    out8 = _same(ctx, [ctx.long_ids[-(MAX_MODEL_LEN - 8) :]], max_tokens=7)
     return {"ok": out["ok"] and out8["ok"], "identical": out["identical"] + out8["identical"], "compared": 2}
 
 
 def f_json_schema(ctx: Ctx) -> dict[str, Any]:
     import openai
 
-    prompts = [p + "\n# the result as JSON:\n" for p in ctx.prompts[CARRIERS:CARRIERS + 2]]
+    prompts = [p + "\n# the result as JSON:\n" for p in ctx.prompts[CARRIERS : CARRIERS + 2]]
     kw = {"max_tokens": 64, "extra_body": {"structured_outputs": {"json": JSON_SCHEMA}}}
     try:
         out = _same(ctx, prompts, **kw)
@@ -188,15 +208,16 @@ def f_json_schema(ctx: Ctx) -> dict[str, Any]:
 def f_cancel_stream(ctx: Ctx) -> dict[str, Any]:
     """A streaming request closed after a few chunks: the server drops it (no request left running) and answers
     the next request exactly."""
-    stream = complete(ctx.spec, ctx.model, ctx.prompts[CARRIERS], stream=True, max_tokens=512,
-                      extra_body={"ignore_eos": True})
+    stream = complete(
+        ctx.spec, ctx.model, ctx.prompts[CARRIERS], stream=True, max_tokens=512, extra_body={"ignore_eos": True}
+    )
     got = 0
     for _ in stream:
         got += 1
         if got >= 5:
             break
     stream.close()
-    return {"chunks_read": got, **_same(ctx, ctx.prompts[CARRIERS + 1:CARRIERS + 2])}
+    return {"chunks_read": got, **_same(ctx, ctx.prompts[CARRIERS + 1 : CARRIERS + 2])}
 
 
 def wait_idle(url: str, timeout_s: float = IDLE_WAIT_S) -> float:
@@ -224,22 +245,31 @@ def f_preemption(ctx: Ctx) -> dict[str, Any]:
     same = sum(a == b for a, b in zip(got, want))
     pre = after.get("vllm:num_preemptions_total", 0.0) - before.get("vllm:num_preemptions_total", 0.0)
     delta = spec_delta(before, after)
-    return {"ok": same == len(prompts) and pre > 0 and delta["accepted_tokens"] > 0, "identical": same,
-            "compared": len(prompts), "preemptions": pre, "spec": delta}
+    return {
+        "ok": same == len(prompts) and pre > 0 and delta["accepted_tokens"] > 0,
+        "identical": same,
+        "compared": len(prompts),
+        "preemptions": pre,
+        "spec": delta,
+    }
 
 
 def draw(c: Any, model: str, prompt: str, samples: int) -> list[str]:
     """``samples`` completions of SAMPLE_TOKENS tokens at temperature 1 (n per request: SAMPLES_PER_REQUEST)."""
     reqs = -(-samples // SAMPLES_PER_REQUEST)
     with cf.ThreadPoolExecutor(16) as pool:
-        outs = pool.map(lambda _: texts(complete(c, model, prompt, temperature=1.0, max_tokens=SAMPLE_TOKENS,
-                                                 n=SAMPLES_PER_REQUEST)), range(reqs))
+        outs = pool.map(
+            lambda _: texts(
+                complete(c, model, prompt, temperature=1.0, max_tokens=SAMPLE_TOKENS, n=SAMPLES_PER_REQUEST)
+            ),
+            range(reqs),
+        )
         return [t for o in outs for t in o][:samples]
 
 
 def f_sampling(ctx: Ctx, samples: int = SAMPLES) -> dict[str, Any]:
     per_prompt = []
-    for p in ctx.prompts[CARRIERS:CARRIERS + SAMPLE_PROMPTS]:
+    for p in ctx.prompts[CARRIERS : CARRIERS + SAMPLE_PROMPTS]:
         a, b = draw(ctx.ref, ctx.model, p, samples), draw(ctx.spec, ctx.model, p, samples)
         stat, dof, pval = chi_square_two_sample(a, b)
         _, _, p_biased = chi_square_two_sample(a, biased(b, fraction=BIAS_FRACTION))
@@ -249,9 +279,17 @@ def f_sampling(ctx: Ctx, samples: int = SAMPLES) -> dict[str, Any]:
 
 
 FEATURES: dict[str, Callable[[Ctx], dict[str, Any]]] = {
-    "streaming": f_streaming, "stop": f_stop, "max_tokens_1": f_max_tokens_1, "top_p_top_k": f_top_p_top_k,
-    "logprobs": f_logprobs, "n2": f_n2, "long_prompt": f_long_prompt, "json_schema": f_json_schema,
-    "cancel_stream": f_cancel_stream, "preemption": f_preemption, "sampling": f_sampling,
+    "streaming": f_streaming,
+    "stop": f_stop,
+    "max_tokens_1": f_max_tokens_1,
+    "top_p_top_k": f_top_p_top_k,
+    "logprobs": f_logprobs,
+    "n2": f_n2,
+    "long_prompt": f_long_prompt,
+    "json_schema": f_json_schema,
+    "cancel_stream": f_cancel_stream,
+    "preemption": f_preemption,
+    "sampling": f_sampling,
 }
 OWN_WINDOW = ("preemption",)  # features that measure acceptance on their own server
 
@@ -281,7 +319,7 @@ def long_prompt_ids(model: str, prompts: list[str]) -> list[int]:
             break
     if len(ids) <= MAX_MODEL_LEN:
         raise ServeError(f"the prompts give {len(ids)} tokens; the long-prompt feature needs {MAX_MODEL_LEN + 1}")
-    return [0, *ids[-(MAX_MODEL_LEN - 1):]]
+    return [0, *ids[-(MAX_MODEL_LEN - 1) :]]
 
 
 def start_servers(args: argparse.Namespace, stack: list[Server]) -> dict[str, Server]:
@@ -292,8 +330,14 @@ def start_servers(args: argparse.Namespace, stack: list[Server]) -> dict[str, Se
         plan["preempt"] = (args.spec, [*extra, "--num-gpu-blocks-override", str(PREEMPT_BLOCKS)])
     out = {}
     for name, (spec, sargs) in plan.items():
-        srv = Server(args.model, port=free_port(), log=Path(args.out_dir) / f"features-{name}.log", spec=spec,
-                     server_args=sargs, cli=args.vllm_cli)
+        srv = Server(
+            args.model,
+            port=free_port(),
+            log=Path(args.out_dir) / f"features-{name}.log",
+            spec=spec,
+            server_args=sargs,
+            cli=args.vllm_cli,
+        )
         stack.append(srv)
         out[name] = srv.start(args.health_timeout_s)
     return out
@@ -302,9 +346,16 @@ def start_servers(args: argparse.Namespace, stack: list[Server]) -> dict[str, Se
 def make_ctx(args: argparse.Namespace, servers: dict[str, Server], prompts: list[str]) -> Ctx:
     ids = long_prompt_ids(args.model, prompts) if "long_prompt" in args.features else []
     pre = servers.get("preempt")
-    return Ctx(model=args.model, ref=client(servers["ref"].base_url), spec=client(servers["spec"].base_url),
-               spec_url=servers["spec"].base_url, prompts=prompts, long_ids=ids,
-               preempt=client(pre.base_url) if pre else None, preempt_url=pre.base_url if pre else "")
+    return Ctx(
+        model=args.model,
+        ref=client(servers["ref"].base_url),
+        spec=client(servers["spec"].base_url),
+        spec_url=servers["spec"].base_url,
+        prompts=prompts,
+        long_ids=ids,
+        preempt=client(pre.base_url) if pre else None,
+        preempt_url=pre.base_url if pre else "",
+    )
 
 
 def load_prompts(path: Path, pool: str = "code") -> list[str]:
@@ -318,8 +369,14 @@ def load_prompts(path: Path, pool: str = "code") -> list[str]:
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     prompts = load_prompts(Path(args.prompts))
-    doc: dict[str, Any] = {"command": sys.argv, "device": device_name(), "versions": versions(), "spec": args.spec,
-                           "server_args": SERVER_ARGS + args.server_args, "features": {}}
+    doc: dict[str, Any] = {
+        "command": sys.argv,
+        "device": device_name(),
+        "versions": versions(),
+        "spec": args.spec,
+        "server_args": SERVER_ARGS + args.server_args,
+        "features": {},
+    }
     stack: list[Server] = []
     try:
         servers = start_servers(args, stack)

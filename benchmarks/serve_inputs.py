@@ -10,6 +10,7 @@ starting with BOS ``<|endoftext|>`` as the shared models were trained):
 * ``chat``: AlpacaEval instructions as "user: ...\\nassistant: " (open-ended chat: low-acceptance traffic).
 Each prompt has its own ``output_tokens`` (seeded draw from OUTPUT_LENGTHS): varied output lengths.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -31,7 +32,7 @@ DATASETS = (*POOLS, RANDOM_DATASET)
 
 def _cut(tok: Any, text: str, max_tokens: int) -> str:
     """``text`` cut from the left to at most ``max_tokens - 1`` tokens (BOS is the last one), BOS prepended."""
-    ids = tok.encode(text, add_special_tokens=False).ids[-(max_tokens - 1):]
+    ids = tok.encode(text, add_special_tokens=False).ids[-(max_tokens - 1) :]
     return BOS_TEXT + tok.decode(ids, skip_special_tokens=False)
 
 
@@ -61,14 +62,18 @@ def chat_texts() -> list[str]:
     return list(dict.fromkeys(f"user: {r['instruction']}\nassistant: " for r in rows))
 
 
-def build_pools(*, per_pool: int, max_code_tokens: int, max_agentic_tokens: int, seed: int = 0
-                ) -> dict[str, list[dict[str, Any]]]:
+def build_pools(
+    *, per_pool: int, max_code_tokens: int, max_agentic_tokens: int, seed: int = 0
+) -> dict[str, list[dict[str, Any]]]:
     """{pool: [{"prompt": text, "output_tokens": n}]}, at most ``per_pool`` distinct prompts each."""
     from benchmarks.prepare_prompts import _tokenizer
 
     tok = _tokenizer()
-    sources = {"code": (code_texts, max_code_tokens), "agentic": (agentic_texts, max_agentic_tokens),
-               "chat": (chat_texts, max_code_tokens)}
+    sources = {
+        "code": (code_texts, max_code_tokens),
+        "agentic": (agentic_texts, max_agentic_tokens),
+        "chat": (chat_texts, max_code_tokens),
+    }
     rng = random.Random(seed)
     pools = {}
     for name, (load, max_tokens) in sources.items():
@@ -81,8 +86,10 @@ def write_pools(path: Path, pools: dict[str, list[dict[str, Any]]], settings: di
     doc = {"format": "serve_bench pools: {pool: [{prompt, output_tokens}]}", "settings": settings, "pools": pools}
     text = json.dumps(doc)
     if len(text.encode()) > MAX_INPUT_BYTES:
-        raise ServeError(f"{path}: {len(text.encode()) / 1e6:.1f} MB is over the {MAX_INPUT_BYTES / 1e6:.0f} MB a "
-                         "device call carries: lower --per-pool or the --max-*-tokens")
+        raise ServeError(
+            f"{path}: {len(text.encode()) / 1e6:.1f} MB is over the {MAX_INPUT_BYTES / 1e6:.0f} MB a "
+            "device call carries: lower --per-pool or the --max-*-tokens"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return len(text.encode())
@@ -95,14 +102,18 @@ def load_pools(path: Path) -> dict[str, list[dict[str, Any]]]:
     try:
         pools = json.loads(path.read_text(encoding="utf-8"))["pools"]
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ServeError(f"{path}: not a serve_bench prompts file ({type(exc).__name__}: {exc}); write it with "
-                         "`python -m benchmarks.serve_bench prepare`") from None
+        raise ServeError(
+            f"{path}: not a serve_bench prompts file ({type(exc).__name__}: {exc}); write it with "
+            "`python -m benchmarks.serve_bench prepare`"
+        ) from None
     for name, rows in pools.items():
         bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict) or not r.get("prompt")), None)
         if not rows or bad is not None:
             where = "no prompts" if not rows else f"row {bad} has no 'prompt'"
-            raise ServeError(f"{path}: pool {name!r} has {where}: write the file again with "
-                             "`python -m benchmarks.serve_bench prepare`")
+            raise ServeError(
+                f"{path}: pool {name!r} has {where}: write the file again with "
+                "`python -m benchmarks.serve_bench prepare`"
+            )
     return pools
 
 
@@ -118,8 +129,10 @@ def rate_slice(rows: list[dict[str, Any]], index: int, size: int, *, pool: str) 
     """Slice ``index`` of ``size`` prompts (slices are disjoint: a server never sees a prompt twice)."""
     lo, hi = index * size, (index + 1) * size
     if hi > len(rows):
-        raise ServeError(f"pool {pool!r} has {len(rows)} prompts; slice {index} of {size} needs {hi}: lower "
-                         "--num-prompts or prepare a larger pool (--per-pool)")
+        raise ServeError(
+            f"pool {pool!r} has {len(rows)} prompts; slice {index} of {size} needs {hi}: lower "
+            "--num-prompts or prepare a larger pool (--per-pool)"
+        )
     return rows[lo:hi]
 
 

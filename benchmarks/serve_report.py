@@ -1,7 +1,8 @@
 """Tables and plots of serving-benchmark runs (serve_bench's JSON), and merging the JSON of several device calls.
 
-    python -m benchmarks.serve_report --inputs a.json b.json --out-dir eval/results/serve   # merged .json/.md/.png
+python -m benchmarks.serve_report --inputs a.json b.json --out-dir eval/results/serve   # merged .json/.md/.png
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,9 +15,15 @@ from typing import Any
 from benchmarks.serve_common import ServeError, write_json
 
 INF_X_FACTOR = 1.25  # where "inf" sits on the rate axis, relative to the largest finite rate
-COLUMNS = (("TTFT p50", "p50_ttft_ms"), ("TTFT p99", "p99_ttft_ms"), ("TPOT p50", "p50_tpot_ms"),
-           ("TPOT p99", "p99_tpot_ms"), ("ITL p50", "p50_itl_ms"), ("ITL p99", "p99_itl_ms"),
-           ("out tok/s", "output_throughput"))
+COLUMNS = (
+    ("TTFT p50", "p50_ttft_ms"),
+    ("TTFT p99", "p99_ttft_ms"),
+    ("TPOT p50", "p50_tpot_ms"),
+    ("TPOT p99", "p99_tpot_ms"),
+    ("ITL p50", "p50_itl_ms"),
+    ("ITL p99", "p99_itl_ms"),
+    ("out tok/s", "output_throughput"),
+)
 
 
 def _fmt(x: Any, digits: int = 2) -> str:
@@ -26,10 +33,16 @@ def _fmt(x: Any, digits: int = 2) -> str:
 def markdown(doc: dict[str, Any]) -> str:
     """One table per dataset: a row per method and rate (ms for latencies)."""
     runs = doc.get("runs", [])
-    lines = [f"# Serving benchmark ({doc.get('device', '?')})", "",
-             (f"vLLM {doc.get('versions', {}).get('vllm', '?')}, model {doc.get('settings', {}).get('model', '?')}. "
-              "Latencies in ms; acceptance = accepted / drafted tokens; tokens/step = 1 + accepted / drafts "
-              "(vLLM's spec-decode counters from /metrics over the rate's window)."), ""]
+    lines = [
+        f"# Serving benchmark ({doc.get('device', '?')})",
+        "",
+        (
+            f"vLLM {doc.get('versions', {}).get('vllm', '?')}, model {doc.get('settings', {}).get('model', '?')}. "
+            "Latencies in ms; acceptance = accepted / drafted tokens; tokens/step = 1 + accepted / drafts "
+            "(vLLM's spec-decode counters from /metrics over the rate's window)."
+        ),
+        "",
+    ]
     if doc.get("saturation"):
         sat = ", ".join(f"{k}: {v['rate']:.2f} req/s" for k, v in doc["saturation"].items())
         lines += [f"Saturation rate R of no speculation: {sat}.", ""]
@@ -39,10 +52,15 @@ def markdown(doc: dict[str, Any]) -> str:
         for r in (r for r in runs if r["dataset"] == dataset):
             b, s = r.get("bench", {}), r.get("spec", {})
             rate = "inf" if r["rate"] == "inf" else f"{r['rate']:.2f}"
-            cells = [r["method"], r["rate_label"], rate, *(_fmt(b.get(k), 1 if "tok/s" in c else 2) for c, k in COLUMNS),
-                     f"{100 * s['acceptance']:.1f}%" if s.get("draft_tokens") else "-",
-                     _fmt(s.get("emitted_per_step")) if s.get("drafts") else "-",
-                     f"{b.get('completed', 0)}/{b.get('failed', 0)}"]
+            cells = [
+                r["method"],
+                r["rate_label"],
+                rate,
+                *(_fmt(b.get(k), 1 if "tok/s" in c else 2) for c, k in COLUMNS),
+                f"{100 * s['acceptance']:.1f}%" if s.get("draft_tokens") else "-",
+                _fmt(s.get("emitted_per_step")) if s.get("drafts") else "-",
+                f"{b.get('completed', 0)}/{b.get('failed', 0)}",
+            ]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     for err in doc.get("errors", []):
@@ -117,8 +135,9 @@ def _load(path: str) -> dict[str, Any]:
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ServeError(f"{path}: cannot read a serve_bench result ({type(exc).__name__}): pass the .json a "
-                         "serve_bench run wrote") from None
+        raise ServeError(
+            f"{path}: cannot read a serve_bench result ({type(exc).__name__}): pass the .json a serve_bench run wrote"
+        ) from None
     if "runs" not in doc:
         raise ServeError(f"{path}: no 'runs' key: pass the .json a serve_bench run wrote")
     return doc

@@ -11,6 +11,7 @@ plugin's own ``specdec*`` counters where present). Passes with zero failed reque
 RSS_GROWTH_MAX between 20% and 100% of the run and GPU memory not growing over that span. Bounded: ``--requests``
 and ``--time-limit-s`` (no new request past it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,8 +77,15 @@ async def one(c: Any, model: str, req: dict[str, Any]) -> str:
         return f"failed: {type(exc).__name__}: {str(exc)[:200]}"
 
 
-async def drive(base_url: str, model: str, reqs: list[dict[str, Any]], *, concurrency: int,
-                time_limit_s: float, progress: dict[str, int]) -> list[str]:
+async def drive(
+    base_url: str,
+    model: str,
+    reqs: list[dict[str, Any]],
+    *,
+    concurrency: int,
+    time_limit_s: float,
+    progress: dict[str, int],
+) -> list[str]:
     import openai
 
     c = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0, timeout=600)
@@ -109,8 +117,7 @@ class Sampler(threading.Thread):
         self.t0 = time.monotonic()
 
     def take(self) -> None:
-        self.samples.append((time.monotonic() - self.t0, self.progress["done"], rss_mib(self.pids()),
-                             gpu_memory_mib()))
+        self.samples.append((time.monotonic() - self.t0, self.progress["done"], rss_mib(self.pids()), gpu_memory_mib()))
 
     def run(self) -> None:
         while not self.halt.is_set():
@@ -154,17 +161,31 @@ def plot(samples: list[tuple[float, int, float, float | None]], path: Path) -> s
     return str(path)
 
 
-def summarize(outcomes: list[str], sampler: Sampler, before: dict[str, float], after: dict[str, float]
-              ) -> dict[str, Any]:
+def summarize(
+    outcomes: list[str], sampler: Sampler, before: dict[str, float], after: dict[str, float]
+) -> dict[str, Any]:
     failed = [o for o in outcomes if o.startswith("failed")]
     rss_g, gpu_g = growth(sampler.samples, 2), growth(sampler.samples, 3)
-    out = {"requests": len(outcomes), "ok": outcomes.count("ok"), "cancelled": outcomes.count("cancelled"),
-           "not_sent": outcomes.count("not sent"), "failed": len(failed), "failures": failed[:20],
-           "rss_growth": rss_g, "gpu_growth": gpu_g, "spec": spec_delta(before, after),
-           "preemptions": after.get("vllm:num_preemptions_total", 0.0) - before.get("vllm:num_preemptions_total", 0.0),
-           "plugin_counters": plugin_counters(after), "samples": sampler.samples}
-    out["pass"] = (not failed and out["not_sent"] == 0 and (rss_g is None or rss_g < RSS_GROWTH_MAX)
-                   and (gpu_g is None or gpu_g <= 0))
+    out = {
+        "requests": len(outcomes),
+        "ok": outcomes.count("ok"),
+        "cancelled": outcomes.count("cancelled"),
+        "not_sent": outcomes.count("not sent"),
+        "failed": len(failed),
+        "failures": failed[:20],
+        "rss_growth": rss_g,
+        "gpu_growth": gpu_g,
+        "spec": spec_delta(before, after),
+        "preemptions": after.get("vllm:num_preemptions_total", 0.0) - before.get("vllm:num_preemptions_total", 0.0),
+        "plugin_counters": plugin_counters(after),
+        "samples": sampler.samples,
+    }
+    out["pass"] = (
+        not failed
+        and out["not_sent"] == 0
+        and (rss_g is None or rss_g < RSS_GROWTH_MAX)
+        and (gpu_g is None or gpu_g <= 0)
+    )
     return out
 
 
@@ -173,8 +194,9 @@ def soak_prompts(path: Path) -> list[str]:
     from benchmarks.serve_inputs import load_pools
 
     pools = load_pools(path)
-    lists = [[r["prompt"] for r in pools[p]] for p in POOLS if p in pools] or [[r["prompt"] for r in v]
-                                                                                for v in pools.values()]
+    lists = [[r["prompt"] for r in pools[p]] for p in POOLS if p in pools] or [
+        [r["prompt"] for r in v] for v in pools.values()
+    ]
     return [lst[i] for i in range(max(map(len, lists))) for lst in lists if i < len(lst)]
 
 
@@ -186,9 +208,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         check_reachable(args.base_url)
         base_url, pids = args.base_url, (list)
     else:
-        server = Server(args.model, port=free_port(), log=Path(args.out_dir) / "soak-server.log",
-                        spec=json.loads(args.spec) if args.spec else None, server_args=args.server_args,
-                        cli=args.vllm_cli)
+        server = Server(
+            args.model,
+            port=free_port(),
+            log=Path(args.out_dir) / "soak-server.log",
+            spec=json.loads(args.spec) if args.spec else None,
+            server_args=args.server_args,
+            cli=args.vllm_cli,
+        )
         server.start(args.health_timeout_s)
         base_url, pids = server.base_url, server.pids
     sampler = Sampler(pids, args.sample_s, progress)
@@ -196,8 +223,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         before = scrape(base_url)
         sampler.start()
         t0 = time.monotonic()
-        outcomes = asyncio.run(drive(base_url, args.model, reqs, concurrency=args.concurrency,
-                                     time_limit_s=args.time_limit_s, progress=progress))
+        outcomes = asyncio.run(
+            drive(
+                base_url,
+                args.model,
+                reqs,
+                concurrency=args.concurrency,
+                time_limit_s=args.time_limit_s,
+                progress=progress,
+            )
+        )
         wall = time.monotonic() - t0
         sampler.halt.set()
         sampler.join()
@@ -206,9 +241,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         sampler.halt.set()
         exit_code = server.stop() if server else None
-    doc = {"command": sys.argv, "device": device_name(), "versions": versions(), "spec": args.spec,
-           "settings": {k: v for k, v in vars(args).items()}, "wall_s": wall, "server_exit_code": exit_code,
-           **summarize(outcomes, sampler, before, after)}
+    doc = {
+        "command": sys.argv,
+        "device": device_name(),
+        "versions": versions(),
+        "spec": args.spec,
+        "settings": {k: v for k, v in vars(args).items()},
+        "wall_s": wall,
+        "server_exit_code": exit_code,
+        **summarize(outcomes, sampler, before, after),
+    }
     return doc
 
 
@@ -237,8 +279,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 json.loads(args.spec)
             except json.JSONDecodeError as exc:
-                raise ServeError(f"--spec {args.spec!r} is not JSON ({exc.msg}): e.g. '{{\"method\": \"specdec\"}}'"
-                                 ) from None
+                raise ServeError(
+                    f'--spec {args.spec!r} is not JSON ({exc.msg}): e.g. \'{{"method": "specdec"}}\''
+                ) from None
         doc = run(args)
     except ServeError as exc:
         print(f"serve_soak: {exc}", file=sys.stderr)
@@ -246,8 +289,26 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out_dir)
     doc["png"] = plot(doc["samples"], out / "serve_soak.png") if doc["samples"] else "no samples"
     write_json(out / "serve_soak.json", doc)
-    print(json.dumps({k: doc[k] for k in ("requests", "ok", "cancelled", "failed", "not_sent", "rss_growth",
-                                          "gpu_growth", "spec", "plugin_counters", "pass")}, indent=1))
+    print(
+        json.dumps(
+            {
+                k: doc[k]
+                for k in (
+                    "requests",
+                    "ok",
+                    "cancelled",
+                    "failed",
+                    "not_sent",
+                    "rss_growth",
+                    "gpu_growth",
+                    "spec",
+                    "plugin_counters",
+                    "pass",
+                )
+            },
+            indent=1,
+        )
+    )
     return 0 if doc["pass"] else 1
 
 

@@ -1,5 +1,6 @@
 """Two-sample chi-square test of categorical samples (first tokens drawn by two servers), with no SciPy: the
 p-value is the regularized upper incomplete gamma function Q(dof / 2, statistic / 2) (torch.special.gammaincc)."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -43,8 +44,9 @@ def chi_square_p(stat: float, dof: int) -> float:
     """P(X >= stat) for X ~ chi-square(dof)."""
     import torch
 
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64))
+    )
 
 
 def biased(samples: Sequence[str], *, fraction: float) -> list[str]:

@@ -7,6 +7,7 @@ concurrent OpenAI-API completions (temperature 0) to both, compares the texts, r
 spec-decode counters from /metrics (proof that drafts were verified), then stops both servers with SIGINT and
 checks they exit. Exit code 0 only if every completion matches and both servers shut down cleanly.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,26 @@ SERVER_START_TIMEOUT_S = 300
 
 def start_server(model: str, port: int, dtype: str, spec: dict | None, log: Path) -> subprocess.Popen:
     # `python -m vllm.entrypoints.cli.main` = the `vllm` console script (absent when vLLM comes via PYTHONPATH)
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--host", HOST, "--port", str(port), "--dtype", dtype, "--seed", "0",
-           "--max-model-len", "2048", "--gpu-memory-utilization", "0.25", "--enforce-eager"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "serve",
+        model,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--seed",
+        "0",
+        "--max-model-len",
+        "2048",
+        "--gpu-memory-utilization",
+        "0.25",
+        "--enforce-eager",
+    ]
     if spec is not None:
         cmd += ["--speculative-config", json.dumps(spec)]
     fh = open(log, "w")
@@ -59,8 +78,9 @@ def wait_ready(proc: subprocess.Popen, port: int, timeout_s: float) -> bool:
 
 def complete(port: int, model: str, prompt: list[int], max_tokens: int) -> str:
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}).encode()
-    req = urllib.request.Request(f"http://{HOST}:{port}/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://{HOST}:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=300) as r:
         return json.loads(r.read())["choices"][0]["text"]
 
@@ -105,14 +125,18 @@ def main(argv: list[str] | None = None) -> int:
     ports = {"nospec": args.port, "specdec": args.port + 1}
     specs = {"nospec": None, "specdec": json.loads(args.spec)}
     servers: dict[str, subprocess.Popen] = {}
-    result: dict[str, Any] = {"spec": json.loads(args.spec), "dtype": args.dtype, "prompts": len(prompts),
-                              "concurrency": args.concurrency, "max_tokens": args.max_tokens}
+    result: dict[str, Any] = {
+        "spec": json.loads(args.spec),
+        "dtype": args.dtype,
+        "prompts": len(prompts),
+        "concurrency": args.concurrency,
+        "max_tokens": args.max_tokens,
+    }
     try:
         ready = {}
         for name in ports:  # one after the other: a server profiling its memory while another one starts
             # attributes the other's allocations to itself ("No available memory for the cache blocks")
-            servers[name] = start_server(args.model, ports[name], args.dtype, specs[name],
-                                         logdir / f"serve_{name}.log")
+            servers[name] = start_server(args.model, ports[name], args.dtype, specs[name], logdir / f"serve_{name}.log")
             ready[name] = wait_ready(servers[name], ports[name], SERVER_START_TIMEOUT_S)
             if not ready[name]:
                 break
@@ -125,14 +149,22 @@ def main(argv: list[str] | None = None) -> int:
                     texts[name] = list(pool.map(lambda p: complete(port, args.model, p, args.max_tokens), prompts))
                 walls[name] = time.perf_counter() - t0
             same = sum(a == b for a, b in zip(texts["nospec"], texts["specdec"]))
-            result.update(identical=same, compared=len(prompts), wall_s=walls,
-                          specdec_metrics=spec_metrics(ports["specdec"]),
-                          first_mismatch=next((i for i, (a, b) in enumerate(zip(texts["nospec"], texts["specdec"]))
-                                               if a != b), None))
+            result.update(
+                identical=same,
+                compared=len(prompts),
+                wall_s=walls,
+                specdec_metrics=spec_metrics(ports["specdec"]),
+                first_mismatch=next(
+                    (i for i, (a, b) in enumerate(zip(texts["nospec"], texts["specdec"])) if a != b), None
+                ),
+            )
     finally:
         result["exit_codes"] = {k: stop_server(p) for k, p in servers.items()}
-    ok = (result.get("identical") == len(prompts) and result.get("specdec_metrics", {}).get("accepted_tokens", 0) > 0
-          and all(c is not None for c in result["exit_codes"].values()))
+    ok = (
+        result.get("identical") == len(prompts)
+        and result.get("specdec_metrics", {}).get("accepted_tokens", 0) > 0
+        and all(c is not None for c in result["exit_codes"].values())
+    )
     result["ok"] = ok
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))

@@ -50,8 +50,10 @@ MAX_TOKENS = 64  # new tokens per request
 LOG_PATTERNS = {  # vLLM 0.26's start-up lines (and specdec's own)
     "graph_profile": re.compile(r"Profiling CUDA graph memory: (.*)"),
     "graph_estimate_gib": re.compile(r"Estimated CUDA graph memory: ([\d.]+) GiB total"),
-    "graph_mode_estimate": re.compile(r"Estimated (\w+) CUDA graph memory: (-?[\d.]+) MiB first-capture \+ "
-                                      r"\((\d+)-1\) × ([\d.]+) MiB per-graph"),
+    "graph_mode_estimate": re.compile(
+        r"Estimated (\w+) CUDA graph memory: (-?[\d.]+) MiB first-capture \+ "
+        r"\((\d+)-1\) × ([\d.]+) MiB per-graph"
+    ),
     "kv_cache_gib": re.compile(r"Available KV cache memory: (-?[\d.]+) GiB"),
     "kv_cache_tokens": re.compile(r"GPU KV cache size: ([\d,]+) tokens"),
     "graph_actual_gib": re.compile(r"CUDA graph pool memory: ([\d.]+) GiB \(actual\)"),
@@ -67,8 +69,7 @@ def child(spec: dict[str, Any]) -> None:
 
     prompts = spec["prompts"]
     t0 = time.perf_counter()
-    llm = LLM(model=spec["model"], dtype=spec["dtype"], speculative_config=spec["speculative_config"],
-              **spec["engine"])
+    llm = LLM(model=spec["model"], dtype=spec["dtype"], speculative_config=spec["speculative_config"], **spec["engine"])
     startup_s = time.perf_counter() - t0
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, detokenize=False)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
@@ -90,8 +91,10 @@ def parse_log(text: str) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for key, pattern in LOG_PATTERNS.items():
         if key == "graph_mode_estimate":
-            found[key] = {mode: {"first_mib": float(first), "graphs": int(n), "per_graph_mib": float(per)}
-                          for mode, first, n, per in pattern.findall(text)}
+            found[key] = {
+                mode: {"first_mib": float(first), "graphs": int(n), "per_graph_mib": float(per)}
+                for mode, first, n, per in pattern.findall(text)
+            }
             continue
         match = pattern.search(text)
         if match:
@@ -101,23 +104,40 @@ def parse_log(text: str) -> dict[str, Any]:
 
 
 def run_one(args: argparse.Namespace, config: str, method: str, prompts: list[list[int]]) -> dict[str, Any]:
-    spec = {"model": args.model, "dtype": args.dtype, "prompts": prompts,
-            "speculative_config": METHODS[method.split(REPEAT)[0]],
-            "engine": {**CONFIGS[config], **json.loads(args.engine_json or "{}")}}
+    spec = {
+        "model": args.model,
+        "dtype": args.dtype,
+        "prompts": prompts,
+        "speculative_config": METHODS[method.split(REPEAT)[0]],
+        "engine": {**CONFIGS[config], **json.loads(args.engine_json or "{}")},
+    }
     log_path = Path(args.out_dir) / "logs" / f"{config}_{method}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "VLLM_LOGGING_LEVEL": args.log_level}
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=args.timeout_s, check=False)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--child", json.dumps(spec)],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=args.timeout_s,
+            check=False,
+        )
         text, rc = proc.stdout, proc.returncode
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout or ""
         text, rc = (out.decode() if isinstance(out, bytes) else out), "timeout"
     log_path.write_text(text)
-    row: dict[str, Any] = {"config": config, "method": method, "engine": spec["engine"], "rc": rc,
-                           "wall_s": round(time.perf_counter() - t0, 1), **parse_log(text)}
+    row: dict[str, Any] = {
+        "config": config,
+        "method": method,
+        "engine": spec["engine"],
+        "rc": rc,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        **parse_log(text),
+    }
     for line in text.splitlines():
         if line.startswith("STARTUP_MATRIX_RESULT "):
             row.update(json.loads(line.split(" ", 1)[1]))
@@ -136,14 +156,18 @@ def compare(rows: list[dict[str, Any]]) -> None:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| config | method | started | start-up s | KV blocks | graphs profiled | est. graph GiB | actual "
-            "graph GiB | differing prompts |\n|---|---|---|---|---|---|---|---|---|")
+    head = (
+        "| config | method | started | start-up s | KV blocks | graphs profiled | est. graph GiB | actual "
+        "graph GiB | differing prompts |\n|---|---|---|---|---|---|---|---|---|"
+    )
     lines = [head]
     for r in rows:
-        lines.append(f"| {r['config']} | {r['method']} | {'yes' if r['started'] else 'NO: ' + str(r.get('error', r['rc']))[:80]} | "
-                     f"{r.get('startup_s', '')} | {r.get('num_gpu_blocks', '')} | {r.get('graph_profile', '')} | "
-                     f"{r.get('graph_estimate_gib', '')} | {r.get('graph_actual_gib', '')} | "
-                     f"{r.get('prompts_differing', '')} |")
+        lines.append(
+            f"| {r['config']} | {r['method']} | {'yes' if r['started'] else 'NO: ' + str(r.get('error', r['rc']))[:80]} | "
+            f"{r.get('startup_s', '')} | {r.get('num_gpu_blocks', '')} | {r.get('graph_profile', '')} | "
+            f"{r.get('graph_estimate_gib', '')} | {r.get('graph_actual_gib', '')} | "
+            f"{r.get('prompts_differing', '')} |"
+        )
     return "\n".join(lines)
 
 
@@ -170,12 +194,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", default="device_inputs/prompts.json", help="prepare_prompts output (code set)")
     ap.add_argument("--configs", default="defaults", type=lambda s: s.split(","))
     ap.add_argument("--methods", default="nospec,suffix,specdec", type=lambda s: s.split(","))
-    ap.add_argument("--nospec-configs", default="", type=lambda s: [c for c in s.split(",") if c],
-                    help="run no speculation only in these configurations (the others compare to the first one's)")
+    ap.add_argument(
+        "--nospec-configs",
+        default="",
+        type=lambda s: [c for c in s.split(",") if c],
+        help="run no speculation only in these configurations (the others compare to the first one's)",
+    )
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--engine-json", default="", help="JSON engine arguments added to every configuration")
-    ap.add_argument("--log-level", default="INFO", help="VLLM_LOGGING_LEVEL of the engines (DEBUG: per-mode "
-                    "graph memory estimates)")
+    ap.add_argument(
+        "--log-level", default="INFO", help="VLLM_LOGGING_LEVEL of the engines (DEBUG: per-mode graph memory estimates)"
+    )
     ap.add_argument("--timeout-s", type=int, default=300)
     ap.add_argument("--name", default="startup_matrix")
     ap.add_argument("--out-dir", default="eval/results")
@@ -185,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     bad = [c for c in args.configs if c not in CONFIGS] + [m for m in args.methods if m.split(REPEAT)[0] not in METHODS]
     if bad:
-        ap.error(f"unknown --configs/--methods value(s) {bad}; valid configs {sorted(CONFIGS)}, methods {sorted(METHODS)}")
+        ap.error(
+            f"unknown --configs/--methods value(s) {bad}; valid configs {sorted(CONFIGS)}, methods {sorted(METHODS)}"
+        )
     if not Path(args.prompts).is_file():
         ap.error(f"--prompts {args.prompts}: no such file (python -m benchmarks.prepare_prompts writes it)")
     data = json.loads(Path(args.prompts).read_text())
@@ -197,17 +228,27 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             row = run_one(args, config, method, prompts)
             rows.append(row)
-            print(f"[startup_matrix] {config:>9} {method:>8}: started={row['started']} "
-                  f"start-up {row.get('startup_s')} s, KV blocks {row.get('num_gpu_blocks')}, "
-                  f"graphs {row.get('graph_profile')}, est {row.get('graph_estimate_gib')} GiB, "
-                  f"{row.get('error', '')}", flush=True)
+            print(
+                f"[startup_matrix] {config:>9} {method:>8}: started={row['started']} "
+                f"start-up {row.get('startup_s')} s, KV blocks {row.get('num_gpu_blocks')}, "
+                f"graphs {row.get('graph_profile')}, est {row.get('graph_estimate_gib')} GiB, "
+                f"{row.get('error', '')}",
+                flush=True,
+            )
     compare(rows)
     for r in rows:
         r.pop("outputs", None)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "model": args.model,
-              "dtype": args.dtype, "requests": REQUESTS, "max_tokens": MAX_TOKENS, "rows": rows}
+    result = {
+        "command": " ".join([sys.executable, *sys.argv]),
+        "versions": versions(),
+        "model": args.model,
+        "dtype": args.dtype,
+        "requests": REQUESTS,
+        "max_tokens": MAX_TOKENS,
+        "rows": rows,
+    }
     (out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
     (out / f"{args.name}.md").write_text(table(rows) + "\n")
     print(table(rows))

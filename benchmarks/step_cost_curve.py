@@ -23,6 +23,7 @@ to k = 1 slightly smaller (more budgets look free) at batch 8; the JSON keeps ab
 A budget k >= 1 is free at batch b when ``busy_ms(b, k) <= FREE_RATIO * busy_ms(b, 1)``. Writes
 ``step_cost_curve.{json,md,png}`` to ``--out-dir``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -119,8 +120,11 @@ def time_busy(fn: Any, *, runs: int) -> float:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-        total_us = sum(_kernel_us(evt) for evt in prof.events()
-                       if getattr(evt, "device_type", None) == torch.autograd.DeviceType.CUDA)
+        total_us = sum(
+            _kernel_us(evt)
+            for evt in prof.events()
+            if getattr(evt, "device_type", None) == torch.autograd.DeviceType.CUDA
+        )
         if total_us <= 0.0:  # profilers that attach kernels to their CPU ops only: the per-op device totals
             total_us = sum(getattr(e, "self_device_time_total", 0.0) for e in prof.key_averages())
         if total_us <= 0.0:
@@ -133,8 +137,17 @@ def _kernel_us(evt: Any) -> float:
     return float(evt.device_time if hasattr(evt, "device_time") else evt.cuda_time)
 
 
-def measure(model: Any, *, batches: Sequence[int], ks: Sequence[int], context: int, device: str, warmup: int,
-            repeats: int, profiled: int) -> list[dict[str, Any]]:
+def measure(
+    model: Any,
+    *,
+    batches: Sequence[int],
+    ks: Sequence[int],
+    context: int,
+    device: str,
+    warmup: int,
+    repeats: int,
+    profiled: int,
+) -> list[dict[str, Any]]:
     rows = []
     gen = torch.Generator(device="cpu").manual_seed(SEED + 1)
     for b in batches:
@@ -147,8 +160,9 @@ def measure(model: Any, *, batches: Sequence[int], ks: Sequence[int], context: i
 
             ev = time_events(fn, warmup=warmup, repeats=repeats)
             busy = time_busy(fn, runs=profiled) if device.startswith("cuda") else ev
-            rows.append({"batch": b, "k": k, "tokens": b * (k + 1), "event_ms": round(ev, 4),
-                         "busy_ms": round(busy, 4)})
+            rows.append(
+                {"batch": b, "k": k, "tokens": b * (k + 1), "event_ms": round(ev, 4), "busy_ms": round(busy, 4)}
+            )
             print(f"b={b} k={k}: event {ev:.3f} ms, busy {busy:.3f} ms", flush=True)
         del cache
     return rows
@@ -161,25 +175,38 @@ def summarize(rows: Sequence[dict[str, Any]], *, key: str = "busy_ms") -> dict[s
     for b in sorted({r["batch"] for r in rows}):
         curve = {r["k"]: r[key] for r in rows if r["batch"] == b}
         base = curve[1]
-        out[str(b)] = {"free_budgets": free_budgets(curve), "largest_free": largest_free(curve),
-                       "ratio_to_k1": {str(k): round(v / base, 4) for k, v in sorted(curve.items())}}
+        out[str(b)] = {
+            "free_budgets": free_budgets(curve),
+            "largest_free": largest_free(curve),
+            "ratio_to_k1": {str(k): round(v / base, 4) for k, v in sorted(curve.items())},
+        }
     return out
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    lines = ["# Verify-step cost vs draft tokens per request (8B shape)", "",
-             (f"Command: `{doc['command']}`; device: {doc['device']}; torch {doc['versions']['torch']}, "
-              f"transformers {doc['versions']['transformers']}; context {doc['context']} tokens per request; "
-              f"free = busy_ms <= {FREE_RATIO} x busy_ms(k=1)."), "",
-             "| batch | k | tokens | event ms | busy ms | busy / k=1 |", "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "# Verify-step cost vs draft tokens per request (8B shape)",
+        "",
+        (
+            f"Command: `{doc['command']}`; device: {doc['device']}; torch {doc['versions']['torch']}, "
+            f"transformers {doc['versions']['transformers']}; context {doc['context']} tokens per request; "
+            f"free = busy_ms <= {FREE_RATIO} x busy_ms(k=1)."
+        ),
+        "",
+        "| batch | k | tokens | event ms | busy ms | busy / k=1 |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in doc["rows"]:
         ratio = doc["summary"][str(r["batch"])]["ratio_to_k1"][str(r["k"])]
-        lines.append(f"| {r['batch']} | {r['k']} | {r['tokens']} | {r['event_ms']:.3f} | {r['busy_ms']:.3f} | "
-                     f"{ratio:.3f} |")
+        lines.append(
+            f"| {r['batch']} | {r['k']} | {r['tokens']} | {r['event_ms']:.3f} | {r['busy_ms']:.3f} | {ratio:.3f} |"
+        )
     lines.append("")
     for b, s in doc["summary"].items():
-        lines.append(f"- batch {b}: free budgets {s['free_budgets']} (largest {s['largest_free']}); by CUDA events "
-                     f"(eager): {doc['summary_events'][b]['free_budgets']}")
+        lines.append(
+            f"- batch {b}: free budgets {s['free_budgets']} (largest {s['largest_free']}); by CUDA events "
+            f"(eager): {doc['summary_events'][b]['free_budgets']}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -217,16 +244,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if 1 not in args.ks or any(k < 0 for k in args.ks):
         raise SystemExit(f"--ks {args.ks}: must hold 1 (the one-token step) and no negative k")
     if not (Path(args.model) / "config.json").exists():
-        raise SystemExit(f"--model {args.model}: no config.json; build it with python -m specdec.eval.inflate_model "
-                         "--model $SPECDEC_MODELS/code-target-53m --shape llama-8b --out /tmp/m8b")
+        raise SystemExit(
+            f"--model {args.model}: no config.json; build it with python -m specdec.eval.inflate_model "
+            "--model $SPECDEC_MODELS/code-target-53m --shape llama-8b --out /tmp/m8b"
+        )
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here; run this on the GPU machine")
     t0 = time.perf_counter()
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     model = load_model(args.model, device=args.device, dtype=dtype)
     load_s = time.perf_counter() - t0
-    rows = measure(model, batches=args.batches, ks=args.ks, context=args.context, device=args.device,
-                   warmup=WARMUP, repeats=args.repeats, profiled=PROFILED)
+    rows = measure(
+        model,
+        batches=args.batches,
+        ks=args.ks,
+        context=args.context,
+        device=args.device,
+        warmup=WARMUP,
+        repeats=args.repeats,
+        profiled=PROFILED,
+    )
     doc = document(args, rows, load_s=load_s, total_s=time.perf_counter() - t0)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -241,18 +278,31 @@ def document(args: argparse.Namespace, rows: list[dict[str, Any]], *, load_s: fl
     import transformers
 
     dev = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor() or "cpu"
-    vers = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "cuda": torch.version.cuda}
+    vers = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda,
+    }
     try:
         import vllm
 
         vers["vllm"] = vllm.__version__
     except ImportError:  # vLLM is not needed here; its version is recorded when present
         vers["vllm"] = None
-    return {"command": "python -m benchmarks.step_cost_curve " + " ".join(sys.argv[1:]), "device": dev,
-            "versions": vers, "model": args.model, "context": args.context, "free_ratio": FREE_RATIO,
-            "rows": rows, "summary": summarize(rows), "summary_events": summarize(rows, key="event_ms"),
-            "load_s": round(load_s, 1), "total_s": round(total_s, 1)}
+    return {
+        "command": "python -m benchmarks.step_cost_curve " + " ".join(sys.argv[1:]),
+        "device": dev,
+        "versions": vers,
+        "model": args.model,
+        "context": args.context,
+        "free_ratio": FREE_RATIO,
+        "rows": rows,
+        "summary": summarize(rows),
+        "summary_events": summarize(rows, key="event_ms"),
+        "load_s": round(load_s, 1),
+        "total_s": round(total_s, 1),
+    }
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """``StepTimer``: the vLLM benchmark's timing hooks (engine in-process, V1 model runner): drafting time, GPU busy time
 and idle gaps per step (CUDA events), and in schedule mode the gap's split at the device wait, feeding a
 ``step_trace.StepTrace`` when one is given (``bench_vllm --trace``; the columns are described in ``step_trace``)."""
+
 from __future__ import annotations
 
 import faulthandler
@@ -115,10 +116,14 @@ class StepTimer:
         from specdec.vllm_plugin.patches import async_sched as async_patch
 
         # the plugin's schedule wrapper (AsyncScheduler, set after this) calls vLLM's schedule and these two by name
-        for owner, name, col in ((runner_cls, "execute_model", "exec_ms"), (runner_cls, "sample_tokens", "sample_ms"),
-                                 (scheduler_cls, "schedule", "sched_ms"), (async_patch, "regrant_placeholders", "sched_ms"),
-                                 (async_patch, "cap_prefill_steps", "sched_ms"),
-                                 (scheduler_cls, "update_from_output", "update_ms")):
+        for owner, name, col in (
+            (runner_cls, "execute_model", "exec_ms"),
+            (runner_cls, "sample_tokens", "sample_ms"),
+            (scheduler_cls, "schedule", "sched_ms"),
+            (async_patch, "regrant_placeholders", "sched_ms"),
+            (async_patch, "cap_prefill_steps", "sched_ms"),
+            (scheduler_cls, "update_from_output", "update_ms"),
+        ):
             fn = getattr(owner, name, None)
             if fn is not None:
                 setattr(owner, name, self._phase(fn, col))
@@ -126,8 +131,13 @@ class StepTimer:
     def counts(self) -> dict[str, float]:
         """Running totals (a cell's figures are differences of two snapshots): engine steps, drafting seconds, GPU
         gap and busy ms, and the number of gaps measured."""
-        return {"steps": self.steps, "draft_s": self.draft_s, "gap_ms": self.gap_ms, "busy_ms": self.busy_ms,
-                "gap_n": self.gap_n}
+        return {
+            "steps": self.steps,
+            "draft_s": self.draft_s,
+            "gap_ms": self.gap_ms,
+            "busy_ms": self.busy_ms,
+            "gap_n": self.gap_n,
+        }
 
     def take_trace(self) -> dict[str, list[Any]] | None:
         """The steps recorded since the last call (``StepTrace.cell``), or None without a trace."""
@@ -150,6 +160,7 @@ class StepTimer:
 
     def _marked_after(self, fn: Any) -> Any:
         """``DeviceWait.enqueue_copy`` followed by an event: the GPU reaches it once the wait is released."""
+
         @functools.wraps(fn)
         def wrapper(*a: Any, **kw: Any) -> Any:
             out = fn(*a, **kw)
@@ -170,6 +181,7 @@ class StepTimer:
     def _row_timed(self, fn: Any, key: str, book: str) -> Any:
         """``fn`` with its wall time (ms) added to ``self.<book>[current trace row][key]`` during measured calls (the
         book is looked up per call: ``collect_gpu`` replaces it after each generate call)."""
+
         def add(seconds: float) -> None:
             if self.trace is not None and self.gpu_on:
                 row = getattr(self, book).setdefault(self.trace.current, {})
@@ -229,6 +241,7 @@ class StepTimer:
 
     def _timed(self, fn: Any) -> Any:
         """``fn`` with its wall time added to ``draft_s`` (signature kept visible for the plugin's checks)."""
+
         def add(seconds: float) -> None:
             self.draft_s += seconds
 
@@ -238,6 +251,7 @@ class StepTimer:
 def _wall_timed(fn: Any, add: Any) -> Any:
     """``fn`` (signature kept visible through ``functools.wraps``) calling ``add(seconds)`` with each call's wall time,
     whether it returns or raises."""
+
     @functools.wraps(fn)
     def wrapper(*a: Any, **kw: Any) -> Any:
         t0 = time.perf_counter()

@@ -37,6 +37,7 @@ Storage: the traces are ~95% of a results JSON, and every GPU call carries the r
 ``save_step_traces`` moves them out of the JSON into ``<results stem>.traces.json.gz`` beside it (``summary.traces_file``
 names it); ``read_step_traces`` reads them from either place. Renaming a results JSON: rename its traces file alike.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,9 @@ import gzip
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from specdec.vllm_plugin.patches.async_sched import PREFILL_HEAVY_TOKENS
 
@@ -129,17 +131,29 @@ class StepTrace:
         self._by_output[id(scheduler_output)] = len(self.rows)
         spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
         per_req = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
-        self.rows.append({"t": now, "reqs": len(per_req), "period_ms": None, "draft_ms": None, "cg": "?",
-                          "tokens": int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0),
-                          "spec": sum(len(v) for v in spec.values())})
+        self.rows.append(
+            {
+                "t": now,
+                "reqs": len(per_req),
+                "period_ms": None,
+                "draft_ms": None,
+                "cg": "?",
+                "tokens": int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0),
+                "spec": sum(len(v) for v in spec.values()),
+            }
+        )
 
     @property
     def current(self) -> int:
         """Index of the step being executed (for GPU events recorded during it)."""
         return len(self.rows) - 1
 
-    def end_call(self, draft_s_total: float, gpu: dict[int, tuple[float, float | None]],
-                 split: dict[int, dict[str, float]] | None = None) -> None:
+    def end_call(
+        self,
+        draft_s_total: float,
+        gpu: dict[int, tuple[float, float | None]],
+        split: dict[int, dict[str, float]] | None = None,
+    ) -> None:
         """A ``generate`` call finished: close its last step; ``gpu`` = step index -> (busy ms, gap ms after);
         ``split``: step index -> the gap's parts and the host's drafting times (``SPLIT_COLS``), and the host time of
         the engine loop's phases in that step's period (``PHASE_COLS``)."""
@@ -163,14 +177,25 @@ class StepTrace:
 
     def cell(self) -> dict[str, list[Any]]:
         """The cell's steps as columns (periods of -1 -> None), then cleared."""
-        cols = ("reqs", "tokens", "spec", "emitted", "period_ms", "draft_ms", "busy_ms", "gap_ms", *SPLIT_COLS,
-                *PHASE_COLS)
+        cols = (
+            "reqs",
+            "tokens",
+            "spec",
+            "emitted",
+            "period_ms",
+            "draft_ms",
+            "busy_ms",
+            "gap_ms",
+            *SPLIT_COLS,
+            *PHASE_COLS,
+        )
         out: dict[str, list[Any]] = {c: [] for c in cols}
         for r in self.rows:
             for c in cols:
                 v = r.get(c)
-                out[c].append(None if v is None or (c == "period_ms" and v < 0) else
-                              (round(v, 4) if isinstance(v, float) else v))
+                out[c].append(
+                    None if v is None or (c == "period_ms" and v < 0) else (round(v, 4) if isinstance(v, float) else v)
+                )
         out["cg"] = "".join(r["cg"] for r in self.rows)  # type: ignore[assignment]
         self.rows, self._by_output = [], {}
         return out
@@ -212,10 +237,15 @@ def summarise_trace(trace: dict[str, list[Any]]) -> list[dict[str, Any]]:
     for name, idx in sorted(groups.items(), key=lambda kv: -min(trace["reqs"][i] for i in kv[1])):
         col = {c: [columns[c][i] for i in idx] for c in names}
         cg = [trace["cg"][i] for i in idx]
-        rows.append({"width": name, "steps": len(idx),
-                     "wall_share": sum(p for p in col["period_ms"] if p is not None) / total,
-                     **{f"{c}_mean": _mean(col[c]) for c in names},
-                     "not_full_share": sum(c in "PN" for c in cg) / len(cg)})
+        rows.append(
+            {
+                "width": name,
+                "steps": len(idx),
+                "wall_share": sum(p for p in col["period_ms"] if p is not None) / total,
+                **{f"{c}_mean": _mean(col[c]) for c in names},
+                "not_full_share": sum(c in "PN" for c in cg) / len(cg),
+            }
+        )
     return rows
 
 
@@ -240,17 +270,29 @@ def fit_step_cost(traces: list[dict[str, list[Any]]], *, min_width: int) -> dict
     data = np.array(rows, dtype=float)  # [steps, 4]: emitted, period ms, drafting ms, draft tokens
     tokens_per_s = 1e3 * float(data[:, 0].sum() / data[:, 1].sum())  # while the batch is (nearly) full
     if not data[:, 3].any():  # no step verified a draft (no speculation): no slope to fit
-        return {"period_ms": float(data[:, 1].mean()), "period_us_per_token": None,
-                "draft_ms": float(data[:, 2].mean()), "draft_us_per_token": None, "r2": None, "steps": len(data),
-                "tokens_per_s": tokens_per_s}
+        return {
+            "period_ms": float(data[:, 1].mean()),
+            "period_us_per_token": None,
+            "draft_ms": float(data[:, 2].mean()),
+            "draft_us_per_token": None,
+            "r2": None,
+            "steps": len(data),
+            "tokens_per_s": tokens_per_s,
+        }
     design = np.stack([np.ones(len(data)), data[:, 0]], axis=1)  # [steps, 2]
     (a, b), *_ = np.linalg.lstsq(design, data[:, 1], rcond=None)
     (c, d), *_ = np.linalg.lstsq(design, data[:, 2], rcond=None)
     resid = data[:, 1] - design @ np.array([a, b])
     spread = ((data[:, 1] - data[:, 1].mean()) ** 2).sum()
-    return {"period_ms": float(a), "period_us_per_token": 1e3 * float(b), "draft_ms": float(c),
-            "draft_us_per_token": 1e3 * float(d), "r2": float(1 - (resid ** 2).sum() / spread) if spread else 1.0,
-            "steps": len(data), "tokens_per_s": tokens_per_s}
+    return {
+        "period_ms": float(a),
+        "period_us_per_token": 1e3 * float(b),
+        "draft_ms": float(c),
+        "draft_us_per_token": 1e3 * float(d),
+        "r2": float(1 - (resid**2).sum() / spread) if spread else 1.0,
+        "steps": len(data),
+        "tokens_per_s": tokens_per_s,
+    }
 
 
 def cell_totals(trace: dict[str, list[Any]], *, heavy_tokens: int = PREFILL_HEAVY_TOKENS) -> dict[str, Any]:
@@ -264,8 +306,9 @@ def cell_totals(trace: dict[str, list[Any]], *, heavy_tokens: int = PREFILL_HEAV
     def col(name: str) -> list[float]:
         return [float(v) if v is not None else float("nan") for v in trace.get(name) or [None] * n]
 
-    reqs, tokens, spec, emitted, busy, gap = (col(c) for c in ("reqs", "tokens", "spec", "emitted", "busy_ms",
-                                                                 "gap_ms"))
+    reqs, tokens, spec, emitted, busy, gap = (
+        col(c) for c in ("reqs", "tokens", "spec", "emitted", "busy_ms", "gap_ms")
+    )
     heavy = [t - r - s >= heavy_tokens for t, r, s in zip(tokens, reqs, spec)]
 
     def part(values: list[float], want: bool) -> float | None:
@@ -274,21 +317,34 @@ def cell_totals(trace: dict[str, list[Any]], *, heavy_tokens: int = PREFILL_HEAV
     def total(ms: list[float]) -> float:  # seconds; NaN (not timed) skipped
         return sum(x for x in ms if not math.isnan(x)) / 1e3
 
-    return {"steps": n, "busy_s": total(busy), "gap_s": total(gap), "gpu_s": total(busy) + total(gap),
-            "emitted": int(sum(e for e in emitted if not math.isnan(e))), "heavy_share": sum(heavy) / n if n else None,
-            "heavy_emitted": part(emitted, True), "light_emitted": part(emitted, False),
-            "heavy_spec": part(spec, True), "heavy_busy_ms": part(busy, True), "light_busy_ms": part(busy, False)}
+    return {
+        "steps": n,
+        "busy_s": total(busy),
+        "gap_s": total(gap),
+        "gpu_s": total(busy) + total(gap),
+        "emitted": int(sum(e for e in emitted if not math.isnan(e))),
+        "heavy_share": sum(heavy) / n if n else None,
+        "heavy_emitted": part(emitted, True),
+        "light_emitted": part(emitted, False),
+        "heavy_spec": part(spec, True),
+        "heavy_busy_ms": part(busy, True),
+        "light_busy_ms": part(busy, False),
+    }
 
 
 def format_totals(rows: dict[str, dict[str, Any]]) -> str:
     """``cell_totals`` of several cells (label -> totals) as a markdown table."""
-    head = ("| cell | steps | GPU busy s | GPU idle s | sum s | heavy prefill steps | emitted / step heavy, rest | "
-            "draft tokens / heavy step | busy ms / step heavy, rest |")
+    head = (
+        "| cell | steps | GPU busy s | GPU idle s | sum s | heavy prefill steps | emitted / step heavy, rest | "
+        "draft tokens / heavy step | busy ms / step heavy, rest |"
+    )
     lines = [head, "| --- " * 9 + "|"]
     for label, t in rows.items():
-        lines.append(f"| {label} | {t['steps']} | {_fmt(t['busy_s'])} | {_fmt(t['gap_s'])} | {_fmt(t['gpu_s'])} | "
-                     f"{_fmt(t['heavy_share'])} | {_fmt(t['heavy_emitted'], 1)}, {_fmt(t['light_emitted'], 1)} | "
-                     f"{_fmt(t['heavy_spec'], 0)} | {_fmt(t['heavy_busy_ms'], 1)}, {_fmt(t['light_busy_ms'], 1)} |")
+        lines.append(
+            f"| {label} | {t['steps']} | {_fmt(t['busy_s'])} | {_fmt(t['gap_s'])} | {_fmt(t['gpu_s'])} | "
+            f"{_fmt(t['heavy_share'])} | {_fmt(t['heavy_emitted'], 1)}, {_fmt(t['light_emitted'], 1)} | "
+            f"{_fmt(t['heavy_spec'], 0)} | {_fmt(t['heavy_busy_ms'], 1)}, {_fmt(t['light_busy_ms'], 1)} |"
+        )
     return "\n".join(lines)
 
 
@@ -298,15 +354,19 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
-    head = ("| width | steps | wall share | period ms | draft ms | busy ms | gap ms | tokens | draft tokens | "
-            "emitted | not full |")
+    head = (
+        "| width | steps | wall share | period ms | draft ms | busy ms | gap ms | tokens | draft tokens | "
+        "emitted | not full |"
+    )
     lines = [head, "| --- " * 11 + "|"]
     f = _fmt
     for r in rows:
-        lines.append(f"| {r['width']} | {r['steps']} | {f(r['wall_share'])} | {f(r['period_ms_mean'])} | "
-                     f"{f(r['draft_ms_mean'])} | {f(r['busy_ms_mean'])} | {f(r['gap_ms_mean'])} | "
-                     f"{f(r['tokens_mean'], 0)} | {f(r['spec_mean'], 0)} | {f(r['emitted_mean'], 0)} | "
-                     f"{f(r['not_full_share'])} |")
+        lines.append(
+            f"| {r['width']} | {r['steps']} | {f(r['wall_share'])} | {f(r['period_ms_mean'])} | "
+            f"{f(r['draft_ms_mean'])} | {f(r['busy_ms_mean'])} | {f(r['gap_ms_mean'])} | "
+            f"{f(r['tokens_mean'], 0)} | {f(r['spec_mean'], 0)} | {f(r['emitted_mean'], 0)} | "
+            f"{f(r['not_full_share'])} |"
+        )
     return "\n".join(lines)
 
 
@@ -327,8 +387,14 @@ def plot_traces(traces: dict[str, dict[str, list[Any]]], path: Path) -> None:
         xs = range(n)
         ax.bar(xs, busy, width=1.0, color="tab:green", label="GPU busy")
         ax.bar(xs, draft, width=1.0, bottom=busy, color="tab:red", label="drafting")
-        ax.bar(xs, other, width=1.0, bottom=[b + d for b, d in zip(busy, draft)], color="tab:gray",
-               label="other host work (GPU idle)")
+        ax.bar(
+            xs,
+            other,
+            width=1.0,
+            bottom=[b + d for b, d in zip(busy, draft)],
+            color="tab:gray",
+            label="other host work (GPU idle)",
+        )
         ax.set_ylabel("ms per step")
         method, dataset, bs = key.split("|")
         ax.set_title(f"{method} / {dataset} / batch {bs}", fontsize=9, loc="left")
@@ -379,11 +445,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--method", default="", help="only this method")
     ap.add_argument("--dataset", default="", help="only this dataset")
     ap.add_argument("--batch-size", type=int, default=0, help="only this batch size")
-    ap.add_argument("--totals", action="store_true", help="only the cells' GPU totals: busy and idle seconds, "
-                    "heavy prefill steps against the rest (cell_totals)")
+    ap.add_argument(
+        "--totals",
+        action="store_true",
+        help="only the cells' GPU totals: busy and idle seconds, heavy prefill steps against the rest (cell_totals)",
+    )
     ap.add_argument("--plot", default="", help="also write a PNG: one panel per selected cell (per-step ms, width)")
-    ap.add_argument("--fit", action="store_true", help="per method, fit period and drafting = a + b x emitted "
-                    "tokens over near-full-width decode steps of the selected cells (traces with emitted counts)")
+    ap.add_argument(
+        "--fit",
+        action="store_true",
+        help="per method, fit period and drafting = a + b x emitted "
+        "tokens over near-full-width decode steps of the selected cells (traces with emitted counts)",
+    )
     args = ap.parse_args(argv)
     traces = read_step_traces(Path(args.results))
     if not traces:
@@ -391,8 +464,12 @@ def main(argv: list[str] | None = None) -> None:
     chosen = {}
     for key, trace in traces.items():
         method, dataset, bs = key.split("|")
-        if (args.method and method != args.method) or (args.dataset and dataset != args.dataset) or \
-                (args.batch_size and int(bs) != args.batch_size) or not trace["reqs"]:
+        if (
+            (args.method and method != args.method)
+            or (args.dataset and dataset != args.dataset)
+            or (args.batch_size and int(bs) != args.batch_size)
+            or not trace["reqs"]
+        ):
             continue
         chosen[key] = trace
         if not args.totals:
@@ -404,17 +481,21 @@ def main(argv: list[str] | None = None) -> None:
         by_method: dict[str, list[dict[str, list[Any]]]] = {}
         for key, trace in chosen.items():
             by_method.setdefault(key.split("|")[0], []).append(trace)
-        print("\n| method | steps | tok/s at full width | period ms | + µs per emitted token | R² | drafting ms | "
-              "+ µs per token |")
+        print(
+            "\n| method | steps | tok/s at full width | period ms | + µs per emitted token | R² | drafting ms | "
+            "+ µs per token |"
+        )
         print("| --- " * 8 + "|")
         for method, group in by_method.items():
             width = int(FULL_WIDTH_SHARE * max(max(t["reqs"]) for t in group))
             fit = fit_step_cost(group, min_width=width)
             if fit is not None:
                 f = _fmt
-                print(f"| {method} | {fit['steps']} | {fit['tokens_per_s']:,.0f} | {f(fit['period_ms'])} | "
-                      f"{f(fit['period_us_per_token'], 1)} | "
-                      f"{f(fit['r2'], 2)} | {f(fit['draft_ms'], 2)} | {f(fit['draft_us_per_token'], 1)} |")
+                print(
+                    f"| {method} | {fit['steps']} | {fit['tokens_per_s']:,.0f} | {f(fit['period_ms'])} | "
+                    f"{f(fit['period_us_per_token'], 1)} | "
+                    f"{f(fit['r2'], 2)} | {f(fit['draft_ms'], 2)} | {f(fit['draft_us_per_token'], 1)} |"
+                )
     if args.plot and chosen:
         plot_traces(chosen, Path(args.plot))
         print(f"\nplot: {args.plot}")

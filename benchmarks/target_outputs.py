@@ -12,12 +12,14 @@ with the benchmark's rules (``--max-tokens`` tokens, EOS ignored, as ``ignore_eo
 The 8B-sized target of the GPU runs (``--inflate llama-8b``) computes the same function as the shared 53M target,
 so the 53M model's outputs here are the inflated target's (up to bf16 vs float32 numerics).
 """
+
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from specdec.paths import TARGET_MODEL, model_path
 
@@ -38,8 +40,9 @@ def load_prompt_set(path: str | Path, dataset: str, name: str, limit: int | None
     return prompts[:limit] if limit else prompts
 
 
-def greedy_outputs(model: Any, prompts: Sequence[Sequence[int]], *, max_tokens: int, batch: int,
-                   progress: bool = True) -> list[list[int]]:
+def greedy_outputs(
+    model: Any, prompts: Sequence[Sequence[int]], *, max_tokens: int, batch: int, progress: bool = True
+) -> list[list[int]]:
     """Each prompt's greedy continuation of exactly ``max_tokens`` tokens (EOS ignored), ``batch`` at a time."""
     import torch
     from tqdm import tqdm
@@ -47,22 +50,30 @@ def greedy_outputs(model: Any, prompts: Sequence[Sequence[int]], *, max_tokens: 
     out: list[list[int]] = []
     starts = range(0, len(prompts), batch)
     for i in tqdm(starts, desc="target outputs", unit="batch", disable=not progress):
-        chunk = prompts[i:i + batch]
+        chunk = prompts[i : i + batch]
         width = max(map(len, chunk))
         ids = torch.full((len(chunk), width), PAD_ID, dtype=torch.long)  # [b, width], prompts right-aligned
         mask = torch.zeros_like(ids)
         for row, p in enumerate(chunk):
-            ids[row, width - len(p):] = torch.tensor(p)
-            mask[row, width - len(p):] = 1
+            ids[row, width - len(p) :] = torch.tensor(p)
+            mask[row, width - len(p) :] = 1
         with torch.no_grad():
-            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens,
-                                 min_new_tokens=max_tokens, do_sample=False, eos_token_id=None, pad_token_id=PAD_ID)
+            gen = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=PAD_ID,
+            )
         out.extend(gen[row, width:].tolist() for row in range(len(chunk)))
     return out
 
 
-def write_jsonl(path: str | Path, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
-                prefix: str) -> None:
+def write_jsonl(
+    path: str | Path, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *, prefix: str
+) -> None:
     """Generic trace JSONL: one ``{"id", "prompt_ids", "response_ids"}`` object per line."""
     with open(path, "w") as f:
         for i, (p, r) in enumerate(zip(prompts, responses)):
@@ -92,8 +103,9 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     prompts = load_prompt_set(args.prompts, args.dataset, args.set, args.limit)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    responses = greedy_outputs(model, prompts, max_tokens=args.max_tokens, batch=args.batch_size,
-                               progress=not args.no_progress)
+    responses = greedy_outputs(
+        model, prompts, max_tokens=args.max_tokens, batch=args.batch_size, progress=not args.no_progress
+    )
     write_jsonl(args.out, prompts, responses, prefix=f"{args.dataset}-{args.set}")
     print(f"{len(prompts)} prompts x {args.max_tokens} tokens -> {args.out}")
 

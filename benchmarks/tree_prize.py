@@ -9,6 +9,7 @@ disjoint from the measured one (``acceptance_table`` -> ``static_shape``), appli
 tree at a pool budget (``ShapedDrafter``). Writes JSON (command, versions, machine, every replay's totals) and a
 Markdown table to eval/results/.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -197,8 +198,9 @@ class StepCounter(_Wrapper):
         return self.inner.draft_batch(requests)
 
 
-def ratio_ci(chain_steps: Sequence[int], tree_steps: Sequence[int], *, draws: int = BOOTSTRAP_DRAWS,
-             seed: int = 0) -> tuple[float, float]:
+def ratio_ci(
+    chain_steps: Sequence[int], tree_steps: Sequence[int], *, draws: int = BOOTSTRAP_DRAWS, seed: int = 0
+) -> tuple[float, float]:
     """95% paired-bootstrap interval of MAT(tree) / MAT(chain) over records.
 
     Both arms emit every record's whole response, so the MAT ratio is steps(chain) / steps(tree) summed over the
@@ -232,8 +234,10 @@ def load_slices(*, agentic_n: int, code_n: int, agentic_heavy: int, code_heavy: 
     ag_rest = [r for r in ag if r.group not in cal_groups]
     _, code = load_traces("code_alpaca")
     code_rest = code[CODE_CAL_RECORDS:]
-    return [Slices("openhands_swebench", ag_cal, ag_rest[:agentic_n], ag_rest[:agentic_heavy]),
-            Slices("code_alpaca", code[:CODE_CAL_RECORDS], code_rest[:code_n], code_rest[:code_heavy])]
+    return [
+        Slices("openhands_swebench", ag_cal, ag_rest[:agentic_n], ag_rest[:agentic_heavy]),
+        Slices("code_alpaca", code[:CODE_CAL_RECORDS], code_rest[:code_n], code_rest[:code_heavy]),
+    ]
 
 
 def make_drafter(spec: str, model_options: dict[str, Any]) -> Drafter:
@@ -243,8 +247,7 @@ def make_drafter(spec: str, model_options: dict[str, Any]) -> Drafter:
     return build_drafter(names[0] if len(names) == 1 else names, {"model": model_options})
 
 
-def _replay(drafter: Drafter, records: Sequence[TraceRecord], *, budget: int, tree: bool,
-            batch: int) -> dict[str, Any]:
+def _replay(drafter: Drafter, records: Sequence[TraceRecord], *, budget: int, tree: bool, batch: int) -> dict[str, Any]:
     from specdec.eval.replay import replay
 
     try:
@@ -254,18 +257,31 @@ def _replay(drafter: Drafter, records: Sequence[TraceRecord], *, budget: int, tr
     return res.as_dict()
 
 
-def calibrate(spec: str, records: Sequence[TraceRecord], budget: int, *, batch: int,
-              model_options: dict[str, Any]) -> tuple[list[RankPath], np.ndarray]:
+def calibrate(
+    spec: str, records: Sequence[TraceRecord], budget: int, *, batch: int, model_options: dict[str, Any]
+) -> tuple[list[RankPath], np.ndarray]:
     """The static shape for ``budget`` from pool trees replayed over the calibration ``records``."""
     stats = RankStats()
-    _replay(RecordingDrafter(make_drafter(spec, model_options), stats), records, budget=pool_budget(budget),
-            tree=True, batch=batch)
+    _replay(
+        RecordingDrafter(make_drafter(spec, model_options), stats),
+        records,
+        budget=pool_budget(budget),
+        tree=True,
+        batch=batch,
+    )
     p = acceptance_table(stats)
     return static_shape(p, budget), p
 
 
-def run_cell(spec: str, sl: Slices, budget: int, arm: str, *, model_options: dict[str, Any],
-             shape: Sequence[RankPath] | None = None) -> dict[str, Any]:
+def run_cell(
+    spec: str,
+    sl: Slices,
+    budget: int,
+    arm: str,
+    *,
+    model_options: dict[str, Any],
+    shape: Sequence[RankPath] | None = None,
+) -> dict[str, Any]:
     heavy = spec in HEAVY_DRAFTERS
     records = sl.measured_heavy if heavy else sl.measured
     batch = HEAVY_BATCH if heavy else 1
@@ -275,10 +291,27 @@ def run_cell(spec: str, sl: Slices, budget: int, arm: str, *, model_options: dic
     counter = StepCounter(drafter)
     t0 = time.perf_counter()
     d = _replay(counter, records, budget=budget, tree=arm != "chain", batch=batch)
-    keep = ("mat", "steps", "emitted_tokens", "accepted_tokens", "drafted_tokens", "records", "response_tokens",
-            "draft_errors", "budget_violations", "per_position_acceptance")
-    out = {"dataset": sl.name, "drafter": spec, "budget": budget, "arm": arm, "batch_size": batch,
-           **{k: d[k] for k in keep}, "wall_s": round(time.perf_counter() - t0, 2)}
+    keep = (
+        "mat",
+        "steps",
+        "emitted_tokens",
+        "accepted_tokens",
+        "drafted_tokens",
+        "records",
+        "response_tokens",
+        "draft_errors",
+        "budget_violations",
+        "per_position_acceptance",
+    )
+    out = {
+        "dataset": sl.name,
+        "drafter": spec,
+        "budget": budget,
+        "arm": arm,
+        "batch_size": batch,
+        **{k: d[k] for k in keep},
+        "wall_s": round(time.perf_counter() - t0, 2),
+    }
     out["steps_by_record"] = [counter.steps[k] for k in sorted(counter.steps)]  # aligned across arms by request id
     if shape is not None:
         out["shape"] = [list(s) for s in shape]
@@ -307,8 +340,9 @@ def prize_rows(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def gains(rows: Sequence[dict[str, Any]], free: Sequence[int], *,
-          threshold: float = PRIZE_THRESHOLD) -> list[dict[str, Any]]:
+def gains(
+    rows: Sequence[dict[str, Any]], free: Sequence[int], *, threshold: float = PRIZE_THRESHOLD
+) -> list[dict[str, Any]]:
     """The decision rule: every (dataset, drafter, budget, arm) at a ``free`` budget whose tree / chain MAT
     reaches ``threshold``. Empty: no drafter gains from trees, stop."""
     out = []
@@ -318,8 +352,15 @@ def gains(rows: Sequence[dict[str, Any]], free: Sequence[int], *,
         for arm in ("tree-own", "tree-static"):
             ratio = r.get(f"{arm} / chain")
             if ratio is not None and ratio >= threshold:
-                out.append({"dataset": r["dataset"], "drafter": r["drafter"], "budget": r["budget"], "arm": arm,
-                            "ratio": round(ratio, 4)})
+                out.append(
+                    {
+                        "dataset": r["dataset"],
+                        "drafter": r["drafter"],
+                        "budget": r["budget"],
+                        "arm": arm,
+                        "ratio": round(ratio, 4),
+                    }
+                )
     return out
 
 
@@ -331,8 +372,10 @@ def decide(path: Path, free: Sequence[int]) -> int:
         print(f"free budgets {sorted(free)}: no drafter gains >= {PRIZE_THRESHOLD}x MAT from trees: stop")
         return 0
     for g in won:
-        print(f"free budgets {sorted(free)}: {g['drafter']} on {g['dataset']} at B={g['budget']} ({g['arm']}): "
-              f"{g['ratio']:.3f}x its chain")
+        print(
+            f"free budgets {sorted(free)}: {g['drafter']} on {g['dataset']} at B={g['budget']} ({g['arm']}): "
+            f"{g['ratio']:.3f}x its chain"
+        )
     return 0
 
 
@@ -344,19 +387,35 @@ def markdown(doc: dict[str, Any]) -> str:
         ci = r[f"{arm} ci95"]
         return f(r[f"{arm} / chain"]) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
 
-    lines = [f"# Tree prize: tree vs chain MAT, same drafter, same budget ({doc['date']})", "",
-             (f"Command: `{doc['command']}`; machine: {doc['machine']['cpu']} ({doc['machine']['cpu_count']} "
-              f"cores); method: docs/trees.md (Method). Prize threshold: tree / chain >= {PRIZE_THRESHOLD}."), ""]
+    lines = [
+        f"# Tree prize: tree vs chain MAT, same drafter, same budget ({doc['date']})",
+        "",
+        (
+            f"Command: `{doc['command']}`; machine: {doc['machine']['cpu']} ({doc['machine']['cpu_count']} "
+            f"cores); method: docs/trees.md (Method). Prize threshold: tree / chain >= {PRIZE_THRESHOLD}."
+        ),
+        "",
+    ]
     sizes = doc["sizes"]
-    lines += [f"Measured records: {sizes}", "",
-              "| dataset | drafter | B | chain | tree-own | own / chain | tree-static | static / chain |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [
+        f"Measured records: {sizes}",
+        "",
+        "| dataset | drafter | B | chain | tree-own | own / chain | tree-static | static / chain |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in doc["prize"]:
-        lines.append(f"| {r['dataset']} | {r['drafter']} | {r['budget']} | {f(r['chain'])} | {f(r['tree-own'])} | "
-                     f"{ratio(r, 'tree-own')} | {f(r['tree-static'])} | {ratio(r, 'tree-static')} |")
-    lines += ["", ("Ratios: tree / chain MAT; in brackets its 95% paired bootstrap interval over records (cells that "
-                   "kept per-record steps)."),
-              "Static shapes (rank paths, best first) per (dataset, budget) are in the JSON (`shapes`)."]
+        lines.append(
+            f"| {r['dataset']} | {r['drafter']} | {r['budget']} | {f(r['chain'])} | {f(r['tree-own'])} | "
+            f"{ratio(r, 'tree-own')} | {f(r['tree-static'])} | {ratio(r, 'tree-static')} |"
+        )
+    lines += [
+        "",
+        (
+            "Ratios: tree / chain MAT; in brackets its 95% paired bootstrap interval over records (cells that "
+            "kept per-record steps)."
+        ),
+        "Static shapes (rank paths, best first) per (dataset, budget) are in the JSON (`shapes`).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -387,8 +446,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--model-threads", type=int, default=2)
     ap.add_argument("--out-name", default="2026-11-26_cpu-2core_tree_prize")
     ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parents[1] / "eval" / "results"))
-    ap.add_argument("--decide", nargs="+", type=int, metavar="B",
-                    help="only apply the decision rule to the saved results, with these free budgets")
+    ap.add_argument(
+        "--decide",
+        nargs="+",
+        type=int,
+        metavar="B",
+        help="only apply the decision rule to the saved results, with these free budgets",
+    )
     args = ap.parse_args(argv)
     out = Path(args.out_dir) / args.out_name
     if args.decide:
@@ -398,20 +462,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(b < 1 for b in args.budgets):
         raise SystemExit(f"--budgets {args.budgets}: every budget must be >= 1")
     machine, vers = _machine()
-    doc: dict[str, Any] = {"command": "python -m benchmarks.tree_prize " + " ".join(sys.argv[1:] if argv is None
-                                                                                    else argv),
-                           "date": time.strftime("%Y-%m-%d"), "machine": machine, "versions": vers,
-                           "method": "docs/trees.md#method", "cells": [], "shapes": {}}
+    doc: dict[str, Any] = {
+        "command": "python -m benchmarks.tree_prize " + " ".join(sys.argv[1:] if argv is None else argv),
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine,
+        "versions": vers,
+        "method": "docs/trees.md#method",
+        "cells": [],
+        "shapes": {},
+    }
     if out.with_suffix(".json").exists():  # resume: keep finished cells
         old = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
         doc["cells"], doc["shapes"] = old.get("cells", []), old.get("shapes", {})
         doc["earlier_commands"] = old.get("earlier_commands", []) + [old["command"]]  # the runs that made the cells
     done = {(c["dataset"], c["drafter"], c["budget"], c["arm"]) for c in doc["cells"]}
     model_options = {"backend": "native", "num_threads": args.model_threads}
-    slices = load_slices(agentic_n=args.agentic, code_n=args.code, agentic_heavy=args.agentic_heavy,
-                         code_heavy=args.code_heavy)
-    doc["sizes"] = {s.name: {"calibration": len(s.calibration), "measured": len(s.measured),
-                             "measured_model_hybrid": len(s.measured_heavy)} for s in slices}
+    slices = load_slices(
+        agentic_n=args.agentic, code_n=args.code, agentic_heavy=args.agentic_heavy, code_heavy=args.code_heavy
+    )
+    doc["sizes"] = {
+        s.name: {
+            "calibration": len(s.calibration),
+            "measured": len(s.measured),
+            "measured_model_hybrid": len(s.measured_heavy),
+        }
+        for s in slices
+    }
     for spec in args.drafters:
         for sl in (s for s in slices if s.name in args.datasets):
             for b in args.budgets:
@@ -424,10 +500,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         key = f"{sl.name}|{spec}|{b}"
                         if key not in doc["shapes"]:
                             batch = HEAVY_BATCH if spec in HEAVY_DRAFTERS else 1
-                            shape_list, p = calibrate(spec, sl.calibration, b, batch=batch,
-                                                      model_options=model_options)
-                            doc["shapes"][key] = {"shape": [list(s) for s in shape_list],
-                                                  "p_top": np.round(p[:8, :4], 4).tolist()}
+                            shape_list, p = calibrate(spec, sl.calibration, b, batch=batch, model_options=model_options)
+                            doc["shapes"][key] = {
+                                "shape": [list(s) for s in shape_list],
+                                "p_top": np.round(p[:8, :4], 4).tolist(),
+                            }
                         shape = [tuple(s) for s in doc["shapes"][key]["shape"]]
                     cell = run_cell(spec, sl, b, arm, model_options=model_options, shape=shape)
                     doc["cells"].append(cell)

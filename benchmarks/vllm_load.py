@@ -6,6 +6,7 @@ that must be measured "while vLLM is serving" (e.g. the draft model's step laten
 
 Prints one line per round (tokens/s), so the log shows the engine was busy for the whole window.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,14 @@ def main(argv: list[str] | None = None) -> None:
 
     data = json.loads(Path(args.prompts).read_text())["datasets"]
     prompts = [p for ds in data.values() for key, group in ds.items() if key != "warmup" for p in group]
-    llm = LLM(model=args.model, dtype="bfloat16", max_model_len=2048, gpu_memory_utilization=0.3,
-              max_num_seqs=args.batch, seed=0)
+    llm = LLM(
+        model=args.model,
+        dtype="bfloat16",
+        max_model_len=2048,
+        gpu_memory_utilization=0.3,
+        max_num_seqs=args.batch,
+        seed=0,
+    )
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True, detokenize=False)
     t_end, i = time.perf_counter() + args.seconds, 0
     while time.perf_counter() < t_end:

@@ -6,9 +6,10 @@ draft with the best score (``["suffix", "model"]`` is the hybrid). Peers used in
 ``arctic`` (ArcticInference's SuffixDecodingCache) and ``vllm-ngram`` (vLLM's prompt-lookup rule).
 No module here imports vLLM.
 """
+
 from __future__ import annotations
 
-from specdec.drafters.base import DraftGuard, Drafter, DraftRequest, GuardStats
+from specdec.drafters.base import Drafter, DraftGuard, DraftRequest, GuardStats
 from specdec.drafters.registry import DRAFTER_NAMES, build_drafter
 
 __all__ = ["Drafter", "DraftRequest", "DraftGuard", "GuardStats", "build_drafter", "DRAFTER_NAMES"]

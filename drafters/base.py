@@ -9,13 +9,15 @@
 returns more nodes than the request's budget, and returns ``TokenTree.empty()`` when it has nothing
 to propose. This module (and all of ``specdec.drafters``) never imports vLLM.
 """
+
 from __future__ import annotations
 
 import abc
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 from specdec.tree import TokenTree, best_chain
 
@@ -68,8 +70,9 @@ class Drafter(abc.ABC):
         """
         return [best_chain(t) for t in self.draft_batch(requests)]
 
-    def draft_after(self, request_id: str, extra_tokens: Sequence[int], budget: int, *,
-                    tree: bool = False) -> TokenTree | None:
+    def draft_after(
+        self, request_id: str, extra_tokens: Sequence[int], budget: int, *, tree: bool = False
+    ) -> TokenTree | None:
         """Draft as if ``extra_tokens`` had been appended to the request's context, changing NO state.
 
         Used by ``specdec.pipeline.AsyncDrafter`` to pre-draft the next step for hypothetical outcomes
@@ -140,15 +143,24 @@ class DraftGuard:
     def draft_chains(self, requests: Sequence[DraftRequest]) -> list[Chain]:
         """``Drafter.draft_chains`` with the same failure handling as ``draft_batch``; chains cut to budget."""
         chains = self._guarded(self.drafter.draft_chains, requests, ([], None), _is_chain)
-        return [(toks[:r.budget], probs[:r.budget] if probs is not None else None) if len(toks) > r.budget
-                else (toks, probs) for (toks, probs), r in zip(chains, requests)]
+        return [
+            (toks[: r.budget], probs[: r.budget] if probs is not None else None)
+            if len(toks) > r.budget
+            else (toks, probs)
+            for (toks, probs), r in zip(chains, requests)
+        ]
 
     def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
         trees = self._guarded(self.drafter.draft_batch, requests, TokenTree.empty(), _is_tree)
         return [t.truncate(r.budget) for t, r in zip(trees, requests)]
 
-    def _guarded(self, fn: Callable[[Sequence[DraftRequest]], list[T]], requests: Sequence[DraftRequest],
-                 empty: T, valid: Callable[[object], bool]) -> list[T]:
+    def _guarded(
+        self,
+        fn: Callable[[Sequence[DraftRequest]], list[T]],
+        requests: Sequence[DraftRequest],
+        empty: T,
+        valid: Callable[[object], bool],
+    ) -> list[T]:
         """``fn(requests)``, timed; a failure or a wrong count gives ``empty`` for every request, a draft that is
         not ``valid`` (e.g. None) ``empty`` for its request (counted, logged once per error type; re-raised with
         ``strict``)."""
@@ -161,8 +173,10 @@ class DraftGuard:
             out = list(out)
             for i, (draft, req) in enumerate(zip(out, requests)):
                 if not valid(draft):
-                    err = TypeError(f"{self.drafter.name} returned {type(draft).__name__} for request "
-                                    f"{req.request_id!r}; expected a draft (an empty one for no draft)")
+                    err = TypeError(
+                        f"{self.drafter.name} returned {type(draft).__name__} for request "
+                        f"{req.request_id!r}; expected a draft (an empty one for no draft)"
+                    )
                     if self.strict:
                         raise err
                     self.record_error(err, [req.request_id])
@@ -193,5 +207,8 @@ class DraftGuard:
             logger.warning(
                 "drafter %s failed for request(s) %s: %r; those requests go on without a draft "
                 "(counted as draft_errors; further %s errors are not logged)",
-                self.drafter.name, ", ".join(request_ids[:8]), exc, key,
+                self.drafter.name,
+                ", ".join(request_ids[:8]),
+                exc,
+                key,
             )

@@ -22,10 +22,11 @@ parts' trees (shared prefixes merged, best-scored part first) under the budget; 
 the merged tree's best path. A part that raises is skipped for that call (counted in ``failures`` and
 logged once per part and error type); its trees are dropped until it answers again.
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from collections.abc import Sequence
 
 from specdec.drafters.base import Drafter, DraftRequest
 from specdec.tree import TokenTree, best_chain, merge_trees
@@ -42,8 +43,14 @@ class ComposedDrafter(Drafter):
 
     name = "composed"
 
-    def __init__(self, drafters: Sequence[Drafter], *, merge: bool = False, calibrate: bool = True,
-                 memory_steps: float | None = MEMORY_STEPS) -> None:
+    def __init__(
+        self,
+        drafters: Sequence[Drafter],
+        *,
+        merge: bool = False,
+        calibrate: bool = True,
+        memory_steps: float | None = MEMORY_STEPS,
+    ) -> None:
         if not drafters:
             raise ValueError("ComposedDrafter needs at least one drafter, e.g. [SuffixDrafter(), NgramDrafter()]")
         self.drafters = list(drafters)
@@ -161,8 +168,14 @@ class ComposedDrafter(Drafter):
         # best calibrated score first, ties: earlier part; on a first-token disagreement, the better judge first
         disagree = len({first_token(t) for _, t in cands}) > 1
         values = {k: score(t) for k, t in cands}
-        scored = sorted(cands, key=lambda kt: (-self.judge(kt[0], values[kt[0]]) if disagree else 0.0,
-                                               -values[kt[0]] * self.calibration(kt[0], values[kt[0]]), kt[0]))
+        scored = sorted(
+            cands,
+            key=lambda kt: (
+                -self.judge(kt[0], values[kt[0]]) if disagree else 0.0,
+                -values[kt[0]] * self.calibration(kt[0], values[kt[0]]),
+                kt[0],
+            ),
+        )
         scored = _prefer_extension(scored)
         self.picks[scored[0][0]] += 1
         self._pending[req.request_id] = scored
@@ -176,8 +189,13 @@ class ComposedDrafter(Drafter):
         key = (d.name, type(exc).__name__)
         if key not in self._logged:
             self._logged.add(key)
-            logger.warning("drafter %s failed in %s: %r; the other drafters go on (further %s errors from it "
-                           "are not logged)", d.name, what, exc, type(exc).__name__)
+            logger.warning(
+                "drafter %s failed in %s: %r; the other drafters go on (further %s errors from it are not logged)",
+                d.name,
+                what,
+                exc,
+                type(exc).__name__,
+            )
 
     # ----------------------------------------------------------------- introspection
     def active_requests(self) -> list[str]:
@@ -197,8 +215,11 @@ def _prefer_extension(scored: list[tuple[int, TokenTree]]) -> list[tuple[int, To
     if not best.is_chain():
         return scored
     head = best.tokens.tolist()
-    longer = [i for i, (_, t) in enumerate(scored[1:], 1)
-              if len(t) > len(head) and t.is_chain() and t.tokens[: len(head)].tolist() == head]
+    longer = [
+        i
+        for i, (_, t) in enumerate(scored[1:], 1)
+        if len(t) > len(head) and t.is_chain() and t.tokens[: len(head)].tolist() == head
+    ]
     if not longer:
         return scored
     pick = max(longer, key=lambda i: len(scored[i][1]))

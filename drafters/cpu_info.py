@@ -1,11 +1,12 @@
 """CPU feature detection (AMX, AVX-512 BF16/VNNI) and thread/core placement for the draft model."""
+
 from __future__ import annotations
 
 import logging
 import os
 import platform
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 logger = logging.getLogger("specdec.drafters.model")
 
@@ -36,8 +37,10 @@ class CpuInfo:
     def summary(self) -> str:
         have = [k for k, v in self.features.items() if v]
         missing = [k for k, v in self.features.items() if not v]
-        return (f"{self.model_name}; {self.usable_cpus}/{self.logical_cpus} CPUs usable; "
-                f"has: {', '.join(have) or 'none'}; lacks: {', '.join(missing) or 'none'}")
+        return (
+            f"{self.model_name}; {self.usable_cpus}/{self.logical_cpus} CPUs usable; "
+            f"has: {', '.join(have) or 'none'}; lacks: {', '.join(missing) or 'none'}"
+        )
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -76,8 +79,10 @@ def ipex_status() -> str:
     try:
         import intel_extension_for_pytorch as ipex  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure means unavailable
-        return f"IPEX unavailable ({type(exc).__name__}: {str(exc)[:80]}); it pins torch 2.8, this is torch " \
-               f"{_torch_version()}: using oneDNN/ONNX Runtime instead"
+        return (
+            f"IPEX unavailable ({type(exc).__name__}: {str(exc)[:80]}); it pins torch 2.8, this is torch "
+            f"{_torch_version()}: using oneDNN/ONNX Runtime instead"
+        )
     return f"IPEX {ipex.__version__} available"
 
 
@@ -93,8 +98,10 @@ def apply_placement(*, num_threads: int = 0, cpu_affinity: Sequence[int] = ()) -
         try:
             os.sched_setaffinity(0, set(cpu_affinity))
         except (AttributeError, OSError) as exc:
-            raise ValueError(f"cpu_affinity={list(cpu_affinity)!r} could not be applied ({exc}); "
-                             f"usable CPU ids: {sorted(os.sched_getaffinity(0))}") from exc
+            raise ValueError(
+                f"cpu_affinity={list(cpu_affinity)!r} could not be applied ({exc}); "
+                f"usable CPU ids: {sorted(os.sched_getaffinity(0))}"
+            ) from exc
     import torch
 
     if num_threads:

@@ -14,12 +14,14 @@ Every node carries ``probs`` = the model's softmax probability of its token give
 composition (``["suffix", "model"]``) can score the draft. All requests of a call advance together:
 one backend forward per tree level for the whole batch.
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,19 +59,29 @@ def auto_candidates(features: dict[str, bool], *, shared_host: bool = False) -> 
 class ModelDrafterConfig(ConfigBase):
     path: str = rng("", doc="Hugging Face model folder; empty = the shared code-draft-7m")
     backend: str = rng("auto", choices=("auto",) + BACKEND_NAMES, doc="forward backend; auto = fastest measured")
-    num_threads: int = rng(0, lo=0, hi=4096, doc="threads of the native backend's pool, else torch intra-op "
-                                                  "threads; 0 = torch's current count")
+    num_threads: int = rng(
+        0,
+        lo=0,
+        hi=4096,
+        doc="threads of the native backend's pool, else torch intra-op threads; 0 = torch's current count",
+    )
     cpu_affinity: list = rng([], doc="CPU ids to pin this process to (os.sched_setaffinity); [] = leave")
     tree_top_k: int = rng(2, lo=1, hi=64, doc="children per node at branching depths (tree drafts)")
     tree_branch_depths: list = rng([1, 2], doc="depths (1 = first draft token) where tree nodes branch")
     max_batch: int = rng(256, lo=1, hi=65536, doc="requests per backend forward (larger batches are split)")
     target_tokenizer: str = rng("", doc="target model/tokenizer folder; refuse to start if tokenizers differ")
     calibration_steps: int = rng(8, lo=1, hi=1000, doc="timed decode steps per backend for backend=auto")
-    onnx_spin: bool = rng(False, doc="ONNX Runtime threads spin between ops: a little faster alone, but they "
-                                     "steal the cores from other work in the process (a CPU target: 2x slower)")
-    shared_host: bool = rng(False, doc="the drafter runs beside a busy engine (the vLLM plugin sets it): "
-                                       "backend=auto then picks among backends without torch OpenMP threads "
-                                       "(onnx, numpy), which were measured to collapse under that load")
+    onnx_spin: bool = rng(
+        False,
+        doc="ONNX Runtime threads spin between ops: a little faster alone, but they "
+        "steal the cores from other work in the process (a CPU target: 2x slower)",
+    )
+    shared_host: bool = rng(
+        False,
+        doc="the drafter runs beside a busy engine (the vLLM plugin sets it): "
+        "backend=auto then picks among backends without torch OpenMP threads "
+        "(onnx, numpy), which were measured to collapse under that load",
+    )
 
     def resolved_path(self) -> Path:
         return Path(self.path).expanduser() if self.path else model_path(DRAFT_MODEL)
@@ -78,8 +90,9 @@ class ModelDrafterConfig(ConfigBase):
         super().validate(where=where)
         bad = [d for d in self.tree_branch_depths if not isinstance(d, int) or d < 1]
         if bad:
-            raise ConfigError(f"{where}tree_branch_depths={self.tree_branch_depths!r} must hold depths >= 1; "
-                              f"bad: {bad}")
+            raise ConfigError(
+                f"{where}tree_branch_depths={self.tree_branch_depths!r} must hold depths >= 1; bad: {bad}"
+            )
         if any(not isinstance(c, int) or c < 0 for c in self.cpu_affinity):
             raise ConfigError(f"{where}cpu_affinity={self.cpu_affinity!r} must be a list of CPU ids >= 0")
 
@@ -129,8 +142,9 @@ def config_vocab_size(path: str | Path) -> int | None:
     return int(size) if size is not None else None
 
 
-def check_draft_target(draft_path: str | Path, *, target_dir: str | Path | None = None,
-                       target_vocab: int | None = None) -> None:
+def check_draft_target(
+    draft_path: str | Path, *, target_dir: str | Path | None = None, target_vocab: int | None = None
+) -> None:
     """Raise ConfigError unless the draft model can draft for the target: the same tokenizer when both folders
     hold one (embedding sizes may then differ by padding), else the same vocabulary size."""
     draft = Path(draft_path)
@@ -141,9 +155,11 @@ def check_draft_target(draft_path: str | Path, *, target_dir: str | Path | None 
     if target_vocab is None and target_dir is not None:
         target_vocab = config_vocab_size(target_dir)
     if draft_vocab is not None and target_vocab is not None and draft_vocab != target_vocab:
-        raise ConfigError(f"draft model {str(draft)!r} has a vocabulary of {draft_vocab} tokens, the target "
-                          f"{target_vocab}: a draft model must share the target's tokenizer (give the target's "
-                          "folder, with its tokenizer, to compare tokenizers instead of sizes)")
+        raise ConfigError(
+            f"draft model {str(draft)!r} has a vocabulary of {draft_vocab} tokens, the target "
+            f"{target_vocab}: a draft model must share the target's tokenizer (give the target's "
+            "folder, with its tokenizer, to compare tokenizers instead of sizes)"
+        )
 
 
 # ------------------------------------------------------------------ per-request state
@@ -186,8 +202,10 @@ class ModelDrafter(Drafter):
         self.config = config or ModelDrafterConfig()
         path = self.config.resolved_path()
         if not (path / "config.json").exists():
-            raise ConfigError(f"path={str(path)!r} is not a Hugging Face model folder (no config.json); "
-                              "set path to a draft model folder or put the shared folder beside the repo")
+            raise ConfigError(
+                f"path={str(path)!r} is not a Hugging Face model folder (no config.json); "
+                "set path to a draft model folder or put the shared folder beside the repo"
+            )
         if self.config.target_tokenizer:
             check_tokenizer_compat(path, self.config.target_tokenizer)
         from specdec.drafters.cpu_info import apply_placement
@@ -195,15 +213,16 @@ class ModelDrafter(Drafter):
         # the native backend takes num_threads for its own pool: torch's thread count (vLLM's, when the drafter
         # runs inside its engine process) is left alone
         own_pool = self.config.backend in NATIVE_BACKENDS
-        self.cpu = apply_placement(num_threads=0 if own_pool else self.config.num_threads,
-                                   cpu_affinity=self.config.cpu_affinity)
+        self.cpu = apply_placement(
+            num_threads=0 if own_pool else self.config.num_threads, cpu_affinity=self.config.cpu_affinity
+        )
         self.backend: DraftBackend = self._build_backend(path)
         self._path: Path | None = path
         self._reqs: dict[str, _Request] = {}
         self.forwards = 0  # backend forward calls (for tests and stats)
 
     @classmethod
-    def from_backend(cls, backend: DraftBackend, config: ModelDrafterConfig | None = None) -> "ModelDrafter":
+    def from_backend(cls, backend: DraftBackend, config: ModelDrafterConfig | None = None) -> ModelDrafter:
         """A drafter over an already built backend (benchmarks; sharing one backend is not thread-safe)."""
         self = cls.__new__(cls)
         self.config, self.backend, self._reqs, self.forwards = config or cls.Config(), backend, {}, 0
@@ -212,13 +231,19 @@ class ModelDrafter(Drafter):
 
     def _build_backend(self, path: Path) -> DraftBackend:
         if self.config.backend != "auto":
-            return make_backend(self.config.backend, path, onnx_spin=self.config.onnx_spin,
-                                threads=self.config.num_threads)
+            return make_backend(
+                self.config.backend, path, onnx_spin=self.config.onnx_spin, threads=self.config.num_threads
+            )
         from specdec.drafters.model_calibrate import pick_backend
 
         candidates = auto_candidates(self.cpu.features, shared_host=self.config.shared_host)
-        return pick_backend(path, candidates, steps=self.config.calibration_steps,
-                            onnx_spin=self.config.onnx_spin, threads=self.config.num_threads)
+        return pick_backend(
+            path,
+            candidates,
+            steps=self.config.calibration_steps,
+            onnx_spin=self.config.onnx_spin,
+            threads=self.config.num_threads,
+        )
 
     def check_target(self, *, vocab_size: int, tokenizer_dir: str | None = None) -> None:
         """Refuse a target whose tokenizer (or, without one to compare, vocabulary size) differs from the draft
@@ -228,8 +253,10 @@ class ModelDrafter(Drafter):
         if path is not None and (path / "config.json").exists():
             check_draft_target(path, target_dir=tokenizer_dir, target_vocab=vocab_size)
         elif own and own != vocab_size:
-            raise ConfigError(f"the draft model has a vocabulary of {own} tokens, the target {vocab_size}: a draft "
-                              "model must share the target's tokenizer")
+            raise ConfigError(
+                f"the draft model has a vocabulary of {own} tokens, the target {vocab_size}: a draft "
+                "model must share the target's tokenizer"
+            )
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
@@ -250,8 +277,10 @@ class ModelDrafter(Drafter):
         vocab = int(getattr(self.backend, "vocab_size", 0) or 0)
         if tokens and vocab and not 0 <= min(tokens) <= max(tokens) < vocab:
             bad = next(t for t in tokens if not 0 <= t < vocab)
-            raise ValueError(f"token id {bad} is outside the draft model's vocabulary [0, {vocab}): the context "
-                             "comes from another tokenizer")
+            raise ValueError(
+                f"token id {bad} is outside the draft model's vocabulary [0, {vocab}): the context "
+                "comes from another tokenizer"
+            )
         return tokens
 
     def stop(self, request_id: str) -> None:
@@ -259,8 +288,9 @@ class ModelDrafter(Drafter):
         if req is not None:
             self.backend.release(req.state)
 
-    def draft_after(self, request_id: str, extra_tokens: Sequence[int], budget: int, *,
-                    tree: bool = False) -> TokenTree:
+    def draft_after(
+        self, request_id: str, extra_tokens: Sequence[int], budget: int, *, tree: bool = False
+    ) -> TokenTree:
         """Draft as if ``extra_tokens`` followed the context; the context is restored afterwards.
 
         The KV cache keeps what it computed (rolled back lazily by the prefix match of the next draft), so a
@@ -299,7 +329,7 @@ class ModelDrafter(Drafter):
                 todo.append((i, r))
         step = self.config.max_batch
         for lo in range(0, len(todo), step):
-            chunk = todo[lo:lo + step]
+            chunk = todo[lo : lo + step]
             trees = self._draft_chunk([r for _, r in chunk])
             for (i, _), t in zip(chunk, trees):
                 out[i] = t
@@ -320,7 +350,7 @@ class ModelDrafter(Drafter):
             row = 0
             for g in live:
                 f = len(g.frontier)
-                self._expand(g, probs[row:row + f], toks[row:row + f])
+                self._expand(g, probs[row : row + f], toks[row : row + f])
                 row += f
             live = [g for g in live if not g.done()]
             items = [self._level_input(g) for g in live]
@@ -335,7 +365,7 @@ class ModelDrafter(Drafter):
             # Context outgrew the model's window: restart on the recent half of it.
             req.offset = len(req.tokens) - self.backend.max_positions // 2
             req.cached, req.stable = [], 0
-        seen = req.tokens[req.offset:]
+        seen = req.tokens[req.offset :]
         known = min(req.stable, len(req.cached), len(seen))
         keep = min(known + _common_prefix(req.cached[known:], seen[known:]), len(seen) - 1)
         self.backend.crop(req.state, keep)
@@ -343,7 +373,7 @@ class ModelDrafter(Drafter):
         return _Growth(req=req, budget=budget, tree=r.tree, base=len(seen), frontier=[ROOT])
 
     def _catch_up_input(self, g: _Growth) -> StepInput:
-        seen = g.req.tokens[g.req.offset:]
+        seen = g.req.tokens[g.req.offset :]
         start = len(g.req.cached)
         new = seen[start:]  # [n >= 1]
         g.req.cached = list(seen)
@@ -409,12 +439,16 @@ class ModelDrafter(Drafter):
     def _to_tree(g: _Growth) -> TokenTree:
         if not g.tokens:
             return TokenTree.empty()
-        return TokenTree(np.asarray(g.tokens, np.int64), np.asarray(g.parents, np.int32),
-                         np.asarray(g.probs, np.float32))
+        return TokenTree(
+            np.asarray(g.tokens, np.int64), np.asarray(g.parents, np.int32), np.asarray(g.probs, np.float32)
+        )
 
     def memory_bytes(self) -> int:
-        return sum(self.backend.state_bytes(r.state) for r in self._reqs.values()) \
-            if hasattr(self.backend, "state_bytes") else 0
+        return (
+            sum(self.backend.state_bytes(r.state) for r in self._reqs.values())
+            if hasattr(self.backend, "state_bytes")
+            else 0
+        )
 
 
 def _top_candidates(logits: torch.Tensor, k: int) -> tuple[list[list[float]], list[list[int]]]:

@@ -11,13 +11,15 @@ hand-written Llama forward of ``specdec.drafters.model_llama`` (``torch``, ``tor
 ``compile``), ONNX Runtime (``specdec.drafters.model_onnx``), numpy (``specdec.drafters.model_numpy``) and
 the C++ forward (``native``, ``specdec.drafters.model_native``). ``make_backend`` builds one by name.
 """
+
 from __future__ import annotations
 
 import abc
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -16,13 +16,15 @@ masks for ragged batches and tree drafts, runs a core, and writes the new K/V in
 ``TorchLlamaBackend`` is that with ``LlamaCore`` in fp32, bf16 (oneDNN, AMX where present) or
 torch.compile. Verified against Hugging Face logits in tests/test_model_backends.py.
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,7 +54,7 @@ class LlamaShape:
     tied: bool
 
     @classmethod
-    def from_config(cls, cfg: dict[str, Any], path: Path) -> "LlamaShape":
+    def from_config(cls, cfg: dict[str, Any], path: Path) -> LlamaShape:
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type"))
         problems = []
@@ -65,21 +67,27 @@ class LlamaShape:
         if cfg.get("hidden_act", "silu") != "silu":
             problems.append(f"hidden_act={cfg.get('hidden_act')!r}")
         if problems:
-            raise ValueError(f"{path}: the built-in Llama forward does not support {', '.join(problems)}; "
-                             "use backend='eager' for this model")
+            raise ValueError(
+                f"{path}: the built-in Llama forward does not support {', '.join(problems)}; "
+                "use backend='eager' for this model"
+            )
         heads = int(cfg["num_attention_heads"])
         return cls(
-            vocab=int(cfg["vocab_size"]), hidden=int(cfg["hidden_size"]), layers=int(cfg["num_hidden_layers"]),
-            heads=heads, kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            vocab=int(cfg["vocab_size"]),
+            hidden=int(cfg["hidden_size"]),
+            layers=int(cfg["num_hidden_layers"]),
+            heads=heads,
+            kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
-            intermediate=int(cfg["intermediate_size"]), eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            intermediate=int(cfg["intermediate_size"]),
+            eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
             max_positions=int(cfg.get("max_position_embeddings", 4096)),
             tied=bool(cfg.get("tie_word_embeddings", False)),
         )
 
     @classmethod
-    def load(cls, path: Path) -> "LlamaShape":
+    def load(cls, path: Path) -> LlamaShape:
         return cls.from_config(json.loads((path / "config.json").read_text()), path)
 
 
@@ -88,8 +96,9 @@ def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     index = path / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() \
-        else ["model.safetensors"]
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    )
     out: dict[str, torch.Tensor] = {}
     for name in files:
         out.update(load_file(str(path / name)))
@@ -133,16 +142,17 @@ class LlamaCore(torch.nn.Module):
             self.gate_up.append(param(gu.t()))  # [d, 2I]
             self.down.append(param(get(p + "mlp.down_proj.weight").t()))  # [I, d]
         exponents = torch.arange(0, shape.head_dim, 2, dtype=torch.int64).float() / shape.head_dim
-        inv = 1.0 / (shape.rope_theta ** exponents)  # [hd/2], computed like transformers' default rotary
+        inv = 1.0 / (shape.rope_theta**exponents)  # [hd/2], computed like transformers' default rotary
         ang = torch.arange(shape.max_positions, dtype=torch.float32)[:, None] * inv[None]  # [P, hd/2]
         ang = torch.cat([ang, ang], dim=-1)  # [P, hd]
         self.register_buffer("cos", ang.cos().to(dtype), persistent=False)
         self.register_buffer("sin", ang.sin().to(dtype), persistent=False)
 
-    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, bias: torch.Tensor, sel: torch.Tensor,
-                *past: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self, tokens: torch.Tensor, pos: torch.Tensor, bias: torch.Tensor, sel: torch.Tensor, *past: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         s = self.shape
-        past_k, past_v = past[: s.layers], past[s.layers:]
+        past_k, past_v = past[: s.layers], past[s.layers :]
         B, N = tokens.shape
         H, KVH, hd = s.heads, s.kv_heads, s.head_dim
         G = H // KVH
@@ -155,15 +165,18 @@ class LlamaCore(torch.nn.Module):
         for li in range(s.layers):
             qkv = torch.matmul(_rms(x, self.ln1[li], s.eps), self.qkv[li])  # [B, N, (H+2KVH)*hd]
             qkv = qkv.view(B, N, H + 2 * KVH, hd).transpose(1, 2)  # [B, H+2KVH, N, hd]
-            qk = _rotate(qkv[:, :H + KVH], cos, sin)  # [B, H+KVH, N, hd]
+            qk = _rotate(qkv[:, : H + KVH], cos, sin)  # [B, H+KVH, N, hd]
             q = qk[:, :H].reshape(B, KVH, G * N, hd)  # the heads of a group share one kv head
             k = qk[:, H:]  # [B, KVH, N, hd]
-            v = qkv[:, H + KVH:]  # [B, KVH, N, hd]
+            v = qkv[:, H + KVH :]  # [B, KVH, N, hd]
             new_k.append(k)
             new_v.append(v)
             # scores against the cached slots and the new tokens, one softmax over both (no K/V concat)
-            att = torch.cat([torch.matmul(q, past_k[li].transpose(-1, -2)),
-                             torch.matmul(q, k.transpose(-1, -2))], dim=-1) * scale + bias  # [B, KVH, G*N, S+N]
+            att = (
+                torch.cat([torch.matmul(q, past_k[li].transpose(-1, -2)), torch.matmul(q, k.transpose(-1, -2))], dim=-1)
+                * scale
+                + bias
+            )  # [B, KVH, G*N, S+N]
             att = torch.softmax(att.float(), dim=-1).to(x.dtype)
             o = torch.matmul(att[..., :S], past_v[li]) + torch.matmul(att[..., S:], v)  # [B, KVH, G*N, hd]
             o = o.reshape(B, H, N, hd).transpose(1, 2).reshape(B, N, H * hd)
@@ -195,8 +208,9 @@ class PooledBackend(DraftBackend):
         self.v = [torch.zeros(size, dtype=dtype) for _ in range(shape.layers)]
         self._owner: list[PoolState | None] = [None] * INITIAL_ROWS
 
-    def _run(self, tokens: torch.Tensor, pos: torch.Tensor, bias: torch.Tensor, sel: torch.Tensor,
-             past: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _run(
+        self, tokens: torch.Tensor, pos: torch.Tensor, bias: torch.Tensor, sel: torch.Tensor, past: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
     @property
@@ -270,7 +284,7 @@ class PooledBackend(DraftBackend):
         pos[valid] = np.fromiter((p for it in batch for p in it.positions), np.int64, int(ns.sum()))
         sel = torch.as_tensor([i * N + j for i, it in enumerate(batch) for j in it.want])  # [W]
         if rows == list(range(rows[0], rows[0] + B)):
-            past = [t[rows[0]:rows[0] + B, :, :S] for t in self.k + self.v]  # 2L x [B, KVH, S, hd] views
+            past = [t[rows[0] : rows[0] + B, :, :S] for t in self.k + self.v]  # 2L x [B, KVH, S, hd] views
         else:
             idx = torch.as_tensor(rows)
             past = [t[idx, :, :S] for t in self.k + self.v]  # copies
@@ -280,13 +294,14 @@ class PooledBackend(DraftBackend):
         out: list[torch.Tensor] = [torch.empty(0)] * len(items)
         start = 0
         for i, it in zip(order, batch):
-            out[i] = logits[start: start + len(it.want)]
+            out[i] = logits[start : start + len(it.want)]
             start += len(it.want)
             it.state.length += len(it.tokens)
         return out
 
-    def _write_kv(self, rows: np.ndarray, lens: np.ndarray, valid: np.ndarray, new_k: torch.Tensor,
-                  new_v: torch.Tensor) -> None:
+    def _write_kv(
+        self, rows: np.ndarray, lens: np.ndarray, valid: np.ndarray, new_k: torch.Tensor, new_v: torch.Tensor
+    ) -> None:
         """Scatter the new K/V ``[L, B, KVH, N, hd]`` of valid tokens into slots ``len ..`` of each row."""
         b_idx, j_idx = np.nonzero(valid)  # [M] each
         r_idx = torch.from_numpy(rows[b_idx])
@@ -311,7 +326,7 @@ class PooledBackend(DraftBackend):
                 m = np.asarray(it.mask, dtype=bool)  # [n, l + n]
                 visible[i] = False
                 visible[i, :n, :l] = m[:, :l]
-                visible[i, :n, S:S + n] = m[:, l:]
+                visible[i, :n, S : S + n] = m[:, l:]
                 visible[i, n:, S] = True
         bias = np.where(visible, np.float32(0.0), np.float32(NEG_INF))[:, None]  # [B, 1, N, S + N]
         return torch.from_numpy(bias).to(self.dtype)
@@ -331,6 +346,7 @@ class TorchLlamaBackend(PooledBackend):
             self.name = "compile" if dtype == "float32" else f"compile-{dtype}"
             self._fn = torch.compile(self.core, dynamic=True)
 
-    def _run(self, tokens: torch.Tensor, pos: torch.Tensor, bias: torch.Tensor, sel: torch.Tensor,
-             past: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _run(
+        self, tokens: torch.Tensor, pos: torch.Tensor, bias: torch.Tensor, sel: torch.Tensor, past: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self._fn(tokens, pos, bias, sel, *past)

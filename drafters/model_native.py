@@ -22,11 +22,13 @@ Each request's KV cache is one numpy array, per layer and kv head a keys block s
 (``[capacity, head_dim]``), so attention streams contiguous memory. It grows by doubling; rollback (``crop``)
 just lowers the filled length.
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,8 +49,10 @@ def _native_module() -> Any:
     try:
         from specdec.drafters import _llama_native
     except ImportError as exc:
-        raise ImportError("backend='native' needs the C++ extension specdec.drafters._llama_native, which was not "
-                          "built; reinstall with a C++20 compiler (pip install -e .) or pick another backend") from exc
+        raise ImportError(
+            "backend='native' needs the C++ extension specdec.drafters._llama_native, which was not "
+            "built; reinstall with a C++20 compiler (pip install -e .) or pick another backend"
+        ) from exc
     return _llama_native
 
 
@@ -96,8 +100,16 @@ class NativeLlamaBackend(DraftBackend):
 
     name = "native"
 
-    def __init__(self, path: str | Path, *, threads: int = 0, weights: str = "auto", isa: str = "auto",
-                 cpus: Sequence[int] = (), spin_us: int = DEFAULT_SPIN_US) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        threads: int = 0,
+        weights: str = "auto",
+        isa: str = "auto",
+        cpus: Sequence[int] = (),
+        spin_us: int = DEFAULT_SPIN_US,
+    ) -> None:
         if weights not in WEIGHT_CHOICES:
             raise ValueError(f"weights={weights!r} is unknown; valid: {', '.join(WEIGHT_CHOICES)}")
         if isa not in ISA_CHOICES:
@@ -108,15 +120,26 @@ class NativeLlamaBackend(DraftBackend):
         self.shape = s
         self.vocab_size, self.max_positions = s.vocab, s.max_positions
         raw = load_safetensors(path)
-        bf16 = weights == "bf16" or (weights == "auto" and all(
-            t.dtype == torch.bfloat16 for t in raw.values() if t.is_floating_point()))
+        bf16 = weights == "bf16" or (
+            weights == "auto" and all(t.dtype == torch.bfloat16 for t in raw.values() if t.is_floating_point())
+        )
         self._arrays = self._layout(raw, bf16)  # kept alive: the extension borrows them
-        shape = (s.vocab, s.hidden, s.layers, s.heads, s.kv_heads, s.head_dim, s.intermediate, s.max_positions,
-                 s.eps)
+        shape = (s.vocab, s.hidden, s.layers, s.heads, s.kv_heads, s.head_dim, s.intermediate, s.max_positions, s.eps)
         a = self._arrays
-        self._model = native.create(shape, bf16, a["embed"], a["lm_head"], a["final_norm"], a["layers"], a["cos"],
-                                    a["sin"], int(threads or torch.get_num_threads()), [int(c) for c in cpus],
-                                    int(spin_us), isa)
+        self._model = native.create(
+            shape,
+            bf16,
+            a["embed"],
+            a["lm_head"],
+            a["final_norm"],
+            a["layers"],
+            a["cos"],
+            a["sin"],
+            int(threads or torch.get_num_threads()),
+            [int(c) for c in cpus],
+            int(spin_us),
+            isa,
+        )
         self._forward = native.forward
         self.info = dict(native.info(self._model))
         self.name = "native" if weights == "auto" else f"native-{weights}"
@@ -132,16 +155,27 @@ class NativeLlamaBackend(DraftBackend):
             qkv = torch.cat([raw[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])  # [(H + 2 KVH) hd, d]
             gate, up = raw[p + "mlp.gate_proj.weight"], raw[p + "mlp.up_proj.weight"]  # [I, d] each
             gate_up = torch.stack([gate, up], 1).reshape(2 * s.intermediate, s.hidden)  # rows g0, u0, g1, u1, ...
-            layers.append((_as_weight(qkv, bf16), _as_weight(raw[p + "self_attn.o_proj.weight"], bf16),
-                           _as_weight(gate_up, bf16), _as_weight(raw[p + "mlp.down_proj.weight"], bf16),
-                           _as_f32(raw[p + "input_layernorm.weight"]),
-                           _as_f32(raw[p + "post_attention_layernorm.weight"])))
+            layers.append(
+                (
+                    _as_weight(qkv, bf16),
+                    _as_weight(raw[p + "self_attn.o_proj.weight"], bf16),
+                    _as_weight(gate_up, bf16),
+                    _as_weight(raw[p + "mlp.down_proj.weight"], bf16),
+                    _as_f32(raw[p + "input_layernorm.weight"]),
+                    _as_f32(raw[p + "post_attention_layernorm.weight"]),
+                )
+            )
         hd = s.head_dim
         inv = 1.0 / (s.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))  # [hd/2], as HF
         ang = torch.arange(s.max_positions, dtype=torch.float32)[:, None] * inv[None]  # [P, hd/2]
-        return {"embed": _as_weight(embed, bf16), "lm_head": _as_weight(head, bf16),
-                "final_norm": _as_f32(raw["model.norm.weight"]), "layers": layers,
-                "cos": _as_f32(ang.cos()), "sin": _as_f32(ang.sin())}
+        return {
+            "embed": _as_weight(embed, bf16),
+            "lm_head": _as_weight(head, bf16),
+            "final_norm": _as_f32(raw["model.norm.weight"]),
+            "layers": layers,
+            "cos": _as_f32(ang.cos()),
+            "sin": _as_f32(ang.sin()),
+        }
 
     def describe(self) -> str:
         return f"native ({self.info['isa']}, {self.info['weights']} weights, {self.info['threads']} threads)"
@@ -162,7 +196,7 @@ class NativeLlamaBackend(DraftBackend):
         out = self._run(items, 0)[0]
         logits, row = [], 0
         for it in items:
-            logits.append(torch.from_numpy(out[row:row + len(it.want)]))
+            logits.append(torch.from_numpy(out[row : row + len(it.want)]))
             row += len(it.want)
         return logits
 
@@ -203,10 +237,20 @@ class NativeLlamaBackend(DraftBackend):
         out = np.empty((len(want), self.vocab_size), F32)  # [wanted rows, V]
         top = (np.empty((len(want), k), F32), np.empty((len(want), k), np.int32)) if k else ()  # [rows, k] each
         i32 = np.int32
-        self._forward(self._model, np.array(tokens, i32), np.array(positions, i32), np.array(starts, i32),
-                      np.array(addrs, np.uint64), np.array(cached, i32), np.array(caps, i32),
-                      np.array(moff, np.int64), np.concatenate(masks) if masks else np.zeros(0, np.uint8),
-                      np.array(want, i32), out, *top)
+        self._forward(
+            self._model,
+            np.array(tokens, i32),
+            np.array(positions, i32),
+            np.array(starts, i32),
+            np.array(addrs, np.uint64),
+            np.array(cached, i32),
+            np.array(caps, i32),
+            np.array(moff, np.int64),
+            np.concatenate(masks) if masks else np.zeros(0, np.uint8),
+            np.array(want, i32),
+            out,
+            *top,
+        )
         for it in items:
             it.state.length += len(it.tokens)
         return (out,) + (top or (None, None))

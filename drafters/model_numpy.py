@@ -37,11 +37,12 @@ the 29 MB of fp32 weights (16 MB of them the LM head) from memory at ~25-40 GB/s
 products that would cut those bytes. Batches run single-threaded too, so backends using both cores (ONNX
 Runtime) win from batch 2 on there; see benchmarks/bench_draft_cpu.py.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -49,8 +50,16 @@ import torch
 from specdec.drafters.model_backends import DraftBackend, StepInput
 from specdec.drafters.model_llama import LlamaShape, load_safetensors
 from specdec.drafters.model_numpy_support import (  # noqa: F401 - INITIAL_CAPACITY, blas_* are re-exported
-    F32, GEMV_ROWS, GEMV_ROWS_HEAD, INITIAL_CAPACITY, NumpyState, _interleave_rotary, _matmul, _Unstable,
-    blas_name, blas_threads,
+    F32,
+    GEMV_ROWS,
+    GEMV_ROWS_HEAD,
+    INITIAL_CAPACITY,
+    NumpyState,
+    _interleave_rotary,
+    _matmul,
+    _Unstable,
+    blas_name,
+    blas_threads,
 )
 
 # softmax row sums outside (SUM_MIN, inf) mean exp() over- or underflowed (scores above ~88 or all below ~-46):
@@ -67,8 +76,9 @@ class NumpyLlamaBackend(DraftBackend):
         path = Path(path)
         s = LlamaShape.load(path)
         if s.heads % s.kv_heads or s.head_dim % 2:
-            raise ValueError(f"{path}: heads={s.heads} must be a multiple of kv_heads={s.kv_heads} and "
-                             f"head_dim={s.head_dim} even")
+            raise ValueError(
+                f"{path}: heads={s.heads} must be a multiple of kv_heads={s.kv_heads} and head_dim={s.head_dim} even"
+            )
         self.shape = s
         self.vocab_size, self.max_positions = s.vocab, s.max_positions
         self.threads = max(1, int(threads))
@@ -104,7 +114,7 @@ class NumpyLlamaBackend(DraftBackend):
             self.down.append(f32(-get(p + "mlp.down_proj.weight").T))  # [I, d]
         # rotary angles exactly as LlamaCore computes them (fp32), as unit complex numbers per (position, pair)
         exponents = torch.arange(0, hd, 2, dtype=torch.int64).float() / hd
-        inv = 1.0 / (s.rope_theta ** exponents)  # [hd/2]
+        inv = 1.0 / (s.rope_theta**exponents)  # [hd/2]
         ang = torch.arange(s.max_positions, dtype=torch.float32)[:, None] * inv[None]  # [P, hd/2]
         rot = np.empty((s.max_positions, hd // 2), np.complex64)
         rot.real, rot.imag = ang.cos().numpy(), ang.sin().numpy()
@@ -128,7 +138,7 @@ class NumpyLlamaBackend(DraftBackend):
         # single-token views (row 0)
         self._q1 = self._qkv[0, : H * hd].reshape(KVH, H // KVH, hd)
         self._qk1 = self._qkv[0, : (H + KVH) * hd].view(np.complex64).reshape(H + KVH, hd // 2)
-        self._kv1 = self._qkv[0, H * hd:]
+        self._kv1 = self._qkv[0, H * hd :]
         self._att1 = self._att[0].reshape(KVH, H // KVH, hd)
         self._sums = np.empty((s.layers, KVH, H // KVH, 1), F32)  # softmax row sums of a decode step
 
@@ -153,8 +163,10 @@ class NumpyLlamaBackend(DraftBackend):
         return 2 * s.layers * s.kv_heads * state.length * s.head_dim * 4
 
     def describe(self) -> str:
-        return f"numpy ({blas_name()}, {self.threads} LM-head BLAS thread(s)" \
-               f"{'' if self._blas.available else ', thread count not controllable'})"
+        return (
+            f"numpy ({blas_name()}, {self.threads} LM-head BLAS thread(s)"
+            f"{'' if self._blas.available else ', thread count not controllable'})"
+        )
 
     # ------------------------------------------------------------------ forward
     def forward(self, items: Sequence[StepInput]) -> list[torch.Tensor]:
@@ -218,7 +230,7 @@ class NumpyLlamaBackend(DraftBackend):
         inv_d, eps = 1.0 / s.hidden, s.eps
         x, h, t, qkv, att = self._x[:1], self._h[:1], self._t[:1], self._qkv[:1], self._att[:1]
         gu, act = self._gu[:1], self._act[:1]
-        g, u = gu[:, : s.intermediate], gu[:, s.intermediate:]
+        g, u = gu[:, : s.intermediate], gu[:, s.intermediate :]
         q1, qk1, kv1, att1 = self._q1, self._qk1, self._kv1, self._att1
         x0 = x[0]
         np.copyto(x0, self.embed[int(it.tokens[0])])
@@ -259,8 +271,10 @@ class NumpyLlamaBackend(DraftBackend):
         for it in items:
             n, start = len(it.tokens), it.state.length
             if n == 0 or len(it.positions) != n:
-                raise ValueError(f"StepInput needs >= 1 token and one position per token "
-                                 f"(got {n} tokens, {len(it.positions)} positions)")
+                raise ValueError(
+                    f"StepInput needs >= 1 token and one position per token "
+                    f"(got {n} tokens, {len(it.positions)} positions)"
+                )
             if any(not 0 <= int(j) < n for j in it.want):
                 raise ValueError(f"StepInput.want={list(it.want)!r} must index the item's {n} new tokens")
             it.state.reserve(start + n)
@@ -274,12 +288,12 @@ class NumpyLlamaBackend(DraftBackend):
         inv_d, eps = 1.0 / s.hidden, s.eps
         x, h, t, qkv, att = self._x[:N], self._h[:N], self._t[:N], self._qkv[:N], self._att[:N]
         gu, act = self._gu[:N], self._act[:N]
-        g, u = gu[:, : s.intermediate], gu[:, s.intermediate:]
+        g, u = gu[:, : s.intermediate], gu[:, s.intermediate :]
         np.take(self.embed, np.asarray(tokens, np.intp), axis=0, out=x)
         rot = self.rot[np.asarray(positions, np.intp)][:, None, :]  # [N, 1, hd/2]
         qk_c = qkv[:, :QK].view(np.complex64).reshape(N, H + KVH, half)  # rotary pairs as complex numbers
         q_heads = qkv[:, : H * hd].reshape(N, H, hd)
-        kv_rows = qkv[:, H * hd:]
+        kv_rows = qkv[:, H * hd :]
         mm = _matmul if N <= GEMV_ROWS else np.matmul
         for li in range(s.layers):
             self._norm(x, h, inv_d, eps)
@@ -287,9 +301,15 @@ class NumpyLlamaBackend(DraftBackend):
             np.multiply(qk_c, rot, out=qk_c)
             for (a, n, start), bias, it in zip(spans, biases, items):
                 st = it.state
-                st.rows[li][start:start + n] = kv_rows[a:a + n]
-                self._attend(q_heads[a:a + n], st.kt[li][:, :, :start + n], st.vs[li][:, :start + n], bias,
-                             att[a:a + n], stable)
+                st.rows[li][start : start + n] = kv_rows[a : a + n]
+                self._attend(
+                    q_heads[a : a + n],
+                    st.kt[li][:, :, : start + n],
+                    st.vs[li][:, : start + n],
+                    bias,
+                    att[a : a + n],
+                    stable,
+                )
             mm(att, self.o[li], t)
             x += t
             self._norm(x, h, inv_d, eps)
@@ -311,8 +331,9 @@ class NumpyLlamaBackend(DraftBackend):
         np.sqrt(ss, out=ss)
         np.divide(x, ss[:, None], out=out)
 
-    def _attend(self, q: np.ndarray, kt: np.ndarray, v: np.ndarray, bias: np.ndarray | None, out: np.ndarray,
-                stable: bool) -> None:
+    def _attend(
+        self, q: np.ndarray, kt: np.ndarray, v: np.ndarray, bias: np.ndarray | None, out: np.ndarray, stable: bool
+    ) -> None:
         """One item's attention: q ``[n, H, hd]`` (scaled, rotated), kt ``[KVH, hd, S]``, v ``[KVH, S, hd]``.
 
         The ``G`` query heads of a kv head are rows of one product with its cache, rows ordered (token, head).
@@ -344,8 +365,11 @@ class NumpyLlamaBackend(DraftBackend):
         total = np.add.reduce(sc, axis=-1, keepdims=True)  # [KVH, n*G, 1]
         self._check(total, stable)
         o = np.matmul(sc, v)  # [KVH, n*G, hd]
-        np.divide(o.reshape(KVH, n, G, hd).transpose(1, 0, 2, 3), total.reshape(KVH, n, G, 1).transpose(1, 0, 2, 3),
-                  out=out.reshape(n, KVH, G, hd))
+        np.divide(
+            o.reshape(KVH, n, G, hd).transpose(1, 0, 2, 3),
+            total.reshape(KVH, n, G, 1).transpose(1, 0, 2, 3),
+            out=out.reshape(n, KVH, G, hd),
+        )
 
     @staticmethod
     def _check(total: np.ndarray, stable: bool) -> None:
@@ -381,7 +405,6 @@ class NumpyLlamaBackend(DraftBackend):
             return [out]
         res, a = [], 0
         for c in counts:
-            res.append(out[a:a + c])
+            res.append(out[a : a + c])
             a += c
         return res
-

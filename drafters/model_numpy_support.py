@@ -1,11 +1,12 @@
 """Support for the numpy draft-model backend (``specdec.drafters.model_numpy``): OpenBLAS thread control,
 the per-request KV state, small-row matrix products and the rotary column order."""
+
 from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -25,10 +26,12 @@ class _Unstable(Exception):
 class _BlasThreads:
     """Get/set the thread count of the OpenBLAS that numpy loaded (no-op when there is none)."""
 
-    _SYMBOLS = (("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
-                ("scipy_openblas_get_num_threads", "scipy_openblas_set_num_threads"),
-                ("openblas_get_num_threads64_", "openblas_set_num_threads64_"),
-                ("openblas_get_num_threads", "openblas_set_num_threads"))
+    _SYMBOLS = (
+        ("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
+        ("scipy_openblas_get_num_threads", "scipy_openblas_set_num_threads"),
+        ("openblas_get_num_threads64_", "openblas_set_num_threads64_"),
+        ("openblas_get_num_threads", "openblas_set_num_threads"),
+    )
 
     def __init__(self) -> None:
         self.get: Callable[[], int] | None = None

@@ -9,6 +9,7 @@ whole pool rows (full capacity, contiguous: handed to ONNX Runtime without copie
 Exports are cached under ``$SPECDEC_CACHE`` (default ``~/.cache/specdec``)/onnx/<key>/, the key hashing the
 model's config and weights file stats, so a process exports once per model.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -54,18 +55,39 @@ def export_onnx(path: Path, shape: LlamaShape, out: Path) -> None:
     core = LlamaCore(path, shape, torch.float32).eval()
     B, N, S = DUMMY_B, DUMMY_N, DUMMY_S
     past = [torch.zeros(B, shape.kv_heads, S, shape.head_dim) for _ in range(2 * shape.layers)]
-    args = (torch.zeros(B, N, dtype=torch.long), torch.zeros(B, N, dtype=torch.long),
-            torch.zeros(B, 1, N, S + N), torch.tensor([0, N + 1]), *past)
+    args = (
+        torch.zeros(B, N, dtype=torch.long),
+        torch.zeros(B, N, dtype=torch.long),
+        torch.zeros(B, 1, N, S + N),
+        torch.tensor([0, N + 1]),
+        *past,
+    )
     inputs, outputs = io_names(shape.layers)
-    dyn = {"tokens": {0: "B", 1: "N"}, "pos": {0: "B", 1: "N"}, "bias": {0: "B", 2: "N", 3: "SN"},
-           "sel": {0: "W"}, "logits": {0: "W"}, "new_k": {1: "B", 3: "N"}, "new_v": {1: "B", 3: "N"}}
+    dyn = {
+        "tokens": {0: "B", 1: "N"},
+        "pos": {0: "B", 1: "N"},
+        "bias": {0: "B", 2: "N", 3: "SN"},
+        "sel": {0: "W"},
+        "logits": {0: "W"},
+        "new_k": {1: "B", 3: "N"},
+        "new_v": {1: "B", 3: "N"},
+    }
     dyn.update({name: {0: "B", 2: "S"} for name in inputs[4:]})
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".onnx", dir=out.parent)
     os.close(fd)
     with torch.inference_mode(False), torch.no_grad():
-        torch.onnx.export(core, args, tmp, input_names=inputs, output_names=outputs, dynamic_axes=dyn,
-                          opset_version=OPSET, dynamo=False, do_constant_folding=True)
+        torch.onnx.export(
+            core,
+            args,
+            tmp,
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_axes=dyn,
+            opset_version=OPSET,
+            dynamo=False,
+            do_constant_folding=True,
+        )
     os.replace(tmp, out)
 
 
@@ -76,7 +98,6 @@ def quantize_onnx(src: Path, out: Path) -> None:
     agreement with fp32 0.946 without it, 1.000 with it, 6 HumanEval prompts x 32 greedy tokens).
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
-
 
     fd, tmp = tempfile.mkstemp(suffix=".onnx", dir=out.parent)
     os.close(fd)
@@ -128,8 +149,9 @@ class OnnxBackend(PooledBackend):
         self.inputs, self.outputs = io_names(shape.layers)
         self.name = "onnx-int8" if quantize else "onnx"
 
-    def _run(self, tokens: torch.Tensor, pos: torch.Tensor, bias: torch.Tensor, sel: torch.Tensor,
-             past: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _run(
+        self, tokens: torch.Tensor, pos: torch.Tensor, bias: torch.Tensor, sel: torch.Tensor, past: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         io = self.session.io_binding()
         for name, t in zip(self.inputs, [tokens, pos, bias, sel, *past]):
             arr = t.numpy() if t.is_contiguous() else t.contiguous().numpy()  # views share the pool's memory

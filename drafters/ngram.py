@@ -11,19 +11,20 @@ lookup costs O(#lengths) dictionary probes regardless of the context length.
 probability is the share of the candidates that reach its parent and continue with its token, so
 disagreeing occurrences become sibling branches. Paths stop under ``min_token_prob``.
 """
+
 from __future__ import annotations
 
 import heapq
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from specdec.config import ConfigBase, ConfigError, rng
 from specdec.drafters.base import Drafter, DraftRequest
 from specdec.tree import ROOT, TokenTree
-
 
 NUMPY_BUILD_MIN = 2048  # prompts at least this long are indexed with numpy
 HASH_BASE = 0x100000001B3  # odd multiplier of the numpy build's window hash (grouping only; keys are tuples)
@@ -66,7 +67,7 @@ class NgramIndex:
         h = np.zeros(size, np.uint64)  # [size] polynomial hash of each window (mod 2**64)
         with np.errstate(over="ignore"):
             for j in range(n):
-                h = h * np.uint64(HASH_BASE) + arr[j:j + size].astype(np.uint64)
+                h = h * np.uint64(HASH_BASE) + arr[j : j + size].astype(np.uint64)
         order = np.argsort(h, kind="stable")  # equal windows together, ends ascending inside each
         gs, starts = h[order], order
         same = gs[1:] == gs[:-1]  # [size - 1] element i + 1 continues the n-gram of element i
@@ -89,7 +90,7 @@ class NgramIndex:
         t = self.tokens
         head: dict[tuple[int, ...], int] = {}
         prev = [-1] * len(t)
-        for i, key in enumerate(zip(*(t[j:len(t) - n + 1 + j] for j in range(n)))):
+        for i, key in enumerate(zip(*(t[j : len(t) - n + 1 + j] for j in range(n)))):
             end = i + n - 1
             if self.keep_all:
                 prev[end] = head.get(key, -1)
@@ -109,7 +110,7 @@ class NgramIndex:
                 if end + 1 < n:
                     prev.append(-1)
                     continue
-                key = tuple(t[end - n + 1:])
+                key = tuple(t[end - n + 1 :])
                 head = self.head[n]
                 if self.keep_all:
                     prev.append(head.get(key, -1))
@@ -129,7 +130,7 @@ class NgramIndex:
         for n in self.lengths:
             if last < n:  # needs an earlier occurrence ending before `last`
                 continue
-            e = self.head[n].get(tuple(t[last - n + 1:]), -1)
+            e = self.head[n].get(tuple(t[last - n + 1 :]), -1)
             if e < 0:
                 continue
             if not self.keep_all:
@@ -149,8 +150,9 @@ class NgramIndex:
 
     def memory_bytes(self) -> int:
         per_entry = 100  # dict slot + int objects, approximate (CPython)
-        return sys.getsizeof(self.tokens) + sum(len(m) * per_entry + len(self.prev[n]) * 8
-                                                for n, m in self.head.items())
+        return sys.getsizeof(self.tokens) + sum(
+            len(m) * per_entry + len(self.prev[n]) * 8 for n, m in self.head.items()
+        )
 
 
 def check_n_range(config: Any, where: str) -> None:
@@ -188,8 +190,9 @@ class IndexedNgramDrafter(Drafter):
         self._index: dict[str, NgramIndex] = {}
 
     def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
-        self._index[request_id] = NgramIndex(prompt_ids, range(self.config.min_n, self.config.max_n + 1),
-                                             keep_all=self.keep_all)
+        self._index[request_id] = NgramIndex(
+            prompt_ids, range(self.config.min_n, self.config.max_n + 1), keep_all=self.keep_all
+        )
 
     def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
         idx = self._index.get(request_id)
@@ -223,8 +226,9 @@ class NgramDrafter(IndexedNgramDrafter):
                 out.append(TokenTree.empty())
                 continue
             starts = [e + 1 for e in hit[1]]  # most recent first
-            out.append(vote_tree(idx.tokens, starts, budget=req.budget, tree=req.tree,
-                                 min_prob=self.config.min_token_prob))
+            out.append(
+                vote_tree(idx.tokens, starts, budget=req.budget, tree=req.tree, min_prob=self.config.min_token_prob)
+            )
         return out
 
 

@@ -1,8 +1,10 @@
 """Build drafters from names, option dicts or lists (composition), with validated options."""
+
 from __future__ import annotations
 
 import importlib
-from typing import Any, Mapping, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any, Union
 
 from specdec.config import ConfigError
 from specdec.drafters.base import Drafter
@@ -18,7 +20,7 @@ _CLASSES: dict[str, str] = {
 }
 DRAFTER_NAMES = tuple(_CLASSES)
 
-DrafterSpec = Union[str, Mapping[str, Any], Sequence[Union[str, Mapping[str, Any]]]]
+DrafterSpec = Union[str, Mapping[str, Any], Sequence[str | Mapping[str, Any]]]
 
 
 def drafter_names() -> tuple[str, ...]:

@@ -12,13 +12,15 @@ number of accepted tokens (sum of path probabilities) wins; ``probs`` carries P(
 Backends: ``native`` (C++ core, ``specdec.drafters._suffix_native``, built by ``pip install -e .``),
 ``python`` (``specdec.drafters.suffix_ref``, the reference; identical drafts), ``auto`` (native if built).
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import accumulate
 from operator import mul
-from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -48,12 +50,20 @@ class SuffixConfig(ConfigBase):
     max_spec_factor: float = rng(8.0, lo=0.0, hi=1000.0, doc="draft depth <= match_len * factor + offset")
     max_spec_offset: float = rng(0.0, lo=-1000.0, hi=1000.0, doc="see max_spec_factor")
     min_token_prob: float = rng(0.1, lo=0.0, hi=1.0, doc="stop growing a path below this path probability")
-    free_spec_factor: float = rng(-1.0, lo=-1.0, hi=1000.0,
-                                  doc="max_spec_factor for requests whose verification is free (DraftRequest.free: "
-                                      "vLLM batches padded to k); -1: max_spec_factor")
-    leaf_prior: float = rng(0.0, lo=0.0, hi=1000.0,
-                            doc="> 0: a continuation seen once is not certain: (l + 1) / (l + 1 + leaf_prior), l = "
-                                "tokens matched so far (0: probability 1, as count / total says)")
+    free_spec_factor: float = rng(
+        -1.0,
+        lo=-1.0,
+        hi=1000.0,
+        doc="max_spec_factor for requests whose verification is free (DraftRequest.free: "
+        "vLLM batches padded to k); -1: max_spec_factor",
+    )
+    leaf_prior: float = rng(
+        0.0,
+        lo=0.0,
+        hi=1000.0,
+        doc="> 0: a continuation seen once is not certain: (l + 1) / (l + 1 + leaf_prior), l = "
+        "tokens matched so far (0: probability 1, as count / total says)",
+    )
     max_cached_requests: int = rng(10_000, lo=0, hi=2**31 - 1, doc="responses kept in the global trie (0: none)")
     max_cached_tokens: int = rng(10_000_000, lo=0, hi=2**40, doc="response tokens kept in the global trie")
     use_local: bool = rng(True, doc="draft from the request's own prompt + output")
@@ -74,8 +84,10 @@ class SuffixDrafter(Drafter):
         self.config = config
         backend = config.backend
         if backend == "native" and NativeEngine is None:
-            raise ConfigError("backend='native' but specdec.drafters._suffix_native is not built; "
-                              "run `pip install -e .` with a C++17 compiler, or set backend='python'")
+            raise ConfigError(
+                "backend='native' but specdec.drafters._suffix_native is not built; "
+                "run `pip install -e .` with a C++17 compiler, or set backend='python'"
+            )
         use_native = NativeEngine is not None and backend != "python"
         engine_cls = NativeEngine if use_native else RefEngine
         self.backend = "native" if use_native else "python"
@@ -118,16 +130,27 @@ class SuffixDrafter(Drafter):
                 self.last_sources.append("")
                 continue
             toks, parents, probs, _score, _m, src = self.engine.draft(
-                rid, min(req.budget, MAX_BUDGET), req.tree, self._factor(req.free), c.max_spec_offset,
-                c.min_token_prob, c.use_local, c.use_global, c.leaf_prior)
+                rid,
+                min(req.budget, MAX_BUDGET),
+                req.tree,
+                self._factor(req.free),
+                c.max_spec_offset,
+                c.min_token_prob,
+                c.use_local,
+                c.use_global,
+                c.leaf_prior,
+            )
             self.last_sources.append(SOURCES[src] if src >= 0 else "")
             if not toks:
                 out.append(TokenTree.empty())
             elif not req.tree:
                 out.append(TokenTree.chain(toks, probs))
             else:  # the engine emits parents in topological order: no re-validation on this hot path
-                out.append(TokenTree._trusted(np.asarray(toks, np.int64), np.asarray(parents, np.int32),
-                                              np.asarray(probs, np.float32)))
+                out.append(
+                    TokenTree._trusted(
+                        np.asarray(toks, np.int64), np.asarray(parents, np.int32), np.asarray(probs, np.float32)
+                    )
+                )
         return out
 
     def draft_chains(self, requests: Sequence[DraftRequest]) -> list[Chain]:
@@ -140,8 +163,16 @@ class SuffixDrafter(Drafter):
                 out.append(([], None))
                 continue
             toks, _parents, probs, _score, _m, _src = self.engine.draft(
-                rid, min(req.budget, MAX_BUDGET), False, self._factor(req.free), c.max_spec_offset,
-                c.min_token_prob, c.use_local, c.use_global, c.leaf_prior)
+                rid,
+                min(req.budget, MAX_BUDGET),
+                False,
+                self._factor(req.free),
+                c.max_spec_offset,
+                c.min_token_prob,
+                c.use_local,
+                c.use_global,
+                c.leaf_prior,
+            )
             out.append((toks, list(accumulate(probs, mul)) if toks else None))
         return out
 
@@ -151,7 +182,7 @@ class SuffixDrafter(Drafter):
         return c.free_spec_factor if free and c.free_spec_factor >= 0 else c.max_spec_factor
 
     # ----------------------------------------------------------------- one-call proposer step (native only)
-    def native_lane(self) -> "SuffixDrafter | None":
+    def native_lane(self) -> SuffixDrafter | None:
         """This drafter if it offers the one-call proposer step (``lane_step``: native backend), else None."""
         return self if self.backend == "native" else None
 
@@ -160,13 +191,35 @@ class SuffixDrafter(Drafter):
         """Active request ids (-> engine ids); read-only."""
         return self._ids
 
-    def lane_config(self, *, probe_tokens: int, accept_alpha: float, calib_decay: float, min_calib_mass: float,
-                    min_calib: float, max_calib: float, max_cut: float) -> None:
+    def lane_config(
+        self,
+        *,
+        probe_tokens: int,
+        accept_alpha: float,
+        calib_decay: float,
+        min_calib_mass: float,
+        min_calib: float,
+        max_calib: float,
+        max_cut: float,
+    ) -> None:
         """The proposer's constants for ``lane_step`` (see specdec/vllm_plugin/core.py)."""
         c = self.config
-        self._lane_args = (probe_tokens, accept_alpha, calib_decay, min_calib_mass, min_calib, max_calib, max_cut,
-                           c.max_spec_factor, c.max_spec_offset, c.min_token_prob, c.leaf_prior,
-                           self._factor(True), c.use_local, c.use_global)
+        self._lane_args = (
+            probe_tokens,
+            accept_alpha,
+            calib_decay,
+            min_calib_mass,
+            min_calib,
+            max_calib,
+            max_cut,
+            c.max_spec_factor,
+            c.max_spec_offset,
+            c.min_token_prob,
+            c.leaf_prior,
+            self._factor(True),
+            c.use_local,
+            c.use_global,
+        )
         self.engine.lane_config(*self._lane_args)
 
     def lane_restart(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int], n_known: int) -> None:
@@ -180,8 +233,9 @@ class SuffixDrafter(Drafter):
         already in the context)."""
         self._lane_begin(request_id, prompt_ids, rest_ids, len(prompt_ids) + len(rest_ids), fresh=False)
 
-    def _lane_begin(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int], n_known: int, *,
-                    fresh: bool) -> None:
+    def _lane_begin(
+        self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int], n_known: int, *, fresh: bool
+    ) -> None:
         """Start from the context (prompt, then the rest) and set the lane's book: ``n_known`` tokens, ``fresh``
         (the next row carries exactly ``n_known``) or not (the next row extends it by its sampled tokens)."""
         self.start(request_id, prompt_ids)
@@ -200,9 +254,21 @@ class SuffixDrafter(Drafter):
         if rid is not None:
             self.engine.lane_mark(rid, -1)
 
-    def lane_step(self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]], lengths: Any, *, k: int,
-                  max_model_len: int, spec: bool, pad: bool, adaptive: bool, min_acceptance: float, floor: float,
-                  value: float) -> tuple[list[list[int]], list[int], int, int]:
+    def lane_step(
+        self,
+        req_ids: Sequence[str],
+        sampled: Sequence[Sequence[int]],
+        lengths: Any,
+        *,
+        k: int,
+        max_model_len: int,
+        spec: bool,
+        pad: bool,
+        adaptive: bool,
+        min_acceptance: float,
+        floor: float,
+        value: float,
+    ) -> tuple[list[list[int]], list[int], int, int]:
         """Every row's proposer step in one native call: extend by ``sampled[i]``, update the request's
         statistics, draft, cut and pad (the semantics of ``ProposerCore``'s Python path).
         ``lengths`` [rows] int32: context length after ``sampled[i]``. Returns (drafts, rows to restart (unknown
@@ -210,12 +276,27 @@ class SuffixDrafter(Drafter):
         ids = self._ids
         rids = [ids.get(r, -1) for r in req_ids]
         rows = sampled if type(sampled) is list else list(sampled)
-        return self.engine.lane_step(rids, rows, lengths, k, max_model_len, spec, pad, adaptive, min_acceptance,
-                                     floor, value)
+        return self.engine.lane_step(
+            rids, rows, lengths, k, max_model_len, spec, pad, adaptive, min_acceptance, floor, value
+        )
 
-    def lane_step_tokens(self, req_ids: Sequence[str], tokens: Any, known: Sequence[int], fillers: Sequence[int],
-                         out: Any, *, k: int, max_model_len: int, spec: bool, pad: bool, adaptive: bool,
-                         min_acceptance: float, floor: float, value: float) -> tuple[list[int] | None, list[int], int, int]:
+    def lane_step_tokens(
+        self,
+        req_ids: Sequence[str],
+        tokens: Any,
+        known: Sequence[int],
+        fillers: Sequence[int],
+        out: Any,
+        *,
+        k: int,
+        max_model_len: int,
+        spec: bool,
+        pad: bool,
+        adaptive: bool,
+        min_acceptance: float,
+        floor: float,
+        value: float,
+    ) -> tuple[list[int] | None, list[int], int, int]:
         """``lane_step`` for rows given as a token matrix, drafts written into a buffer (schedule mode's step):
         ``tokens`` [>= rows, w] int32 (row i's new tokens: its leading entries >= 0), ``known`` [rows] context
         lengths before them, ``fillers`` [rows] each row's last token before them, ``out`` [>= rows, width] int32
@@ -224,12 +305,28 @@ class SuffixDrafter(Drafter):
         drafted tokens)."""
         ids = self._ids
         rids = [ids.get(r, -1) for r in req_ids]
-        return self.engine.lane_step_tokens(rids, tokens, known, fillers, out, k, max_model_len, spec, pad, adaptive,
-                                            min_acceptance, floor, value)
+        return self.engine.lane_step_tokens(
+            rids, tokens, known, fillers, out, k, max_model_len, spec, pad, adaptive, min_acceptance, floor, value
+        )
 
-    def lane_submit(self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]], lengths: Any, token_ids: Any,
-                    num_prompt_tokens: Any, *, stops: Sequence[str], k: int, max_model_len: int, spec: bool,
-                    pad: bool, adaptive: bool, min_acceptance: float, floor: float, value: float) -> None:
+    def lane_submit(
+        self,
+        req_ids: Sequence[str],
+        sampled: Sequence[Sequence[int]],
+        lengths: Any,
+        token_ids: Any,
+        num_prompt_tokens: Any,
+        *,
+        stops: Sequence[str],
+        k: int,
+        max_model_len: int,
+        spec: bool,
+        pad: bool,
+        adaptive: bool,
+        min_acceptance: float,
+        floor: float,
+        value: float,
+    ) -> None:
         """``lane_step`` on the engine's own thread (GIL released), collected by ``lane_collect``: first the
         ``stops`` (request ids absent from the batch), then every row as ``lane_step`` does it; rows that must
         restart (new request, unexpected length) restart there from ``token_ids`` [rows, max_len] (row i's
@@ -244,8 +341,24 @@ class SuffixDrafter(Drafter):
             if rid < 0 and len(toks):  # a new request: it starts on the lane thread
                 rid = self._new_engine_id(r)
             rids.append(rid)
-        self._hand_over(stop_ids, self.engine.lane_submit, rids, rows, lengths, token_ids, num_prompt_tokens, stop_ids,
-                        k, max_model_len, spec, pad, adaptive, min_acceptance, floor, value)
+        self._hand_over(
+            stop_ids,
+            self.engine.lane_submit,
+            rids,
+            rows,
+            lengths,
+            token_ids,
+            num_prompt_tokens,
+            stop_ids,
+            k,
+            max_model_len,
+            spec,
+            pad,
+            adaptive,
+            min_acceptance,
+            floor,
+            value,
+        )
 
     def lane_collect(self, timeout_s: float | None) -> tuple[list[list[int]], int, int, int, int, tuple] | None:
         """The submitted step's (drafts, accepted, drafted, started, resyncs, (wake_us, run_us, window_us,

@@ -15,13 +15,14 @@ tree (best-first by path probability) while the path probability stays >= ``min_
 accepted tokens); the strictly best score wins (ties: longer match, then the request's own trie).
 Every tie-break (child order newest first, heap FIFO) matches the native core exactly.
 """
+
 from __future__ import annotations
 
 import heapq
 import math
 import sys
 from collections import deque
-from typing import Sequence
+from collections.abc import Sequence
 
 ROOT = 0
 NODE_BYTES = 200  # rough CPython cost of one node (list slots + its dict entry)
@@ -167,8 +168,9 @@ def draft_chain(t: RefTrie, start: int, m: int, max_len: int, params: tuple, out
         cur = b
 
 
-def _push_children(t: RefTrie, node: int, path: float, parent: int, depth: int, m: int, params: tuple,
-                   seq: list[int], heap: list) -> None:
+def _push_children(
+    t: RefTrie, node: int, path: float, parent: int, depth: int, m: int, params: tuple, seq: list[int], heap: list
+) -> None:
     min_prob, leaf_prior = params[4], params[5]
     total = t.total[node]
     if total <= 0:
@@ -251,7 +253,7 @@ class RefEngine:
         if r.version == self.version:
             return
         front = [ROOT]
-        for t in r.context[-self.depth:]:
+        for t in r.context[-self.depth :]:
             front = self.global_trie.step_match(front, t)
         r.global_front, r.version = front, self.version
 
@@ -276,7 +278,7 @@ class RefEngine:
         r = self.requests.pop(rid, None)
         if r is None or self.max_requests <= 0 or self.max_tokens <= 0 or len(r.context) <= r.prompt_len:
             return
-        resp = r.context[r.prompt_len:]
+        resp = r.context[r.prompt_len :]
         self.global_trie.insert_sequence(resp)
         self.cached_tokens += len(resp)
         self.cached.append(resp)
@@ -287,9 +289,18 @@ class RefEngine:
             self.version += 1
         self.version += 1
 
-    def draft(self, rid: int, budget: int, tree: bool, factor: float, offset: float, min_prob: float,
-              use_local: bool, use_global: bool, leaf_prior: float = 0.0
-              ) -> tuple[list[int], list[int], list[float], float, int, int]:
+    def draft(
+        self,
+        rid: int,
+        budget: int,
+        tree: bool,
+        factor: float,
+        offset: float,
+        min_prob: float,
+        use_local: bool,
+        use_global: bool,
+        leaf_prior: float = 0.0,
+    ) -> tuple[list[int], list[int], list[float], float, int, int]:
         r = self.requests.get(rid)
         if r is None:
             raise KeyError(f"request {rid} is not active (call start first)")
@@ -308,8 +319,12 @@ class RefEngine:
         return total + sum(r.local.memory_bytes() + len(r.context) * 8 for r in self.requests.values())
 
     def global_stats(self) -> dict[str, int]:
-        return {"nodes": self.global_trie.live_nodes(), "bytes": self.global_trie.memory_bytes(),
-                "cached_tokens": self.cached_tokens, "cached_requests": len(self.cached)}
+        return {
+            "nodes": self.global_trie.live_nodes(),
+            "bytes": self.global_trie.memory_bytes(),
+            "cached_tokens": self.cached_tokens,
+            "cached_requests": len(self.cached),
+        }
 
     def local_nodes(self, rid: int) -> int:
         r = self.requests.get(rid)

@@ -7,6 +7,7 @@
   (the projected speedup is then bound by the CPU, not by acceptance), saying why.
 * ``slow_prompt_notes``: live runs whose summed seconds are dominated by a few stalled prompts.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,9 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from specdec.eval.settings import Setting
-
 from specdec.config import ConfigError
+from specdec.eval.settings import Setting
 
 MODEL_DRAFTER = "model"
 SLOW_PROMPT_FACTOR = 3.0  # a live prompt slower than this many times its method's median is flagged
@@ -42,11 +42,15 @@ def check_draft_model_tokenizer(settings: Sequence[Setting], tokenizer: Any) -> 
     tok = load_tokenizer(tokenizer)
     for path in sorted(paths):
         if not (path / "config.json").exists():
-            raise ConfigError(f"drafter 'model': path={str(path)!r} is not a Hugging Face model folder (no "
-                              "config.json); set --option model.path=<draft model folder>")
+            raise ConfigError(
+                f"drafter 'model': path={str(path)!r} is not a Hugging Face model folder (no "
+                "config.json); set --option model.path=<draft model folder>"
+            )
         if isinstance(tok, ByteTokenizer):
-            raise ConfigError(f"drafter 'model' ({path}) drafts in its own vocabulary, but the traces are "
-                              "tokenized as UTF-8 bytes: pass --tokenizer <the draft or target model folder>")
+            raise ConfigError(
+                f"drafter 'model' ({path}) drafts in its own vocabulary, but the traces are "
+                "tokenized as UTF-8 bytes: pass --tokenizer <the draft or target model folder>"
+            )
         if isinstance(tok, HFTokenizer):
             _check_pair(path, tok.path)
 
@@ -70,12 +74,17 @@ def cpu_notes(results: Sequence[Mapping[str, Any]]) -> list[str]:
         if not verify or cpu <= verify:
             continue
         names = r.get("names") or [r.get("drafter", "?")]
-        why = (f"the draft model's forward passes on {cpu_count()} CPU core(s) of this machine"
-               if MODEL_DRAFTER in names else f"the drafter's CPU work on {cpu_count()} CPU core(s) of this machine")
-        notes.append(f"note: {r.get('dataset', '?')} / {r.get('label', r.get('drafter', '?'))}: drafting takes "
-                     f"{cpu:.2f} ms per step, more than the modelled verification ({verify:.2f} ms per step), so the "
-                     f"projected speedup ({float(r.get('projected_speedup', 0.0)):.2f}x) is bound by {why}, not by "
-                     "acceptance; more or faster cores, or --verify-ms for a slower target, change it")
+        why = (
+            f"the draft model's forward passes on {cpu_count()} CPU core(s) of this machine"
+            if MODEL_DRAFTER in names
+            else f"the drafter's CPU work on {cpu_count()} CPU core(s) of this machine"
+        )
+        notes.append(
+            f"note: {r.get('dataset', '?')} / {r.get('label', r.get('drafter', '?'))}: drafting takes "
+            f"{cpu:.2f} ms per step, more than the modelled verification ({verify:.2f} ms per step), so the "
+            f"projected speedup ({float(r.get('projected_speedup', 0.0)):.2f}x) is bound by {why}, not by "
+            "acceptance; more or faster cores, or --verify-ms for a slower target, change it"
+        )
     return notes
 
 
@@ -86,9 +95,11 @@ def slow_prompt_notes(entries: Sequence[Mapping[str, Any]]) -> list[str]:
         slow = e.get("slow_prompts") or []
         if slow:
             shown = ", ".join(f"{p['id']} ({p['seconds']:.2f} s)" for p in slow[:5])
-            notes.append(f"warning: {e.get('dataset', '?')} / {e['method']}: {len(slow)} prompt(s) took more than "
-                         f"{SLOW_PROMPT_FACTOR:g}x the median {e['median_seconds']:.2f} s: {shown}; the summed "
-                         "speedups are skewed by them, compare the median columns")
+            notes.append(
+                f"warning: {e.get('dataset', '?')} / {e['method']}: {len(slow)} prompt(s) took more than "
+                f"{SLOW_PROMPT_FACTOR:g}x the median {e['median_seconds']:.2f} s: {shown}; the summed "
+                "speedups are skewed by them, compare the median columns"
+            )
     return notes
 
 
@@ -98,8 +109,10 @@ def per_prompt_medians(seconds: Sequence[float], peers: Mapping[str, Sequence[fl
     if not seconds:
         return {"median_seconds": 0.0, "slow_indices": []}
     med = statistics.median(seconds)
-    out: dict[str, Any] = {"median_seconds": med,
-                           "slow_indices": [i for i, s in enumerate(seconds) if med > 0 and s > SLOW_PROMPT_FACTOR * med]}
+    out: dict[str, Any] = {
+        "median_seconds": med,
+        "slow_indices": [i for i, s in enumerate(seconds) if med > 0 and s > SLOW_PROMPT_FACTOR * med],
+    }
     for peer, theirs in peers.items():
         ratios = [b / a for a, b in zip(seconds, theirs) if a > 0]
         if ratios and len(theirs) == len(seconds):

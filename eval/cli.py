@@ -1,11 +1,12 @@
 """``specdec-eval``: measure drafters' acceptance on traces (replay), on live models (live), over settings (sweep).
 
-    specdec-eval                                   # built-in workload, suffix + ngram, table + JSON + PNGs
-    specdec-eval --data ../shared/data             # the same on every shared trace set
-    specdec-eval replay traces.jsonl --drafter suffix ngram --budget 8 16
-    specdec-eval sweep --data ../shared/data --drafter suffix --grid suffix.max_depth=16,32,64
-    specdec-eval live humaneval --limit 80 --drafter model --max-new-tokens 128
+specdec-eval                                   # built-in workload, suffix + ngram, table + JSON + PNGs
+specdec-eval --data ../shared/data             # the same on every shared trace set
+specdec-eval replay traces.jsonl --drafter suffix ngram --budget 8 16
+specdec-eval sweep --data ../shared/data --drafter suffix --grid suffix.max_depth=16,32,64
+specdec-eval live humaneval --limit 80 --drafter model --max-new-tokens 128
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,8 @@ import logging
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from specdec.config import ConfigError
 from specdec.eval.costmodel import DEFAULT_VERIFY_MS, DEFAULT_VERIFY_MS_PER_TOKEN, CostModel
@@ -33,38 +34,71 @@ class EvalError(RuntimeError):
 # ------------------------------------------------------------------------------------------- parser
 def _add_drafter_args(p: argparse.ArgumentParser, defaults: Sequence[str] = DEFAULT_DRAFTERS) -> None:
     g = p.add_argument_group("drafters")
-    g.add_argument("--drafter", nargs="+", metavar="NAME", default=None,
-                   help="drafters to evaluate, each a name (suffix, ngram, model, arctic, vllm-ngram) or names "
-                        "joined by '+' for a composition choosing the best draft per step (suffix+model). "
-                        f"Default: {' '.join(defaults)}" + (" (a default one that cannot be imported is skipped "
-                                                             "with a warning)" if len(defaults) > 1 else ""))
-    g.add_argument("--option", action="append", default=[], metavar="NAME.KEY=VALUE",
-                   help="a drafter option, e.g. suffix.max_depth=32 or model.path=../shared/models/code-draft-7m "
-                        "(VALUE parsed as YAML; repeatable; unknown keys are rejected by the drafter's config)")
-    g.add_argument("--config", metavar="YAML",
-                   help="a YAML preset (path or name in configs/) with drafters/options/budget/tree/grid; flags "
-                        "override it")
-    g.add_argument("--budget", nargs="+", type=int, metavar="N", default=None,
-                   help=f"max draft tokens (tree nodes) per request per step; several values = one run each "
-                        f"(default {DEFAULT_BUDGET})")
-    g.add_argument("--tree", action=argparse.BooleanOptionalAction, default=None,
-                   help="let drafters propose token trees (verified by the longest matching path) instead of "
-                        "chains (default: chains, as vLLM verifies)")
-    g.add_argument("--strict", action="store_true",
-                   help="raise on a drafter failure or budget violation instead of counting it and going on")
+    g.add_argument(
+        "--drafter",
+        nargs="+",
+        metavar="NAME",
+        default=None,
+        help="drafters to evaluate, each a name (suffix, ngram, model, arctic, vllm-ngram) or names "
+        "joined by '+' for a composition choosing the best draft per step (suffix+model). "
+        f"Default: {' '.join(defaults)}"
+        + (" (a default one that cannot be imported is skipped with a warning)" if len(defaults) > 1 else ""),
+    )
+    g.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME.KEY=VALUE",
+        help="a drafter option, e.g. suffix.max_depth=32 or model.path=../shared/models/code-draft-7m "
+        "(VALUE parsed as YAML; repeatable; unknown keys are rejected by the drafter's config)",
+    )
+    g.add_argument(
+        "--config",
+        metavar="YAML",
+        help="a YAML preset (path or name in configs/) with drafters/options/budget/tree/grid; flags override it",
+    )
+    g.add_argument(
+        "--budget",
+        nargs="+",
+        type=int,
+        metavar="N",
+        default=None,
+        help=f"max draft tokens (tree nodes) per request per step; several values = one run each "
+        f"(default {DEFAULT_BUDGET})",
+    )
+    g.add_argument(
+        "--tree",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="let drafters propose token trees (verified by the longest matching path) instead of "
+        "chains (default: chains, as vLLM verifies)",
+    )
+    g.add_argument(
+        "--strict",
+        action="store_true",
+        help="raise on a drafter failure or budget violation instead of counting it and going on",
+    )
 
 
 def _add_output_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
-    g.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
-                   help=f"output folder for results.json, PNG plots and CSVs (default ./{DEFAULT_OUT}); written "
-                        "only when the run completes")
-    g.add_argument("--save-results", metavar="NAME",
-                   help="also write the JSON to eval/results/<YYYY-MM-DD>_<device>_<NAME>.json")
+    g.add_argument(
+        "--out",
+        default=DEFAULT_OUT,
+        metavar="DIR",
+        help=f"output folder for results.json, PNG plots and CSVs (default ./{DEFAULT_OUT}); written "
+        "only when the run completes",
+    )
+    g.add_argument(
+        "--save-results", metavar="NAME", help="also write the JSON to eval/results/<YYYY-MM-DD>_<device>_<NAME>.json"
+    )
     g.add_argument("--json", metavar="PATH", help="write the results JSON here instead of <out>/results.json")
-    g.add_argument("--step-csv", action="store_true",
-                   help="write one CSV per dataset x drafter with a row per step (record, step, position, "
-                        "context_len, drafted, depth, accepted, emitted, draft_us, update_us)")
+    g.add_argument(
+        "--step-csv",
+        action="store_true",
+        help="write one CSV per dataset x drafter with a row per step (record, step, position, "
+        "context_len, drafted, depth, accepted, emitted, draft_us, update_us)",
+    )
     g.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
     g.add_argument("--quiet", action="store_true", help="no tables on stdout (files are still written)")
@@ -72,60 +106,116 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
 
 def _add_cost_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cost model (projected speedup = MAT * t(1) / (t(1 + drafted) + t_draft + t_update))")
-    g.add_argument("--verify-ms", type=float, default=DEFAULT_VERIFY_MS, metavar="MS",
-                   help=f"t(1): target decode step in ms (default {DEFAULT_VERIFY_MS}: an 8B-shaped target at "
-                        "batch 1 on an H100-class GPU)")
-    g.add_argument("--verify-ms-per-token", type=float, default=DEFAULT_VERIFY_MS_PER_TOKEN, metavar="MS",
-                   help=f"extra ms per additional scored token in a verify step (default "
-                        f"{DEFAULT_VERIFY_MS_PER_TOKEN})")
-    g.add_argument("--verify-table", metavar="N:MS,...",
-                   help="measured verify times, e.g. 1:5.0,9:5.2,17:5.6 (linear interpolation; overrides the two "
-                        "flags above)")
+    g.add_argument(
+        "--verify-ms",
+        type=float,
+        default=DEFAULT_VERIFY_MS,
+        metavar="MS",
+        help=f"t(1): target decode step in ms (default {DEFAULT_VERIFY_MS}: an 8B-shaped target at "
+        "batch 1 on an H100-class GPU)",
+    )
+    g.add_argument(
+        "--verify-ms-per-token",
+        type=float,
+        default=DEFAULT_VERIFY_MS_PER_TOKEN,
+        metavar="MS",
+        help=f"extra ms per additional scored token in a verify step (default {DEFAULT_VERIFY_MS_PER_TOKEN})",
+    )
+    g.add_argument(
+        "--verify-table",
+        metavar="N:MS,...",
+        help="measured verify times, e.g. 1:5.0,9:5.2,17:5.6 (linear interpolation; overrides the two flags above)",
+    )
 
 
 def _add_trace_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("sources", nargs="*", metavar="SOURCE",
-                   help="trace files or shared set names (alpaca_eval_llama31_8b, code_alpaca, gsm8k_175b, "
-                        "mt_bench_vicuna7b_t1, openhands_swebench); a folder = every shared set in it (or every "
-                        "*.jsonl). None: every shared set under --data / $SPECDEC_DATA, else the built-in workload")
+    p.add_argument(
+        "sources",
+        nargs="*",
+        metavar="SOURCE",
+        help="trace files or shared set names (alpaca_eval_llama31_8b, code_alpaca, gsm8k_175b, "
+        "mt_bench_vicuna7b_t1, openhands_swebench); a folder = every shared set in it (or every "
+        "*.jsonl). None: every shared set under --data / $SPECDEC_DATA, else the built-in workload",
+    )
     g = p.add_argument_group("traces")
-    g.add_argument("--data", metavar="DIR", default=None,
-                   help="shared data folder (default $SPECDEC_DATA); with no SOURCE, replays all its trace sets")
-    g.add_argument("--tokenizer", metavar="PATH", default=None,
-                   help="local Hugging Face tokenizer folder, 'bytes', or 'none' for token-id traces "
-                        "(prompt_ids/response_ids) of any vocabulary, replayed unchecked (default: ../shared/models/"
-                        "code-target-53m if present, else UTF-8 bytes)")
-    g.add_argument("--limit", type=int, default=None, metavar="N",
-                   help="first N records per set (OpenHands: first N instances, all their calls); default all. "
-                        "ANCHORS.md used --limit 400")
-    g.add_argument("--format", choices=("generic", "openhands", "alpaca", "answers", "gsm8k"), default=None,
-                   help="force the trace format instead of detecting it")
-    g.add_argument("--all-turns", action="store_true",
-                   help="FastChat answer files: replay every turn (later turns get the conversation as chat "
-                        "messages); default turn 1 only, like the anchors")
-    g.add_argument("--batch-size", type=int, default=1, metavar="N",
-                   help="replay N records concurrently (one draft_batch call per step over them); default 1")
-    g.add_argument("--no-cache", action="store_true",
-                   help="do not read/write the tokenized-trace cache ($SPECDEC_CACHE or ~/.cache/specdec)")
+    g.add_argument(
+        "--data",
+        metavar="DIR",
+        default=None,
+        help="shared data folder (default $SPECDEC_DATA); with no SOURCE, replays all its trace sets",
+    )
+    g.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        default=None,
+        help="local Hugging Face tokenizer folder, 'bytes', or 'none' for token-id traces "
+        "(prompt_ids/response_ids) of any vocabulary, replayed unchecked (default: ../shared/models/"
+        "code-target-53m if present, else UTF-8 bytes)",
+    )
+    g.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="first N records per set (OpenHands: first N instances, all their calls); default all. "
+        "ANCHORS.md used --limit 400",
+    )
+    g.add_argument(
+        "--format",
+        choices=("generic", "openhands", "alpaca", "answers", "gsm8k"),
+        default=None,
+        help="force the trace format instead of detecting it",
+    )
+    g.add_argument(
+        "--all-turns",
+        action="store_true",
+        help="FastChat answer files: replay every turn (later turns get the conversation as chat "
+        "messages); default turn 1 only, like the anchors",
+    )
+    g.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="replay N records concurrently (one draft_batch call per step over them); default 1",
+    )
+    g.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="do not read/write the tokenized-trace cache ($SPECDEC_CACHE or ~/.cache/specdec)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog="specdec-eval", description=__doc__, formatter_class=fmt)
     sub = parser.add_subparsers(dest="command", metavar="{replay,sweep,live}")
-    rp = sub.add_parser("replay", formatter_class=fmt, help="trace replay (default when no subcommand is given)",
-                        description="Replay recorded responses against drafters with simulated greedy "
-                                    "verification (longest matching draft path + 1 bonus token per step).")
-    sw = sub.add_parser("sweep", formatter_class=fmt, help="trace replay over the Cartesian product of settings",
-                        description="Like replay, over the Cartesian product of --grid lists.")
+    rp = sub.add_parser(
+        "replay",
+        formatter_class=fmt,
+        help="trace replay (default when no subcommand is given)",
+        description="Replay recorded responses against drafters with simulated greedy "
+        "verification (longest matching draft path + 1 bonus token per step).",
+    )
+    sw = sub.add_parser(
+        "sweep",
+        formatter_class=fmt,
+        help="trace replay over the Cartesian product of settings",
+        description="Like replay, over the Cartesian product of --grid lists.",
+    )
     for p in (rp, sw):
         _add_trace_args(p)
         _add_drafter_args(p)
         _add_cost_args(p)
         _add_output_args(p)
-    sw.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
-                    help="a swept setting: budget=4,8,16 | tree=false,true | NAME.KEY=V1,V2 (e.g. "
-                         "suffix.max_depth=16,32,64); repeatable, the product of all is run")
+    sw.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="a swept setting: budget=4,8,16 | tree=false,true | NAME.KEY=V1,V2 (e.g. "
+        "suffix.max_depth=16,32,64); repeatable, the product of all is run",
+    )
     from specdec.eval.live import add_live_parser
 
     add_live_parser(sub, fmt, _add_drafter_args, _add_output_args)
@@ -174,8 +264,14 @@ def error_line(exc: BaseException) -> str:
 
 def check_counts(args: argparse.Namespace) -> None:
     """Count flags in range (``--limit 0`` is an error, not "all"), before anything is loaded."""
-    rules = (("limit", 1, "omit --limit for all"), ("batch_size", 1, ""), ("offset", 0, ""),
-             ("max_new_tokens", 1, ""), ("threads", 0, "0 = torch's default"), ("max_seconds", 0, "0 = no limit"))
+    rules = (
+        ("limit", 1, "omit --limit for all"),
+        ("batch_size", 1, ""),
+        ("offset", 0, ""),
+        ("max_new_tokens", 1, ""),
+        ("threads", 0, "0 = torch's default"),
+        ("max_seconds", 0, "0 = no limit"),
+    )
     for key, lo, hint in rules:
         value = getattr(args, key, None)
         if value is not None and value < lo:
@@ -186,14 +282,23 @@ def check_counts(args: argparse.Namespace) -> None:
 def cost_model(args: argparse.Namespace) -> CostModel:
     if getattr(args, "verify_table", None):
         return CostModel.parse_table(args.verify_table)
-    src = "flags" if (args.verify_ms, args.verify_ms_per_token) != (DEFAULT_VERIFY_MS, DEFAULT_VERIFY_MS_PER_TOKEN) \
+    src = (
+        "flags"
+        if (args.verify_ms, args.verify_ms_per_token) != (DEFAULT_VERIFY_MS, DEFAULT_VERIFY_MS_PER_TOKEN)
         else CostModel().source
+    )
     return CostModel(t1_ms=args.verify_ms, per_token_ms=args.verify_ms_per_token, source=src)
 
 
 def settings_from_args(args: argparse.Namespace) -> list[Setting]:
-    return build_settings(drafters=args.drafter, options=args.option, budgets=args.budget, tree=args.tree,
-                          grid=getattr(args, "grid", []) or [], preset=args.config)
+    return build_settings(
+        drafters=args.drafter,
+        options=args.option,
+        budgets=args.budget,
+        tree=args.tree,
+        grid=getattr(args, "grid", []) or [],
+        preset=args.config,
+    )
 
 
 # ------------------------------------------------------------------------------------------- outputs
@@ -211,8 +316,9 @@ class Staging:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir.mkdir(parents=True)
         except OSError as exc:
-            raise EvalError(f"--out {self.out}: cannot write there ({exc.strerror or exc}); pick a writable "
-                            "folder") from None
+            raise EvalError(
+                f"--out {self.out}: cannot write there ({exc.strerror or exc}); pick a writable folder"
+            ) from None
         self.targets: dict[Path, Path] = {}  # staged file -> final path
         for flag, path in files:
             if path:
@@ -230,8 +336,9 @@ class Staging:
             probe.unlink()
         except OSError as exc:
             self.abort()
-            raise EvalError(f"{flag} {path}: cannot write there ({exc.strerror or exc}); pick a writable "
-                            "path") from None
+            raise EvalError(
+                f"{flag} {path}: cannot write there ({exc.strerror or exc}); pick a writable path"
+            ) from None
 
     def path(self, name: str, final: str | os.PathLike[str] | None = None) -> Path:
         staged = self.dir / name

@@ -14,10 +14,12 @@ memory-bound, so extra tokens cost little). Give your own with ``--verify-ms`` /
 a measured table with ``--verify-table 1:5.0,9:5.2,17:5.5`` (linear interpolation, flat beyond the ends), or
 measure the target on this machine with ``specdec-eval live`` (it reports the real wall-clock speedup).
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 DEFAULT_VERIFY_MS = 5.0
 DEFAULT_VERIFY_MS_PER_TOKEN = 0.02
@@ -43,7 +45,7 @@ class CostModel:
         object.__setattr__(self, "table", tuple(pts))
 
     @classmethod
-    def parse_table(cls, text: str, **kw: Any) -> "CostModel":
+    def parse_table(cls, text: str, **kw: Any) -> CostModel:
         """``"1:5.0,9:5.2,17:5.5"`` -> a table model (t(1) read from the table)."""
         try:
             pts = tuple((int(a), float(b)) for a, b in (item.split(":") for item in text.split(",") if item.strip()))
@@ -75,16 +77,28 @@ class CostModel:
         mat = float(result.get("mat", 0.0))
         steps = max(int(result.get("steps", 0)), 1)
         emitted = float(result.get("emitted_tokens", 0))
-        per_step_cpu_ms = (float(result.get("draft_us_per_token", 0.0)) + float(result.get("update_us_per_token", 0.0))) \
-            * emitted / steps * 1e-3
+        per_step_cpu_ms = (
+            (float(result.get("draft_us_per_token", 0.0)) + float(result.get("update_us_per_token", 0.0)))
+            * emitted
+            / steps
+            * 1e-3
+        )
         verify = self.verify_ms(1.0 + float(result.get("drafted_per_step", 0.0)))
         base = self.base_ms
         sync = mat * base / (verify + per_step_cpu_ms) if mat else 0.0
         hidden = mat * base / max(verify, per_step_cpu_ms) if mat else 0.0
-        return {"projected_speedup": sync, "hidden_draft_speedup": hidden, "verify_ms_per_step": verify,
-                "cpu_ms_per_step": per_step_cpu_ms}
+        return {
+            "projected_speedup": sync,
+            "hidden_draft_speedup": hidden,
+            "verify_ms_per_step": verify,
+            "cpu_ms_per_step": per_step_cpu_ms,
+        }
 
     def describe(self) -> dict[str, Any]:
-        return {"t1_ms": self.base_ms, "per_token_ms": self.per_token_ms if not self.table else None,
-                "table": [list(p) for p in self.table] or None, "source": self.source,
-                "formula": "MAT * t(1) / (t(1 + drafted_per_step) + draft_ms_per_step + update_ms_per_step)"}
+        return {
+            "t1_ms": self.base_ms,
+            "per_token_ms": self.per_token_ms if not self.table else None,
+            "table": [list(p) for p in self.table] or None,
+            "source": self.source,
+            "formula": "MAT * t(1) / (t(1 + drafted_per_step) + draft_ms_per_step + update_ms_per_step)",
+        }

@@ -26,6 +26,7 @@ Weights that cannot reach the output are random (std ``INIT_STD``), not zero, so
 
     specdec-inflate --model ../shared/models/code-target-53m --shape llama-8b --out /tmp/x
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,16 +54,22 @@ class InflateError(ValueError):
 def _check(src: dict[str, Any], dst: dict[str, int]) -> None:
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads"):
         if dst[key] < src[key]:
-            raise InflateError(f"{key}={dst[key]} is smaller than the source's {src[key]}: a target must be at least "
-                               "as large in every dimension")
+            raise InflateError(
+                f"{key}={dst[key]} is smaller than the source's {src[key]}: a target must be at least "
+                "as large in every dimension"
+            )
     if dst["num_attention_heads"] % dst["num_key_value_heads"]:
-        raise InflateError(f"num_attention_heads={dst['num_attention_heads']} is not a multiple of "
-                           f"num_key_value_heads={dst['num_key_value_heads']}")
+        raise InflateError(
+            f"num_attention_heads={dst['num_attention_heads']} is not a multiple of "
+            f"num_key_value_heads={dst['num_key_value_heads']}"
+        )
     g = src["num_attention_heads"] // src["num_key_value_heads"]
     big_g = dst["num_attention_heads"] // dst["num_key_value_heads"]
     if big_g < g:
-        raise InflateError(f"query heads per key/value head {big_g} < the source's {g}: raise num_attention_heads "
-                           "or lower num_key_value_heads")
+        raise InflateError(
+            f"query heads per key/value head {big_g} < the source's {g}: raise num_attention_heads "
+            "or lower num_key_value_heads"
+        )
 
 
 def inflated_config(src: dict[str, Any], shape: dict[str, int]) -> dict[str, Any]:
@@ -95,17 +102,19 @@ class _Maker:
         return torch.zeros(*shape, device=self.device, dtype=self.dtype)
 
 
-def _attention(w: dict[str, torch.Tensor], src: dict[str, Any], dst: dict[str, Any], mk: _Maker) -> dict[str, torch.Tensor]:
+def _attention(
+    w: dict[str, torch.Tensor], src: dict[str, Any], dst: dict[str, Any], mk: _Maker
+) -> dict[str, torch.Tensor]:
     hd, d, big_d = dst["head_dim"], src["hidden_size"], dst["hidden_size"]
     q = mk.rand(dst["num_attention_heads"] * hd, big_d)  # [Hq' * hd, D]
     o = mk.zeros(big_d, dst["num_attention_heads"] * hd)  # [D, Hq' * hd]
     for h, t in enumerate(_head_rows(src, dst)):
-        q[t * hd:(t + 1) * hd, :d] = w["q_proj"][h * hd:(h + 1) * hd]
-        o[:d, t * hd:(t + 1) * hd] = w["o_proj"][:, h * hd:(h + 1) * hd]
+        q[t * hd : (t + 1) * hd, :d] = w["q_proj"][h * hd : (h + 1) * hd]
+        o[:d, t * hd : (t + 1) * hd] = w["o_proj"][:, h * hd : (h + 1) * hd]
     out = {"q_proj": q, "o_proj": o}
     for name in ("k_proj", "v_proj"):
         kv = mk.rand(dst["num_key_value_heads"] * hd, big_d)  # [Hk' * hd, D]
-        kv[:w[name].shape[0], :d] = w[name]
+        kv[: w[name].shape[0], :d] = w[name]
         out[name] = kv
     return out
 
@@ -123,8 +132,9 @@ def _mlp(w: dict[str, torch.Tensor], src: dict[str, Any], dst: dict[str, Any], m
     return out
 
 
-def inflate_state_dict(sd: dict[str, torch.Tensor], src: dict[str, Any], dst: dict[str, Any], *,
-                       device: str = "cpu", seed: int = 0) -> dict[str, torch.Tensor]:
+def inflate_state_dict(
+    sd: dict[str, torch.Tensor], src: dict[str, Any], dst: dict[str, Any], *, device: str = "cpu", seed: int = 0
+) -> dict[str, torch.Tensor]:
     """HF Llama state dict of ``src``'s config -> one of ``dst`` (from ``inflated_config``) computing the same."""
     dtype = sd["model.embed_tokens.weight"].dtype
     mk = _Maker(device=device, dtype=dtype, seed=seed)
@@ -150,17 +160,23 @@ def inflate_state_dict(sd: dict[str, torch.Tensor], src: dict[str, Any], dst: di
     for layer in range(dst["num_hidden_layers"]):
         pre, real = f"model.layers.{layer}.", layer < src["num_hidden_layers"]
         if real:
-            attn = _attention({n: get(f"{pre}self_attn.{n}.weight") for n in ("q_proj", "k_proj", "v_proj", "o_proj")},
-                              src, dst, mk)
+            attn = _attention(
+                {n: get(f"{pre}self_attn.{n}.weight") for n in ("q_proj", "k_proj", "v_proj", "o_proj")}, src, dst, mk
+            )
             mlp = _mlp({n: get(f"{pre}mlp.{n}.weight") for n in ("gate_proj", "up_proj", "down_proj")}, src, dst, mk)
         else:  # inert layer: writes nothing to the residual stream
             hd = dst["head_dim"]
-            attn = {"q_proj": mk.rand(dst["num_attention_heads"] * hd, big_d),
-                    "k_proj": mk.rand(dst["num_key_value_heads"] * hd, big_d),
-                    "v_proj": mk.rand(dst["num_key_value_heads"] * hd, big_d),
-                    "o_proj": mk.zeros(big_d, dst["num_attention_heads"] * hd)}
-            mlp = {"gate_proj": mk.rand(dst["intermediate_size"], big_d), "up_proj": mk.rand(dst["intermediate_size"], big_d),
-                   "down_proj": mk.zeros(big_d, dst["intermediate_size"])}
+            attn = {
+                "q_proj": mk.rand(dst["num_attention_heads"] * hd, big_d),
+                "k_proj": mk.rand(dst["num_key_value_heads"] * hd, big_d),
+                "v_proj": mk.rand(dst["num_key_value_heads"] * hd, big_d),
+                "o_proj": mk.zeros(big_d, dst["num_attention_heads"] * hd),
+            }
+            mlp = {
+                "gate_proj": mk.rand(dst["intermediate_size"], big_d),
+                "up_proj": mk.rand(dst["intermediate_size"], big_d),
+                "down_proj": mk.zeros(big_d, dst["intermediate_size"]),
+            }
         out.update({f"{pre}self_attn.{n}.weight": t for n, t in attn.items()})
         out.update({f"{pre}mlp.{n}.weight": t for n, t in mlp.items()})
         for name in ("input_layernorm", "post_attention_layernorm"):
@@ -168,8 +184,9 @@ def inflate_state_dict(sd: dict[str, torch.Tensor], src: dict[str, Any], dst: di
     return out
 
 
-def inflate(model: str | Path, shape: str | dict[str, int], out: str | Path, *, device: str = "cpu",
-            seed: int = 0) -> Path:
+def inflate(
+    model: str | Path, shape: str | dict[str, int], out: str | Path, *, device: str = "cpu", seed: int = 0
+) -> Path:
     """Write the inflated checkpoint of ``model`` to ``out`` (config, tokenizer files, one safetensors file);
     a no-op when ``out`` already holds the same inflation (``MARKER``). Returns ``out``."""
     from safetensors.torch import load_file, save_file
@@ -187,7 +204,9 @@ def inflate(model: str | Path, shape: str | dict[str, int], out: str | Path, *, 
     big = inflate_state_dict(sd, src, dst, device=device, seed=seed)
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).unlink(missing_ok=True)
-    save_file({k: v.contiguous().cpu() for k, v in big.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous().cpu() for k, v in big.items()}, str(out / "model.safetensors"), metadata={"format": "pt"}
+    )
     (out / "config.json").write_text(json.dumps(dst, indent=1))
     for name in COPY_FILES:
         if (src_dir / name).exists():

@@ -14,6 +14,7 @@ Speedups are ratios of summed wall-clock seconds over the same prompts in the sa
 per-prompt speedup and the median seconds per prompt, and prompts slower than 3x their method's median are
 flagged (one stalled prompt can dominate a sum).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,6 @@ from typing import Any
 
 from specdec.eval.checks import MODEL_DRAFTER, per_prompt_medians
 from specdec.eval.settings import Setting
-
 from specdec.paths import DRAFT_MODEL, TARGET_MODEL, model_path
 
 logger = logging.getLogger("specdec.eval")
@@ -37,34 +37,56 @@ WARMUP_TOKENS = 8
 
 
 def add_live_parser(sub: Any, fmt: Any, add_drafter_args: Callable, add_output_args: Callable) -> None:
-    p = sub.add_parser("live", formatter_class=fmt, help="run the target on prompt sets with drafters and peers",
-                       description=__doc__)
-    p.add_argument("prompts", nargs="+", metavar="SET",
-                   help="prompt sets: spec_bench, mt_bench, vicuna_bench, humaneval, mbpp, gsm8k, eagle_{alpaca,"
-                        "gsm8k,humaneval,qa,sum}, or a JSONL file with a 'prompt' per line")
+    p = sub.add_parser(
+        "live", formatter_class=fmt, help="run the target on prompt sets with drafters and peers", description=__doc__
+    )
+    p.add_argument(
+        "prompts",
+        nargs="+",
+        metavar="SET",
+        help="prompt sets: spec_bench, mt_bench, vicuna_bench, humaneval, mbpp, gsm8k, eagle_{alpaca,"
+        "gsm8k,humaneval,qa,sum}, or a JSONL file with a 'prompt' per line",
+    )
     g = p.add_argument_group("live run")
     g.add_argument("--data", metavar="DIR", help="shared data folder (default $SPECDEC_DATA, else ../shared/data)")
-    g.add_argument("--target", metavar="PATH", default=None,
-                   help=f"target model folder (default ../shared/models/{TARGET_MODEL})")
-    g.add_argument("--draft-model", metavar="PATH", default=None,
-                   help=f"draft model folder for hf-assisted and the 'model' drafter's default (default "
-                        f"../shared/models/{DRAFT_MODEL})")
+    g.add_argument(
+        "--target", metavar="PATH", default=None, help=f"target model folder (default ../shared/models/{TARGET_MODEL})"
+    )
+    g.add_argument(
+        "--draft-model",
+        metavar="PATH",
+        default=None,
+        help=f"draft model folder for hf-assisted and the 'model' drafter's default (default "
+        f"../shared/models/{DRAFT_MODEL})",
+    )
     g.add_argument("--tokenizer", metavar="PATH", default=None, help="tokenizer folder (default: the target's)")
     g.add_argument("--limit", type=int, default=None, metavar="N", help="first N prompts per set (default all)")
     g.add_argument("--offset", type=int, default=0, metavar="N", help="skip the first N prompts of each set")
-    g.add_argument("--max-seconds", type=float, default=0.0, metavar="S",
-                   help="time budget: start no new prompt after S seconds of generation in a set (the results "
-                        "then cover the prompts done, flagged stopped_early); 0 = no limit")
+    g.add_argument(
+        "--max-seconds",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="time budget: start no new prompt after S seconds of generation in a set (the results "
+        "then cover the prompts done, flagged stopped_early); 0 = no limit",
+    )
     g.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="new tokens per prompt (128)")
     g.add_argument("--no-eos", action="store_true", help="do not stop at EOS (default: stop at the EOS token)")
-    g.add_argument("--no-bos", action="store_true",
-                   help="do not start prompts with the tokenizer's BOS token (default: prepend it unless the "
-                        "tokenizer or chat template already does)")
+    g.add_argument(
+        "--no-bos",
+        action="store_true",
+        help="do not start prompts with the tokenizer's BOS token (default: prepend it unless the "
+        "tokenizer or chat template already does)",
+    )
     g.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
     g.add_argument("--threads", type=int, default=0, metavar="N", help="torch CPU threads (0 = torch default)")
-    g.add_argument("--baselines", default=",".join(BASELINES), metavar="LIST",
-                   help=f"comma-separated peers to run beside the drafters: {', '.join(BASELINES)} (default "
-                        "all; empty string = none)")
+    g.add_argument(
+        "--baselines",
+        default=",".join(BASELINES),
+        metavar="LIST",
+        help=f"comma-separated peers to run beside the drafters: {', '.join(BASELINES)} (default "
+        "all; empty string = none)",
+    )
     add_drafter_args(p, DEFAULT_LIVE_DRAFTERS)
     add_output_args(p)
 
@@ -81,8 +103,15 @@ class MethodRun:
     stats: dict[str, float] = field(default_factory=dict)
 
     def add_stats(self, s: Any) -> None:
-        for key in ("steps", "drafted_tokens", "accepted_tokens", "emitted_tokens", "draft_seconds",
-                    "verify_seconds", "draft_errors"):
+        for key in (
+            "steps",
+            "drafted_tokens",
+            "accepted_tokens",
+            "emitted_tokens",
+            "draft_seconds",
+            "verify_seconds",
+            "draft_errors",
+        ):
             self.stats[key] = self.stats.get(key, 0) + getattr(s, key, 0)
         for key in ("per_position_accepted", "per_position_drafted"):
             cur = self.stats.setdefault(key, [])
@@ -122,15 +151,20 @@ class Live:
         import torch
 
         x = torch.tensor([ids], device=self.args.device)
-        kw: dict[str, Any] = dict(max_new_tokens=n, do_sample=False, eos_token_id=self.eos, pad_token_id=self.pad,
-                                  attention_mask=torch.ones_like(x))
+        kw: dict[str, Any] = dict(
+            max_new_tokens=n,
+            do_sample=False,
+            eos_token_id=self.eos,
+            pad_token_id=self.pad,
+            attention_mask=torch.ones_like(x),
+        )
         if self.eos is None:
             kw["eos_token_id"] = None
         if assisted:
             kw["assistant_model"] = self.draft
         with torch.inference_mode():
             out = self.target.generate(x, **kw)
-        return out[0, len(ids):].tolist()
+        return out[0, len(ids) :].tolist()
 
 
 def check_live_models(args: argparse.Namespace, settings: list[Setting]) -> None:
@@ -141,14 +175,12 @@ def check_live_models(args: argparse.Namespace, settings: list[Setting]) -> None
     target = args.target or str(model_path(TARGET_MODEL))
     draft = args.draft_model or str(model_path(DRAFT_MODEL))
     drafts = {draft} if "hf-assisted" in [b.strip() for b in args.baselines.split(",")] else set()
-    drafts |= {str(s.options.get(MODEL_DRAFTER, {}).get("path") or draft) for s in settings
-               if MODEL_DRAFTER in s.names}
+    drafts |= {str(s.options.get(MODEL_DRAFTER, {}).get("path") or draft) for s in settings if MODEL_DRAFTER in s.names}
     if not os.path.isdir(target):
         raise FileNotFoundError(f"--target {target}: no such model folder; pass a local Hugging Face model folder")
     for d in sorted(drafts):
         if not os.path.isdir(d):
-            raise FileNotFoundError(f"--draft-model {d}: no such model folder; pass a local Hugging Face model "
-                                    "folder")
+            raise FileNotFoundError(f"--draft-model {d}: no such model folder; pass a local Hugging Face model folder")
         check_draft_target(d, target_dir=target)
 
 
@@ -157,8 +189,9 @@ def _generator(live: Live, drafter: Any, setting: Setting | None) -> Any:
 
     budget = setting.budget if setting else 0
     tree = setting.tree if setting else False
-    return SpecGenerator(live.target, drafter, budget=budget, tree=tree, strict=live.args.strict,
-                         device=live.args.device)
+    return SpecGenerator(
+        live.target, drafter, budget=budget, tree=tree, strict=live.args.strict, device=live.args.device
+    )
 
 
 def _methods(live: Live, settings: list[Setting]) -> list[tuple[MethodRun, Callable[[list[int], int], Any]]]:
@@ -198,8 +231,9 @@ def _first_diff(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def _run_set(live: Live, name: str, items: list, methods: list) -> list[MethodRun]:
-    from specdec.eval.prompts import render_prompt
     from tqdm import tqdm
+
+    from specdec.eval.prompts import render_prompt
 
     n = live.args.max_new_tokens
     prompts = [render_prompt(it, live.tok, bos=not live.args.no_bos) for it in items]
@@ -207,11 +241,17 @@ def _run_set(live: Live, name: str, items: list, methods: list) -> list[MethodRu
         fn(prompts[0], WARMUP_TOKENS)
     runs = [m for m, _ in methods]
     t_start = time.perf_counter()
-    for it, ids in tqdm(list(zip(items, prompts)), desc=f"live {name}", unit="prompt",
-                        disable=live.args.no_progress, leave=False):
+    for it, ids in tqdm(
+        list(zip(items, prompts)), desc=f"live {name}", unit="prompt", disable=live.args.no_progress, leave=False
+    ):
         if live.args.max_seconds and time.perf_counter() - t_start > live.args.max_seconds:
-            logger.warning("live %s: --max-seconds %.0f reached after %d of %d prompts; stopping early", name,
-                           live.args.max_seconds, len(runs[0].per_prompt), len(items))
+            logger.warning(
+                "live %s: --max-seconds %.0f reached after %d of %d prompts; stopping early",
+                name,
+                live.args.max_seconds,
+                len(runs[0].per_prompt),
+                len(items),
+            )
             break
         ref = None
         for run, fn in methods:
@@ -224,26 +264,40 @@ def _run_set(live: Live, name: str, items: list, methods: list) -> list[MethodRu
             run.tokens += len(toks)
             if stats is not None:
                 run.add_stats(stats)
-            run.per_prompt.append({"id": it.id, "prompt_tokens": len(ids), "new_tokens": len(toks),
-                                   "seconds": dt, "equal_to_reference": diff < 0, "first_diff": diff})
+            run.per_prompt.append(
+                {
+                    "id": it.id,
+                    "prompt_tokens": len(ids),
+                    "new_tokens": len(toks),
+                    "seconds": dt,
+                    "equal_to_reference": diff < 0,
+                    "first_diff": diff,
+                }
+            )
     return runs
 
 
 def _entry(name: str, run: MethodRun, runs: list[MethodRun]) -> dict[str, Any]:
     by = {r.method: r for r in runs}
-    e: dict[str, Any] = {"dataset": name, "method": run.method, "prompts": len(run.per_prompt),
-                         "prompt_ids": [p["id"] for p in run.per_prompt],
-                         "new_tokens": run.tokens, "seconds": run.seconds,
-                         "tokens_per_second": run.tokens / run.seconds if run.seconds else 0.0,
-                         "reference": runs[0].method,
-                         "lossless_equal_prompts": sum(p["equal_to_reference"] for p in run.per_prompt),
-                         "mismatched_prompts": [p["id"] for p in run.per_prompt if not p["equal_to_reference"]]}
+    e: dict[str, Any] = {
+        "dataset": name,
+        "method": run.method,
+        "prompts": len(run.per_prompt),
+        "prompt_ids": [p["id"] for p in run.per_prompt],
+        "new_tokens": run.tokens,
+        "seconds": run.seconds,
+        "tokens_per_second": run.tokens / run.seconds if run.seconds else 0.0,
+        "reference": runs[0].method,
+        "lossless_equal_prompts": sum(p["equal_to_reference"] for p in run.per_prompt),
+        "mismatched_prompts": [p["id"] for p in run.per_prompt if not p["equal_to_reference"]],
+    }
     for peer in BASELINES:
         if peer in by and run.seconds:
             e[f"speedup_vs_{peer.replace('-', '_')}"] = by[peer].seconds / run.seconds  # 1.0 for itself
     mine = [p["seconds"] for p in run.per_prompt]
-    med = per_prompt_medians(mine, {peer: [p["seconds"] for p in by[peer].per_prompt] for peer in BASELINES
-                                    if peer in by})
+    med = per_prompt_medians(
+        mine, {peer: [p["seconds"] for p in by[peer].per_prompt] for peer in BASELINES if peer in by}
+    )
     e["median_seconds"] = med.pop("median_seconds")
     e["slow_prompts"] = [{"id": run.per_prompt[i]["id"], "seconds": mine[i]} for i in med.pop("slow_indices")]
     e.update(med)
@@ -252,15 +306,25 @@ def _entry(name: str, run: MethodRun, runs: list[MethodRun]) -> dict[str, Any]:
         s = run.stats
         steps, emitted = s.get("steps", 0), s.get("emitted_tokens", 0)
         pa, pd = s.get("per_position_accepted", []), s.get("per_position_drafted", [])
-        e.update({"mat": emitted / steps if steps else 0.0,
-                  "acceptance_rate": s.get("accepted_tokens", 0) / s["drafted_tokens"] if s.get("drafted_tokens") else 0.0,
-                  "per_position_acceptance": [a / d if d else 0.0 for a, d in zip(pa, pd)],
-                  "per_position_accepted": pa, "per_position_drafted": pd, "steps": steps,
-                  "drafted_tokens": s.get("drafted_tokens", 0), "accepted_tokens": s.get("accepted_tokens", 0),
-                  "emitted_tokens": emitted, "drafted_per_step": s.get("drafted_tokens", 0) / steps if steps else 0.0,
-                  "draft_us_per_token": s.get("draft_seconds", 0.0) * 1e6 / emitted if emitted else 0.0,
-                  "verify_us_per_token": s.get("verify_seconds", 0.0) * 1e6 / emitted if emitted else 0.0,
-                  "draft_errors": s.get("draft_errors", 0)})
+        e.update(
+            {
+                "mat": emitted / steps if steps else 0.0,
+                "acceptance_rate": s.get("accepted_tokens", 0) / s["drafted_tokens"]
+                if s.get("drafted_tokens")
+                else 0.0,
+                "per_position_acceptance": [a / d if d else 0.0 for a, d in zip(pa, pd)],
+                "per_position_accepted": pa,
+                "per_position_drafted": pd,
+                "steps": steps,
+                "drafted_tokens": s.get("drafted_tokens", 0),
+                "accepted_tokens": s.get("accepted_tokens", 0),
+                "emitted_tokens": emitted,
+                "drafted_per_step": s.get("drafted_tokens", 0) / steps if steps else 0.0,
+                "draft_us_per_token": s.get("draft_seconds", 0.0) * 1e6 / emitted if emitted else 0.0,
+                "verify_us_per_token": s.get("verify_seconds", 0.0) * 1e6 / emitted if emitted else 0.0,
+                "draft_errors": s.get("draft_errors", 0),
+            }
+        )
     else:
         e.update({"drafter": run.method, "label": run.method})
     e["per_prompt"] = run.per_prompt
@@ -271,23 +335,30 @@ def live_table(entries: list[dict[str, Any]]) -> str:
     from specdec.eval.report import _f, format_table, group_by_dataset
 
     x = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
-    cols = [("method", "<", lambda r: r["method"], str),
-            ("new tok", ">", lambda r: r["new_tokens"], str),
-            ("tok/s", ">", lambda r: r["tokens_per_second"], _f(".1f")),
-            ("vs hf-greedy", ">", lambda r: r.get("speedup_vs_hf_greedy"), x),
-            ("vs specdec-greedy", ">", lambda r: r.get("speedup_vs_specdec_greedy"), x),
-            ("vs hf-assisted", ">", lambda r: r.get("speedup_vs_hf_assisted"), x),
-            ("median vs hf-greedy", ">", lambda r: r.get("median_speedup_vs_hf_greedy"), x),
-            ("median s/prompt", ">", lambda r: r.get("median_seconds"), _f(".3f")),
-            ("slow prompts", ">", lambda r: len(r.get("slow_prompts") or []), str),
-            ("MAT", ">", lambda r: r.get("mat"), _f(".3f")),
-            ("accept", ">", lambda r: r.get("acceptance_rate"), _f(".3f")),
-            ("draft us/tok", ">", lambda r: r.get("draft_us_per_token"), _f(".1f")),
-            ("lossless", ">", lambda r: f"{r['lossless_equal_prompts']}/{r['prompts']}", str)]
+    cols = [
+        ("method", "<", lambda r: r["method"], str),
+        ("new tok", ">", lambda r: r["new_tokens"], str),
+        ("tok/s", ">", lambda r: r["tokens_per_second"], _f(".1f")),
+        ("vs hf-greedy", ">", lambda r: r.get("speedup_vs_hf_greedy"), x),
+        ("vs specdec-greedy", ">", lambda r: r.get("speedup_vs_specdec_greedy"), x),
+        ("vs hf-assisted", ">", lambda r: r.get("speedup_vs_hf_assisted"), x),
+        ("median vs hf-greedy", ">", lambda r: r.get("median_speedup_vs_hf_greedy"), x),
+        ("median s/prompt", ">", lambda r: r.get("median_seconds"), _f(".3f")),
+        ("slow prompts", ">", lambda r: len(r.get("slow_prompts") or []), str),
+        ("MAT", ">", lambda r: r.get("mat"), _f(".3f")),
+        ("accept", ">", lambda r: r.get("acceptance_rate"), _f(".3f")),
+        ("draft us/tok", ">", lambda r: r.get("draft_us_per_token"), _f(".1f")),
+        ("lossless", ">", lambda r: f"{r['lossless_equal_prompts']}/{r['prompts']}", str),
+    ]
     parts = []
     for ds, rows in group_by_dataset(entries).items():
-        parts.append(format_table(rows, cols, title=f"== live {ds}: {rows[0]['prompts']} prompts, reference "
-                                                    f"output = {rows[0]['reference']}"))
+        parts.append(
+            format_table(
+                rows,
+                cols,
+                title=f"== live {ds}: {rows[0]['prompts']} prompts, reference output = {rows[0]['reference']}",
+            )
+        )
     return "\n\n".join(parts)
 
 
@@ -310,9 +381,9 @@ def run_live(args: argparse.Namespace) -> int:
     sets = []
     for src in args.prompts:
         name, items = load_prompts(src, limit=(args.offset + args.limit) if args.limit else None, data=args.data)
-        if not items[args.offset:]:
+        if not items[args.offset :]:
             raise ValueError(f"prompt set {name!r}: --offset {args.offset} leaves no prompts ({len(items)} loaded)")
-        sets.append((name, items[args.offset:]))
+        sets.append((name, items[args.offset :]))
     check_live_models(args, settings)
     saved = results_path(safe_name(args.save_results), device=args.device) if args.save_results else None
     staging = Staging(args.out, files=[("--json", args.json), ("--save-results", saved and str(saved))])
@@ -330,9 +401,18 @@ def run_live(args: argparse.Namespace) -> int:
             entries += ds_entries
             for r in runs:  # fresh totals per set
                 r.seconds, r.tokens, r.per_prompt, r.stats = 0.0, 0, [], {}
-        doc = build_document({"command": "live", "args": vars(args), "target": live.target_path,
-                              "draft_model": live.draft_path, "eos_token_id": live.eos,
-                              "drafter_settings": [s.describe() for s in settings]}, entries, device=args.device)
+        doc = build_document(
+            {
+                "command": "live",
+                "args": vars(args),
+                "target": live.target_path,
+                "draft_model": live.draft_path,
+                "eos_token_id": live.eos,
+                "drafter_settings": [s.describe() for s in settings],
+            },
+            entries,
+            device=args.device,
+        )
         text = json.dumps(doc, indent=1) + "\n"
         atomic_write_text(staging.path("results.json", args.json), text)
         if args.save_results:
@@ -342,8 +422,12 @@ def run_live(args: argparse.Namespace) -> int:
             from specdec.eval.report import plot_mat, plot_per_position
 
             plot_per_position(spec, staging.path("per_position_acceptance.png"))
-            plot_mat(entries, staging.path("speedup.png"), key="speedup_vs_hf_greedy",
-                     ylabel="wall-clock speedup vs hf-greedy (x)")
+            plot_mat(
+                entries,
+                staging.path("speedup.png"),
+                key="speedup_vs_hf_greedy",
+                ylabel="wall-clock speedup vs hf-greedy (x)",
+            )
         written = staging.commit()
     except BaseException:
         staging.abort()

@@ -21,6 +21,7 @@ Prompts and responses are tokenized exactly like ``../shared/data/anchors_replay
 ``specdec.eval.tokenization``). Tokenized sets are cached under ``$SPECDEC_CACHE`` (default
 ``~/.cache/specdec/traces``) keyed by the file's sha256, the tokenizer's fingerprint, ``limit`` and options.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -29,23 +30,33 @@ import json
 import os
 import tarfile
 import zlib
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
 from specdec.eval.records import TraceRecord, as_ids
-from specdec.eval.tokenization import (TextTokenizer, encode_messages, join_content_and_calls, load_tokenizer,
-                                       message_text)
+from specdec.eval.tokenization import (
+    TextTokenizer,
+    encode_messages,
+    join_content_and_calls,
+    load_tokenizer,
+    message_text,
+)
 from specdec.paths import data_dir
 
 LOADER_VERSION = 1  # bump when rendering/tokenization changes (invalidates the cache)
-MEDUSA_VICUNA_7B = ("mt_bench/model_answer_medusa_vicuna/medusa-vicuna-7b-v1.3-temperature-0.0-"
-                    "posterior_threshold-0.09-posterior_alpha-0.3.jsonl")
-OPENHANDS_TAR = ("agent/openhands_swebench_verified/claude-3-5-sonnet-20241022_maxiter_50_N_"
-                 "v0.15.0-no-hint-no-condensation-run_1.tar.gz")
+MEDUSA_VICUNA_7B = (
+    "mt_bench/model_answer_medusa_vicuna/medusa-vicuna-7b-v1.3-temperature-0.0-"
+    "posterior_threshold-0.09-posterior_alpha-0.3.jsonl"
+)
+OPENHANDS_TAR = (
+    "agent/openhands_swebench_verified/claude-3-5-sonnet-20241022_maxiter_50_N_"
+    "v0.15.0-no-hint-no-condensation-run_1.tar.gz"
+)
 # The ANCHORS.md sets: name -> path relative to the shared data folder.
 SHARED_TRACE_SETS: dict[str, str] = {
     "alpaca_eval_llama31_8b": "alpaca_eval/Meta-Llama-3.1-8B-Instruct-Turbo.model_outputs.json.gz",
@@ -87,13 +98,16 @@ def resolve_source(source: str | os.PathLike[str], data: str | os.PathLike[str] 
     if src in SHARED_TRACE_SETS:
         path = resolve_data_dir(data) / SHARED_TRACE_SETS[src]
         if not path.exists():
-            raise TraceError(f"{path}: missing file for trace set {src!r}; point --data (or SPECDEC_DATA) at the "
-                             "shared data folder")
+            raise TraceError(
+                f"{path}: missing file for trace set {src!r}; point --data (or SPECDEC_DATA) at the shared data folder"
+            )
         return src, path
     path = Path(src).expanduser()
     if not path.exists():
-        raise TraceError(f"{path}: no such file; expected a trace file (.jsonl, .json[.gz], .tar.gz) or one of the "
-                         f"shared sets: {', '.join(SHARED_TRACE_SETS)}")
+        raise TraceError(
+            f"{path}: no such file; expected a trace file (.jsonl, .json[.gz], .tar.gz) or one of the "
+            f"shared sets: {', '.join(SHARED_TRACE_SETS)}"
+        )
     for name, rel in SHARED_TRACE_SETS.items():
         if path.resolve().as_posix().endswith(rel):
             return name, path
@@ -113,8 +127,10 @@ def read_bytes(path: Path) -> bytes:
         return path.read_bytes()
     except (OSError, EOFError, zlib.error) as exc:
         what = "not a valid gzip file" if path.name.endswith(".gz") else "cannot be read"
-        raise TraceError(f"{path}: {what} ({one_line(exc)}); expected "
-                         f"{'gzip-compressed ' if path.name.endswith('.gz') else ''}JSON text") from None
+        raise TraceError(
+            f"{path}: {what} ({one_line(exc)}); expected "
+            f"{'gzip-compressed ' if path.name.endswith('.gz') else ''}JSON text"
+        ) from None
 
 
 def one_line(exc: BaseException) -> str:
@@ -168,8 +184,10 @@ def detect_format(path: Path) -> str:
         rows = read_json(path)
         if isinstance(rows, list) and rows and isinstance(rows[0], dict) and {"instruction", "output"} <= set(rows[0]):
             return "alpaca"
-        raise TraceError(f"{path}: unknown JSON trace format; expected a list of {{instruction, output}} objects "
-                         "(AlpacaEval / Code Alpaca), or use JSONL with prompt/response")
+        raise TraceError(
+            f"{path}: unknown JSON trace format; expected a list of {{instruction, output}} objects "
+            "(AlpacaEval / Code Alpaca), or use JSONL with prompt/response"
+        )
     if name.endswith((".jsonl", ".jsonl.gz")):
         rows = read_jsonl(path)
         if not rows:
@@ -181,10 +199,14 @@ def detect_format(path: Path) -> str:
             return "answers"
         if "question" in keys and GSM8K_SOLUTION_KEY in keys:
             return "gsm8k"
-        raise TraceError(f"{path}: unknown trace format (first record has keys {sorted(keys)[:8]}); expected "
-                         "prompt+response, prompt_ids+response_ids, FastChat answers or GSM8K model solutions")
-    raise TraceError(f"{path}: unknown trace format; expected .jsonl[.gz] (generic, FastChat answers, GSM8K "
-                     "solutions), .json[.gz] (AlpacaEval, Code Alpaca) or an OpenHands .tar.gz")
+        raise TraceError(
+            f"{path}: unknown trace format (first record has keys {sorted(keys)[:8]}); expected "
+            "prompt+response, prompt_ids+response_ids, FastChat answers or GSM8K model solutions"
+        )
+    raise TraceError(
+        f"{path}: unknown trace format; expected .jsonl[.gz] (generic, FastChat answers, GSM8K "
+        "solutions), .json[.gz] (AlpacaEval, Code Alpaca) or an OpenHands .tar.gz"
+    )
 
 
 # ------------------------------------------------------------------------------------------- formats
@@ -220,12 +242,14 @@ def _items_generic(path: Path, limit: int | None, opts: dict[str, Any]) -> list[
         elif "prompt" in r and "response" in r:
             prompt = r["prompt"]
             if not isinstance(prompt, (str, list)) or not isinstance(r["response"], str):
-                raise TraceError(f"{path}: record {i + 1}: 'prompt' must be text or a list of chat messages and "
-                                 "'response' text")
+                raise TraceError(
+                    f"{path}: record {i + 1}: 'prompt' must be text or a list of chat messages and 'response' text"
+                )
             items.append(RawItem(rid, prompt, r["response"], group))
         else:
-            raise TraceError(f"{path}: record {i + 1} has keys {sorted(r)[:8]}; expected prompt+response or "
-                             "prompt_ids+response_ids")
+            raise TraceError(
+                f"{path}: record {i + 1} has keys {sorted(r)[:8]}; expected prompt+response or prompt_ids+response_ids"
+            )
     return items
 
 
@@ -295,21 +319,20 @@ def _openhands_members(tf: tarfile.TarFile, limit: int | None) -> list[tuple[str
     return [(inst, m) for inst in chosen for m in found[inst]]
 
 
-def _openhands_tokenized(path: Path, limit: int | None, tok: TextTokenizer,
-                         progress: bool) -> list[TraceRecord]:
+def _openhands_tokenized(path: Path, limit: int | None, tok: TextTokenizer, progress: bool) -> list[TraceRecord]:
     """Stream the tarball member by member (no extraction), tokenizing as it goes (~29 M prompt tokens)."""
     try:
         tf = tarfile.open(path)
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
-        raise TraceError(f"{path}: not a readable tar archive ({one_line(exc)}); expected an OpenHands "
-                         "llm_completions tarball") from None
+        raise TraceError(
+            f"{path}: not a readable tar archive ({one_line(exc)}); expected an OpenHands llm_completions tarball"
+        ) from None
     calls = []
     try:
         with tf:
             members = _openhands_members(tf, limit)
             if not members:
-                raise TraceError(f"{path}: no llm_completions/<instance>/*.json members; expected an OpenHands "
-                                 "tarball")
+                raise TraceError(f"{path}: no llm_completions/<instance>/*.json members; expected an OpenHands tarball")
             for inst, m in _progress(members, progress, f"tokenize {path.name[:24]}"):
                 calls.append(_openhands_call(path, tf, inst, m, tok))
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
@@ -318,8 +341,9 @@ def _openhands_tokenized(path: Path, limit: int | None, tok: TextTokenizer,
     return [rec for _, rec in calls]
 
 
-def _openhands_call(path: Path, tf: tarfile.TarFile, inst: str, m: tarfile.TarInfo,
-                    tok: TextTokenizer) -> tuple[tuple[str, float, str], TraceRecord]:
+def _openhands_call(
+    path: Path, tf: tarfile.TarFile, inst: str, m: tarfile.TarInfo, tok: TextTokenizer
+) -> tuple[tuple[str, float, str], TraceRecord]:
     """One LLM call of an OpenHands tarball: (sort key, record); a TraceError naming the member if malformed."""
     try:
         d = json.loads(_decode(path, tf.extractfile(m).read()))
@@ -332,8 +356,10 @@ def _openhands_call(path: Path, tf: tarfile.TarFile, inst: str, m: tarfile.TarIn
         key = (inst, float(d["timestamp"]), m.name)
     except RECORD_ERRORS as exc:
         what = f"missing key {exc}" if isinstance(exc, KeyError) else one_line(exc)
-        raise TraceError(f"{path}: member {m.name}: malformed ({what}); expected an OpenHands completion with "
-                         "messages, response.choices[0].message and timestamp") from None
+        raise TraceError(
+            f"{path}: member {m.name}: malformed ({what}); expected an OpenHands completion with "
+            "messages, response.choices[0].message and timestamp"
+        ) from None
     rid = f"{inst}/{m.name.rsplit('/', 1)[-1]}"
     return key, TraceRecord(rid, prompt, tok.encode(response), inst)
 
@@ -347,7 +373,10 @@ def _progress(items: list, enabled: bool, desc: str) -> Iterator:
 
 
 _ITEM_LOADERS: dict[str, Callable[[Path, int | None, dict[str, Any]], list[RawItem]]] = {
-    "generic": _items_generic, "alpaca": _items_alpaca, "answers": _items_answers, "gsm8k": _items_gsm8k,
+    "generic": _items_generic,
+    "alpaca": _items_alpaca,
+    "answers": _items_answers,
+    "gsm8k": _items_gsm8k,
 }
 
 
@@ -419,15 +448,24 @@ def _load_cache(file: Path) -> list[TraceRecord] | None:
         return None
     off_p = np.concatenate([[0], np.cumsum(lens_p)])
     off_r = np.concatenate([[0], np.cumsum(lens_r)])
-    return [TraceRecord(rid, flat_p[off_p[i]:off_p[i + 1]], flat_r[off_r[i]:off_r[i + 1]], grp)
-            for i, (rid, grp) in enumerate(zip(meta["ids"], meta["groups"]))]
+    return [
+        TraceRecord(rid, flat_p[off_p[i] : off_p[i + 1]], flat_r[off_r[i] : off_r[i + 1]], grp)
+        for i, (rid, grp) in enumerate(zip(meta["ids"], meta["groups"]))
+    ]
 
 
 # ------------------------------------------------------------------------------------------- entry point
-def load_traces(source: str | os.PathLike[str], *, tokenizer: str | TextTokenizer | None = None,
-                limit: int | None = None, data: str | os.PathLike[str] | None = None,
-                fmt: str | None = None, all_turns: bool = False, use_cache: bool = True,
-                progress: bool = False) -> tuple[str, list[TraceRecord]]:
+def load_traces(
+    source: str | os.PathLike[str],
+    *,
+    tokenizer: str | TextTokenizer | None = None,
+    limit: int | None = None,
+    data: str | os.PathLike[str] | None = None,
+    fmt: str | None = None,
+    all_turns: bool = False,
+    use_cache: bool = True,
+    progress: bool = False,
+) -> tuple[str, list[TraceRecord]]:
     """Load and tokenize one trace set -> (dataset name, records in replay order).
 
     ``tokenizer``: a local HF folder, ``"bytes"``, a ``TextTokenizer``, or None (the shared target's tokenizer,
@@ -468,6 +506,8 @@ def _check_vocab(path: Path, records: list[TraceRecord], tok: TextTokenizer, *, 
         return
     top = max((int(a.max()) for r in records for a in (r.prompt_ids, r.response_ids) if a.size), default=-1)
     if top >= tok.vocab_size:
-        raise TraceError(f"{path}: token id {top} >= vocab size {tok.vocab_size} of tokenizer {tok.name}; the "
-                         "traces were tokenized with another tokenizer: pass the matching --tokenizer, or "
-                         "--tokenizer none to replay the ids as they are")
+        raise TraceError(
+            f"{path}: token id {top} >= vocab size {tok.vocab_size} of tokenizer {tok.name}; the "
+            "traces were tokenized with another tokenizer: pass the matching --tokenizer, or "
+            "--tokenizer none to replay the ids as they are"
+        )

@@ -9,10 +9,12 @@
   tokens occurred earlier in the context; the EARLIEST such occurrence; the up to k tokens after it
   (truncated at the end of the context). k = min(budget, num_speculative_tokens or budget).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -48,8 +50,9 @@ class ArcticDrafter(Drafter):
         if overrides:
             config = config.replace(**overrides)
         self.config = config
-        self.cache = SuffixDecodingCache(max_tree_depth=config.max_depth,
-                                         max_cached_requests=config.max_cached_requests)
+        self.cache = SuffixDecodingCache(
+            max_tree_depth=config.max_depth, max_cached_requests=config.max_cached_requests
+        )
         self._context: dict[str, list[int]] = {}  # request -> its last tokens (>= max_depth kept)
 
     def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
@@ -57,7 +60,7 @@ class ArcticDrafter(Drafter):
             self.stop(request_id)
         prompt = np.ascontiguousarray(prompt_ids, dtype=np.int32)
         self.cache.start_request(request_id, prompt)
-        self._context[request_id] = prompt[-self.config.max_depth:].tolist()
+        self._context[request_id] = prompt[-self.config.max_depth :].tolist()
 
     def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
         ctx = self._context.get(request_id)
@@ -84,10 +87,15 @@ class ArcticDrafter(Drafter):
             if ctx is None or req.budget <= 0:
                 out.append(TokenTree.empty())
                 continue
-            d = self.cache.speculate(req.request_id, ctx[-c.max_depth:],
-                                     max_spec_tokens=req.budget, max_spec_factor=c.max_spec_factor,
-                                     max_spec_offset=c.max_spec_offset, min_token_prob=c.min_token_prob,
-                                     use_tree_spec=req.tree)
+            d = self.cache.speculate(
+                req.request_id,
+                ctx[-c.max_depth :],
+                max_spec_tokens=req.budget,
+                max_spec_factor=c.max_spec_factor,
+                max_spec_offset=c.max_spec_offset,
+                min_token_prob=c.min_token_prob,
+                use_tree_spec=req.tree,
+            )
             out.append(_arctic_tree(d.token_ids, d.parents, d.probs))
         return out
 
@@ -109,13 +117,14 @@ def _arctic_tree(tokens: list[int], parents: list[int], path_probs: list[float])
     n = len(tokens)
     if not n:
         return TokenTree.empty()
-    cond = [min(1.0, max(0.0, pp / path_probs[par] if par >= 0 and path_probs[par] > 0 else pp))
-            for pp, par in zip(path_probs, parents)]
+    cond = [
+        min(1.0, max(0.0, pp / path_probs[par] if par >= 0 and path_probs[par] > 0 else pp))
+        for pp, par in zip(path_probs, parents)
+    ]
     if parents == list(range(-1, n - 1)):  # a chain: the same fast path as ours
         return TokenTree.chain(tokens, cond)
     # Arctic emits parents in topological order: built like our trees, without re-validation
-    return TokenTree._trusted(np.asarray(tokens, np.int64), np.asarray(parents, np.int32),
-                              np.asarray(cond, np.float32))
+    return TokenTree._trusted(np.asarray(tokens, np.int64), np.asarray(parents, np.int32), np.asarray(cond, np.float32))
 
 
 @dataclass(frozen=True)
@@ -150,6 +159,6 @@ class VllmNgramDrafter(IndexedNgramDrafter):
                 continue
             _n, ends = hit
             start = ends[0] + 1  # earliest occurrence
-            toks = idx.tokens[start:min(start + k, idx.length)]
+            toks = idx.tokens[start : min(start + k, idx.length)]
             out.append(TokenTree.chain(toks, np.ones(len(toks), np.float32)) if len(toks) else TokenTree.empty())
         return out

@@ -8,6 +8,7 @@ first test), trailing whitespace removed (see ``_record``), after the tokenizer'
 chat template when it has one, else as ``role: content`` lines followed by ``assistant: `` (the generation cue).
 A generic JSONL file works too: ``prompt`` (text or messages) per line.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -37,21 +38,28 @@ def _record(i: int, row: dict[str, Any], path: Path) -> PromptRecord:
     # Code prompts lose trailing whitespace: BPE merges "\n" with the next line's indentation, so a prompt cut
     # after a bare "\n" is a token boundary the model never saw (the shared target answers it with EOS).
     if "task_id" in row and "prompt" in row:  # HumanEval
-        return PromptRecord(str(row["task_id"]), str(row["prompt"]).rstrip(),
-                            meta={"entry_point": row.get("entry_point")})
+        return PromptRecord(
+            str(row["task_id"]), str(row["prompt"]).rstrip(), meta={"entry_point": row.get("entry_point")}
+        )
     if "text" in row and "test_list" in row:  # MBPP
         tests = row["test_list"][0] if row["test_list"] else ""
         return PromptRecord(str(row.get("task_id", i)), f'"""\n{row["text"]}\n{tests}\n"""')
     if "turns" in row:  # FastChat / Spec-Bench / EAGLE questions
         turns = [str(t) for t in row["turns"]]
-        return PromptRecord(str(row.get("question_id", i)), [{"role": "user", "content": turns[0]}], turns[1:],
-                            {"category": row.get("category", "")})
+        return PromptRecord(
+            str(row.get("question_id", i)),
+            [{"role": "user", "content": turns[0]}],
+            turns[1:],
+            {"category": row.get("category", "")},
+        )
     if "question" in row:  # GSM8K test
         return PromptRecord(str(i), [{"role": "user", "content": str(row["question"])}])
     if "prompt" in row:  # generic
         return PromptRecord(str(row.get("id", i)), row["prompt"])
-    raise TraceError(f"{path}: record {i + 1} has keys {sorted(row)[:8]}; expected a prompt set (turns, "
-                     "prompt, task_id+prompt, text+test_list or question)")
+    raise TraceError(
+        f"{path}: record {i + 1} has keys {sorted(row)[:8]}; expected a prompt set (turns, "
+        "prompt, task_id+prompt, text+test_list or question)"
+    )
 
 
 def load_prompts(source: str, *, limit: int | None = None, data: str | None = None) -> tuple[str, list[PromptRecord]]:
@@ -59,8 +67,10 @@ def load_prompts(source: str, *, limit: int | None = None, data: str | None = No
     if source in PROMPT_SETS:
         name, path = source, resolve_data_dir(data) / PROMPT_SETS[source]
         if not path.exists():
-            raise TraceError(f"{path}: missing file for prompt set {source!r}; point --data (or SPECDEC_DATA) "
-                             "at the shared data folder")
+            raise TraceError(
+                f"{path}: missing file for prompt set {source!r}; point --data (or SPECDEC_DATA) "
+                "at the shared data folder"
+            )
     else:
         path = Path(source).expanduser()
         if not path.exists():

@@ -5,10 +5,12 @@ simulated verifier walks drafts against. Loaders store the ids as read-only ``np
 set holds ~29 M prompt tokens, far too many for Python lists); lists given by callers are converted. Use
 ``prompt_list()`` / ``response_list()`` when a plain list is needed (never ``prompt_ids + other``: numpy adds).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -23,8 +25,10 @@ def as_ids(values: Sequence[int] | np.ndarray, *, what: str = "ids") -> np.ndarr
     if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"{what} must be a flat list of integer token ids, got dtype {arr.dtype} shape {arr.shape}")
     if arr.min() < 0 or arr.max() > np.iinfo(ID_DTYPE).max:
-        raise ValueError(f"{what} holds token id {int(arr.min()) if arr.min() < 0 else int(arr.max())} "
-                         f"outside [0, {np.iinfo(ID_DTYPE).max}]")
+        raise ValueError(
+            f"{what} holds token id {int(arr.min()) if arr.min() < 0 else int(arr.max())} "
+            f"outside [0, {np.iinfo(ID_DTYPE).max}]"
+        )
     out = np.ascontiguousarray(arr, dtype=ID_DTYPE)
     if out is arr:
         out = out.copy()
@@ -59,9 +63,12 @@ class TraceRecord:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TraceRecord):
             return NotImplemented
-        return (self.id == other.id and self.group == other.group
-                and np.array_equal(self.prompt_ids, other.prompt_ids)
-                and np.array_equal(self.response_ids, other.response_ids))
+        return (
+            self.id == other.id
+            and self.group == other.group
+            and np.array_equal(self.prompt_ids, other.prompt_ids)
+            and np.array_equal(self.response_ids, other.response_ids)
+        )
 
 
 @dataclass

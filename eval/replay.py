@@ -12,6 +12,7 @@ accepted + bonus; MAT = emitted / steps; acceptance rate = accepted / drafted (t
 drafted); ``per_position_drafted[k]`` = steps whose draft reaches depth k+1, ``per_position_accepted[k]`` =
 steps that accepted at least k+1 tokens; ``per_position_acceptance[k]`` = their ratio.
 """
+
 from __future__ import annotations
 
 import csv
@@ -19,8 +20,9 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -32,8 +34,18 @@ from specdec.tree import TokenTree
 logger = logging.getLogger("specdec.eval")
 US = 1e6
 PERCENTILES = (10, 50, 90)
-CSV_FIELDS = ("record", "step", "position", "context_len", "drafted", "depth", "accepted", "emitted",
-              "draft_us", "update_us")
+CSV_FIELDS = (
+    "record",
+    "step",
+    "position",
+    "context_len",
+    "drafted",
+    "depth",
+    "accepted",
+    "emitted",
+    "draft_us",
+    "update_us",
+)
 
 
 @dataclass
@@ -82,19 +94,30 @@ class ReplayResult(AcceptanceCounts):
     def as_dict(self) -> dict[str, Any]:
         q = np.percentile(self.per_record_mat, PERCENTILES).tolist() if self.per_record_mat else []
         return {
-            "mat": self.mat, "acceptance_rate": self.acceptance_rate,
+            "mat": self.mat,
+            "acceptance_rate": self.acceptance_rate,
             "per_position_acceptance": self.per_position_acceptance,
             "per_position_accepted": list(self.per_position_accepted),
             "per_position_drafted": list(self.per_position_drafted),
-            "steps": self.steps, "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
-            "emitted_tokens": self.emitted_tokens, "drafted_per_step": self.drafted_per_step,
-            "accepted_per_step": self.accepted_per_step, "steps_with_draft": self.steps_with_draft,
-            "max_draft": self.max_draft, "draft_us_per_token": self.draft_us_per_token,
-            "update_us_per_token": self.update_us_per_token, "draft_us_per_step": self.draft_us_per_step,
-            "start_us_per_prompt_token": self.start_us_per_prompt_token, "records": self.records,
-            "records_skipped_empty": self.records_skipped_empty, "prompt_tokens": self.prompt_tokens,
-            "response_tokens": self.response_tokens, "draft_errors": self.draft_errors,
-            "budget_violations": self.budget_violations, "wall_seconds": self.wall_seconds,
+            "steps": self.steps,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "emitted_tokens": self.emitted_tokens,
+            "drafted_per_step": self.drafted_per_step,
+            "accepted_per_step": self.accepted_per_step,
+            "steps_with_draft": self.steps_with_draft,
+            "max_draft": self.max_draft,
+            "draft_us_per_token": self.draft_us_per_token,
+            "update_us_per_token": self.update_us_per_token,
+            "draft_us_per_step": self.draft_us_per_step,
+            "start_us_per_prompt_token": self.start_us_per_prompt_token,
+            "records": self.records,
+            "records_skipped_empty": self.records_skipped_empty,
+            "prompt_tokens": self.prompt_tokens,
+            "response_tokens": self.response_tokens,
+            "draft_errors": self.draft_errors,
+            "budget_violations": self.budget_violations,
+            "wall_seconds": self.wall_seconds,
             "per_record_mat_p10_p50_p90": q,
         }
 
@@ -124,8 +147,9 @@ class _Active:
 
 
 class _Replayer:
-    def __init__(self, drafter: Drafter, *, budget: int, tree: bool, strict: bool, keep_outputs: bool,
-                 writer: Any) -> None:
+    def __init__(
+        self, drafter: Drafter, *, budget: int, tree: bool, strict: bool, keep_outputs: bool, writer: Any
+    ) -> None:
         self.drafter, self.budget, self.tree, self.strict = drafter, budget, tree, strict
         self.keep_outputs, self.writer = keep_outputs, writer
         self.res = ReplayResult(outputs={} if keep_outputs else None)
@@ -137,8 +161,12 @@ class _Replayer:
         self.res.draft_errors += 1
         if what not in self._logged:
             self._logged.add(what)
-            logger.warning("drafter %s failed in %s: %r; the step goes on without a draft (counted as "
-                           "draft_errors, logged once)", getattr(self.drafter, "name", "?"), what, exc)
+            logger.warning(
+                "drafter %s failed in %s: %r; the step goes on without a draft (counted as draft_errors, logged once)",
+                getattr(self.drafter, "name", "?"),
+                what,
+                exc,
+            )
 
     def start(self, rid: str, rec: TraceRecord) -> _Active:
         t0 = time.perf_counter()
@@ -161,8 +189,12 @@ class _Replayer:
             trees = [TokenTree.empty() for _ in reqs]
         for i, (t, req) in enumerate(zip(trees, reqs)):
             if not isinstance(t, TokenTree):  # None or junk: a drafter failure for that request
-                self._fail("draft_batch", TypeError(f"draft_batch returned {type(t).__name__} for request "
-                                                    f"{req.request_id!r}; expected a TokenTree"))
+                self._fail(
+                    "draft_batch",
+                    TypeError(
+                        f"draft_batch returned {type(t).__name__} for request {req.request_id!r}; expected a TokenTree"
+                    ),
+                )
                 trees[i] = TokenTree.empty()
         dt = time.perf_counter() - t0
         self.res.draft_seconds += dt
@@ -172,8 +204,10 @@ class _Replayer:
         bad = len(tree) > self.budget or (not self.tree and len(tree) and not tree.is_chain())
         if not bad:
             return tree
-        msg = (f"drafter {getattr(self.drafter, 'name', '?')} returned {len(tree)} nodes "
-               f"({'tree' if not tree.is_chain() else 'chain'}) for budget {self.budget}, tree={self.tree}")
+        msg = (
+            f"drafter {getattr(self.drafter, 'name', '?')} returned {len(tree)} nodes "
+            f"({'tree' if not tree.is_chain() else 'chain'}) for budget {self.budget}, tree={self.tree}"
+        )
         if self.strict:
             raise RuntimeError(msg)
         self.res.budget_violations += 1
@@ -185,9 +219,9 @@ class _Replayer:
     def step(self, a: _Active, tree: TokenTree, draft_s: float) -> None:
         res, remaining = self.res, len(a.truth) - a.pos
         depth = tree.max_depth
-        acc = accepted_length(tree, a.truth[a.pos:a.pos + min(depth, remaining)])
+        acc = accepted_length(tree, a.truth[a.pos : a.pos + min(depth, remaining)])
         emit = acc + (1 if acc < remaining else 0)
-        out = a.truth[a.pos:a.pos + emit]
+        out = a.truth[a.pos : a.pos + emit]
         t0 = time.perf_counter()
         try:
             self.drafter.extend(a.rid, out)
@@ -198,8 +232,9 @@ class _Replayer:
         self._count(tree, depth, acc, emit)
         if self.writer is not None:
             ctx = a.record.prompt_ids.size + a.pos
-            self.writer.writerow((a.rid, a.steps, a.pos, ctx, len(tree), depth, acc, emit,
-                                  f"{draft_s * US:.2f}", f"{upd * US:.2f}"))
+            self.writer.writerow(
+                (a.rid, a.steps, a.pos, ctx, len(tree), depth, acc, emit, f"{draft_s * US:.2f}", f"{upd * US:.2f}")
+            )
         if a.emitted is not None:
             a.emitted.extend(out)
         a.pos += emit
@@ -236,9 +271,19 @@ def _request_ids(records: Sequence[TraceRecord]) -> list[str]:
     return out
 
 
-def replay(drafter: Drafter, records: Sequence[TraceRecord], *, budget: int, tree: bool,
-           progress: bool = False, step_csv: str | os.PathLike[str] | None = None, batch_size: int = 1,
-           strict: bool = False, keep_outputs: bool = False, desc: str = "replay") -> ReplayResult:
+def replay(
+    drafter: Drafter,
+    records: Sequence[TraceRecord],
+    *,
+    budget: int,
+    tree: bool,
+    progress: bool = False,
+    step_csv: str | os.PathLike[str] | None = None,
+    batch_size: int = 1,
+    strict: bool = False,
+    keep_outputs: bool = False,
+    desc: str = "replay",
+) -> ReplayResult:
     """Replay ``records`` in order through ``drafter`` (see the module docstring) -> totals.
 
     ``budget``: max draft tokens per request per step; ``tree``: allow tree drafts (else chains). Drafter

@@ -1,10 +1,12 @@
 """Terminal tables and PNG plots of eval results (result dicts as written to the results JSON)."""
+
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 POSITIONS_SHOWN = 4  # per-position acceptance columns in the terminal table
 MAX_CURVE_POSITIONS = 32
@@ -18,6 +20,7 @@ def _f(fmt: str) -> Callable[[Any], str]:
         if v is None or (isinstance(v, float) and math.isnan(v)):
             return "-"
         return format(v, fmt)
+
     return render
 
 
@@ -42,8 +45,12 @@ def _positions(values: Sequence[float] | None) -> str:
     return " ".join(f"{v:.2f}" for v in list(values)[:POSITIONS_SHOWN])
 
 
-def format_table(rows: Sequence[Row], columns: Sequence[tuple[str, str, Callable[[Row], Any], Callable[[Any], str]]],
-                 *, title: str = "") -> str:
+def format_table(
+    rows: Sequence[Row],
+    columns: Sequence[tuple[str, str, Callable[[Row], Any], Callable[[Any], str]]],
+    *,
+    title: str = "",
+) -> str:
     """Aligned plain-text table (header, rule, one line per row)."""
     cells = [[render(get(r)) for _, _, get, render in columns] for r in rows]
     widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (h, _, _, _) in enumerate(columns)]
@@ -69,8 +76,10 @@ def replay_tables(results: Sequence[Row]) -> str:
     parts = []
     for ds, rows in group_by_dataset(results).items():
         first = rows[0]
-        title = (f"== {ds}: {first.get('records', '?')} records, {first.get('response_tokens', 0):,} response "
-                 f"tokens, {first.get('prompt_tokens', 0):,} prompt tokens")
+        title = (
+            f"== {ds}: {first.get('records', '?')} records, {first.get('response_tokens', 0):,} response "
+            f"tokens, {first.get('prompt_tokens', 0):,} prompt tokens"
+        )
         parts.append(format_table(rows, REPLAY_COLUMNS, title=title))
     return "\n\n".join(parts)
 
@@ -97,8 +106,13 @@ def plot_per_position(results: Sequence[Row], path: str | os.PathLike[str]) -> P
         for r in rows:
             acc = list(r.get("per_position_acceptance") or [])[:MAX_CURVE_POSITIONS]
             if acc:
-                ax.plot(range(1, len(acc) + 1), acc, marker="o", markersize=3,
-                        label=f"{r.get('label', r.get('drafter'))} (MAT {r.get('mat', 0):.2f})")
+                ax.plot(
+                    range(1, len(acc) + 1),
+                    acc,
+                    marker="o",
+                    markersize=3,
+                    label=f"{r.get('label', r.get('drafter'))} (MAT {r.get('mat', 0):.2f})",
+                )
         ax.set_title(ds, fontsize=10)
         ax.set_xlabel("draft position k")
         ax.set_ylabel("P(accept k | drafted k)")
@@ -117,8 +131,13 @@ def plot_per_position(results: Sequence[Row], path: str | os.PathLike[str]) -> P
     return Path(path)
 
 
-def plot_mat(results: Sequence[Row], path: str | os.PathLike[str], *, key: str = "mat",
-             ylabel: str = "MAT (tokens per step, bonus included)") -> Path:
+def plot_mat(
+    results: Sequence[Row],
+    path: str | os.PathLike[str],
+    *,
+    key: str = "mat",
+    ylabel: str = "MAT (tokens per step, bonus included)",
+) -> Path:
     """Grouped bars: ``key`` per dataset (groups) and drafter setting (bars)."""
     plt = _pyplot()
     groups = group_by_dataset(results)

@@ -6,6 +6,7 @@
 ``results`` entries may be dicts or objects with ``as_dict()`` (a ``ReplayResult``), in which case give them as
 ``(meta_dict, result)`` pairs or dicts that already hold the metadata. See the README (Results JSON schema).
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -15,8 +16,9 @@ import os
 import platform
 import re
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from specdec.paths import REPO_ROOT
 
@@ -57,8 +59,12 @@ def device_label(device: str | None = None) -> str:
 
 def versions() -> dict[str, Any]:
     """Versions of everything that can change a number (imports are best effort)."""
-    out: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
-                           "cpu": cpu_name(), "cpu_count": cpu_count()}
+    out: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu_name(),
+        "cpu_count": cpu_count(),
+    }
     for mod in ("specdec", "numpy", "torch", "transformers", "tokenizers", "onnxruntime", "vllm", "arctic_inference"):
         m = sys.modules.get(mod)
         if m is None and mod in ("specdec", "numpy", "torch", "transformers", "tokenizers"):
@@ -71,10 +77,15 @@ def versions() -> dict[str, Any]:
     try:
         import subprocess
 
-        rev = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=5)
-        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5)
+        rev = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         if rev.returncode == 0:
             out["git"] = rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except Exception:  # noqa: BLE001
@@ -82,8 +93,9 @@ def versions() -> dict[str, Any]:
     return out
 
 
-def results_path(name: str, *, device: str | None = None, date: str | None = None,
-                 directory: str | os.PathLike[str] | None = None) -> Path:
+def results_path(
+    name: str, *, device: str | None = None, date: str | None = None, directory: str | os.PathLike[str] | None = None
+) -> Path:
     """``eval/results/<YYYY-MM-DD>_<device>_<name>.json`` (UTC date)."""
     date = date or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
     is_torch_device = device is None or device == "cpu" or re.fullmatch(r"cuda(:\d+)?", device) is not None
@@ -115,12 +127,22 @@ def result_entry(meta: Mapping[str, Any], result: Any) -> dict[str, Any]:
     return {**_plain(meta), **_plain(result)}
 
 
-def build_document(settings: Mapping[str, Any], results: Iterable[Any], *, device: str | None = None,
-                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    doc = {"schema_version": SCHEMA_VERSION,
-           "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-           "command": " ".join(sys.argv), "settings": _plain(settings), "versions": versions(),
-           "device": device_label(device), "results": [_plain(r) for r in results]}
+def build_document(
+    settings: Mapping[str, Any],
+    results: Iterable[Any],
+    *,
+    device: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": " ".join(sys.argv),
+        "settings": _plain(settings),
+        "versions": versions(),
+        "device": device_label(device),
+        "results": [_plain(r) for r in results],
+    }
     if extra:
         doc.update(_plain(extra))
     return doc
@@ -135,8 +157,14 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     return path
 
 
-def write_results(path: str | os.PathLike[str], settings: Mapping[str, Any], results: Iterable[Any], *,
-                  device: str | None = None, extra: Mapping[str, Any] | None = None) -> Path:
+def write_results(
+    path: str | os.PathLike[str],
+    settings: Mapping[str, Any],
+    results: Iterable[Any],
+    *,
+    device: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
     """Write the results JSON atomically (settings + versions + device + results); returns the path."""
     doc = build_document(settings, results, device=device, extra=extra)
     return atomic_write_text(path, json.dumps(doc, indent=1) + "\n")

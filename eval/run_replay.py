@@ -1,4 +1,5 @@
 """The ``replay`` / ``sweep`` commands: datasets x drafter settings -> tables, JSON, plots, CSVs."""
+
 from __future__ import annotations
 
 import argparse
@@ -6,9 +7,10 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from specdec.config import ConfigError
 from specdec.eval.checks import check_draft_model_tokenizer, cpu_notes
@@ -21,9 +23,11 @@ from specdec.eval.results import build_document, results_path
 from specdec.eval.settings import DEFAULT_DRAFTERS, Setting
 
 logger = logging.getLogger("specdec.eval")
-REPLAY_RULE = ("per step: accepted = longest draft path equal to the true continuation; emitted = accepted + 1 "
-               "bonus token unless the response is complete; MAT = emitted / steps; drafter state persists "
-               "across the records of a dataset (fresh drafter per dataset x setting), records in file order")
+REPLAY_RULE = (
+    "per step: accepted = longest draft path equal to the true continuation; emitted = accepted + 1 "
+    "bonus token unless the response is complete; MAT = emitted / steps; drafter state persists "
+    "across the records of a dataset (fresh drafter per dataset x setting), records in file order"
+)
 
 
 _UNAVAILABLE: set[str] = set()  # default drafters already reported as not importable
@@ -66,9 +70,16 @@ def _trace_job(src: str, args: argparse.Namespace, *, data: str | None) -> Datas
     name, path = resolve_source(src, data)
 
     def load() -> list[TraceRecord]:
-        return load_traces(src, tokenizer=args.tokenizer, limit=args.limit, data=data, fmt=args.format,
-                           all_turns=args.all_turns, use_cache=not args.no_cache,
-                           progress=not args.no_progress)[1]
+        return load_traces(
+            src,
+            tokenizer=args.tokenizer,
+            limit=args.limit,
+            data=data,
+            fmt=args.format,
+            all_turns=args.all_turns,
+            use_cache=not args.no_cache,
+            progress=not args.no_progress,
+        )[1]
 
     return DatasetJob(name, str(path), load)
 
@@ -79,8 +90,10 @@ def _folder_jobs(path: Path, args: argparse.Namespace) -> list[DatasetJob]:
         return [_trace_job(n, args, data=str(path)) for n in shared]
     files = sorted(p for p in path.iterdir() if p.name.endswith((".jsonl", ".jsonl.gz")))
     if not files:
-        raise TraceError(f"{path}: no trace sets found; expected the shared data folder (with "
-                         f"{next(iter(SHARED_TRACE_SETS.values()))}) or a folder of *.jsonl trace files")
+        raise TraceError(
+            f"{path}: no trace sets found; expected the shared data folder (with "
+            f"{next(iter(SHARED_TRACE_SETS.values()))}) or a folder of *.jsonl trace files"
+        )
     return [_trace_job(str(f), args, data=None) for f in files]
 
 
@@ -89,8 +102,10 @@ def _embedded_jobs(args: argparse.Namespace) -> list[DatasetJob]:
     from specdec.eval.tokenization import NO_TOKENIZER
 
     if args.tokenizer == NO_TOKENIZER:
-        raise EvalError("--tokenizer none replays token-id traces only, and the built-in workload is text: give "
-                        "a SOURCE of prompt_ids/response_ids traces, or pass a tokenizer folder or 'bytes'")
+        raise EvalError(
+            "--tokenizer none replays token-id traces only, and the built-in workload is text: give "
+            "a SOURCE of prompt_ids/response_ids traces, or pass a tokenizer folder or 'bytes'"
+        )
     sets = embedded_traces(args.tokenizer)
     if args.limit:
         sets = [(n, r[: args.limit]) for n, r in sets]
@@ -140,8 +155,10 @@ def run_replay(args: argparse.Namespace) -> int:
         for job in jobs:
             results += _run_dataset(job, settings, args, cm, staging, explicit=explicit)
         if not results:
-            raise EvalError(f"no drafter could run (tried {', '.join(s.drafter for s in settings)}); "
-                            f"install/implement one of {', '.join(DEFAULT_DRAFTERS)} or pass --drafter")
+            raise EvalError(
+                f"no drafter could run (tried {', '.join(s.drafter for s in settings)}); "
+                f"install/implement one of {', '.join(DEFAULT_DRAFTERS)} or pass --drafter"
+            )
         written = _write_outputs(args, settings, results, cm, staging, time.perf_counter() - t0)
     except BaseException:
         staging.abort()
@@ -154,8 +171,15 @@ def run_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_dataset(job: DatasetJob, settings: list[Setting], args: argparse.Namespace, cm: CostModel,
-                 staging: Staging, *, explicit: bool) -> list[dict[str, Any]]:
+def _run_dataset(
+    job: DatasetJob,
+    settings: list[Setting],
+    args: argparse.Namespace,
+    cm: CostModel,
+    staging: Staging,
+    *,
+    explicit: bool,
+) -> list[dict[str, Any]]:
     from specdec.eval.report import replay_tables
 
     t0 = time.perf_counter()
@@ -171,9 +195,17 @@ def _run_dataset(job: DatasetJob, settings: list[Setting], args: argparse.Namesp
             continue
         csv_path = staging.path(f"steps_{safe_name(job.name)}_{safe_name(s.label)}.csv") if args.step_csv else None
         try:
-            res = replay(drafter, records, budget=s.budget, tree=s.tree, progress=not args.no_progress,
-                         step_csv=csv_path, batch_size=args.batch_size, strict=args.strict,
-                         desc=f"{job.name[:20]} {s.label[:28]}")
+            res = replay(
+                drafter,
+                records,
+                budget=s.budget,
+                tree=s.tree,
+                progress=not args.no_progress,
+                step_csv=csv_path,
+                batch_size=args.batch_size,
+                strict=args.strict,
+                desc=f"{job.name[:20]} {s.label[:28]}",
+            )
         finally:
             close = getattr(drafter, "close", None)
             if callable(close):
@@ -184,16 +216,27 @@ def _run_dataset(job: DatasetJob, settings: list[Setting], args: argparse.Namesp
     return out
 
 
-def _write_outputs(args: argparse.Namespace, settings: list[Setting], results: list[dict[str, Any]],
-                   cm: CostModel, staging: Staging, wall: float) -> list[Path]:
+def _write_outputs(
+    args: argparse.Namespace,
+    settings: list[Setting],
+    results: list[dict[str, Any]],
+    cm: CostModel,
+    staging: Staging,
+    wall: float,
+) -> list[Path]:
+    import json
+
     from specdec.eval.report import plot_mat, plot_per_position
     from specdec.eval.results import atomic_write_text
 
-    import json
-
-    doc_settings = {"command": args.command, "args": {k: v for k, v in vars(args).items() if k != "func"},
-                    "drafter_settings": [s.describe() for s in settings], "cost_model": cm.describe(),
-                    "replay_rule": REPLAY_RULE, "wall_seconds": wall}
+    doc_settings = {
+        "command": args.command,
+        "args": {k: v for k, v in vars(args).items() if k != "func"},
+        "drafter_settings": [s.describe() for s in settings],
+        "cost_model": cm.describe(),
+        "replay_rule": REPLAY_RULE,
+        "wall_seconds": wall,
+    }
     doc = build_document(doc_settings, results)
     text = json.dumps(doc, indent=1) + "\n"
     atomic_write_text(staging.path("results.json", args.json), text)

@@ -14,11 +14,13 @@ KEYs of the form ``NAME.KEY``, ``budget`` or ``tree``. A YAML preset (``--config
     runs:                                       # explicit settings, run as listed (after the product)
       - {drafter: arctic, budget: 32, options: {max_depth: 64}}
 """
+
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import yaml
 
@@ -44,8 +46,11 @@ class Setting:
     def drafter(self) -> str:
         """``suffix`` / ``suffix+model``, with explicitly set options in brackets."""
         base = "+".join(self.names)
-        opts = [f"{n}.{k}={v}" if len(self.names) > 1 else f"{k}={v}"
-                for n in self.names for k, v in sorted(self.options.get(n, {}).items())]
+        opts = [
+            f"{n}.{k}={v}" if len(self.names) > 1 else f"{k}={v}"
+            for n in self.names
+            for k, v in sorted(self.options.get(n, {}).items())
+        ]
         return f"{base}[{','.join(opts)}]" if opts else base
 
     @property
@@ -57,9 +62,15 @@ class Setting:
         return self.names[0] if len(self.names) == 1 else list(self.names)
 
     def describe(self) -> dict[str, Any]:
-        return {"drafter": self.drafter, "label": self.label, "names": list(self.names), "budget": self.budget,
-                "tree": self.tree, "options": {n: dict(self.options.get(n, {})) for n in self.names},
-                "swept": dict(self.swept)}
+        return {
+            "drafter": self.drafter,
+            "label": self.label,
+            "names": list(self.names),
+            "budget": self.budget,
+            "tree": self.tree,
+            "options": {n: dict(self.options.get(n, {})) for n in self.names},
+            "swept": dict(self.swept),
+        }
 
 
 def parse_drafter(text: str | Sequence[str]) -> tuple[str, ...]:
@@ -108,8 +119,9 @@ def parse_grid(items: Iterable[str]) -> dict[str, list[Any]]:
         else:
             parts = [v.strip() for v in value.split(",")]
             if any(not v for v in parts):
-                raise ConfigError(f"--grid {item!r} has an empty value; expected KEY=V1,V2,... like "
-                                  f"{key or 'budget'}=8,16")
+                raise ConfigError(
+                    f"--grid {item!r} has an empty value; expected KEY=V1,V2,... like {key or 'budget'}=8,16"
+                )
             values = [parse_value(v) for v in parts]
         if not values:
             raise ConfigError(f"--grid {item!r} has no values; expected KEY=V1,V2,... like budget=8,16")
@@ -150,17 +162,29 @@ def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def build_settings(*, drafters: Sequence[str] | None, options: Sequence[str] = (), budgets: Sequence[int] | None,
-                   tree: bool | None, grid: Sequence[str] = (), preset: str | None = None) -> list[Setting]:
+def build_settings(
+    *,
+    drafters: Sequence[str] | None,
+    options: Sequence[str] = (),
+    budgets: Sequence[int] | None,
+    tree: bool | None,
+    grid: Sequence[str] = (),
+    preset: str | None = None,
+) -> list[Setting]:
     """All settings to run: flags override the preset; the grid multiplies everything."""
     data = read_preset(preset) if preset else {}
     names = [parse_drafter(d) for d in (drafters or data.get("drafters") or DEFAULT_DRAFTERS)]
     opts = _merge(data.get("options") or {}, parse_options(options))
     where = f"config {preset!r}" if preset else "--budget"
-    budget_list = [check_budget(b, where=where if not budgets else "--budget")
-                   for b in (list(budgets) if budgets else _as_list(data.get("budget", DEFAULT_BUDGET)))]
-    trees = [tree] if tree is not None else [check_tree(t, where=f"config {preset!r}")
-                                             for t in _as_list(data.get("tree", False))]
+    budget_list = [
+        check_budget(b, where=where if not budgets else "--budget")
+        for b in (list(budgets) if budgets else _as_list(data.get("budget", DEFAULT_BUDGET)))
+    ]
+    trees = (
+        [tree]
+        if tree is not None
+        else [check_tree(t, where=f"config {preset!r}") for t in _as_list(data.get("tree", False))]
+    )
     g = {**{str(k): _as_list(v) for k, v in (data.get("grid") or {}).items()}, **parse_grid(grid)}
     for key in g:
         if key not in ("budget", "tree") and "." not in key:
@@ -205,8 +229,13 @@ def check_options(settings: Sequence[Setting]) -> None:
             cls.Config.from_dict(dict(s.options.get(name, {})), where=f"drafter {name!r}: ")
 
 
-def check_names(settings: Sequence[Setting], *, cli_options: Sequence[str], grid_keys: Sequence[str],
-                preset_options: Mapping[str, Any]) -> None:
+def check_names(
+    settings: Sequence[Setting],
+    *,
+    cli_options: Sequence[str],
+    grid_keys: Sequence[str],
+    preset_options: Mapping[str, Any],
+) -> None:
     """Every drafter named in an option or a grid key exists, and those given as flags are run by a setting
     (a mistyped name such as ``sufix.max_depth`` would otherwise be ignored)."""
     from specdec.drafters.registry import drafter_names
@@ -220,8 +249,10 @@ def check_names(settings: Sequence[Setting], *, cli_options: Sequence[str], grid
         if name not in known:
             raise ConfigError(f"{what}: unknown drafter {name!r}; valid drafters: {', '.join(known)}")
         if name not in used and not what.startswith("options of"):
-            raise ConfigError(f"{what}: drafter {name!r} is not among the drafters run ({', '.join(sorted(used))}); "
-                              f"add it to --drafter or drop the option")
+            raise ConfigError(
+                f"{what}: drafter {name!r} is not among the drafters run ({', '.join(sorted(used))}); "
+                f"add it to --drafter or drop the option"
+            )
 
 
 def _run(item: Any, opts: Mapping[str, Mapping[str, Any]], preset: str | None) -> Setting:
@@ -239,15 +270,17 @@ def _run(item: Any, opts: Mapping[str, Mapping[str, Any]], preset: str | None) -
             own.setdefault(n, {}).update(v)
     elif extra:
         if len(names) != 1:
-            raise ConfigError(f"config {preset!r}: options of the composition {item['drafter']!r} must be keyed by "
-                              "drafter name")
+            raise ConfigError(
+                f"config {preset!r}: options of the composition {item['drafter']!r} must be keyed by drafter name"
+            )
         own.setdefault(names[0], {}).update(extra)
     budget = check_budget(item.get("budget", DEFAULT_BUDGET), where=f"config {preset!r}: runs entry")
     return Setting(names, own, budget, check_tree(item.get("tree", False), where=f"config {preset!r}: runs entry"))
 
 
-def _one(names: tuple[str, ...], opts: Mapping[str, Mapping[str, Any]], budget: int, tree: bool,
-         values: Mapping[str, Any]) -> Setting:
+def _one(
+    names: tuple[str, ...], opts: Mapping[str, Mapping[str, Any]], budget: int, tree: bool, values: Mapping[str, Any]
+) -> Setting:
     own = {n: dict(opts.get(n, {})) for n in names if opts.get(n)}
     swept = {}
     for key, v in values.items():

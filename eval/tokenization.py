@@ -6,13 +6,15 @@ multi-turn prompts that share earlier messages reuse cached ids); list-valued co
 OpenAI-style tool calls render as ``<function=NAME>\\n<parameter=KEY>VALUE</parameter>\\n</function>``. No
 special tokens are added.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -84,8 +86,10 @@ class NoTokenizer(TextTokenizer):
     vocab_size = 0  # unknown: ids are not checked against a vocabulary
 
     def encode(self, text: str) -> list[int]:
-        raise TokenizerError("this record is text but --tokenizer none was given; --tokenizer none is for "
-                             "token-id traces (prompt_ids/response_ids): pass a tokenizer folder or 'bytes'")
+        raise TokenizerError(
+            "this record is text but --tokenizer none was given; --tokenizer none is for "
+            "token-id traces (prompt_ids/response_ids): pass a tokenizer folder or 'bytes'"
+        )
 
     def decode(self, ids: Sequence[int]) -> str:
         return " ".join(str(int(i)) for i in ids)
@@ -99,8 +103,10 @@ class HFTokenizer(TextTokenizer):
         super().__init__()
         self.path = Path(path).expanduser()
         if not self.path.is_dir():
-            raise TokenizerError(f"--tokenizer {str(path)!r}: no such folder; expected a local Hugging Face "
-                                 f"tokenizer folder (with tokenizer.json), e.g. ../shared/models/{TARGET_MODEL}")
+            raise TokenizerError(
+                f"--tokenizer {str(path)!r}: no such folder; expected a local Hugging Face "
+                f"tokenizer folder (with tokenizer.json), e.g. ../shared/models/{TARGET_MODEL}"
+            )
         self.name = str(self.path.resolve())
         self._fast = None
         self._hf = None
@@ -116,7 +122,9 @@ class HFTokenizer(TextTokenizer):
 
                 self._hf = AutoTokenizer.from_pretrained(str(self.path))
             except Exception as exc:  # noqa: BLE001 - report any load failure as one line
-                raise TokenizerError(f"--tokenizer {str(path)!r}: cannot load a Hugging Face tokenizer ({exc})") from exc
+                raise TokenizerError(
+                    f"--tokenizer {str(path)!r}: cannot load a Hugging Face tokenizer ({exc})"
+                ) from exc
             self.vocab_size = len(self._hf)
         self.eos_token_id = self._read_eos()
 

@@ -7,6 +7,7 @@
 Sub-packages: ``specdec.drafters`` (CPU drafters), ``specdec.verifiers`` (reference tree verifier),
 ``specdec.eval`` (offline acceptance eval, ``specdec-eval``), ``specdec.vllm_plugin`` (vLLM glue).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -18,8 +19,18 @@ from specdec.tree import ROOT, TokenTree, merge_trees
 __version__ = "0.1.0"
 
 __all__ = [
-    "TokenTree", "ROOT", "merge_trees", "Drafter", "DraftRequest", "build_drafter",
-    "ConfigBase", "ConfigError", "load_yaml", "generate", "SpecGenerator", "GenerationResult",
+    "TokenTree",
+    "ROOT",
+    "merge_trees",
+    "Drafter",
+    "DraftRequest",
+    "build_drafter",
+    "ConfigBase",
+    "ConfigError",
+    "load_yaml",
+    "generate",
+    "SpecGenerator",
+    "GenerationResult",
 ]
 
 _LAZY = {  # torch-heavy names load on first use

@@ -8,14 +8,16 @@ value and what is allowed; ``load_yaml`` reads a preset from ``configs/`` or a p
     class MyConfig(ConfigBase):
         depth: int = rng(24, lo=1, hi=128, doc="max draft depth")
 """
+
 from __future__ import annotations
 
 import dataclasses
 import os
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 
@@ -29,8 +31,9 @@ class ConfigError(ValueError):
     """A configuration key or value is not valid; the message names it and the fix."""
 
 
-def rng(default: Any, *, lo: float | None = None, hi: float | None = None, choices: tuple | None = None,
-        doc: str = "") -> Any:
+def rng(
+    default: Any, *, lo: float | None = None, hi: float | None = None, choices: tuple | None = None, doc: str = ""
+) -> Any:
     """A config field with an allowed range (inclusive) or a set of choices."""
     meta = {"lo": lo, "hi": hi, "choices": choices, "doc": doc}
     if isinstance(default, (list, dict)):

@@ -8,14 +8,16 @@
 ``drafter=None`` is plain (greedy or sampled) decoding through the same code path: the baseline.
 Terms (accepted / recovered / bonus tokens, MAT, acceptance rate): ``specdec.verifiers.reference``.
 """
+
 from __future__ import annotations
 
 import logging
 import numbers
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -47,7 +49,7 @@ class GenerateConfig(ConfigBase):
     device: str | None = rng(None, doc="torch device for a target given as a path (None = cuda if available)")
 
     @classmethod
-    def from_yaml(cls, name_or_path: str | os.PathLike[str] = "generate") -> "GenerateConfig":
+    def from_yaml(cls, name_or_path: str | os.PathLike[str] = "generate") -> GenerateConfig:
         return cls.from_dict(load_yaml(name_or_path), where=f"config {str(name_or_path)!r}: ")
 
 
@@ -69,7 +71,7 @@ class SpecStats(AcceptanceCounts):
     def record(self, tree: TokenTree, outcome: StepOutcome, emitted: int) -> None:
         self.observe(drafted=len(tree), depth=tree.max_depth, accepted=outcome.num_accepted, emitted=emitted)
 
-    def merge(self, other: "SpecStats") -> "SpecStats":
+    def merge(self, other: SpecStats) -> SpecStats:
         """Sum of two calls' counters (e.g. prompts run in several batches)."""
         out = SpecStats()
         for f in fields(SpecStats):
@@ -109,32 +111,60 @@ def load_target(target: Any, *, device: str | None = None) -> torch.nn.Module:
 class SpecGenerator:
     """Speculative generation with one drafter (or none) and the reference verifier."""
 
-    def __init__(self, target: Any, drafter: Drafter | None = None, *, budget: int = 8, tree: bool = False,
-                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-                 strict: bool = False, device: str | None = None) -> None:
-        self.config = GenerateConfig.from_dict(dict(
-            budget=budget, tree=tree, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-            strict=strict, device=device))
+    def __init__(
+        self,
+        target: Any,
+        drafter: Drafter | None = None,
+        *,
+        budget: int = 8,
+        tree: bool = False,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        strict: bool = False,
+        device: str | None = None,
+    ) -> None:
+        self.config = GenerateConfig.from_dict(
+            dict(
+                budget=budget,
+                tree=tree,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                seed=seed,
+                strict=strict,
+                device=device,
+            )
+        )
         if drafter is not None and not isinstance(drafter, Drafter):
             raise TypeError(f"drafter must be a specdec Drafter or None, got {type(drafter).__name__}")
         self.model = load_target(target, device=device)
         self.drafter = drafter
         if drafter is not None:  # a draft model of another vocabulary is refused here, not after a run of MAT 1.0
             name = str(getattr(self.model, "name_or_path", "") or "")
-            drafter.check_target(vocab_size=int(self.model.get_input_embeddings().num_embeddings),
-                                 tokenizer_dir=name if name and os.path.isdir(name) else None)
+            drafter.check_target(
+                vocab_size=int(self.model.get_input_embeddings().num_embeddings),
+                tokenizer_dir=name if name and os.path.isdir(name) else None,
+            )
         self.sampling = SamplingParams(temperature, top_p, top_k)
         self.verifier = ReferenceVerifier(self.model, sampling=self.sampling, seed=seed)
         self._calls = 0
 
     @classmethod
-    def from_config(cls, target: Any, drafter: Drafter | None, config: GenerateConfig) -> "SpecGenerator":
+    def from_config(cls, target: Any, drafter: Drafter | None, config: GenerateConfig) -> SpecGenerator:
         keys = ("budget", "tree", "temperature", "top_p", "top_k", "seed", "strict", "device")
         return cls(target, drafter, **{k: getattr(config, k) for k in keys})
 
     # ------------------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eos_token_id: int | None = None,
-                 progress: bool = False) -> GenerationResult:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        eos_token_id: int | None = None,
+        progress: bool = False,
+    ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` per prompt; stop a prompt at ``eos_token_id`` (None: never)."""
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens={max_new_tokens} is out of range: must be >= 0")
@@ -196,8 +226,11 @@ class SpecGenerator:
         trees = [TokenTree.empty() for _ in rids]
         if guard is None or self.config.budget == 0:
             return trees
-        wanted = [(k, DraftRequest(rid, min(self.config.budget, left - 1), self.config.tree))
-                  for k, (rid, left) in enumerate(zip(rids, remaining)) if left > 1]
+        wanted = [
+            (k, DraftRequest(rid, min(self.config.budget, left - 1), self.config.tree))
+            for k, (rid, left) in enumerate(zip(rids, remaining))
+            if left > 1
+        ]
         if not wanted:
             return trees
         drafted = guard.draft_batch([req for _, req in wanted])
@@ -231,8 +264,14 @@ def _progress(enabled: bool, total: int) -> Any:
 _GEN_KEYS = ("max_new_tokens", "eos_token_id", "progress")
 
 
-def generate(target: Any, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]], *, drafter: Any = None,
-             tokenizer: Any = None, **kw: Any) -> GenerationResult:
+def generate(
+    target: Any,
+    prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]],
+    *,
+    drafter: Any = None,
+    tokenizer: Any = None,
+    **kw: Any,
+) -> GenerationResult:
     """One-call generation. ``prompts``: token-id lists, or strings with ``tokenizer``; a single string or a
     single flat list of ids is one prompt.
 
@@ -244,8 +283,10 @@ def generate(target: Any, prompts: str | Sequence[int] | Sequence[str] | Sequenc
     gen_kw = {k: kw.pop(k) for k in _GEN_KEYS if k in kw}
     unknown = sorted(set(kw) - set(GenerateConfig.__dataclass_fields__))
     if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(map(repr, unknown))} for generate(); valid keys: "
-                          f"{', '.join(sorted(set(GenerateConfig.__dataclass_fields__) | set(_GEN_KEYS)))}")
+        raise ConfigError(
+            f"unknown key(s) {', '.join(map(repr, unknown))} for generate(); valid keys: "
+            f"{', '.join(sorted(set(GenerateConfig.__dataclass_fields__) | set(_GEN_KEYS)))}"
+        )
     ids = _encode(prompts, tokenizer)
     built = drafter is not None and not isinstance(drafter, Drafter)
     if built:
@@ -298,4 +339,3 @@ def _default_eos(tokenizer: Any, model: torch.nn.Module) -> int | None:
     if isinstance(eos, (list, tuple)):
         eos = eos[0] if eos else None
     return int(eos) if eos is not None else None
-

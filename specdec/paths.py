@@ -1,4 +1,5 @@
 """Where shared data and models live (``SPECDEC_SHARED``, default ``<repo>/../shared``)."""
+
 from __future__ import annotations
 
 import os

@@ -22,6 +22,7 @@ mass, which telescopes to ``r_j``; every other token ``t`` is emitted with proba
 ``m_{k+1} * r_t / m_{k+1} = r_t``. So each emitted token follows the target distribution given the
 tokens before it, exactly as plain sampling would.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -113,8 +114,9 @@ def accept_greedy(tree: TokenTree, logits: torch.Tensor) -> tuple[list[int], int
     return tree.accept_greedy(target_next)
 
 
-def accept(tree: TokenTree, logits: torch.Tensor, params: SamplingParams,
-           generator: torch.Generator) -> tuple[list[int], int]:
+def accept(
+    tree: TokenTree, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
+) -> tuple[list[int], int]:
     """Acceptance by ``params``: greedy (argmax walk) or lossless sampling. ``logits`` [n + 1, V]."""
     if params.greedy:
         return accept_greedy(tree, logits)

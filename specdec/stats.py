@@ -5,6 +5,7 @@ emitted tokens / steps (the recovered or bonus token included); acceptance rate 
 ``per_position_drafted[k]``: steps whose draft reached depth ``k + 1``; ``per_position_accepted[k]``: steps
 that accepted at least ``k + 1`` tokens.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -48,4 +49,3 @@ class AcceptanceCounts:
     def per_position_acceptance(self) -> list[float]:
         """[k] = per_position_accepted[k] / per_position_drafted[k] (0 where nothing was drafted)."""
         return [a / d if d else 0.0 for a, d in zip(self.per_position_accepted, self.per_position_drafted)]
-

@@ -15,10 +15,11 @@ Verification feeds the target ``[last context token] + tree nodes`` in one forwa
 (the last context token, index 0 of the flattened input) sits at position ``p0`` and node ``i`` at
 ``p0 + depth[i]``; every flattened input attends to its ancestors and itself (``ancestor_mask``).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -51,8 +52,9 @@ class TokenTree:
         object.__setattr__(self, "probs", probs)
 
     @classmethod
-    def _trusted(cls, tokens: np.ndarray, parents: np.ndarray, probs: np.ndarray | None,
-                 depths: np.ndarray | None = None) -> "TokenTree":
+    def _trusted(
+        cls, tokens: np.ndarray, parents: np.ndarray, probs: np.ndarray | None, depths: np.ndarray | None = None
+    ) -> TokenTree:
         """Build without validation from arrays already of the right dtype and shape (hot paths)."""
         tree = object.__new__(cls)
         object.__setattr__(tree, "tokens", tokens)
@@ -63,11 +65,11 @@ class TokenTree:
 
     # ----------------------------------------------------------------- construction
     @classmethod
-    def empty(cls) -> "TokenTree":
+    def empty(cls) -> TokenTree:
         return cls(np.zeros(0, np.int64), np.zeros(0, np.int32))
 
     @classmethod
-    def chain(cls, tokens: Sequence[int] | np.ndarray, probs: Sequence[float] | np.ndarray | None = None) -> "TokenTree":
+    def chain(cls, tokens: Sequence[int] | np.ndarray, probs: Sequence[float] | np.ndarray | None = None) -> TokenTree:
         """A linear draft: each token follows the previous one."""
         toks = np.asarray(tokens, dtype=np.int64).reshape(-1)
         n = toks.size
@@ -189,7 +191,7 @@ class TokenTree:
             cum[i] = pp[i] + (cum[p] if p != ROOT else 0.0)
         return int(np.argmax(cum))
 
-    def to_chain(self, max_len: int | None = None) -> "TokenTree":
+    def to_chain(self, max_len: int | None = None) -> TokenTree:
         """The best root-to-leaf path as a chain (see ``best_leaf``), truncated to ``max_len``."""
         path = self.path_to(self.best_leaf()) if len(self) else []
         if max_len is not None:
@@ -197,7 +199,7 @@ class TokenTree:
         probs = self.probs[path] if self.probs is not None else None
         return TokenTree.chain(self.tokens[path], probs)
 
-    def truncate(self, budget: int) -> "TokenTree":
+    def truncate(self, budget: int) -> TokenTree:
         """Keep the first ``budget`` nodes (topological order keeps the result a valid tree)."""
         if budget >= len(self):
             return self
@@ -205,7 +207,7 @@ class TokenTree:
         depths = self._depths[:budget] if self._depths is not None else None
         return TokenTree._trusted(self.tokens[:budget], self.parents[:budget], probs, depths)
 
-    def subtree_after(self, path: Sequence[int]) -> "TokenTree":
+    def subtree_after(self, path: Sequence[int]) -> TokenTree:
         """The part of the tree below the node reached by token ``path``, re-rooted (empty if absent)."""
         cur = ROOT
         for tok in path:

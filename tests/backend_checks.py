@@ -1,6 +1,7 @@
 """Checks every draft-model backend must pass (numpy, native): logits vs Hugging Face for prefill + decode, ragged
 batches and tree masks, and drafts / logits vs the torch backend. The backend test files call them with their own
 model folders and backends, then test what is specific to each backend."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,10 +10,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from core_support import SAVED_VOCAB, hf_logits, load_hf, save_tiny_llama
 from specdec.drafters import DraftRequest
 from specdec.drafters.model import ModelDrafter, ModelDrafterConfig
 from specdec.drafters.model_backends import DraftBackend, StepInput, make_backend
-from core_support import SAVED_VOCAB, hf_logits, load_hf, save_tiny_llama
 
 ATOL = 1e-4  # fp32 logits vs fp32 with another op order
 VOCAB = SAVED_VOCAB
@@ -42,8 +43,9 @@ def check_prefill_then_decode(b: DraftBackend, hf: torch.nn.Module) -> None:
 RAGGED_LENGTHS = (7, 1, 12)  # requests of different lengths in one batch (one of a single token)
 
 
-def ragged_decode(b: DraftBackend, rng: np.random.Generator,
-                  steps: int) -> tuple[list[Any], list[list[int]], list[torch.Tensor]]:
+def ragged_decode(
+    b: DraftBackend, rng: np.random.Generator, steps: int
+) -> tuple[list[Any], list[list[int]], list[torch.Tensor]]:
     """RAGGED_LENGTHS requests prefilled in one forward (every row wanted), then ``steps`` batched single-token
     decodes: (their states, their token sequences, each one's logits per position [len, vocab])."""
     seqs = [rng.integers(0, VOCAB, size=n).tolist() for n in RAGGED_LENGTHS]
@@ -58,8 +60,9 @@ def ragged_decode(b: DraftBackend, rng: np.random.Generator,
     return states, seqs, got
 
 
-def past_capacity_case(tmp_path: Path, name: str, capacity: int, *,
-                       seed: int) -> tuple[torch.nn.Module, DraftBackend, list[int]]:
+def past_capacity_case(
+    tmp_path: Path, name: str, capacity: int, *, seed: int
+) -> tuple[torch.nn.Module, DraftBackend, list[int]]:
     """A tiny model whose positions reach past twice a backend's initial KV capacity, its HF twin, the backend,
     and a random prompt just short of that capacity."""
     path = save_tiny_llama(tmp_path, seed=3, max_pos=2 * capacity + 64, rms_norm_eps=1e-5)
@@ -72,8 +75,12 @@ def check_ragged_batch(b: DraftBackend, hf: torch.nn.Module) -> None:
     states, seqs, got = ragged_decode(b, np.random.default_rng(1), steps=3)
     # mixed: 2 tokens for the first request (last row only), 1 for the third, none for the second
     extra = [[3, 4], [9]]
-    out = b.forward([StepInput(states[0], extra[0], [len(seqs[0]), len(seqs[0]) + 1], [1]),
-                     StepInput(states[2], extra[1], [len(seqs[2])], [0])])
+    out = b.forward(
+        [
+            StepInput(states[0], extra[0], [len(seqs[0]), len(seqs[0]) + 1], [1]),
+            StepInput(states[2], extra[1], [len(seqs[2])], [0]),
+        ]
+    )
     seqs[0] += extra[0]
     seqs[2] += extra[1]
     for q, g in zip(seqs, got):

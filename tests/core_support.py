@@ -1,9 +1,10 @@
 """Helpers for the core tests: tiny random Llama targets and test drafters (oracle, noisy, random, ...)."""
+
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pytest
@@ -26,23 +27,35 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def tiny_llama(seed: int = 0, *, vocab: int = TINY_VOCAB, hidden: int = 48, layers: int = 2,
-               init_range: float = TINY_INIT_RANGE) -> torch.nn.Module:
+def tiny_llama(
+    seed: int = 0, *, vocab: int = TINY_VOCAB, hidden: int = 48, layers: int = 2, init_range: float = TINY_INIT_RANGE
+) -> torch.nn.Module:
     """A seeded random LlamaForCausalLM in float32 (GQA: 4 query heads, 2 KV heads)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      initializer_range=init_range, pad_token_id=1, bos_token_id=0, eos_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=init_range,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return LlamaForCausalLM(cfg).float().eval()
 
 
 SAVED_VOCAB = 97  # vocabulary of the saved tiny Llama of the draft-model backend tests
 
 
-def save_tiny_llama(path: Path, *, seed: int, qk_scale: float = 1.0, max_pos: int = 512,
-                    rms_norm_eps: float | None = None) -> Path:
+def save_tiny_llama(
+    path: Path, *, seed: int, qk_scale: float = 1.0, max_pos: int = 512, rms_norm_eps: float | None = None
+) -> Path:
     """A seeded 2-layer Llama (GQA 4/2 heads, tied embeddings) saved with ``save_pretrained`` to ``path``.
 
     Matrices are scaled x4 (sharper distributions than the default init, so greedy choices are stable);
@@ -51,9 +64,18 @@ def save_tiny_llama(path: Path, *, seed: int, qk_scale: float = 1.0, max_pos: in
     from transformers import LlamaConfig, LlamaForCausalLM
 
     extra = {} if rms_norm_eps is None else {"rms_norm_eps": rms_norm_eps}
-    cfg = LlamaConfig(vocab_size=SAVED_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_pos,
-                      tie_word_embeddings=True, rope_theta=500.0, **extra)
+    cfg = LlamaConfig(
+        vocab_size=SAVED_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_pos,
+        tie_word_embeddings=True,
+        rope_theta=500.0,
+        **extra,
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
@@ -134,8 +156,9 @@ class OracleDrafter(_Tracking):
 
     name = "oracle"
 
-    def __init__(self, truth: dict[tuple[int, ...], list[int]], *, vocab: int = TINY_VOCAB, noise: float = 0.0,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, truth: dict[tuple[int, ...], list[int]], *, vocab: int = TINY_VOCAB, noise: float = 0.0, seed: int = 0
+    ) -> None:
         super().__init__()
         self.truth, self.vocab, self.noise = truth, vocab, noise
         self.rs = np.random.RandomState(seed)
@@ -144,13 +167,18 @@ class OracleDrafter(_Tracking):
     def _continuation(self, rid: str, k: int) -> list[int]:
         ctx = self.ctx[rid]
         n = self.prompt_len[rid]
-        cont = list(self.truth[tuple(ctx[:n])][len(ctx) - n:][:k])
-        return [(t + 1 + int(self.rs.randint(self.vocab - 1))) % self.vocab if self.rs.rand() < self.noise else t
-                for t in cont]
+        cont = list(self.truth[tuple(ctx[:n])][len(ctx) - n :][:k])
+        return [
+            (t + 1 + int(self.rs.randint(self.vocab - 1))) % self.vocab if self.rs.rand() < self.noise else t
+            for t in cont
+        ]
 
     def draft_one(self, request: DraftRequest) -> TokenTree:
-        tree = self._tree(request) if request.tree else TokenTree.chain(
-            self._continuation(request.request_id, request.budget))
+        tree = (
+            self._tree(request)
+            if request.tree
+            else TokenTree.chain(self._continuation(request.request_id, request.budget))
+        )
         self.sizes.append((request.budget, len(tree)))
         return tree
 

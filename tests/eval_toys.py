@@ -1,8 +1,9 @@
 """Small drafters for the eval tests (registered into the drafter registry by the tests)."""
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -43,13 +44,13 @@ class LookupDrafter(Drafter):
         seq = np.asarray(ctx, dtype=np.int64)
         L = seq.size
         for n in range(self.config.max_n, self.config.min_n - 1, -1):
-            if L < n + 1:
+            if n + 1 > L:
                 continue
             windows = np.lib.stride_tricks.sliding_window_view(seq[: L - 1], n)
-            hits = np.flatnonzero((windows == seq[L - n:]).all(axis=1))
+            hits = np.flatnonzero((windows == seq[L - n :]).all(axis=1))
             if hits.size:
                 start = int(hits[0]) + n
-                return TokenTree.chain(seq[start:min(start + budget, L)])
+                return TokenTree.chain(seq[start : min(start + budget, L)])
         return TokenTree.empty()
 
 

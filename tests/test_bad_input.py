@@ -1,5 +1,6 @@
 """Every bad input of issue 35, fed exactly: a one-line error (exit status 2, before any long work) or the right
 behaviour. The table of answers is docs/bad-input.md."""
+
 from __future__ import annotations
 
 import errno
@@ -27,8 +28,10 @@ def toys(monkeypatch, tmp_path):
 @pytest.fixture
 def no_replay(monkeypatch):
     """Fails the test if a replay starts: errors must come before any long work."""
+
     def boom(*args, **kwargs):
         raise AssertionError("replay started before the bad input was reported")
+
     monkeypatch.setattr("specdec.eval.run_replay.replay", boom)
 
 
@@ -57,8 +60,10 @@ def test_jsonl_gz_that_is_not_gzip(tmp_path, capsys, no_replay) -> None:
 
 
 def test_grid_budget_without_values(tmp_path, capsys, no_replay) -> None:
-    line = fails(["sweep", str(trace_file(tmp_path)), "--drafter", "toy", "--grid", "budget=",
-                  "--out", str(tmp_path / "o")], capsys)
+    line = fails(
+        ["sweep", str(trace_file(tmp_path)), "--drafter", "toy", "--grid", "budget=", "--out", str(tmp_path / "o")],
+        capsys,
+    )
     assert "--grid 'budget='" in line and "budget=8,16" in line
 
 
@@ -88,8 +93,19 @@ def test_out_and_json_on_a_read_only_file_system(tmp_path, capsys, monkeypatch, 
     line = fails(["replay", str(trace_file(tmp_path)), "--drafter", "toy", "--out", str(ro / "out")], capsys)
     assert f"--out {ro / 'out'}" in line and "Read-only file system" in line
     real_mkdir(ro)
-    line = fails(["replay", str(trace_file(tmp_path)), "--drafter", "toy", "--out", str(tmp_path / "o"),
-                  "--json", str(ro / "r.json")], capsys)
+    line = fails(
+        [
+            "replay",
+            str(trace_file(tmp_path)),
+            "--drafter",
+            "toy",
+            "--out",
+            str(tmp_path / "o"),
+            "--json",
+            str(ro / "r.json"),
+        ],
+        capsys,
+    )
     assert f"--json {ro / 'r.json'}" in line and "Read-only file system" in line
 
 
@@ -102,20 +118,44 @@ def test_mistyped_drafter_name_in_option_or_grid(tmp_path, capsys, no_replay, fl
 
 
 def test_option_for_a_drafter_not_run(tmp_path, capsys, no_replay) -> None:
-    line = fails(["replay", str(trace_file(tmp_path)), "--drafter", "suffix", "--option", "ngram.max_n=3",
-                  "--out", str(tmp_path / "o")], capsys)
+    line = fails(
+        [
+            "replay",
+            str(trace_file(tmp_path)),
+            "--drafter",
+            "suffix",
+            "--option",
+            "ngram.max_n=3",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capsys,
+    )
     assert "drafter 'ngram' is not among the drafters run (suffix)" in line
 
 
 def test_unknown_option_key_is_refused_before_loading(tmp_path, capsys, no_replay) -> None:
-    line = fails(["replay", str(trace_file(tmp_path)), "--drafter", "suffix", "--option", "suffix.max_dept=3",
-                  "--out", str(tmp_path / "o")], capsys)
+    line = fails(
+        [
+            "replay",
+            str(trace_file(tmp_path)),
+            "--drafter",
+            "suffix",
+            "--option",
+            "suffix.max_dept=3",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capsys,
+    )
     assert "'max_dept'" in line and "max_depth" in line
 
 
 def test_grid_tree_maybe(tmp_path, capsys, no_replay) -> None:
-    line = fails(["sweep", str(trace_file(tmp_path)), "--drafter", "toy", "--grid", "tree=maybe",
-                  "--out", str(tmp_path / "o")], capsys)
+    line = fails(
+        ["sweep", str(trace_file(tmp_path)), "--drafter", "toy", "--grid", "tree=maybe", "--out", str(tmp_path / "o")],
+        capsys,
+    )
     assert "tree='maybe' must be true or false" in line
 
 
@@ -123,8 +163,10 @@ def test_grid_tree_maybe(tmp_path, capsys, no_replay) -> None:
 def test_live_limit_validated_like_replay(tmp_path, capsys, limit) -> None:
     line = fails(["live", "humaneval", "--limit", limit, "--out", str(tmp_path / "o")], capsys)
     assert f"--limit {limit} must be >= 1" in line
-    line = fails(["replay", str(trace_file(tmp_path)), "--drafter", "toy", "--limit", limit,
-                  "--out", str(tmp_path / "o")], capsys)
+    line = fails(
+        ["replay", str(trace_file(tmp_path)), "--drafter", "toy", "--limit", limit, "--out", str(tmp_path / "o")],
+        capsys,
+    )
     assert f"--limit {limit} must be >= 1" in line
 
 
@@ -133,34 +175,57 @@ def test_live_limit_validated_like_replay(tmp_path, capsys, limit) -> None:
 def test_random_bytes_name_the_file_and_line(tmp_path, capsys, no_replay, name) -> None:
     f = tmp_path / name
     f.write_bytes(b'{"prompt": "a", "response": "b"}\n' + bytes(range(128, 256)) + b"\n")
-    line = fails(["replay", str(f), "--drafter", "toy", "--tokenizer", "bytes", "--out", str(tmp_path / "o")],
-                 capsys)
+    line = fails(["replay", str(f), "--drafter", "toy", "--tokenizer", "bytes", "--out", str(tmp_path / "o")], capsys)
     assert f"{f}:2: not UTF-8 text" in line
 
 
 def test_grid_budget_not_a_number(tmp_path, capsys, no_replay) -> None:
-    line = fails(["sweep", str(trace_file(tmp_path)), "--drafter", "toy", "--grid", "budget=8,abc",
-                  "--out", str(tmp_path / "o")], capsys)
+    line = fails(
+        [
+            "sweep",
+            str(trace_file(tmp_path)),
+            "--drafter",
+            "toy",
+            "--grid",
+            "budget=8,abc",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capsys,
+    )
     assert "budget='abc' must be an integer >= 0" in line
 
 
 def test_tar_gz_error_is_whole(tmp_path, capsys, no_replay) -> None:
     f = tmp_path / "agent.tar.gz"
     f.write_bytes(gzip.compress(b"not a tar archive at all" * 40))
-    line = fails(["replay", str(f), "--drafter", "toy", "--tokenizer", "bytes", "--out", str(tmp_path / "o")],
-                 capsys)
+    line = fails(["replay", str(f), "--drafter", "toy", "--tokenizer", "bytes", "--out", str(tmp_path / "o")], capsys)
     assert str(f) in line and line.endswith("expected an OpenHands llm_completions tarball")
 
 
 def test_id_traces_of_another_vocabulary_need_tokenizer_none(tmp_path, capsys) -> None:
     f = tmp_path / "rollouts.jsonl"
     f.write_text(json.dumps({"prompt_ids": [151649, 7, 151649, 7], "response_ids": [151649, 7, 9]}) + "\n")
-    line = fails(["replay", str(f), "--drafter", "toy", "--tokenizer", "bytes", "--out", str(tmp_path / "o")],
-                 capsys)
+    line = fails(["replay", str(f), "--drafter", "toy", "--tokenizer", "bytes", "--out", str(tmp_path / "o")], capsys)
     assert "token id 151649 >= vocab size 256" in line and "--tokenizer none" in line
     out = tmp_path / "ok"
-    assert main(["replay", str(f), "--drafter", "toy", "--tokenizer", "none", "--out", str(out), "--no-progress",
-                 "--no-plots"]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                str(f),
+                "--drafter",
+                "toy",
+                "--tokenizer",
+                "none",
+                "--out",
+                str(out),
+                "--no-progress",
+                "--no-plots",
+            ]
+        )
+        == 0
+    )
     res = json.loads((out / "results.json").read_text())["results"][0]
     assert res["records"] == 1 and res["response_tokens"] == 3
 
@@ -176,8 +241,25 @@ def test_tokenizer_none_with_text_traces(tmp_path, capsys) -> None:
 
 def test_projection_says_when_the_cpu_bounds_it(tmp_path, capsys) -> None:
     out = tmp_path / "o"
-    assert main(["replay", str(trace_file(tmp_path)), "--drafter", "toy", "--verify-ms", "0.000001",
-                 "--verify-ms-per-token", "0", "--out", str(out), "--no-progress", "--no-plots"]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                str(trace_file(tmp_path)),
+                "--drafter",
+                "toy",
+                "--verify-ms",
+                "0.000001",
+                "--verify-ms-per-token",
+                "0",
+                "--out",
+                str(out),
+                "--no-progress",
+                "--no-plots",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "more than the modelled verification" in text and "CPU core(s)" in text
 
@@ -185,8 +267,14 @@ def test_projection_says_when_the_cpu_bounds_it(tmp_path, capsys) -> None:
 def test_cpu_note_names_the_draft_model() -> None:
     from specdec.eval.checks import cpu_notes
 
-    r = {"dataset": "d", "label": "suffix+model b16", "names": ["suffix", "model"], "cpu_ms_per_step": 50.0,
-         "verify_ms_per_step": 5.2, "projected_speedup": 0.1}
+    r = {
+        "dataset": "d",
+        "label": "suffix+model b16",
+        "names": ["suffix", "model"],
+        "cpu_ms_per_step": 50.0,
+        "verify_ms_per_step": 5.2,
+        "projected_speedup": 0.1,
+    }
     (note,) = cpu_notes([r])
     assert "50.00 ms per step" in note and "5.20 ms" in note and "draft model's forward passes" in note
     assert cpu_notes([{**r, "cpu_ms_per_step": 1.0}]) == []
@@ -221,21 +309,44 @@ def test_draft_model_of_another_tokenizer_is_refused(tmp_path, capsys) -> None:
     paths = tiny_models(tmp_path)
     other = save_tiny_llama(tmp_path / "other", seed=3)  # vocabulary 97, no tokenizer
     # replay: the traces' tokenizer against the draft model's
-    line = fails(["replay", str(trace_file(tmp_path)), "--drafter", "model", "--option",
-                  f"model.path={paths['draft']}", "--tokenizer", "bytes", "--out", str(tmp_path / "o")], capsys)
+    line = fails(
+        [
+            "replay",
+            str(trace_file(tmp_path)),
+            "--drafter",
+            "model",
+            "--option",
+            f"model.path={paths['draft']}",
+            "--tokenizer",
+            "bytes",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capsys,
+    )
     assert "tokenized as UTF-8 bytes" in line
     # live: the draft model against the target, before any model is loaded
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "w1 w2"}) + "\n")
-    line = fails(["live", str(prompts), "--target", str(paths["target"]), "--draft-model", str(other),
-                  "--out", str(tmp_path / "o")], capsys)
+    line = fails(
+        [
+            "live",
+            str(prompts),
+            "--target",
+            str(paths["target"]),
+            "--draft-model",
+            str(other),
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capsys,
+    )
     assert "vocabulary of 97 tokens, the target 63" in line
 
 
 def test_library_refuses_a_draft_model_of_another_vocabulary(tmp_path) -> None:
     pytest.importorskip("transformers")
     from core_support import SAVED_VOCAB, save_tiny_llama, tiny_llama
-
     from specdec.config import ConfigError
     from specdec.drafters.model import ModelDrafter, ModelDrafterConfig
     from specdec.generation import SpecGenerator
@@ -261,9 +372,8 @@ class _Tok:
 
 
 def test_bare_string_prompt_is_one_prompt() -> None:
-    from core_support import tiny_llama
-
     import specdec
+    from core_support import tiny_llama
 
     model = tiny_llama()
     res = specdec.generate(model, "def fib(n):", tokenizer=_Tok(), max_new_tokens=4)
@@ -276,17 +386,23 @@ def test_bare_string_prompt_is_one_prompt() -> None:
 
 def test_drafter_returning_none_counts_as_a_failure(caplog) -> None:
     from core_support import tiny_llama
-
     from specdec.drafters.base import Drafter
     from specdec.generation import SpecGenerator
 
     class NoneDrafter(Drafter):
         name = "nones"
 
-        def start(self, request_id, prompt_ids): pass
-        def extend(self, request_id, token_ids): pass
-        def stop(self, request_id): pass
-        def draft_batch(self, requests): return [None for _ in requests]
+        def start(self, request_id, prompt_ids):
+            pass
+
+        def extend(self, request_id, token_ids):
+            pass
+
+        def stop(self, request_id):
+            pass
+
+        def draft_batch(self, requests):
+            return [None for _ in requests]
 
     gen = SpecGenerator(tiny_llama(), NoneDrafter(), budget=4)
     plain = SpecGenerator(tiny_llama(), None).generate([[3, 4, 5]], max_new_tokens=6)
@@ -301,7 +417,6 @@ def test_drafter_returning_none_counts_as_a_failure(caplog) -> None:
 
 def test_replay_counts_a_none_draft_as_a_failure() -> None:
     from eval_toys import LookupDrafter
-
     from specdec.eval.records import TraceRecord
     from specdec.eval.replay import replay
 
@@ -314,8 +429,7 @@ def test_replay_counts_a_none_draft_as_a_failure() -> None:
 
 
 # ------------------------------------------------------------------------------------------- suffix ids
-BACKENDS = ["python"] + (["native"] if __import__("specdec.drafters.suffix", fromlist=["x"]).native_available()
-                         else [])
+BACKENDS = ["python"] + (["native"] if __import__("specdec.drafters.suffix", fromlist=["x"]).native_available() else [])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -353,9 +467,33 @@ def test_draft_model_with_a_different_tokenizer_of_the_same_size(tmp_path, capsy
     (other / "tokenizer.json").write_text(json.dumps(tj))
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "w1 w2"}) + "\n")
-    line = fails(["live", str(prompts), "--target", str(paths["target"]), "--draft-model", str(other),
-                  "--out", str(tmp_path / "o")], capsys)
+    line = fails(
+        [
+            "live",
+            str(prompts),
+            "--target",
+            str(paths["target"]),
+            "--draft-model",
+            str(other),
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capsys,
+    )
     assert "use different tokenizers" in line and "2 differ" in line
-    line = fails(["replay", str(trace_file(tmp_path)), "--drafter", "model", "--option", f"model.path={other}",
-                  "--tokenizer", str(paths["target"]), "--out", str(tmp_path / "o")], capsys)
+    line = fails(
+        [
+            "replay",
+            str(trace_file(tmp_path)),
+            "--drafter",
+            "model",
+            "--option",
+            f"model.path={other}",
+            "--tokenizer",
+            str(paths["target"]),
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capsys,
+    )
     assert "use different tokenizers" in line and f"--tokenizer {paths['target']}" in line

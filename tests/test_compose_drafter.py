@@ -1,7 +1,8 @@
 """Composition by score: best expected-accepted draft per request, ties to the earlier part, failures."""
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -109,7 +110,7 @@ def test_calibration_moves_picks_from_an_overconfident_part_to_an_accurate_one()
         chosen.append(tree.tokens.tolist())
         truth = [1, 2, 3, 4]  # the target's continuation: quiet's draft + a bonus token
         accepted = len(tree.match_length(truth))
-        comp.extend("r", truth[:accepted + 1])
+        comp.extend("r", truth[: accepted + 1])
     assert chosen[0] == [9, 9, 9]  # before any evidence the raw score decides
     assert chosen[-1] == [1, 2, 3] and comp.picks[1] > 0
     assert comp.calibration(0) < 0.5 < comp.calibration(1)  # loud: 8 / (8 + k * 2.9); quiet: above 1
@@ -183,6 +184,7 @@ def test_a_longer_chain_that_continues_the_chosen_one_is_taken():
 def test_learned_statistics_fade_so_the_choice_follows_a_workload_change():
     """Part a is right for 300 steps, then part b is: with a memory of 50 steps the choice moves to b within
     tens of steps; without forgetting, 300 steps of history keep a in front far longer."""
+
     def run(memory):
         a = Fixed("a", TokenTree.chain([1, 2, 3], [0.9] * 3))
         b = Fixed("b", TokenTree.chain([7, 8, 9], [0.9] * 3))
@@ -195,4 +197,5 @@ def test_learned_statistics_fade_so_the_choice_follows_a_workload_change():
             if step >= 300 and tree.tokens.tolist() == [7, 8, 9]:
                 return step - 300
         return 100
+
     assert run(50) < 40 < run(None)

@@ -1,4 +1,5 @@
 """The public namespace: one `import specdec` reaches drafters, verifiers, eval and the generation API."""
+
 from __future__ import annotations
 
 import importlib

@@ -1,4 +1,5 @@
 """Typed configs: presets load; unknown keys and bad values raise errors naming key, value and range."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,13 +20,16 @@ def test_unknown_key_names_it_and_lists_valid_keys():
     assert "'budgett'" in msg and "valid keys" in msg and "budget" in msg
 
 
-@pytest.mark.parametrize("key, value, allowed", [
-    ("budget", 5000, "in [0, 1024]"),
-    ("budget", -1, "in [0, 1024]"),
-    ("temperature", -0.5, "in [0.0, 100.0]"),
-    ("top_p", 0.0, "in [1e-06, 1.0]"),
-    ("top_k", -3, "in [0, 1000000]"),
-])
+@pytest.mark.parametrize(
+    "key, value, allowed",
+    [
+        ("budget", 5000, "in [0, 1024]"),
+        ("budget", -1, "in [0, 1024]"),
+        ("temperature", -0.5, "in [0.0, 100.0]"),
+        ("top_p", 0.0, "in [1e-06, 1.0]"),
+        ("top_k", -3, "in [0, 1000000]"),
+    ],
+)
 def test_out_of_range_names_key_value_and_range(key, value, allowed):
     with pytest.raises(ConfigError) as err:
         GenerateConfig.from_dict({key: value})

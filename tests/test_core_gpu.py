@@ -1,4 +1,5 @@
 """The reference verifier on CUDA (tiny random Llama, float32): lossless greedy and seeded sampling."""
+
 from __future__ import annotations
 
 import pytest
@@ -32,8 +33,11 @@ def test_plain_cuda_matches_cpu(setup):
 @pytest.mark.parametrize("kind", ["oracle", "noisy", "random"])
 def test_lossless_greedy_on_cuda(setup, kind, tree, batch):
     model, prompts, baseline, truth = setup
-    drafter = {"oracle": lambda: OracleDrafter(truth), "noisy": lambda: OracleDrafter(truth, noise=0.3),
-               "random": lambda: RandomDrafter(seed=1)}[kind]()
+    drafter = {
+        "oracle": lambda: OracleDrafter(truth),
+        "noisy": lambda: OracleDrafter(truth, noise=0.3),
+        "random": lambda: RandomDrafter(seed=1),
+    }[kind]()
     gen = SpecGenerator(model, drafter, budget=8, tree=tree)
     tokens = []
     for lo in range(0, len(prompts), batch):
@@ -45,7 +49,11 @@ def test_lossless_greedy_on_cuda(setup, kind, tree, batch):
 
 def test_seeded_sampling_on_cuda_is_reproducible(setup):
     model, prompts, _, truth = setup
-    runs = [SpecGenerator(model, OracleDrafter(truth), tree=True, temperature=0.8, top_k=20, seed=5)
-            .generate(prompts, max_new_tokens=MAX_NEW).tokens for _ in range(2)]
+    runs = [
+        SpecGenerator(model, OracleDrafter(truth), tree=True, temperature=0.8, top_k=20, seed=5)
+        .generate(prompts, max_new_tokens=MAX_NEW)
+        .tokens
+        for _ in range(2)
+    ]
     assert runs[0] == runs[1] and all(len(t) == MAX_NEW for t in runs[0])
     assert torch.cuda.is_available()

@@ -1,12 +1,13 @@
 """DraftGuard: drafter failures degrade to "no draft", are counted and logged once; strict re-raises."""
+
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from collections.abc import Sequence
 
 import pytest
 
-from specdec.drafters.base import DraftGuard, Drafter, DraftRequest
+from specdec.drafters.base import Drafter, DraftGuard, DraftRequest
 from specdec.tree import TokenTree
 
 

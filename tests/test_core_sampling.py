@@ -3,17 +3,21 @@
 The same check must reject deliberately broken samplers (always accept the draft; resample from the
 full target instead of the residual).
 """
+
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 import torch
 
-from core_support import one_thread  # noqa: F401 - fixture
-from core_support import EmptyDrafter, tiny_llama
+from core_support import (
+    EmptyDrafter,
+    one_thread,  # noqa: F401 - fixture
+    tiny_llama,
+)
 from specdec.drafters.base import DraftRequest
 from specdec.generation import SpecGenerator
 from specdec.sampling import SamplingParams, accept, accept_sampled, target_probs
@@ -91,8 +95,14 @@ def no_residual(tree: TokenTree, probs: torch.Tensor, gen: torch.Generator) -> t
     nodes, cur = [], ROOT
     while True:
         p = probs[cur + 1]
-        nxt = next((c for c in tree.children(cur) if float(torch.rand((), generator=gen, dtype=torch.float64))
-                    < float(p[int(tree.tokens[c])])), None)
+        nxt = next(
+            (
+                c
+                for c in tree.children(cur)
+                if float(torch.rand((), generator=gen, dtype=torch.float64)) < float(p[int(tree.tokens[c])])
+            ),
+            None,
+        )
         if nxt is None:
             return nodes, int(torch.multinomial(p, 1, generator=gen))
         nodes.append(nxt)
@@ -139,14 +149,19 @@ def test_zero_probability_draft_is_never_accepted():
 
 def test_target_probs_shaping():
     logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
-    assert torch.allclose(target_probs(logits, SamplingParams(1.0)), torch.tensor([[0.4, 0.3, 0.2, 0.1]],
-                                                                                   dtype=torch.float64))
-    assert torch.allclose(target_probs(logits, SamplingParams(1.0, top_k=2))[0],
-                          torch.tensor([4 / 7, 3 / 7, 0, 0], dtype=torch.float64))
-    assert torch.allclose(target_probs(logits, SamplingParams(1.0, top_p=0.5))[0],
-                          torch.tensor([4 / 7, 3 / 7, 0, 0], dtype=torch.float64))
-    assert torch.allclose(target_probs(logits, SamplingParams(1.0, top_p=0.75))[0],
-                          torch.tensor([4 / 9, 3 / 9, 2 / 9, 0], dtype=torch.float64))
+    assert torch.allclose(
+        target_probs(logits, SamplingParams(1.0)), torch.tensor([[0.4, 0.3, 0.2, 0.1]], dtype=torch.float64)
+    )
+    assert torch.allclose(
+        target_probs(logits, SamplingParams(1.0, top_k=2))[0], torch.tensor([4 / 7, 3 / 7, 0, 0], dtype=torch.float64)
+    )
+    assert torch.allclose(
+        target_probs(logits, SamplingParams(1.0, top_p=0.5))[0], torch.tensor([4 / 7, 3 / 7, 0, 0], dtype=torch.float64)
+    )
+    assert torch.allclose(
+        target_probs(logits, SamplingParams(1.0, top_p=0.75))[0],
+        torch.tensor([4 / 9, 3 / 9, 2 / 9, 0], dtype=torch.float64),
+    )
     hot = target_probs(logits, SamplingParams(2.0))[0]
     expected = torch.sqrt(torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64))
     assert torch.allclose(hot, expected / expected.sum())

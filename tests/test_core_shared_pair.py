@@ -3,6 +3,7 @@
 CI runs 5 HumanEval prompts; ``SPECDEC_LOSSLESS_PROMPTS=20`` runs the closing-note set. The same code
 is the CLI ``python -m benchmarks.lossless_check`` (which also records MAT to eval/results/).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -17,10 +18,11 @@ PROMPTS = int(os.environ.get("SPECDEC_LOSSLESS_PROMPTS", "5"))
 MAX_NEW = 64
 BUDGET = 8
 
-_MISSING = [p for p in (model_path(TARGET_MODEL), model_path(DRAFT_MODEL), data_dir() / "human_eval")
-            if not p.exists()]
-pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"shared folder incomplete (missing {_MISSING}); put "
-                                "../shared beside the repo or set SPECDEC_SHARED")
+_MISSING = [p for p in (model_path(TARGET_MODEL), model_path(DRAFT_MODEL), data_dir() / "human_eval") if not p.exists()]
+pytestmark = pytest.mark.skipif(
+    bool(_MISSING),
+    reason=f"shared folder incomplete (missing {_MISSING}); put ../shared beside the repo or set SPECDEC_SHARED",
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +53,16 @@ def run(pair, drafter, *, tree, batch):
     from benchmarks.lossless_check import run_one
 
     target, tok, prompts, _ = pair
-    return run_one(target, drafter, prompts, tree=tree, batch_size=batch, budget=BUDGET, max_new_tokens=MAX_NEW,
-                   eos_token_id=tok.eos_token_id)
+    return run_one(
+        target,
+        drafter,
+        prompts,
+        tree=tree,
+        batch_size=batch,
+        budget=BUDGET,
+        max_new_tokens=MAX_NEW,
+        eos_token_id=tok.eos_token_id,
+    )
 
 
 def test_baseline_is_nontrivial(pair):

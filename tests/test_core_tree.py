@@ -6,6 +6,7 @@ The example tree (tokens / parents), depth in brackets:
          │           └ n2:12 [2]
          └ n3:13 [1]
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,15 +37,18 @@ def test_positions(tree):
 
 
 def test_ancestor_mask(tree):
-    expected = np.array([
-        # r  n0 n1 n2 n3 n4
-        [1, 0, 0, 0, 0, 0],  # root
-        [1, 1, 0, 0, 0, 0],  # n0
-        [1, 1, 1, 0, 0, 0],  # n1
-        [1, 1, 0, 1, 0, 0],  # n2
-        [1, 0, 0, 0, 1, 0],  # n3
-        [1, 1, 1, 0, 0, 1],  # n4
-    ], dtype=bool)
+    expected = np.array(
+        [
+            # r  n0 n1 n2 n3 n4
+            [1, 0, 0, 0, 0, 0],  # root
+            [1, 1, 0, 0, 0, 0],  # n0
+            [1, 1, 1, 0, 0, 0],  # n1
+            [1, 1, 0, 1, 0, 0],  # n2
+            [1, 0, 0, 0, 1, 0],  # n3
+            [1, 1, 1, 0, 0, 1],  # n4
+        ],
+        dtype=bool,
+    )
     assert np.array_equal(tree.ancestor_mask(), expected)
 
 

@@ -1,12 +1,17 @@
 """Reference verifier internals: tree-masked logits and the rewound KV cache equal plain computation."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from core_support import one_thread  # noqa: F401 - fixture
-from core_support import RandomDrafter, random_prompts, tiny_llama
+from core_support import (
+    RandomDrafter,
+    one_thread,  # noqa: F401 - fixture
+    random_prompts,
+    tiny_llama,
+)
 from specdec.drafters.base import DraftRequest
 from specdec.sampling import SamplingParams
 from specdec.tree import TokenTree

@@ -1,4 +1,5 @@
 """Schedule mode's device wait on a real GPU: the stream waits for the host's word, then copies the drafts."""
+
 from __future__ import annotations
 
 import time

@@ -1,4 +1,5 @@
 """specdec-eval end to end (in-process): outputs, sweeps, settings, cost model, errors, --help."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,24 @@ from specdec.eval.records import TraceRecord
 from specdec.eval.replay import replay
 from specdec.eval.settings import build_settings, parse_options
 
-SCHEMA_KEYS = ("mat", "acceptance_rate", "per_position_acceptance", "steps", "drafted_tokens", "accepted_tokens",
-               "draft_us_per_token", "update_us_per_token", "emitted_tokens", "records", "response_tokens",
-               "dataset", "drafter", "budget", "tree", "projected_speedup")
+SCHEMA_KEYS = (
+    "mat",
+    "acceptance_rate",
+    "per_position_acceptance",
+    "steps",
+    "drafted_tokens",
+    "accepted_tokens",
+    "draft_us_per_token",
+    "update_us_per_token",
+    "emitted_tokens",
+    "records",
+    "response_tokens",
+    "dataset",
+    "drafter",
+    "budget",
+    "tree",
+    "projected_speedup",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -48,28 +64,73 @@ def test_embedded_default_writes_table_json_plots(tmp_path, capsys) -> None:
 
 
 def test_replay_file_numbers_equal_the_engine(tmp_path) -> None:
-    rows = [{"prompt_ids": [1, 2, 3, 1, 2], "response_ids": [3, 1, 2, 3, 9]},
-            {"prompt_ids": [4, 4, 4], "response_ids": [4, 4, 5]}]
+    rows = [
+        {"prompt_ids": [1, 2, 3, 1, 2], "response_ids": [3, 1, 2, 3, 9]},
+        {"prompt_ids": [4, 4, 4], "response_ids": [4, 4, 5]},
+    ]
     f = tmp_path / "t.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "o"
-    assert run(["replay", str(f), "--drafter", "toy", "--budget", "3", "--tokenizer", "bytes", "--out", str(out),
-                "--step-csv", "--no-plots"]) == 0
+    assert (
+        run(
+            [
+                "replay",
+                str(f),
+                "--drafter",
+                "toy",
+                "--budget",
+                "3",
+                "--tokenizer",
+                "bytes",
+                "--out",
+                str(out),
+                "--step-csv",
+                "--no-plots",
+            ]
+        )
+        == 0
+    )
     got = json.loads((out / "results.json").read_text())["results"][0]
     from eval_toys import LookupDrafter
 
-    ref = replay(LookupDrafter(), [TraceRecord(str(i), r["prompt_ids"], r["response_ids"]) for i, r in enumerate(rows)],
-                 budget=3, tree=False)
-    assert (got["steps"], got["accepted_tokens"], got["drafted_tokens"]) == (ref.steps, ref.accepted_tokens,
-                                                                            ref.drafted_tokens)
+    ref = replay(
+        LookupDrafter(),
+        [TraceRecord(str(i), r["prompt_ids"], r["response_ids"]) for i, r in enumerate(rows)],
+        budget=3,
+        tree=False,
+    )
+    assert (got["steps"], got["accepted_tokens"], got["drafted_tokens"]) == (
+        ref.steps,
+        ref.accepted_tokens,
+        ref.drafted_tokens,
+    )
     assert got["mat"] == pytest.approx(ref.mat) and got["per_position_accepted"] == ref.per_position_accepted
     assert (out / "steps_t_toy_b3.csv").exists() and not (out / "mat.png").exists()
 
 
 def test_sweep_is_the_cartesian_product(tmp_path) -> None:
     out = tmp_path / "s"
-    assert run(["sweep", "--drafter", "toy", "--grid", "toy.max_n=2,4", "--grid", "budget=4,8", "--tokenizer",
-                "bytes", "--limit", "3", "--out", str(out), "--no-plots"]) == 0
+    assert (
+        run(
+            [
+                "sweep",
+                "--drafter",
+                "toy",
+                "--grid",
+                "toy.max_n=2,4",
+                "--grid",
+                "budget=4,8",
+                "--tokenizer",
+                "bytes",
+                "--limit",
+                "3",
+                "--out",
+                str(out),
+                "--no-plots",
+            ]
+        )
+        == 0
+    )
     res = json.loads((out / "results.json").read_text())["results"]
     labels = sorted({r["label"] for r in res})
     assert labels == sorted(["toy[max_n=2] b4", "toy[max_n=2] b8", "toy[max_n=4] b4", "toy[max_n=4] b8"])
@@ -80,10 +141,16 @@ def test_settings_from_yaml_preset_and_flags(tmp_path) -> None:
     p = tmp_path / "p.yaml"
     p.write_text("drafters: [toy, toy+none]\noptions: {toy: {max_n: 3}}\nbudget: [4, 8]\n")
     s = build_settings(drafters=None, options=["toy.min_n=1"], budgets=None, tree=None, preset=str(p))
-    assert [x.label for x in s] == ["toy[max_n=3,min_n=1] b4", "toy[max_n=3,min_n=1] b8",
-                                    "toy+none[toy.max_n=3,toy.min_n=1] b4", "toy+none[toy.max_n=3,toy.min_n=1] b8"]
-    assert parse_options(["suffix.max_depth=32", "model.path=/x"]) == {"suffix": {"max_depth": 32},
-                                                                       "model": {"path": "/x"}}
+    assert [x.label for x in s] == [
+        "toy[max_n=3,min_n=1] b4",
+        "toy[max_n=3,min_n=1] b8",
+        "toy+none[toy.max_n=3,toy.min_n=1] b4",
+        "toy+none[toy.max_n=3,toy.min_n=1] b8",
+    ]
+    assert parse_options(["suffix.max_depth=32", "model.path=/x"]) == {
+        "suffix": {"max_depth": 32},
+        "model": {"path": "/x"},
+    }
     with pytest.raises(ConfigError, match="unknown key"):
         p.write_text("drafter: [toy]\n")
         build_settings(drafters=None, budgets=None, tree=None, preset=str(p))
@@ -94,8 +161,14 @@ def test_settings_from_yaml_preset_and_flags(tmp_path) -> None:
 def test_cost_model_formula() -> None:
     cm = CostModel(t1_ms=10.0, per_token_ms=1.0)
     # MAT 3, 4 drafted per step -> verify t(5) = 14 ms; draft+update 2 us/token * 300 tokens / 100 steps = 0.006 ms
-    r = {"mat": 3.0, "drafted_per_step": 4.0, "steps": 100, "emitted_tokens": 300, "draft_us_per_token": 1.5,
-         "update_us_per_token": 0.5}
+    r = {
+        "mat": 3.0,
+        "drafted_per_step": 4.0,
+        "steps": 100,
+        "emitted_tokens": 300,
+        "draft_us_per_token": 1.5,
+        "update_us_per_token": 0.5,
+    }
     p = cm.project(r)
     assert p["verify_ms_per_step"] == pytest.approx(14.0)
     assert p["projected_speedup"] == pytest.approx(3 * 10.0 / (14.0 + 0.006))
@@ -106,12 +179,15 @@ def test_cost_model_formula() -> None:
         CostModel.parse_table("1-5")
 
 
-@pytest.mark.parametrize("args, pattern", [
-    (["replay", "missing.jsonl"], "missing.jsonl: no such file"),
-    (["replay", "--drafter", "nosuch"], "drafter=.nosuch. is unknown"),
-    (["replay", "--drafter", "toy", "--option", "toy.bogus=1"], "unknown key.*bogus"),
-    (["replay", "code_alpaca", "--data", "/nonexistent"], "missing file for trace set 'code_alpaca'"),
-])
+@pytest.mark.parametrize(
+    "args, pattern",
+    [
+        (["replay", "missing.jsonl"], "missing.jsonl: no such file"),
+        (["replay", "--drafter", "nosuch"], "drafter=.nosuch. is unknown"),
+        (["replay", "--drafter", "toy", "--option", "toy.bogus=1"], "unknown key.*bogus"),
+        (["replay", "code_alpaca", "--data", "/nonexistent"], "missing file for trace set 'code_alpaca'"),
+    ],
+)
 def test_cli_errors_are_one_line_and_write_nothing(tmp_path, capsys, args, pattern) -> None:
     out = tmp_path / "never"
     assert run(args + ["--out", str(out), "--tokenizer", "bytes"]) == 2

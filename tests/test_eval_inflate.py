@@ -1,4 +1,5 @@
 """The inflated checkpoint (``specdec.eval.inflate_model``) computes the source model's logits at a larger size."""
+
 from __future__ import annotations
 
 import json
@@ -9,18 +10,34 @@ import torch
 
 from specdec.eval.inflate_model import InflateError, inflate, inflated_config, param_count
 
-SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "num_key_value_heads": 2}  # head_dim 16, 2 query heads per key/value head
-BIG = {"hidden_size": 192, "intermediate_size": 300, "num_hidden_layers": 4, "num_attention_heads": 12,
-       "num_key_value_heads": 3}  # 4 query heads per key/value head (transformers wants hidden_size = heads x head_dim)
+SMALL = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}  # head_dim 16, 2 query heads per key/value head
+BIG = {
+    "hidden_size": 192,
+    "intermediate_size": 300,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 3,
+}  # 4 query heads per key/value head (transformers wants hidden_size = heads x head_dim)
 VOCAB = 97
 
 
 def _save_small(path: Path, *, tied: bool, seed: int = 0) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=VOCAB, max_position_embeddings=256, tie_word_embeddings=tied, rope_theta=500.0,
-                      rms_norm_eps=1e-3, **SMALL)  # a large eps: a wrong eps scaling shows in the logits
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        max_position_embeddings=256,
+        tie_word_embeddings=tied,
+        rope_theta=500.0,
+        rms_norm_eps=1e-3,
+        **SMALL,
+    )  # a large eps: a wrong eps scaling shows in the logits
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
@@ -61,7 +78,9 @@ def test_extra_weights_are_random_and_the_output_writers_zero(tmp_path: Path) ->
     out = inflate(_save_small(tmp_path / "small", tied=True), BIG, tmp_path / "big")
     sd = load_file(str(out / "model.safetensors"))
     assert sd["model.layers.3.mlp.gate_proj.weight"].std() > 0.01  # inert layer: real work for the GPU
-    assert not sd["model.layers.3.mlp.down_proj.weight"].any() and not sd["model.layers.3.self_attn.o_proj.weight"].any()
+    assert (
+        not sd["model.layers.3.mlp.down_proj.weight"].any() and not sd["model.layers.3.self_attn.o_proj.weight"].any()
+    )
     assert not sd["model.embed_tokens.weight"][:, 64:].any()  # the extra features start (and stay) zero
     assert not sd["model.layers.0.self_attn.o_proj.weight"][64:].any()
     assert not sd["model.layers.0.mlp.down_proj.weight"][:, 128:].any()
@@ -77,12 +96,15 @@ def test_inflate_is_reused_when_done(tmp_path: Path) -> None:
     assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 3
 
 
-@pytest.mark.parametrize(("change", "key"), [
-    ({"hidden_size": 32}, "hidden_size=32"),
-    ({"num_hidden_layers": 1}, "num_hidden_layers=1"),
-    ({"num_attention_heads": 12, "num_key_value_heads": 12}, "query heads per key/value head 1"),
-    ({"num_attention_heads": 10, "num_key_value_heads": 4}, "not a multiple"),
-])
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"hidden_size": 32}, "hidden_size=32"),
+        ({"num_hidden_layers": 1}, "num_hidden_layers=1"),
+        ({"num_attention_heads": 12, "num_key_value_heads": 12}, "query heads per key/value head 1"),
+        ({"num_attention_heads": 10, "num_key_value_heads": 4}, "not a multiple"),
+    ],
+)
 def test_bad_shapes_name_the_key(change: dict[str, int], key: str) -> None:
     src = {**SMALL, "vocab_size": VOCAB, "head_dim": 16}
     with pytest.raises(InflateError, match=key):

@@ -1,4 +1,5 @@
 """specdec-eval live on a tiny random Llama pair built here: every method, lossless check, JSON and plots."""
+
 from __future__ import annotations
 
 import json
@@ -25,9 +26,19 @@ def tiny_models(root):
     paths = {}
     for name, layers in (("target", 2), ("draft", 1)):
         torch.manual_seed(0 if name == "target" else 1)
-        cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                          bos_token_id=None, eos_token_id=0, pad_token_id=1, tie_word_embeddings=False)
+        cfg = LlamaConfig(
+            vocab_size=len(vocab),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=layers,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=256,
+            bos_token_id=None,
+            eos_token_id=0,
+            pad_token_id=1,
+            tie_word_embeddings=False,
+        )
         model = LlamaForCausalLM(cfg)
         with torch.no_grad():  # peaked logits: no near-ties, so greedy paths are numerically stable
             model.lm_head.weight.mul_(40.0)
@@ -42,11 +53,30 @@ def test_live_runs_every_method_and_checks_lossless(tmp_path, monkeypatch, capsy
     monkeypatch.setitem(registry._CLASSES, "toy", "eval_toys:LookupDrafter")
     paths = tiny_models(tmp_path)
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": " ".join(WORDS[i:i + 6] * 2)}) + "\n" for i in range(3)))
+    prompts.write_text("".join(json.dumps({"prompt": " ".join(WORDS[i : i + 6] * 2)}) + "\n" for i in range(3)))
     out = tmp_path / "out"
-    rc = main(["live", str(prompts), "--target", str(paths["target"]), "--draft-model", str(paths["draft"]),
-               "--drafter", "toy", "--budget", "4", "--max-new-tokens", "24", "--out", str(out), "--no-progress",
-               "--threads", "1", "--no-eos"])
+    rc = main(
+        [
+            "live",
+            str(prompts),
+            "--target",
+            str(paths["target"]),
+            "--draft-model",
+            str(paths["draft"]),
+            "--drafter",
+            "toy",
+            "--budget",
+            "4",
+            "--max-new-tokens",
+            "24",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--threads",
+            "1",
+            "--no-eos",
+        ]
+    )
     assert rc == 0
     doc = json.loads((out / "results.json").read_text())
     res = {r["method"]: r for r in doc["results"]}
@@ -72,10 +102,13 @@ def test_lossless_margin_reports_each_first_difference_with_the_reference_margin
     lp = lambda **kw: {int(t[1:]): SimpleNamespace(logprob=v) for t, v in kw.items()}  # noqa: E731
     assert _margin(5, lp(t5=-0.1, t7=-2.6)) == pytest.approx(2.5)
     assert _margin(5, lp(t5=-0.1)) is None
-    ref = {"code|8": {"tokens": [[1, 2, 3], [4, 5, 6], [7, 8]],
-                      "margins": [[3.0, 2.0, 1.0], [0.5, 1e-5, 2.0], [1.0, 1.0]]}}
+    ref = {
+        "code|8": {"tokens": [[1, 2, 3], [4, 5, 6], [7, 8]], "margins": [[3.0, 2.0, 1.0], [0.5, 1e-5, 2.0], [1.0, 1.0]]}
+    }
     got = {"code|8": {"tokens": [[1, 2, 3], [4, 9, 6], [7, 8, 9]]}}
     rows = compare(ref, got, tie_margin=1e-3)
     assert [(r["prompt"], r["position"], r["reference_token"], r["method_token"], r["near_tie"]) for r in rows] == [
-        (1, 1, 5, 9, True), (2, 2, None, 9, False)]
+        (1, 1, 5, 9, True),
+        (2, 2, None, 9, False),
+    ]
     assert rows[0]["margin"] == 1e-5 and rows[1]["margin"] is None

@@ -1,4 +1,5 @@
 """Trace loaders on small fixtures written here (every format), the cache, and one-line errors."""
+
 from __future__ import annotations
 
 import gzip
@@ -32,10 +33,14 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 def test_generic_text_messages_and_ids(tmp_path) -> None:
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
-    f = write_jsonl(tmp_path / "mix.jsonl", [
-        {"prompt": "abc", "response": "de"},
-        {"id": "m", "group": "g1", "prompt": msgs, "response": "ok\u2028x"},   # U+2028 inside a string
-        {"prompt_ids": [5, 6], "response_ids": [7]}])
+    f = write_jsonl(
+        tmp_path / "mix.jsonl",
+        [
+            {"prompt": "abc", "response": "de"},
+            {"id": "m", "group": "g1", "prompt": msgs, "response": "ok\u2028x"},  # U+2028 inside a string
+            {"prompt_ids": [5, 6], "response_ids": [7]},
+        ],
+    )
     name, recs = load_traces(str(f), tokenizer="bytes")
     assert name == "mix" and [r.id for r in recs] == ["0", "m", "2"]
     assert recs[0].prompt_list() == b("abc") and recs[0].response_list() == b("de")
@@ -47,8 +52,14 @@ def test_generic_text_messages_and_ids(tmp_path) -> None:
 
 def test_alpaca_and_code_alpaca(tmp_path) -> None:
     f = tmp_path / "code.json"
-    f.write_text(json.dumps([{"instruction": "Sum", "input": "1 2", "output": "3"},
-                             {"instruction": "Hi", "input": "", "output": "yo", "generator": "m"}]))
+    f.write_text(
+        json.dumps(
+            [
+                {"instruction": "Sum", "input": "1 2", "output": "3"},
+                {"instruction": "Hi", "input": "", "output": "yo", "generator": "m"},
+            ]
+        )
+    )
     g = tmp_path / "outs.model_outputs.json.gz"
     with gzip.open(g, "wt") as fh:
         json.dump([{"instruction": "Q", "output": "A", "generator": "m", "dataset": "d"}], fh)
@@ -62,8 +73,10 @@ def test_alpaca_and_code_alpaca(tmp_path) -> None:
 def test_fastchat_answers_turn_one_and_all_turns(tmp_path) -> None:
     (tmp_path / "sub").mkdir()
     write_jsonl(tmp_path / "question.jsonl", [{"question_id": 7, "turns": ["q1", "q2"]}])
-    f = write_jsonl(tmp_path / "sub" / "answers.jsonl",
-                    [{"question_id": 7, "model_id": "m", "choices": [{"index": 0, "turns": ["a1", "a2"]}]}])
+    f = write_jsonl(
+        tmp_path / "sub" / "answers.jsonl",
+        [{"question_id": 7, "model_id": "m", "choices": [{"index": 0, "turns": ["a1", "a2"]}]}],
+    )
     _, recs = load_traces(str(f), tokenizer="bytes")
     assert len(recs) == 1 and recs[0].prompt_list() == b("q1") and recs[0].response_list() == b("a1")
     _, recs = load_traces(str(f), tokenizer="bytes", all_turns=True)
@@ -74,8 +87,12 @@ def test_fastchat_answers_turn_one_and_all_turns(tmp_path) -> None:
 def test_gsm8k_solutions(tmp_path) -> None:
     f = tmp_path / "example_model_solutions.jsonl.gz"
     with gzip.open(f, "wt") as fh:
-        fh.write(json.dumps({"question": "2+2?", "ground_truth": "4",
-                             "175b_finetuning": {"solution": "4", "is_correct": True}}) + "\n")
+        fh.write(
+            json.dumps(
+                {"question": "2+2?", "ground_truth": "4", "175b_finetuning": {"solution": "4", "is_correct": True}}
+            )
+            + "\n"
+        )
     assert detect_format(f) == "gsm8k"
     _, recs = load_traces(str(f), tokenizer="bytes")
     assert recs[0].prompt_list() == b("2+2?") and recs[0].response_list() == b("4")
@@ -90,12 +107,16 @@ def _member(tf: tarfile.TarFile, name: str, obj: dict) -> None:
 
 def make_openhands(path: Path) -> Path:
     call = lambda ts, msgs, content, calls: {  # noqa: E731
-        "timestamp": ts, "messages": msgs,
-        "response": {"choices": [{"message": {"content": content, "tool_calls": calls}}]}}
+        "timestamp": ts,
+        "messages": msgs,
+        "response": {"choices": [{"message": {"content": content, "tool_calls": calls}}]},
+    }
     bash = [{"function": {"name": "execute_bash", "arguments": json.dumps({"command": "ls", "timeout": 5})}}]
     sys_m = {"role": "system", "content": [{"type": "text", "text": "S"}]}
     with tarfile.open(path, "w:gz") as tf:
-        _member(tf, "run/llm_completions/b_inst/x-2.json", call(2.0, [sys_m, {"role": "user", "content": "u2"}], "", bash))
+        _member(
+            tf, "run/llm_completions/b_inst/x-2.json", call(2.0, [sys_m, {"role": "user", "content": "u2"}], "", bash)
+        )
         _member(tf, "run/llm_completions/b_inst/x-1.json", call(1.0, [sys_m], "think", bash))
         _member(tf, "run/llm_completions/a_inst/x-9.json", call(9.0, [sys_m], "only text", None))
         _member(tf, "run/metadata.json", {"k": "v"})
@@ -107,9 +128,15 @@ def test_openhands_tarball_order_and_rendering(tmp_path) -> None:
     _, recs = load_traces(str(f), tokenizer="bytes")
     assert [r.id for r in recs] == ["a_inst/x-9.json", "b_inst/x-1.json", "b_inst/x-2.json"]
     assert [r.group for r in recs] == ["a_inst", "b_inst", "b_inst"]
-    call_text = '<function=execute_bash>\n<parameter=command>ls</parameter>\n<parameter=timeout>5</parameter>\n</function>'
-    assert render_tool_calls([{"function": {"name": "execute_bash",
-                                            "arguments": json.dumps({"command": "ls", "timeout": 5})}}]) == call_text
+    call_text = (
+        "<function=execute_bash>\n<parameter=command>ls</parameter>\n<parameter=timeout>5</parameter>\n</function>"
+    )
+    assert (
+        render_tool_calls(
+            [{"function": {"name": "execute_bash", "arguments": json.dumps({"command": "ls", "timeout": 5})}}]
+        )
+        == call_text
+    )
     assert recs[1].response_list() == b("think\n" + call_text) and recs[2].response_list() == b(call_text)
     assert recs[2].prompt_list() == b("system: S\n") + b("user: u2\n")
     _, first = load_traces(str(f), tokenizer="bytes", limit=1)  # limit counts instances
@@ -128,13 +155,16 @@ def test_cache_is_used_and_keyed_by_content(tmp_path) -> None:
     assert c[0].response_list() == b("XY") and len(list(cache_dir().glob("*.npz"))) == 2
 
 
-@pytest.mark.parametrize("name, body, pattern", [
-    ("x.txt", "hello", r"x\.txt: unknown trace format"),
-    ("e.jsonl", "", r"e\.jsonl: empty dataset"),
-    ("k.jsonl", '{"a": 1}\n', r"k\.jsonl: unknown trace format .*expected prompt\+response"),
-    ("bad.jsonl", '{"prompt": "a", "response": "b"}\nnot json\n', r"bad\.jsonl:2: not valid JSON"),
-    ("j.json", '{"a": 1}', r"j\.json: unknown JSON trace format"),
-])
+@pytest.mark.parametrize(
+    "name, body, pattern",
+    [
+        ("x.txt", "hello", r"x\.txt: unknown trace format"),
+        ("e.jsonl", "", r"e\.jsonl: empty dataset"),
+        ("k.jsonl", '{"a": 1}\n', r"k\.jsonl: unknown trace format .*expected prompt\+response"),
+        ("bad.jsonl", '{"prompt": "a", "response": "b"}\nnot json\n', r"bad\.jsonl:2: not valid JSON"),
+        ("j.json", '{"a": 1}', r"j\.json: unknown JSON trace format"),
+    ],
+)
 def test_one_line_errors(tmp_path, name, body, pattern) -> None:
     f = tmp_path / name
     f.write_text(body)
@@ -154,15 +184,20 @@ def test_missing_file_and_vocab_mismatch(tmp_path) -> None:
 
 
 SHARED_TOK = model_path(TARGET_MODEL)
-needs_shared = pytest.mark.skipif(not (data_dir() / "code").exists() or not (SHARED_TOK / "tokenizer.json").exists(),
-                                  reason="needs ../shared data and the shared tokenizer")
+needs_shared = pytest.mark.skipif(
+    not (data_dir() / "code").exists() or not (SHARED_TOK / "tokenizer.json").exists(),
+    reason="needs ../shared data and the shared tokenizer",
+)
 
 
 @needs_shared
 def test_shared_sets_match_the_anchors_token_counts() -> None:
     # ANCHORS.md: first 400 records, response tokens (records with an empty response excluded there).
-    for name, tokens, nonempty in (("code_alpaca", 27_171, 399), ("gsm8k_175b", 45_956, 400),
-                                   ("mt_bench_vicuna7b_t1", 24_525, 80)):
+    for name, tokens, nonempty in (
+        ("code_alpaca", 27_171, 399),
+        ("gsm8k_175b", 45_956, 400),
+        ("mt_bench_vicuna7b_t1", 24_525, 80),
+    ):
         _, recs = load_traces(name, tokenizer=str(SHARED_TOK), limit=400)
         assert sum(r.response_ids.size for r in recs) == tokens
         assert sum(1 for r in recs if r.response_ids.size) == nonempty
@@ -174,8 +209,12 @@ def test_fast_tokenizer_equals_autotokenizer() -> None:
 
     auto = AutoTokenizer.from_pretrained(str(SHARED_TOK))
     fast = HFTokenizer(SHARED_TOK)
-    texts = ["def f(x):\n    return x  # ünïcode\u2028", message_text({"role": "user", "content": "  spaces\t\n"}),
-             "<|endoftext|> special in text", ""]
+    texts = [
+        "def f(x):\n    return x  # ünïcode\u2028",
+        message_text({"role": "user", "content": "  spaces\t\n"}),
+        "<|endoftext|> special in text",
+        "",
+    ]
     for t in texts:
         assert fast.encode(t) == auto(t, add_special_tokens=False)["input_ids"]
     assert fast.vocab_size == len(auto) and fast.eos_token_id == auto.eos_token_id

@@ -1,4 +1,5 @@
 """Prompt-set loaders for live runs, prompt rendering, results files, preset `runs`."""
+
 from __future__ import annotations
 
 import gzip
@@ -30,8 +31,11 @@ def test_prompt_sets(tmp_path) -> None:
     (d / "mbpp").mkdir()
     (d / "spec_bench").mkdir()
     (d / "gsm8k").mkdir()
-    write(d / "human_eval" / "HumanEval.jsonl.gz", [{"task_id": "HumanEval/0", "prompt": "def f():\n    \"\"\"d\"\"\"\n",
-                                                     "entry_point": "f"}], gz=True)
+    write(
+        d / "human_eval" / "HumanEval.jsonl.gz",
+        [{"task_id": "HumanEval/0", "prompt": 'def f():\n    """d"""\n', "entry_point": "f"}],
+        gz=True,
+    )
     write(d / "mbpp" / "mbpp.jsonl", [{"task_id": 11, "text": "Do x.", "test_list": ["assert f(1) == 2"]}])
     write(d / "spec_bench" / "question.jsonl", [{"question_id": 81, "category": "writing", "turns": ["a", "b"]}])
     write(d / "gsm8k" / "test.jsonl", [{"question": "2+2?", "answer": "4"}, {"question": "3+3?", "answer": "6"}])
@@ -77,7 +81,9 @@ def test_results_file_name_and_atomic_write(tmp_path) -> None:
 
 def test_preset_runs(tmp_path) -> None:
     y = tmp_path / "r.yaml"
-    y.write_text("runs:\n  - {drafter: arctic, budget: 32, options: {max_depth: 64}}\n  - {drafter: vllm-ngram, budget: 5}\n")
+    y.write_text(
+        "runs:\n  - {drafter: arctic, budget: 32, options: {max_depth: 64}}\n  - {drafter: vllm-ngram, budget: 5}\n"
+    )
     s = build_settings(drafters=None, budgets=None, tree=None, preset=str(y))
     assert [x.label for x in s] == ["arctic[max_depth=64] b32", "vllm-ngram b5"]
     assert s[0].options == {"arctic": {"max_depth": 64}}
@@ -139,6 +145,7 @@ def test_code_sustained_sets_are_mbpp_after_the_warmup_disjoint_and_sized(tmp_pa
 
     def text(ids: list[int]) -> str:
         return "".join(map(chr, ids[1:]))  # BOS first
+
     assert [len(sets[k]) for k in ("sus2", "sus3")] == [8, 12]  # SUSTAINED_FACTOR x b
     # the warm-up's format, right after it, opening the function the test calls
     assert text(sets["sus2"][0]) == '"""task 4\nassert f(4)\n"""\ndef f('
@@ -152,13 +159,23 @@ def test_code_sustained_sets_are_mbpp_after_the_warmup_disjoint_and_sized(tmp_pa
 def test_code_sets_from_the_shared_data_keep_the_closed_sets_and_add_disjoint_sustained_ones():
     from benchmarks import prepare_prompts as pp
 
-    needed = [pp.data_dir() / "mbpp" / "mbpp.jsonl", pp.data_dir() / "human_eval" / "HumanEval.jsonl.gz",
-              pp.model_path(pp.TARGET_MODEL) / "tokenizer.json"]
+    needed = [
+        pp.data_dir() / "mbpp" / "mbpp.jsonl",
+        pp.data_dir() / "human_eval" / "HumanEval.jsonl.gz",
+        pp.model_path(pp.TARGET_MODEL) / "tokenizer.json",
+    ]
     if not all(p.exists() for p in needed):
         pytest.skip("shared data or target tokenizer not present")
     sets = pp.code_sets(pp._tokenizer(), 1024)
-    assert {k: len(v) for k, v in sets.items()} == {"warmup": 16, "bs1": 8, "bs8": 16, "bs32": 32, "bs64": 64,
-                                                    "sus32": 128, "sus64": 256}
+    assert {k: len(v) for k, v in sets.items()} == {
+        "warmup": 16,
+        "bs1": 8,
+        "bs8": 16,
+        "bs32": 32,
+        "bs64": 64,
+        "sus32": 128,
+        "sus64": 256,
+    }
     pp.check_disjoint("code", sets)
 
 
@@ -168,7 +185,7 @@ def test_mbpp_header_names_the_function_the_test_calls():
     def task(test: str) -> dict:
         return {"text": "t", "test_list": [test]}
 
-    assert _mbpp_header(task("assert remove_Occ(\"hello\",\"l\") == \"heo\"")) == "def remove_Occ("
+    assert _mbpp_header(task('assert remove_Occ("hello","l") == "heo"')) == "def remove_Occ("
     assert _mbpp_header(task("assert not is_not_prime(2)")) == "def is_not_prime("
     assert _mbpp_header(task("assert set(similar_elements((3, 4), (5, 4))) == set((4,))")) == "def similar_elements("
     assert _mbpp_header(task("assert math.isclose(volume(3), 1)")) == ""  # no plain call first: no header

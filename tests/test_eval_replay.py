@@ -1,8 +1,9 @@
 """Trace replay: hand-computed counts, exact reconstruction (hypothesis), failure accounting, CSV."""
+
 from __future__ import annotations
 
 import csv
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -43,9 +44,11 @@ class ScriptedDrafter(Drafter):
 
 def test_hand_computed_chain_counts() -> None:
     rec = TraceRecord("r0", [1, 2, 3], [4, 5, 6, 7, 8, 9])
-    script = {3: TokenTree.chain([4, 5, 9]),   # accept 2 (+bonus 6) -> emits 4 5 6
-              6: TokenTree.chain([7, 0]),      # accept 1 (+bonus 8) -> emits 7 8
-              8: TokenTree.chain([9, 1])}      # accept 1 = the last token: no bonus -> emits 9
+    script = {
+        3: TokenTree.chain([4, 5, 9]),  # accept 2 (+bonus 6) -> emits 4 5 6
+        6: TokenTree.chain([7, 0]),  # accept 1 (+bonus 8) -> emits 7 8
+        8: TokenTree.chain([9, 1]),
+    }  # accept 1 = the last token: no bonus -> emits 9
     d = ScriptedDrafter(script)
     res = replay(d, [rec], budget=4, tree=False)
     assert (res.steps, res.drafted_tokens, res.accepted_tokens, res.emitted_tokens) == (3, 7, 4, 6)
@@ -54,8 +57,13 @@ def test_hand_computed_chain_counts() -> None:
     assert res.per_position_drafted == [3, 3, 1]
     assert res.per_position_accepted == [3, 1, 0]
     assert res.per_position_acceptance == pytest.approx([1.0, 1 / 3, 0.0])
-    assert d.calls == [("start", "r0", [1, 2, 3]), ("extend", "r0", [4, 5, 6]), ("extend", "r0", [7, 8]),
-                       ("extend", "r0", [9]), ("stop", "r0")]
+    assert d.calls == [
+        ("start", "r0", [1, 2, 3]),
+        ("extend", "r0", [4, 5, 6]),
+        ("extend", "r0", [7, 8]),
+        ("extend", "r0", [9]),
+        ("stop", "r0"),
+    ]
     assert (res.records, res.response_tokens, res.prompt_tokens) == (1, 6, 3)
 
 
@@ -130,7 +138,7 @@ class OracleNoiseDrafter(Drafter):
         for r in requests:
             full = self.truth[r.request_id]
             pos = self.ctx[r.request_id]
-            good = full[pos:pos + int(self.rng.integers(0, r.budget + 1))]
+            good = full[pos : pos + int(self.rng.integers(0, r.budget + 1))]
             junk = [int(t) + 1000 for t in self.rng.integers(0, 5, size=int(self.rng.integers(0, 3)))]
             toks = (list(good) + junk)[: r.budget]
             out.append(TokenTree.chain(toks))
@@ -141,14 +149,22 @@ class OracleNoiseDrafter(Drafter):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.lists(st.integers(0, 50), max_size=6), st.lists(st.integers(0, 50), max_size=30)),
-                min_size=1, max_size=5),
-       st.integers(0, 6), st.integers(1, 3), st.integers(0, 2**16))
+@given(
+    st.lists(
+        st.tuples(st.lists(st.integers(0, 50), max_size=6), st.lists(st.integers(0, 50), max_size=30)),
+        min_size=1,
+        max_size=5,
+    ),
+    st.integers(0, 6),
+    st.integers(1, 3),
+    st.integers(0, 2**16),
+)
 def test_replay_reconstructs_every_trace(pairs, budget, batch_size, seed) -> None:
     recs = [TraceRecord(f"r{i}", p, q) for i, (p, q) in enumerate(pairs)]
     truth = {r.id: r.prompt_list() + r.response_list() for r in recs}
-    res = replay(OracleNoiseDrafter(truth, seed), recs, budget=budget, tree=False, keep_outputs=True,
-                 batch_size=batch_size)
+    res = replay(
+        OracleNoiseDrafter(truth, seed), recs, budget=budget, tree=False, keep_outputs=True, batch_size=batch_size
+    )
     for r in recs:
         if r.response_ids.size:
             assert res.outputs[r.id] == r.response_list()
@@ -162,6 +178,17 @@ def test_replay_reconstructs_every_trace(pairs, budget, batch_size, seed) -> Non
 
 def test_as_dict_has_schema_keys() -> None:
     d = ReplayResult().as_dict()
-    for key in ("mat", "acceptance_rate", "per_position_acceptance", "steps", "drafted_tokens", "accepted_tokens",
-                "emitted_tokens", "draft_us_per_token", "update_us_per_token", "records", "response_tokens"):
+    for key in (
+        "mat",
+        "acceptance_rate",
+        "per_position_acceptance",
+        "steps",
+        "drafted_tokens",
+        "accepted_tokens",
+        "emitted_tokens",
+        "draft_us_per_token",
+        "update_us_per_token",
+        "records",
+        "response_tokens",
+    ):
         assert key in d

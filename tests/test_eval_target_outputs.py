@@ -1,4 +1,5 @@
 """benchmarks/target_outputs.py: batched, left-padded greedy outputs equal a one-prompt argmax loop; the JSONL replays."""
+
 from __future__ import annotations
 
 import json
@@ -6,8 +7,8 @@ import json
 import pytest
 import torch
 
-from specdec.eval.loaders import load_traces
 from benchmarks.target_outputs import greedy_outputs, load_prompt_set, main, write_jsonl
+from specdec.eval.loaders import load_traces
 
 VOCAB = 50
 
@@ -16,9 +17,19 @@ def tiny_target(path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
-                      bos_token_id=None, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        bos_token_id=None,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():  # peaked logits: no near-ties, so the greedy paths are numerically stable
         model.lm_head.weight.mul_(40.0)
@@ -31,7 +42,7 @@ def argmax_loop(model, prompt, n):
     with torch.no_grad():
         for _ in range(n):
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 def test_batched_outputs_equal_one_prompt_greedy_and_replay(tmp_path):
@@ -52,8 +63,25 @@ def test_cli_writes_the_named_set_and_names_a_missing_one(tmp_path, capsys):
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps({"datasets": {"code": {"bs8": [[5, 6, 7], [8, 9], [10, 11, 12]]}}}))
     out = tmp_path / "o.jsonl"
-    main(["--prompts", str(prompts), "--dataset", "code", "--set", "bs8", "--limit", "2", "--max-tokens", "4",
-          "--model", str(tmp_path / "target"), "--out", str(out), "--no-progress"])
+    main(
+        [
+            "--prompts",
+            str(prompts),
+            "--dataset",
+            "code",
+            "--set",
+            "bs8",
+            "--limit",
+            "2",
+            "--max-tokens",
+            "4",
+            "--model",
+            str(tmp_path / "target"),
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["prompt_ids"] for x in lines] == [[5, 6, 7], [8, 9]] and all(len(x["response_ids"]) == 4 for x in lines)
     assert "2 prompts x 4 tokens" in capsys.readouterr().out

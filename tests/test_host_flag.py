@@ -1,4 +1,5 @@
 """``specdec._host_flag.Flag``: the pinned sequence word of schedule mode's device wait and its watchdog."""
+
 from __future__ import annotations
 
 import time

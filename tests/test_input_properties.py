@@ -5,6 +5,7 @@ No crash and no traceback: a loader answers with a TraceError (one line naming t
 answers a lifecycle call on an unknown request with KeyError (extend) or nothing (stop, draft), never another
 exception. Model-free drafters never draft a token that is neither in the request's context nor in tokens they
 were fed; the draft model never drafts an id outside its vocabulary. Examples are few (CI runs on 2 cores)."""
+
 from __future__ import annotations
 
 import gzip
@@ -22,8 +23,11 @@ from specdec.drafters.base import DraftRequest  # noqa: E402
 from specdec.eval.loaders import TraceError, load_traces  # noqa: E402
 
 EXAMPLES = 30
-PROPS = settings(deadline=None, max_examples=EXAMPLES, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                             HealthCheck.too_slow])
+PROPS = settings(
+    deadline=None,
+    max_examples=EXAMPLES,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".tar.gz")
 
 
@@ -46,11 +50,28 @@ def test_random_bytes_never_crash_a_loader(tmp_path_factory, data, suffix) -> No
     _load(f)
 
 
-JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)
-                           | st.text(max_size=8), lambda c: st.lists(c, max_size=4)
-                           | st.dictionaries(st.text(max_size=6), c, max_size=4), max_leaves=12)
-KEYS = st.sampled_from(["prompt", "response", "prompt_ids", "response_ids", "id", "group", "instruction", "output",
-                        "input", "question_id", "choices", "question", "175b_finetuning"])
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4),
+    max_leaves=12,
+)
+KEYS = st.sampled_from(
+    [
+        "prompt",
+        "response",
+        "prompt_ids",
+        "response_ids",
+        "id",
+        "group",
+        "instruction",
+        "output",
+        "input",
+        "question_id",
+        "choices",
+        "question",
+        "175b_finetuning",
+    ]
+)
 RECORDS = st.dictionaries(KEYS, JSON_VALUES | st.lists(st.integers(-5, 2**40), max_size=6), max_size=5)
 
 
@@ -93,8 +114,17 @@ def test_malformed_openhands_tarballs(tmp_path_factory, members, cut) -> None:
 # ------------------------------------------------------------------------------------------- drafters
 VOCAB = 97  # the tiny draft model's vocabulary (tests/core_support.SAVED_VOCAB)
 IDS = st.sampled_from([0, 1, 2, VOCAB - 1, VOCAB, 2**31 - 1, 2**31, 2**32 + 5, 2**40]) | st.integers(0, 12)
-OPS = st.lists(st.tuples(st.sampled_from(["start", "extend", "draft", "stop"]), st.sampled_from("abc"),
-                         st.lists(IDS, max_size=6), st.integers(0, 9), st.booleans()), min_size=1, max_size=25)
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["start", "extend", "draft", "stop"]),
+        st.sampled_from("abc"),
+        st.lists(IDS, max_size=6),
+        st.integers(0, 9),
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=25,
+)
 
 
 def _model_free(name: str):
@@ -182,7 +212,6 @@ def test_both_suffix_engines_draft_alike(ops) -> None:
 def model_drafter(tmp_path_factory):
     pytest.importorskip("transformers")
     from core_support import SAVED_VOCAB, save_tiny_llama
-
     from specdec.drafters.model import ModelDrafter, ModelDrafterConfig
 
     assert SAVED_VOCAB == VOCAB

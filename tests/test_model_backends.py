@@ -1,10 +1,11 @@
 """Draft-model backends vs Hugging Face logits (reference-vs-fast), KV pool bookkeeping, CPU detection, auto pick."""
+
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -38,8 +39,9 @@ def hf(tiny: Path) -> torch.nn.Module:
     return load_hf(tiny)
 
 
-@pytest.mark.parametrize("name,atol", [("torch", FP32_ATOL), ("onnx", FP32_ATOL), ("torch-bf16", None),
-                                       ("onnx-int8", None)])
+@pytest.mark.parametrize(
+    "name,atol", [("torch", FP32_ATOL), ("onnx", FP32_ATOL), ("torch-bf16", None), ("onnx-int8", None)]
+)
 def test_backend_matches_hf_logits(tiny: Path, hf: torch.nn.Module, name: str, atol: float | None) -> None:
     """Ragged batched prefill then batched decode steps: every row's logits equal HF's full forward."""
     b = make_backend(name, tiny)
@@ -76,8 +78,9 @@ def test_pool_grows_and_compacts(tiny: Path, hf: torch.nn.Module) -> None:
     d = ModelDrafter(ModelDrafterConfig(path=str(tiny), backend="torch"))
     rng = np.random.default_rng(7)
     n = INITIAL_ROWS + 2
-    prompts = {f"r{i}": rng.integers(0, VOCAB, size=INITIAL_CAPACITY + 20 * i if i % 3 == 0 else 9).tolist()
-               for i in range(n)}
+    prompts = {
+        f"r{i}": rng.integers(0, VOCAB, size=INITIAL_CAPACITY + 20 * i if i % 3 == 0 else 9).tolist() for i in range(n)
+    }
     for rid, p in prompts.items():
         d.start(rid, p)
     d.draft_batch([d_req for d_req in _reqs(prompts)])
@@ -99,16 +102,24 @@ def _reqs(prompts: dict[str, list[int]]) -> list:
 
 
 def test_unsupported_architecture_is_refused(tmp_path: Path) -> None:
-    cfg = {"model_type": "llama", "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5},
-           "num_attention_heads": 4, "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1,
-           "intermediate_size": 8}
+    cfg = {
+        "model_type": "llama",
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5},
+        "num_attention_heads": 4,
+        "vocab_size": 10,
+        "hidden_size": 8,
+        "num_hidden_layers": 1,
+        "intermediate_size": 8,
+    }
     with pytest.raises(ValueError, match="rope_type='llama3'.*backend='eager'"):
         LlamaShape.from_config(cfg, tmp_path)
 
 
 def test_cpu_flags_parsed_and_placement(caplog: pytest.LogCaptureFixture) -> None:
-    name, flags = parse_cpuinfo("processor : 0\nmodel name : Intel Xeon X\nflags : fpu avx512f amx_bf16 amx_tile\n"
-                                "processor : 1\nflags : other\n")
+    name, flags = parse_cpuinfo(
+        "processor : 0\nmodel name : Intel Xeon X\nflags : fpu avx512f amx_bf16 amx_tile\n"
+        "processor : 1\nflags : other\n"
+    )
     assert name == "Intel Xeon X" and {"amx_bf16", "amx_tile", "avx512f"} <= flags and "other" not in flags
     assert "torch-bf16" in auto_candidates({"amx_bf16": True}) and "torch-bf16" not in auto_candidates({})
     # beside a busy vLLM: no backend with torch OpenMP threads (measured to collapse under that load)

@@ -1,4 +1,5 @@
 """ModelDrafter behaviour on a tiny random Llama built here: greedy chains, rollback, trees, batching."""
+
 from __future__ import annotations
 
 import json
@@ -19,9 +20,17 @@ BACKENDS = ["eager", "torch", "onnx"]
 def _save_tiny_llama(path: Path, *, seed: int, max_pos: int = 256) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_pos,
-                      tie_word_embeddings=True, rms_norm_eps=1e-5)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_pos,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-5,
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():  # sharper distributions than the default init, so greedy choices are stable

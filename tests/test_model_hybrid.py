@@ -1,4 +1,5 @@
 """The hybrid ["suffix", "model"]: model drafts carry probabilities, so composition by score can use them."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,9 +20,16 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     path = tmp_path_factory.mktemp("tiny_llama_h")
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                      tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(11)
     LlamaForCausalLM(cfg).save_pretrained(str(path))
     return path

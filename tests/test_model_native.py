@@ -4,6 +4,7 @@ Logits of prefill, decode, ragged batches, tree masks and rollback equal HF's fo
 bit-identical logits (each output row is computed the same way whichever thread owns it); drafts equal the
 torch backend's; bad inputs raise errors that name the value.
 """
+
 from __future__ import annotations
 
 import threading
@@ -13,12 +14,19 @@ import numpy as np
 import pytest
 import torch
 
+from backend_checks import (
+    check_drafter_equals_torch,
+    check_matches_torch,
+    check_prefill_then_decode,
+    check_ragged_batch,
+    check_tree_mask,
+    close,
+    past_capacity_case,
+)
+from core_support import SAVED_VOCAB, hf_logits, load_hf, save_tiny_llama
 from specdec.drafters.model import ModelDrafter, ModelDrafterConfig
 from specdec.drafters.model_backends import BACKEND_NAMES, StepInput, make_backend
 from specdec.paths import DRAFT_MODEL, model_path
-from backend_checks import (check_drafter_equals_torch, check_matches_torch, check_prefill_then_decode,
-                            check_ragged_batch, check_tree_mask, close, past_capacity_case)
-from core_support import SAVED_VOCAB, hf_logits, load_hf, save_tiny_llama
 
 native = pytest.importorskip("specdec.drafters._llama_native", reason="native extension not built")
 from specdec.drafters.model_native import INITIAL_CAPACITY, NativeLlamaBackend  # noqa: E402
@@ -93,7 +101,7 @@ def test_crop_then_redecode_equals_fresh_and_growth(tmp_path: Path) -> None:
     assert b.state_bytes(st) > INITIAL_CAPACITY * 4 * 2 * 2 * 16  # grew (slot = layers * 2 * kv_heads * hd fp32)
     b.crop(st, n + 1)  # keep the first decoded token
     out = b.forward([StepInput(st, [50, 51], [n + 1, n + 2], [0, 1])])[0]
-    close(out, hf_logits(hf, prompt + [1, 50, 51])[n + 1:])
+    close(out, hf_logits(hf, prompt + [1, 50, 51])[n + 1 :])
     b.crop(st, 10_000)  # cropping past the end keeps everything
     assert b.length(st) == n + 3
 
@@ -154,8 +162,10 @@ def test_drafter_native_equals_torch(tiny: Path) -> None:
     check_drafter_equals_torch(tiny, "native")
 
 
-@pytest.mark.skipif(not (SHARED / "config.json").exists(),
-                    reason=f"shared draft model not at {SHARED}; put the shared folder beside the repo")
+@pytest.mark.skipif(
+    not (SHARED / "config.json").exists(),
+    reason=f"shared draft model not at {SHARED}; put the shared folder beside the repo",
+)
 def test_shared_draft_model_matches_torch() -> None:
     assert check_matches_torch(SHARED, "native").info["weights"] == "bf16"  # the shared checkpoint: kept as is
 
@@ -201,7 +211,7 @@ def test_use_after_fork_fails_instead_of_hanging(tiny: Path) -> None:
     b = NativeLlamaBackend(tiny, threads=2)
     b.forward([StepInput(b.new_state(), [1, 2], [0, 1], [1])])  # workers started in the parent
 
-    def child(q: "mp.Queue[str]") -> None:
+    def child(q: mp.Queue[str]) -> None:
         try:
             b.forward([StepInput(b.new_state(), [1], [0], [0])])
             q.put("no error")

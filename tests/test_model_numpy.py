@@ -1,4 +1,5 @@
 """The numpy draft-model backend vs Hugging Face and the torch backend: logits, batching, trees, rollback, drafts."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,13 +8,20 @@ import numpy as np
 import pytest
 import torch
 
+from backend_checks import (
+    check_drafter_equals_torch,
+    check_matches_torch,
+    check_prefill_then_decode,
+    check_ragged_batch,
+    check_tree_mask,
+    close,
+    past_capacity_case,
+)
+from core_support import SAVED_VOCAB, hf_logits, load_hf, save_tiny_llama
 from specdec.drafters.model import ModelDrafterConfig
 from specdec.drafters.model_backends import BACKEND_NAMES, StepInput, make_backend
 from specdec.drafters.model_numpy import INITIAL_CAPACITY, NumpyLlamaBackend, blas_threads
 from specdec.paths import DRAFT_MODEL, model_path
-from backend_checks import (check_drafter_equals_torch, check_matches_torch, check_prefill_then_decode,
-                            check_ragged_batch, check_tree_mask, close, past_capacity_case)
-from core_support import SAVED_VOCAB, hf_logits, load_hf, save_tiny_llama
 
 VOCAB = SAVED_VOCAB
 SHARED = model_path(DRAFT_MODEL)
@@ -152,8 +160,10 @@ def test_drafter_numpy_equals_torch(tiny: Path) -> None:
     check_drafter_equals_torch(tiny, "numpy")
 
 
-@pytest.mark.skipif(not (SHARED / "config.json").exists(),
-                    reason=f"shared draft model not at {SHARED}; put the shared folder beside the repo")
+@pytest.mark.skipif(
+    not (SHARED / "config.json").exists(),
+    reason=f"shared draft model not at {SHARED}; put the shared folder beside the repo",
+)
 def test_shared_draft_model_matches_torch() -> None:
     assert check_matches_torch(SHARED, "numpy").stable_reruns == 0
 
@@ -165,8 +175,9 @@ def test_stable_softmax_path_equals_fast_path(tiny: Path, monkeypatch: pytest.Mo
     fast, slow = make_backend("numpy", tiny), make_backend("numpy", tiny)
     seq = np.random.default_rng(8).integers(0, VOCAB, size=10).tolist()
     fs, ss = fast.new_state(), slow.new_state()
-    steps = [StepInput(None, seq, list(range(10)), [9])] + [StepInput(None, [t], [10 + i], [0])
-                                                              for i, t in enumerate((4, 5, 6))]
+    steps = [StepInput(None, seq, list(range(10)), [9])] + [
+        StepInput(None, [t], [10 + i], [0]) for i, t in enumerate((4, 5, 6))
+    ]
     for step in steps:
         a = fast.forward([StepInput(fs, step.tokens, step.positions, step.want)])[0]
         with monkeypatch.context() as m:

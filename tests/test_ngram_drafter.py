@@ -1,4 +1,5 @@
 """N-gram drafter and the vLLM-rule peer: hand-checked token arrays and the replay property."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -85,8 +86,12 @@ def test_config_errors():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 4), min_size=0, max_size=60), st.booleans(), st.integers(1, 8),
-       st.sampled_from(["ngram", "vllm-ngram"]))
+@given(
+    st.lists(st.integers(0, 4), min_size=0, max_size=60),
+    st.booleans(),
+    st.integers(1, 8),
+    st.sampled_from(["ngram", "vllm-ngram"]),
+)
 def test_replay_reconstructs_response(resp, tree, budget, name):
     d = build_drafter(name)
     prompt = resp[: len(resp) // 3] + [0, 1]
@@ -95,8 +100,8 @@ def test_replay_reconstructs_response(resp, tree, budget, name):
     while len(out) < len(resp):
         t = d.draft("r", budget, tree=tree)
         assert len(t) <= budget and (tree or t.is_chain())
-        acc = [int(t.tokens[i]) for i in t.match_length(resp[len(out):])]
-        emit = acc + resp[len(out) + len(acc):len(out) + len(acc) + 1]
+        acc = [int(t.tokens[i]) for i in t.match_length(resp[len(out) :])]
+        emit = acc + resp[len(out) + len(acc) : len(out) + len(acc) + 1]
         out.extend(emit)
         d.extend("r", emit)
     d.stop("r")
@@ -108,8 +113,8 @@ def brute_longest(tokens, lengths):
     for n in sorted(lengths, reverse=True):
         if last < n:
             continue
-        w = tokens[last - n + 1:]
-        ends = [e for e in range(n - 1, last) if tokens[e - n + 1:e + 1] == w]
+        w = tokens[last - n + 1 :]
+        ends = [e for e in range(n - 1, last) if tokens[e - n + 1 : e + 1] == w]
         if ends:
             return n, ends
     return None

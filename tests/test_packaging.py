@@ -3,8 +3,9 @@ pyproject.toml (an editable install finds unlisted ones, a wheel, as users insta
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,5 @@
 """The py-spy aggregation (benchmarks/pyspy_profile.py) on hand-written raw stacks."""
+
 from __future__ import annotations
 
 from benchmarks.pyspy_profile import aggregate, frame_key, main, markdown, parse_line

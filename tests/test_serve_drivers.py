@@ -1,5 +1,6 @@
 """The served-path drivers (serve_bench, serve_features, serve_soak) against benchmarks.serve_fake, a stand-in for
 the `vllm` CLI (an OpenAI-compatible HTTP server on 127.0.0.1, an ephemeral port, that stops by itself) — no vLLM."""
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,10 @@ def fake_cli(monkeypatch: pytest.MonkeyPatch) -> str:
 
 @pytest.fixture
 def pools_file(tmp_path: Path) -> Path:
-    pools = {name: [{"prompt": f"<|endoftext|>{name} prompt {i} " * 3, "output_tokens": 4 + i % 3}
-                    for i in range(40)] for name in serve_inputs.POOLS}
+    pools = {
+        name: [{"prompt": f"<|endoftext|>{name} prompt {i} " * 3, "output_tokens": 4 + i % 3} for i in range(40)]
+        for name in serve_inputs.POOLS
+    }
     path = tmp_path / "pools.json"
     serve_inputs.write_pools(path, pools, {"test": True})
     return path
@@ -64,8 +67,12 @@ def test_parse_metrics_sums_label_sets_and_skips_comments() -> None:
 
 def test_spec_delta_by_hand() -> None:
     before = parse_metrics(METRICS_TEXT)
-    after = {**before, "vllm:spec_decode_num_drafts_total": 30.0, "vllm:spec_decode_num_draft_tokens_total": 120.0,
-             "vllm:spec_decode_num_accepted_tokens_total": 50.0}
+    after = {
+        **before,
+        "vllm:spec_decode_num_drafts_total": 30.0,
+        "vllm:spec_decode_num_draft_tokens_total": 120.0,
+        "vllm:spec_decode_num_accepted_tokens_total": 50.0,
+    }
     d = spec_delta(before, after)
     assert (d["drafts"], d["draft_tokens"], d["accepted_tokens"]) == (10.0, 40.0, 20.0)
     assert d["acceptance"] == pytest.approx(0.5)
@@ -105,8 +112,9 @@ def test_fake_server_endpoints(fake_cli: str, tmp_path: Path) -> None:
     try:
         plain = json.loads(_post(f"{srv.base_url}/v1/completions", {"prompt": "x", "max_tokens": 5, "temperature": 0}))
         assert plain["usage"]["completion_tokens"] == 5
-        stream = _post(f"{srv.base_url}/v1/completions", {"prompt": "x", "max_tokens": 5, "temperature": 0,
-                                                          "stream": True}).decode()
+        stream = _post(
+            f"{srv.base_url}/v1/completions", {"prompt": "x", "max_tokens": 5, "temperature": 0, "stream": True}
+        ).decode()
         chunks = [json.loads(ln[6:]) for ln in stream.splitlines() if ln.startswith("data: {")]
         assert "".join(c["choices"][0]["text"] for c in chunks) == plain["choices"][0]["text"]
         assert stream.rstrip().endswith("data: [DONE]")
@@ -120,9 +128,27 @@ def test_fake_server_endpoints(fake_cli: str, tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- serve_bench
 def test_serve_bench_end_to_end(fake_cli: str, pools_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    rc = serve_bench.main(["run", "--methods", "nospec,specdec", "--datasets", "code,random", "--prompts",
-                           str(pools_file), "--num-prompts", "3", "--warmup-prompts", "2", "--rates", "0.5R,inf",
-                           "--saturation-rate", "4", "--out-dir", str(out)])
+    rc = serve_bench.main(
+        [
+            "run",
+            "--methods",
+            "nospec,specdec",
+            "--datasets",
+            "code,random",
+            "--prompts",
+            str(pools_file),
+            "--num-prompts",
+            "3",
+            "--warmup-prompts",
+            "2",
+            "--rates",
+            "0.5R,inf",
+            "--saturation-rate",
+            "4",
+            "--out-dir",
+            str(out),
+        ]
+    )
     assert rc == 0
     doc = json.loads((out / "serve_bench-nospec-specdec.json").read_text())
     assert len(doc["runs"]) == 2 * 2 * 2 and not doc["errors"]
@@ -142,8 +168,21 @@ def test_serve_bench_end_to_end(fake_cli: str, pools_file: Path, tmp_path: Path)
 
 
 def test_serve_bench_saturation_then_report(fake_cli: str, pools_file: Path, tmp_path: Path) -> None:
-    rc = serve_bench.main(["find-saturation", "--datasets", "code", "--prompts", str(pools_file), "--num-prompts",
-                           "3", "--warmup-prompts", "0", "--out-dir", str(tmp_path)])
+    rc = serve_bench.main(
+        [
+            "find-saturation",
+            "--datasets",
+            "code",
+            "--prompts",
+            str(pools_file),
+            "--num-prompts",
+            "3",
+            "--warmup-prompts",
+            "0",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     sat = json.loads((tmp_path / "saturation.json").read_text())["saturation"]["code"]
     ladder_rates = [p["rate"] for p in sat["ladder"]]
@@ -151,25 +190,43 @@ def test_serve_bench_saturation_then_report(fake_cli: str, pools_file: Path, tmp
     assert sat["rate"] in ladder_rates or sat["rate"] == sat["capacity_req_s"]
 
 
-def test_serve_bench_dead_server_is_one_line_naming_the_log(monkeypatch: pytest.MonkeyPatch, pools_file: Path,
-                                                            tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_serve_bench_dead_server_is_one_line_naming_the_log(
+    monkeypatch: pytest.MonkeyPatch, pools_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     monkeypatch.setenv(VLLM_CLI_ENV, f"{FAKE_CLI} --fail-start")
-    rc = serve_bench.main(["run", "--methods", "specdec", "--datasets", "code", "--prompts", str(pools_file),
-                           "--rates", "inf", "--out-dir", str(tmp_path)])
+    rc = serve_bench.main(
+        [
+            "run",
+            "--methods",
+            "specdec",
+            "--datasets",
+            "code",
+            "--prompts",
+            str(pools_file),
+            "--rates",
+            "inf",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     assert rc == 1
     err = json.loads((tmp_path / "serve_bench-specdec.json").read_text())["errors"][0]["error"]
     assert "server exited with code 1 before /health answered" in err and "server-specdec" in err
     assert "simulated start-up failure" in err and "\n" not in err
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--methods", "nospec,eagle"], "unknown method 'eagle'"),
-    (["--datasets", "code,poems"], "unknown dataset 'poems'"),
-    (["--rates", "0.5R"], "are relative to R"),
-    (["--rates", "fast", "--saturation-rate", "3"], "rate 'fast' is not a number"),
-])
-def test_serve_bench_bad_input(args: list[str], message: str, pools_file: Path, tmp_path: Path,
-                               capsys: pytest.CaptureFixture) -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--methods", "nospec,eagle"], "unknown method 'eagle'"),
+        (["--datasets", "code,poems"], "unknown dataset 'poems'"),
+        (["--rates", "0.5R"], "are relative to R"),
+        (["--rates", "fast", "--saturation-rate", "3"], "rate 'fast' is not a number"),
+    ],
+)
+def test_serve_bench_bad_input(
+    args: list[str], message: str, pools_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     base = ["run", "--prompts", str(pools_file), "--out-dir", str(tmp_path), "--rates", "inf"]
     if "fast" in args:
         base.remove("inf"), base.remove("--rates")
@@ -197,8 +254,10 @@ def test_serve_features_against_fakes(fake_cli: str, pools_file: Path, tmp_path:
     doc = json.loads((tmp_path / "serve_features.json").read_text())
     assert rc == 0, doc
     assert list(doc["features"]) == feats.split(",")
-    assert all(f["spec"]["accepted_tokens"] > 0 and f["carriers_identical"] == serve_features.CARRIERS
-               for f in doc["features"].values())
+    assert all(
+        f["spec"]["accepted_tokens"] > 0 and f["carriers_identical"] == serve_features.CARRIERS
+        for f in doc["features"].values()
+    )
     assert doc["exit_codes"] == {"features-ref": 0, "features-spec": 0}
 
 
@@ -209,8 +268,20 @@ def test_serve_features_unknown_feature(capsys: pytest.CaptureFixture) -> None:
 
 def test_serve_soak_against_fake(fake_cli: str, pools_file: Path, tmp_path: Path) -> None:
     pytest.importorskip("openai")
-    rc = serve_soak.main(["--prompts", str(pools_file), "--requests", "120", "--concurrency", "8",
-                          "--sample-s", "0.1", "--out-dir", str(tmp_path)])
+    rc = serve_soak.main(
+        [
+            "--prompts",
+            str(pools_file),
+            "--requests",
+            "120",
+            "--concurrency",
+            "8",
+            "--sample-s",
+            "0.1",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     doc = json.loads((tmp_path / "serve_soak.json").read_text())
     assert rc == 0 and doc["pass"]
     planned = sum(r["mode"] == "cancel" for r in serve_soak.plan(["x"], 120, cancel_share=0.05))
@@ -221,7 +292,11 @@ def test_serve_soak_against_fake(fake_cli: str, pools_file: Path, tmp_path: Path
 
 def test_serve_soak_unreachable_server(capsys: pytest.CaptureFixture, tmp_path: Path, pools_file: Path) -> None:
     port = free_port()  # nothing listens there
-    assert serve_soak.main(["--prompts", str(pools_file), "--base-url", f"http://127.0.0.1:{port}",
-                            "--out-dir", str(tmp_path)]) == 2
+    assert (
+        serve_soak.main(
+            ["--prompts", str(pools_file), "--base-url", f"http://127.0.0.1:{port}", "--out-dir", str(tmp_path)]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert f"cannot reach http://127.0.0.1:{port}/health" in err and len(err.splitlines()) == 1

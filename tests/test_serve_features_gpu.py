@@ -5,6 +5,7 @@ specdec with a small KV cache for preemption; float32, the shared 53M target) an
 and tokens accepted during it. ``SPECDEC_SERVE_ARGS`` adds `vllm serve` arguments to every server (e.g.
 "--enforce-eager" to start faster). Needs device_inputs/serve_prompts.json (`serve_bench prepare`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,10 +30,15 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sf.Ctx]:
         pytest.skip(f"{PROMPTS} missing: run `python -m benchmarks.serve_bench prepare` and carry device_inputs/")
     from specdec.paths import TARGET_MODEL, model_path
 
-    args = argparse.Namespace(model=str(model_path(TARGET_MODEL)), spec={"method": "specdec"},
-                              features=list(sf.FEATURES), server_args=os.environ.get("SPECDEC_SERVE_ARGS", "").split(),
-                              health_timeout_s=600.0, vllm_cli="",
-                              out_dir=str(os.environ.get("OUT", tmp_path_factory.mktemp("serve"))))
+    args = argparse.Namespace(
+        model=str(model_path(TARGET_MODEL)),
+        spec={"method": "specdec"},
+        features=list(sf.FEATURES),
+        server_args=os.environ.get("SPECDEC_SERVE_ARGS", "").split(),
+        health_timeout_s=600.0,
+        vllm_cli="",
+        out_dir=str(os.environ.get("OUT", tmp_path_factory.mktemp("serve"))),
+    )
     stack: list[Server] = []
     try:
         servers = sf.start_servers(args, stack)

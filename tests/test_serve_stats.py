@@ -1,4 +1,5 @@
 """The two-sample chi-square test of serve_features' sampling check, and its negative control (a biased sampler)."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """benchmarks/bench_slot_forecast.py: the slot lag replay on recorded responses (CPU, synthetic traces)."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -21,8 +21,10 @@ def test_parse_log_reads_vllms_start_up_lines() -> None:
     assert got["graph_profile"] == "PIECEWISE=64 (largest=1088), FULL=144 (largest=1088)"
     assert got["graph_estimate_gib"] == 0.90 and got["graph_actual_gib"] == 1.18
     assert got["kv_cache_gib"] == 57.97 and got["kv_cache_tokens"] == 949744
-    assert got["graph_mode_estimate"] == {"PIECEWISE": {"first_mib": 352.0, "graphs": 64, "per_graph_mib": 4.0},
-                                          "FULL": {"first_mib": -16.0, "graphs": 144, "per_graph_mib": 1.0}}
+    assert got["graph_mode_estimate"] == {
+        "PIECEWISE": {"first_mib": 352.0, "graphs": 64, "per_graph_mib": 4.0},
+        "FULL": {"first_mib": -16.0, "graphs": 144, "per_graph_mib": 1.0},
+    }
     assert got["specdec_graphs"].startswith("added 80 CUDA graphs")
     assert "error" not in got
 
@@ -33,10 +35,12 @@ def test_parse_log_reads_the_start_up_failure() -> None:
 
 
 def test_compare_counts_differing_prompts_against_no_speculation() -> None:
-    rows = [{"config": "defaults", "method": "nospec", "outputs": [[1, 2], [3, 4]], "started": True},
-            {"config": "defaults", "method": "specdec", "outputs": [[1, 2], [3, 5]], "started": True},
-            {"config": "eager", "method": "specdec", "outputs": [[1, 2], [3, 4]], "started": True},
-            {"config": "eager", "method": "suffix", "rc": 1, "started": False}]
+    rows = [
+        {"config": "defaults", "method": "nospec", "outputs": [[1, 2], [3, 4]], "started": True},
+        {"config": "defaults", "method": "specdec", "outputs": [[1, 2], [3, 5]], "started": True},
+        {"config": "eager", "method": "specdec", "outputs": [[1, 2], [3, 4]], "started": True},
+        {"config": "eager", "method": "suffix", "rc": 1, "started": False},
+    ]
     compare(rows)
     assert rows[1]["prompts_differing"] == 1
     assert rows[2]["prompts_differing"] == 0  # no no-spec engine of its own: compared to the first one's

@@ -1,4 +1,5 @@
 """The benchmark's per-step trace: records, GPU attachment, width buckets (hand-checked numbers)."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,11 @@ from benchmarks.step_trace import StepTrace, summarise_trace
 
 
 def _sched(widths: dict[str, int], spec: dict[str, list[int]] | None = None) -> SimpleNamespace:
-    return SimpleNamespace(num_scheduled_tokens=widths, total_num_scheduled_tokens=sum(widths.values()),
-                           scheduled_spec_decode_tokens=spec or {})
+    return SimpleNamespace(
+        num_scheduled_tokens=widths,
+        total_num_scheduled_tokens=sum(widths.values()),
+        scheduled_spec_decode_tokens=spec or {},
+    )
 
 
 def test_trace_records_periods_drafting_graph_modes_and_gpu(monkeypatch):
@@ -60,9 +64,16 @@ def test_a_step_the_plugin_dispatched_to_its_own_full_graph_is_full(monkeypatch)
 
 
 def test_summary_groups_steps_by_width_and_shares_the_wall():
-    trace = {"reqs": [64, 64, 40, 3, 1], "tokens": [1088, 1088, 680, 51, 17], "spec": [1024, 1024, 640, 48, 16],
-             "period_ms": [5.0, 5.0, 4.0, 2.0, None], "draft_ms": [1.0, 1.0, 0.5, 0.1, 0.1],
-             "busy_ms": [1.5, 1.5, 1.0, 0.5, 0.5], "gap_ms": [3.5, 3.5, 3.0, 1.5, None], "cg": "FFPNF"}
+    trace = {
+        "reqs": [64, 64, 40, 3, 1],
+        "tokens": [1088, 1088, 680, 51, 17],
+        "spec": [1024, 1024, 640, 48, 16],
+        "period_ms": [5.0, 5.0, 4.0, 2.0, None],
+        "draft_ms": [1.0, 1.0, 0.5, 0.1, 0.1],
+        "busy_ms": [1.5, 1.5, 1.0, 0.5, 0.5],
+        "gap_ms": [3.5, 3.5, 3.0, 1.5, None],
+        "cg": "FFPNF",
+    }
     rows = {r["width"]: r for r in summarise_trace(trace)}
     assert list(rows) == ["49-64", "33-48", "3-4", "1"]  # widest first
     assert rows["49-64"]["steps"] == 2 and rows["49-64"]["wall_share"] == pytest.approx(10 / 16)
@@ -77,10 +88,14 @@ def test_step_cost_fit_recovers_a_known_line_and_skips_prefill_and_narrow_steps(
     from benchmarks.step_trace import fit_step_cost
 
     emitted = [64, 100, 150, 200, 260, 300, 380, 450, 500, 640]
-    trace = {"reqs": [64] * 10 + [64, 8], "tokens": [64 + 1024] * 10 + [9000, 8 + 128],
-             "spec": [1024] * 10 + [0, 128], "emitted": emitted + [64, 40],
-             "period_ms": [3.0 + 0.006 * e for e in emitted] + [20.0, 9.0],  # 3 ms + 6 us per token
-             "draft_ms": [0.2 + 0.002 * e for e in emitted] + [5.0, 5.0]}
+    trace = {
+        "reqs": [64] * 10 + [64, 8],
+        "tokens": [64 + 1024] * 10 + [9000, 8 + 128],
+        "spec": [1024] * 10 + [0, 128],
+        "emitted": emitted + [64, 40],
+        "period_ms": [3.0 + 0.006 * e for e in emitted] + [20.0, 9.0],  # 3 ms + 6 us per token
+        "draft_ms": [0.2 + 0.002 * e for e in emitted] + [5.0, 5.0],
+    }
     fit = fit_step_cost([trace], min_width=48)
     assert fit is not None and fit["steps"] == 10  # the prefill step and the 8-wide step are left out
     assert fit["period_ms"] == pytest.approx(3.0) and fit["period_us_per_token"] == pytest.approx(6.0)
@@ -113,9 +128,8 @@ def test_timer_and_trace_hooks_keep_vllm_signatures(monkeypatch):
     for owner, name in names:
         before[(owner, name)] = inspect.signature(getattr(owner, name))
         monkeypatch.setattr(owner, name, getattr(owner, name))  # restored after the test
-    from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
-
     from specdec.vllm_plugin.modes.device_wait import DeviceWait
+    from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 
     for name in ("capture", "fill", "_finish_job", "_drain"):
         monkeypatch.setattr(ScheduledDrafting, name, getattr(ScheduledDrafting, name))
@@ -138,7 +152,7 @@ class FakeEvent:
     def __init__(self, t: float) -> None:
         self.t = t
 
-    def elapsed_time(self, other: "FakeEvent") -> float:
+    def elapsed_time(self, other: FakeEvent) -> float:
         return other.t - self.t
 
     def synchronize(self) -> None:
@@ -154,8 +168,11 @@ def test_gap_split_at_the_next_steps_wait_event_and_host_times_of_that_step():
     timer = StepTimer(trace)
     for _ in range(3):
         trace.step(object(), 0.0)
-    timer.events = [(FakeEvent(0.0), FakeEvent(10.0), 0), (FakeEvent(11.0), FakeEvent(20.0), 1),
-                    (FakeEvent(20.5), FakeEvent(30.0), 2)]
+    timer.events = [
+        (FakeEvent(0.0), FakeEvent(10.0), 0),
+        (FakeEvent(11.0), FakeEvent(20.0), 1),
+        (FakeEvent(20.5), FakeEvent(30.0), 2),
+    ]
     timer.held_events = {1: FakeEvent(10.8)}  # step 2 had no device wait (e.g. a host fill)
     timer.host_split = {1: {"sync_ms": 9.5, "finish_ms": 10.1}, 2: {"sync_ms": 0.1}}
     timer.collect_gpu()
@@ -182,7 +199,6 @@ def test_host_phases_are_timed_into_the_period_they_ran_in(monkeypatch):
     from benchmarks import step_timer
     from benchmarks.bench_vllm_load import _with_split
     from benchmarks.step_timer import StepTimer
-
     from specdec.vllm_plugin.patches import async_sched as async_patch
 
     clock = [0.0]
@@ -191,6 +207,7 @@ def test_host_phases_are_timed_into_the_period_they_ran_in(monkeypatch):
     def takes(ms: float):
         def fn(*a, **kw):
             clock[0] += ms / 1e3
+
         return fn
 
     class Runner:
@@ -222,8 +239,13 @@ def test_host_phases_are_timed_into_the_period_they_ran_in(monkeypatch):
     assert cell["update_ms"] == [pytest.approx(0.5)] * 2
     cell["period_ms"] = [7.0, None]
     means = _with_split(cell)["host_phase_ms"]  # steps with a measured period only
-    assert means == {"period_ms": 7.0, "sched_ms": pytest.approx(2.25), "exec_ms": pytest.approx(3.0),
-                     "sample_ms": pytest.approx(1.0), "update_ms": pytest.approx(0.5)}
+    assert means == {
+        "period_ms": 7.0,
+        "sched_ms": pytest.approx(2.25),
+        "exec_ms": pytest.approx(3.0),
+        "sample_ms": pytest.approx(1.0),
+        "update_ms": pytest.approx(0.5),
+    }
     untimed = {**cell, **{col: [None, None] for col in ("sched_ms", "exec_ms", "sample_ms", "update_ms")}}
     assert "host_phase_ms" not in _with_split(untimed)  # a trace whose phases were never timed: no zeros reported
 
@@ -232,8 +254,12 @@ def test_cell_totals_sum_gpu_time_and_split_heavy_prefill_steps(capsys, tmp_path
     """--totals: busy and idle seconds over every step (untimed steps skipped), and heavy prefill steps (prompt
     tokens = tokens - requests - drafts >= 512) against the rest, by hand."""
     trace = {  # 4 steps: a decode step, a heavy prefill step (600 prompt tokens), a light prefill (100), untimed
-        "reqs": [4, 5, 5, 4], "tokens": [12, 613, 113, 4], "spec": [8, 8, 8, 0], "emitted": [10, 5, 9, 4],
-        "busy_ms": [10.0, 40.0, 12.0, None], "gap_ms": [1.0, 2.0, 0.5, None],
+        "reqs": [4, 5, 5, 4],
+        "tokens": [12, 613, 113, 4],
+        "spec": [8, 8, 8, 0],
+        "emitted": [10, 5, 9, 4],
+        "busy_ms": [10.0, 40.0, 12.0, None],
+        "gap_ms": [1.0, 2.0, 0.5, None],
     }
     t = step_trace.cell_totals(trace)
     assert t["steps"] == 4 and t["emitted"] == 28

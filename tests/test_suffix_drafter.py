@@ -1,4 +1,5 @@
 """Suffix drafter: hand-checked token arrays on both backends, reference == native, replay property."""
+
 from __future__ import annotations
 
 import random
@@ -209,12 +210,25 @@ def test_reference_equals_native_random():
         depth, vocab = rng.choice([2, 3, 5, 8]), rng.choice([2, 3, 5])
         limits = (rng.choice([1, 2, 50]), rng.choice([6, 30, 1000]))
         run_twin_engines(
-            Engine(depth, *limits), RefEngine(depth, *limits), rng, ops=40, p_start=0.2, p_stop=0.35,
+            Engine(depth, *limits),
+            RefEngine(depth, *limits),
+            rng,
+            ops=40,
+            p_start=0.2,
+            p_stop=0.35,
             prompt=lambda: [rng.randrange(vocab) for _ in range(rng.randint(0, 20))],
-            draft_args=lambda: (rng.choice([1, 3, 8]), rng.random() < 0.5, rng.choice([0.5, 1.0, 3.0]),
-                                rng.choice([0.0, 1.0]), rng.choice([0.0, 0.1, 0.4]), rng.random() < 0.8,
-                                rng.random() < 0.8, rng.choice([0.0, 0.0, 0.5, 2.0])),
-            tokens=lambda: [rng.randrange(vocab) for _ in range(rng.randint(1, 4))])
+            draft_args=lambda: (
+                rng.choice([1, 3, 8]),
+                rng.random() < 0.5,
+                rng.choice([0.5, 1.0, 3.0]),
+                rng.choice([0.0, 1.0]),
+                rng.choice([0.0, 0.1, 0.4]),
+                rng.random() < 0.8,
+                rng.random() < 0.8,
+                rng.choice([0.0, 0.0, 0.5, 2.0]),
+            ),
+            tokens=lambda: [rng.randrange(vocab) for _ in range(rng.randint(1, 4))],
+        )
 
 
 @pytest.mark.skipif(not native_available(), reason="native core not built")
@@ -228,10 +242,16 @@ def test_reference_equals_native_while_tables_grow_and_evict():
         a = Engine(8, *limits)
         phrases = [[rng.randrange(40) for _ in range(rng.randint(2, 7))] for _ in range(12)]
         run_twin_engines(
-            a, RefEngine(8, *limits), rng, ops=400, p_start=0.15, p_stop=0.3,
+            a,
+            RefEngine(8, *limits),
+            rng,
+            ops=400,
+            p_start=0.15,
+            p_stop=0.3,
             prompt=lambda: [t for _ in range(rng.randint(5, 60)) for t in rng.choice(phrases)],
             draft_args=lambda: (8, False, 1.0, 0.0, 0.0, True, True),
-            tokens=lambda: rng.choice(phrases) if rng.random() < 0.8 else [rng.randrange(40, 60)])
+            tokens=lambda: rng.choice(phrases) if rng.random() < 0.8 else [rng.randrange(40, 60)],
+        )
         assert a.memory_bytes() > 100_000  # large enough that both tables grew many times
 
 
@@ -242,8 +262,8 @@ def replay_tokens(drafter, prompt, response, *, budget, tree, rid="r"):
     while len(out) < len(response):
         t = drafter.draft(rid, budget, tree=tree)
         assert len(t) <= budget and (tree or t.is_chain())
-        acc = [int(t.tokens[i]) for i in t.match_length(response[len(out):])]
-        emit = acc + response[len(out) + len(acc):len(out) + len(acc) + 1]
+        acc = [int(t.tokens[i]) for i in t.match_length(response[len(out) :])]
+        emit = acc + response[len(out) + len(acc) : len(out) + len(acc) + 1]
         out.extend(emit)
         drafter.extend(rid, emit)
     drafter.stop(rid)
@@ -251,8 +271,12 @@ def replay_tokens(drafter, prompt, response, *, budget, tree, rid="r"):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 5), min_size=0, max_size=40), min_size=1, max_size=4),
-       st.sampled_from(BACKENDS), st.booleans(), st.integers(1, 8))
+@given(
+    st.lists(st.lists(st.integers(0, 5), min_size=0, max_size=40), min_size=1, max_size=4),
+    st.sampled_from(BACKENDS),
+    st.booleans(),
+    st.integers(1, 8),
+)
 def test_replay_reconstructs_response(traces, backend, tree, budget):
     d = make(backend, max_depth=8, max_cached_requests=2)
     for i, resp in enumerate(traces):

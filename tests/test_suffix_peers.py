@@ -1,4 +1,5 @@
 """Benchmark peer wrappers: Arctic's path probabilities become per-node probabilities; lifecycle."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """The tree-prize benchmark's logic (static shapes from rank statistics) and the step-cost curve's rule."""
+
 from __future__ import annotations
 
 import itertools
@@ -20,8 +21,8 @@ from benchmarks.tree_prize import (
     pool_budget,
     prize_rows,
     prune_to_shape,
-    ratio_ci,
     rank_paths,
+    ratio_ci,
     static_shape,
 )
 from specdec.drafters.base import Drafter, DraftRequest
@@ -32,8 +33,9 @@ ROOT = -1
 
 def _tree() -> TokenTree:
     """Root children 10 (p .3) and 11 (p .6); 10 -> 12 (.9); 11 -> 13 (.2), 14 (.7); 14 -> 15 (1.0)."""
-    return TokenTree(np.array([10, 11, 12, 13, 14, 15]), np.array([ROOT, ROOT, 0, 1, 1, 4]),
-                     np.array([0.3, 0.6, 0.9, 0.2, 0.7, 1.0]))
+    return TokenTree(
+        np.array([10, 11, 12, 13, 14, 15]), np.array([ROOT, ROOT, 0, 1, 1, 4]), np.array([0.3, 0.6, 0.9, 0.2, 0.7, 1.0])
+    )
 
 
 def test_rank_paths_rank_siblings_by_probability() -> None:
@@ -136,13 +138,21 @@ def test_shaped_drafter_asks_the_pool_and_prunes_trees_only() -> None:
 
 
 def test_decision_rule_counts_only_free_budgets_at_the_threshold() -> None:
-    cells = [{"dataset": "d", "drafter": "x", "budget": b, "arm": arm, "mat": mat}
-             for b, arm, mat in [(8, "chain", 2.0), (8, "tree-own", 2.15), (8, "tree-static", 2.17),
-                                 (32, "chain", 2.0), (32, "tree-own", 2.4)]]
+    cells = [
+        {"dataset": "d", "drafter": "x", "budget": b, "arm": arm, "mat": mat}
+        for b, arm, mat in [
+            (8, "chain", 2.0),
+            (8, "tree-own", 2.15),
+            (8, "tree-static", 2.17),
+            (32, "chain", 2.0),
+            (32, "tree-own", 2.4),
+        ]
+    ]
     rows = prize_rows(cells)
     assert rows[0]["tree-own / chain"] == pytest.approx(1.075) and rows[1]["tree-static"] is None
-    assert gains(rows, [1, 2, 4, 8, 16]) == [{"dataset": "d", "drafter": "x", "budget": 8, "arm": "tree-static",
-                                              "ratio": 1.085}]
+    assert gains(rows, [1, 2, 4, 8, 16]) == [
+        {"dataset": "d", "drafter": "x", "budget": 8, "arm": "tree-static", "ratio": 1.085}
+    ]
     assert [g["budget"] for g in gains(rows, [8, 32])] == [8, 32]
     assert gains(rows, [1, 2, 4]) == []
 
@@ -167,9 +177,11 @@ def test_free_budgets_hand_curve() -> None:
 
 
 def test_summarize_per_batch() -> None:
-    rows = [{"batch": b, "k": k, "busy_ms": ms} for b, pts in {1: [(1, 4.0), (8, 4.2), (64, 6.0)],
-                                                              8: [(1, 5.0), (8, 6.0), (64, 20.0)]}.items()
-            for k, ms in pts]
+    rows = [
+        {"batch": b, "k": k, "busy_ms": ms}
+        for b, pts in {1: [(1, 4.0), (8, 4.2), (64, 6.0)], 8: [(1, 5.0), (8, 6.0), (64, 20.0)]}.items()
+        for k, ms in pts
+    ]
     s = summarize(rows)
     assert s["1"]["free_budgets"] == [1, 8] and s["8"]["free_budgets"] == [1]
     assert s["8"]["ratio_to_k1"]["64"] == 4.0
@@ -178,8 +190,15 @@ def test_summarize_per_batch() -> None:
 def _tiny_llama() -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=128)
+    cfg = LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg).eval()
 
@@ -207,8 +226,25 @@ def test_step_cost_curve_runs_on_gpu(tmp_path: Path) -> None:
 
     model_dir = tmp_path / "tiny"
     _tiny_llama().save_pretrained(model_dir)
-    assert main(["--model", str(model_dir), "--out-dir", str(tmp_path / "out"), "--ks", "0", "1", "4",
-                 "--repeats", "2", "--context", "32"]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                str(model_dir),
+                "--out-dir",
+                str(tmp_path / "out"),
+                "--ks",
+                "0",
+                "1",
+                "4",
+                "--repeats",
+                "2",
+                "--context",
+                "32",
+            ]
+        )
+        == 0
+    )
     doc = json.loads((tmp_path / "out" / "step_cost_curve.json").read_text())
     assert {(r["batch"], r["k"]) for r in doc["rows"]} == {(b, k) for b in (1, 8) for k in (0, 1, 4)}
     assert all(r["busy_ms"] > 0 for r in doc["rows"]) and (tmp_path / "out" / "step_cost_curve.png").exists()

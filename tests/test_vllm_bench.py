@@ -1,4 +1,5 @@
 """CPU tests of the vLLM benchmark's bookkeeping (summary, ratios, mismatch counts, lossless table, markdown)."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -15,10 +16,22 @@ class BookHolder:
 
 def _cell(tps: float, outs: list[list[int]], accepted: float = 0.0) -> dict:
     n = sum(map(len, outs))
-    return {"batch_size": 8, "prompts": len(outs), "output_tokens": n, "wall_s": n / tps, "tokens_per_s": tps,
-            "tpot_ms": 1.0, "mat": n / (n - accepted), "accepted_tokens": accepted, "drafted_tokens": 2 * accepted,
-            "acceptance_rate": 0.5, "engine_steps": 10, "draft_ms_per_step": 0.1, "draft_share": 0.01,
-            "outputs": outs}
+    return {
+        "batch_size": 8,
+        "prompts": len(outs),
+        "output_tokens": n,
+        "wall_s": n / tps,
+        "tokens_per_s": tps,
+        "tpot_ms": 1.0,
+        "mat": n / (n - accepted),
+        "accepted_tokens": accepted,
+        "drafted_tokens": 2 * accepted,
+        "acceptance_rate": 0.5,
+        "engine_steps": 10,
+        "draft_ms_per_step": 0.1,
+        "draft_share": 0.01,
+        "outputs": outs,
+    }
 
 
 def _run(method: str, cells: dict) -> dict:
@@ -27,24 +40,49 @@ def _run(method: str, cells: dict) -> dict:
 
 def test_summary_ratios_mismatches_and_lossless_counts():
     ref = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
-    runs = {"nospec": _run("nospec", {"8": _cell(100.0, ref)}),
-            "specdec": _run("specdec", {"8": _cell(250.0, [[1, 2, 3], [4, 5, 0], [7, 8, 9]], accepted=4)})}
-    lossless = {"nospec": _run("nospec", {"1": _cell(10.0, ref)}),
-                "specdec": _run("specdec", {"1": _cell(20.0, ref)}),
-                "bad": _run("bad", {"1": _cell(20.0, [[1, 2, 3], [4, 0, 6], [7, 8]])})}
+    runs = {
+        "nospec": _run("nospec", {"8": _cell(100.0, ref)}),
+        "specdec": _run("specdec", {"8": _cell(250.0, [[1, 2, 3], [4, 5, 0], [7, 8, 9]], accepted=4)}),
+    }
+    lossless = {
+        "nospec": _run("nospec", {"1": _cell(10.0, ref)}),
+        "specdec": _run("specdec", {"1": _cell(20.0, ref)}),
+        "bad": _run("bad", {"1": _cell(20.0, [[1, 2, 3], [4, 0, 6], [7, 8]])}),
+    }
     s = summarise(runs, lossless)
     row = next(r for r in s["rows"] if r["method"] == "specdec")
     assert row["speedup_vs_nospec"] == 2.5 and row["mismatches_vs_nospec"] == 1
     assert "outputs" not in row
     assert row["mat"] == 9 / 5
     assert s["lossless_fp32"] == [
-        {"method": "specdec", "dataset": "code", "batch_size": 1, "compared": 3, "identical": 3,
-         "mean_output_tokens": 3.0, "first_diffs": []},
-        {"method": "bad", "dataset": "code", "batch_size": 1, "compared": 3, "identical": 1, "mean_output_tokens": 3.0,
-         "first_diffs": [{"prompt": 1, "position": 1, "tokens": 3, "reference_tokens": 3},
-                         {"prompt": 2, "position": 2, "tokens": 2, "reference_tokens": 3}]}]
-    doc = {"date": "2026-11-22", "device": "h100", "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
-           "summary": s}
+        {
+            "method": "specdec",
+            "dataset": "code",
+            "batch_size": 1,
+            "compared": 3,
+            "identical": 3,
+            "mean_output_tokens": 3.0,
+            "first_diffs": [],
+        },
+        {
+            "method": "bad",
+            "dataset": "code",
+            "batch_size": 1,
+            "compared": 3,
+            "identical": 1,
+            "mean_output_tokens": 3.0,
+            "first_diffs": [
+                {"prompt": 1, "position": 1, "tokens": 3, "reference_tokens": 3},
+                {"prompt": 2, "position": 2, "tokens": 2, "reference_tokens": 3},
+            ],
+        },
+    ]
+    doc = {
+        "date": "2026-11-22",
+        "device": "h100",
+        "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
+        "summary": s,
+    }
     md = markdown(doc)
     assert "| specdec | 250 (2.50x); MAT 1.80; 0.10 ms, 1/3 mm |" in md
     assert "| specdec | code | 1 | 3/3 | 3.0 |" in md
@@ -70,8 +108,12 @@ def test_gpu_wait_for_drafts_is_the_gap_beyond_nospec_v1s():
     assert row["specdec"]["gpu_wait_for_drafts_share"] == 0.5 / 5.0
     assert row["nospec-v1"]["gpu_wait_for_drafts_ms"] == 0.0
     assert "gpu_wait_for_drafts_ms" not in row["nospec"]  # not measured (no events): no figure
-    doc = {"date": "2026-11-22", "device": "h100", "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
-           "summary": s}
+    doc = {
+        "date": "2026-11-22",
+        "device": "h100",
+        "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
+        "summary": s,
+    }
     assert "| specdec | 0.750 / 4.250; wait 10.0% |" in markdown(doc)
 
 
@@ -85,11 +127,18 @@ def test_gpu_wait_is_split_into_sync_scheduling_speculation_and_drafting():
     row = {r["method"]: r for r in s["rows"]}
     assert row["specdec"]["gpu_wait_for_drafts_ms"] == 1.25  # 2.25 - 1.0
     assert row["specdec"]["gpu_wait_parts_ms"] == {"sync_scheduling": 0.5, "speculation": 0.5, "drafting": 0.25}
-    assert row["specdec"]["gpu_wait_parts_share"] == {"sync_scheduling": 0.125, "speculation": 0.125,
-                                                      "drafting": 0.0625}
+    assert row["specdec"]["gpu_wait_parts_share"] == {
+        "sync_scheduling": 0.125,
+        "speculation": 0.125,
+        "drafting": 0.0625,
+    }
     assert "gpu_wait_parts_ms" not in row["nospec-sync"]  # the references are not split
-    doc = {"date": "2026-11-22", "device": "h100", "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
-           "summary": s}
+    doc = {
+        "date": "2026-11-22",
+        "device": "h100",
+        "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
+        "summary": s,
+    }
     assert "| specdec | 12.5% + 12.5% + 6.2% |" in markdown(doc)
 
 
@@ -120,8 +169,16 @@ def test_inflate_builds_once_and_every_engine_gets_the_inflated_model(tmp_path, 
 
     src = tmp_path / "code-target-53m"
     src.mkdir()
-    cfg = {"hidden_size": 640, "intermediate_size": 1728, "num_hidden_layers": 10, "num_attention_heads": 10,
-           "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 16384, "tie_word_embeddings": True}
+    cfg = {
+        "hidden_size": 640,
+        "intermediate_size": 1728,
+        "num_hidden_layers": 10,
+        "num_attention_heads": 10,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "vocab_size": 16384,
+        "tie_word_embeddings": True,
+    }
     (src / "config.json").write_text(json.dumps(cfg))
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps({"policy": "test", "datasets": {"code": {"warmup": [[1]], "bs1": [[1, 2]]}}}))
@@ -138,9 +195,24 @@ def test_inflate_builds_once_and_every_engine_gets_the_inflated_model(tmp_path, 
     monkeypatch.setattr(inflate_model, "INFLATE_DIR", tmp_path / "shapes")
     monkeypatch.setattr(bench_vllm.subprocess, "check_call", check_call)
     monkeypatch.setattr(bench_vllm, "_spawn", lambda args, method, *a, **kw: spawned.append((method, args.model)))
-    bench_vllm.main(["--prompts", str(prompts), "--model", str(src), "--inflate", "llama-8b", "--methods",
-                     "nospec-v1,specdec-sched", "--datasets", "code", "--batch-sizes", "1",
-                     "--out-dir", str(tmp_path / "out")])
+    bench_vllm.main(
+        [
+            "--prompts",
+            str(prompts),
+            "--model",
+            str(src),
+            "--inflate",
+            "llama-8b",
+            "--methods",
+            "nospec-v1,specdec-sched",
+            "--datasets",
+            "code",
+            "--batch-sizes",
+            "1",
+            "--out-dir",
+            str(tmp_path / "out"),
+        ]
+    )
     want = str(tmp_path / "shapes" / "code-target-53m-llama-8b")
     assert len(built) == 1 and built[0][built[0].index("--shape") + 1] == "llama-8b"
     assert spawned == [("nospec-v1", want), ("specdec-sched", want)]
@@ -162,8 +234,12 @@ def test_ratios_use_nospec_v1_when_it_is_the_only_reference_and_compare_specdec_
     assert row["specdec-sched"]["mismatches_vs_nospec"] == 0
     assert row["specdec-sched"]["speedup_vs_peers"] == {"suffix": 1.6, "ngram": 2.0, "specdec-sync": 1.28}
     assert "speedup_vs_peers" not in row["specdec-sync"] and "speedup_vs_peers" not in row["suffix"]  # peers
-    doc = {"date": "2026-11-22", "device": "h200", "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
-           "summary": s}
+    doc = {
+        "date": "2026-11-22",
+        "device": "h200",
+        "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
+        "summary": s,
+    }
     md = markdown(doc)
     assert "| specdec-sched | 320 (3.20x); MAT 1.00; 0.10 ms, 0/1 mm |" in md
     assert "| specdec-sched | 1.60x suffix, 2.00x ngram, 1.28x sync |" in md
@@ -208,8 +284,11 @@ class FakeEngine:
         for rid, state in list(self.running.items()):
             state[0] -= 1
             ids = [t + 100 for t in state[1]]
-            outs.append(SimpleNamespace(request_id=rid, finished=state[0] == 0, metrics=None,
-                                        outputs=[SimpleNamespace(token_ids=ids)]))
+            outs.append(
+                SimpleNamespace(
+                    request_id=rid, finished=state[0] == 0, metrics=None, outputs=[SimpleNamespace(token_ids=ids)]
+                )
+            )
             if state[0] == 0:
                 del self.running[rid]
         return outs
@@ -231,7 +310,12 @@ def test_feed_keeps_at_most_b_in_flight_and_refills_as_requests_finish(monkeypat
     outs, wall = feed(engine, prompts, 2, "sp", request_prefix="code-sus2")
     # step 1 finishes prompt 1 -> prompt 2 enters; step 2 finishes 2 -> 3 enters; step 3 finishes 0 -> 4 enters
     assert [(step, rid) for step, rid, _ in engine.added] == [
-        (0, "code-sus2-0"), (0, "code-sus2-1"), (1, "code-sus2-2"), (2, "code-sus2-3"), (3, "code-sus2-4")]
+        (0, "code-sus2-0"),
+        (0, "code-sus2-1"),
+        (1, "code-sus2-2"),
+        (2, "code-sus2-3"),
+        (3, "code-sus2-4"),
+    ]
     assert [ids for _, _, ids in engine.added] == prompts  # each prompt submitted once, in order
     assert engine.widths == [2, 2, 2, 2] and max(engine.widths) <= 2
     assert [o.outputs[0].token_ids for o in outs] == [[t + 100 for t in p] for p in prompts]  # prompt order
@@ -278,9 +362,12 @@ def test_sustained_cell_books_tokens_wall_mat_and_steps(monkeypatch):
         return step()
 
     engine.step = counted_step
+
     def metrics() -> list:  # vLLM's counters: one acceptance per step, four drafts per acceptance
-        return [SimpleNamespace(name="vllm:spec_decode_num_accepted_tokens_total", value=counters["accepted"]),
-                SimpleNamespace(name="vllm:spec_decode_num_draft_tokens_total", value=4 * counters["accepted"])]
+        return [
+            SimpleNamespace(name="vllm:spec_decode_num_accepted_tokens_total", value=counters["accepted"]),
+            SimpleNamespace(name="vllm:spec_decode_num_draft_tokens_total", value=4 * counters["accepted"]),
+        ]
 
     llm = SimpleNamespace(llm_engine=engine, get_metrics=metrics)
     timer = StepTimer()
@@ -301,12 +388,17 @@ def _sus(cell: dict, b: int = 8) -> dict:
 def test_sustained_cells_get_their_own_ratios_mismatches_and_tables():
     ref, other = [[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 5, 0]]
     tps = {"nospec-v1": (100.0, 200.0), "suffix": (150.0, 250.0), "specdec-sched": (300.0, 500.0)}
-    runs = {m: _run(m, {"8": {**_cell(c, ref), "load": "closed"},
-                        "sus8": _sus(_cell(s, other if m == "specdec-sched" else ref))})
-            for m, (c, s) in tps.items()}
+    runs = {
+        m: _run(
+            m,
+            {"8": {**_cell(c, ref), "load": "closed"}, "sus8": _sus(_cell(s, other if m == "specdec-sched" else ref))},
+        )
+        for m, (c, s) in tps.items()
+    }
     for m, run in runs.items():
-        run["datasets"]["code"]["sus8"].update(gpu_gap_ms_per_step=1.0 if m == "nospec-v1" else 2.0,
-                                               gpu_busy_ms_per_step=3.0, trace={"reqs": [8]})
+        run["datasets"]["code"]["sus8"].update(
+            gpu_gap_ms_per_step=1.0 if m == "nospec-v1" else 2.0, gpu_busy_ms_per_step=3.0, trace={"reqs": [8]}
+        )
     s = summarise(runs, {})
     row = {(r["method"], r["load"]): r for r in s["rows"]}
     assert row[("specdec-sched", "closed")]["speedup_vs_nospec"] == 3.0
@@ -317,8 +409,12 @@ def test_sustained_cells_get_their_own_ratios_mismatches_and_tables():
     assert row[("specdec-sched", "sustained")]["gpu_wait_for_drafts_ms"] == 1.0
     assert "gpu_wait_for_drafts_ms" not in row[("specdec-sched", "closed")]  # closed cells: no GPU figures
     assert set(s["traces"]) == {f"{m}|code:sustained|8" for m in tps}  # step_trace's "method|dataset|batch"
-    doc = {"date": "2026-11-22", "device": "h200", "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
-           "summary": s}
+    doc = {
+        "date": "2026-11-22",
+        "device": "h200",
+        "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
+        "summary": s,
+    }
     md = markdown(doc)
     closed, sustained = md.split("## code, sustained load: N prompts, at most b in flight: tokens/s (x no-spec)")
     assert "| specdec-sched | 300 (3.00x); MAT 1.00; 0.10 ms, 0/2 mm |" in closed
@@ -333,8 +429,12 @@ def test_sustained_cells_get_their_own_ratios_mismatches_and_tables():
 
 def test_a_sustained_only_run_has_no_closed_tables():
     runs = {m: _run(m, {"sus8": _sus(_cell(v, [[1, 2]]))}) for m, v in (("nospec", 10.0), ("specdec", 30.0))}
-    doc = {"date": "2026-11-22", "device": "h200", "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
-           "summary": summarise(runs, {})}
+    doc = {
+        "date": "2026-11-22",
+        "device": "h200",
+        "settings": {"batch_sizes": [8], "cache_policy": "disjoint"},
+        "summary": summarise(runs, {}),
+    }
     md = markdown(doc)
     assert "## code: tokens/s" not in md and "| specdec | 30 (3.00x); MAT 1.00; 0.10 ms, 0/1 mm |" in md
 
@@ -356,12 +456,31 @@ def test_load_both_runs_each_load_in_its_own_engine_and_joins_the_cells(tmp_path
         firsts.append(first)
         key = "32" if load == "closed" else "sus32"
         cell = _sus(_cell(50.0, [[1]]), 32) if load == "sustained" else {**_cell(40.0, [[1]]), "load": "closed"}
-        return {"method": method, "dtype": dtype, "startup_s": 1.0 if load == "closed" else 2.0, "load": load,
-                "datasets": {"code": {key: cell}}}
+        return {
+            "method": method,
+            "dtype": dtype,
+            "startup_s": 1.0 if load == "closed" else 2.0,
+            "load": load,
+            "datasets": {"code": {key: cell}},
+        }
 
     monkeypatch.setattr(bench_vllm, "_spawn", spawn)
-    bench_vllm.main(["--prompts", str(prompts), "--methods", "nospec,specdec", "--datasets", "code",
-                     "--batch-sizes", "8,32", "--load", "both", "--out-dir", str(tmp_path / "out")])
+    bench_vllm.main(
+        [
+            "--prompts",
+            str(prompts),
+            "--methods",
+            "nospec,specdec",
+            "--datasets",
+            "code",
+            "--batch-sizes",
+            "8,32",
+            "--load",
+            "both",
+            "--out-dir",
+            str(tmp_path / "out"),
+        ]
+    )
     assert calls == [("nospec", "closed"), ("nospec", "sustained"), ("specdec", "closed"), ("specdec", "sustained")]
     assert firsts == [True, False, False, False]  # only the run's first engine gets the compile allowance
     doc = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
@@ -418,8 +537,11 @@ class LengthEngine:
         for rid, (tokens, params) in list(self.running.items()):
             tokens.append(len(tokens))
             done = len(tokens) == params.max_tokens
-            outs.append(SimpleNamespace(request_id=rid, finished=done, metrics=None,
-                                        outputs=[SimpleNamespace(token_ids=list(tokens))]))
+            outs.append(
+                SimpleNamespace(
+                    request_id=rid, finished=done, metrics=None, outputs=[SimpleNamespace(token_ids=list(tokens))]
+                )
+            )
             if done:
                 del self.running[rid]
         return outs
@@ -473,15 +595,26 @@ def test_varied_sustained_cells_use_the_seeded_lengths_and_closed_cells_keep_max
 
     monkeypatch.setattr(bench_vllm, "_final_only", lambda sp: sp)  # vLLM's RequestOutputKind: not on CPU
     generated = []
-    llm = SimpleNamespace(llm_engine=LengthEngine(), get_metrics=list,
-                          generate=lambda prompts, sp, use_tqdm: generated.append(sp.max_tokens))
+    llm = SimpleNamespace(
+        llm_engine=LengthEngine(),
+        get_metrics=list,
+        generate=lambda prompts, sp, use_tqdm: generated.append(sp.max_tokens),
+    )
     sets = {"warmup": [[1]], "sus2": [[i] for i in range(5)]}
-    args = argparse.Namespace(load="sustained", output_lengths="varied", batch_sizes=[2, 8], method="nospec",
-                              dtype="bfloat16", prompts="prompts.json", profile_dir="")
+    args = argparse.Namespace(
+        load="sustained",
+        output_lengths="varied",
+        batch_sizes=[2, 8],
+        method="nospec",
+        dtype="bfloat16",
+        prompts="prompts.json",
+        profile_dir="",
+    )
     sp = LengthParams(256)
     cells, saved = {}, []
-    bench_vllm._dataset_cells(args, llm, "code", sets, sp, StepTimer(), cells=cells,
-                              on_cell=lambda: saved.append(list(cells)))
+    bench_vllm._dataset_cells(
+        args, llm, "code", sets, sp, StepTimer(), cells=cells, on_cell=lambda: saved.append(list(cells))
+    )
     assert saved == [["sus2"]]  # each finished cell handed on at once (the worker writes it)
     assert list(cells) == ["sus2"] and cells["sus2"]["output_lengths"] == "varied"
     assert list(map(len, cells["sus2"]["outputs"])) == varied_lengths(5)
@@ -506,8 +639,13 @@ def _fake_workers(monkeypatch, cells_of):
     def call(cmd, timeout):
         cmds.append(cmd)
         load = cmd[cmd.index("--load") + 1]
-        result = {"method": cmd[cmd.index("--method") + 1], "dtype": "bfloat16", "startup_s": 1.0, "load": load,
-                  "datasets": {"code": cells_of(cmd, load)}}
+        result = {
+            "method": cmd[cmd.index("--method") + 1],
+            "dtype": "bfloat16",
+            "startup_s": 1.0,
+            "load": load,
+            "datasets": {"code": cells_of(cmd, load)},
+        }
         with open(cmd[cmd.index("--worker-out") + 1], "w") as f:
             json.dump(result, f)
         return 0
@@ -526,6 +664,7 @@ def test_output_lengths_flag_reaches_the_workers_and_the_settings(tmp_path, monk
     prompts = tmp_path / "prompts.json"
     sets = {"warmup": [[1]], "bs8": [[1, 2]], "sus8": [[4], [5], [6]]}
     prompts.write_text(json.dumps({"policy": "test", "datasets": {"code": sets}}))
+
     def cells_of(cmd, load):  # one cell of the worker's load
         cell = _sus(_cell(50.0, [[1]]), 8) if load == "sustained" else {**_cell(40.0, [[1]]), "load": "closed"}
         if load == "sustained" and cmd[cmd.index("--output-lengths") + 1] == "varied":
@@ -533,14 +672,26 @@ def test_output_lengths_flag_reaches_the_workers_and_the_settings(tmp_path, monk
         return {"8" if load == "closed" else "sus8": cell}
 
     cmds = _fake_workers(monkeypatch, cells_of)
-    base = ["--prompts", str(prompts), "--methods", "nospec,specdec", "--datasets", "code", "--batch-sizes", "8",
-            "--raw-dir", str(tmp_path / "raw")]
+    base = [
+        "--prompts",
+        str(prompts),
+        "--methods",
+        "nospec,specdec",
+        "--datasets",
+        "code",
+        "--batch-sizes",
+        "8",
+        "--raw-dir",
+        str(tmp_path / "raw"),
+    ]
     bench_vllm.main(base + ["--load", "both", "--output-lengths", "varied", "--out-dir", str(tmp_path / "out")])
     assert len(cmds) == 4 and all(c[c.index("--output-lengths") + 1] == "varied" for c in cmds)
     doc = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
     assert doc["settings"]["output_lengths"] == {"varied": [128, 384], "seed": 0}
-    assert {r["load"]: r.get("output_lengths") for r in doc["summary"]["rows"]} == {"closed": None,
-                                                                                   "sustained": "varied"}
+    assert {r["load"]: r.get("output_lengths") for r in doc["summary"]["rows"]} == {
+        "closed": None,
+        "sustained": "varied",
+    }
     md = next((tmp_path / "out").glob("*.md")).read_text()
     assert "## code, sustained load, output lengths 128-384: N prompts, at most b in flight" in md
     assert '"output_lengths": {"varied": [128, 384], "seed": 0}' in md  # the settings line
@@ -573,22 +724,33 @@ def test_real_sampling_params_are_cloned_with_each_length():
 
     from benchmarks.bench_vllm_load import feed
 
-    sp = vllm.SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True, detokenize=False,
-                             output_kind=RequestOutputKind.FINAL_ONLY)
+    sp = vllm.SamplingParams(
+        temperature=0.0, max_tokens=256, ignore_eos=True, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY
+    )
     engine = LengthEngine()
     outs, _ = feed(engine, [[1], [2], [3]], 2, sp, request_prefix="v", max_tokens=[2, 5, 3])
     params = [engine.params[f"v-{i}"] for i in range(3)]
     assert [p.max_tokens for p in params] == [2, 5, 3] and sp.max_tokens == 256
-    assert all(isinstance(p, vllm.SamplingParams) and p.ignore_eos and p.temperature == 0.0
-               and p.output_kind == RequestOutputKind.FINAL_ONLY for p in params)
+    assert all(
+        isinstance(p, vllm.SamplingParams)
+        and p.ignore_eos
+        and p.temperature == 0.0
+        and p.output_kind == RequestOutputKind.FINAL_ONLY
+        for p in params
+    )
     assert [len(o.outputs[0].token_ids) for o in outs] == [2, 5, 3]
 
 
 def test_report_renders_the_gap_split_and_fills_late_shares_of_older_results():
     from benchmarks.bench_vllm_report import _fill_late_shares, _split_table
 
-    row = {"method": "specdec", "dataset": "code", "batch_size": 64, "load": "sustained",
-           "gap_split_ms": {"held_ms": 0.9, "after_ms": 0.08, "sync_ms": 4.0, "finish_ms": 4.6}}
+    row = {
+        "method": "specdec",
+        "dataset": "code",
+        "batch_size": 64,
+        "load": "sustained",
+        "gap_split_ms": {"held_ms": 0.9, "after_ms": 0.08, "sync_ms": 4.0, "finish_ms": 4.6},
+    }
     summary = {"rows": [row], "traces": {"specdec|code:sustained|64": {"sync_ms": [4.0, 0.1, 3.0, 0.2]}}}
     _fill_late_shares(summary)
     assert row["gap_split_ms"]["host_late_share"] == 0.5
@@ -596,16 +758,22 @@ def test_report_renders_the_gap_split_and_fills_late_shares_of_older_results():
     assert lines[0].startswith("### code: GPU gap (ms)")
     assert "| specdec | 0.90 + 0.08; drafting 0.60; host late 50% |" in lines  # no busy / gap: no share
     timed = {**row, "gpu_busy_ms_per_step": 11.0, "gpu_gap_ms_per_step": 1.0}  # a 12 ms step
-    assert "| specdec | 0.90 + 0.08; drafting 0.60 (5.0% of step); host late 50% |" in _split_table([timed], "code",
-                                                                                                  [64], ["b 64"])
+    assert "| specdec | 0.90 + 0.08; drafting 0.60 (5.0% of step); host late 50% |" in _split_table(
+        [timed], "code", [64], ["b 64"]
+    )
     assert _split_table([{**row, "gap_split_ms": None}], "code", [64]) == []
 
 
 def test_report_renders_the_host_phases_per_step_period():
     from benchmarks.bench_vllm_report import _phase_table
 
-    row = {"method": "specdec", "dataset": "code", "batch_size": 64, "load": "sustained",
-           "host_phase_ms": {"period_ms": 14.0, "sched_ms": 2.0, "exec_ms": 6.5, "sample_ms": 1.25, "update_ms": 3.0}}
+    row = {
+        "method": "specdec",
+        "dataset": "code",
+        "batch_size": 64,
+        "load": "sustained",
+        "host_phase_ms": {"period_ms": 14.0, "sched_ms": 2.0, "exec_ms": 6.5, "sample_ms": 1.25, "update_ms": 3.0},
+    }
     lines = _phase_table([row], "code", [64], ["b 64"])
     assert lines[0].startswith("### code: host ms per step period")
     assert "| specdec | 2.00 + 6.50 + 1.25 + 3.00 = 12.75 of 14.00 |" in lines
@@ -625,7 +793,9 @@ def test_step_traces_move_to_a_gzip_file_beside_the_results_and_read_back(tmp_pa
     doc = {"summary": {"rows": [], "traces": json.loads(json.dumps(traces))}}
     path = tmp_path / "2026-11-23_h200_vllm_bench.json"
     save_step_traces(doc, path)
-    assert "traces" not in doc["summary"] and doc["summary"]["traces_file"] == "2026-11-23_h200_vllm_bench.traces.json.gz"
+    assert (
+        "traces" not in doc["summary"] and doc["summary"]["traces_file"] == "2026-11-23_h200_vllm_bench.traces.json.gz"
+    )
     path.write_text(json.dumps(doc))
     assert traces_path(path).is_file() and read_step_traces(path) == traces
     renamed = tmp_path / "run99_x.json"  # results copied under a new name, the traces file alike
@@ -681,8 +851,10 @@ def test_a_worker_cut_short_keeps_its_finished_cells(tmp_path):
     ref = [[1, 2, 3]]
     rows = summarise({"nospec": _run("nospec", {"8": _cell(100.0, ref)}), "specdec": cut}, {})["rows"]
     assert [r.get("engine_rc") for r in rows] == [None, 124]
-    lossless = {"nospec": _run("nospec", {"8": _cell(10.0, ref)}),  # cut short: no batch-16 cell
-                "specdec": _run("specdec", {"8": _cell(20.0, ref), "16": _cell(20.0, ref)})}
+    lossless = {
+        "nospec": _run("nospec", {"8": _cell(10.0, ref)}),  # cut short: no batch-16 cell
+        "specdec": _run("specdec", {"8": _cell(20.0, ref), "16": _cell(20.0, ref)}),
+    }
     checks = summarise({}, lossless)["lossless_fp32"]
     assert [c["batch_size"] for c in checks] == [8]
     out.write_text('{"datasets": {"code": {"8": ')  # a torn file (not expected: the worker renames) reads as None
@@ -701,8 +873,18 @@ def test_engine_process_flag_reaches_the_workers_and_the_settings_and_refuses_th
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps({"policy": "test", "datasets": {"code": {"warmup": [[1]], "bs8": [[1, 2]]}}}))
     cmds = _fake_workers(monkeypatch, lambda cmd, load: {"8": {**_cell(40.0, [[1]]), "load": "closed"}})
-    base = ["--prompts", str(prompts), "--methods", "nospec,specdec", "--datasets", "code", "--batch-sizes", "8",
-            "--raw-dir", str(tmp_path / "raw")]
+    base = [
+        "--prompts",
+        str(prompts),
+        "--methods",
+        "nospec,specdec",
+        "--datasets",
+        "code",
+        "--batch-sizes",
+        "8",
+        "--raw-dir",
+        str(tmp_path / "raw"),
+    ]
     bench_vllm.main(base + ["--engine-process", "--out-dir", str(tmp_path / "mp")])
     assert len(cmds) == 2 and all("--engine-process" in c for c in cmds)
     doc = json.loads(next((tmp_path / "mp").glob("*.json")).read_text())
@@ -729,8 +911,10 @@ def test_a_timed_out_worker_takes_its_whole_process_group_with_it(tmp_path):
     from benchmarks.bench_vllm import TIMEOUT_RC, run_worker
 
     pid_file = tmp_path / "child.pid"
-    script = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; "
-              f"time.sleep(60)']); open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(60)")
+    script = (
+        "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; "
+        f"time.sleep(60)']); open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(60)"
+    )
     t0 = time.perf_counter()
     assert run_worker([sys.executable, "-c", script], 3.0) == TIMEOUT_RC
     assert time.perf_counter() - t0 < 30

@@ -1,5 +1,6 @@
 """compile_warmup: vLLM's async spec-decode correction compiled ahead for every batch-size class, so no step
 recompiles it later (a recompile holds the host for a large share of a second while the GPU idles)."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -8,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 
+from specdec.vllm_plugin.core.feed import valid_counts
 from specdec.vllm_plugin.patches import compile_warmup
 from specdec.vllm_plugin.patches.compile_warmup import WARM_SHAPES, warm_batch_change
-from specdec.vllm_plugin.core.feed import valid_counts
 
 MAX_REQS = 64  # the fake runner's max_num_reqs (R)
 
@@ -23,10 +24,13 @@ def _buffer(dtype: torch.dtype) -> Any:
 def _runner(*, async_spec: bool = True) -> Any:
     """The runner fields vLLM's correction call reads, with vLLM 0.26's dtypes."""
     return SimpleNamespace(
-        use_async_spec_decode=async_spec, num_computed_tokens=torch.full((MAX_REQS,), 5, dtype=torch.int32),
-        num_accepted_tokens=_buffer(torch.int32), prev_positions=_buffer(torch.int64),
+        use_async_spec_decode=async_spec,
+        num_computed_tokens=torch.full((MAX_REQS,), 5, dtype=torch.int32),
+        num_accepted_tokens=_buffer(torch.int32),
+        prev_positions=_buffer(torch.int64),
         prev_num_draft_tokens=_buffer(torch.int32),
-        input_batch=SimpleNamespace(num_computed_tokens_cpu_tensor=torch.zeros(MAX_REQS, dtype=torch.int32)))
+        input_batch=SimpleNamespace(num_computed_tokens_cpu_tensor=torch.zeros(MAX_REQS, dtype=torch.int32)),
+    )
 
 
 def _real_call(fn: Any, n: int, m: int) -> None:
@@ -37,9 +41,14 @@ def _real_call(fn: Any, n: int, m: int) -> None:
     runner = _runner()
     runner.prev_positions.gpu.zero_()  # valid gathers (vLLM's values are row indices or -1)
     with torch.inference_mode():
-        fn(runner.num_computed_tokens, runner.num_accepted_tokens.gpu[:n], runner.prev_positions.gpu[:n],
-           valid_counts(torch.zeros((m, 3), dtype=torch.int64))[1], runner.prev_num_draft_tokens.gpu,
-           runner.input_batch.num_computed_tokens_cpu_tensor[:n].clone())
+        fn(
+            runner.num_computed_tokens,
+            runner.num_accepted_tokens.gpu[:n],
+            runner.prev_positions.gpu[:n],
+            valid_counts(torch.zeros((m, 3), dtype=torch.int64))[1],
+            runner.prev_num_draft_tokens.gpu,
+            runner.input_batch.num_computed_tokens_cpu_tensor[:n].clone(),
+        )
 
 
 def test_each_class_is_called_once_on_scratch_tensors_of_the_runners_dtypes():
@@ -52,7 +61,12 @@ def test_each_class_is_called_once_on_scratch_tensors_of_the_runners_dtypes():
         assert computed.shape == drafts.shape == (MAX_REQS,)
         assert len(positions) == len(host) == len(accepted)
         assert (computed.dtype, accepted.dtype, positions.dtype, drafts.dtype, host.dtype) == (
-            torch.int32, torch.int32, torch.int64, torch.int32, torch.int32)
+            torch.int32,
+            torch.int32,
+            torch.int64,
+            torch.int32,
+            torch.int32,
+        )
         assert valid.dtype == valid_counts(torch.zeros((2, 3), dtype=torch.int64))[1].dtype
         computed += 1  # scratch: the runner must not see this
 

@@ -2,6 +2,7 @@
 ``collective_rpc`` (``benchmarks.engine_timer``). The engine process is simulated: a fake ``LLM`` whose
 ``collective_rpc`` sends the callable through cloudpickle (as vLLM's serializer does) and runs it with a worker,
 against a timer the test installs as that process's own."""
+
 from __future__ import annotations
 
 import pickle
@@ -9,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
 from benchmarks import engine_timer
 from benchmarks.step_timer import StepTimer
 from benchmarks.step_trace import StepTrace
@@ -36,15 +38,25 @@ class FakeEngineProcess:
         self.timer.steps += 1
         self.timer.draft_s += 1e-3
         if self.timer.trace is not None:
-            self.timer.trace.step(SimpleNamespace(num_scheduled_tokens={r: 1 for r in self.running},
-                                                  total_num_scheduled_tokens=len(self.running)), self.timer.draft_s)
+            self.timer.trace.step(
+                SimpleNamespace(
+                    num_scheduled_tokens={r: 1 for r in self.running}, total_num_scheduled_tokens=len(self.running)
+                ),
+                self.timer.draft_s,
+            )
         self.on_steps.append(self.timer.gpu_on)
         self.clock[0] += STEP_S
         outs = []
         for rid, state in list(self.running.items()):
             state[0] -= 1
-            outs.append(SimpleNamespace(request_id=rid, finished=state[0] == 0, metrics=None,
-                                        outputs=[SimpleNamespace(token_ids=[t + 100 for t in state[1]])]))
+            outs.append(
+                SimpleNamespace(
+                    request_id=rid,
+                    finished=state[0] == 0,
+                    metrics=None,
+                    outputs=[SimpleNamespace(token_ids=[t + 100 for t in state[1]])],
+                )
+            )
             if state[0] == 0:
                 del self.running[rid]
         return outs

@@ -3,6 +3,7 @@
 The dispatcher tests run vLLM's own ``CudagraphDispatcher`` (every tested vLLM on the CPU in CI; skipped where vLLM is
 not importable) with our wrappers; the runner wrapper runs on a fake runner whose dispatch and capture record what
 vLLM's would do; the slot book and the drafting's padding need no vLLM."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,15 +13,15 @@ from typing import Any
 
 import pytest
 import torch
-from specdec.drafters.suffix import SuffixDrafter
 
-from specdec.vllm_plugin.patches import graphs
+from specdec.drafters.suffix import SuffixDrafter
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
+from specdec.vllm_plugin.core.slots import PLACEHOLDER, SlotBook
 from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
+from specdec.vllm_plugin.patches import graphs
 from specdec.vllm_plugin.patches.graph_stats import dispatcher_stats, graph_stats_of
 from specdec.vllm_plugin.patches.ragged_keys import PREFILL_TAG
-from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
-from specdec.vllm_plugin.core.slots import PLACEHOLDER, SlotBook
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vllm not importable (scripts/test.sh has vLLM)")
@@ -143,12 +144,23 @@ def test_narrow_step_drafts_every_row_to_the_width() -> None:
     widths = []
     for running in (2, 64):  # narrow, then not (64 >= 48)
         book.begin_schedule(running)
-        rows = SimpleNamespace(req_ids=["a", "b"], sampled=[[9], [9]], lengths=[33, 33],
-                               contexts=torch.tensor([prompt + [9], prompt + [9]]).numpy(),
-                               prompt_lens=[32, 32], fillers=[9, 9])
-        drafts = core.step(rows.req_ids, rows.sampled, rows.lengths, rows.contexts,
-                           num_prompt_tokens=rows.prompt_lens, k=book.width or None,
-                           pad=True if book.width else None)
+        rows = SimpleNamespace(
+            req_ids=["a", "b"],
+            sampled=[[9], [9]],
+            lengths=[33, 33],
+            contexts=torch.tensor([prompt + [9], prompt + [9]]).numpy(),
+            prompt_lens=[32, 32],
+            fillers=[9, 9],
+        )
+        drafts = core.step(
+            rows.req_ids,
+            rows.sampled,
+            rows.lengths,
+            rows.contexts,
+            num_prompt_tokens=rows.prompt_lens,
+            k=book.width or None,
+            pad=True if book.width else None,
+        )
         widths.append([len(d) for d in drafts])
         core.reset()
     assert widths[0] == [WIDTH, WIDTH]
@@ -157,9 +169,16 @@ def test_narrow_step_drafts_every_row_to_the_width() -> None:
 
 
 # ----------------------------------------------------------------- the dispatcher (vLLM's own class)
-def _dispatcher(monkeypatch: pytest.MonkeyPatch, width: int = WIDTH, *, ragged: bool = False,
-                mode: str = "FULL_AND_PIECEWISE", ours: bool = True, max_num_seqs: int = 64,
-                prefill: int = 0) -> Any:
+def _dispatcher(
+    monkeypatch: pytest.MonkeyPatch,
+    width: int = WIDTH,
+    *,
+    ragged: bool = False,
+    mode: str = "FULL_AND_PIECEWISE",
+    ours: bool = True,
+    max_num_seqs: int = 64,
+    prefill: int = 0,
+) -> Any:
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import BatchDescriptor
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
@@ -170,10 +189,15 @@ def _dispatcher(monkeypatch: pytest.MonkeyPatch, width: int = WIDTH, *, ragged: 
     # our engine with ragged_graphs on, and its ragged_prefill_tokens (-1: not ours, or ragged_graphs off)
     monkeypatch.setattr(graphs, "ragged_prefill_tokens", lambda config: prefill if ours else -1)
     d = cls.__new__(cls)  # vLLM's __init__ needs a whole VllmConfig; set what the key and dispatch code read
-    cc = SimpleNamespace(cudagraph_capture_sizes=list(CAPTURE_SIZES), max_cudagraph_capture_size=CAPTURE_SIZES[-1],
-                         compile_sizes=[], cudagraph_specialize_lora=False)
-    d.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs), lora_config=None,
-                                    num_speculative_tokens=K)
+    cc = SimpleNamespace(
+        cudagraph_capture_sizes=list(CAPTURE_SIZES),
+        max_cudagraph_capture_size=CAPTURE_SIZES[-1],
+        compile_sizes=[],
+        cudagraph_specialize_lora=False,
+    )
+    d.vllm_config = SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs), lora_config=None, num_speculative_tokens=K
+    )
     d.compilation_config = cc
     d.uniform_decode_query_len = K + 1
     d.cudagraph_keys = {CUDAGraphMode.PIECEWISE: set(), CUDAGraphMode.FULL: set()}
@@ -220,7 +244,9 @@ def test_two_widths_get_their_own_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     for q in (5, WIDTH + 1):
         setattr(d, graphs.NARROW_Q, q)
         assert d.dispatch(num_tokens=q * 20, uniform_decode=True) == (
-            modes.FULL, desc(num_tokens=q * 24, num_reqs=24, uniform=True))
+            modes.FULL,
+            desc(num_tokens=q * 24, num_reqs=24, uniform=True),
+        )
 
 
 @needs_vllm
@@ -240,9 +266,15 @@ class FakeRunner:
         self.uniform_decode_query_len = K + 1
         self.calls: list[tuple[Any, Any]] = []
 
-    def _determine_batch_execution_and_padding(self, num_tokens: int, num_reqs: int, num_scheduled_tokens_np: Any,
-                                               max_num_scheduled_tokens: int, use_cascade_attn: bool,
-                                               force_uniform_decode: bool | None = None) -> tuple[Any, Any]:
+    def _determine_batch_execution_and_padding(
+        self,
+        num_tokens: int,
+        num_reqs: int,
+        num_scheduled_tokens_np: Any,
+        max_num_scheduled_tokens: int,
+        use_cascade_attn: bool,
+        force_uniform_decode: bool | None = None,
+    ) -> tuple[Any, Any]:
         q = getattr(self.cudagraph_dispatcher, graphs.NARROW_Q)
         self.calls.append((force_uniform_decode, q))
         return force_uniform_decode, q
@@ -260,13 +292,24 @@ def _runner() -> FakeRunner:
 def test_runner_dispatches_a_narrow_batch_as_uniform() -> None:
     r = _runner()
     q = WIDTH + 1
-    assert r._determine_batch_execution_and_padding(num_tokens=q * 3, num_reqs=3, num_scheduled_tokens_np=None,
-                                                    max_num_scheduled_tokens=q, use_cascade_attn=False) == (True, q)
+    assert r._determine_batch_execution_and_padding(
+        num_tokens=q * 3, num_reqs=3, num_scheduled_tokens_np=None, max_num_scheduled_tokens=q, use_cascade_attn=False
+    ) == (True, q)
     assert getattr(r.cudagraph_dispatcher, graphs.NARROW_Q) is None  # reset after the call
-    mixed = r._determine_batch_execution_and_padding(num_tokens=q * 3 - 1, num_reqs=3, num_scheduled_tokens_np=None,
-                                                     max_num_scheduled_tokens=q, use_cascade_attn=False)
-    wide = r._determine_batch_execution_and_padding(num_tokens=(K + 1) * 3, num_reqs=3, num_scheduled_tokens_np=None,
-                                                    max_num_scheduled_tokens=K + 1, use_cascade_attn=False)
+    mixed = r._determine_batch_execution_and_padding(
+        num_tokens=q * 3 - 1,
+        num_reqs=3,
+        num_scheduled_tokens_np=None,
+        max_num_scheduled_tokens=q,
+        use_cascade_attn=False,
+    )
+    wide = r._determine_batch_execution_and_padding(
+        num_tokens=(K + 1) * 3,
+        num_reqs=3,
+        num_scheduled_tokens_np=None,
+        max_num_scheduled_tokens=K + 1,
+        use_cascade_attn=False,
+    )
     capture = r._determine_batch_execution_and_padding(q * 3, 3, None, q, False, force_uniform_decode=False)
     assert (mixed, wide, capture) == ((None, None), (None, None), (False, None))  # all left to vLLM
 
@@ -288,8 +331,9 @@ def test_ragged_keys_one_per_capture_size_for_the_most_requests(monkeypatch: pyt
     full = d.cudagraph_keys[modes.FULL]
     ragged = {k for k in full if not k.uniform}
     assert ragged == {desc(num_tokens=t, num_reqs=64, uniform=False) for t in RAGGED_SIZES}
-    assert all(k.num_tokens == (K + 1) * k.num_reqs or k.num_tokens == (WIDTH + 1) * k.num_reqs
-               for k in full - ragged)  # vLLM's uniform keys and the narrow ones, untouched
+    assert all(
+        k.num_tokens == (K + 1) * k.num_reqs or k.num_tokens == (WIDTH + 1) * k.num_reqs for k in full - ragged
+    )  # vLLM's uniform keys and the narrow ones, untouched
     assert getattr(d, graphs.RAGGED_KEYS) == (K + 1, 64, RAGGED_SIZES)
     assert ragged <= set(dict(d.get_capture_descs())[modes.FULL])  # vLLM's capture loop gets them
 
@@ -314,8 +358,9 @@ def test_prefill_carrying_family_keys_rules_and_dispatch(monkeypatch: pytest.Mon
     d, modes, desc = _dispatcher(monkeypatch, ragged=True, prefill=PREFILL)
     full = d.cudagraph_keys[modes.FULL]
     tagged = {k for k in full if k.num_active_loras == PREFILL_TAG}
-    assert tagged == {desc(num_tokens=t, num_reqs=64, uniform=False, num_active_loras=PREFILL_TAG)
-                      for t in RAGGED_SIZES}
+    assert tagged == {
+        desc(num_tokens=t, num_reqs=64, uniform=False, num_active_loras=PREFILL_TAG) for t in RAGGED_SIZES
+    }
     assert getattr(d, graphs.RAGGED_PREFILL) == (PREFILL, 64, RAGGED_SIZES)
     assert {k for k in full if not k.uniform} - tagged == {desc(num_tokens=t, num_reqs=64) for t in RAGGED_SIZES}
     assert graphs.ragged_key(d, num_tokens=200, num_reqs=30, max_query_len=K + 1) == (272, 64, K + 1)  # decoding
@@ -391,16 +436,27 @@ class FakeRaggedRunner:
     attention metadata's max query length, the backends' support handed to the key setup."""
 
     def __init__(self) -> None:
-        self.cudagraph_dispatcher = SimpleNamespace(**{graphs.NARROW_KEYS: {}, graphs.NARROW_Q: None,
-                                                       graphs.RAGGED_KEYS: (K + 1, 64, CAPTURE_SIZES),
-                                                       graphs.RAGGED_PREFILL: (PREFILL, 64, CAPTURE_SIZES)})
+        self.cudagraph_dispatcher = SimpleNamespace(
+            **{
+                graphs.NARROW_KEYS: {},
+                graphs.NARROW_Q: None,
+                graphs.RAGGED_KEYS: (K + 1, 64, CAPTURE_SIZES),
+                graphs.RAGGED_PREFILL: (PREFILL, 64, CAPTURE_SIZES),
+            }
+        )
         self.uniform_decode_query_len = K + 1
         self.vllm_config = None
         self.seen: list[Any] = []
 
-    def _determine_batch_execution_and_padding(self, num_tokens: int, num_reqs: int, num_scheduled_tokens_np: Any,
-                                               max_num_scheduled_tokens: int, use_cascade_attn: bool,
-                                               force_uniform_decode: bool | None = None) -> Any:
+    def _determine_batch_execution_and_padding(
+        self,
+        num_tokens: int,
+        num_reqs: int,
+        num_scheduled_tokens_np: Any,
+        max_num_scheduled_tokens: int,
+        use_cascade_attn: bool,
+        force_uniform_decode: bool | None = None,
+    ) -> Any:
         key = getattr(self.cudagraph_dispatcher, graphs.RAGGED_DESC, None)
         if key is not None and not use_cascade_attn:  # what the wrapped dispatcher does with it
             setattr(self.cudagraph_dispatcher, graphs.RAGGED_HIT, key[2])
@@ -426,21 +482,23 @@ def _ragged_runner() -> FakeRaggedRunner:
 
 def test_runner_dispatches_a_ragged_batch_and_states_the_captured_query_length() -> None:
     r = _ragged_runner()
-    assert r._determine_batch_execution_and_padding(200, 30, None, max_num_scheduled_tokens=9,
-                                                    use_cascade_attn=False) == (272, 64, K + 1)
+    assert r._determine_batch_execution_and_padding(
+        200, 30, None, max_num_scheduled_tokens=9, use_cascade_attn=False
+    ) == (272, 64, K + 1)
     assert getattr(r.cudagraph_dispatcher, graphs.RAGGED_DESC) is None  # reset after the call
     assert r._build_attention_metadata(num_tokens=200, num_reqs=30, max_query_len=9) == K + 1
-    cascade = r._determine_batch_execution_and_padding(200, 30, None, max_num_scheduled_tokens=9,
-                                                       use_cascade_attn=True)
+    cascade = r._determine_batch_execution_and_padding(200, 30, None, max_num_scheduled_tokens=9, use_cascade_attn=True)
     assert cascade == (272, 64, K + 1)
     assert r._build_attention_metadata(num_tokens=200, num_reqs=30, max_query_len=9) == 9
     # a prompt chunk of 120 tokens beside decoding requests: the prefill-carrying family, max query length P
-    chunk = r._determine_batch_execution_and_padding(600, 40, None, max_num_scheduled_tokens=120,
-                                                     use_cascade_attn=False)
+    chunk = r._determine_batch_execution_and_padding(
+        600, 40, None, max_num_scheduled_tokens=120, use_cascade_attn=False
+    )
     assert chunk == (17 * 48, 64, PREFILL)
     assert r._build_attention_metadata(num_tokens=600, num_reqs=40, max_query_len=120) == PREFILL
-    prompt = r._determine_batch_execution_and_padding(600, 3, None, max_num_scheduled_tokens=500,
-                                                      use_cascade_attn=False)
+    prompt = r._determine_batch_execution_and_padding(
+        600, 3, None, max_num_scheduled_tokens=500, use_cascade_attn=False
+    )
     assert prompt is None and r._build_attention_metadata(num_tokens=600, num_reqs=3, max_query_len=500) == 500
 
 
@@ -489,9 +547,11 @@ def test_a_proposer_reports_its_own_engines_graph_counts() -> None:
     from specdec.vllm_plugin.proposer import SpecdecProposer
 
     def config() -> SimpleNamespace:
-        return SimpleNamespace(additional_config={"specdec": {"draft_timeout_ms": 0}},
-                               speculative_config=SimpleNamespace(num_speculative_tokens=K),
-                               model_config=SimpleNamespace(max_model_len=512))
+        return SimpleNamespace(
+            additional_config={"specdec": {"draft_timeout_ms": 0}},
+            speculative_config=SimpleNamespace(num_speculative_tokens=K),
+            model_config=SimpleNamespace(max_model_len=512),
+        )
 
     ours, other = config(), config()
     graph_stats_of(ours).ragged_keys = graph_stats_of(ours).ragged_full = 3  # what its dispatcher counted
@@ -516,8 +576,11 @@ class OldDesc:
 
 def test_descriptors_without_the_lora_count_get_the_decoding_family_only() -> None:
     cc = SimpleNamespace(cudagraph_capture_sizes=list(CAPTURE_SIZES), max_cudagraph_capture_size=CAPTURE_SIZES[-1])
-    d = SimpleNamespace(compilation_config=cc, cudagraph_keys={"FULL": set()},
-                        vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=64)))
+    d = SimpleNamespace(
+        compilation_config=cc,
+        cudagraph_keys={"FULL": set()},
+        vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=64)),
+    )
     assert graphs.add_ragged_keys(d, K + 1, full_mode="FULL", descriptor=OldDesc, ceiling=10**6) == len(CAPTURE_SIZES)
     assert OldDesc(num_tokens=17, num_reqs=64) in d.cudagraph_keys["FULL"]
     assert not graphs.has_field(OldDesc, "num_active_loras") and graphs.has_field(Desc, "num_active_loras")
@@ -535,8 +598,9 @@ def test_ragged_graphs_need_full_support_from_every_attention_backend() -> None:
     group = SimpleNamespace(kv_cache_spec=None)
     r = _ragged_runner()
     assert r._check_and_update_cudagraph_mode([[backend("ALWAYS")]], [group]) is True
-    assert r._check_and_update_cudagraph_mode([[backend("ALWAYS")], [backend("UNIFORM_BATCH")]],
-                                              [group, group]) is False
+    assert (
+        r._check_and_update_cudagraph_mode([[backend("ALWAYS")], [backend("UNIFORM_BATCH")]], [group, group]) is False
+    )
 
 
 def test_high_mat_steps_take_per_request_slots_once_ragged_graphs_exist() -> None:

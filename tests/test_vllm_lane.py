@@ -6,6 +6,7 @@ suffix drafter hits and misses), rows move between steps, requests finish and ne
 partial prefills (no new tokens), one context jumps (resync), and a fake clock makes the adaptive controller's
 cost model and A/B windows act. Every step's drafts must be equal, and so must the statistics.
 """
+
 from __future__ import annotations
 
 import random
@@ -24,8 +25,18 @@ pytestmark = pytest.mark.skipif(not native_available(), reason="native suffix co
 
 MAX_LEN = 2048
 MAX_ROWS = 16
-STAT_KEYS = ("steps", "rows", "drafted_tokens", "accepted_tokens", "emitted_tokens", "resyncs", "started", "stopped",
-             "plain_steps", "timeouts")
+STAT_KEYS = (
+    "steps",
+    "rows",
+    "drafted_tokens",
+    "accepted_tokens",
+    "emitted_tokens",
+    "resyncs",
+    "started",
+    "stopped",
+    "plain_steps",
+    "timeouts",
+)
 
 
 class FakeClock:
@@ -78,7 +89,7 @@ class FakeEngine:
                         break
             verified += 1 + len(drafts.get(rid, []))
             sampled.append(out)
-            self.tokens[row, :len(r["seq"])] = r["seq"]
+            self.tokens[row, : len(r["seq"])] = r["seq"]
             lengths[row], prompts[row] = len(r["seq"]), r["prompt"]
         self.clock.t += 1e-3 + 20e-6 * verified
         results = [core.step(order, sampled, lengths, self.tokens, num_prompt_tokens=prompts) for core in cores]
@@ -98,19 +109,29 @@ def twins(clock: FakeClock | None = None, **opts) -> list[ProposerCore]:
     cores = []
     for native in (False, True):
         options = SpecdecOptions.from_dict({"num_speculative_tokens": 8, "native_step": native, **opts})
-        cores.append(ProposerCore(SuffixDrafter(backend="native"), options, max_model_len=MAX_LEN,
-                                  target_params=5e7, clock=clock or FakeClock()))
+        cores.append(
+            ProposerCore(
+                SuffixDrafter(backend="native"),
+                options,
+                max_model_len=MAX_LEN,
+                target_params=5e7,
+                clock=clock or FakeClock(),
+            )
+        )
     return cores
 
 
-@pytest.mark.parametrize("opts", [
-    {},  # adaptive, pad auto, deadline auto
-    {"pad_drafts": "on"},
-    {"adaptive": False, "min_path_prob": 0.3},
-    {"min_path_prob_per_seq": 0.02, "min_acceptance": 0.6},
-    {"lane_threads": 3},  # the engine thread and two helpers draft the rows of each step
-    {"lane_threads": 4, "pad_drafts": "on", "min_path_prob": 0.2},
-])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},  # adaptive, pad auto, deadline auto
+        {"pad_drafts": "on"},
+        {"adaptive": False, "min_path_prob": 0.3},
+        {"min_path_prob_per_seq": 0.02, "min_acceptance": 0.6},
+        {"lane_threads": 3},  # the engine thread and two helpers draft the rows of each step
+        {"lane_threads": 4, "pad_drafts": "on", "min_path_prob": 0.2},
+    ],
+)
 def test_lane_drafts_and_stats_equal_the_python_path(opts):
     eng = FakeEngine(seed=1)
     cores = twins(eng.clock, **opts)
@@ -122,7 +143,7 @@ def test_lane_drafts_and_stats_equal_the_python_path(opts):
         eng.churn(step)
         if step == 50:  # a context jump (preemption + recompute): both must resync the request
             rid = next(iter(eng.reqs))
-            eng.reqs[rid]["seq"] += eng.reqs[rid]["target"][len(eng.reqs[rid]["seq"]):][:5]
+            eng.reqs[rid]["seq"] += eng.reqs[rid]["target"][len(eng.reqs[rid]["seq"]) :][:5]
         drafts = eng.step(cores, drafts)
     a, b = (c.stats_dict() for c in cores)
     for key in STAT_KEYS:
@@ -142,19 +163,19 @@ def through_the_matrix(core: ProposerCore) -> None:
         new = [len(s) for s in sampled]
         matrix = np.full((n, max(new, default=0) + 2), -1, np.int32)  # [rows, w]
         for i, s in enumerate(sampled):
-            matrix[i, :len(s)] = s
+            matrix[i, : len(s)] = s
         known = [int(lengths[i]) - new[i] for i in range(n)]
         fillers = [int(tokens[i, known[i] - 1]) for i in range(n)]
         out = np.full((n, core.k), -7, np.int32)  # [rows, k]
 
         def context(i: int) -> tuple[list[int], int]:
-            return tokens[i, :int(lengths[i])].tolist(), int(num_prompt_tokens[i])
+            return tokens[i, : int(lengths[i])].tolist(), int(num_prompt_tokens[i])
 
         lens = core.step_tokens(order, matrix, new, known, fillers, out, context=context)
         assert lens is not None and len(lens) == n
         for i in range(n):
-            assert (out[i, lens[i]:] == (sampled[i][-1] if sampled[i] else fillers[i])).all()
-        return [out[i, :lens[i]].tolist() for i in range(n)]
+            assert (out[i, lens[i] :] == (sampled[i][-1] if sampled[i] else fillers[i])).all()
+        return [out[i, : lens[i]].tolist() for i in range(n)]
 
     core.step = step  # type: ignore[method-assign]
 
@@ -174,7 +195,7 @@ def test_the_token_matrix_step_equals_the_lane_and_python_paths(opts):
         eng.churn(step)
         if step == 50:  # a context jump: every path resyncs the request
             rid = next(iter(eng.reqs))
-            eng.reqs[rid]["seq"] += eng.reqs[rid]["target"][len(eng.reqs[rid]["seq"]):][:5]
+            eng.reqs[rid]["seq"] += eng.reqs[rid]["target"][len(eng.reqs[rid]["seq"]) :][:5]
         if step == 90:
             for core in cores:
                 core.force_resync(next(iter(eng.reqs)))
@@ -188,8 +209,16 @@ def test_the_token_matrix_step_equals_the_lane_and_python_paths(opts):
 def test_the_token_matrix_step_names_a_wrong_buffer():
     lane = lane_core(FakeClock()).lane
     assert lane is not None
-    decisions = {"k": 4, "max_model_len": MAX_LEN, "spec": True, "pad": False, "adaptive": False,
-                 "min_acceptance": 0.0, "floor": 0.1, "value": 0.0}
+    decisions = {
+        "k": 4,
+        "max_model_len": MAX_LEN,
+        "spec": True,
+        "pad": False,
+        "adaptive": False,
+        "min_acceptance": 0.0,
+        "floor": 0.1,
+        "value": 0.0,
+    }
     tokens, out = np.full((1, 3), -1, np.int32), np.zeros((1, 4), np.int32)
     with pytest.raises(ValueError, match="tokens must be a 2-D int32 array"):
         lane.lane_step_tokens(["a"], tokens.astype(np.int64), [5], [1], out, **decisions)
@@ -267,7 +296,7 @@ def test_lane_overruns_drop_their_steps_and_the_third_hands_over_to_the_python_p
             seq = eng.reqs[rid]["seq"]
             if step:
                 seq.append(eng.reqs[rid]["target"][len(seq)])
-            eng.tokens[row, :len(seq)] = seq
+            eng.tokens[row, : len(seq)] = seq
             sampled.append([seq[-1]])
         lengths = np.array([len(eng.reqs[r]["seq"]) for r in order] + [0] * (MAX_ROWS - len(order)), np.int32)
         out = lane_core.step(order, sampled, lengths, eng.tokens)
@@ -300,5 +329,4 @@ def test_force_resync_and_reset_restart_requests_from_their_context():
 
 def lane_core(clock: FakeClock, **opts) -> ProposerCore:
     options = SpecdecOptions.from_dict({"num_speculative_tokens": 8, **opts})
-    return ProposerCore(SuffixDrafter(backend="native"), options, max_model_len=MAX_LEN, target_params=5e7,
-                        clock=clock)
+    return ProposerCore(SuffixDrafter(backend="native"), options, max_model_len=MAX_LEN, target_params=5e7, clock=clock)

@@ -1,5 +1,6 @@
 """The patch table (``specdec.vllm_plugin.patches.table``): every row's fallback, whole features, the start-up line,
 a vLLM outside the tested span; and the plugin's import graph (no cycles, every module importable alone)."""
+
 from __future__ import annotations
 
 import ast
@@ -90,7 +91,9 @@ def test_outside_the_tested_span_only_the_method_rewrite_applies(monkeypatch):
     resolver = lambda t: EngineArgs if t == table.ENGINE_ARGS else runner  # noqa: E731
     report = apply_patches("all", version="0.40.0", resolver=resolver)
     assert report.rows["speculative config"] == ""
-    assert all("outside the tested versions" in why for name, why in report.rows.items() if name != "speculative config")
+    assert all(
+        "outside the tested versions" in why for name, why in report.rows.items() if name != "speculative config"
+    )
     assert "propose_draft_token_ids" not in vars(runner)  # plain custom_class: the runner is left alone
     assert report.on("method='specdec'") and not report.on("schedule")
     monkeypatch.setattr(table, "vllm_version", lambda: "0.40.0")
@@ -99,8 +102,10 @@ def test_outside_the_tested_span_only_the_method_rewrite_applies(monkeypatch):
 
 def test_the_start_up_line_names_the_features_and_why_they_are_off():
     report = PatchReport("0.26.0", {"request ids": "", "narrow graphs": "CudagraphDispatcher.dispatch is not the one"})
-    assert report.line() == ("specdec: 1/2 vLLM patches applied (vLLM 0.26.0); features on: request ids; off: "
-                             "narrow graphs (narrow graphs: CudagraphDispatcher.dispatch is not the one)")
+    assert report.line() == (
+        "specdec: 1/2 vLLM patches applied (vLLM 0.26.0); features on: request ids; off: "
+        "narrow graphs (narrow graphs: CudagraphDispatcher.dispatch is not the one)"
+    )
 
 
 def test_the_proposer_logs_the_whole_tables_line_once(monkeypatch):
@@ -111,17 +116,22 @@ def test_the_proposer_logs_the_whole_tables_line_once(monkeypatch):
     report = PatchReport(TESTED, {r.name: "" for r in TABLE})
     stages, lines = [], []
     monkeypatch.setattr(proposer_module, "apply_patches", lambda stage: stages.append(stage) or report)
-    monkeypatch.setattr(proposer_module, "logger", SimpleNamespace(info=lambda *a: lines.append(a[0] % a[1:]),
-                                                                   warning=lambda *a: None))
-    cfg = SimpleNamespace(additional_config={"specdec": {"draft_timeout_ms": 0}},
-                          speculative_config=SimpleNamespace(num_speculative_tokens=4),
-                          model_config=SimpleNamespace(max_model_len=64))
+    monkeypatch.setattr(
+        proposer_module, "logger", SimpleNamespace(info=lambda *a: lines.append(a[0] % a[1:]), warning=lambda *a: None)
+    )
+    cfg = SimpleNamespace(
+        additional_config={"specdec": {"draft_timeout_ms": 0}},
+        speculative_config=SimpleNamespace(num_speculative_tokens=4),
+        model_config=SimpleNamespace(max_model_len=64),
+    )
     prop = proposer_module.SpecdecProposer(cfg)
     prop.close()
     table_lines = [line for line in lines if "vLLM patches applied" in line]
     assert stages == ["all"] and table_lines == [report.line()]
-    assert report.line().startswith(f"specdec: {len(TABLE)}/{len(TABLE)} vLLM patches applied (vLLM {TESTED}); "
-                                    "features on: method='specdec', schedule, ")
+    assert report.line().startswith(
+        f"specdec: {len(TABLE)}/{len(TABLE)} vLLM patches applied (vLLM {TESTED}); "
+        "features on: method='specdec', schedule, "
+    )
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable (scripts/test.sh has vLLM)")
@@ -134,8 +144,9 @@ def test_every_row_fits_the_installed_vllm(row):
 
 def _modules() -> list[str]:
     root = PLUGIN.parents[1]
-    return sorted(".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
-                  for p in PLUGIN.rglob("*.py"))
+    return sorted(
+        ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__") for p in PLUGIN.rglob("*.py")
+    )
 
 
 def _imports(module: str) -> set[str]:
@@ -165,7 +176,7 @@ def test_the_plugin_has_no_import_cycle():
         state[m] = 1
         for n in graph[m]:
             if state.get(n) == 1:
-                raise AssertionError(" -> ".join(path[path.index(n):] + [n]) if n in path else f"{m} -> {n}")
+                raise AssertionError(" -> ".join(path[path.index(n) :] + [n]) if n in path else f"{m} -> {n}")
             if n not in state:
                 visit(n, path + [n])
         state[m] = 2

@@ -1,5 +1,6 @@
 """CPU tests of the plugin's config rewrite and option validation (vLLM-free), plus the real vLLM hooks when
 vLLM is importable (scripts/test.sh runs them against each vLLM in specdec/vllm_plugin/versions.py)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -10,32 +11,46 @@ import pytest
 from specdec.config import ConfigError
 from specdec.vllm_plugin.entry import register as plugin
 from specdec.vllm_plugin.entry import rewrite
+from specdec.vllm_plugin.entry.options import (
+    ADDITIONAL_CONFIG_KEY,
+    PROPOSER_PATH,
+    SpecdecOptions,
+    options_from_vllm_config,
+    split_speculative_config,
+)
 from specdec.vllm_plugin.patches import runner as runner_patches
 from specdec.vllm_plugin.patches.table import PatchReport
-from specdec.vllm_plugin.entry.options import (
-    ADDITIONAL_CONFIG_KEY, PROPOSER_PATH, SpecdecOptions, options_from_vllm_config, split_speculative_config,
-)
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 def test_split_rewrites_to_custom_class_and_keeps_our_options():
-    theirs, opts = split_speculative_config({"method": "specdec", "drafter": ["suffix", "model"],
-                                             "num_speculative_tokens": 12, "draft-timeout-ms": 7, "async": True})
+    theirs, opts = split_speculative_config(
+        {
+            "method": "specdec",
+            "drafter": ["suffix", "model"],
+            "num_speculative_tokens": 12,
+            "draft-timeout-ms": 7,
+            "async": True,
+        }
+    )
     assert theirs == {"method": "custom_class", "model": PROPOSER_PATH, "num_speculative_tokens": 12}
     assert opts.drafter == ["suffix", "model"] and opts.draft_timeout_ms == 7.0 and opts.async_drafting
     assert opts.num_speculative_tokens == 12
 
 
-@pytest.mark.parametrize("bad, needle", [
-    ({"draft_timeout": 5}, "'draft_timeout'"),
-    ({"draft_timeout_ms": -1}, "draft_timeout_ms=-1"),
-    ({"num_speculative_tokens": 500}, "num_speculative_tokens=500"),
-    ({"draft_slots": "some"}, "draft_slots='some'"),
-    ({"deadline_mode": "thread"}, "'deadline_mode'"),  # an internal setting, not a user option
-    ({"model": "meta/llama"}, "draft_model"),
-    ({"drafter": 3}, "drafter=3"),
-])
+@pytest.mark.parametrize(
+    "bad, needle",
+    [
+        ({"draft_timeout": 5}, "'draft_timeout'"),
+        ({"draft_timeout_ms": -1}, "draft_timeout_ms=-1"),
+        ({"num_speculative_tokens": 500}, "num_speculative_tokens=500"),
+        ({"draft_slots": "some"}, "draft_slots='some'"),
+        ({"deadline_mode": "thread"}, "'deadline_mode'"),  # an internal setting, not a user option
+        ({"model": "meta/llama"}, "draft_model"),
+        ({"drafter": 3}, "drafter=3"),
+    ],
+)
 def test_bad_options_name_the_key_and_the_fix(bad, needle):
     with pytest.raises(ConfigError) as err:
         split_speculative_config({"method": "specdec", **bad})
@@ -45,29 +60,38 @@ def test_bad_options_name_the_key_and_the_fix(bad, needle):
 
 
 def test_rewrite_engine_args_in_place_and_leaves_other_methods_alone():
-    ea = SimpleNamespace(speculative_config={"method": "specdec", "drafter": "ngram", "num_speculative_tokens": 4},
-                         additional_config=None)
+    ea = SimpleNamespace(
+        speculative_config={"method": "specdec", "drafter": "ngram", "num_speculative_tokens": 4},
+        additional_config=None,
+    )
     assert rewrite.rewrite_engine_args(ea)
     assert ea.speculative_config["method"] == "custom_class"
     assert ea.additional_config[ADDITIONAL_CONFIG_KEY]["drafter"] == "ngram"
     # what the proposer reads back inside vLLM
-    cfg = SimpleNamespace(additional_config=ea.additional_config,
-                          speculative_config=SimpleNamespace(num_speculative_tokens=4))
+    cfg = SimpleNamespace(
+        additional_config=ea.additional_config, speculative_config=SimpleNamespace(num_speculative_tokens=4)
+    )
     assert options_from_vllm_config(cfg).drafter == "ngram"
-    other = SimpleNamespace(speculative_config={"method": "ngram", "num_speculative_tokens": 3},
-                            additional_config=None)
+    other = SimpleNamespace(speculative_config={"method": "ngram", "num_speculative_tokens": 3}, additional_config=None)
     assert not rewrite.rewrite_engine_args(other)
     assert other.speculative_config["method"] == "ngram" and other.additional_config is None
-    clash = SimpleNamespace(speculative_config={"method": "specdec"},
-                            additional_config={"specdec": {"drafter": "model"}})
+    clash = SimpleNamespace(
+        speculative_config={"method": "specdec"}, additional_config={"specdec": {"drafter": "model"}}
+    )
     with pytest.raises(ConfigError, match="one place only"):
         rewrite.rewrite_engine_args(clash)
 
 
 def _args(**kw):
-    base = dict(speculative_config={"method": "specdec", "num_speculative_tokens": 16}, additional_config=None,
-                enforce_eager=False, max_num_seqs=64, max_cudagraph_capture_size=None, cudagraph_capture_sizes=None,
-                compilation_config=SimpleNamespace(max_cudagraph_capture_size=None, cudagraph_capture_sizes=None))
+    base = dict(
+        speculative_config={"method": "specdec", "num_speculative_tokens": 16},
+        additional_config=None,
+        enforce_eager=False,
+        max_num_seqs=64,
+        max_cudagraph_capture_size=None,
+        cudagraph_capture_sizes=None,
+        compilation_config=SimpleNamespace(max_cudagraph_capture_size=None, cudagraph_capture_sizes=None),
+    )
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -84,9 +108,12 @@ def test_rewrite_raises_the_cudagraph_capture_limit_unless_the_user_set_one():
     small = _args(max_num_seqs=8)  # 8 x 17 = 136: vLLM's default (512) already covers it
     rewrite.rewrite_engine_args(small)
     assert small.max_cudagraph_capture_size is None
-    for user in (_args(max_cudagraph_capture_size=256), _args(enforce_eager=True),
-                 _args(compilation_config={"cudagraph_capture_sizes": [1, 2, 4]}),
-                 _args(speculative_config={"method": "specdec", "cudagraph_max_tokens": 0})):
+    for user in (
+        _args(max_cudagraph_capture_size=256),
+        _args(enforce_eager=True),
+        _args(compilation_config={"cudagraph_capture_sizes": [1, 2, 4]}),
+        _args(speculative_config={"method": "specdec", "cudagraph_max_tokens": 0}),
+    ):
         before = user.max_cudagraph_capture_size
         rewrite.rewrite_engine_args(user)
         assert user.max_cudagraph_capture_size == before
@@ -136,9 +163,11 @@ def test_runner_patch_binds_the_input_batch_before_propose():
         def propose_draft_token_ids(self, scheduler_output, sampled, *rest):
             return self.drafter._input_batch
 
-    cfg = SimpleNamespace(additional_config={"specdec": {"draft_timeout_ms": 0}},
-                          speculative_config=SimpleNamespace(num_speculative_tokens=2),
-                          model_config=SimpleNamespace(max_model_len=32))
+    cfg = SimpleNamespace(
+        additional_config={"specdec": {"draft_timeout_ms": 0}},
+        speculative_config=SimpleNamespace(num_speculative_tokens=2),
+        model_config=SimpleNamespace(max_model_len=32),
+    )
     from test_vllm_proposer import OracleDrafter
 
     prop = SpecdecProposer(cfg, drafter=OracleDrafter(), patch_runner=False)
@@ -177,11 +206,16 @@ def test_thread_mode_defers_drafts_to_take_draft_token_ids():
         def take_draft_token_ids(self):
             return self._get_draft_token_ids_cpu()
 
-    cfg = SimpleNamespace(additional_config={"specdec": {"async": True, "async_mode": "thread", "adaptive": False,
-                                                         "draft_timeout_ms": 0}},
-                          speculative_config=SimpleNamespace(num_speculative_tokens=3),
-                          model_config=SimpleNamespace(max_model_len=64))
-    prop = SpecdecProposer(cfg, patch_runner=False, patches=PatchReport("test", {"thread collect": "", "thread prepare": ""}))
+    cfg = SimpleNamespace(
+        additional_config={
+            "specdec": {"async": True, "async_mode": "thread", "adaptive": False, "draft_timeout_ms": 0}
+        },
+        speculative_config=SimpleNamespace(num_speculative_tokens=3),
+        model_config=SimpleNamespace(max_model_len=64),
+    )
+    prop = SpecdecProposer(
+        cfg, patch_runner=False, patches=PatchReport("test", {"thread collect": "", "thread prepare": ""})
+    )
     assert prop.threaded and prop.patches.on("thread hand-off")
     assert runner_patches.patch_bind(FakeRunner) and runner_patches.patch_take(FakeRunner)
     runner = FakeRunner(prop)
@@ -211,16 +245,24 @@ def test_real_engine_args_rewrite_builds_a_custom_class_speculative_config():
     plugin.register()
     plugin.register()  # idempotent
     assert getattr(EngineArgs.create_speculative_config, "_specdec_wrapped", False)
-    ea = EngineArgs(model="unused", speculative_config={"method": "specdec", "drafter": "suffix",
-                                                         "num_speculative_tokens": 6, "draft_timeout_ms": 9})
+    ea = EngineArgs(
+        model="unused",
+        speculative_config={
+            "method": "specdec",
+            "drafter": "suffix",
+            "num_speculative_tokens": 6,
+            "draft_timeout_ms": 9,
+        },
+    )
     rewrite.rewrite_engine_args(ea)
     assert ea.speculative_config["model"] == PROPOSER_PATH
     assert ea.additional_config["specdec"]["draft_timeout_ms"] == 9.0
     from vllm.config import CUDAGraphMode
 
     assert ea.compilation_config.cudagraph_mode is None  # vLLM's default stays
-    full = EngineArgs(model="unused", speculative_config={"method": "specdec"},
-                      compilation_config={"cudagraph_mode": "FULL"})
+    full = EngineArgs(
+        model="unused", speculative_config={"method": "specdec"}, compilation_config={"cudagraph_mode": "FULL"}
+    )
     rewrite.rewrite_engine_args(full)
     assert full.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE
     from vllm.config import SpeculativeConfig
@@ -231,10 +273,10 @@ def test_real_engine_args_rewrite_builds_a_custom_class_speculative_config():
 
 @needs_vllm
 def test_real_custom_class_hook_and_runner_signature():
-    from vllm.v1.spec_decode import custom_class_proposer  # noqa: F401 - the hook we rely on exists
-
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     import inspect
+
+    from vllm.v1.spec_decode import custom_class_proposer  # noqa: F401 - the hook we rely on exists
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     params = list(inspect.signature(GPUModelRunner.propose_draft_token_ids).parameters)
     assert params[:2] == ["self", "scheduler_output"]
@@ -265,8 +307,10 @@ def test_real_create_speculative_config_through_the_entry_point():
 
     load_general_plugins()  # our entry point (pyproject: vllm.general_plugins) wraps EngineArgs
     mc = ModelConfig(model=str(path), max_model_len=2048)
-    ea = EngineArgs(model=str(path), speculative_config={"method": "specdec", "drafter": "suffix",
-                                                          "num_speculative_tokens": 8, "async": True})
+    ea = EngineArgs(
+        model=str(path),
+        speculative_config={"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 8, "async": True},
+    )
     sc = ea.create_speculative_config(mc, ParallelConfig())
     assert (sc.method, sc.model, sc.num_speculative_tokens) == ("custom_class", PROPOSER_PATH, 8)
     assert ea.additional_config["specdec"]["async_drafting"] is True

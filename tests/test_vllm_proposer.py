@@ -1,4 +1,5 @@
 """CPU tests of the vLLM proposer's bookkeeping with fake inputs shaped like vLLM's (no vLLM needed)."""
+
 from __future__ import annotations
 
 import logging
@@ -135,8 +136,13 @@ def make_core(drafter: Drafter, **opts) -> ProposerCore:
 
 def run_step(core: ProposerCore, runner: FakeRunner, **kw) -> list[list[int]]:
     sampled = runner.verify(**kw)
-    drafts = core.step(list(runner.req_ids), sampled, runner.num_tokens_no_spec, runner.token_ids_cpu,
-                       num_prompt_tokens=runner.num_prompt_tokens)
+    drafts = core.step(
+        list(runner.req_ids),
+        sampled,
+        runner.num_tokens_no_spec,
+        runner.token_ids_cpu,
+        num_prompt_tokens=runner.num_prompt_tokens,
+    )
     runner.drafts = {rid: d for rid, d in zip(runner.req_ids, drafts)}
     return drafts
 
@@ -226,8 +232,14 @@ def test_pad_drafts_makes_every_decoding_row_exactly_k_long_and_keeps_outputs():
 def test_pad_auto_pads_small_targets_and_not_large_batches_of_large_ones():
     from specdec.vllm_plugin.proposer import estimate_params
 
-    llama8b = SimpleNamespace(hidden_size=4096, num_hidden_layers=32, intermediate_size=14336,
-                              num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)
+    llama8b = SimpleNamespace(
+        hidden_size=4096,
+        num_hidden_layers=32,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+    )
     assert estimate_params(llama8b) == pytest.approx(8.0e9, rel=0.03)
     assert estimate_params(SimpleNamespace()) == 0.0
     tiny = make_core(OracleDrafter(), num_speculative_tokens=16, target_params=53e6)
@@ -336,7 +348,11 @@ def test_confidence_cut_grows_with_batch_size():
     # chain probs 0.9 each -> path probs 0.9, 0.81, 0.729, 0.656: at batch 64 (cut 0.63) all 4 pass, at a
     # stricter per-seq step only the first ones survive
     assert core._chain(*best_chain(TokenTree.chain([1, 2, 3, 4], probs=[0.9] * 4)), 4, 0.75)[0] == [1, 2]
-    assert core._chain(*best_chain(TokenTree.chain([1, 2, 3, 4], probs=[0.9] * 4)), 3, 0.0) == ([1, 2, 3], pytest.approx(2.439), 3)
+    assert core._chain(*best_chain(TokenTree.chain([1, 2, 3, 4], probs=[0.9] * 4)), 3, 0.0) == (
+        [1, 2, 3],
+        pytest.approx(2.439),
+        3,
+    )
 
 
 def test_specdec_proposer_with_fake_vllm_config_and_tp_ranks(monkeypatch):
@@ -351,8 +367,10 @@ def test_specdec_proposer_with_fake_vllm_config_and_tp_ranks(monkeypatch):
     runner = FakeRunner()
     runner.add("x", [1, 2, 3])
     sampled = runner.verify()
-    prop.bind_step(SimpleNamespace(req_ids=runner.req_ids, num_prompt_tokens=runner.num_prompt_tokens),
-                   SimpleNamespace(num_spec_tokens_to_schedule=5))
+    prop.bind_step(
+        SimpleNamespace(req_ids=runner.req_ids, num_prompt_tokens=runner.num_prompt_tokens),
+        SimpleNamespace(num_spec_tokens_to_schedule=5),
+    )
     drafts = prop.propose(sampled, runner.num_tokens_no_spec, runner.token_ids_cpu)
     assert len(drafts[0]) == 5
     other = SpecdecProposer(cfg, drafter=OracleDrafter(), patch_runner=False)
@@ -363,9 +381,11 @@ def test_specdec_proposer_with_fake_vllm_config_and_tp_ranks(monkeypatch):
 
 
 def test_unbound_proposer_falls_back_to_the_callers_input_batch():
-    cfg = SimpleNamespace(additional_config={"specdec": {"draft_timeout_ms": 0, "adaptive": False}},
-                          speculative_config=SimpleNamespace(num_speculative_tokens=2),
-                          model_config=SimpleNamespace(max_model_len=64))
+    cfg = SimpleNamespace(
+        additional_config={"specdec": {"draft_timeout_ms": 0, "adaptive": False}},
+        speculative_config=SimpleNamespace(num_speculative_tokens=2),
+        model_config=SimpleNamespace(max_model_len=64),
+    )
     prop = SpecdecProposer(cfg, drafter=OracleDrafter(), patch_runner=False)
     runner = FakeRunner()
     runner.add("x", [1, 2, 3])
@@ -429,11 +449,20 @@ def test_per_request_calibration_scales_the_cut():
 
 
 def test_draft_model_option_fills_the_model_drafters_path_and_target_tokenizer():
-    opts = SpecdecOptions.from_dict({"drafter": ["suffix", "model"], "draft_model": "/models/draft",
-                                     "drafter_options": {"model": {"backend": "onnx"}}})
+    opts = SpecdecOptions.from_dict(
+        {
+            "drafter": ["suffix", "model"],
+            "draft_model": "/models/draft",
+            "drafter_options": {"model": {"backend": "onnx"}},
+        }
+    )
     resolved = opts.resolved_drafter_options("/models/target")
-    assert resolved["model"] == {"backend": "onnx", "path": "/models/draft", "target_tokenizer": "/models/target",
-                                 "shared_host": True}
+    assert resolved["model"] == {
+        "backend": "onnx",
+        "path": "/models/draft",
+        "target_tokenizer": "/models/target",
+        "shared_host": True,
+    }
     # an explicit drafter_options path wins over the shorthand; the user's dict is not mutated
     opts = SpecdecOptions.from_dict({"draft_model": "/a", "drafter_options": {"model": {"path": "/b"}}})
     assert opts.resolved_drafter_options()["model"]["path"] == "/b"
@@ -441,14 +470,19 @@ def test_draft_model_option_fills_the_model_drafters_path_and_target_tokenizer()
 
 
 def test_suffix_depth_caps_default_for_vllm_and_user_values_win():
-    from specdec.vllm_plugin.entry.options import (VLLM_SUFFIX_FREE_SPEC_FACTOR, VLLM_SUFFIX_MAX_DEPTH,
-                                             VLLM_SUFFIX_SPEC_FACTOR)
+    from specdec.vllm_plugin.entry.options import (
+        VLLM_SUFFIX_FREE_SPEC_FACTOR,
+        VLLM_SUFFIX_MAX_DEPTH,
+        VLLM_SUFFIX_SPEC_FACTOR,
+    )
     from specdec.vllm_plugin.proposer import build_proposer_drafter
 
     opts = SpecdecOptions.from_dict({})
-    assert opts.resolved_drafter_options()["suffix"] == {"max_spec_factor": VLLM_SUFFIX_SPEC_FACTOR,
-                                                         "free_spec_factor": VLLM_SUFFIX_FREE_SPEC_FACTOR,
-                                                         "max_depth": VLLM_SUFFIX_MAX_DEPTH}
+    assert opts.resolved_drafter_options()["suffix"] == {
+        "max_spec_factor": VLLM_SUFFIX_SPEC_FACTOR,
+        "free_spec_factor": VLLM_SUFFIX_FREE_SPEC_FACTOR,
+        "max_depth": VLLM_SUFFIX_MAX_DEPTH,
+    }
     drafter = build_proposer_drafter(opts)
     assert (drafter.config.max_spec_factor, drafter.config.free_spec_factor, drafter.config.max_depth) == (1.0, 8.0, 32)
     mine = SpecdecOptions.from_dict({"drafter_options": {"suffix": {"max_spec_factor": 4.0, "max_depth": 64}}})
@@ -457,22 +491,34 @@ def test_suffix_depth_caps_default_for_vllm_and_user_values_win():
 
 
 def test_async_mode_and_lane_threads_auto_resolve_by_target_size_and_parallelism():
-    from specdec.vllm_plugin.entry.options import (AUTO_SCHEDULE_MIN_PARAMS, SCHEDULE_LANE_THREADS, resolve_async_mode,
-                                             resolve_lane_threads)
+    from specdec.vllm_plugin.entry.options import (
+        AUTO_SCHEDULE_MIN_PARAMS,
+        SCHEDULE_LANE_THREADS,
+        resolve_async_mode,
+        resolve_lane_threads,
+    )
     from specdec.vllm_plugin.proposer import SpecdecProposer
 
     assert resolve_async_mode("auto", params=AUTO_SCHEDULE_MIN_PARAMS) == "schedule"
     assert resolve_async_mode("auto", params=5.3e7) == "thread"
     assert resolve_async_mode("auto", params=8e9, tp=2) == "thread"  # schedule mode runs on one GPU only
     assert resolve_async_mode("thread", params=8e9) == "thread"  # an explicit mode stands
-    llama8b = SimpleNamespace(hidden_size=4096, num_hidden_layers=32, intermediate_size=14336, num_attention_heads=32,
-                              num_key_value_heads=8, vocab_size=128256)
+    llama8b = SimpleNamespace(
+        hidden_size=4096,
+        num_hidden_layers=32,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+    )
 
     def proposer(hf, **extra):
-        cfg = SimpleNamespace(additional_config={"specdec": {"adaptive": False, **extra}},
-                              speculative_config=SimpleNamespace(num_speculative_tokens=4),
-                              model_config=SimpleNamespace(max_model_len=512, hf_config=hf),
-                              parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1))
+        cfg = SimpleNamespace(
+            additional_config={"specdec": {"adaptive": False, **extra}},
+            speculative_config=SimpleNamespace(num_speculative_tokens=4),
+            model_config=SimpleNamespace(max_model_len=512, hf_config=hf),
+            parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1),
+        )
         return SpecdecProposer(cfg, patch_runner=False)
 
     big, small = proposer(llama8b), proposer(None)

@@ -8,20 +8,22 @@ A synchronous ``ProposerCore`` twin is fed the true rows (real tokens, lengths, 
 its drafts, padded to k, must equal the filled buffer row for row, every step (rows move, requests join, finish,
 pause and come back, partial prefills are discarded, one step's buffer is replaced by vLLM's zeros).
 """
+
 from __future__ import annotations
 
 import importlib.util
 import random
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from benchmarks.bench_schedule_cpu import HostWait
 from core_support import target_sequence
 from specdec.drafters.suffix import SuffixDrafter
-from benchmarks.bench_schedule_cpu import HostWait
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting, TokenFeed, pad_rows, valid_counts
@@ -63,7 +65,9 @@ def test_token_feed_history_pending_discard_blind_and_returning():
     feed.add(["a"], np.array([[12, -1, -1]]), discard=set())
     feed.add(["a"], np.array([[99, 99, 99]]), discard={0})  # a partial prefill: its row is garbage
     rows = feed.rows(["b", "a"])
-    assert rows.sampled == [[], [10, 11, 12]] and rows.lengths.tolist() == [0, 6] and rows.prompt_lens.tolist() == [0, 3]
+    assert (
+        rows.sampled == [[], [10, 11, 12]] and rows.lengths.tolist() == [0, 6] and rows.prompt_lens.tolist() == [0, 3]
+    )
     assert rows.contexts[1, :6].tolist() == [1, 2, 3, 10, 11, 12]
     assert feed.rows(["a"]).sampled == [[]]  # handed out once
     feed.admit("a", [1, 2, 3], [10, 11, -1], returning=True)  # back with placeholders: our history stands
@@ -124,7 +128,7 @@ class AsyncEngine:
             i = prev_row.get(rid)
             draft = self.prev_drafts[i].tolist() if (i is not None and self.prev_drafts is not None) else []
             if self.slots is not None:  # vLLM reads the first slots of the row only
-                draft = draft[:self.slots.get(rid, K)]
+                draft = draft[: self.slots.get(rid, K)]
             out: list[int] = []
             for d in draft + [None]:
                 want = r["target"][len(r["seq"])]
@@ -132,7 +136,7 @@ class AsyncEngine:
                 r["seq"].append(want)
                 if d != want:
                     break
-            sampled[row, :len(out)] = torch.tensor(out, dtype=torch.int32)
+            sampled[row, : len(out)] = torch.tensor(out, dtype=torch.int32)
             emitted.append(out)
             self.unseen.setdefault(rid, []).extend(out)
         self.order = order
@@ -168,7 +172,7 @@ class AsyncEngine:
         lengths, prompts, sampled = np.zeros(len(order), np.int64), np.zeros(len(order), np.int64), []
         for row, rid in enumerate(order):
             r = self.reqs[rid]
-            tokens[row, :len(r["seq"])] = r["seq"]
+            tokens[row, : len(r["seq"])] = r["seq"]
             lengths[row], prompts[row] = len(r["seq"]), r["prompt"]
             sampled.append(self.unseen.pop(rid, []))
         return core.step(order, sampled, lengths, tokens, num_prompt_tokens=prompts, **kw)
@@ -197,23 +201,37 @@ class FakeDeviceWait(HostWait):
         return self.fires
 
 
-@pytest.mark.parametrize(("opts", "device_wait"),
-                         [({}, False), ({"adaptive": False}, False), ({"native_step": False}, False),
-                          ({}, True), ({"native_step": False}, True),
-                          ({"matrix_step": False}, False), ({"matrix_step": False}, True)])
+@pytest.mark.parametrize(
+    ("opts", "device_wait"),
+    [
+        ({}, False),
+        ({"adaptive": False}, False),
+        ({"native_step": False}, False),
+        ({}, True),
+        ({"native_step": False}, True),
+        ({"matrix_step": False}, False),
+        ({"matrix_step": False}, True),
+    ],
+)
 def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, device_wait):
     clock = SimpleNamespace(t=0.0)
     tick = lambda: clock.t  # noqa: E731
     eng = AsyncEngine(seed=3)
     dw = FakeDeviceWait() if device_wait else None
-    sched = ScheduledDrafting(make_core(tick, **opts), k=K, max_rows=2 * MAX_ROWS, device="cpu", device_wait=dw,
-                              matrix_step=opts.get("matrix_step", True))
+    sched = ScheduledDrafting(
+        make_core(tick, **opts),
+        k=K,
+        max_rows=2 * MAX_ROWS,
+        device="cpu",
+        device_wait=dw,
+        matrix_step=opts.get("matrix_step", True),
+    )
     twin = make_core(tick, **opts)  # the synchronous reference
     stolen = torch.zeros((2 * MAX_ROWS, K), dtype=torch.int32)
     out = None
     for step in range(150):
         if out is not None:  # step N+1 prepares its inputs: the buffer from step N is filled now
-            current = stolen[:out.shape[0]] if step == 60 else out  # step 60: vLLM zeroed the drafts
+            current = stolen[: out.shape[0]] if step == 60 else out  # step 60: vLLM zeroed the drafts
             before = out.clone()
             filled = sched.fill(current)
             if filled and dw is not None:  # the stream waits: nothing copied before finish() (the forward)
@@ -234,7 +252,7 @@ def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, 
         clock.t += 1e-3
         out = eng.run_step(sched, step)
     for r in eng.reqs.values():  # lossless: every emitted token is the target's
-        assert r["seq"] == r["target"][:len(r["seq"])]
+        assert r["seq"] == r["target"][: len(r["seq"])]
     st = sched.stats()["schedule"]
     sched.close()
     assert st["skipped_fills"] == 1 and st["fills"] >= 140 and st["errors"] == 0 and st["blind_requests"] == 0
@@ -328,16 +346,23 @@ def test_device_wait_always_releases_and_the_watchdog_switches_it_off():
 def test_whitelist_patch_adds_custom_class_for_our_schedule_mode_only():
     from typing import Literal, get_args
 
-    from specdec.vllm_plugin.patches.async_sched import wrap_post_init
     from specdec.vllm_plugin.entry.options import PROPOSER_PATH
+    from specdec.vllm_plugin.patches.async_sched import wrap_post_init
 
     module = SimpleNamespace(NgramGPUTypes=Literal["ngram_gpu"])
     seen: list[tuple] = []
 
-    llama8b = SimpleNamespace(hidden_size=4096, num_hidden_layers=32, intermediate_size=14336, num_attention_heads=32,
-                              num_key_value_heads=8, vocab_size=128256)
-    small = SimpleNamespace(hidden_size=640, num_hidden_layers=10, intermediate_size=1728, num_attention_heads=10,
-                            vocab_size=32000)
+    llama8b = SimpleNamespace(
+        hidden_size=4096,
+        num_hidden_layers=32,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+    )
+    small = SimpleNamespace(
+        hidden_size=640, num_hidden_layers=10, intermediate_size=1728, num_attention_heads=10, vocab_size=32000
+    )
 
     class VllmConfig:
         def __init__(self, spec: dict | None, tp: int = 1, hf: SimpleNamespace | None = None) -> None:
@@ -372,8 +397,12 @@ def test_real_vllm_has_the_hooks_and_the_whitelist_this_mode_patches():
     import vllm.config.vllm as module
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from specdec.vllm_plugin.patches.async_sched import (RUNNER_METHODS, WHITELIST_SOURCE, async_runner_problem,
-                                                         whitelist_problem)
+    from specdec.vllm_plugin.patches.async_sched import (
+        RUNNER_METHODS,
+        WHITELIST_SOURCE,
+        async_runner_problem,
+        whitelist_problem,
+    )
 
     assert async_runner_problem(GPUModelRunner) == "" and whitelist_problem(module) == ""
     assert all(callable(getattr(GPUModelRunner, name, None)) for name in RUNNER_METHODS)
@@ -390,10 +419,18 @@ class FakeRunner:
         self.speculative_config = SimpleNamespace(method="custom_class")
         self.max_num_reqs, self.device, self.num_spec_tokens = 4, "cpu", K
         pattern = [1, 2, 3, 4, 5] * 8
-        self.requests = {r: SimpleNamespace(prompt_token_ids=list(pattern), output_token_ids=[],
-                                            get_token_id=lambda i: pattern[i % 5]) for r in ("a", "b")}
-        self.input_batch = SimpleNamespace(req_ids=["a", "b"], num_tokens_no_spec=np.array([40, 40]), vocab_size=100,
-                                           sampling_metadata=SimpleNamespace(output_token_ids=[]))
+        self.requests = {
+            r: SimpleNamespace(
+                prompt_token_ids=list(pattern), output_token_ids=[], get_token_id=lambda i: pattern[i % 5]
+            )
+            for r in ("a", "b")
+        }
+        self.input_batch = SimpleNamespace(
+            req_ids=["a", "b"],
+            num_tokens_no_spec=np.array([40, 40]),
+            vocab_size=100,
+            sampling_metadata=SimpleNamespace(output_token_ids=[]),
+        )
         self.discard_request_mask = SimpleNamespace(np=np.zeros(4, dtype=bool), gpu=torch.zeros(4, dtype=torch.bool))
         self._draft_token_ids = None
         self.calls: list = []
@@ -428,14 +465,20 @@ def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
     from specdec.vllm_plugin.patches.async_sched import patch_async_runner
     from specdec.vllm_plugin.proposer import SpecdecProposer
 
-    cfg = SimpleNamespace(additional_config={"specdec": {"async": True, "async_mode": "schedule", "adaptive": False}},
-                          speculative_config=SimpleNamespace(num_speculative_tokens=K),
-                          model_config=SimpleNamespace(max_model_len=512))
+    cfg = SimpleNamespace(
+        additional_config={"specdec": {"async": True, "async_mode": "schedule", "adaptive": False}},
+        speculative_config=SimpleNamespace(num_speculative_tokens=K),
+        model_config=SimpleNamespace(max_model_len=512),
+    )
     assert patch_async_runner(FakeRunner) and patch_async_runner(FakeRunner)  # idempotent
     prop = SpecdecProposer(cfg, patch_runner=False)
-    assert prop.schedule_mode and prop.core.options.pad_mode == "auto" 
-    uniform = SimpleNamespace(**{**cfg.__dict__, "additional_config": {"specdec": {
-        "async": True, "async_mode": "schedule", "draft_slots": "uniform"}}})
+    assert prop.schedule_mode and prop.core.options.pad_mode == "auto"
+    uniform = SimpleNamespace(
+        **{
+            **cfg.__dict__,
+            "additional_config": {"specdec": {"async": True, "async_mode": "schedule", "draft_slots": "uniform"}},
+        }
+    )
     assert SpecdecProposer(uniform, patch_runner=False).core.options.pad_mode == "on"  # k slots: pad every row
     assert prop.core.pad_below_rows == 16 and prop.core._should_pad(15, K) and not prop.core._should_pad(16, K)
     runner = FakeRunner(prop)
@@ -522,7 +565,7 @@ def test_adaptive_slots_follow_each_requests_latest_draft_and_stay_lossless(grow
         clock.t += 1e-3
         out = eng.run_step(sched, step)  # each row verifies at most 1 + its slots
     for r in eng.reqs.values():
-        assert r["seq"] == r["target"][:len(r["seq"])]
+        assert r["seq"] == r["target"][: len(r["seq"])]
     assert short > 100  # the cut left rows with fewer than K slots
     assert sched.core.stats_dict()["accepted_tokens"] > 100
     assert "slot_share" in sched.stats()["schedule"]
@@ -559,7 +602,7 @@ def test_narrow_schedules_verify_the_width_and_stay_lossless():
         clock.t += 1e-3
         out = eng.run_step(sched, step)  # each row verifies at most 1 + its slots
     for r in eng.reqs.values():
-        assert r["seq"] == r["target"][:len(r["seq"])]
+        assert r["seq"] == r["target"][: len(r["seq"])]
     assert narrow_steps > 60 and sched.stats()["schedule"]["narrow_steps"] == narrow_steps
     assert sched.core.stats_dict()["accepted_tokens"] > 100
 
@@ -587,8 +630,9 @@ def test_device_wait_releases_before_the_slot_bookkeeping():
     eng = AsyncEngine(seed=13)
     book = SlotBook(K)
     dw = NotingDeviceWait(book)
-    sched = ScheduledDrafting(make_core(tick, **opts), k=K, max_rows=2 * MAX_ROWS, device="cpu", device_wait=dw,
-                              slot_book=book)
+    sched = ScheduledDrafting(
+        make_core(tick, **opts), k=K, max_rows=2 * MAX_ROWS, device="cpu", device_wait=dw, slot_book=book
+    )
     twin = make_core(tick, **opts)
     out, deferred = None, 0
     for step in range(60):
@@ -609,7 +653,7 @@ def test_device_wait_releases_before_the_slot_bookkeeping():
         out = eng.run_step(sched, step)
     assert deferred > 50
     for r in eng.reqs.values():
-        assert r["seq"] == r["target"][:len(r["seq"])]
+        assert r["seq"] == r["target"][: len(r["seq"])]
 
 
 def test_slot_book_tables_clamps_and_placeholders():
@@ -729,14 +773,15 @@ def test_scheduler_patch_trims_placeholders_only_while_a_book_is_registered():
 
 
 def test_prefill_steps_cap_the_decoding_requests_slots():
-    from specdec.vllm_plugin.patches.async_sched import PREFILL_HEAVY_TOKENS, cap_prefill_steps
     from specdec.vllm_plugin.core.slots import SlotBook
+    from specdec.vllm_plugin.patches.async_sched import PREFILL_HEAVY_TOKENS, cap_prefill_steps
 
     book = SlotBook(4, prefill_cap=1)
 
     def req(spec, chunk=False, todo=0, rid="x"):
-        return SimpleNamespace(spec_token_ids=spec, is_prefill_chunk=chunk, num_tokens=100 + todo,
-                               num_computed_tokens=100, request_id=rid)
+        return SimpleNamespace(
+            spec_token_ids=spec, is_prefill_chunk=chunk, num_tokens=100 + todo, num_computed_tokens=100, request_id=rid
+        )
 
     running = [req([-1] * 4), req([-1]), req([]), req([5, 6, 7])]
     sch = SimpleNamespace(running=running, waiting=[])
@@ -784,8 +829,8 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch)
     from vllm.v1.structured_output import StructuredOutputManager
 
     from specdec.paths import TARGET_MODEL, model_path
-    from specdec.vllm_plugin.patches import async_sched as async_patch
     from specdec.vllm_plugin.core import slots
+    from specdec.vllm_plugin.patches import async_sched as async_patch
     from specdec.vllm_plugin.patches.async_sched import patch_async_scheduler
 
     if not model_path(TARGET_MODEL).is_dir():
@@ -793,30 +838,45 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch)
     k, blocks = 4, 200
     cache = CacheConfig(block_size=16, cache_dtype="auto", enable_prefix_caching=False)
     cache.num_gpu_blocks = blocks
-    config = VllmConfig(model_config=ModelConfig(model=str(model_path(TARGET_MODEL)), max_model_len=512, seed=0),
-                        scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=1024,
-                                                         max_model_len=512, is_encoder_decoder=False),
-                        cache_config=cache, device_config=DeviceConfig("cpu"),
-                        speculative_config=SpeculativeConfig(method="ngram", num_speculative_tokens=k,
-                                                             prompt_lookup_max=3, prompt_lookup_min=2))
-    kv = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
-        ["layer"], FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32))])
+    config = VllmConfig(
+        model_config=ModelConfig(model=str(model_path(TARGET_MODEL)), max_model_len=512, seed=0),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=512, is_encoder_decoder=False
+        ),
+        cache_config=cache,
+        device_config=DeviceConfig("cpu"),
+        speculative_config=SpeculativeConfig(
+            method="ngram", num_speculative_tokens=k, prompt_lookup_max=3, prompt_lookup_min=2
+        ),
+    )
+    kv = KVCacheConfig(
+        num_blocks=blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["layer"], FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32)
+            )
+        ],
+    )
 
     class Patched(AsyncScheduler):
         pass
 
     assert patch_async_scheduler(Patched)
-    sch = Patched(vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config),
-                  block_size=16)
+    sch = Patched(
+        vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config), block_size=16
+    )
     params = SamplingParams(temperature=0.0, max_tokens=32)
     for rid in ("a", "b"):
-        sch.add_request(Request(request_id=rid, prompt_token_ids=list(range(10, 30)), sampling_params=params,
-                                pooling_params=None))
+        sch.add_request(
+            Request(request_id=rid, prompt_token_ids=list(range(10, 30)), sampling_params=params, pooling_params=None)
+        )
 
     def output(step, tokens):
         ids = list(step.num_scheduled_tokens)
-        return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                 sampled_token_ids=[tokens[r] for r in ids])
+        return ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=[tokens[r] for r in ids]
+        )
 
     book = slots.SlotBook(k)
     try:
@@ -843,8 +903,9 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch)
         book.note(["a", "b"], [3, 3])
         sch.update_from_output(s3, output(s3, {"a": [1], "b": [2]}))
         s5 = sch.schedule()  # a 3, b 3: the book of now
-        sch.add_request(Request(request_id="c", prompt_token_ids=list(range(40, 60)), sampling_params=params,
-                                pooling_params=None))
+        sch.add_request(
+            Request(request_id="c", prompt_token_ids=list(range(40, 60)), sampling_params=params, pooling_params=None)
+        )
         monkeypatch.setattr(async_patch, "PREFILL_HEAVY_TOKENS", 20)  # c's 20 tokens count as a heavy prefill
         s6 = sch.schedule()  # c waits: a and b (3 slots each, reserved at s5) keep 1
         assert s6.num_scheduled_tokens == {"a": 2, "b": 2, "c": 20}
@@ -867,16 +928,18 @@ def test_schedule_cpu_benchmark_configs_draft_the_same():
     rng = np.random.default_rng(2)
     phrases = [rng.integers(0, 30, 7) for _ in range(3)]
     records = [TraceRecord(str(i), rng.integers(0, 30, 50), np.concatenate([phrases[i % 3]] * 10)) for i in range(8)]
-    out = {c: run(c, records[:4], records, k=4, steps=60, gpu_ms=0.0, threads=2, adaptive=False)
-           for c in ("default", "no_early_refresh")}
+    out = {
+        c: run(c, records[:4], records, k=4, steps=60, gpu_ms=0.0, threads=2, adaptive=False)
+        for c in ("default", "no_early_refresh")
+    }
     accepted = {c: (r["accepted_tokens"], r["drafted_tokens"], r["emitted_per_step"]) for c, r in out.items()}
     assert not any(v for r in out.values() for v in r["fallbacks"].values())  # no timeout, error, resync...
     assert len(set(accepted.values())) == 1 and out["default"]["accepted_tokens"] > 100
 
 
 def test_regrant_gives_running_requests_the_slots_of_their_latest_draft():
-    from specdec.vllm_plugin.patches.async_sched import regrant_placeholders
     from specdec.vllm_plugin.core.slots import SlotBook
+    from specdec.vllm_plugin.patches.async_sched import regrant_placeholders
 
     book = SlotBook(4)
     shared = [-1] * 4
@@ -884,8 +947,14 @@ def test_regrant_gives_running_requests_the_slots_of_their_latest_draft():
     def req(rid, spec, chunk=False):
         return SimpleNamespace(request_id=rid, spec_token_ids=spec, is_prefill_chunk=chunk)
 
-    running = [req("a", book.placeholders(0)), req("b", shared), req("c", book.placeholders(1)),
-               req("d", [5, 6]), req("e", shared, chunk=True), req("f", book.placeholders(2))]
+    running = [
+        req("a", book.placeholders(0)),
+        req("b", shared),
+        req("c", book.placeholders(1)),
+        req("d", [5, 6]),
+        req("e", shared, chunk=True),
+        req("f", book.placeholders(2)),
+    ]
     sch = SimpleNamespace(_spec_token_placeholders=shared, running=running)
     book.note(["a", "b", "c", "d", "e"], [3, 1, 9, 0, 0])  # f: not drafted last step (no new token): k
     assert regrant_placeholders(sch, book) == 4

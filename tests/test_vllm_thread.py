@@ -5,6 +5,7 @@ over the fake engine of ``test_vllm_lane.py`` (moving rows, finished and aborted
 context jump). Steps whose drafts never reach vLLM (a late collect, a propose without take) must leave the
 bookkeeping consistent: no resyncs, the dropped drafts forgotten, outputs unchanged.
 """
+
 from __future__ import annotations
 
 import threading
@@ -18,9 +19,9 @@ from specdec.config import ConfigError
 from specdec.drafters.suffix import SuffixDrafter, native_available
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
 from specdec.vllm_plugin.patches.table import PatchReport
 from specdec.vllm_plugin.proposer import SpecdecProposer
-from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
 from test_vllm_lane import MAX_LEN, STAT_KEYS, FakeClock, FakeEngine
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="native suffix core not built")
@@ -51,8 +52,11 @@ class Prepared(Submitted):
 
     def step(self, order, sampled, lengths, tokens, *, num_prompt_tokens):
         finished = self.seen - set(order)
-        new = [(rid, tokens[row, :num_prompt_tokens[row]].tolist()) for row, rid in enumerate(order)
-               if rid not in self.seen]
+        new = [
+            (rid, tokens[row, : num_prompt_tokens[row]].tolist())
+            for row, rid in enumerate(order)
+            if rid not in self.seen
+        ]
         self.seen = set(order)
         self.core.prepare(finished, new)
         return super().step(order, sampled, lengths, tokens, num_prompt_tokens=num_prompt_tokens)
@@ -69,19 +73,22 @@ def run(eng: FakeEngine, cores: list, steps: int) -> None:
         eng.churn(step)
         if step == 50:  # a context jump (preemption + recompute): the request must resync
             rid = next(iter(eng.reqs))
-            eng.reqs[rid]["seq"] += eng.reqs[rid]["target"][len(eng.reqs[rid]["seq"]):][:5]
+            eng.reqs[rid]["seq"] += eng.reqs[rid]["target"][len(eng.reqs[rid]["seq"]) :][:5]
         drafts = eng.step(cores, drafts)  # asserts every core's drafts are equal
 
 
-@pytest.mark.parametrize("opts", [
-    {},  # adaptive, pad auto
-    {"pad_drafts": "on"},
-    {"adaptive": False, "min_path_prob": 0.3},
-    {"min_path_prob_per_seq": 0.02, "min_acceptance": 0.6},
-    {"thread_spin_us": 2000.0},  # the drafter's thread and the collecting caller spin instead of sleeping
-    {"lane_threads": 4},  # the drafter's thread and 3 helpers share the rows
-    {"lane_threads": 8, "pad_drafts": "on", "thread_spin_us": 500.0},  # about as many threads as rows
-])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},  # adaptive, pad auto
+        {"pad_drafts": "on"},
+        {"adaptive": False, "min_path_prob": 0.3},
+        {"min_path_prob_per_seq": 0.02, "min_acceptance": 0.6},
+        {"thread_spin_us": 2000.0},  # the drafter's thread and the collecting caller spin instead of sleeping
+        {"lane_threads": 4},  # the drafter's thread and 3 helpers share the rows
+        {"lane_threads": 8, "pad_drafts": "on", "thread_spin_us": 500.0},  # about as many threads as rows
+    ],
+)
 def test_threaded_drafts_and_stats_equal_the_synchronous_native_step(opts):
     eng = FakeEngine(seed=1)
     sync = make(ProposerCore, eng.clock, **opts)
@@ -170,10 +177,19 @@ def test_a_step_submitted_before_python_work_is_collected_after_it():
 
 
 def test_bad_token_buffer_is_an_error_naming_it_and_the_proposer_goes_on(caplog):
-    cfg = SimpleNamespace(additional_config={"specdec": {"drafter": "suffix", "async": True, "async_mode": "thread",
-                                                         "draft_timeout_ms": 0, "adaptive": False}},
-                          speculative_config=SimpleNamespace(num_speculative_tokens=4),
-                          model_config=SimpleNamespace(max_model_len=64))
+    cfg = SimpleNamespace(
+        additional_config={
+            "specdec": {
+                "drafter": "suffix",
+                "async": True,
+                "async_mode": "thread",
+                "draft_timeout_ms": 0,
+                "adaptive": False,
+            }
+        },
+        speculative_config=SimpleNamespace(num_speculative_tokens=4),
+        model_config=SimpleNamespace(max_model_len=64),
+    )
     prop = SpecdecProposer(cfg, patch_runner=False)
     assert isinstance(prop.core, ThreadedProposerCore) and prop.threaded
     prop.bind_step(SimpleNamespace(req_ids=["a"], num_prompt_tokens=None))
@@ -195,8 +211,9 @@ def test_threads_mode_is_validated_and_other_drafters_draft_synchronously():
         SpecdecOptions.from_dict({"lane_threads": -1})
     with pytest.raises(ValueError, match=r"lane_threads: 65 is outside \[1, 64\]"):
         SuffixDrafter(backend="native").lane_threads(65)
-    core = ThreadedProposerCore(SuffixDrafter(backend="python"), SpecdecOptions.from_dict({"adaptive": False}),
-                                max_model_len=MAX_LEN)
+    core = ThreadedProposerCore(
+        SuffixDrafter(backend="python"), SpecdecOptions.from_dict({"adaptive": False}), max_model_len=MAX_LEN
+    )
     assert core.lane is None
     ctx = np.tile(np.arange(64, dtype=np.int32) % 7, (1, 1))
     core.submit(["a"], [[int(ctx[0, 29])]], np.array([30], np.int32), ctx)
@@ -207,9 +224,11 @@ def test_threads_mode_is_validated_and_other_drafters_draft_synchronously():
 def test_the_runner_patch_prepares_each_step_from_the_scheduler_output():
     from specdec.vllm_plugin.patches.runner import patch_execute as patch_execute_model
 
-    cfg = SimpleNamespace(additional_config={"specdec": {"async": True, "async_mode": "thread", "adaptive": False}},
-                          speculative_config=SimpleNamespace(num_speculative_tokens=4),
-                          model_config=SimpleNamespace(max_model_len=64))
+    cfg = SimpleNamespace(
+        additional_config={"specdec": {"async": True, "async_mode": "thread", "adaptive": False}},
+        speculative_config=SimpleNamespace(num_speculative_tokens=4),
+        model_config=SimpleNamespace(max_model_len=64),
+    )
     prop = SpecdecProposer(cfg, patch_runner=False)
 
     class Runner:  # shaped like GPUModelRunner.execute_model
@@ -219,8 +238,10 @@ def test_the_runner_patch_prepares_each_step_from_the_scheduler_output():
             return "ran"
 
     assert patch_execute_model(Runner) and patch_execute_model(Runner)  # idempotent
-    new = [SimpleNamespace(req_id="a", prompt_token_ids=[1, 2, 3, 1, 2]),
-           SimpleNamespace(req_id="e", prompt_token_ids=None)]  # prompt embeddings: started later, from context
+    new = [
+        SimpleNamespace(req_id="a", prompt_token_ids=[1, 2, 3, 1, 2]),
+        SimpleNamespace(req_id="e", prompt_token_ids=None),
+    ]  # prompt embeddings: started later, from context
     assert Runner().execute_model(SimpleNamespace(scheduled_new_reqs=new, finished_req_ids=set())) == "ran"
     assert prop.core.stats.started == 1 and set(prop.core.lane.request_ids) == {"a"}
     prop.bind_step(SimpleNamespace(req_ids=["a"], num_prompt_tokens=np.array([5])))
@@ -232,9 +253,11 @@ def test_the_runner_patch_prepares_each_step_from_the_scheduler_output():
 
 
 def test_a_failed_step_is_counted_and_the_proposer_starts_over(monkeypatch):
-    cfg = SimpleNamespace(additional_config={"specdec": {"adaptive": False}},  # async thread: the default
-                          speculative_config=SimpleNamespace(num_speculative_tokens=4),
-                          model_config=SimpleNamespace(max_model_len=64))
+    cfg = SimpleNamespace(
+        additional_config={"specdec": {"adaptive": False}},  # async thread: the default
+        speculative_config=SimpleNamespace(num_speculative_tokens=4),
+        model_config=SimpleNamespace(max_model_len=64),
+    )
     prop = SpecdecProposer(cfg, patch_runner=False, patches=PatchReport("test", {"thread collect": ""}))
     assert prop.threaded  # with the take hook: drafts are collected at take
     ctx = np.tile(np.arange(64, dtype=np.int32) % 5, (1, 1))

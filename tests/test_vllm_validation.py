@@ -1,5 +1,6 @@
 """Configuration-time errors (``specdec.vllm_plugin.entry.validation``, run by the speculative-config rewrite before
 vLLM loads any weight): one message naming the key, the value and the fix."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -22,23 +23,32 @@ def tokenizer_folder(path, vocab: dict[str, int]):
 
 
 def engine_args(served: str = "", **spec):
-    return SimpleNamespace(speculative_config={"method": "specdec", **spec}, additional_config=None, model=served,
-                           tokenizer=None, compilation_config=None, enforce_eager=True)
+    return SimpleNamespace(
+        speculative_config={"method": "specdec", **spec},
+        additional_config=None,
+        model=served,
+        tokenizer=None,
+        compilation_config=None,
+        enforce_eager=True,
+    )
 
 
 VOCAB = {"<unk>": 0, "<s>": 1, "</s>": 2, "def": 3, "return": 4}
 
 
-@pytest.mark.parametrize("spec, needles", [
-    ({"drafter": "sufix"}, ["drafter='sufix'", "suffix"]),
-    ({"drafter": ["suffix", {"name": "ngrm"}]}, ["drafter='ngrm'"]),
-    ({"drafter_options": {"suffix": {"max_depht": 3}}}, ["max_depht", "suffix"]),
-    ({"drafter_options": {"model": {"num_threads": 2}}}, ["drafter_options", "'model'"]),
-    ({"num_speculative_tokens": 0}, ["num_speculative_tokens=0"]),
-    ({"draft_timeout_ms": -5}, ["draft_timeout_ms=-5"]),
-    ({"async_mode": "overlap"}, ["async_mode='overlap'"]),
-    ({"narrow_slots": 6}, ["'narrow_slots'", "valid keys", "narrow_graphs"]),
-])
+@pytest.mark.parametrize(
+    "spec, needles",
+    [
+        ({"drafter": "sufix"}, ["drafter='sufix'", "suffix"]),
+        ({"drafter": ["suffix", {"name": "ngrm"}]}, ["drafter='ngrm'"]),
+        ({"drafter_options": {"suffix": {"max_depht": 3}}}, ["max_depht", "suffix"]),
+        ({"drafter_options": {"model": {"num_threads": 2}}}, ["drafter_options", "'model'"]),
+        ({"num_speculative_tokens": 0}, ["num_speculative_tokens=0"]),
+        ({"draft_timeout_ms": -5}, ["draft_timeout_ms=-5"]),
+        ({"async_mode": "overlap"}, ["async_mode='overlap'"]),
+        ({"narrow_slots": 6}, ["'narrow_slots'", "valid keys", "narrow_graphs"]),
+    ],
+)
 def test_bad_options_stop_the_rewrite_with_the_key_and_the_fix(spec, needles):
     with pytest.raises(ConfigError) as err:
         rewrite_engine_args(engine_args(**spec))

@@ -42,10 +42,11 @@ nodes' entries (left-aligned; shorter rows are padded and masked), which drops r
 Positions are explicit, so keys computed for a node at ``p0 + depth`` are exactly the keys the token
 would get in plain decoding.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -70,14 +71,15 @@ class StepOutcome:
 class ReferenceVerifier:
     """Batched tree verification with a KV cache for a Hugging Face causal LM (e.g. LlamaForCausalLM).
 
-        v = ReferenceVerifier(model, sampling=SamplingParams(), seed=0)
-        v.reset(prompts)                       # prefill; rows = prompts
-        outcomes = v.step(trees)               # one tree per active row (TokenTree.empty() for none)
-        v.select(rows_to_keep)                 # drop finished rows
+    v = ReferenceVerifier(model, sampling=SamplingParams(), seed=0)
+    v.reset(prompts)                       # prefill; rows = prompts
+    outcomes = v.step(trees)               # one tree per active row (TokenTree.empty() for none)
+    v.select(rows_to_keep)                 # drop finished rows
     """
 
-    def __init__(self, model: torch.nn.Module, *, sampling: SamplingParams | None = None,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self, model: torch.nn.Module, *, sampling: SamplingParams | None = None, seed: int | None = None
+    ) -> None:
         self.model = model.eval()
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype

@@ -1,4 +1,5 @@
 """vLLM glue (the only place that imports vLLM). ``register`` is the ``vllm.general_plugins`` entry point."""
+
 from __future__ import annotations
 
 

@@ -11,13 +11,15 @@ sends the scheduled drafts to all ranks. With ``draft_ranks="driver"`` (default)
 state and drafts; the other ranks return empty drafts at no cost. ``draft_ranks="all"`` drafts everywhere.
 This module imports vLLM only inside functions (CPU tests build it from a fake ``vllm_config``).
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import sys
 import weakref
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -25,8 +27,13 @@ from specdec.drafters.base import Drafter
 from specdec.drafters.registry import build_drafter
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.core.slots import NARROW_FROM_ROWS, SlotBook, attach_book, book_of
-from specdec.vllm_plugin.entry.options import (SpecdecOptions, async_mode_for, estimate_params,
-                                               options_from_vllm_config, resolve_lane_threads)
+from specdec.vllm_plugin.entry.options import (
+    SpecdecOptions,
+    async_mode_for,
+    estimate_params,
+    options_from_vllm_config,
+    resolve_lane_threads,
+)
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.device_wait import STALL_TIMEOUT_MS, DeviceWait
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
@@ -35,7 +42,7 @@ from specdec.vllm_plugin.patches.graph_stats import GraphStats, graph_stats_of
 from specdec.vllm_plugin.patches.table import PatchReport, apply_patches
 
 logger = logging.getLogger(LOGGER_NAME)
-INSTANCES: "weakref.WeakSet[SpecdecProposer]" = weakref.WeakSet()  # live proposers of this process (for stats)
+INSTANCES: weakref.WeakSet[SpecdecProposer] = weakref.WeakSet()  # live proposers of this process (for stats)
 
 
 def build_proposer_drafter(options: SpecdecOptions, *, target_tokenizer: str = "") -> Drafter:
@@ -58,8 +65,14 @@ class SpecdecProposer:
 
     specdec_proposer = True  # ``patches.common.PROPOSER_MARK``: the runner patches recognise us by it
 
-    def __init__(self, vllm_config: Any, *, drafter: Drafter | None = None, patch_runner: bool = True,
-                 patches: PatchReport | None = None) -> None:
+    def __init__(
+        self,
+        vllm_config: Any,
+        *,
+        drafter: Drafter | None = None,
+        patch_runner: bool = True,
+        patches: PatchReport | None = None,
+    ) -> None:
         """``patch_runner``: apply the patch table (its model-runner rows; the plugin's entry point applied the
         others in this process already, so those report as they stand) and log the start-up line, once per engine;
         ``patches``: the report to act on instead (tests)."""
@@ -85,13 +98,22 @@ class SpecdecProposer:
         if self.schedule_mode and self.options.draft_slots == "uniform":
             core_options = core_options.replace(pad_drafts="on")
         core_cls = ThreadedProposerCore if self.threaded else ProposerCore
-        self.core = core_cls(drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer),
-                             core_options, max_model_len=max_model_len, target_params=params)
+        self.core = core_cls(
+            drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer),
+            core_options,
+            max_model_len=max_model_len,
+            target_params=params,
+        )
         if self.schedule_mode and self.options.draft_slots == "adaptive":
             self.core.pad_below_rows = NARROW_FROM_ROWS  # below the narrow steps every row keeps k slots, padded
-        logger.info("specdec: drafter=%s k=%d pad_drafts=%s (target ~%.0fM parameters) async=%s",
-                    self.options.drafter, self.options.num_speculative_tokens, self.options.pad_mode,
-                    params / 1e6, self.options.async_mode if self.options.async_drafting else "off")
+        logger.info(
+            "specdec: drafter=%s k=%d pad_drafts=%s (target ~%.0fM parameters) async=%s",
+            self.options.drafter,
+            self.options.num_speculative_tokens,
+            self.options.pad_mode,
+            params / 1e6,
+            self.options.async_mode if self.options.async_drafting else "off",
+        )
         self._input_batch: Any = None
         self._scheduler_output: Any = None
         self._is_driver: bool | None = None
@@ -112,8 +134,13 @@ class SpecdecProposer:
         return getattr(runner, "input_batch", None)
 
     # ----------------------------------------------------------------- vLLM's call
-    def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
-                token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
+    def propose(
+        self,
+        sampled_token_ids: Sequence[Sequence[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        slot_mappings: Any = None,
+    ) -> list[list[int]]:
         """Drafts per row: ``sampled_token_ids`` [num_reqs] lists, ``num_tokens_no_spec`` [max_num_reqs] int32,
         ``token_ids_cpu`` [max_num_reqs, max_model_len] int32. Never raises (a bookkeeping failure -> no drafts)."""
         n = len(sampled_token_ids)
@@ -123,8 +150,10 @@ class SpecdecProposer:
         if batch is None:
             if not self._warned_unbound:
                 self._warned_unbound = True
-                logger.warning("specdec: no request ids from the model runner (runner patch not applied to this "
-                               "vLLM version); drafting is disabled, generation goes on without speculation")
+                logger.warning(
+                    "specdec: no request ids from the model runner (runner patch not applied to this "
+                    "vLLM version); drafting is disabled, generation goes on without speculation"
+                )
             return [[] for _ in range(n)]
         args = (list(batch.req_ids), sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         kwargs = {"num_prompt_tokens": getattr(batch, "num_prompt_tokens", None), "k": self._dynamic_k()}
@@ -183,21 +212,36 @@ class SpecdecProposer:
             k = int(getattr(runner, "num_spec_tokens", 0) or self.options.num_speculative_tokens)
             device_wait, why = None, "device_wait is off"
             if self.options.device_wait:  # reached only through the runner hooks, which release it
-                device_wait, why = DeviceWait.create(runner.device, timeout_ms=STALL_TIMEOUT_MS,
-                                                     grace_ms=self.options.draft_timeout_ms)
+                device_wait, why = DeviceWait.create(
+                    runner.device, timeout_ms=STALL_TIMEOUT_MS, grace_ms=self.options.draft_timeout_ms
+                )
             book = None
             if self.options.draft_slots == "adaptive":
                 opts = self.options
                 ragged = opts.ragged_graphs and self.patches.on("ragged graphs")
-                book = SlotBook.policy(k, narrow=bool(opts.narrow_widths) and self.patches.on("narrow graphs"),
-                                       prefill_cap=opts.prefill_step_slots,
-                                       high_ragged=self.graph_stats.ragged_ready if ragged else None)
+                book = SlotBook.policy(
+                    k,
+                    narrow=bool(opts.narrow_widths) and self.patches.on("narrow graphs"),
+                    prefill_cap=opts.prefill_step_slots,
+                    high_ragged=self.graph_stats.ragged_ready if ragged else None,
+                )
                 attach_book(self.vllm_config, book)  # this engine's scheduler trims each request's slots to it
-            self.scheduled = ScheduledDrafting(self.core, k=k, max_rows=int(runner.max_num_reqs),
-                                               device=runner.device, device_wait=device_wait, slot_book=book,
-                                               matrix_step=self.options.matrix_step, graph_stats=self.graph_stats)
-            logger.info("specdec: drafting under vLLM's async scheduling (k=%d, up to %d rows; %s)", k,
-                        runner.max_num_reqs, "the GPU waits for drafts" if device_wait else f"host fill: {why}")
+            self.scheduled = ScheduledDrafting(
+                self.core,
+                k=k,
+                max_rows=int(runner.max_num_reqs),
+                device=runner.device,
+                device_wait=device_wait,
+                slot_book=book,
+                matrix_step=self.options.matrix_step,
+                graph_stats=self.graph_stats,
+            )
+            logger.info(
+                "specdec: drafting under vLLM's async scheduling (k=%d, up to %d rows; %s)",
+                k,
+                runner.max_num_reqs,
+                "the GPU waits for drafts" if device_wait else f"host fill: {why}",
+            )
         return self.scheduled
 
     def collect_deferred(self) -> list[list[int]] | None:

@@ -12,6 +12,7 @@ Mechanisms, all cheap per step:
 2. **Per-request acceptance.** A request whose acceptance EMA (accepted / drafted) falls below ``min_acceptance``
    drafts at most ``PROBE_TOKENS`` tokens per step until it recovers.
 """
+
 from __future__ import annotations
 
 import math
@@ -85,7 +86,7 @@ class StepCostModel:
         if self.n >= MIN_FIT_STEPS:
             var = self.sxx / self.n - (self.sx / self.n) ** 2
             if var >= MIN_FIT_VARIANCE:
-                self.known_slope = max(0.0, (self.sxy / self.n - self.sx * self.sy / self.n ** 2) / var)
+                self.known_slope = max(0.0, (self.sxy / self.n - self.sx * self.sy / self.n**2) / var)
 
     @property
     def slope(self) -> float:
@@ -99,8 +100,12 @@ class StepCostModel:
         return min(MAX_CUT, self.slope * self.rate)
 
     def as_dict(self) -> dict[str, float | None]:
-        return {"slope_us_per_token": 1e6 * self.slope, "tokens_per_s": self.rate, "token_cost": self.token_cost(),
-                "intercept_ms": 1e3 * (self.sy - self.slope * self.sx) / self.n if self.n else None}
+        return {
+            "slope_us_per_token": 1e6 * self.slope,
+            "tokens_per_s": self.rate,
+            "token_cost": self.token_cost(),
+            "intercept_ms": 1e3 * (self.sy - self.slope * self.sx) / self.n if self.n else None,
+        }
 
 
 MIN_FIT_STEPS = 8  # steps before the fitted slope is used

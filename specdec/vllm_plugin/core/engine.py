@@ -8,6 +8,7 @@ bookkeeping, a batched drafter job, maybe on the deadline thread) for any drafte
 that offers a lane (the native suffix drafter). The proposer starts on the lane where there is one and falls back
 to the Python engine for good after ``LANE_MAX_OVERRUNS`` late steps.
 """
+
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
@@ -42,9 +43,16 @@ class StepEngine(Protocol):
         """The requests the engine holds, in start order."""
         ...
 
-    def draft_rows(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],
-                   num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray, num_prompt_tokens: np.ndarray | None,
-                   *, plan: StepPlan) -> list[list[int]]:
+    def draft_rows(
+        self,
+        req_ids: Sequence[str],
+        sampled_token_ids: Sequence[Sequence[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        num_prompt_tokens: np.ndarray | None,
+        *,
+        plan: StepPlan,
+    ) -> list[list[int]]:
         """One step's drafts per row (vLLM's arrays, as ``ProposerCore.step`` takes them), after the stops."""
         ...
 
@@ -86,17 +94,31 @@ class LaneEngine:
         assert self.lane is not None
         return self.lane.request_ids
 
-    def draft_rows(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],
-                   num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray, num_prompt_tokens: np.ndarray | None,
-                   *, plan: StepPlan) -> list[list[int]]:
+    def draft_rows(
+        self,
+        req_ids: Sequence[str],
+        sampled_token_ids: Sequence[Sequence[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        num_prompt_tokens: np.ndarray | None,
+        *,
+        plan: StepPlan,
+    ) -> list[list[int]]:
         """Same drafts as the Python engine. A step over the deadline is dropped (counted); after
         LANE_MAX_OVERRUNS of them the core moves to the Python engine (threaded, deadline-checked)."""
         assert self.lane is not None
         core = self.core
         decisions = core._lane_decisions(k=plan.k, mode=plan.mode, running=plan.running)
         t0 = core.clock()
-        drafts, counts = lane_step(self.lane, req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
-                                   num_prompt_tokens=num_prompt_tokens, decisions=decisions)
+        drafts, counts = lane_step(
+            self.lane,
+            req_ids,
+            sampled_token_ids,
+            num_tokens_no_spec,
+            token_ids_cpu,
+            num_prompt_tokens=num_prompt_tokens,
+            decisions=decisions,
+        )
         core._count_lane(counts)
         if core._lane_overrun(t0):
             core._on_timeout(sum(1 for d in drafts if d))
@@ -129,4 +151,3 @@ class LaneEngine:
 
     def close(self) -> None:
         self.stop_all()
-

@@ -1,10 +1,12 @@
 """Schedule mode's host record of every request's tokens (``TokenFeed``), the rows it hands the proposer, and the
 tensor helpers around the draft buffer (``pad_rows``, ``valid_counts``). Never imports vLLM (CPU-tested)."""
+
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +41,7 @@ class Rows:
     sampled: list[list[int]]
     lengths: np.ndarray  # [rows] int64 context length after the new tokens
     prompt_lens: np.ndarray  # [rows] int64
-    contexts: "HistoryView" = field(repr=False)
+    contexts: HistoryView = field(repr=False)
     fillers: list[int] = field(default_factory=list, repr=False)  # [rows] last known token (0: none): padding
 
 
@@ -70,8 +72,7 @@ class TokenFeed:
         self.step = 0
         self.stats = FeedStats()
 
-    def admit(self, rid: str, prompt: Sequence[int] | None, outputs: Sequence[int] | None, *,
-              returning: bool) -> None:
+    def admit(self, rid: str, prompt: Sequence[int] | None, outputs: Sequence[int] | None, *, returning: bool) -> None:
         """A request appears in a step: record its context if new (or back after an absence and known to vLLM)."""
         if rid in self.history and not returning:
             return
@@ -142,8 +143,14 @@ class TokenFeed:
             prompts.append(prompt_len[rid])
             fillers.append(hist[-1] if hist else 0)
         ids = list(req_ids)
-        return Rows(ids, sampled, np.array(lengths, dtype=np.int64), np.array(prompts, dtype=np.int64),
-                    HistoryView(ids, history), fillers)
+        return Rows(
+            ids,
+            sampled,
+            np.array(lengths, dtype=np.int64),
+            np.array(prompts, dtype=np.int64),
+            HistoryView(ids, history),
+            fillers,
+        )
 
     def _forget_absent(self) -> None:
         old = [rid for rid, seen in self.last_seen.items() if self.step - seen > MAX_ABSENT_STEPS]

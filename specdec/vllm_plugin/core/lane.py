@@ -11,9 +11,11 @@ moving rows, finished requests, resyncs and padding). Switched by the ``native_s
 with ``deadline_mode="auto"`` only (a step runs inline: one that overruns ``draft_timeout_ms`` is dropped and
 counted; after ``LANE_MAX_OVERRUNS`` of them the proposer falls back to the threaded Python path for good).
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -30,16 +32,25 @@ class Lane(Protocol):
     request_ids: dict[str, int]
 
     def lane_config(self, **constants: Any) -> None: ...
-    def lane_restart(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int],
-                     n_known: int) -> None: ...
+    def lane_restart(
+        self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int], n_known: int
+    ) -> None: ...
     def lane_start(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int]) -> None: ...
     def lane_invalidate(self, request_id: str) -> None: ...
     def lane_threads(self, n: int) -> None: ...
     def lane_refresh(self) -> int: ...
-    def lane_step(self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]], lengths: Any,
-                  **decisions: Any) -> tuple[list[list[int]], list[int], int, int]: ...
-    def lane_step_tokens(self, req_ids: Sequence[str], tokens: Any, known: Sequence[int], fillers: Sequence[int],
-                         out: Any, **decisions: Any) -> tuple[list[int] | None, list[int], int, int]: ...
+    def lane_step(
+        self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]], lengths: Any, **decisions: Any
+    ) -> tuple[list[list[int]], list[int], int, int]: ...
+    def lane_step_tokens(
+        self,
+        req_ids: Sequence[str],
+        tokens: Any,
+        known: Sequence[int],
+        fillers: Sequence[int],
+        out: Any,
+        **decisions: Any,
+    ) -> tuple[list[int] | None, list[int], int, int]: ...
     def stop(self, request_id: str) -> None: ...
 
 
@@ -48,9 +59,15 @@ def find_lane(drafter: Any) -> Lane | None:
     get = getattr(drafter, "native_lane", None)
     lane = get() if callable(get) else None
     if lane is not None:
-        lane.lane_config(probe_tokens=PROBE_TOKENS, accept_alpha=ACCEPT_EMA_ALPHA, calib_decay=CALIB_DECAY,
-                         min_calib_mass=MIN_CALIBRATION_MASS, min_calib=MIN_CALIBRATION,
-                         max_calib=MAX_CALIBRATION, max_cut=MAX_CUT)
+        lane.lane_config(
+            probe_tokens=PROBE_TOKENS,
+            accept_alpha=ACCEPT_EMA_ALPHA,
+            calib_decay=CALIB_DECAY,
+            min_calib_mass=MIN_CALIBRATION_MASS,
+            min_calib=MIN_CALIBRATION,
+            max_calib=MAX_CALIBRATION,
+            max_cut=MAX_CUT,
+        )
     return lane
 
 
@@ -63,9 +80,16 @@ class LaneCounts:
         self.accepted = self.drafted = self.started = self.resyncs = 0
 
 
-def lane_step(lane: Lane, req_ids: Sequence[str], sampled: Sequence[Sequence[int]], lengths: np.ndarray,
-              token_ids_cpu: Any, *, num_prompt_tokens: np.ndarray | None,
-              decisions: dict[str, Any]) -> tuple[list[list[int]], LaneCounts]:
+def lane_step(
+    lane: Lane,
+    req_ids: Sequence[str],
+    sampled: Sequence[Sequence[int]],
+    lengths: np.ndarray,
+    token_ids_cpu: Any,
+    *,
+    num_prompt_tokens: np.ndarray | None,
+    decisions: dict[str, Any],
+) -> tuple[list[list[int]], LaneCounts]:
     """One proposer step over ``len(sampled)`` rows (one native call; two when a row must restart). ``lengths`` [>= rows] context lengths after the new tokens,
     ``token_ids_cpu`` [rows, max_model_len] (rows to restart read their context from it), ``decisions``: the
     keyword arguments of ``Lane.lane_step`` besides the rows (k, max_model_len, spec, pad, adaptive, ...)."""
@@ -92,9 +116,17 @@ def lane_step(lane: Lane, req_ids: Sequence[str], sampled: Sequence[Sequence[int
     return drafts, counts
 
 
-def lane_step_tokens(lane: Lane, req_ids: Sequence[str], tokens: np.ndarray, known: Sequence[int],
-                     fillers: Sequence[int], out: np.ndarray, *, context: Callable[[int], tuple[list[int], int]],
-                     decisions: dict[str, Any]) -> tuple[list[int], LaneCounts]:
+def lane_step_tokens(
+    lane: Lane,
+    req_ids: Sequence[str],
+    tokens: np.ndarray,
+    known: Sequence[int],
+    fillers: Sequence[int],
+    out: np.ndarray,
+    *,
+    context: Callable[[int], tuple[list[int], int]],
+    decisions: dict[str, Any],
+) -> tuple[list[int], LaneCounts]:
     """``lane_step`` for schedule mode's rows as captured: ``tokens`` [>= rows, w] int32 (-1 = rejected), ``known``
     [rows] context lengths before them, ``fillers`` [rows] last tokens before them; the padded drafts go straight
     into ``out`` [>= rows, width] int32 and their lengths come back (one native call; two when a row must restart).
@@ -112,8 +144,13 @@ def lane_step_tokens(lane: Lane, req_ids: Sequence[str], tokens: np.ndarray, kno
     return lengths, counts
 
 
-def _restart_rows(lane: Lane, req_ids: Sequence[str], redo: Sequence[int],
-                  context: Callable[[int], tuple[list[int], int]], counts: LaneCounts) -> None:
+def _restart_rows(
+    lane: Lane,
+    req_ids: Sequence[str],
+    redo: Sequence[int],
+    context: Callable[[int], tuple[list[int], int]],
+    counts: LaneCounts,
+) -> None:
     """Restart the rows ``redo`` (new requests, preempted ones coming back, contexts that jumped) from their
     context (``context(i)``: row i's tokens after its new ones and its prompt length); the next lane call drafts."""
     known = lane.request_ids

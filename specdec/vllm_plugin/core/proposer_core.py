@@ -13,6 +13,7 @@ does not follow from what the drafter knows (preemption, recompute) is restarted
 Requests absent from the batch are stopped (finished, aborted or preempted; a preempted one is restarted when it
 returns).
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,8 +43,15 @@ PERIOD_EMA = 0.9  # decay of the step-period average
 class ProposerCore:
     """Turns vLLM's per-step rows into drafter calls and chain drafts (see the module docstring)."""
 
-    def __init__(self, drafter: Drafter, options: SpecdecOptions, *, max_model_len: int,
-                 target_params: float = 0.0, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        drafter: Drafter,
+        options: SpecdecOptions,
+        *,
+        max_model_len: int,
+        target_params: float = 0.0,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         """``target_params``: the served model's parameter count (pad_drafts="auto" estimates the compute of
         padded tokens as 2 x params FLOPs each; 0 = unknown, then "auto" never pads)."""
         self.options = options
@@ -53,8 +61,11 @@ class ProposerCore:
         self.stats = ProposerStats()
         self.clock = clock
         self.adaptive = AdaptiveController(
-            enabled=options.adaptive, min_path_prob=options.min_path_prob,
-            min_path_prob_per_seq=options.min_path_prob_per_seq, min_acceptance=options.min_acceptance)
+            enabled=options.adaptive,
+            min_path_prob=options.min_path_prob,
+            min_path_prob_per_seq=options.min_path_prob_per_seq,
+            min_acceptance=options.min_acceptance,
+        )
         self.costs: dict[int, StepCostModel] = {}  # one step-cost fit per batch-size bucket
         self._last_t: float | None = None
         self._last_verified = 0
@@ -89,23 +100,41 @@ class ProposerCore:
         return self.python.requests
 
     # ----------------------------------------------------------------- the step
-    def step(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],
-             num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray, *,
-             num_prompt_tokens: np.ndarray | None = None, k: int | None = None,
-             pad: bool | None = None) -> list[list[int]]:
+    def step(
+        self,
+        req_ids: Sequence[str],
+        sampled_token_ids: Sequence[Sequence[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        *,
+        num_prompt_tokens: np.ndarray | None = None,
+        k: int | None = None,
+        pad: bool | None = None,
+    ) -> list[list[int]]:
         """One proposer call. Arrays are vLLM's: ``num_tokens_no_spec`` [max_num_reqs] int32,
         ``token_ids_cpu`` [max_num_reqs, max_model_len] int32, ``num_prompt_tokens`` [max_num_reqs].
         ``pad``: pad every row to ``k`` (True) or not (False) whatever ``pad_drafts`` says (None: it decides)."""
         plan = self._begin(req_ids, list(map(len, sampled_token_ids)), k, pad)
         self._stop_absent(plan.present)
-        drafts = self.engine.draft_rows(req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
-                                        num_prompt_tokens, plan=plan)
+        drafts = self.engine.draft_rows(
+            req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, num_prompt_tokens, plan=plan
+        )
         self.stats.propose_seconds += self.clock() - plan.t0
         return self._end(plan, drafts)
 
-    def step_tokens(self, req_ids: Sequence[str], tokens: np.ndarray, new: Sequence[int], known: Sequence[int],
-                    fillers: Sequence[int], out: np.ndarray, *, context: Callable[[int], tuple[list[int], int]],
-                    k: int | None = None, pad: bool | None = None) -> list[int] | None:
+    def step_tokens(
+        self,
+        req_ids: Sequence[str],
+        tokens: np.ndarray,
+        new: Sequence[int],
+        known: Sequence[int],
+        fillers: Sequence[int],
+        out: np.ndarray,
+        *,
+        context: Callable[[int], tuple[list[int], int]],
+        k: int | None = None,
+        pad: bool | None = None,
+    ) -> list[int] | None:
         """``step`` for schedule mode's captured rows, through the lane's token-matrix call: ``tokens`` [>= rows, w]
         int32 (-1 = rejected), ``new`` [rows] their leading valid counts, ``known`` / ``fillers`` [rows] context
         lengths and last tokens before them, ``out`` [>= rows, width] int32: each row's padded draft is written
@@ -118,8 +147,9 @@ class ProposerCore:
         self._stop_absent(plan.present)
         decisions = self._lane_decisions(k=plan.k, mode=plan.mode, running=plan.running)
         t0 = self.clock()
-        lengths, counts = lane_step_tokens(self.lane, req_ids, tokens, known, fillers, out, context=context,
-                                           decisions=decisions)
+        lengths, counts = lane_step_tokens(
+            self.lane, req_ids, tokens, known, fillers, out, context=context, decisions=decisions
+        )
         self._count_lane(counts)
         dropped = self._lane_overrun(t0)
         self.stats.propose_seconds += self.clock() - plan.t0
@@ -192,9 +222,16 @@ class ProposerCore:
         """The keyword arguments of ``Lane.lane_step`` besides the rows."""
         enabled = self.adaptive.enabled
         value = self._cost(bucket_of(running)).token_cost() if enabled else 0.0
-        return {"k": k, "max_model_len": self.max_model_len, "spec": mode != "plain", "pad": self._pad_now,
-                "adaptive": enabled, "min_acceptance": self.adaptive.min_acceptance,
-                "floor": self.adaptive.cut(running) if enabled else self.adaptive.min_path_prob, "value": value}
+        return {
+            "k": k,
+            "max_model_len": self.max_model_len,
+            "spec": mode != "plain",
+            "pad": self._pad_now,
+            "adaptive": enabled,
+            "min_acceptance": self.adaptive.min_acceptance,
+            "floor": self.adaptive.cut(running) if enabled else self.adaptive.min_path_prob,
+            "value": value,
+        }
 
     def _leave_lane(self) -> None:
         """Back to the Python engine: the lane's requests stop (they restart from their context when next seen)."""
@@ -281,9 +318,12 @@ class ProposerCore:
         self.guard.stats.timeouts += 1
         if not self._timeout_logged:
             self._timeout_logged = True
-            logger.warning("specdec: drafting %d request(s) took longer than draft_timeout_ms=%.1f; that step goes "
-                           "on without drafts (counted as draft_timeouts; not logged again)",
-                           n, self.options.draft_timeout_ms)
+            logger.warning(
+                "specdec: drafting %d request(s) took longer than draft_timeout_ms=%.1f; that step goes "
+                "on without drafts (counted as draft_timeouts; not logged again)",
+                n,
+                self.options.draft_timeout_ms,
+            )
 
     # ----------------------------------------------------------------- reporting
     def stats_dict(self) -> dict[str, Any]:
@@ -305,10 +345,18 @@ class ProposerCore:
         if every > 0 and now - self._last_log >= every:
             self._last_log = now
             s = self.stats
-            logger.info("specdec: %d steps, drafted %d, accepted %d (%.1f%%), %.3f ms/step in propose, "
-                        "%d timeouts, %d errors, %d plain steps", s.steps, s.drafted_tokens, s.accepted_tokens,
-                        100 * s.accepted_tokens / max(s.drafted_tokens, 1), 1e3 * s.propose_seconds / s.steps,
-                        s.timeouts, self.guard.stats.errors, s.plain_steps)
+            logger.info(
+                "specdec: %d steps, drafted %d, accepted %d (%.1f%%), %.3f ms/step in propose, "
+                "%d timeouts, %d errors, %d plain steps",
+                s.steps,
+                s.drafted_tokens,
+                s.accepted_tokens,
+                100 * s.accepted_tokens / max(s.drafted_tokens, 1),
+                1e3 * s.propose_seconds / s.steps,
+                s.timeouts,
+                self.guard.stats.errors,
+                s.plain_steps,
+            )
 
     def close(self) -> None:
         self.engine.close()

@@ -7,6 +7,7 @@ batched drafter job: inline, or on the deadline thread (``DraftWorker``) where `
 inline; one overrun sends it back to the thread for good. Each chain is cut at the drafter's budget and at the
 first path probability under the step's cut, then padded where the step pads.
 """
+
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
@@ -48,13 +49,30 @@ class PythonEngine:
     def request_ids(self) -> Collection[str]:
         return self.requests
 
-    def draft_rows(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],
-                   num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray, num_prompt_tokens: np.ndarray | None,
-                   *, plan: StepPlan) -> list[list[int]]:
+    def draft_rows(
+        self,
+        req_ids: Sequence[str],
+        sampled_token_ids: Sequence[Sequence[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        num_prompt_tokens: np.ndarray | None,
+        *,
+        plan: StepPlan,
+    ) -> list[list[int]]:
         """One ``Order`` per row, a batched drafter job (maybe threaded), cut and pad."""
-        orders: list[Order | None] = [self._row(i, req_ids[i], sampled_token_ids[i], int(num_tokens_no_spec[i]),
-                                                token_ids_cpu, num_prompt_tokens, plan.k, plan.mode)
-                                      for i in range(len(sampled_token_ids))]
+        orders: list[Order | None] = [
+            self._row(
+                i,
+                req_ids[i],
+                sampled_token_ids[i],
+                int(num_tokens_no_spec[i]),
+                token_ids_cpu,
+                num_prompt_tokens,
+                plan.k,
+                plan.mode,
+            )
+            for i in range(len(sampled_token_ids))
+        ]
         drafts, preds, reals = self._draft(orders, plan.running)
         for i, d in enumerate(drafts):
             st = self.requests.get(req_ids[i])
@@ -100,8 +118,17 @@ class PythonEngine:
             self._job(ops, [])
 
     # ----------------------------------------------------------------- rows
-    def _row(self, i: int, rid: str, sampled: Sequence[int], n: int, token_ids_cpu: np.ndarray,
-             num_prompt_tokens: np.ndarray | None, k: int, mode: str) -> Order | None:
+    def _row(
+        self,
+        i: int,
+        rid: str,
+        sampled: Sequence[int],
+        n: int,
+        token_ids_cpu: np.ndarray,
+        num_prompt_tokens: np.ndarray | None,
+        k: int,
+        mode: str,
+    ) -> Order | None:
         if not sampled:  # partial prefill or a discarded row: no new tokens, no draft
             return None
         stats = self.core.stats
@@ -201,8 +228,12 @@ class PythonEngine:
         self._job_count += 1
         self.max_job_s = max(self.max_job_s, seconds)
         self._slow_jobs += seconds >= AUTO_INLINE_FRACTION * self.core.timeout_s
-        if (self.core.options.deadline_mode == "auto" and not self.inline_banned
-                and self._job_count >= AUTO_PROBE_JOBS and self._slow_jobs <= AUTO_SLOW_JOBS_TOLERATED):
+        if (
+            self.core.options.deadline_mode == "auto"
+            and not self.inline_banned
+            and self._job_count >= AUTO_PROBE_JOBS
+            and self._slow_jobs <= AUTO_SLOW_JOBS_TOLERATED
+        ):
             self.inline_ok = True
 
     def _job(self, ops: list[Op], wanted: list[DraftRequest]) -> list[Chain]:
@@ -216,8 +247,9 @@ def _nothing(orders: list) -> Drafted:
     return [[] for _ in orders], [None for _ in orders], [0 for _ in orders]
 
 
-def chain_draft(tokens: list[int], probs: list[float] | None, budget: int, cut: float, *, pad: int = 0,
-                filler: int = 0) -> tuple[list[int], float | None, int]:
+def chain_draft(
+    tokens: list[int], probs: list[float] | None, budget: int, cut: float, *, pad: int = 0, filler: int = 0
+) -> tuple[list[int], float | None, int]:
     """(chain tokens to submit, sum of the drafter's own tokens' path probabilities or None, their count).
 
     The drafter's own tokens stop at ``budget`` and at the first path probability below ``cut``. With

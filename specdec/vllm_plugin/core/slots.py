@@ -46,10 +46,11 @@ The book is shared between the runner (writer, after drafting) and the scheduler
 same process with vLLM's one-GPU executor (the only one schedule mode runs under) and share the engine's config
 object, which carries the book (``attach_book``). Never imports vLLM.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 SLOT_MODES = ("uniform", "adaptive")
 PLACEHOLDER = -1  # vLLM's draft-slot placeholder id under async scheduling (also its rejected-token id)
@@ -92,11 +93,19 @@ class SlotBook:
     ``note`` replaces the whole table with the rows of the latest drafting step (requests that left the batch drop
     out); a request not in the table (new, or back from preemption) gets ``k``."""
 
-    def __init__(self, k: int, *, prefill_cap: int = -1, growth: float = 0.0,
-                 min_share: float = 0.0,
-                 narrow: int = 0, narrow_rows: tuple[int, int] = (0, 0),
-                 large: tuple[int, float] = (0, 0.0), high: tuple[int, float] = (0, 0.0),
-                 high_ragged: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        k: int,
+        *,
+        prefill_cap: int = -1,
+        growth: float = 0.0,
+        min_share: float = 0.0,
+        narrow: int = 0,
+        narrow_rows: tuple[int, int] = (0, 0),
+        large: tuple[int, float] = (0, 0.0),
+        high: tuple[int, float] = (0, 0.0),
+        high_ragged: Callable[[], bool] | None = None,
+    ) -> None:
         if k < 1:
             raise ValueError(f"k={k}: a slot book needs at least one draft slot per request")
         if not growth >= 0:
@@ -131,18 +140,32 @@ class SlotBook:
         self._grants_before: dict[str, tuple[int, int]] = {}  # the previous schedule's (its step's tokens come next)
 
     @classmethod
-    def policy(cls, k: int, *, narrow: bool = True, prefill_cap: int = -1,
-               high_ragged: Callable[[], bool] | None = None) -> "SlotBook":
+    def policy(
+        cls, k: int, *, narrow: bool = True, prefill_cap: int = -1, high_ragged: Callable[[], bool] | None = None
+    ) -> SlotBook:
         """The book of the slot policy (the module constants); ``narrow`` False: per-request slots only (no narrow
         graphs); ``high_ragged``: while the MAT is high, mid-size steps take per-request slots if it says the
         ragged graphs are captured."""
-        return cls(k, prefill_cap=prefill_cap, growth=SLOT_GROWTH, min_share=SLOT_GROWTH_MIN_SHARE,
-                   narrow=NARROW_WIDTH if narrow else 0, narrow_rows=(NARROW_FROM_ROWS, NARROW_BELOW_ROWS),
-                   large=(LARGE_BATCH_WIDTH if narrow else 0, LOW_MAT), high=(HIGH_MAT_WIDTH, HIGH_MAT),
-                   high_ragged=high_ragged)
+        return cls(
+            k,
+            prefill_cap=prefill_cap,
+            growth=SLOT_GROWTH,
+            min_share=SLOT_GROWTH_MIN_SHARE,
+            narrow=NARROW_WIDTH if narrow else 0,
+            narrow_rows=(NARROW_FROM_ROWS, NARROW_BELOW_ROWS),
+            large=(LARGE_BATCH_WIDTH if narrow else 0, LOW_MAT),
+            high=(HIGH_MAT_WIDTH, HIGH_MAT),
+            high_ragged=high_ragged,
+        )
 
-    def note(self, req_ids: Sequence[str], draft_lengths: Sequence[int], *, emitted: Sequence[int] = (),
-             token_cost: float = 0.0) -> None:
+    def note(
+        self,
+        req_ids: Sequence[str],
+        draft_lengths: Sequence[int],
+        *,
+        emitted: Sequence[int] = (),
+        token_cost: float = 0.0,
+    ) -> None:
         """After drafting a step: ``draft_lengths`` [rows] = tokens of each row's draft worth verifying; ``UNKNOWN``
         for a row that had no new token to draft from (a prompt still prefilling): that request gets ``k``.
         ``emitted`` [rows]: the tokens each row got from the step just verified (accepted + 1), which settle the
@@ -257,16 +280,26 @@ class SlotBook:
         return self._placeholders[n]
 
     def as_dict(self) -> dict[str, float | None]:
-        return {"slots_granted": self.granted, "slots_offered": self.offered,
-                "slot_share": self.granted / self.offered if self.offered else 1.0,
-                "prefill_steps": self.prefill_steps, "prefill_trimmed_slots": self.prefill_trimmed,
-                "slot_growth": self.growth, "growth_notes": self.growth_notes, "notes": self.notes,
-                "growth_extra_slots": self.extra_granted, "growth_extra_used": self.extra_used,
-                "growth_paid_share": self.paid, "narrow_slots": self.narrow, "narrow_steps": self.narrow_steps,
-                "large_batch_narrow_slots": self.large_width, "high_mat_narrow_slots": self.high_width,
-                "mat": self.mat,
-                "ragged_high_mat_steps": self.ragged_high_steps,
-                **{f"narrow_steps_w{w}": n for w, n in sorted(self.width_steps.items())}}
+        return {
+            "slots_granted": self.granted,
+            "slots_offered": self.offered,
+            "slot_share": self.granted / self.offered if self.offered else 1.0,
+            "prefill_steps": self.prefill_steps,
+            "prefill_trimmed_slots": self.prefill_trimmed,
+            "slot_growth": self.growth,
+            "growth_notes": self.growth_notes,
+            "notes": self.notes,
+            "growth_extra_slots": self.extra_granted,
+            "growth_extra_used": self.extra_used,
+            "growth_paid_share": self.paid,
+            "narrow_slots": self.narrow,
+            "narrow_steps": self.narrow_steps,
+            "large_batch_narrow_slots": self.large_width,
+            "high_mat_narrow_slots": self.high_width,
+            "mat": self.mat,
+            "ragged_high_mat_steps": self.ragged_high_steps,
+            **{f"narrow_steps_w{w}": n for w, n in sorted(self.width_steps.items())},
+        }
 
 
 ENGINE_BOOK = "_specdec_slot_book"  # attribute of an engine's vLLM config: the slot book of its proposer

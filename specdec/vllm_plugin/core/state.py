@@ -1,4 +1,5 @@
 """Per-request and per-proposer records of ``ProposerCore`` (specdec/vllm_plugin/core.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ class RequestState:
         if self.pred_ema < MIN_CALIBRATION_MASS:
             return 1.0
         return min(MAX_CALIBRATION, max(MIN_CALIBRATION, self.acc_ema / self.pred_ema))
+
     acceptance_ema: float | None = None
 
 

@@ -1,8 +1,10 @@
 """The proposer's drafting thread: run a job, give up waiting at a deadline (the job keeps running)."""
+
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class DraftWorker:

@@ -6,11 +6,13 @@
 ``SpecdecOptions.from_dict`` validates ours (unknown key -> ``ConfigError`` naming it and the valid keys).
 This module never imports vLLM (CPU tests and CI use it directly).
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from specdec.config import ConfigBase, ConfigError, load_yaml, rng
 from specdec.vllm_plugin.core.slots import SLOT_MODES, policy_widths
@@ -21,15 +23,28 @@ ADDITIONAL_CONFIG_KEY = "specdec"  # where our options travel: vllm_config.addit
 MAX_SPEC_LEN = 128  # vLLM's rejection sampler limit on draft length
 
 # Keys of vLLM's SpeculativeConfig that may appear beside ours in a "specdec" dict (passed through to vLLM).
-VLLM_KEYS = frozenset({
-    "method", "model", "num_speculative_tokens", "enforce_eager", "draft_tensor_parallel_size",
-    "disable_padded_drafter_batch", "num_speculative_tokens_per_batch_size", "rejection_sample_method",
-    "draft_sample_method", "synthetic_acceptance_rates", "synthetic_acceptance_length", "max_model_len",
-})
+VLLM_KEYS = frozenset(
+    {
+        "method",
+        "model",
+        "num_speculative_tokens",
+        "enforce_eager",
+        "draft_tensor_parallel_size",
+        "disable_padded_drafter_batch",
+        "num_speculative_tokens_per_batch_size",
+        "rejection_sample_method",
+        "draft_sample_method",
+        "synthetic_acceptance_rates",
+        "synthetic_acceptance_length",
+        "max_model_len",
+    }
+)
 PAD_CHOICES = ("auto", "on", "off", True, False)
 KEY_ALIASES = {"async": "async_drafting"}  # `async` is a Python keyword; users write "async": true
 ASYNC_MODES = ("auto", "thread", "schedule")
-AUTO_SCHEDULE_MIN_PARAMS = 1e9  # async_mode "auto": targets this large draft in "schedule" mode (one GPU), else "thread"
+AUTO_SCHEDULE_MIN_PARAMS = (
+    1e9  # async_mode "auto": targets this large draft in "schedule" mode (one GPU), else "thread"
+)
 SCHEDULE_LANE_THREADS = 4  # lane_threads 0 ("auto") in schedule mode, where the GPU waits for the drafting
 # suffix drafts at most their match length where verified tokens cost (large batches), at most 8x it where rows are
 # padded to k anyway (padding makes the extra tokens free)
@@ -54,46 +69,81 @@ class SpecdecOptions(ConfigBase):
     draft_model: str = rng("", doc="the draft model folder for drafter 'model' (same tokenizer as the served model)")
     num_speculative_tokens: int = rng(16, lo=1, hi=MAX_SPEC_LEN, doc="most draft tokens per request and step (k)")
     async_drafting: bool = rng(True, doc="draft off vLLM's critical path (key 'async'); how: async_mode")
-    async_mode: str = rng("auto", choices=ASYNC_MODES,
-                          doc="'schedule': vLLM's async scheduling, the GPU waits for the drafts; 'thread': the "
-                              "drafter's own thread drafts while vLLM processes outputs; 'auto': 'schedule' for "
-                              "targets of at least 1e9 parameters on one GPU, else 'thread'")
-    draft_timeout_ms: float = rng(50.0, lo=0.0, hi=60_000.0,
-                                  doc="per-step drafting deadline; past it the step gets no draft (0: none)")
-    draft_slots: str = rng("adaptive", choices=SLOT_MODES,
-                           doc="schedule mode: 'adaptive' reserves each request the slots its latest draft can "
-                               "use (slot policy in core/slots.py); 'uniform': k for every request")
-    narrow_graphs: bool = rng(True, doc="schedule mode with adaptive slots: mid-size and low-acceptance batches "
-                                        "verify a uniform width, run as extra FULL CUDA graphs")
-    ragged_graphs: bool = rng(True, doc="schedule mode: verify batches of per-request lengths run as FULL CUDA "
-                                        "graphs (where every attention backend supports them)")
-    pad_drafts: Any = rng("auto", doc="'on': pad every draft to k (uniform batch, FULL CUDA graph); 'off'; 'auto': "
-                                      "pad when the padded tokens cost under 10% of the step")
-    cudagraph_max_tokens: int = rng(-1, lo=-1, hi=1 << 16,
-                                    doc="-1: raise vLLM's CUDA-graph capture limit to max_num_seqs x (k+1) (at "
-                                        "most 2048) unless set; 0: vLLM's default; N: N tokens")
+    async_mode: str = rng(
+        "auto",
+        choices=ASYNC_MODES,
+        doc="'schedule': vLLM's async scheduling, the GPU waits for the drafts; 'thread': the "
+        "drafter's own thread drafts while vLLM processes outputs; 'auto': 'schedule' for "
+        "targets of at least 1e9 parameters on one GPU, else 'thread'",
+    )
+    draft_timeout_ms: float = rng(
+        50.0, lo=0.0, hi=60_000.0, doc="per-step drafting deadline; past it the step gets no draft (0: none)"
+    )
+    draft_slots: str = rng(
+        "adaptive",
+        choices=SLOT_MODES,
+        doc="schedule mode: 'adaptive' reserves each request the slots its latest draft can "
+        "use (slot policy in core/slots.py); 'uniform': k for every request",
+    )
+    narrow_graphs: bool = rng(
+        True,
+        doc="schedule mode with adaptive slots: mid-size and low-acceptance batches "
+        "verify a uniform width, run as extra FULL CUDA graphs",
+    )
+    ragged_graphs: bool = rng(
+        True,
+        doc="schedule mode: verify batches of per-request lengths run as FULL CUDA "
+        "graphs (where every attention backend supports them)",
+    )
+    pad_drafts: Any = rng(
+        "auto",
+        doc="'on': pad every draft to k (uniform batch, FULL CUDA graph); 'off'; 'auto': "
+        "pad when the padded tokens cost under 10% of the step",
+    )
+    cudagraph_max_tokens: int = rng(
+        -1,
+        lo=-1,
+        hi=1 << 16,
+        doc="-1: raise vLLM's CUDA-graph capture limit to max_num_seqs x (k+1) (at "
+        "most 2048) unless set; 0: vLLM's default; N: N tokens",
+    )
     adaptive: bool = rng(True, doc="shorten drafts where they cannot pay (step-cost model, per-request acceptance)")
     lane_threads: int = rng(0, lo=0, hi=64, doc="threads drafting one step's rows (0: 4 in schedule mode, else 1)")
     strict: bool = rng(False, doc="re-raise drafter errors (debugging: a drafter failure then fails the engine)")
     log_every_s: float = rng(60.0, lo=0.0, hi=86_400.0, doc="log drafting statistics this often (0: never)")
     # ----------------------------------------------------------------- internal settings (not user options)
-    deadline_mode: str = rng("auto", choices=("auto", "thread"),
-                             doc="'thread': every draft runs on a worker thread under the deadline; 'auto': "
-                                 "inline once AUTO_PROBE_JOBS jobs proved fast (an overrun goes back for good)")
+    deadline_mode: str = rng(
+        "auto",
+        choices=("auto", "thread"),
+        doc="'thread': every draft runs on a worker thread under the deadline; 'auto': "
+        "inline once AUTO_PROBE_JOBS jobs proved fast (an overrun goes back for good)",
+    )
     native_step: bool = rng(True, doc="a drafter with a native one-call step runs it (same drafts as Python)")
-    thread_spin_us: float = rng(3000.0, lo=0.0, hi=100_000.0,
-                                doc="thread mode: the drafter's thread and the engine thread spin this long "
-                                    "before sleeping between steps")
-    device_wait: bool = rng(True, doc="schedule mode: the GPU, not the host, waits for a step's drafts (a stream "
-                                      "wait on a pinned word; falls back to host fills by itself)")
+    thread_spin_us: float = rng(
+        3000.0,
+        lo=0.0,
+        hi=100_000.0,
+        doc="thread mode: the drafter's thread and the engine thread spin this long before sleeping between steps",
+    )
+    device_wait: bool = rng(
+        True,
+        doc="schedule mode: the GPU, not the host, waits for a step's drafts (a stream "
+        "wait on a pinned word; falls back to host fills by itself)",
+    )
     matrix_step: bool = rng(True, doc="schedule mode: the drafting reads the captured token matrix in one call")
     early_refresh: bool = rng(True, doc="schedule mode: stale global-cache fronts are rebuilt while the GPU runs")
-    prefill_step_slots: int = rng(0, lo=-1, hi=MAX_SPEC_LEN,
-                                  doc="adaptive slots: draft slots per decoding request on a heavy prefill step "
-                                      "(compute-bound; -1: no cap)")
-    ragged_prefill_tokens: int = rng(256, lo=0, hi=1 << 14,
-                                     doc="ragged graphs: prompt chunks of at most this many tokens ride in them "
-                                         "too (a second family; 0: off)")
+    prefill_step_slots: int = rng(
+        0,
+        lo=-1,
+        hi=MAX_SPEC_LEN,
+        doc="adaptive slots: draft slots per decoding request on a heavy prefill step (compute-bound; -1: no cap)",
+    )
+    ragged_prefill_tokens: int = rng(
+        256,
+        lo=0,
+        hi=1 << 14,
+        doc="ragged graphs: prompt chunks of at most this many tokens ride in them too (a second family; 0: off)",
+    )
     min_path_prob: float = rng(0.0, lo=0.0, hi=1.0, doc="drop draft tokens of a lower path probability")
     min_path_prob_per_seq: float = rng(0.0, lo=0.0, hi=1.0, doc="that floor grows by this much per running request")
     min_acceptance: float = rng(0.1, lo=0.0, hi=1.0, doc="a request whose acceptance EMA falls below drafts 2 tokens")
@@ -138,9 +188,12 @@ class SpecdecOptions(ConfigBase):
         if self.draft_model and not isinstance(self.draft_model, str):
             raise ConfigError(f"{where}draft_model={self.draft_model!r} must be a folder path (a string)")
         if self.pad_drafts not in PAD_CHOICES:
-            raise ConfigError(f"{where}pad_drafts={self.pad_drafts!r} must be one of 'auto', 'on', 'off' (or true/false)")
+            raise ConfigError(
+                f"{where}pad_drafts={self.pad_drafts!r} must be one of 'auto', 'on', 'off' (or true/false)"
+            )
         if not isinstance(self.drafter, (str, list, tuple, dict)):
             raise ConfigError(f"{where}drafter={self.drafter!r} must be a name, a dict with 'name', or a list")
+
 
 USER_KEYS = frozenset(list(SpecdecOptions.__dataclass_fields__)[:16])  # the user options, in declaration order
 USER_OPTION_COUNT = 16  # at most 17 user options (three more are reserved for other features)
@@ -189,8 +242,9 @@ def async_mode_for(mode: str, vllm_config: Any) -> str:
     """``resolve_async_mode`` for a vLLM config: its target's estimated size, its TP and PP sizes."""
     par = getattr(vllm_config, "parallel_config", None)
     params = estimate_params(getattr(getattr(vllm_config, "model_config", None), "hf_config", None))
-    return resolve_async_mode(mode, params=params, tp=getattr(par, "tensor_parallel_size", 1),
-                              pp=getattr(par, "pipeline_parallel_size", 1))
+    return resolve_async_mode(
+        mode, params=params, tp=getattr(par, "tensor_parallel_size", 1), pp=getattr(par, "pipeline_parallel_size", 1)
+    )
 
 
 def normalise_keys(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -208,8 +262,10 @@ def check_user_keys(data: Mapping[str, Any], *, where: str, extra: frozenset[str
     unknown = sorted(k for k in data if k not in USER_KEYS and k not in extra)
     if unknown:
         valid = sorted(USER_KEYS | extra | set(KEY_ALIASES))
-        raise ConfigError(f"{where}unknown key(s) {', '.join(map(repr, unknown))} with method={METHOD!r}; valid "
-                          f"keys: {', '.join(valid)}")
+        raise ConfigError(
+            f"{where}unknown key(s) {', '.join(map(repr, unknown))} with method={METHOD!r}; valid "
+            f"keys: {', '.join(valid)}"
+        )
 
 
 def split_speculative_config(spec: Mapping[str, Any]) -> tuple[dict[str, Any], SpecdecOptions]:

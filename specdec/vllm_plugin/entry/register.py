@@ -6,12 +6,13 @@ async-scheduling whitelist). The model runner's rows are applied when the propos
 (``patches.table.apply_patches("all")``: the rows applied here are already in place and report so), which also logs
 the start-up line of the whole table, once per engine.
 """
+
 from __future__ import annotations
 
 import logging
 
 from specdec.vllm_plugin.logs import LOGGER_NAME
-from specdec.vllm_plugin.patches.table import apply_patches, PatchReport
+from specdec.vllm_plugin.patches.table import PatchReport, apply_patches
 
 logger = logging.getLogger(LOGGER_NAME)
 

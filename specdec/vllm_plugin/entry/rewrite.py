@@ -11,6 +11,7 @@ becomes
 
 Validation (``entry.validation``) runs here, so a bad option stops ``vllm serve`` before any weight is loaded.
 """
+
 from __future__ import annotations
 
 import functools
@@ -56,8 +57,10 @@ def rewrite_engine_args(engine_args: Any) -> bool:
     extra = dict(extra) if isinstance(extra, dict) else {}
     given = extra.get(ADDITIONAL_CONFIG_KEY)
     if given is not None and given != options.user_dict():
-        raise ConfigError(f"additional_config[{ADDITIONAL_CONFIG_KEY!r}] is set and the speculative config has "
-                          f"method={METHOD!r}: give the options in one place only")
+        raise ConfigError(
+            f"additional_config[{ADDITIONAL_CONFIG_KEY!r}] is set and the speculative config has "
+            f"method={METHOD!r}: give the options in one place only"
+        )
     extra[ADDITIONAL_CONFIG_KEY] = options.user_dict()
     engine_args.speculative_config = theirs
     engine_args.additional_config = extra
@@ -83,12 +86,16 @@ def guard_full_cudagraphs(engine_args: Any) -> bool:
     else:
         try:
             from vllm.config import CUDAGraphMode  # only reached inside vLLM's engine-args path
+
             cc.cudagraph_mode = CUDAGraphMode[SAFE_CUDAGRAPH_MODE]
         except (ImportError, KeyError) as exc:
             logger.warning("specdec: cudagraph_mode=FULL may change outputs and could not be replaced (%s)", exc)
             return False
-    logger.warning("specdec: cudagraph_mode=FULL changes speculative outputs on vLLM 0.26 (mixed verify batches "
-                   "in full CUDA graphs; measured for vLLM's ngram too): using %s instead", SAFE_CUDAGRAPH_MODE)
+    logger.warning(
+        "specdec: cudagraph_mode=FULL changes speculative outputs on vLLM 0.26 (mixed verify batches "
+        "in full CUDA graphs; measured for vLLM's ngram too): using %s instead",
+        SAFE_CUDAGRAPH_MODE,
+    )
     return True
 
 
@@ -104,10 +111,14 @@ def raise_cudagraph_capture(engine_args: Any, setting: int, k: int) -> int | Non
     if setting == 0 or getattr(engine_args, "enforce_eager", False):
         return None
     cc = getattr(engine_args, "compilation_config", None)
-    given = [getattr(engine_args, "max_cudagraph_capture_size", None),
-             getattr(engine_args, "cudagraph_capture_sizes", None)]
-    given += [cc.get(key) if isinstance(cc, dict) else getattr(cc, key, None)
-              for key in ("max_cudagraph_capture_size", "cudagraph_capture_sizes")]
+    given = [
+        getattr(engine_args, "max_cudagraph_capture_size", None),
+        getattr(engine_args, "cudagraph_capture_sizes", None),
+    ]
+    given += [
+        cc.get(key) if isinstance(cc, dict) else getattr(cc, key, None)
+        for key in ("max_cudagraph_capture_size", "cudagraph_capture_sizes")
+    ]
     if any(v is not None for v in given) or not hasattr(engine_args, "max_cudagraph_capture_size"):
         return None
     if setting < 0:

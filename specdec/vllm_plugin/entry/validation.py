@@ -5,10 +5,12 @@ naming the key, the value and the fix before any weight is loaded: unknown draft
 options, a ``draft_model`` folder that does not exist, a draft model whose tokenizer differs from the served
 model's (tokenizer files compared: vocabulary and special tokens; no weights read). Never imports vLLM.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from specdec.config import ConfigError
 from specdec.drafters.model import check_tokenizer_compat
@@ -35,8 +37,10 @@ def check_drafters(options: SpecdecOptions) -> list[str]:
     names = []
     for name, own in drafter_specs(options.drafter):
         if name not in DRAFTER_NAMES:
-            raise ConfigError(f"speculative_config: drafter={name!r} is unknown; use one of "
-                              f"{', '.join(DRAFTER_NAMES)} (e.g. \"drafter\": \"suffix\")")
+            raise ConfigError(
+                f"speculative_config: drafter={name!r} is unknown; use one of "
+                f'{", ".join(DRAFTER_NAMES)} (e.g. "drafter": "suffix")'
+            )
         merged = {**dict(options.resolved_drafter_options().get(name, {})), **own}
         if name == MODEL_DRAFTER:
             merged.pop("path", None)  # checked by check_draft_model
@@ -44,8 +48,10 @@ def check_drafters(options: SpecdecOptions) -> list[str]:
         names.append(name)
     unused = sorted(set(options.drafter_options) - set(names))
     if unused:
-        raise ConfigError(f"speculative_config: drafter_options has {', '.join(map(repr, unused))} but drafter="
-                          f"{options.drafter!r} does not use them: add them to 'drafter' or remove them")
+        raise ConfigError(
+            f"speculative_config: drafter_options has {', '.join(map(repr, unused))} but drafter="
+            f"{options.drafter!r} does not use them: add them to 'drafter' or remove them"
+        )
     return names
 
 
@@ -56,15 +62,21 @@ def check_draft_model(options: SpecdecOptions, *, served: str = "") -> str:
     path = options.draft_model or str(options.drafter_options.get(MODEL_DRAFTER, {}).get("path", ""))
     if MODEL_DRAFTER not in names:
         if options.draft_model:
-            raise ConfigError(f"speculative_config: draft_model={options.draft_model!r} is set but drafter="
-                              f"{options.drafter!r} has no 'model': add \"drafter\": [\"suffix\", \"model\"] or drop it")
+            raise ConfigError(
+                f"speculative_config: draft_model={options.draft_model!r} is set but drafter="
+                f'{options.drafter!r} has no \'model\': add "drafter": ["suffix", "model"] or drop it'
+            )
         return ""
     if not path:
-        raise ConfigError("speculative_config: drafter 'model' needs \"draft_model\": \"/path/to/draft\" (a local "
-                          "model folder with config.json and the tokenizer files)")
+        raise ConfigError(
+            'speculative_config: drafter \'model\' needs "draft_model": "/path/to/draft" (a local '
+            "model folder with config.json and the tokenizer files)"
+        )
     if not Path(path).is_dir():
-        raise ConfigError(f"speculative_config: draft_model={path!r} is not a folder: give the local folder of a "
-                          "draft model that shares the served model's tokenizer")
+        raise ConfigError(
+            f"speculative_config: draft_model={path!r} is not a folder: give the local folder of a "
+            "draft model that shares the served model's tokenizer"
+        )
     if served and Path(served).is_dir():
         try:
             check_tokenizer_compat(path, served)

@@ -18,6 +18,7 @@ block the host while CUDA loads them lazily: the watchdog frees those steps too.
 symbol, no extension, a self-test that does not pass): ``DeviceWait.create`` returns None with the reason, and
 schedule mode fills from the host as before.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -64,8 +65,9 @@ def _driver() -> tuple[Any, Any, Any] | str:
 class DeviceWait:
     """One pinned sequence word, its watchdog, and the stream wait on it."""
 
-    def __init__(self, *, word: Any, flag: Any, device_ptr: int, wait_fn: Any, write_fn: Any, timeout_us: float,
-                 grace_us: float) -> None:
+    def __init__(
+        self, *, word: Any, flag: Any, device_ptr: int, wait_fn: Any, write_fn: Any, timeout_us: float, grace_us: float
+    ) -> None:
         self.word = word  # pinned int32 tensor [FLAG_WORDS]; element 0 the word, REACHED_INDEX the stream's
         self.flag = flag  # specdec._host_flag.Flag
         self.device_ptr = device_ptr
@@ -75,7 +77,7 @@ class DeviceWait:
         self.seq = 0
 
     @classmethod
-    def create(cls, device: Any, *, timeout_ms: float, grace_ms: float = 0.0) -> tuple["DeviceWait | None", str]:
+    def create(cls, device: Any, *, timeout_ms: float, grace_ms: float = 0.0) -> tuple[DeviceWait | None, str]:
         """A working device wait on ``device`` (CUDA), or (None, reason). ``timeout_ms``: the stall bound from
         each wait's enqueue; ``grace_ms`` (> 0): the drafting deadline from the GPU's arrival at the wait."""
         import torch
@@ -96,10 +98,16 @@ class DeviceWait:
         if rc != CUDA_SUCCESS:
             return None, f"cuMemHostGetDevicePointer failed (CUresult {rc})"
         timeout_us = max(float(timeout_ms), 1.0) * 1000.0
-        reached = word[REACHED_INDEX:REACHED_INDEX + 1]
-        dw = cls(word=word, flag=Flag(word.data_ptr(), reached.data_ptr()), device_ptr=int(dptr.value),
-                 wait_fn=wait_fn, write_fn=write_fn if grace_ms > 0 else None, timeout_us=timeout_us,
-                 grace_us=float(grace_ms) * 1000.0)
+        reached = word[REACHED_INDEX : REACHED_INDEX + 1]
+        dw = cls(
+            word=word,
+            flag=Flag(word.data_ptr(), reached.data_ptr()),
+            device_ptr=int(dptr.value),
+            wait_fn=wait_fn,
+            write_fn=write_fn if grace_ms > 0 else None,
+            timeout_us=timeout_us,
+            grace_us=float(grace_ms) * 1000.0,
+        )
         reason = dw._self_test(torch.device(device))
         if reason:
             dw.close()
@@ -152,14 +160,17 @@ class DeviceWait:
         self.seq += 1
         self.flag.arm(self.seq, timeout_us or self.timeout_us, self.grace_us if grace_us is None else grace_us)
         if self._write is not None:  # the stream marks its arrival at the wait (the watchdog's grace starts there)
-            rc = self._write(ctypes.c_void_p(stream.cuda_stream), self.device_ptr + 4 * REACHED_INDEX,
-                             self.seq & 0xFFFFFFFF, 0)
+            rc = self._write(
+                ctypes.c_void_p(stream.cuda_stream), self.device_ptr + 4 * REACHED_INDEX, self.seq & 0xFFFFFFFF, 0
+            )
             if rc != CUDA_SUCCESS:
                 self._write, self.grace_us = None, 0.0
-                logger.info("specdec: cuStreamWriteValue32 failed (CUresult %d); the watchdog keeps its long "
-                            "deadline", rc)
-        rc = self._wait(ctypes.c_void_p(stream.cuda_stream), self.device_ptr, self.seq & 0xFFFFFFFF,
-                        CU_STREAM_WAIT_VALUE_GEQ)
+                logger.info(
+                    "specdec: cuStreamWriteValue32 failed (CUresult %d); the watchdog keeps its long deadline", rc
+                )
+        rc = self._wait(
+            ctypes.c_void_p(stream.cuda_stream), self.device_ptr, self.seq & 0xFFFFFFFF, CU_STREAM_WAIT_VALUE_GEQ
+        )
         if rc != CUDA_SUCCESS:
             self.flag.release(self.seq)
             raise RuntimeError(f"cuStreamWaitValue32 failed (CUresult {rc})")

@@ -38,21 +38,23 @@ is filled at once (``eager``). A drafting error or overrun gives that step all-f
 in effect), counted and logged once. A request first seen mid-generation whose tokens are placeholders is
 "blind": it gets filler drafts for the rest of its life (counted). TP > 1 and PP > 1 are refused at start.
 """
+
 from __future__ import annotations
 
 import faulthandler
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from specdec.vllm_plugin.core.feed import TokenFeed, leading_counts, pad_rows, valid_counts
+from specdec.vllm_plugin.core.slots import UNKNOWN
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.patches.graph_stats import GraphStats
-from specdec.vllm_plugin.core.slots import UNKNOWN
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -88,8 +90,18 @@ class Drafted:
 class ScheduledDrafting:
     """The three calls of the module docstring, bound to one model runner and one ``ProposerCore``."""
 
-    def __init__(self, core: Any, *, k: int, max_rows: int, device: Any, device_wait: Any = None,
-                 slot_book: Any = None, matrix_step: bool = True, graph_stats: GraphStats | None = None) -> None:
+    def __init__(
+        self,
+        core: Any,
+        *,
+        k: int,
+        max_rows: int,
+        device: Any,
+        device_wait: Any = None,
+        slot_book: Any = None,
+        matrix_step: bool = True,
+        graph_stats: GraphStats | None = None,
+    ) -> None:
         import torch
 
         self.core = core
@@ -123,15 +135,13 @@ class ScheduledDrafting:
         bool on the device. The backups go up from a pinned buffer of the slot the step's capture will use."""
         if not discard:
             return valid_counts(sampled)
-        host = self.backups[self.next_slot][:int(sampled.shape[0])]
+        host = self.backups[self.next_slot][: int(sampled.shape[0])]
         host.zero_()
         for row, token in discard.items():
             host[row] = token
         return valid_counts(sampled, discard_mask, host.to(self.device, non_blocking=True))
 
-
-    def capture(self, sampled: Any, req_ids: Sequence[str], discard: set[int], *,
-                requests: dict[str, Any]) -> None:
+    def capture(self, sampled: Any, req_ids: Sequence[str], discard: set[int], *, requests: dict[str, Any]) -> None:
         """Start the copy of ``sampled`` [rows, w] (w <= k+1) and note the step's rows (runner: after sampling)."""
         import torch
 
@@ -145,8 +155,12 @@ class ScheduledDrafting:
             returning = rid not in prev and rid in self.feed.history
             if rid not in self.feed.history or returning:
                 state = requests.get(rid)
-                self.feed.admit(rid, getattr(state, "prompt_token_ids", None), getattr(state, "output_token_ids", None),
-                                returning=returning)
+                self.feed.admit(
+                    rid,
+                    getattr(state, "prompt_token_ids", None),
+                    getattr(state, "output_token_ids", None),
+                    returning=returning,
+                )
         slot = self.next_slot
         self.next_slot = (slot + 1) % RING_SLOTS
         dst = self._slot_view(slot, rows, width)
@@ -169,7 +183,7 @@ class ScheduledDrafting:
         without torch's per-op overhead). A [:rows, :width] slice would not be contiguous when width < k+1 (vLLM's
         k by batch size), and a device-to-host copy into a non-contiguous pinned tensor is not asynchronous: the
         capture then waited for the step's GPU work."""
-        return (self.ring if ring is None else ring)[slot].reshape(-1)[:rows * width].reshape(rows, width)
+        return (self.ring if ring is None else ring)[slot].reshape(-1)[: rows * width].reshape(rows, width)
 
     def _drain(self, upto: int | None = None) -> None:
         """Read captured steps in order (waiting for their copies) into the token feed."""
@@ -303,8 +317,11 @@ class ScheduledDrafting:
         self.feed.stats.watchdog_releases += fired - self._watchdog_seen
         self._watchdog_seen = fired
         if fired >= WATCHDOG_LIMIT:
-            logger.warning("specdec: the GPU's wait for drafts was released by the watchdog %d times; filling "
-                           "drafts from the host from now on", fired)
+            logger.warning(
+                "specdec: the GPU's wait for drafts was released by the watchdog %d times; filling "
+                "drafts from the host from now on",
+                fired,
+            )
             self.device_wait = None
 
     def _draft_into(self, host: Any, req_ids: list[str], k: int | None, verified: int) -> Drafted:
@@ -320,16 +337,24 @@ class ScheduledDrafting:
         rows = self.feed.rows(req_ids)
         n = len(req_ids)
         try:
-            drafts = self.core.step(rows.req_ids, rows.sampled, rows.lengths, rows.contexts,
-                                    num_prompt_tokens=rows.prompt_lens, k=k, pad=pad)
+            drafts = self.core.step(
+                rows.req_ids,
+                rows.sampled,
+                rows.lengths,
+                rows.contexts,
+                num_prompt_tokens=rows.prompt_lens,
+                k=k,
+                pad=pad,
+            )
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             self._drafting_failed(exc)
             drafts, verified = [[] for _ in range(n)], 0
         pad_rows(drafts, host.numpy(), rows.fillers)
         return Drafted(req_ids, list(map(len, drafts)), list(map(len, rows.sampled)), verified)
 
-    def _draft_from_matrix(self, host: Any, req_ids: list[str], k: int | None, pad: bool | None,
-                           verified: int) -> Drafted | None:
+    def _draft_from_matrix(
+        self, host: Any, req_ids: list[str], k: int | None, pad: bool | None, verified: int
+    ) -> Drafted | None:
         """``_draft_into``'s usual case in one native call (``matrix_step``): one captured step, of exactly these
         rows, none discarded, every request known with nothing pending. The lane reads the captured tokens in
         place and writes the padded drafts into ``host``; the feed records the tokens after the GPU's release
@@ -352,11 +377,12 @@ class ScheduledDrafting:
 
         def context(i: int) -> tuple[list[int], int]:  # a row to restart: its context after the new tokens
             rid = req_ids[i]
-            return feed.history[rid] + tokens[i, :new[i]].tolist(), feed.prompt_len[rid]
+            return feed.history[rid] + tokens[i, : new[i]].tolist(), feed.prompt_len[rid]
 
         try:
-            lengths = self.core.step_tokens(req_ids, tokens, emitted, known, fillers, out, context=context, k=k,
-                                            pad=pad)
+            lengths = self.core.step_tokens(
+                req_ids, tokens, emitted, known, fillers, out, context=context, k=k, pad=pad
+            )
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             self._drafting_failed(exc)
             lengths, verified = None, 0
@@ -375,8 +401,11 @@ class ScheduledDrafting:
         self.feed.stats.errors += 1
         if not self._error_logged:
             self._error_logged = True
-            logger.warning("specdec: drafting failed under async scheduling (%r); that step gets no draft "
-                           "(logged once, counted in stats)", exc)
+            logger.warning(
+                "specdec: drafting failed under async scheduling (%r); that step gets no draft "
+                "(logged once, counted in stats)",
+                exc,
+            )
         self.core.reset()
 
     def _note(self, done: Drafted) -> None:
@@ -389,14 +418,17 @@ class ScheduledDrafting:
             book = self.slot_book
             if book is not None:  # rows with no new token (prompts still prefilling) keep k slots
                 emitted = done.emitted  # [rows] tokens from the step just verified
-                book.note(done.req_ids, [m if e else UNKNOWN for m, e in zip(done.lengths, emitted)],
-                          emitted=emitted, token_cost=self.core.token_cost(len(emitted) - emitted.count(0)))
+                book.note(
+                    done.req_ids,
+                    [m if e else UNKNOWN for m, e in zip(done.lengths, emitted)],
+                    emitted=emitted,
+                    token_cost=self.core.token_cost(len(emitted) - emitted.count(0)),
+                )
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             self._drafting_failed(exc)
 
     def stats(self) -> dict[str, Any]:
-        out = {"schedule": self.feed.stats.as_dict(),
-               **self.core.stats_dict()}
+        out = {"schedule": self.feed.stats.as_dict(), **self.core.stats_dict()}
         if self.slot_book is not None:
             graphs = self.graph_stats.as_dict() if self.graph_stats is not None else {}
             out["schedule"].update(self.slot_book.as_dict(), **graphs)

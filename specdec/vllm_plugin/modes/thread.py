@@ -16,10 +16,12 @@ A thread needs no copy of the drafter's state and no pickling, and the trie work
 Drafters without a native lane (``ngram``, ``model``, compositions, the Python suffix backend) draft synchronously
 in ``submit``; so does every drafter after ``LANE_MAX_OVERRUNS`` late steps (``ProposerCore._leave_lane``).
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -46,8 +48,11 @@ class ThreadedProposerCore(ProposerCore):
         if self.lane is not None:
             self.lane.lane_spin(self.options.thread_spin_us)
         else:
-            logger.info("specdec: async_mode='thread' needs the suffix drafter's native step; drafting "
-                        "synchronously (drafter %r)", self.options.drafter)
+            logger.info(
+                "specdec: async_mode='thread' needs the suffix drafter's native step; drafting "
+                "synchronously (drafter %r)",
+                self.options.drafter,
+            )
 
     def prepare(self, finished: Iterable[str], new: Iterable[tuple[str, Sequence[int] | None]]) -> None:
         """When vLLM starts executing a step (its scheduler output known, no tokens sampled yet): stop the
@@ -66,22 +71,31 @@ class ThreadedProposerCore(ProposerCore):
         self.note_started_early([r for r, _ in starts])
         self.lane.lane_prepare(stops, starts)
 
-    def submit(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]],
-               num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray, *,
-               num_prompt_tokens: np.ndarray | None = None, k: int | None = None) -> None:
+    def submit(
+        self,
+        req_ids: Sequence[str],
+        sampled_token_ids: Sequence[Sequence[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        *,
+        num_prompt_tokens: np.ndarray | None = None,
+        k: int | None = None,
+    ) -> None:
         """Start a step (same arguments as ``ProposerCore.step``); its drafts come from ``collect``."""
         self._drop_uncollected()
         if self.lane is None:
-            self._ready = self.step(req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
-                                    num_prompt_tokens=num_prompt_tokens, k=k)
+            self._ready = self.step(
+                req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, num_prompt_tokens=num_prompt_tokens, k=k
+            )
             return
         plan = self._begin(req_ids, list(map(len, sampled_token_ids)), k)
         stops = self._absent(plan.present)
         self.stats.stopped += len(stops)
         decisions = self._lane_decisions(k=plan.k, mode=plan.mode, running=plan.running)
-        rows = list(req_ids[:plan.rows])
-        self.lane.lane_submit(rows, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, num_prompt_tokens,
-                              stops=stops, **decisions)
+        rows = list(req_ids[: plan.rows])
+        self.lane.lane_submit(
+            rows, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, num_prompt_tokens, stops=stops, **decisions
+        )
         self._plan = plan
         self.stats.propose_seconds += self.clock() - plan.t0
 
@@ -132,5 +146,7 @@ class ThreadedProposerCore(ProposerCore):
         d["lane_threads"] = max(1, self.options.lane_threads)
         d["thread_timing_us"] = {  # per batch-size bucket, means per collected step
             str(b): {"steps": int(v[0]), **{k: v[i] / v[0] for i, k in enumerate(TIMING_KEYS, 1)}}
-            for b, v in sorted(self.timing.items()) if v[0]}
+            for b, v in sorted(self.timing.items())
+            if v[0]
+        }
         return d

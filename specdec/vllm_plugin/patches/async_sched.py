@@ -27,18 +27,25 @@
    Where ``schedule`` is not the one this patch was written against, ``_update_after_schedule`` (end) trims the
    placeholders as vLLM hands them out instead (``trim_placeholders``: one drafting round older, no cap).
 """
+
 from __future__ import annotations
 
 import functools
 import itertools
 import logging
-from typing import Any, Callable, Literal, get_args
+from collections.abc import Callable
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 from specdec.vllm_plugin.core.slots import PLACEHOLDER, book_of
-from specdec.vllm_plugin.entry.options import (ADDITIONAL_CONFIG_KEY, PROPOSER_PATH, SpecdecOptions, async_mode_for,
-                                               normalise_keys)
+from specdec.vllm_plugin.entry.options import (
+    ADDITIONAL_CONFIG_KEY,
+    PROPOSER_PATH,
+    SpecdecOptions,
+    async_mode_for,
+    normalise_keys,
+)
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.patches.common import is_ours, is_wrapped, mark, signature_problem, source_has
 
@@ -77,9 +84,12 @@ def wants_schedule(additional_config: Any, vllm_config: Any = None) -> bool:
 def is_schedule_config(config: Any) -> bool:
     """``config`` (a ``VllmConfig``) runs our proposer and asks for schedule mode."""
     spec = getattr(config, "speculative_config", None)
-    return (spec is not None and getattr(spec, "method", None) == "custom_class"
-            and getattr(spec, "model", None) == PROPOSER_PATH
-            and wants_schedule(getattr(config, "additional_config", None), config))
+    return (
+        spec is not None
+        and getattr(spec, "method", None) == "custom_class"
+        and getattr(spec, "model", None) == PROPOSER_PATH
+        and wants_schedule(getattr(config, "additional_config", None), config)
+    )
 
 
 def whitelist_problem(module: Any) -> str:
@@ -109,8 +119,11 @@ def wrap_post_init(module: Any, *, hooks_problem: Callable[[], str] = lambda: ""
         sizes = (getattr(par, "tensor_parallel_size", 1), getattr(par, "pipeline_parallel_size", 1))
         why = "TP and PP must be 1" if sizes != (1, 1) else hooks_problem()
         if why:
-            logger.warning("specdec: async_mode='schedule' unavailable (%s); vLLM schedules synchronously and "
-                           "specdec drafts in-process", why)
+            logger.warning(
+                "specdec: async_mode='schedule' unavailable (%s); vLLM schedules synchronously and "
+                "specdec drafts in-process",
+                why,
+            )
             return orig(self, *args, **kwargs)
         saved = module.NgramGPUTypes
         module.NgramGPUTypes = Literal[(*get_args(saved), "custom_class")]  # type: ignore[misc]
@@ -125,8 +138,7 @@ def wrap_post_init(module: Any, *, hooks_problem: Callable[[], str] = lambda: ""
 
 def drafts_in_schedule_mode(runner: Any) -> bool:
     """The runner drafts with our proposer under vLLM's async scheduling (schedule mode)."""
-    return is_ours(getattr(runner, "drafter", None)) and bool(
-        getattr(runner, "use_async_scheduling", False))
+    return is_ours(getattr(runner, "drafter", None)) and bool(getattr(runner, "use_async_scheduling", False))
 
 
 def _scheduled(runner: Any, *, create: bool = True) -> Any:
@@ -153,7 +165,9 @@ def _capture(runner: Any, sched: Any, sampler_output: Any) -> None:
     discard: dict[int, int] = {}
     for i in np.nonzero(mask.np[:rows])[0].tolist():  # the row's last context token (as vLLM's drafters do)
         try:
-            discard[i] = int(runner.requests[req_ids[i]].get_token_id(int(runner.input_batch.num_tokens_no_spec[i]) - 1))
+            discard[i] = int(
+                runner.requests[req_ids[i]].get_token_id(int(runner.input_batch.num_tokens_no_spec[i]) - 1)
+            )
         except (ValueError, IndexError, KeyError):
             discard[i] = 0
     device_mask = getattr(mask, "gpu", None)
@@ -178,8 +192,12 @@ def patch_async_runner(runner_cls: Any) -> bool:
     if is_wrapped(runner_cls._bookkeeping_sync, "async_runner"):
         return True
     orig_book, orig_prop, orig_prep, orig_exec, orig_fwd = (
-        runner_cls._bookkeeping_sync, runner_cls.propose_draft_token_ids, runner_cls._prepare_input_ids,
-        runner_cls.execute_model, runner_cls._model_forward)
+        runner_cls._bookkeeping_sync,
+        runner_cls.propose_draft_token_ids,
+        runner_cls._prepare_input_ids,
+        runner_cls.execute_model,
+        runner_cls._model_forward,
+    )
 
     @functools.wraps(orig_book)
     def _bookkeeping_sync(self: Any, scheduler_output: Any, sampler_output: Any, *args: Any, **kwargs: Any) -> Any:
@@ -195,10 +213,11 @@ def patch_async_runner(runner_cls: Any) -> bool:
             return orig_prop(self, scheduler_output, *args, **kwargs)
         k = getattr(scheduler_output, "num_spec_tokens_to_schedule", None)
         metadata = self.input_batch.sampling_metadata
-        eager = bool(getattr(scheduler_output, "has_structured_output_requests", False)
-                     or getattr(metadata, "output_token_ids", None))
-        return sched.submit(list(self.input_batch.req_ids), k=k if isinstance(k, int) and k > 0 else None,
-                            eager=eager)
+        eager = bool(
+            getattr(scheduler_output, "has_structured_output_requests", False)
+            or getattr(metadata, "output_token_ids", None)
+        )
+        return sched.submit(list(self.input_batch.req_ids), k=k if isinstance(k, int) and k > 0 else None, eager=eager)
 
     @functools.wraps(orig_prep)
     def _prepare_input_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
@@ -262,8 +281,9 @@ def patch_async_scheduler(scheduler_cls: Any) -> bool:
             except Exception as exc:  # noqa: BLE001 - scheduling must never fail because of drafting
                 if not logged:
                     logged.append(True)
-                    logger.warning("specdec: per-request draft slots failed (%r); vLLM's k slots stay (logged "
-                                   "once)", exc)
+                    logger.warning(
+                        "specdec: per-request draft slots failed (%r); vLLM's k slots stay (logged once)", exc
+                    )
         return out
 
     scheduler_cls._update_after_schedule = mark(_update_after_schedule, "slots")
@@ -277,8 +297,11 @@ def _wrap_schedule(scheduler_cls: Any, logged: list[bool]) -> bool:
     Returns True if wrapped."""
     orig_schedule = getattr(scheduler_cls, "schedule", None)
     if orig_schedule is None or not source_has(orig_schedule, SCHEDULE_SOURCE):
-        logger.info("specdec: %s.schedule is not the one the slot re-grant and prefill_step_slots were written for; "
-                    "slots follow older drafts, no prefill cap", scheduler_cls.__name__)
+        logger.info(
+            "specdec: %s.schedule is not the one the slot re-grant and prefill_step_slots were written for; "
+            "slots follow older drafts, no prefill cap",
+            scheduler_cls.__name__,
+        )
         return False
 
     @functools.wraps(orig_schedule)
@@ -292,8 +315,7 @@ def _wrap_schedule(scheduler_cls: Any, logged: list[bool]) -> bool:
             except Exception as exc:  # noqa: BLE001 - scheduling must never fail because of drafting
                 if not logged:
                     logged.append(True)
-                    logger.warning("specdec: per-request draft slots failed (%r); vLLM's slots stay (logged "
-                                   "once)", exc)
+                    logger.warning("specdec: per-request draft slots failed (%r); vLLM's slots stay (logged once)", exc)
         return orig_schedule(self, *args, **kwargs)
 
     scheduler_cls.schedule = mark(schedule, "slots")

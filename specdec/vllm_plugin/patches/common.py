@@ -3,6 +3,7 @@
 A patch never imports the proposer (it would close an import cycle through ``patches.table``): the proposer class
 carries ``PROPOSER_MARK`` and a runner's drafter is ours when its class has it.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -54,6 +55,6 @@ def signature_problem(cls: Any, wanted: dict[str, list[str]]) -> str:
         if fn is None:
             return f"{getattr(cls, '__name__', cls)}.{name} is missing"
         params = leading_params(fn)
-        if params[:len(lead)] != lead:
+        if params[: len(lead)] != lead:
             return f"{getattr(cls, '__name__', cls)}.{name}{params} has an unexpected signature"
     return ""

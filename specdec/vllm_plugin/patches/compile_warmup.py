@@ -19,6 +19,7 @@ miss every later call and the engine would recompile mid-run as without the warm
 of the four graphs. A failure is logged once and leaves the engine as it was (the stalls
 come back, nothing else changes).
 """
+
 from __future__ import annotations
 
 import functools
@@ -57,18 +58,29 @@ def warm_batch_change(runner: Any, fn: Callable[..., Any] | None = None) -> int:
         return 0
     # scratch twins of the runner's [R] buffers: the runner passes the first whole and slices the next two to views
     # of n rows (Dynamo guards a view's base size), the last whole
-    computed, accepted, positions, drafts = (_twin(b) for b in (
-        runner.num_computed_tokens, runner.num_accepted_tokens.gpu, runner.prev_positions.gpu,
-        runner.prev_num_draft_tokens.gpu))
+    computed, accepted, positions, drafts = (
+        _twin(b)
+        for b in (
+            runner.num_computed_tokens,
+            runner.num_accepted_tokens.gpu,
+            runner.prev_positions.gpu,
+            runner.prev_num_draft_tokens.gpu,
+        )
+    )
     host_dtype = runner.input_batch.num_computed_tokens_cpu_tensor.dtype  # copied to the device, [n]
     rows, device = int(computed.shape[0]), computed.device
     calls = 0
     with torch.inference_mode():  # as execute_model runs it: Dynamo guards the grad mode
         for n, m in WARM_SHAPES:
             n, m = min(n, rows), min(m, rows)
-            fn(computed, accepted[:n], positions[:n],  # positions 0: row 0 of the previous step, a valid gather
-               torch.ones(m, dtype=getattr(torch, VALID_COUNT_DTYPE), device=device), drafts,
-               torch.zeros(n, dtype=host_dtype, device=device))
+            fn(
+                computed,
+                accepted[:n],
+                positions[:n],  # positions 0: row 0 of the previous step, a valid gather
+                torch.ones(m, dtype=getattr(torch, VALID_COUNT_DTYPE), device=device),
+                drafts,
+                torch.zeros(n, dtype=host_dtype, device=device),
+            )
             calls += 1
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -102,8 +114,12 @@ def patch_worker_warmup(worker_cls: Any) -> bool:
             try:
                 calls = warm_batch_change(runner)
             except Exception as exc:  # noqa: BLE001 - a warm-up must never stop the engine
-                logger.warning("specdec: %s was not compiled ahead (%r); its first steps after one-request steps "
-                               "may stall while it recompiles", FUNCTION_NAME, exc)
+                logger.warning(
+                    "specdec: %s was not compiled ahead (%r); its first steps after one-request steps "
+                    "may stall while it recompiles",
+                    FUNCTION_NAME,
+                    exc,
+                )
             else:
                 if calls:
                     logger.info("specdec: compiled %s ahead for %d batch-size classes", FUNCTION_NAME, calls)

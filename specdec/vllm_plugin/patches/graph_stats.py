@@ -6,6 +6,7 @@ on it (``graph_stats_of``), as the slot book does (``core.slots.attach_book``): 
 proposer reads its own engine's counts (its statistics, the slot book's ``high_ragged`` question), and two engines
 in one process keep theirs apart. Never imports vLLM.
 """
+
 from __future__ import annotations
 
 import contextlib

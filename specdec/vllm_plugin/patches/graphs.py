@@ -30,6 +30,7 @@ wrapped; anything unexpected: logged once, narrow batches run piecewise (correct
 Ragged batches (requests of different lengths in one FULL graph): ``specdec.vllm_plugin.patches.ragged_keys``; the
 wrappers here dispatch and capture them.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -57,10 +58,10 @@ from specdec.vllm_plugin.patches.ragged_keys import (
     add_ragged_keys,
     has_field,
     is_prefill_key,
+    profile_ceiling,
     ragged_descriptor,
     ragged_family,
     ragged_key,
-    profile_ceiling,
     ragged_prefill_tokens,
     ragged_runner_wrappers,
     sparse_ladder,
@@ -94,8 +95,9 @@ def narrow_widths(vllm_config: Any) -> tuple[int, ...]:
         return ()
 
 
-def add_narrow_keys(dispatcher: Any, widths: tuple[int, ...], *, full_mode: Any, descriptor: Any,
-                    ceiling: int) -> list[int]:
+def add_narrow_keys(
+    dispatcher: Any, widths: tuple[int, ...], *, full_mode: Any, descriptor: Any, ceiling: int
+) -> list[int]:
     """Item 1: FULL keys of query length ``w + 1`` for every width ``w`` and a sparse ladder of the request counts
     of the dispatcher's uniform FULL keys (vLLM's), each below ``ceiling`` tokens (``profile_ceiling``).
     ``full_mode``: vLLM's ``CUDAGraphMode.FULL``; ``descriptor``: its ``BatchDescriptor``. Returns the request
@@ -210,38 +212,47 @@ def _add_keys(dispatcher: Any, cudagraph_mode: Any, q: int, *, modes: Any, descr
     widths = narrow_widths(dispatcher.vllm_config) if ceiling else ()
     if widths:
         counts = add_narrow_keys(dispatcher, widths, full_mode=modes.FULL, descriptor=descriptor, ceiling=ceiling)
-        logger.info("specdec: full CUDA graphs for narrow verify batches (%s tokens per request, %d batch "
-                    "sizes up to %d requests)", "/".join(str(w + 1) for w in widths), len(counts),
-                    counts[-1] if counts else 0)
+        logger.info(
+            "specdec: full CUDA graphs for narrow verify batches (%s tokens per request, %d batch "
+            "sizes up to %d requests)",
+            "/".join(str(w + 1) for w in widths),
+            len(counts),
+            counts[-1] if counts else 0,
+        )
     ragged_ok = getattr(dispatcher, RAGGED_OK, False) and cudagraph_mode.mixed_mode() == modes.PIECEWISE
     prefill = ragged_prefill_tokens(dispatcher.vllm_config) if ragged_ok and q > 1 and ceiling else -1
     if prefill < 0:
         return
     stats = dispatcher_stats(dispatcher)
-    n = stats.ragged_keys = add_ragged_keys(dispatcher, q, full_mode=modes.FULL, descriptor=descriptor,
-                                            ceiling=ceiling)
+    n = stats.ragged_keys = add_ragged_keys(dispatcher, q, full_mode=modes.FULL, descriptor=descriptor, ceiling=ceiling)
     logger.info("specdec: full CUDA graphs for ragged verify batches (%d sizes, at most %d tokens per request)", n, q)
     if n and prefill > q and has_field(descriptor, "num_active_loras"):
-        n = add_ragged_keys(dispatcher, prefill, full_mode=modes.FULL, descriptor=descriptor, ceiling=ceiling,
-                            prefill=True)
+        n = add_ragged_keys(
+            dispatcher, prefill, full_mode=modes.FULL, descriptor=descriptor, ceiling=ceiling, prefill=True
+        )
         stats.ragged_prefill_keys = n
-        logger.info("specdec: full CUDA graphs for ragged batches with prompt chunks (%d sizes, at most %d tokens "
-                    "per request)", n, prefill)
+        logger.info(
+            "specdec: full CUDA graphs for ragged batches with prompt chunks (%d sizes, at most %d tokens per request)",
+            n,
+            prefill,
+        )
 
 
 def _wrap_dispatcher(cls: Any, modes: Any, descriptor: Any) -> None:
     orig_init, orig_dispatch = cls.initialize_cudagraph_keys, cls.dispatch
 
     @functools.wraps(orig_init)
-    def initialize_cudagraph_keys(self: Any, cudagraph_mode: Any, uniform_decode_query_len: int = 1,
-                                  *args: Any, **kwargs: Any) -> Any:
+    def initialize_cudagraph_keys(
+        self: Any, cudagraph_mode: Any, uniform_decode_query_len: int = 1, *args: Any, **kwargs: Any
+    ) -> Any:
         out = orig_init(self, cudagraph_mode, uniform_decode_query_len, *args, **kwargs)
         _add_keys(self, cudagraph_mode, int(uniform_decode_query_len), modes=modes, descriptor=descriptor)
         return out
 
     @functools.wraps(orig_dispatch)
-    def dispatch(self: Any, num_tokens: int, uniform_decode: bool = False, has_lora: bool = False,
-                 *args: Any, **kwargs: Any) -> Any:
+    def dispatch(
+        self: Any, num_tokens: int, uniform_decode: bool = False, has_lora: bool = False, *args: Any, **kwargs: Any
+    ) -> Any:
         ragged = getattr(self, RAGGED_DESC, None)
         if ragged is not None:  # a ragged batch (or the capture of a ragged key)
             tokens, reqs, q = ragged
@@ -329,10 +340,16 @@ def log_added_graphs(stats: GraphStats) -> None:
     if not stats.added_graphs_captured or stats.added_graphs_logged:
         return
     stats.added_graphs_logged = 1
-    logger.info("specdec: added %d CUDA graphs (narrow %d, ragged %d, ragged with prompt chunks %d): %.0f MiB of "
-                "device memory and %.1f s to capture; vLLM's memory profile counts them before sizing the KV cache",
-                stats.added_graphs_captured, stats.narrow_keys, stats.ragged_keys,
-                stats.ragged_prefill_keys, stats.added_graph_bytes / MIB, stats.added_graph_s)
+    logger.info(
+        "specdec: added %d CUDA graphs (narrow %d, ragged %d, ragged with prompt chunks %d): %.0f MiB of "
+        "device memory and %.1f s to capture; vLLM's memory profile counts them before sizing the KV cache",
+        stats.added_graphs_captured,
+        stats.narrow_keys,
+        stats.ragged_keys,
+        stats.ragged_prefill_keys,
+        stats.added_graph_bytes / MIB,
+        stats.added_graph_s,
+    )
 
 
 @contextlib.contextmanager
@@ -350,8 +367,9 @@ def _wrap_runner(cls: Any, *, ragged: bool = True) -> None:
     orig_determine, orig_capture = cls._determine_batch_execution_and_padding, cls._warmup_and_capture
 
     @functools.wraps(orig_determine)
-    def _determine_batch_execution_and_padding(self: Any, num_tokens: int, num_reqs: int, *args: Any,
-                                               **kwargs: Any) -> Any:
+    def _determine_batch_execution_and_padding(
+        self: Any, num_tokens: int, num_reqs: int, *args: Any, **kwargs: Any
+    ) -> Any:
         dispatcher = self.cudagraph_dispatcher
         setattr(dispatcher, RAGGED_HIT, None)
         out = _classify(self, orig_determine, num_tokens, num_reqs, args, kwargs)
@@ -389,8 +407,10 @@ def _wrap_runner(cls: Any, *, ragged: bool = True) -> None:
         with _query_len(self, q), _dispatching(dispatcher, NARROW_Q, q):  # dummy: num_reqs requests of q tokens
             return orig_capture(self, desc, *args, **kwargs)
 
-    wrapped = [("_determine_batch_execution_and_padding", _determine_batch_execution_and_padding),
-               ("_warmup_and_capture", _warmup_and_capture)]
+    wrapped = [
+        ("_determine_batch_execution_and_padding", _determine_batch_execution_and_padding),
+        ("_warmup_and_capture", _warmup_and_capture),
+    ]
     if orig_capture_model is not None:
         wrapped.append(("capture_model", capture_model))
     if ragged:

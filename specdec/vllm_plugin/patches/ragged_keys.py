@@ -24,6 +24,7 @@ non-zero without LoRA; no keys where LoRA is configured); the capture hands vLLM
 them such steps run as piecewise graphs, whose many launches a slower host cannot issue as fast as the GPU runs
 them: the GPU idles before each such step, several times longer than before a step replayed from one FULL graph.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -90,8 +91,9 @@ def profile_ceiling(dispatcher: Any, full_mode: Any) -> int:
     return tokens[1] if len(tokens) > 1 else 0
 
 
-def add_ragged_keys(dispatcher: Any, q: int, *, full_mode: Any, descriptor: Any, ceiling: int,
-                    prefill: bool = False) -> int:
+def add_ragged_keys(
+    dispatcher: Any, q: int, *, full_mode: Any, descriptor: Any, ceiling: int, prefill: bool = False
+) -> int:
     """FULL keys for ragged batches: a sparse ladder of capture sizes (``sparse_ladder``) below ``ceiling``
     (``profile_ceiling``) and the capture limit, for ``max_num_seqs`` requests; ``(q, requests, sizes)`` is stored on
     the dispatcher. Returns the number of keys. Sizes past ``max_num_seqs * q`` get none: vLLM's uniform dummy batch,
@@ -179,8 +181,9 @@ def ragged_runner_wrappers(cls: Any) -> list[tuple[str, Any]]:
         return orig_build(self, *args, **kwargs)
 
     @functools.wraps(orig_check)
-    def _check_and_update_cudagraph_mode(self: Any, attention_backends: Any, kv_cache_groups: Any,
-                                         *args: Any, **kwargs: Any) -> Any:
+    def _check_and_update_cudagraph_mode(
+        self: Any, attention_backends: Any, kv_cache_groups: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         try:
             support = min_cudagraph_support(self, attention_backends, kv_cache_groups)
         except Exception as exc:  # noqa: BLE001 - never fail an engine's start for an optimisation
@@ -189,5 +192,7 @@ def ragged_runner_wrappers(cls: Any) -> list[tuple[str, Any]]:
         setattr(self.cudagraph_dispatcher, RAGGED_OK, support == FULL_SUPPORT)
         return orig_check(self, attention_backends, kv_cache_groups, *args, **kwargs)
 
-    return [("_build_attention_metadata", _build_attention_metadata),
-            ("_check_and_update_cudagraph_mode", _check_and_update_cudagraph_mode)]
+    return [
+        ("_build_attention_metadata", _build_attention_metadata),
+        ("_check_and_update_cudagraph_mode", _check_and_update_cudagraph_mode),
+    ]

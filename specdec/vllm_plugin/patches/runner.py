@@ -12,6 +12,7 @@
 
 Each wrapper is a pass-through for any drafter that is not ours. Never imports vLLM.
 """
+
 from __future__ import annotations
 
 import functools

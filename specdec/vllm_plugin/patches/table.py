@@ -10,11 +10,13 @@ Rows are applied in two stages: ``"register"`` (every process, at plugin load: t
 the whitelist) and ``"worker"`` (the process of the model runner, when the proposer is built). Patching is
 idempotent and its state lives on the patched vLLM classes (the wrappers' marks), so this module keeps none.
 """
+
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from specdec.vllm_plugin.entry.rewrite import patch_engine_args
 from specdec.vllm_plugin.patches import async_sched, compile_warmup, graphs, ragged_keys, runner
@@ -74,38 +76,110 @@ def _warmup_problem(worker_cls: Any) -> str:
 
 
 TABLE: tuple[Patch, ...] = (
-    Patch("speculative config", (ENGINE_ARGS,), "create_speculative_config", "method='specdec'",
-          "the method exists", "only the custom_class form works", _engine_args_problem, patch_engine_args,
-          stage="register", optional=False),
-    Patch("async whitelist", (CONFIG_MODULE,), "VllmConfig.__post_init__", "schedule",
-          f"source contains {async_sched.WHITELIST_SOURCE!r}", "vLLM schedules synchronously",
-          async_sched.whitelist_problem, _whitelist, stage="register"),
-    Patch("request ids", (RUNNER,), "propose_draft_token_ids", "request ids",
-          "leading parameters (self, scheduler_output)", "request ids read from the caller's frame",
-          runner.bind_problem, runner.patch_bind),
-    Patch("thread collect", (RUNNER,), "take_draft_token_ids", "thread hand-off",
-          "parameters (self) and _get_draft_token_ids_cpu", "thread mode collects its drafts in propose",
-          runner.take_problem, runner.patch_take),
-    Patch("thread prepare", (RUNNER,), "execute_model", "thread hand-off",
-          "leading parameters (self, scheduler_output)", "thread mode collects its drafts in propose",
-          runner.execute_problem, runner.patch_execute),
-    Patch("async runner hooks", (RUNNER,),
-          "_bookkeeping_sync, propose_draft_token_ids, _prepare_input_ids, execute_model, _model_forward",
-          "schedule", "leading parameters of each, _copy_valid_sampled_token_count exists",
-          "vLLM schedules synchronously", async_sched.async_runner_problem, async_sched.patch_async_runner),
-    Patch("adaptive slots", (SCHEDULER,), "_update_after_schedule, schedule", "adaptive slots",
-          f"source contains {async_sched.SCHEDULER_SOURCE!r}", "every request keeps vLLM's k draft slots",
-          async_sched.scheduler_problem, async_sched.patch_async_scheduler),
-    Patch("narrow graphs", (RUNNER, DISPATCHER),
-          "CudagraphDispatcher.initialize_cudagraph_keys / dispatch, GPUModelRunner._determine_batch_execution_and_"
-          "padding / _warmup_and_capture / _dummy_run", "narrow graphs", "source of each method",
-          "no narrow steps (per-request slots)", _graphs_problem, graphs.patch_narrow_graphs),
-    Patch("ragged graphs", (RUNNER, DISPATCHER), "GPUModelRunner._build_attention_metadata / "
-          "_check_and_update_cudagraph_mode", "ragged graphs", "source of each method",
-          "ragged verify batches run vLLM's piecewise graphs", _ragged_problem, graphs.patch_narrow_graphs),
-    Patch("compile warm-up", (WORKER,), "compile_or_warm_up_model", "compile warm-up", "the method exists",
-          "vLLM's batch-change correction compiles at first use", _warmup_problem,
-          compile_warmup.patch_worker_warmup),
+    Patch(
+        "speculative config",
+        (ENGINE_ARGS,),
+        "create_speculative_config",
+        "method='specdec'",
+        "the method exists",
+        "only the custom_class form works",
+        _engine_args_problem,
+        patch_engine_args,
+        stage="register",
+        optional=False,
+    ),
+    Patch(
+        "async whitelist",
+        (CONFIG_MODULE,),
+        "VllmConfig.__post_init__",
+        "schedule",
+        f"source contains {async_sched.WHITELIST_SOURCE!r}",
+        "vLLM schedules synchronously",
+        async_sched.whitelist_problem,
+        _whitelist,
+        stage="register",
+    ),
+    Patch(
+        "request ids",
+        (RUNNER,),
+        "propose_draft_token_ids",
+        "request ids",
+        "leading parameters (self, scheduler_output)",
+        "request ids read from the caller's frame",
+        runner.bind_problem,
+        runner.patch_bind,
+    ),
+    Patch(
+        "thread collect",
+        (RUNNER,),
+        "take_draft_token_ids",
+        "thread hand-off",
+        "parameters (self) and _get_draft_token_ids_cpu",
+        "thread mode collects its drafts in propose",
+        runner.take_problem,
+        runner.patch_take,
+    ),
+    Patch(
+        "thread prepare",
+        (RUNNER,),
+        "execute_model",
+        "thread hand-off",
+        "leading parameters (self, scheduler_output)",
+        "thread mode collects its drafts in propose",
+        runner.execute_problem,
+        runner.patch_execute,
+    ),
+    Patch(
+        "async runner hooks",
+        (RUNNER,),
+        "_bookkeeping_sync, propose_draft_token_ids, _prepare_input_ids, execute_model, _model_forward",
+        "schedule",
+        "leading parameters of each, _copy_valid_sampled_token_count exists",
+        "vLLM schedules synchronously",
+        async_sched.async_runner_problem,
+        async_sched.patch_async_runner,
+    ),
+    Patch(
+        "adaptive slots",
+        (SCHEDULER,),
+        "_update_after_schedule, schedule",
+        "adaptive slots",
+        f"source contains {async_sched.SCHEDULER_SOURCE!r}",
+        "every request keeps vLLM's k draft slots",
+        async_sched.scheduler_problem,
+        async_sched.patch_async_scheduler,
+    ),
+    Patch(
+        "narrow graphs",
+        (RUNNER, DISPATCHER),
+        "CudagraphDispatcher.initialize_cudagraph_keys / dispatch, GPUModelRunner._determine_batch_execution_and_"
+        "padding / _warmup_and_capture / _dummy_run",
+        "narrow graphs",
+        "source of each method",
+        "no narrow steps (per-request slots)",
+        _graphs_problem,
+        graphs.patch_narrow_graphs,
+    ),
+    Patch(
+        "ragged graphs",
+        (RUNNER, DISPATCHER),
+        "GPUModelRunner._build_attention_metadata / _check_and_update_cudagraph_mode",
+        "ragged graphs",
+        "source of each method",
+        "ragged verify batches run vLLM's piecewise graphs",
+        _ragged_problem,
+        graphs.patch_narrow_graphs,
+    ),
+    Patch(
+        "compile warm-up",
+        (WORKER,),
+        "compile_or_warm_up_model",
+        "compile warm-up",
+        "the method exists",
+        "vLLM's batch-change correction compiles at first use",
+        _warmup_problem,
+        compile_warmup.patch_worker_warmup,
+    ),
 )
 
 
@@ -133,8 +207,10 @@ class PatchReport:
         feats = self.features()
         on = [f for f, why in feats.items() if not why]
         off = [f"{f} ({why})" for f, why in feats.items() if why]
-        return (f"specdec: {applied}/{len(self.rows)} vLLM patches applied (vLLM {self.version}); features on: "
-                f"{', '.join(on) or 'none'}; off: {', '.join(off) or 'none'}")
+        return (
+            f"specdec: {applied}/{len(self.rows)} vLLM patches applied (vLLM {self.version}); features on: "
+            f"{', '.join(on) or 'none'}; off: {', '.join(off) or 'none'}"
+        )
 
 
 def vllm_version() -> str:
@@ -170,8 +246,13 @@ def apply_row(row: Patch, *, in_span: bool, resolver: Callable[[str], Any] = res
     return why
 
 
-def apply_patches(stage: str, *, version: str | None = None, resolver: Callable[[str], Any] = resolve,
-                  table: tuple[Patch, ...] = TABLE) -> PatchReport:
+def apply_patches(
+    stage: str,
+    *,
+    version: str | None = None,
+    resolver: Callable[[str], Any] = resolve,
+    table: tuple[Patch, ...] = TABLE,
+) -> PatchReport:
     """Apply the rows of ``stage`` ("register" or "worker"; "all": both). A feature whose rows do not all fit is
     not applied at all (each row of it reports why). Returns the report of every row of the stage."""
     version = vllm_version() if version is None else version
