@@ -164,9 +164,8 @@ class Handler(BaseHTTPRequestHandler):
             for j, w in enumerate(words):
                 done = _choice(words, i, body)["finish_reason"] if j == len(words) - 1 else None
                 chunk = {"index": i, "text": w, "finish_reason": done, "logprobs": None}
-                self.wfile.write(
-                    f"data: {json.dumps({'id': 'cmpl-fake', 'object': 'text_completion', 'model': self.state.model, 'choices': [chunk]})}\n\n".encode()
-                )
+                event = {"id": "cmpl-fake", "object": "text_completion", "model": self.state.model, "choices": [chunk]}
+                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
                 self.wfile.flush()
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
