@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import hashlib
 import json
 import random
@@ -189,10 +190,8 @@ def serve(argv: list[str]) -> int:
 
     threading.Thread(target=watchdog, daemon=True).start()
     print(f"fake server on {args.host}:{args.port}", flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
     server.server_close()
     return 0
 

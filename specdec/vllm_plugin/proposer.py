@@ -268,7 +268,7 @@ class SpecdecProposer:
     def close(self) -> None:
         if self.scheduled is not None:
             self.scheduled.close()
-        if self.scheduled is not None and self.scheduled.slot_book is not None:
-            if book_of(self.vllm_config) is self.scheduled.slot_book:
-                attach_book(self.vllm_config, None)
+        book = self.scheduled.slot_book if self.scheduled is not None else None
+        if book is not None and book_of(self.vllm_config) is book:
+            attach_book(self.vllm_config, None)
         self.core.close()
