@@ -16,6 +16,7 @@ are reported as unavailable and skipped. JSON goes to eval/results/<date>_<devic
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import logging
@@ -264,10 +265,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write(args: argparse.Namespace, settings: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-    try:
+    with contextlib.suppress(ImportError):
         import onnxruntime  # noqa: F401 - recorded in versions when present
-    except ImportError:
-        pass
     from specdec.eval.results import results_path, write_results
 
     path = Path(args.out) if args.out else results_path("draft_cpu", device=args.device_name or None)

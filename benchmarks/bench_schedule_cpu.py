@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True,
             )
     rows = []
-    for config, rs in runs.items():
+    for rs in runs.values():
         row = sorted(rs, key=lambda r: r["engine_thread_ms"])[len(rs) // 2]
         row["all_engine_thread_ms"] = [r["engine_thread_ms"] for r in rs]
         rows.append(row)

@@ -7,12 +7,12 @@ vLLM's order: schedule (the book grants each row its slots), execute (the drafti
 step's tokens; the book notes the drafts and settles the grants of the step whose tokens arrived), verify (each
 row's draft cut to its slots, greedy against the recording). ``sync`` gives every draft its own length (the
 synchronous path's bound: no forecast needed). Reported per configuration: emitted and verified tokens per step,
-the growth's extra slots and the share of them that held an accepted token (over the run), and tokens per ms under a linear step
-model (``--step-ms`` + ``--token-us`` per verified token; defaults from a step-cost fit at batch 64, 8B-sized target
-on an H200: a model, not a measurement). ``--cut`` replays with the proposer's adaptive control on and the confidence
-cut at the forced ``--token-cost`` (the GPU's fit at batch 64 on code prompts was about 0.36), as on the GPU; the
-rows then also report the tokens the slots cut off fresh drafts (``truncated``) and the slots past a fresh draft
-(``filler``, verified though the draft ended), per step.
+the growth's extra slots and the share of them that held an accepted token (over the run), and tokens per ms under a
+linear step model (``--step-ms`` + ``--token-us`` per verified token; defaults from a step-cost fit at batch 64,
+8B-sized target on an H200: a model, not a measurement). ``--cut`` replays with the proposer's adaptive control on and
+the confidence cut at the forced ``--token-cost`` (the GPU's fit at batch 64 on code prompts was about 0.36), as on the
+GPU; the rows then also report the tokens the slots cut off fresh drafts (``truncated``) and the slots past a fresh
+draft (``filler``, verified though the draft ended), per step.
 
     python -m benchmarks.bench_slot_forecast /tmp/code.jsonl /tmp/agentic.jsonl --growth sync,0,1,2
 """

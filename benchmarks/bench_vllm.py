@@ -23,6 +23,7 @@ eval/results/<date>_<device>_vllm_bench.json (+ .md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -276,10 +277,8 @@ def worker(args: argparse.Namespace) -> None:
             cells=cells,
             on_cell=lambda: _write_atomic(out, json.dumps({**result, "partial": True})),
         )
-    try:
+    with contextlib.suppress(Exception):  # no specdec proposer (a peer's engine)
         result["specdec_stats"] = in_engine(timer, "specdec_stats")
-    except Exception:  # noqa: BLE001 - no specdec proposer (a peer's engine)
-        pass
     _write_atomic(out, json.dumps(result))
 
 
@@ -374,11 +373,9 @@ def _versions() -> dict[str, str]:
         out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     except Exception:  # noqa: BLE001
         out["gpu"] = "unknown"
-    try:
-        out["cpu"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line)
+    with contextlib.suppress(Exception), open("/proc/cpuinfo") as cpuinfo:
+        out["cpu"] = next(line.split(":", 1)[1].strip() for line in cpuinfo if "model name" in line)
         out["cpu_count"] = str(os.cpu_count())
-    except Exception:  # noqa: BLE001
-        pass
     return out
 
 
@@ -466,10 +463,8 @@ def run_worker(cmd: list[str], timeout_s: float) -> int:
     except subprocess.TimeoutExpired:  # the other methods go on
         return TIMEOUT_RC
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone already
             os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):  # the group is gone already
-            pass
         proc.wait()
 
 

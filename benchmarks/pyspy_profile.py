@@ -8,9 +8,10 @@ recording::
 
 py-spy's raw format is one line per distinct stack: ``thread (tid): name;frame;frame;... count``, frames
 ``function (file:line)``. Only samples inside the engine's busy loop count (start-up, compilation and CUDA-graph
-capture are left out) and only the frames inside the loop are listed; shares are of those samples. Two tables: *inclusive* (a function and everything it called, per
-function and file) and *leaf chains* (the innermost frames, where the time is spent). The warm-up cells of the
-benchmark are in the busy loop too, so one-time work (Triton's first compiles) shows as a few percent.
+capture are left out) and only the frames inside the loop are listed; shares are of those samples. Two tables:
+*inclusive* (a function and everything it called, per function and file) and *leaf chains* (the innermost frames, where
+the time is spent). The warm-up cells of the benchmark are in the busy loop too, so one-time work (Triton's first
+compiles) shows as a few percent.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import hashlib
 import json
 import random
@@ -164,9 +165,8 @@ class Handler(BaseHTTPRequestHandler):
             for j, w in enumerate(words):
                 done = _choice(words, i, body)["finish_reason"] if j == len(words) - 1 else None
                 chunk = {"index": i, "text": w, "finish_reason": done, "logprobs": None}
-                self.wfile.write(
-                    f"data: {json.dumps({'id': 'cmpl-fake', 'object': 'text_completion', 'model': self.state.model, 'choices': [chunk]})}\n\n".encode()
-                )
+                event = {"id": "cmpl-fake", "object": "text_completion", "model": self.state.model, "choices": [chunk]}
+                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
                 self.wfile.flush()
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
@@ -190,10 +190,8 @@ def serve(argv: list[str]) -> int:
 
     threading.Thread(target=watchdog, daemon=True).start()
     print(f"fake server on {args.host}:{args.port}", flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
     server.server_close()
     return 0
 

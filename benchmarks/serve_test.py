@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import functools
 import json
 import os
 import signal
@@ -53,8 +54,8 @@ def start_server(model: str, port: int, dtype: str, spec: dict | None, log: Path
     ]
     if spec is not None:
         cmd += ["--speculative-config", json.dumps(spec)]
-    fh = open(log, "w")
-    return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(log, "w") as fh:  # the server writes to its own copy of the descriptor
+        return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
@@ -145,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
             texts, walls = {}, {}
             for name, port in ports.items():
                 t0 = time.perf_counter()
+                send = functools.partial(complete, port, args.model, max_tokens=args.max_tokens)  # to this server
                 with cf.ThreadPoolExecutor(args.concurrency) as pool:
-                    texts[name] = list(pool.map(lambda p: complete(port, args.model, p, args.max_tokens), prompts))
+                    texts[name] = list(pool.map(send, prompts))
                 walls[name] = time.perf_counter() - t0
             same = sum(a == b for a, b in zip(texts["nospec"], texts["specdec"]))
             result.update(

@@ -162,8 +162,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     )
     lines = [head]
     for r in rows:
+        started = "yes" if r["started"] else "NO: " + str(r.get("error", r["rc"]))[:80]
         lines.append(
-            f"| {r['config']} | {r['method']} | {'yes' if r['started'] else 'NO: ' + str(r.get('error', r['rc']))[:80]} | "
+            f"| {r['config']} | {r['method']} | {started} | "
             f"{r.get('startup_s', '')} | {r.get('num_gpu_blocks', '')} | {r.get('graph_profile', '')} | "
             f"{r.get('graph_estimate_gib', '')} | {r.get('graph_actual_gib', '')} | "
             f"{r.get('prompts_differing', '')} |"

@@ -28,14 +28,15 @@ width), fed by ``step_timer.StepTimer`` (drafting time, GPU busy time and idle g
 (``cell_totals``): on the agentic prompts every method does the same prefill work, so busy seconds compare the
 verify work and idle seconds what the host added.
 
-``python -m benchmarks.step_trace RESULTS.json [--method M] [--dataset D] [--batch-size B] [--plot P.png]`` prints, per cell,
-a table by width bucket (requests in the step): steps, mean period / draft / busy / gap, share of the cell's
+``python -m benchmarks.step_trace RESULTS.json [--method M] [--dataset D] [--batch-size B] [--plot P.png]`` prints, per
+cell, a table by width bucket (requests in the step): steps, mean period / draft / busy / gap, share of the cell's
 wall, share of piecewise or eager steps. A closed batch (all prompts submitted at once) ends with a tail of
 stragglers; the table shows how much of the wall that tail takes.
 
 Storage: the traces are ~95% of a results JSON, and every GPU call carries the repository (64 MiB with a bundle part).
-``save_step_traces`` moves them out of the JSON into ``<results stem>.traces.json.gz`` beside it (``summary.traces_file``
-names it); ``read_step_traces`` reads them from either place. Renaming a results JSON: rename its traces file alike.
+``save_step_traces`` moves them out of the JSON into ``<results stem>.traces.json.gz`` beside it
+(``summary.traces_file`` names it); ``read_step_traces`` reads them from either place. Renaming a results JSON: rename
+its traces file alike.
 """
 
 from __future__ import annotations

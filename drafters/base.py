@@ -93,7 +93,7 @@ class Drafter(abc.ABC):
         """Ids of the requests with live state (for bookkeeping checks)."""
         return []
 
-    def check_target(self, *, vocab_size: int, tokenizer_dir: str | None = None) -> None:
+    def check_target(self, *, vocab_size: int, tokenizer_dir: str | None = None) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Raise ``ConfigError`` when this drafter cannot draft for a target of ``vocab_size`` tokens whose
         tokenizer is in ``tokenizer_dir`` (None: unknown). Model-free drafters draft ids seen in the context:
         any target suits them."""
@@ -102,7 +102,7 @@ class Drafter(abc.ABC):
         """Approximate bytes held by drafter state (0 if unknown)."""
         return 0
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release threads, sessions or other resources."""
 
 

@@ -11,8 +11,8 @@ predicts a long copy and over-confident when it predicts one or two tokens.
 When the parts' drafts start with different tokens, at most one is right; the choice then goes to the part
 whose first token has most often been the right one in such disagreements (counted online per part and score
 band, from the emitted tokens), and only on a tie to the calibrated score. A small model drafter is usually
-the better judge of the next token, a suffix drafter of how far a copy goes. Every part learns from every step, chosen or
-not: the emitted tokens (the chosen draft's accepted prefix + the target's next token) are the target's
+the better judge of the next token, a suffix drafter of how far a copy goes. Every part learns from every step, chosen
+or not: the emitted tokens (the chosen draft's accepted prefix + the target's next token) are the target's
 greedy continuation, so a part whose draft was not submitted is scored on them too, both sides cut at that
 many tokens (its acceptance beyond them is unobserved). Learning only from chosen drafts would freeze a part
 that starts behind. Drafters' probabilities are not on

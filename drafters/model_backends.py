@@ -75,7 +75,7 @@ class DraftBackend(abc.ABC):
     def forward(self, items: Sequence[StepInput]) -> list[torch.Tensor]:
         """Append each item's tokens to its state; logits ``[len(want), vocab]`` float32 per item."""
 
-    def release(self, state: Any) -> None:
+    def release(self, state: Any) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Free a state (request stopped)."""
 
     def describe(self) -> str:

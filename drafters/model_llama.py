@@ -322,11 +322,11 @@ class PooledBackend(DraftBackend):
         visible[:, :, S:] = np.tril(np.ones((N, N), dtype=bool))[None]
         for i, it in enumerate(batch):
             if it.mask is not None:
-                l, n = int(lens[i]), len(it.tokens)
-                m = np.asarray(it.mask, dtype=bool)  # [n, l + n]
+                past, n = int(lens[i]), len(it.tokens)
+                m = np.asarray(it.mask, dtype=bool)  # [n, past + n]
                 visible[i] = False
-                visible[i, :n, :l] = m[:, :l]
-                visible[i, :n, S : S + n] = m[:, l:]
+                visible[i, :n, :past] = m[:, :past]
+                visible[i, :n, S : S + n] = m[:, past:]
                 visible[i, n:, S] = True
         bias = np.where(visible, np.float32(0.0), np.float32(NEG_INF))[:, None]  # [B, 1, N, S + N]
         return torch.from_numpy(bias).to(self.dtype)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 from specdec.config import ConfigError
 from specdec.drafters.base import Drafter
@@ -20,7 +20,7 @@ _CLASSES: dict[str, str] = {
 }
 DRAFTER_NAMES = tuple(_CLASSES)
 
-DrafterSpec = Union[str, Mapping[str, Any], Sequence[str | Mapping[str, Any]]]
+DrafterSpec = str | Mapping[str, Any] | Sequence[str | Mapping[str, Any]]
 
 
 def drafter_names() -> tuple[str, ...]:

@@ -31,7 +31,7 @@ import os
 import tarfile
 import zlib
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -319,14 +319,19 @@ def _openhands_members(tf: tarfile.TarFile, limit: int | None) -> list[tuple[str
     return [(inst, m) for inst in chosen for m in found[inst]]
 
 
-def _openhands_tokenized(path: Path, limit: int | None, tok: TextTokenizer, progress: bool) -> list[TraceRecord]:
-    """Stream the tarball member by member (no extraction), tokenizing as it goes (~29 M prompt tokens)."""
+def _open_openhands_tar(path: Path) -> tarfile.TarFile:
+    """The open tarball (the caller closes it); a ``TraceError`` when it cannot be opened as a tar archive."""
     try:
-        tf = tarfile.open(path)
+        return tarfile.open(path)
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise TraceError(
             f"{path}: not a readable tar archive ({one_line(exc)}); expected an OpenHands llm_completions tarball"
         ) from None
+
+
+def _openhands_tokenized(path: Path, limit: int | None, tok: TextTokenizer, progress: bool) -> list[TraceRecord]:
+    """Stream the tarball member by member (no extraction), tokenizing as it goes (~29 M prompt tokens)."""
+    tf = _open_openhands_tar(path)
     calls = []
     try:
         with tf:
@@ -490,10 +495,8 @@ def load_traces(
         else:
             records = _tokenize_items(_ITEM_LOADERS[fmt](path, limit, opts), tok, path)
         if use_cache and records:
-            try:
+            with suppress(OSError):  # read-only home: run without a cache
                 _save_cache(cfile, records)
-            except OSError:
-                pass  # read-only home: run without a cache
     if not records:
         raise TraceError(f"{path}: empty dataset (0 records); expected at least one prompt/response pair")
     _check_vocab(path, records, tok, explicit=tokenizer is not None)

@@ -4,9 +4,10 @@
     ids = render_prompt(item, tokenizer)                     # token ids for the target
 
 Code sets are raw code prompts (HumanEval: the task's ``prompt``; MBPP: a docstring with the task text and its
-first test), trailing whitespace removed (see ``_record``), after the tokenizer's BOS token. Chat sets (question ``turns``, GSM8K ``question``) are chat messages: rendered with the tokenizer's
-chat template when it has one, else as ``role: content`` lines followed by ``assistant: `` (the generation cue).
-A generic JSONL file works too: ``prompt`` (text or messages) per line.
+first test), trailing whitespace removed (see ``_record``), after the tokenizer's BOS token. Chat sets (question
+``turns``, GSM8K ``question``) are chat messages: rendered with the tokenizer's chat template when it has one, else as
+``role: content`` lines followed by ``assistant: `` (the generation cue). A generic JSONL file works too: ``prompt``
+(text or messages) per line.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ steps that accepted at least k+1 tokens; ``per_position_acceptance[k]`` = their 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import logging
 import os
@@ -295,23 +296,19 @@ def replay(
         raise ValueError(f"budget={budget} must be >= 0")
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
-    fh = tmp = None
+    tmp = None
     writer = None
-    if step_csv is not None:
-        tmp = f"{step_csv}.{os.getpid()}.tmp"
-        fh = open(tmp, "w", newline="", encoding="utf-8")
-        writer = csv.writer(fh)
-        writer.writerow(CSV_FIELDS)
-    rp = _Replayer(drafter, budget=budget, tree=tree, strict=strict, keep_outputs=keep_outputs, writer=writer)
-    bar = _bar(records, progress, desc)
-    t_wall = time.perf_counter()
-    try:
-        _run(rp, records, batch_size, bar)
-    finally:
+    with contextlib.ExitStack() as closing:  # on the way out: the progress bar, then the CSV file
+        if step_csv is not None:
+            tmp = f"{step_csv}.{os.getpid()}.tmp"
+            writer = csv.writer(closing.enter_context(open(tmp, "w", newline="", encoding="utf-8")))
+            writer.writerow(CSV_FIELDS)
+        rp = _Replayer(drafter, budget=budget, tree=tree, strict=strict, keep_outputs=keep_outputs, writer=writer)
+        bar = _bar(records, progress, desc)
         if bar is not None:
-            bar.close()
-        if fh is not None:
-            fh.close()
+            closing.callback(bar.close)
+        t_wall = time.perf_counter()
+        _run(rp, records, batch_size, bar)
     rp.res.wall_seconds = time.perf_counter() - t_wall
     if tmp is not None:
         os.replace(tmp, step_csv)

@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 import yaml
 
-T = TypeVar("T", bound="ConfigBase")
 import specdec.configs as _presets
 
+T = TypeVar("T", bound="ConfigBase")
 PRESET_DIR = Path(_presets.__file__).resolve().parent  # configs/ (installed as specdec.configs)
 
 
@@ -121,9 +121,9 @@ class ConfigBase:
             if meta.get("choices") and value not in meta["choices"]:
                 raise ConfigError(f"{where}{f.name}={value!r} is not allowed: must be {_allowed(meta)}")
             lo, hi = meta.get("lo"), meta.get("hi")
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                if (lo is not None and value < lo) or (hi is not None and value > hi):
-                    raise ConfigError(f"{where}{f.name}={value!r} is out of range: must be {_allowed(meta)}")
+            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if numeric and ((lo is not None and value < lo) or (hi is not None and value > hi)):
+                raise ConfigError(f"{where}{f.name}={value!r} is out of range: must be {_allowed(meta)}")
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}

@@ -12,6 +12,17 @@ def _has_cuda() -> bool:
         return False
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread (and do not fight other processes for the 2 CI cores)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 VLLM_GLUE_PREFIX = "test_vllm_"  # every test in tests/test_vllm_*.py is a vLLM glue test; others opt in with the marker
 
 

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
 from specdec.drafters.base import Drafter, DraftRequest
@@ -16,15 +15,6 @@ from specdec.tree import ROOT, TokenTree
 TINY_VOCAB = 96
 # A large init spread gives peaked next-token distributions: greedy argmax margins far above float noise.
 TINY_INIT_RANGE = 0.3
-
-
-@pytest.fixture(scope="module", autouse=False)
-def one_thread():
-    """Tiny models run fastest on one thread (and do not fight other processes for the 2 CI cores)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def tiny_llama(

@@ -12,7 +12,6 @@ from core_support import (
     OverBudgetDrafter,
     RaisingDrafter,
     RandomDrafter,
-    one_thread,  # noqa: F401 - fixture
     random_prompts,
     tiny_llama,
 )

@@ -15,7 +15,6 @@ import torch
 
 from core_support import (
     EmptyDrafter,
-    one_thread,  # noqa: F401 - fixture
     tiny_llama,
 )
 from specdec.drafters.base import DraftRequest

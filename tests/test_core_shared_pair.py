@@ -11,7 +11,6 @@ import os
 
 import pytest
 
-from core_support import one_thread  # noqa: F401 - fixture (1 torch thread: no oversubscription)
 from specdec.paths import DRAFT_MODEL, TARGET_MODEL, data_dir, model_path
 
 PROMPTS = int(os.environ.get("SPECDEC_LOSSLESS_PROMPTS", "5"))

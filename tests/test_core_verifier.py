@@ -8,7 +8,6 @@ import torch
 
 from core_support import (
     RandomDrafter,
-    one_thread,  # noqa: F401 - fixture
     random_prompts,
     tiny_llama,
 )

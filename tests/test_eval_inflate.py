@@ -41,7 +41,7 @@ def _save_small(path: Path, *, tied: bool, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() > 1:
                 p.mul_(4.0)
             else:  # norms: not all ones, so their scaling is checked per feature

@@ -93,8 +93,8 @@ def test_live_runs_every_method_and_checks_lossless(tmp_path, monkeypatch, capsy
 
 
 def test_lossless_margin_reports_each_first_difference_with_the_reference_margin():
-    """benchmarks/lossless_margin.py: the first differing position of every differing prompt, the reference's top-2 margin
-    there, and the near-tie verdict against the threshold; identical prompts are not reported."""
+    """benchmarks/lossless_margin.py: the first differing position of every differing prompt, the reference's top-2
+    margin there, and the near-tie verdict against the threshold; identical prompts are not reported."""
     from types import SimpleNamespace
 
     from benchmarks.lossless_margin import _margin, compare

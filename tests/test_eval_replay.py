@@ -107,7 +107,8 @@ def test_empty_responses_skipped_and_csv(tmp_path) -> None:
     out = tmp_path / "steps.csv"
     res = replay(ScriptedDrafter({2: TokenTree.chain([3, 4])}), recs, budget=2, tree=False, step_csv=out)
     assert res.records == 1 and res.records_skipped_empty == 1 and res.steps == 1 and res.emitted_tokens == 2
-    rows = list(csv.DictReader(open(out)))
+    with open(out) as fh:
+        rows = list(csv.DictReader(fh))
     assert len(rows) == 1 and rows[0]["record"] == "b" and rows[0]["accepted"] == "2" and rows[0]["emitted"] == "2"
 
 

@@ -1,4 +1,6 @@
-"""benchmarks/target_outputs.py: batched, left-padded greedy outputs equal a one-prompt argmax loop; the JSONL replays."""
+"""benchmarks/target_outputs.py: batched, left-padded greedy outputs equal a one-prompt argmax loop.
+
+The JSONL the script writes replays."""
 
 from __future__ import annotations
 

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from benchmarks.startup_matrix import compare, parse_log, table
 
+# Long log lines are split with a backslash continuation, which leaves them whole in the string.
 LOG = """\
-(EngineCore pid=1) INFO [gpu_model_runner.py:6612] Profiling CUDA graph memory: PIECEWISE=64 (largest=1088), FULL=144 (largest=1088)
-(EngineCore pid=1) DEBUG [gpu_model_runner.py:6688] Estimated PIECEWISE CUDA graph memory: 352.00 MiB first-capture + (64-1) × 4.00 MiB per-graph
-(EngineCore pid=1) DEBUG [gpu_model_runner.py:6688] Estimated FULL CUDA graph memory: -16.00 MiB first-capture + (144-1) × 1.00 MiB per-graph
+(EngineCore pid=1) INFO [gpu_model_runner.py:6612] Profiling CUDA graph memory: \
+PIECEWISE=64 (largest=1088), FULL=144 (largest=1088)
+(EngineCore pid=1) DEBUG [gpu_model_runner.py:6688] Estimated PIECEWISE CUDA graph memory: \
+352.00 MiB first-capture + (64-1) × 4.00 MiB per-graph
+(EngineCore pid=1) DEBUG [gpu_model_runner.py:6688] Estimated FULL CUDA graph memory: \
+-16.00 MiB first-capture + (144-1) × 1.00 MiB per-graph
 (EngineCore pid=1) INFO [gpu_model_runner.py:6737] Estimated CUDA graph memory: 0.90 GiB total
 (EngineCore pid=1) INFO [gpu_worker.py:560] Available KV cache memory: 57.97 GiB
 (EngineCore pid=1) INFO [kv_cache_utils.py:2177] GPU KV cache size: 949,744 tokens
-(EngineCore pid=1) INFO [graphs.py:334] specdec: added 80 CUDA graphs (narrow 48, ragged 16, ragged with prompt chunks 16): 106 MiB
+(EngineCore pid=1) INFO [graphs.py:334] specdec: added 80 CUDA graphs \
+(narrow 48, ragged 16, ragged with prompt chunks 16): 106 MiB
 (EngineCore pid=1) INFO [gpu_worker.py:793] CUDA graph pool memory: 1.18 GiB (actual), 0.9 GiB (estimated), difference
 """
 

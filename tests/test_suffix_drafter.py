@@ -216,7 +216,7 @@ def test_reference_equals_native_random():
             ops=40,
             p_start=0.2,
             p_stop=0.35,
-            prompt=lambda: [rng.randrange(vocab) for _ in range(rng.randint(0, 20))],
+            prompt=lambda vocab=vocab: [rng.randrange(vocab) for _ in range(rng.randint(0, 20))],
             draft_args=lambda: (
                 rng.choice([1, 3, 8]),
                 rng.random() < 0.5,
@@ -227,7 +227,7 @@ def test_reference_equals_native_random():
                 rng.random() < 0.8,
                 rng.choice([0.0, 0.0, 0.5, 2.0]),
             ),
-            tokens=lambda: [rng.randrange(vocab) for _ in range(rng.randint(1, 4))],
+            tokens=lambda vocab=vocab: [rng.randrange(vocab) for _ in range(rng.randint(1, 4))],
         )
 
 
@@ -248,9 +248,9 @@ def test_reference_equals_native_while_tables_grow_and_evict():
             ops=400,
             p_start=0.15,
             p_stop=0.3,
-            prompt=lambda: [t for _ in range(rng.randint(5, 60)) for t in rng.choice(phrases)],
+            prompt=lambda phrases=phrases: [t for _ in range(rng.randint(5, 60)) for t in rng.choice(phrases)],
             draft_args=lambda: (8, False, 1.0, 0.0, 0.0, True, True),
-            tokens=lambda: rng.choice(phrases) if rng.random() < 0.8 else [rng.randrange(40, 60)],
+            tokens=lambda phrases=phrases: rng.choice(phrases) if rng.random() < 0.8 else [rng.randrange(40, 60)],
         )
         assert a.memory_bytes() > 100_000  # large enough that both tables grew many times
 

@@ -32,7 +32,8 @@ def test_every_row_falls_back_on_a_vllm_of_another_shape(row):
     """Each row's check refuses a target without the methods it wraps, and nothing is patched (its fallback runs)."""
     targets = [empty_resolver(t) for t in row.targets]
     before = [dict(vars(t)) for t in targets]
-    why = apply_row(row, in_span=True, resolver=lambda t, it=iter(targets): next(it))
+    resolved = iter(targets)
+    why = apply_row(row, in_span=True, resolver=lambda t: next(resolved))
     assert why and [dict(vars(t)) for t in targets] == before
     assert row.fallback and row.check and row.feature and row.attribute
 

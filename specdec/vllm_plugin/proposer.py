@@ -1,4 +1,6 @@
-"""The proposer vLLM constructs for ``method="custom_class"`` (``model="specdec.vllm_plugin.proposer.SpecdecProposer"``).
+"""The proposer vLLM constructs for ``method="custom_class"``.
+
+The speculative config names it as ``model="specdec.vllm_plugin.proposer.SpecdecProposer"``.
 
 vLLM calls ``SpecdecProposer(vllm_config)`` in the model runner (``GPUModelRunner.__init__``) and then, each step,
 ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list[list[int]]``.
@@ -245,7 +247,8 @@ class SpecdecProposer:
         return self.scheduled
 
     def collect_deferred(self) -> list[list[int]] | None:
-        """Drafts of the step submitted by the last ``propose`` (thread mode), or None if none is pending. Never raises (a failed step -> no drafts, counted and logged once)."""
+        """Drafts of the step submitted by the last ``propose`` (thread mode), or None if none is pending. Never raises
+        (a failed step -> no drafts, counted and logged once)."""
         if not self.threaded:
             return None
         try:
@@ -265,7 +268,7 @@ class SpecdecProposer:
     def close(self) -> None:
         if self.scheduled is not None:
             self.scheduled.close()
-        if self.scheduled is not None and self.scheduled.slot_book is not None:
-            if book_of(self.vllm_config) is self.scheduled.slot_book:
-                attach_book(self.vllm_config, None)
+        book = self.scheduled.slot_book if self.scheduled is not None else None
+        if book is not None and book_of(self.vllm_config) is book:
+            attach_book(self.vllm_config, None)
         self.core.close()

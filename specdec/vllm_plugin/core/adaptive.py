@@ -6,9 +6,9 @@ Mechanisms, all cheap per step:
    drafting is included) is fitted online as ``a + b * T``, T = tokens the step verified (rows + draft tokens).
    One fit per batch-size bucket. A draft token with path probability ``p`` (the drafter's estimate, calibrated
    per request by its observed accepted / predicted ratio) is worth sending iff it adds more expected tokens than
-   it costs time at the current rate: ``p * calib >= b * tokens_per_second``. At batch 1 on a big GPU ``b`` is ~0 (draft everything); at batch 64
-   each token costs everyone, so only confident tokens go. ``min_path_prob`` (+ ``min_path_prob_per_seq`` x
-   running requests) is a fixed floor on top.
+   it costs time at the current rate: ``p * calib >= b * tokens_per_second``. At batch 1 on a big GPU ``b`` is ~0 (draft
+   everything); at batch 64 each token costs everyone, so only confident tokens go. ``min_path_prob`` (+
+   ``min_path_prob_per_seq`` x running requests) is a fixed floor on top.
 2. **Per-request acceptance.** A request whose acceptance EMA (accepted / drafted) falls below ``min_acceptance``
    drafts at most ``PROBE_TOKENS`` tokens per step until it recovers.
 """

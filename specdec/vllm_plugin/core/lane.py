@@ -90,9 +90,11 @@ def lane_step(
     num_prompt_tokens: np.ndarray | None,
     decisions: dict[str, Any],
 ) -> tuple[list[list[int]], LaneCounts]:
-    """One proposer step over ``len(sampled)`` rows (one native call; two when a row must restart). ``lengths`` [>= rows] context lengths after the new tokens,
-    ``token_ids_cpu`` [rows, max_model_len] (rows to restart read their context from it), ``decisions``: the
-    keyword arguments of ``Lane.lane_step`` besides the rows (k, max_model_len, spec, pad, adaptive, ...)."""
+    """One proposer step over ``len(sampled)`` rows (one native call; two when a row must restart).
+
+    ``lengths`` [>= rows] context lengths after the new tokens, ``token_ids_cpu`` [rows, max_model_len] (rows to
+    restart read their context from it), ``decisions``: the keyword arguments of ``Lane.lane_step`` besides the rows
+    (k, max_model_len, spec, pad, adaptive, ...)."""
     rows = len(sampled)
     ids = req_ids if len(req_ids) == rows else req_ids[:rows]
     drafts, redo, accepted, drafted = lane.lane_step(ids, sampled, lengths, **decisions)

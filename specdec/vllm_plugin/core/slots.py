@@ -33,14 +33,15 @@ compute-bound, so every verified draft token costs its full share of the GEMMs; 
 each decoding request keeps at most ``prefill_cap`` of its placeholders (``async_patch.cap_prefill_steps``).
 Such a step runs as piecewise graphs whatever its slots (the prefill makes the batch mixed).
 
-``narrow`` (``NARROW_WIDTH``, ``NARROW_FROM_ROWS``, ``NARROW_BELOW_ROWS``) with ``narrow_rows`` = (from, below): a schedule of ``from <= running < below``
-requests gives every decoding request exactly ``narrow`` slots (``width``); from ``below`` requests on,
-``large`` = (width, max MAT) (``LARGE_BATCH_WIDTH``, ``LOW_MAT``) does so with its own width while the tokens a request got
-per step (``mat``, a moving average over notes) stay at most that MAT; ``high`` = (width, min MAT)
-(``HIGH_MAT_WIDTH``, ``HIGH_MAT``) widens the mid-size narrow steps while ``mat`` is at least that MAT. The step's drafting
-pads each row to the width: the verify batch is uniform with ``width + 1`` tokens per request, which vLLM runs as one
-FULL CUDA graph once ``graphs.py`` has captured that length (vLLM captures only ``k + 1``). Mid-size batches are bound by the
-host's launches of the piecewise graphs a mixed batch gets; large ones by the GPU, where verifying filler costs.
+``narrow`` (``NARROW_WIDTH``, ``NARROW_FROM_ROWS``, ``NARROW_BELOW_ROWS``) with ``narrow_rows`` = (from, below): a
+schedule of ``from <= running < below`` requests gives every decoding request exactly ``narrow`` slots (``width``); from
+``below`` requests on, ``large`` = (width, max MAT) (``LARGE_BATCH_WIDTH``, ``LOW_MAT``) does so with its own width
+while the tokens a request got per step (``mat``, a moving average over notes) stay at most that MAT; ``high`` = (width,
+min MAT) (``HIGH_MAT_WIDTH``, ``HIGH_MAT``) widens the mid-size narrow steps while ``mat`` is at least that MAT. The
+step's drafting pads each row to the width: the verify batch is uniform with ``width + 1`` tokens per request, which
+vLLM runs as one FULL CUDA graph once ``graphs.py`` has captured that length (vLLM captures only ``k + 1``). Mid-size
+batches are bound by the host's launches of the piecewise graphs a mixed batch gets; large ones by the GPU, where
+verifying filler costs.
 
 The book is shared between the runner (writer, after drafting) and the scheduler (reader), which live in the
 same process with vLLM's one-GPU executor (the only one schedule mode runs under) and share the engine's config

@@ -104,9 +104,9 @@ def raise_cudagraph_capture(engine_args: Any, setting: int, k: int) -> int | Non
 
     vLLM captures graphs up to ``min(max_num_seqs x (k+1) x 2, 512)`` tokens by default, so a batch of 64
     requests with k=16 drafts (1,088 tokens) runs eagerly. ``setting`` -1 raises the limit to
-    min(max_num_seqs, ``AUTO_CUDAGRAPH_MAX_REQUESTS``) x (k+1), at most ``AUTO_CUDAGRAPH_MAX_TOKENS``; N sets N; 0 leaves vLLM's default. A limit the user set
-    (``max_cudagraph_capture_size`` or capture sizes, on the engine args or in ``compilation_config``) and
-    ``enforce_eager`` always win. Returns the limit set, or None.
+    min(max_num_seqs, ``AUTO_CUDAGRAPH_MAX_REQUESTS``) x (k+1), at most ``AUTO_CUDAGRAPH_MAX_TOKENS``; N sets N; 0
+    leaves vLLM's default. A limit the user set (``max_cudagraph_capture_size`` or capture sizes, on the engine args or
+    in ``compilation_config``) and ``enforce_eager`` always win. Returns the limit set, or None.
     """
     if setting == 0 or getattr(engine_args, "enforce_eager", False):
         return None

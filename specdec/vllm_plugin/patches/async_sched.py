@@ -336,7 +336,8 @@ def prefill_tokens_pending(waiting: Any, running: Any, *, enough: int) -> int:
 def cap_prefill_steps(scheduler: Any, book: Any) -> int:
     """Before vLLM schedules a step: if it will carry a heavy prefill (at least ``PREFILL_HEAVY_TOKENS`` context
     tokens of waiting requests or running prompt chunks), every decoding request keeps at most
-    ``book.prefill_cap`` draft placeholders (vLLM schedules ``1 + len(spec_token_ids)`` tokens for it). Returns the number of requests capped."""
+    ``book.prefill_cap`` draft placeholders (vLLM schedules ``1 + len(spec_token_ids)`` tokens for it). Returns the
+    number of requests capped."""
     running = scheduler.running
     if prefill_tokens_pending(scheduler.waiting, running, enough=PREFILL_HEAVY_TOKENS) < PREFILL_HEAVY_TOKENS:
         return 0
