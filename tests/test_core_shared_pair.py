@@ -1,6 +1,6 @@
 """Lossless on the shared pair: code-target-53m (fp32, CPU) with real drafters == plain greedy.
 
-CI runs 5 HumanEval prompts; ``SPECDEC_LOSSLESS_PROMPTS=20`` runs the closing-note set. The same code
+CI checks 5 HumanEval prompts; ``SPECDEC_LOSSLESS_PROMPTS=20`` checks the closing-note set. The same code
 is the CLI ``python -m benchmarks.lossless_check`` (which also records MAT to eval/results/).
 """
 
