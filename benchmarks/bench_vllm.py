@@ -592,23 +592,9 @@ def driver(args: argparse.Namespace) -> None:
     lossless: dict[str, Any] = {}
     t_start = time.perf_counter()
     if args.inflate:  # built once (own process, GPU if present), reused by every engine and later calls
-        from specdec.eval.inflate_model import INFLATE_DIR
+        from specdec.eval.inflate_model import inflate_in_subprocess  # (imports torch: only when asked)
 
-        out = INFLATE_DIR / f"{Path(args.model).name}-{args.inflate}"
-        subprocess.check_call(
-            [
-                sys.executable,
-                "-m",
-                "specdec.eval.inflate_model",
-                "--model",
-                args.model,
-                "--shape",
-                args.inflate,
-                "--out",
-                str(out),
-            ]
-        )
-        args.model = str(out)
+        args.model = inflate_in_subprocess(args.model, args.inflate)
     first = True  # the run's first engine compiles for the others
     if not args.lossless_only:
         for method in args.methods:

@@ -426,23 +426,9 @@ def _validate(args: argparse.Namespace) -> None:
 
 def _inflate(args: argparse.Namespace) -> None:
     if args.inflate:
-        from specdec.eval.inflate_model import INFLATE_DIR
+        from specdec.eval.inflate_model import inflate_in_subprocess  # (imports torch: only when asked)
 
-        out = INFLATE_DIR / f"{Path(args.model).name}-{args.inflate}"
-        subprocess.check_call(
-            [
-                sys.executable,
-                "-m",
-                "specdec.eval.inflate_model",
-                "--model",
-                args.model,
-                "--shape",
-                args.inflate,
-                "--out",
-                str(out),
-            ]
-        )
-        args.model = str(out)
+        args.model = inflate_in_subprocess(args.model, args.inflate)
 
 
 def main(argv: list[str] | None = None) -> int:

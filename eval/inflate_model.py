@@ -33,6 +33,8 @@ import argparse
 import json
 import math
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -223,6 +225,15 @@ def param_count(config: dict[str, Any]) -> int:
     layer = attn + 3 * h * i + 2 * h
     emb = config["vocab_size"] * h * (1 if config.get("tie_word_embeddings", False) else 2)
     return config["num_hidden_layers"] * layer + emb + h
+
+
+def inflate_in_subprocess(model: str, shape: str) -> str:
+    """``model`` inflated to ``shape`` under ``INFLATE_DIR``, built by this module's command in a process of its own
+    (so the GPU memory it used is freed before an engine starts). Returns the inflated folder."""
+    out = INFLATE_DIR / f"{Path(model).name}-{shape}"
+    cmd = [sys.executable, "-m", "specdec.eval.inflate_model", "--model", model, "--shape", shape, "--out", str(out)]
+    subprocess.check_call(cmd)
+    return str(out)
 
 
 def main(argv: list[str] | None = None) -> None:

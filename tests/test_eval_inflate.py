@@ -123,3 +123,26 @@ def test_param_count_matches_the_model(tmp_path: Path) -> None:
         out = inflate(_save_small(tmp_path / f"s{tied}", tied=tied), BIG, tmp_path / f"b{tied}")
         model = AutoModelForCausalLM.from_pretrained(str(out))
         assert param_count(json.loads((out / "config.json").read_text())) == model.num_parameters()
+
+
+def test_inflate_in_subprocess_runs_this_module_and_returns_the_folder(monkeypatch, tmp_path) -> None:
+    import specdec.eval.inflate_model as im
+
+    calls = []
+    monkeypatch.setattr(im, "INFLATE_DIR", tmp_path)
+    monkeypatch.setattr(im.subprocess, "check_call", lambda cmd: calls.append(cmd))
+    out = im.inflate_in_subprocess("/models/code-target-53m", "llama-8b")
+    assert out == str(tmp_path / "code-target-53m-llama-8b")
+    assert calls == [
+        [
+            im.sys.executable,
+            "-m",
+            "specdec.eval.inflate_model",
+            "--model",
+            "/models/code-target-53m",
+            "--shape",
+            "llama-8b",
+            "--out",
+            out,
+        ]
+    ]
