@@ -104,8 +104,8 @@ class SpecdecOptions(ConfigBase):
         -1,
         lo=-1,
         hi=1 << 16,
-        doc="-1: raise vLLM's CUDA-graph capture limit to max_num_seqs x (k+1) (at "
-        "most 2048) unless set; 0: vLLM's default; N: N tokens",
+        doc="-1: raise vLLM's CUDA-graph capture limit to min(max_num_seqs, 64) x (k+1) "
+        "(at most 2048) unless set; 0: vLLM's default; N: N tokens",
     )
     adaptive: bool = rng(True, doc="shorten drafts where they cannot pay (step-cost model, per-request acceptance)")
     lane_threads: int = rng(0, lo=0, hi=64, doc="threads drafting one step's rows (0: 4 in schedule mode, else 1)")
