@@ -51,6 +51,14 @@ def fails(args: list[str], capsys) -> str:
     return err[0]
 
 
+def fails_live(tmp_path: pathlib.Path, *, target: pathlib.Path, draft: pathlib.Path, capsys) -> str:
+    """``specdec-eval live`` of one prompt with ``draft`` as the draft model of ``target``: its one error line."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "w1 w2"}) + "\n")
+    args = ["live", str(prompts), "--target", str(target), "--draft-model", str(draft), "--out", str(tmp_path / "o")]
+    return fails(args, capsys)
+
+
 # ------------------------------------------------------------------------------------------- raw tracebacks
 def test_jsonl_gz_that_is_not_gzip(tmp_path, capsys, no_replay) -> None:
     f = tmp_path / "t.jsonl.gz"
@@ -326,21 +334,7 @@ def test_draft_model_of_another_tokenizer_is_refused(tmp_path, capsys) -> None:
     )
     assert "tokenized as UTF-8 bytes" in line
     # live: the draft model against the target, before any model is loaded
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"prompt": "w1 w2"}) + "\n")
-    line = fails(
-        [
-            "live",
-            str(prompts),
-            "--target",
-            str(paths["target"]),
-            "--draft-model",
-            str(other),
-            "--out",
-            str(tmp_path / "o"),
-        ],
-        capsys,
-    )
+    line = fails_live(tmp_path, target=paths["target"], draft=other, capsys=capsys)
     assert "vocabulary of 97 tokens, the target 63" in line
 
 
@@ -465,21 +459,7 @@ def test_draft_model_with_a_different_tokenizer_of_the_same_size(tmp_path, capsy
     vocab = tj["model"]["vocab"]
     vocab["w0"], vocab["w1"] = vocab["w1"], vocab["w0"]  # same size, two ids swapped
     (other / "tokenizer.json").write_text(json.dumps(tj))
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"prompt": "w1 w2"}) + "\n")
-    line = fails(
-        [
-            "live",
-            str(prompts),
-            "--target",
-            str(paths["target"]),
-            "--draft-model",
-            str(other),
-            "--out",
-            str(tmp_path / "o"),
-        ],
-        capsys,
-    )
+    line = fails_live(tmp_path, target=paths["target"], draft=other, capsys=capsys)
     assert "use different tokenizers" in line and "2 differ" in line
     line = fails(
         [
