@@ -501,7 +501,9 @@ def test_async_mode_and_lane_threads_auto_resolve_by_target_size_and_parallelism
 
     assert resolve_async_mode("auto", params=AUTO_SCHEDULE_MIN_PARAMS) == "schedule"
     assert resolve_async_mode("auto", params=5.3e7) == "thread"
-    assert resolve_async_mode("auto", params=8e9, tp=2) == "thread"  # schedule mode runs on one GPU only
+    assert resolve_async_mode("auto", params=8e9, tp=2) == "schedule"  # rank 0 drafts and broadcasts
+    assert resolve_async_mode("auto", params=5.3e7, tp=2) == "schedule"  # thread mode would forgo async scheduling
+    assert resolve_async_mode("auto", params=8e9, pp=2) == "thread"  # schedule mode needs PP = 1
     assert resolve_async_mode("thread", params=8e9) == "thread"  # an explicit mode stands
     llama8b = SimpleNamespace(
         hidden_size=4096,

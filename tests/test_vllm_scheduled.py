@@ -365,10 +365,10 @@ def test_whitelist_patch_adds_custom_class_for_our_schedule_mode_only():
     )
 
     class VllmConfig:
-        def __init__(self, spec: dict | None, tp: int = 1, hf: SimpleNamespace | None = None) -> None:
+        def __init__(self, spec: dict | None, tp: int = 1, hf: SimpleNamespace | None = None, pp: int = 1) -> None:
             self.speculative_config = SimpleNamespace(method="custom_class", model=PROPOSER_PATH)
             self.additional_config = {"specdec": spec} if spec is not None else {}
-            self.parallel_config = SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=1)
+            self.parallel_config = SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=pp)
             self.model_config = SimpleNamespace(hf_config=hf)
             self.__post_init__()
 
@@ -377,16 +377,22 @@ def test_whitelist_patch_adds_custom_class_for_our_schedule_mode_only():
             seen.append((allowed, get_args(module.NgramGPUTypes)))
 
     module.VllmConfig = VllmConfig
-    assert wrap_post_init(module) and wrap_post_init(module)  # idempotent
+    tp_problem = [""]
+    assert wrap_post_init(module, tp_problem=lambda: tp_problem[0]) and wrap_post_init(module)  # idempotent
     VllmConfig({"async": True, "async_mode": "schedule"})
     VllmConfig({"async": True, "async_mode": "thread"})  # thread mode: vLLM's rule stands
-    VllmConfig({"async_drafting": True, "async_mode": "schedule"}, tp=2)  # TP > 1: refused, synchronous
+    VllmConfig({"async_drafting": True, "async_mode": "schedule"}, tp=2)  # TP > 1: rank 0 drafts, broadcasts
+    VllmConfig({"async_drafting": True, "async_mode": "schedule"}, pp=2)  # PP > 1: refused, synchronous
     VllmConfig(None)
     VllmConfig({}, hf=llama8b)  # async_mode "auto" (default) on an 8B target: schedule mode
     VllmConfig({}, hf=small)  # ... on the 53M target: thread mode
-    VllmConfig({}, hf=llama8b, tp=2)  # ... on two GPUs: thread mode
+    VllmConfig({}, hf=llama8b, tp=2)  # ... on two GPUs: schedule mode
+    VllmConfig({}, hf=small, tp=2)  # ... the 53M target on two GPUs too
     VllmConfig({"async": False}, hf=llama8b)  # the synchronous path
-    assert [a for a, _ in seen] == [True, False, False, False, True, False, False, False]
+    tp_problem[0] = "update_from_output is missing"
+    VllmConfig({}, hf=llama8b, tp=2)  # the slot notes cannot apply: TP > 1 refused
+    VllmConfig({}, hf=llama8b)  # ... one GPU unaffected
+    assert [a for a, _ in seen] == [True, False, True, False, False, True, False, True, True, False, False, True]
     assert get_args(module.NgramGPUTypes) == ("ngram_gpu",)  # restored after the call
 
 

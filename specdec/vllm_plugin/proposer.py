@@ -7,10 +7,12 @@ vLLM calls ``SpecdecProposer(vllm_config)`` in the model runner (``GPUModelRunne
 That call carries no request ids; the plugin's runner patch (row "request ids" of ``patches.table``) hands the proposer
 the runner's input batch (``input_batch.req_ids``, row order of this step) just before each call.
 
-Tensor parallelism: every TP rank builds a runner and a proposer, but the engine reads drafts from one rank only
-(``take_draft_token_ids`` is a collective RPC answered by the executor's output rank, TP rank 0 with PP=1) and
-sends the scheduled drafts to all ranks. With ``draft_ranks="driver"`` (default) only TP rank 0 keeps drafter
-state and drafts; the other ranks return empty drafts at no cost. ``draft_ranks="all"`` drafts everywhere.
+Tensor parallelism: every TP rank builds a runner and a proposer. In schedule mode (the default there) TP rank 0
+drafts and broadcasts its draft buffer to the other ranks on the GPU (``modes/tp.py``). In thread mode the engine
+reads drafts from one rank only (``take_draft_token_ids`` is a collective RPC answered by the executor's output
+rank, TP rank 0 with PP=1) and sends the scheduled drafts to all ranks: with ``draft_ranks="driver"`` (default) only
+TP rank 0 keeps drafter state and drafts; the other ranks return empty drafts at no cost. ``draft_ranks="all"``
+drafts everywhere.
 This module imports vLLM only inside functions (CPU tests build it from a fake ``vllm_config``).
 """
 
@@ -40,6 +42,7 @@ from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.device_wait import STALL_TIMEOUT_MS, DeviceWait
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
+from specdec.vllm_plugin.modes.tp import DRIVER_RANK, NoteMaker, TpFollower, tp_broadcast
 from specdec.vllm_plugin.patches.graph_stats import GraphStats, graph_stats_of
 from specdec.vllm_plugin.patches.table import PatchReport, apply_patches
 
@@ -207,44 +210,60 @@ class SpecdecProposer:
         return graph_stats_of(self.vllm_config)
 
     def scheduled_for(self, runner: Any) -> Any:
-        """The ``ScheduledDrafting`` of this proposer (schedule mode under vLLM's async scheduling), or None."""
+        """The ``ScheduledDrafting`` of this proposer (schedule mode under vLLM's async scheduling), or None. Under
+        TP > 1, TP rank 0 drafts and broadcasts the drafts, the other ranks receive them (``TpFollower``)."""
         if not self.schedule_mode:
             return None
         if self.scheduled is None:
             k = int(getattr(runner, "num_spec_tokens", 0) or self.options.num_speculative_tokens)
-            device_wait, why = None, "device_wait is off"
-            if self.options.device_wait:  # reached only through the runner hooks, which release it
-                device_wait, why = DeviceWait.create(
-                    runner.device, timeout_ms=STALL_TIMEOUT_MS, grace_ms=self.options.draft_timeout_ms
-                )
-            book = None
-            if self.options.draft_slots == "adaptive":
-                opts = self.options
-                ragged = opts.ragged_graphs and self.patches.on("ragged graphs")
-                book = SlotBook.policy(
-                    k,
-                    narrow=bool(opts.narrow_widths) and self.patches.on("narrow graphs"),
-                    prefill_cap=opts.prefill_step_slots,
-                    high_ragged=self.graph_stats.ragged_ready if ragged else None,
-                )
-                attach_book(self.vllm_config, book)  # this engine's scheduler trims each request's slots to it
-            self.scheduled = ScheduledDrafting(
-                self.core,
-                k=k,
-                max_rows=int(runner.max_num_reqs),
-                device=runner.device,
-                device_wait=device_wait,
-                slot_book=book,
-                matrix_step=self.options.matrix_step,
-                graph_stats=self.graph_stats,
-            )
-            logger.info(
-                "specdec: drafting under vLLM's async scheduling (k=%d, up to %d rows; %s)",
-                k,
-                runner.max_num_reqs,
-                "the GPU waits for drafts" if device_wait else f"host fill: {why}",
-            )
+            tp = int(getattr(getattr(self.vllm_config, "parallel_config", None), "tensor_parallel_size", 1) or 1)
+            share = tp_broadcast(runner.device) if tp > 1 else None
+            if share is not None and _tp_rank() != DRIVER_RANK:
+                self.scheduled = TpFollower(k=k, max_rows=int(runner.max_num_reqs), device=runner.device, share=share)
+                logger.info("specdec: TP rank %d takes the drafts of TP rank %d (broadcast)", _tp_rank(), DRIVER_RANK)
+                return self.scheduled
+            self.scheduled = self._build_scheduled(runner, k, share=share)
         return self.scheduled
+
+    def _build_scheduled(self, runner: Any, k: int, *, share: Any) -> ScheduledDrafting:
+        """The drafting rank's ``ScheduledDrafting``: its device wait, and its slot book (one GPU: attached to this
+        engine's config, which its scheduler shares; TP > 1: notes sent to the scheduler's own book instead)."""
+        opts = self.options
+        device_wait, why = None, "device_wait is off"
+        if opts.device_wait:  # reached only through the runner hooks, which release it
+            device_wait, why = DeviceWait.create(
+                runner.device, timeout_ms=STALL_TIMEOUT_MS, grace_ms=opts.draft_timeout_ms
+            )
+        book, notes = None, None
+        if opts.draft_slots == "adaptive":
+            ragged = opts.ragged_graphs and self.patches.on("ragged graphs")
+            narrow = bool(opts.narrow_widths) and self.patches.on("narrow graphs")
+            ragged_ready = self.graph_stats.ragged_ready if ragged else None
+            if share is None:
+                book = SlotBook.policy(k, narrow=narrow, prefill_cap=opts.prefill_step_slots, high_ragged=ragged_ready)
+                attach_book(self.vllm_config, book)  # this engine's scheduler trims each request's slots to it
+            else:
+                notes = NoteMaker(k, narrow, opts.prefill_step_slots, ragged_ready)
+        scheduled = ScheduledDrafting(
+            self.core,
+            k=k,
+            max_rows=int(runner.max_num_reqs),
+            device=runner.device,
+            device_wait=device_wait,
+            slot_book=book,
+            matrix_step=opts.matrix_step,
+            graph_stats=self.graph_stats,
+            share=share,
+            notes=notes,
+        )
+        logger.info(
+            "specdec: drafting under vLLM's async scheduling (k=%d, up to %d rows; %s%s)",
+            k,
+            runner.max_num_reqs,
+            "the GPU waits for drafts" if device_wait else f"host fill: {why}",
+            "; drafts broadcast to the other TP ranks" if share is not None else "",
+        )
+        return scheduled
 
     def collect_deferred(self) -> list[list[int]] | None:
         """Drafts of the step submitted by the last ``propose`` (thread mode), or None if none is pending. Never raises

@@ -44,8 +44,9 @@ batches are bound by the host's launches of the piecewise graphs a mixed batch g
 verifying filler costs.
 
 The book is shared between the runner (writer, after drafting) and the scheduler (reader), which live in the
-same process with vLLM's one-GPU executor (the only one schedule mode runs under) and share the engine's config
-object, which carries the book (``attach_book``). Never imports vLLM.
+same process with vLLM's one-GPU executor and share the engine's config object, which carries the book
+(``attach_book``). Under tensor parallelism the scheduler keeps a book of its own, fed with the drafting rank's
+notes (``modes/tp.py``). Never imports vLLM.
 """
 
 from __future__ import annotations
@@ -142,15 +143,21 @@ class SlotBook:
 
     @classmethod
     def policy(
-        cls, k: int, *, narrow: bool = True, prefill_cap: int = -1, high_ragged: Callable[[], bool] | None = None
+        cls,
+        k: int,
+        *,
+        narrow: bool = True,
+        prefill_cap: int = -1,
+        high_ragged: Callable[[], bool] | None = None,
+        growth: float = SLOT_GROWTH,
     ) -> SlotBook:
         """The book of the slot policy (the module constants); ``narrow`` False: per-request slots only (no narrow
         graphs); ``high_ragged``: while the MAT is high, mid-size steps take per-request slots if it says the
-        ragged graphs are captured."""
+        ragged graphs are captured; ``growth`` 0: slots = the latest draft's length (a book fed a round late)."""
         return cls(
             k,
             prefill_cap=prefill_cap,
-            growth=SLOT_GROWTH,
+            growth=growth,
             min_share=SLOT_GROWTH_MIN_SHARE,
             narrow=NARROW_WIDTH if narrow else 0,
             narrow_rows=(NARROW_FROM_ROWS, NARROW_BELOW_ROWS),

@@ -232,10 +232,12 @@ def resolve_lane_threads(threads: int, *, schedule: bool) -> int:
 
 def resolve_async_mode(mode: str, *, params: float, tp: int = 1, pp: int = 1) -> str:
     """``mode`` with "auto" decided: "schedule" for a target of at least ``AUTO_SCHEDULE_MIN_PARAMS`` parameters
-    on one GPU (schedule mode needs TP = PP = 1), else "thread". Other modes are returned unchanged."""
+    or split by tensor parallelism (thread mode's drafts would keep vLLM from scheduling asynchronously there, as
+    no speculation does), else "thread"; "thread" with PP > 1 (schedule mode needs PP = 1). Other modes are
+    returned unchanged."""
     if mode != "auto":
         return mode
-    return "schedule" if params >= AUTO_SCHEDULE_MIN_PARAMS and (tp, pp) == (1, 1) else "thread"
+    return "schedule" if (params >= AUTO_SCHEDULE_MIN_PARAMS or tp > 1) and pp == 1 else "thread"
 
 
 def async_mode_for(mode: str, vllm_config: Any) -> str:

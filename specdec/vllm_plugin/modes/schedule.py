@@ -36,7 +36,8 @@ slots only).
 Fallbacks: a step whose drafts vLLM copies to the host right after sampling (structured output, penalties)
 is filled at once (``eager``). A drafting error or overrun gives that step all-filler drafts (no speculation
 in effect), counted and logged once. A request first seen mid-generation whose tokens are placeholders is
-"blind": it gets filler drafts for the rest of its life (counted). TP > 1 and PP > 1 are refused at start.
+"blind": it gets filler drafts for the rest of its life (counted). Under TP > 1 only TP rank 0 drafts and
+broadcasts the buffer (``tp.py``); PP > 1 is refused at start.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import faulthandler
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,7 @@ import numpy as np
 from specdec.vllm_plugin.core.feed import TokenFeed, leading_counts, pad_rows, valid_counts
 from specdec.vllm_plugin.core.slots import UNKNOWN
 from specdec.vllm_plugin.logs import LOGGER_NAME
+from specdec.vllm_plugin.modes.tp import NoteMaker, SlotNote
 from specdec.vllm_plugin.patches.graph_stats import GraphStats
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -101,11 +103,19 @@ class ScheduledDrafting:
         slot_book: Any = None,
         matrix_step: bool = True,
         graph_stats: GraphStats | None = None,
+        share: Callable[[Any], None] | None = None,
+        notes: NoteMaker | None = None,
     ) -> None:
+        """``share``: TP > 1, broadcasts the filled draft buffer to the other ranks (``modes/tp.py``); ``notes``:
+        TP > 1, the scheduler's book is fed from ``latest_note`` instead of ``slot_book``."""
         import torch
 
         self.core = core
         self.slot_book = slot_book  # SlotBook: each request's next step gets the slots of its latest draft
+        self.share = share
+        self.notes = notes
+        self.latest_note: SlotNote | None = None  # TP > 1: the latest drafting's note, for the scheduler's book
+        self.step_width = 0  # TP > 1: this step's narrow width, read from the scheduler's grants
         self.graph_stats = graph_stats  # the engine's added CUDA graphs (reported beside the slot book's counts)
         self.device_wait = device_wait  # DeviceWait: the GPU waits for the drafts, the host does not (fill/finish)
         self.deferred: tuple[list[str], int | None, Any, int, int] | None = None  # (req ids, k, host, seq, verified)
@@ -127,6 +137,7 @@ class ScheduledDrafting:
         self.next_slot = 0
         self.feed = TokenFeed()
         self.job: tuple[list[str], int | None, Any] | None = None  # (req ids, k of the step, the tensor handed out)
+        self.job_out: Any = None  # the tensor of the latest job filled (TP > 1: broadcast after the fill)
         self._error_logged = False
 
     # ----------------------------------------------------------------- 1. capture (every step)
@@ -212,15 +223,24 @@ class ScheduledDrafting:
         return out
 
     # ----------------------------------------------------------------- 3. fill (before vLLM reads the drafts)
-    def fill(self, current: Any, *, defer: bool = True, verified: int = 0) -> bool:
+    def fill(self, current: Any, *, defer: bool = True, verified: int = 0, width: int = 0) -> bool:
         """Draft the pending job into the GPU buffer if vLLM still holds it (``current``). True if filled.
-        ``verified``: the tokens vLLM scheduled for this step (its verify batch; for the proposer's cost fit)."""
+        ``verified``: the tokens vLLM scheduled for this step (its verify batch; for the proposer's cost fit);
+        ``width``: the step's narrow width where the scheduler's book is not this one (TP > 1).
+        With ``share`` the buffer then goes to the other TP ranks, enqueued after its copy."""
+        filled = self._fill(current, defer=defer, verified=verified, width=width)
+        if filled and self.share is not None:
+            self.share(self.job_out)
+        return filled
+
+    def _fill(self, current: Any, *, defer: bool, verified: int, width: int) -> bool:
         if self.deferred is not None:  # not expected: a second fill before the step's end; release the first
             self.finish()
         job, self.job = self.job, None
         if job is None:
             return False
         req_ids, k, out = job
+        self.job_out, self.step_width = out, width
         if current is None or current.data_ptr() != out.data_ptr() or current.shape != out.shape:
             self.feed.stats.skipped_fills += 1  # vLLM zeroed the drafts this step (max_model_len guard)
             self._drain()  # the tokens stay pending: the next draft request hands them to the core
@@ -328,7 +348,7 @@ class ScheduledDrafting:
         """Drain captured steps, draft ``req_ids`` and write the padded drafts into ``host`` [rows, k] (pinned);
         ``verified``: the tokens vLLM scheduled for the step (the proposer's cost fit). Returns what ``_note``
         records once the drafts are on their way."""
-        width = self.slot_book.width if self.slot_book is not None else 0  # a narrow step: every row that long
+        width = self.slot_book.width if self.slot_book is not None else self.step_width  # narrow: every row that long
         k, pad = width or k, True if width else None
         done = self._draft_from_matrix(host, req_ids, k, pad, verified)
         if done is not None:
@@ -415,6 +435,14 @@ class ScheduledDrafting:
             if done.handed is not None:  # the tokens the drafting read from the matrix, into the host record
                 self.feed.add(*done.handed, handed=True)
             self.core.note_verified(done.verified)
+            if self.notes is not None:  # TP > 1: for the scheduler's own book (it reads the latest one)
+                emitted = done.emitted
+                self.latest_note = self.notes.make(
+                    done.req_ids,
+                    [m if e else UNKNOWN for m, e in zip(done.lengths, emitted)],
+                    emitted,
+                    self.core.token_cost(len(emitted) - emitted.count(0)),
+                )
             book = self.slot_book
             if book is not None:  # rows with no new token (prompts still prefilling) keep k slots
                 emitted = done.emitted  # [rows] tokens from the step just verified

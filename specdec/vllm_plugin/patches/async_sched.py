@@ -1,7 +1,7 @@
 """vLLM patches of ``async_mode="schedule"`` (see ``scheduled.py``): the async-scheduling whitelist, runner hooks.
 
 1. ``patch_vllm_config``: ``VllmConfig.__post_init__`` refuses async scheduling for ``custom_class`` methods. For
-   our proposer only, with ``"async": true, "async_mode": "schedule"``, TP = PP = 1, and only when the method's
+   our proposer only, with ``"async": true, "async_mode": "schedule"``, PP = 1, and only when the method's
    source still contains the whitelist test this patch was written against, ``custom_class`` is added to the
    whitelist's ``NgramGPUTypes`` for the duration of that call (the module global is restored right after).
    vLLM then applies the side effects it applies to every async speculative method (cascade attention off).
@@ -47,6 +47,7 @@ from specdec.vllm_plugin.entry.options import (
     normalise_keys,
 )
 from specdec.vllm_plugin.logs import LOGGER_NAME
+from specdec.vllm_plugin.modes.tp import width_of_schedule
 from specdec.vllm_plugin.patches.common import is_ours, is_wrapped, mark, signature_problem, source_has
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -100,10 +101,13 @@ def whitelist_problem(module: Any) -> str:
     return "" if source_has(orig, WHITELIST_SOURCE) else "the async-scheduling whitelist is not the one patched"
 
 
-def wrap_post_init(module: Any, *, hooks_problem: Callable[[], str] = lambda: "") -> bool:
+def wrap_post_init(
+    module: Any, *, hooks_problem: Callable[[], str] = lambda: "", tp_problem: Callable[[], str] = lambda: ""
+) -> bool:
     """Wrap ``VllmConfig.__post_init__`` of ``module`` (idempotent). Returns True if wrapped. ``hooks_problem``: the
-    reason the runner hooks schedule mode needs cannot apply in this vLLM ('' if they can); asked only for our
-    configurations, so no whitelist is lifted without its hooks."""
+    reason the runner hooks schedule mode needs cannot apply in this vLLM ('' if they can); ``tp_problem``: the
+    same for the slot notes of TP > 1 (``tp_notes.py``). Asked only for our configurations, so no whitelist is
+    lifted without its hooks."""
     if whitelist_problem(module):
         return False
     cls = module.VllmConfig
@@ -116,8 +120,8 @@ def wrap_post_init(module: Any, *, hooks_problem: Callable[[], str] = lambda: ""
         if not is_schedule_config(self):
             return orig(self, *args, **kwargs)
         par = getattr(self, "parallel_config", None)
-        sizes = (getattr(par, "tensor_parallel_size", 1), getattr(par, "pipeline_parallel_size", 1))
-        why = "TP and PP must be 1" if sizes != (1, 1) else hooks_problem()
+        tp, pp = getattr(par, "tensor_parallel_size", 1), getattr(par, "pipeline_parallel_size", 1)
+        why = "PP must be 1" if pp != 1 else hooks_problem() or (tp_problem() if tp > 1 else "")
         if why:
             logger.warning(
                 "specdec: async_mode='schedule' unavailable (%s); vLLM schedules synchronously and "
@@ -224,7 +228,15 @@ def patch_async_runner(runner_cls: Any) -> bool:
         sched = _scheduled(self)
         if sched is not None and sched.job is not None:
             verified = getattr(scheduler_output, "total_num_scheduled_tokens", 0)
-            sched.fill(getattr(self, "_draft_token_ids", None), verified=verified if isinstance(verified, int) else 0)
+            width = 0
+            if getattr(sched, "notes", None) is not None:  # TP > 1: the scheduler's grants tell a narrow step
+                spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None)
+                width = width_of_schedule(spec, sched.notes.k) if isinstance(spec, dict) else 0
+            sched.fill(
+                getattr(self, "_draft_token_ids", None),
+                verified=verified if isinstance(verified, int) else 0,
+                width=width,
+            )
         return orig_prep(self, scheduler_output, *args, **kwargs)
 
     @functools.wraps(orig_exec)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.vllm_plugin.entry.rewrite import patch_engine_args
-from specdec.vllm_plugin.patches import async_sched, compile_warmup, graphs, ragged_keys, runner
+from specdec.vllm_plugin.patches import async_sched, compile_warmup, graphs, ragged_keys, runner, tp_notes
 from specdec.vllm_plugin.patches.common import source_has
 from specdec.vllm_plugin.versions import TESTED_VLLM_VERSIONS, in_tested_span
 
@@ -59,7 +59,7 @@ def _engine_args_problem(cls: Any) -> str:
 
 
 def _whitelist(module: Any) -> bool:
-    return async_sched.wrap_post_init(module, hooks_problem=schedule_hooks_problem)
+    return async_sched.wrap_post_init(module, hooks_problem=schedule_hooks_problem, tp_problem=schedule_tp_problem)
 
 
 def _graphs_problem(runner_cls: Any, dispatcher_cls: Any) -> str:
@@ -148,6 +148,26 @@ TABLE: tuple[Patch, ...] = (
         "every request keeps vLLM's k draft slots",
         async_sched.scheduler_problem,
         async_sched.patch_async_scheduler,
+    ),
+    Patch(
+        "slot notes out",
+        (RUNNER,),
+        "sample_tokens",
+        "tensor-parallel schedule",
+        "leading parameters (self, grammar_output)",
+        "TP > 1 drafts in thread mode",
+        tp_notes.runner_problem,
+        tp_notes.patch_runner,
+    ),
+    Patch(
+        "slot notes in",
+        (SCHEDULER,),
+        "update_from_output",
+        "tensor-parallel schedule",
+        "leading parameters (self, scheduler_output, model_runner_output)",
+        "TP > 1 drafts in thread mode",
+        tp_notes.scheduler_problem,
+        tp_notes.patch_scheduler,
     ),
     Patch(
         "narrow graphs",
@@ -289,3 +309,11 @@ def schedule_hooks_problem() -> str:
         return async_sched.async_runner_problem(resolve(RUNNER))
     except Exception as exc:  # noqa: BLE001
         return f"the model runner is not importable ({type(exc).__name__})"
+
+
+def schedule_tp_problem() -> str:
+    """'' if the slot notes of schedule mode under TP > 1 fit this vLLM (asked by the whitelist for TP > 1)."""
+    try:
+        return tp_notes.runner_problem(resolve(RUNNER)) or tp_notes.scheduler_problem(resolve(SCHEDULER))
+    except Exception as exc:  # noqa: BLE001
+        return f"the model runner or scheduler is not importable ({type(exc).__name__})"

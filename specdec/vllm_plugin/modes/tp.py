@@ -1,0 +1,187 @@
+"""Schedule mode under tensor parallelism (TP > 1, PP = 1).
+
+Every TP rank runs its own model runner, and each scatters the drafts of its own GPU buffer
+(``runner._draft_token_ids``, ``[rows, k]``) into its step's input ids. The ranks must verify the same drafts: the
+all-reduces of the forward add up the ranks' partial results of one batch. So only TP rank 0 (the *driver*) drafts,
+as on one GPU (``ScheduledDrafting``); once its fill has enqueued the copy of the drafts into the buffer, the buffer
+is broadcast over the TP group, on the stream, before vLLM's scatter. The other ranks (*followers*, ``TpFollower``)
+keep no drafter state and do no CPU drafting: their fill enqueues the receiving end of the same broadcast. With the
+device wait the driver's stream waits for the drafting and the broadcast after it, so the followers' streams wait
+too; no host waits anywhere. Control flow that decides whether a step broadcasts (a job, vLLM's guard that drops
+drafts) depends only on the scheduler's output and the runner's state, which every rank shares.
+
+The slot book (``core/slots.py``) lives beside the scheduler, which runs in the engine-core process, not beside the
+driver. The driver's notes of each drafting (draft lengths, tokens per step, the token cost, which CUDA graphs the
+narrow and ragged steps have) ride on its ``ModelRunnerOutput`` (attribute ``SLOT_NOTE_ATTR``; vLLM pickles the
+output to the scheduler). The scheduler's book (``scheduler_book``) takes each note as it arrives: one drafting
+round later than the one-GPU book, so it grants the latest draft lengths without growth. The driver infers a
+step's narrow width from the slots the scheduler granted (``width_of_schedule``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from specdec.vllm_plugin.core.feed import valid_counts
+from specdec.vllm_plugin.core.slots import SlotBook, attach_book, book_of
+from specdec.vllm_plugin.logs import LOGGER_NAME
+
+logger = logging.getLogger(LOGGER_NAME)
+
+SLOT_NOTE_ATTR = "specdec_slot_note"  # attribute of the driver's ModelRunnerOutput carrying its latest SlotNote
+DRIVER_RANK = 0  # the TP rank that drafts and broadcasts
+
+
+@dataclass(frozen=True)
+class SlotNote:
+    """One drafting step's record for the scheduler's slot book (``SlotBook.note``'s arguments and the book's
+    configuration, so the scheduler can build the book from the first note)."""
+
+    req_ids: tuple[str, ...]
+    lengths: tuple[int, ...]  # [rows] draft length worth verifying, ``slots.UNKNOWN`` for rows without a new token
+    emitted: tuple[int, ...]  # [rows] tokens each row got from the step just verified
+    token_cost: float  # the acceptance probability a verified token needs
+    k: int  # the engine's draft length
+    narrow: bool  # narrow steps have their FULL CUDA graphs
+    ragged: bool  # ragged verify batches have theirs (captured and ready)
+    prefill_cap: int  # slots per request on heavy prefill steps (-1: no cap)
+
+
+@dataclass(frozen=True)
+class NoteMaker:
+    """The driver's side of the notes: the book's configuration, and whether the ragged graphs are ready."""
+
+    k: int
+    narrow: bool
+    prefill_cap: int
+    ragged: Callable[[], bool] | None = None
+
+    def make(
+        self, req_ids: Sequence[str], lengths: Sequence[int], emitted: Sequence[int], token_cost: float
+    ) -> SlotNote:
+        return SlotNote(
+            tuple(req_ids),
+            tuple(int(n) for n in lengths),
+            tuple(int(e) for e in emitted),
+            float(token_cost),
+            self.k,
+            self.narrow,
+            bool(self.ragged()) if self.ragged is not None else False,
+            self.prefill_cap,
+        )
+
+
+def scheduler_book(vllm_config: Any, note: SlotNote) -> SlotBook | None:
+    """Feed ``note`` to the slot book of the scheduler whose config is ``vllm_config``, building it from the first
+    note (no growth: the notes arrive one drafting round late). Returns the book, or None if the config takes no
+    book (the scheduler then keeps vLLM's k slots)."""
+    book = book_of(vllm_config)
+    if book is None or book.k != note.k:
+        state = {"ragged": note.ragged}
+        book = SlotBook.policy(
+            note.k,
+            narrow=note.narrow,
+            prefill_cap=note.prefill_cap,
+            high_ragged=lambda: state["ragged"],
+            growth=0.0,
+        )
+        book.remote_state = state  # type: ignore[attr-defined]
+        if not attach_book(vllm_config, book):
+            return None
+    book.remote_state["ragged"] = note.ragged  # type: ignore[attr-defined]
+    book.note(note.req_ids, note.lengths, emitted=note.emitted, token_cost=note.token_cost)
+    return book
+
+
+def width_of_schedule(spec_tokens: Mapping[str, Sequence[int]], k: int) -> int:
+    """The narrow width of a step whose decoding requests the scheduler gave ``spec_tokens`` (request id -> its
+    draft slots): the common slot count if every request got the same one below ``k``, else 0 (per-request)."""
+    widths = {len(v) for v in spec_tokens.values()}
+    if len(widths) != 1:
+        return 0
+    (w,) = widths
+    return w if 0 < w < k else 0
+
+
+def tp_broadcast(device: Any) -> Callable[[Any], None]:
+    """A function that broadcasts a tensor on ``device`` from the driver to every rank of this process's TP group,
+    in place, enqueued on the stream (vLLM's group coordinator: NCCL). Every rank calls this at the same point (the
+    first step's drafting hooks): one warm-up broadcast sets up the communicator there, never later, where the
+    driver's stream may be waiting for drafts that only the host's next call releases."""
+    import torch
+    from vllm.distributed import get_tp_group
+
+    group = get_tp_group()
+
+    def share(tensor: Any) -> None:
+        group.broadcast(tensor, src=DRIVER_RANK)
+
+    share(torch.zeros(1, dtype=torch.int32, device=device))
+    return share
+
+
+class TpFollower:
+    """A TP rank other than the driver under schedule mode: the runner hooks' calls (``ScheduledDrafting``'s
+    interface), with no drafting. It hands vLLM a draft buffer [rows, k] and fills it by the driver's broadcast."""
+
+    slot_book = None
+    deferred = None
+    remote_notes = False
+    latest_note = None
+
+    def __init__(self, *, k: int, max_rows: int, device: Any, share: Callable[[Any], None]) -> None:
+        import torch
+
+        self.device = torch.device(device)
+        self.share = share
+        self.gpu_drafts = torch.zeros((max_rows, k), dtype=torch.int32, device=self.device)
+        pin = self.device.type == "cuda"
+        self.backup = torch.zeros(max_rows, dtype=torch.int32, pin_memory=pin)  # partial prefills' last tokens
+        self.job: tuple[list[str], int | None, Any] | None = None
+        self.received = 0  # broadcasts received (statistics)
+        self.skipped = 0  # steps whose drafts vLLM dropped before the fill
+
+    def counts(self, sampled: Any, discard: dict[int, int], discard_mask: Any) -> tuple[Any, Any]:
+        """``valid_counts`` for this step, as the driver computes them (every rank's runner needs its own)."""
+        if not discard:
+            return valid_counts(sampled)
+        host = self.backup[: int(sampled.shape[0])]
+        host.zero_()
+        for row, token in discard.items():
+            host[row] = token
+        return valid_counts(sampled, discard_mask, host.to(self.device, non_blocking=True))
+
+    def capture(self, sampled: Any, req_ids: Sequence[str], discard: set[int], *, requests: dict[str, Any]) -> None:
+        """Nothing to record: followers keep no token history."""
+
+    def submit(self, req_ids: Sequence[str], *, k: int | None, eager: bool) -> Any:
+        out = self.gpu_drafts[: len(req_ids)]
+        self.job = (list(req_ids), k, out)
+        if eager:
+            self.fill(out, defer=False)
+        return out
+
+    def fill(self, current: Any, *, defer: bool = True, verified: int = 0, width: int = 0) -> bool:
+        """Receive the driver's drafts into the buffer vLLM holds (the same decisions as the driver's fill)."""
+        job, self.job = self.job, None
+        if job is None:
+            return False
+        out = job[2]
+        if current is None or current.data_ptr() != out.data_ptr() or current.shape != out.shape:
+            self.skipped += 1
+            return False
+        self.share(out)
+        self.received += 1
+        return True
+
+    def finish(self) -> None:
+        """Nothing deferred on a follower."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def stats(self) -> dict[str, Any]:
+        return {"tp_follower": {"broadcasts_received": self.received, "skipped_fills": self.skipped}}

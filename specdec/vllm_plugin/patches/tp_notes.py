@@ -1,0 +1,97 @@
+"""vLLM patches of schedule mode under tensor parallelism: the driver's slot notes reach the scheduler's book.
+
+1. ``GPUModelRunner.sample_tokens`` (end): on the drafting rank, the latest drafting's ``SlotNote`` goes onto the
+   step's ``ModelRunnerOutput`` (the async output's wrapped one), which vLLM pickles to the scheduler. Each note is
+   sent once.
+2. ``AsyncScheduler.update_from_output`` (start): a note on the output feeds the scheduler's own slot book
+   (``modes/tp.scheduler_book``), which the slot patches of ``async_sched.py`` read as they read the one-GPU book.
+
+Both are pass-throughs for every other engine (no note is ever made without TP > 1 in schedule mode).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from specdec.vllm_plugin.logs import LOGGER_NAME
+from specdec.vllm_plugin.modes.tp import SLOT_NOTE_ATTR, scheduler_book
+from specdec.vllm_plugin.patches.common import is_ours, is_wrapped, mark, signature_problem
+
+logger = logging.getLogger(LOGGER_NAME)
+
+RUNNER_SIGNATURES = {"sample_tokens": ["self", "grammar_output"]}
+SCHEDULER_SIGNATURES = {"update_from_output": ["self", "scheduler_output", "model_runner_output"]}
+WRAPPED_OUTPUT = "_model_runner_output"  # vLLM's async output keeps the ModelRunnerOutput it will send here
+
+
+def runner_problem(runner_cls: Any) -> str:
+    return signature_problem(runner_cls, RUNNER_SIGNATURES)
+
+
+def scheduler_problem(scheduler_cls: Any) -> str:
+    return signature_problem(scheduler_cls, SCHEDULER_SIGNATURES)
+
+
+def attach_note(runner: Any, output: Any) -> bool:
+    """Put the drafting's latest note on ``output`` (the runner's return value of ``sample_tokens``) once. True if
+    one went."""
+    drafter = getattr(runner, "drafter", None)
+    if not is_ours(drafter):
+        return False
+    sched = getattr(drafter, "scheduled", None)
+    note = getattr(sched, "latest_note", None)
+    if note is None:
+        return False
+    target = getattr(output, WRAPPED_OUTPUT, output)
+    try:
+        setattr(target, SLOT_NOTE_ATTR, note)
+    except (AttributeError, TypeError):
+        return False
+    sched.latest_note = None
+    return True
+
+
+def patch_runner(runner_cls: Any) -> bool:
+    """Wrap ``sample_tokens`` (idempotent). Returns True if patched."""
+    if runner_problem(runner_cls):
+        return False
+    orig = runner_cls.sample_tokens
+    if is_wrapped(orig, "tp_notes"):
+        return True
+
+    @functools.wraps(orig)
+    def sample_tokens(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(self, *args, **kwargs)
+        if out is not None:
+            attach_note(self, out)
+        return out
+
+    runner_cls.sample_tokens = mark(sample_tokens, "tp_notes")
+    return True
+
+
+def patch_scheduler(scheduler_cls: Any) -> bool:
+    """Wrap ``update_from_output`` (idempotent). Returns True if patched."""
+    if scheduler_problem(scheduler_cls):
+        return False
+    orig = scheduler_cls.update_from_output
+    if is_wrapped(orig, "tp_notes"):
+        return True
+    logged: list[bool] = []
+
+    @functools.wraps(orig)
+    def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any, *args: Any, **kw: Any) -> Any:
+        note = getattr(model_runner_output, SLOT_NOTE_ATTR, None)
+        if note is not None:
+            try:
+                scheduler_book(getattr(self, "vllm_config", None), note)
+            except Exception as exc:  # noqa: BLE001 - scheduling must never fail because of drafting
+                if not logged:
+                    logged.append(True)
+                    logger.warning("specdec: a slot note could not be read (%r); slots follow older notes", exc)
+        return orig(self, scheduler_output, model_runner_output, *args, **kw)
+
+    scheduler_cls.update_from_output = mark(update_from_output, "tp_notes")
+    return True

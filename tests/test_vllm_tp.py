@@ -1,0 +1,239 @@
+"""Schedule mode under tensor parallelism (``modes/tp.py``, ``patches/tp_notes.py``), on the CPU.
+
+Two ranks on vLLM's async timeline (the simulated engine of ``test_vllm_scheduled.py``): the driver drafts as on one
+GPU and broadcasts its buffer; the follower drafts nothing and receives it. Every step both ranks must hold the same
+drafts (the forward's all-reduces add up one batch), the driver's drafts must be the synchronous twin's, and the
+scheduler's slot book, fed from the driver's notes, must grant what the notes say.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pickle
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from test_vllm_scheduled import K, MAX_ROWS, AsyncEngine, FakeDeviceWait, make_core
+
+from specdec.vllm_plugin.core.slots import UNKNOWN, book_of
+from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
+from specdec.vllm_plugin.modes.tp import (
+    SLOT_NOTE_ATTR,
+    NoteMaker,
+    SlotNote,
+    TpFollower,
+    scheduler_book,
+    width_of_schedule,
+)
+from specdec.vllm_plugin.patches import tp_notes
+
+
+class Wire:
+    """A broadcast between two ranks: the driver's call sends a copy, the follower's call receives it in place."""
+
+    def __init__(self) -> None:
+        self.queue: list[torch.Tensor] = []
+        self.sent = self.received = 0
+
+    def send(self, t: torch.Tensor) -> None:
+        self.queue.append(t.clone())
+        self.sent += 1
+
+    def recv(self, t: torch.Tensor) -> None:
+        t.copy_(self.queue.pop(0))
+        self.received += 1
+
+
+def two_ranks(tick: Any, **opts: Any) -> tuple[ScheduledDrafting, TpFollower, Wire]:
+    wire = Wire()
+    driver = ScheduledDrafting(
+        make_core(tick, **opts),
+        k=K,
+        max_rows=2 * MAX_ROWS,
+        device="cpu",
+        share=wire.send,
+        notes=NoteMaker(K, True, -1, lambda: True),
+    )
+    follower = TpFollower(k=K, max_rows=2 * MAX_ROWS, device="cpu", share=wire.recv)
+    return driver, follower, wire
+
+
+def test_followers_verify_the_drivers_drafts_every_step_and_output_is_lossless():
+    clock = SimpleNamespace(t=0.0)
+    tick = lambda: clock.t  # noqa: E731
+    eng = AsyncEngine(seed=5)
+    driver, follower, wire = two_ranks(tick)
+    twin = make_core(tick)
+    out_d = out_f = None
+    zeroed = 40
+    for step in range(120):
+        if out_d is not None:
+            cur_d, cur_f = out_d, out_f
+            if step == zeroed:  # vLLM dropped the drafts on every rank (its max_model_len guard): no broadcast
+                cur_d, cur_f = torch.zeros_like(out_d), torch.zeros_like(out_f)
+            sent = wire.sent
+            filled = driver.fill(cur_d)
+            assert follower.fill(cur_f) == filled
+            assert wire.sent == sent + filled and not wire.queue
+            if filled:
+                assert torch.equal(out_f, out_d), step  # the follower verifies exactly the driver's drafts
+                drafts = eng.twin_step(twin, eng.order)
+                assert out_d.numpy().tolist() == eng.expected_buffer(drafts, out_d.shape[0]), step
+                eng.prev_drafts = out_d.clone()
+            else:
+                eng.prev_drafts = None
+        clock.t += 1e-3
+        out_d = eng.run_step(driver, step)
+        sampled_rows = out_d.shape[0]
+        out_f = follower.submit(eng.order, k=None, eager=False)  # the follower's runner: same rows, no capture
+        assert out_f.shape == (sampled_rows, K)
+    for r in eng.reqs.values():
+        assert r["seq"] == r["target"][: len(r["seq"])]
+    assert wire.sent == wire.received > 100 and follower.skipped == 1
+    assert follower.stats()["tp_follower"]["broadcasts_received"] == wire.received
+
+
+def test_the_broadcast_is_enqueued_after_the_device_waits_copy():
+    """With the device wait the driver's fill only enqueues (the wait, then the copy of the pinned drafts); the
+    broadcast must be enqueued after that copy, so the stream sends the drafts, not the buffer's old contents."""
+    calls: list[str] = []
+
+    class Wait(FakeDeviceWait):
+        def enqueue_copy(self, dst: Any, src: Any) -> int:
+            calls.append("copy")
+            return super().enqueue_copy(dst, src)
+
+    clock = SimpleNamespace(t=0.0)
+    eng = AsyncEngine(seed=2)
+    driver = ScheduledDrafting(
+        make_core(lambda: clock.t),
+        k=K,
+        max_rows=2 * MAX_ROWS,
+        device="cpu",
+        device_wait=Wait(),
+        share=lambda t: calls.append("broadcast"),
+        notes=NoteMaker(K, True, -1),
+    )
+    out = eng.run_step(driver, 0)
+    assert driver.fill(out) and driver.deferred is not None
+    assert calls == ["copy", "broadcast"]
+    driver.finish()
+    assert driver.deferred is None
+
+
+def test_driver_notes_feed_the_schedulers_book_without_growth():
+    clock = SimpleNamespace(t=0.0)
+    eng = AsyncEngine(seed=9)
+    driver, follower, _ = two_ranks(lambda: clock.t, pad_drafts="off", min_path_prob=0.3)
+    config = SimpleNamespace()
+    out = None
+    for step in range(40):
+        if out is not None:
+            driver.fill(out)
+            follower.fill(follower.submit(eng.order, k=None, eager=False))
+            note = driver.latest_note
+            assert isinstance(note, SlotNote) and list(note.req_ids) == eng.order
+            assert pickle.loads(pickle.dumps(note)) == note  # it rides on a pickled ModelRunnerOutput
+            book = scheduler_book(config, note)
+            assert book is book_of(config) and book.growth == 0.0 and book.k == K
+            want = {r: min(K, n) for r, n in zip(note.req_ids, note.lengths) if n != UNKNOWN}
+            assert book.table == want == book.lengths, step
+            assert book.high_ragged is not None and book.high_ragged()  # the driver's graphs are ready
+            eng.prev_drafts = out.clone()
+        clock.t += 1e-3
+        out = eng.run_step(driver, step)
+    assert book.notes == 39 and book.mat is not None and book.mat > 1.0
+
+
+def test_width_of_schedule_is_the_common_slot_count_below_k():
+    assert width_of_schedule({"a": [-1] * 4, "b": [-1] * 4}, 8) == 4
+    assert width_of_schedule({"a": [-1] * 4, "b": [-1] * 3}, 8) == 0  # per-request slots
+    assert width_of_schedule({"a": [-1] * 8, "b": [-1] * 8}, 8) == 0  # k itself: vLLM's uniform batch
+    assert width_of_schedule({}, 8) == 0
+
+
+@dataclass
+class FakeOutput:
+    req_ids: list[str] = field(default_factory=list)
+
+
+class FakeAsyncOutput:
+    def __init__(self) -> None:
+        self._model_runner_output = FakeOutput(["a"])
+
+
+class FakeProposer:
+    specdec_proposer = True
+
+    def __init__(self, note: SlotNote | None) -> None:
+        self.scheduled = SimpleNamespace(latest_note=note)
+
+
+def note(lengths: tuple[int, ...] = (3, UNKNOWN)) -> SlotNote:
+    return SlotNote(("a", "b"), lengths, (2, 0), 0.2, K, True, False, -1)
+
+
+def test_the_runner_patch_sends_each_note_once_and_the_scheduler_patch_reads_it():
+    class Runner:
+        def __init__(self, drafter: Any) -> None:
+            self.drafter = drafter
+
+        def sample_tokens(self, grammar_output: Any) -> Any:
+            return FakeAsyncOutput()
+
+    class Scheduler:
+        def __init__(self) -> None:
+            self.vllm_config = SimpleNamespace()
+            self.seen: list[Any] = []
+
+        def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> dict:
+            self.seen.append(model_runner_output)
+            return {}
+
+    assert tp_notes.patch_runner(Runner) and tp_notes.patch_runner(Runner)  # idempotent
+    assert tp_notes.patch_scheduler(Scheduler) and tp_notes.patch_scheduler(Scheduler)
+    proposer = FakeProposer(note())
+    runner = Runner(proposer)
+    first = runner.sample_tokens(None)
+    wire = pickle.loads(pickle.dumps(first._model_runner_output))  # vLLM pickles it to the scheduler
+    assert getattr(wire, SLOT_NOTE_ATTR) == note() and proposer.scheduled.latest_note is None
+    second = runner.sample_tokens(None)
+    assert not hasattr(second._model_runner_output, SLOT_NOTE_ATTR)  # each note goes once
+    assert not hasattr(Runner(object()).sample_tokens(None)._model_runner_output, SLOT_NOTE_ATTR)  # not ours
+    sched = Scheduler()
+    assert sched.update_from_output(None, wire) == {} and sched.seen == [wire]
+    book = book_of(sched.vllm_config)
+    assert book is not None and book.table == {"a": 3}  # "b" had no new token: it keeps k
+    sched.update_from_output(None, FakeOutput())  # no note: the book stays
+    assert book_of(sched.vllm_config) is book and book.notes == 1
+
+
+def test_a_broken_note_never_breaks_scheduling(caplog):
+    class Scheduler:
+        vllm_config = None  # takes no book
+
+        def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> str:
+            return "ok"
+
+    assert tp_notes.patch_scheduler(Scheduler)
+    bad = FakeOutput()
+    setattr(bad, SLOT_NOTE_ATTR, "not a note")
+    assert Scheduler().update_from_output(None, bad) == "ok"
+    assert Scheduler().update_from_output(None, bad) == "ok"
+    assert sum("slot note" in r.getMessage() for r in caplog.records) == 1  # logged once
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable (scripts/test.sh has vLLM)")
+def test_real_vllm_has_what_the_tp_patches_wrap_and_its_output_carries_a_note():
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    assert tp_notes.runner_problem(GPUModelRunner) == ""
+    assert tp_notes.scheduler_problem(AsyncScheduler) == ""
+    out = ModelRunnerOutput(req_ids=["a"], req_id_to_index={"a": 0})
+    setattr(out, SLOT_NOTE_ATTR, note())
+    assert getattr(pickle.loads(pickle.dumps(out)), SLOT_NOTE_ATTR) == note()
