@@ -245,6 +245,7 @@ def worker(args: argparse.Namespace) -> None:
         enforce_eager=args.eager,
         disable_log_stats=False,
         tensor_parallel_size=args.tp,
+        pipeline_parallel_size=args.pp,
         **extra,
     )
     startup = time.perf_counter() - t0
@@ -425,6 +426,8 @@ def _spawn(
         args.variants or "{}",
         "--tp",
         str(args.tp),
+        "--pp",
+        str(args.pp),
         "--compilation-config",
         args.compilation_config or "null",
         "--profile-dir",
@@ -535,6 +538,7 @@ def write_doc(args: argparse.Namespace, runs: dict, lossless: dict, t_start: flo
             else None,
             "engine": ENGINE_PROCESS_SETTING if args.engine_process else ENGINE_INPROC_SETTING,
             "tensor_parallel_size": args.tp,
+            "pipeline_parallel_size": args.pp,
             "command": " ".join(sys.argv),
             "total_s": time.perf_counter() - t_start,
         },
@@ -737,6 +741,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eager-bench", action="store_true", help="enforce_eager for the speed runs (no CUDA graphs)")
     ap.add_argument("--method-timeout-s", type=int, default=900)
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size of every engine (the shared target: <= 2)")
+    ap.add_argument("--pp", type=int, default=1, help="pipeline_parallel_size of every engine")
     ap.add_argument("--device", default="", help="device name for the results file (default: from the GPU)")
     ap.add_argument("--out-dir", default="eval/results")
     ap.add_argument("--raw-dir", default="/tmp/specdec_bench_raw", help="per-method outputs (token ids)")

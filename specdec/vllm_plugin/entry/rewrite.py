@@ -10,6 +10,10 @@ becomes
     additional_config["specdec"] = {"drafter": "suffix", "draft_timeout_ms": 20.0, ...}   # validated options
 
 Validation (``entry.validation``) runs here, so a bad option stops ``vllm serve`` before any weight is loaded.
+
+Pipeline parallelism (PP > 1) is served without speculation, said once: vLLM 0.26-0.33's model runner builds its
+drafter on the last pipeline stage only and reads it on every stage when it builds attention metadata, so any
+speculative method stops the first step of the other stages (measured with vLLM 0.26 at PP = 2).
 """
 
 from __future__ import annotations
@@ -53,6 +57,16 @@ def rewrite_engine_args(engine_args: Any) -> bool:
     theirs, options = split_speculative_config(spec)
     served = getattr(engine_args, "tokenizer", None) or getattr(engine_args, "model", None) or ""
     validate_for_serving(options, served=str(served))
+    pp = getattr(engine_args, "pipeline_parallel_size", 1)
+    if isinstance(pp, int) and pp > 1:
+        logger.warning(
+            "specdec: pipeline_parallel_size=%d: vLLM's model runner builds a drafter on the last pipeline stage "
+            "only and reads it on every stage, so speculative decoding cannot run; serving without speculation "
+            "(use tensor parallelism for specdec)",
+            pp,
+        )
+        engine_args.speculative_config = None
+        return False
     extra = getattr(engine_args, "additional_config", None)
     extra = dict(extra) if isinstance(extra, dict) else {}
     given = extra.get(ADDITIONAL_CONFIG_KEY)
