@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import torch
-from test_vllm_scheduled import K, MAX_ROWS, AsyncEngine, FakeDeviceWait, make_core
 
 from specdec.vllm_plugin.core.slots import UNKNOWN, book_of
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
@@ -29,6 +28,7 @@ from specdec.vllm_plugin.modes.tp import (
     width_of_schedule,
 )
 from specdec.vllm_plugin.patches import tp_notes
+from test_vllm_scheduled import MAX_ROWS, AsyncEngine, FakeDeviceWait, K, make_core
 
 
 class Wire:
