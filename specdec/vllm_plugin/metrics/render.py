@@ -20,8 +20,9 @@ from typing import Any
 PREFIX = "specdec_"
 COUNTER, GAUGE, UNTYPED = "counter", "gauge", "untyped"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# per-bucket diagnostics whose keys are batch-size buckets (logs and ``stats()`` only: series that come and go)
-DIAGNOSTIC_KEYS = frozenset({"cost_model", "thread_timing_us"})
+# per-bucket diagnostics whose keys are batch-size buckets (logs and ``stats()`` only: series that come and go), a
+# copy of a mapped counter (``timeouts`` is ``draft_timeouts``) and a fixed internal setting
+DIAGNOSTIC_KEYS = frozenset({"cost_model", "thread_timing_us", "timeouts", "thread_spin_us"})
 # ``ScheduledDrafting.stats`` merges the engine's CUDA-graph counts into its "schedule" dict; ``SpecdecProposer.stats``
 # gives them under "graphs" too: exported once, from there
 GRAPHS_KEY, SCHEDULE_KEY = "graphs", "schedule"
