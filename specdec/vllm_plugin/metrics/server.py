@@ -1,12 +1,13 @@
 """The plugin's own metrics endpoint: ``GET /metrics`` in Prometheus text, served by a small stdlib HTTP server on a
 daemon thread of the process that drafts.
 
-Why an endpoint of its own: vLLM 0.26 serves ``/metrics`` from the API server process, out of that process's
-Prometheus registry (a multiprocess registry only with ``--api-server-count`` > 1, set up before any metric exists),
-and what reaches that process from the engine is vLLM's fixed ``SchedulerStats``. The proposer lives in the
-engine-core process (TP = 1) or a worker process (TP > 1), and neither vLLM's stat-logger plugins (API server side,
-fed only ``SchedulerStats``) nor a patch of those dataclasses (encoded field by field between the processes) carries
-counters of its own there. So the process that drafts (TP rank 0) answers scrapes itself: ``metrics_port`` (0: off)
+Why an endpoint of its own: vLLM 0.26 serves ``/metrics`` from the API server process, out of that process's own
+Prometheus registry (it collects other processes' metric files only with ``--api-server-count`` > 1, not the
+default, and only when the variable naming their folder is set before ``prometheus_client`` loads), and what reaches
+that process from the engine is vLLM's fixed ``SchedulerStats``. The proposer lives in the engine-core process
+(TP = 1) or a worker process (TP > 1), and neither vLLM's stat-logger plugins (API server side, fed only
+``SchedulerStats``) nor a patch of those dataclasses (encoded field by field between the processes) carries counters
+of its own there. So the process that drafts (TP rank 0) answers scrapes itself: ``metrics_port`` (0: off)
 on ``metrics_host`` (loopback by default), plus the engine's local data-parallel rank so that several engines on one
 host do not collide. A port that cannot be bound gives one warning and the engine goes on without the endpoint.
 
