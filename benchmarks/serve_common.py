@@ -28,7 +28,7 @@ SHUTDOWN_WAIT_S = 60.0
 HTTP_TIMEOUT_S = 10.0
 VLLM_CLI_ENV = "SPECDEC_VLLM_CLI"  # overrides the vLLM command line (the CPU tests point it at serve_fake)
 SPEC_PREFIX = "vllm:spec_decode_num_"
-SPECDEC_PREFIX = "specdec"  # the plugin's own counters, where it exports them on /metrics
+SPECDEC_PREFIX = "specdec"  # the plugin's own metrics (its endpoint, metrics_port; vLLM's /metrics has none)
 
 # method name -> vLLM speculative config (None: no speculation). "hybrid" gets draft_model filled in.
 METHODS: dict[str, dict[str, Any] | None] = {
@@ -272,6 +272,27 @@ def spec_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, f
 def plugin_counters(metrics: dict[str, float]) -> dict[str, float]:
     """The plugin's own counters where /metrics carries them (names starting with ``specdec``)."""
     return {k: v for k, v in metrics.items() if k.startswith(SPECDEC_PREFIX)}
+
+
+def with_metrics_port(spec: dict[str, Any] | None, port: int) -> tuple[dict[str, Any] | None, int]:
+    """``spec`` with the plugin's metrics endpoint on (``metrics_port``) where it is a specdec config: its own
+    port if it names one, else ``port`` (-1: a free one; 0: leave it off). Returns (spec, the port or 0)."""
+    if not spec or spec.get("method") != "specdec" or port == 0 and "metrics_port" not in spec:
+        return spec, 0
+    spec = dict(spec)
+    spec.setdefault("metrics_port", free_port() if port < 0 else port)
+    return spec, int(spec["metrics_port"])
+
+
+def scrape_plugin(url: str) -> tuple[dict[str, float], str]:
+    """The plugin's own endpoint (``metrics_port``): (its metrics, '') or ({}, why not); never raises (the plugin
+    serves it on a best-effort basis: a busy port leaves it off)."""
+    if not url:
+        return {}, ""
+    try:
+        return parse_metrics(http_get(url)[1]), ""
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return {}, f"{url}: {getattr(exc, 'reason', exc)}"
 
 
 # --------------------------------------------------------------------------- provenance

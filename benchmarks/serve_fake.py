@@ -6,9 +6,11 @@
 
 ``serve`` answers /health, /v1/models, /v1/completions (streaming or not, ``n``, ``stop``, ``logprobs``,
 ``max_tokens``; "tokens" are words chosen from the prompt's hash, or at random with temperature > 0) and /metrics
-(vLLM's spec-decode counter names when a speculative config is given). It stops by itself after IDLE_EXIT_S
-without a request, or on SIGINT. ``bench serve`` reads the flags the drivers pass to `vllm bench serve`, sends the
-dataset's requests (streaming) and writes a result JSON with the keys vLLM 0.26's `vllm bench serve` writes.
+(vLLM's spec-decode counter names when a speculative config is given). A specdec config with ``metrics_port`` also
+gets the plugin's own endpoint there (the plugin's ``MetricsServer``, fed fake statistics that follow the traffic).
+It stops by itself after IDLE_EXIT_S without a request, or on SIGINT. ``bench serve`` reads the flags the drivers
+pass to `vllm bench serve`, sends the dataset's requests (streaming) and writes a result JSON with the keys vLLM
+0.26's `vllm bench serve` writes.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ WORDS = ("alpha", "beta", "gamma", "delta", "omega", "\n", "sigma", "tau")
 DRAFT_K = 4  # fake drafting: per generated token one draft of DRAFT_K tokens, half accepted
 BENCH_THREADS = 8
 GREEDY_TOP_P = 1e-6  # top_p below this keeps one candidate: greedy
+FAKE_CACHE_CAP = (64, 4096)  # the fake drafter's global cache caps: responses, tokens
+FAKE_BYTES_PER_TOKEN = 1024
 
 
 class FakeState:
@@ -58,6 +62,27 @@ class FakeState:
                 self.counters["spec_decode_num_drafts"] += tokens
                 self.counters["spec_decode_num_draft_tokens"] += DRAFT_K * tokens
                 self.counters["spec_decode_num_accepted_tokens"] += DRAFT_K // 2 * tokens
+
+    def plugin_stats(self) -> dict[str, Any]:
+        """Statistics shaped like the proposer's (``SpecdecProposer.stats``), following the traffic."""
+        with self.lock:
+            c = dict(self.counters)
+        requests, tokens = min(c["request_success"], FAKE_CACHE_CAP[0]), min(c["generation_tokens"], FAKE_CACHE_CAP[1])
+        return {
+            "steps": c["spec_decode_num_drafts"],
+            "drafted_tokens": c["spec_decode_num_draft_tokens"],
+            "accepted_tokens": c["spec_decode_num_accepted_tokens"],
+            "draft_timeouts": 0,
+            "draft_errors": 0,
+            "resyncs": 0,
+            "drafter_state": {
+                "memory_bytes": FAKE_BYTES_PER_TOKEN * tokens,
+                "global_cache_requests": requests,
+                "global_cache_tokens": tokens,
+                "global_cache_max_requests": FAKE_CACHE_CAP[0],
+                "global_cache_max_tokens": FAKE_CACHE_CAP[1],
+            },
+        }
 
     def metrics_text(self) -> str:
         lines = []
@@ -182,6 +207,7 @@ def serve(argv: list[str]) -> int:
     Handler.state = FakeState(args.model, spec=bool(args.speculative_config))
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
+    plugin = _plugin_endpoint(json.loads(args.speculative_config or "{}"), Handler.state)
 
     def watchdog() -> None:
         while time.monotonic() - Handler.state.last_request < IDLE_EXIT_S:
@@ -193,7 +219,23 @@ def serve(argv: list[str]) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
     server.server_close()
+    if plugin is not None:
+        plugin.close()
     return 0
+
+
+def _plugin_endpoint(spec: dict[str, Any], state: FakeState) -> Any:
+    """The plugin's metrics endpoint where ``spec`` asks for it (as the proposer does: a busy port is reported, not
+    fatal)."""
+    from specdec.vllm_plugin.metrics.server import MetricsServer
+
+    if spec.get("method") != "specdec" or not spec.get("metrics_port"):
+        return None
+    try:
+        return MetricsServer(state.plugin_stats, host="127.0.0.1", port=int(spec["metrics_port"]))
+    except OSError as exc:
+        print(f"fake server: metrics not served ({exc})", flush=True)
+        return None
 
 
 # --------------------------------------------------------------------------- bench serve

@@ -6,10 +6,12 @@
 Requests (``openai`` AsyncOpenAI, at most ``--concurrency`` in flight): prompts cycled from the code, agentic and
 chat pools, max_tokens drawn from SOAK_LENGTHS, STREAM_SHARE of them streamed and ``--cancel-share`` streamed and
 closed after CANCEL_AFTER chunks. Every ``--sample-s`` the host RSS of the server's process group and the GPU's used
-memory (nvidia-smi) are recorded. At the end /metrics is scraped (vLLM's spec-decode counters, preemptions, the
-plugin's own ``specdec*`` counters where present). Passes with zero failed requests, host RSS growing less than
-RSS_GROWTH_MAX between 20% and 100% of the run and GPU memory not growing over that span. Bounded: ``--requests``
-and ``--time-limit-s`` (no new request past it).
+memory (nvidia-smi) are recorded. /metrics is scraped before and after (vLLM's spec-decode counters, preemptions), and
+so is the plugin's own endpoint (``metrics_port``, added to a specdec ``--spec`` on a free port unless it names one;
+``--metrics-port``): its counters at the end and over the run, its drafter's size. Passes with zero failed requests,
+host RSS growing less than RSS_GROWTH_MAX between 20% and 100% of the run, GPU memory not growing over that span and
+the suffix drafter's global cache within its caps (where the endpoint reports it). Bounded: ``--requests`` and
+``--time-limit-s`` (no new request past it).
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ from benchmarks.serve_common import (
     plugin_counters,
     rss_mib,
     scrape,
+    scrape_plugin,
     spec_delta,
     versions,
+    with_metrics_port,
     write_json,
 )
 
@@ -45,6 +49,8 @@ CANCEL_AFTER = 4  # chunks read before a cancelled stream is closed
 RSS_GROWTH_MAX = 0.05
 WINDOW = (0.2, 1.0)  # the part of the run (by time) whose growth is judged: start-up and warm-up excluded
 POOLS = ("code", "agentic", "chat")
+CACHE_PREFIX = "specdec_global_cache_"  # the suffix drafter's global cache gauges on the plugin's endpoint
+DRAFTER_MEMORY = "specdec_drafter_memory_bytes"
 
 
 def plan(prompts: list[str], n: int, *, cancel_share: float, seed: int = 0) -> list[dict[str, Any]]:
@@ -161,6 +167,23 @@ def plot(samples: list[tuple[float, int, float, float | None]], path: Path) -> s
     return str(path)
 
 
+def plugin_report(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """The plugin's metrics at the end (``plugin_counters``), its counters' growth over the run (``plugin_delta``:
+    the ``_total`` ones), its drafter's size at the end (``plugin_cache``) and whether the suffix drafter's global
+    cache kept within its caps (``cache_within_cap``; None where the endpoint gave no cache gauges)."""
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items() if k.endswith("_total")}
+    cache = {k: v for k, v in after.items() if k.startswith(CACHE_PREFIX) or k == DRAFTER_MEMORY}
+    within = None
+    if all(f"{CACHE_PREFIX}{w}" in cache for w in ("tokens", "requests", "max_tokens", "max_requests")):
+        within = all(cache[f"{CACHE_PREFIX}{w}"] <= cache[f"{CACHE_PREFIX}max_{w}"] for w in ("tokens", "requests"))
+    return {
+        "plugin_counters": plugin_counters(after),
+        "plugin_delta": plugin_counters(delta),
+        "plugin_cache": cache,
+        "cache_within_cap": within,
+    }
+
+
 def summarize(
     outcomes: list[str], sampler: Sampler, before: dict[str, float], after: dict[str, float]
 ) -> dict[str, Any]:
@@ -177,7 +200,7 @@ def summarize(
         "gpu_growth": gpu_g,
         "spec": spec_delta(before, after),
         "preemptions": after.get("vllm:num_preemptions_total", 0.0) - before.get("vllm:num_preemptions_total", 0.0),
-        "plugin_counters": plugin_counters(after),
+        **plugin_report(before, after),
         "samples": sampler.samples,
     }
     out["pass"] = (
@@ -185,6 +208,7 @@ def summarize(
         and out["not_sent"] == 0
         and (rss_g is None or rss_g < RSS_GROWTH_MAX)
         and (gpu_g is None or gpu_g <= 0)
+        and out["cache_within_cap"] is not False
     )
     return out
 
@@ -206,21 +230,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     server = None
     if args.base_url:
         check_reachable(args.base_url)
-        base_url, pids = args.base_url, (list)
+        base_url, pids, plugin_port = args.base_url, (list), max(args.metrics_port, 0)
     else:
+        spec, plugin_port = with_metrics_port(json.loads(args.spec) if args.spec else None, args.metrics_port)
         server = Server(
             args.model,
             port=free_port(),
             log=Path(args.out_dir) / "soak-server.log",
-            spec=json.loads(args.spec) if args.spec else None,
+            spec=spec,
             server_args=args.server_args,
             cli=args.vllm_cli,
         )
         server.start(args.health_timeout_s)
         base_url, pids = server.base_url, server.pids
+    plugin_url = f"{base_url.rsplit(':', 1)[0]}:{plugin_port}/metrics" if plugin_port else ""
     sampler = Sampler(pids, args.sample_s, progress)
     try:
         before = scrape(base_url)
+        plugin_before, _ = scrape_plugin(plugin_url)
         sampler.start()
         t0 = time.monotonic()
         outcomes = asyncio.run(
@@ -238,6 +265,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sampler.join()
         sampler.take()
         after = scrape(base_url)
+        plugin_after, plugin_error = scrape_plugin(plugin_url)
     finally:
         sampler.halt.set()
         exit_code = server.stop() if server else None
@@ -249,7 +277,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "settings": {k: v for k, v in vars(args).items()},
         "wall_s": wall,
         "server_exit_code": exit_code,
-        **summarize(outcomes, sampler, before, after),
+        "plugin_metrics_url": plugin_url,
+        "plugin_metrics_error": plugin_error,
+        **summarize(outcomes, sampler, {**before, **plugin_before}, {**after, **plugin_after}),
     }
     return doc
 
@@ -267,6 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cancel-share", type=float, default=0.05)
     ap.add_argument("--sample-s", type=float, default=2.0)
     ap.add_argument("--time-limit-s", type=float, default=420.0, help="no new request past this")
+    ap.add_argument(
+        "--metrics-port",
+        type=int,
+        default=-1,
+        help="the plugin's metrics endpoint: -1 a free port (added to a specdec --spec), 0 none, N port N "
+        "(with --base-url: where the running server's plugin serves them)",
+    )
     ap.add_argument("--server-args", default="", type=lambda s: s.split())
     ap.add_argument("--health-timeout-s", type=float, default=600.0)
     ap.add_argument("--vllm-cli", default="")
@@ -302,7 +339,10 @@ def main(argv: list[str] | None = None) -> int:
                     "rss_growth",
                     "gpu_growth",
                     "spec",
-                    "plugin_counters",
+                    "plugin_delta",
+                    "plugin_cache",
+                    "cache_within_cap",
+                    "plugin_metrics_error",
                     "pass",
                 )
             },

@@ -20,6 +20,7 @@ from benchmarks.serve_common import (
     parse_metrics,
     spec_config,
     spec_delta,
+    with_metrics_port,
 )
 
 FAKE_CLI = f"{sys.executable} -m benchmarks.serve_fake"
@@ -288,6 +289,41 @@ def test_serve_soak_against_fake(fake_cli: str, pools_file: Path, tmp_path: Path
     assert (doc["failed"], doc["cancelled"], doc["ok"]) == (0, planned, 120 - planned)
     assert doc["spec"]["accepted_tokens"] > 0 and doc["server_exit_code"] == 0
     assert len(doc["samples"]) >= 2
+    # the plugin's own endpoint (metrics_port on a free port, added to the spec): the fake's statistics follow vLLM's
+    # spec-decode counters, so the run's growth of each must match
+    assert doc["plugin_metrics_url"].startswith("http://127.0.0.1:") and doc["plugin_metrics_error"] == ""
+    delta = doc["plugin_delta"]
+    assert delta["specdec_drafted_tokens_total"] == doc["spec"]["draft_tokens"] > 0
+    assert delta["specdec_accepted_tokens_total"] == doc["spec"]["accepted_tokens"]
+    assert delta["specdec_deadline_misses_total"] == 0 and delta["specdec_drafter_errors_total"] == 0
+    assert doc["plugin_counters"]["specdec_steps_total"] >= delta["specdec_steps_total"] > 0
+    assert doc["cache_within_cap"] is True and doc["plugin_cache"]["specdec_global_cache_max_requests"] == 64
+
+
+def test_with_metrics_port_only_for_specdec_configs() -> None:
+    assert with_metrics_port(None, -1) == (None, 0)
+    assert with_metrics_port({"method": "suffix"}, -1) == ({"method": "suffix"}, 0)
+    assert with_metrics_port({"method": "specdec"}, 0) == ({"method": "specdec"}, 0)
+    assert with_metrics_port({"method": "specdec"}, 9464) == ({"method": "specdec", "metrics_port": 9464}, 9464)
+    assert with_metrics_port({"method": "specdec", "metrics_port": 9000}, 0)[1] == 9000  # the spec's own wins
+    spec, port = with_metrics_port({"method": "specdec"}, -1)
+    assert port > 0 and spec == {"method": "specdec", "metrics_port": port}
+
+
+def test_plugin_report_by_hand() -> None:
+    before = {"specdec_steps_total": 10.0, "vllm:x_total": 1.0}
+    after = {
+        "specdec_steps_total": 25.0,
+        "specdec_global_cache_tokens": 100.0,
+        "specdec_global_cache_max_tokens": 100.0,
+        "specdec_global_cache_requests": 3.0,
+        "specdec_global_cache_max_requests": 2.0,
+        "vllm:x_total": 5.0,
+    }
+    rep = serve_soak.plugin_report(before, after)
+    assert rep["plugin_delta"] == {"specdec_steps_total": 15.0}
+    assert rep["cache_within_cap"] is False  # 3 cached responses over a cap of 2
+    assert serve_soak.plugin_report({}, {"specdec_steps_total": 1.0})["cache_within_cap"] is None
 
 
 def test_serve_soak_unreachable_server(capsys: pytest.CaptureFixture, tmp_path: Path, pools_file: Path) -> None:

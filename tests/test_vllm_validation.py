@@ -77,7 +77,21 @@ def test_a_draft_model_with_another_tokenizer_is_refused_before_any_weight(tmp_p
 
 
 def test_user_options_are_few_and_internal_settings_are_not_among_them():
-    assert len(USER_KEYS) <= 17
+    assert len(USER_KEYS) <= 20
     for internal in ("deadline_mode", "native_step", "thread_spin_us", "matrix_step", "min_path_prob"):
         with pytest.raises(ConfigError, match=f"'{internal}'"):
             split_speculative_config({"method": "specdec", internal: 1})
+
+
+def test_metrics_options_travel_to_the_proposer_and_bad_ones_stop_the_start():
+    from specdec.vllm_plugin.entry.options import options_from_vllm_config
+
+    ea = engine_args(metrics_port=9464, metrics_host="0.0.0.0")
+    assert rewrite_engine_args(ea)
+    ours = ea.additional_config["specdec"]
+    assert (ours["metrics_port"], ours["metrics_host"]) == (9464, "0.0.0.0")
+    cfg = SimpleNamespace(additional_config=ea.additional_config, speculative_config=None)
+    opts = options_from_vllm_config(cfg)
+    assert (opts.metrics_port, opts.metrics_host) == (9464, "0.0.0.0")
+    with pytest.raises(ConfigError, match="metrics_port=-1 is out of range"):
+        rewrite_engine_args(engine_args(metrics_port=-1))

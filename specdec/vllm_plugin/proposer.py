@@ -39,6 +39,7 @@ from specdec.vllm_plugin.entry.options import (
     resolve_lane_threads,
 )
 from specdec.vllm_plugin.logs import LOGGER_NAME
+from specdec.vllm_plugin.metrics.server import start_exporter
 from specdec.vllm_plugin.modes.device_wait import STALL_TIMEOUT_MS, DeviceWait
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
@@ -124,6 +125,7 @@ class SpecdecProposer:
         self._is_driver: bool | None = None
         self._warned_unbound = False
         INSTANCES.add(self)
+        self.exporter = start_exporter(self.options, self.stats, vllm_config=vllm_config, tp_rank=_tp_rank)
 
     # ----------------------------------------------------------------- runner binding
     def bind_step(self, input_batch: Any, scheduler_output: Any = None) -> None:
@@ -285,6 +287,8 @@ class SpecdecProposer:
         return {**out, "graphs": self.graph_stats.as_dict()}  # this engine's narrow and ragged dispatches and keys
 
     def close(self) -> None:
+        if self.exporter is not None:
+            self.exporter.close()
         if self.scheduled is not None:
             self.scheduled.close()
         book = self.scheduled.slot_book if self.scheduled is not None else None

@@ -31,6 +31,7 @@ from specdec.vllm_plugin.core.python_engine import PythonEngine, chain_draft
 from specdec.vllm_plugin.core.state import ProposerStats, RequestState
 from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.logs import LOGGER_NAME
+from specdec.vllm_plugin.metrics.drafter import SAMPLE_PERIOD_S, drafter_gauges
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -73,6 +74,9 @@ class ProposerCore:
         self.timeout_s = options.draft_timeout_ms / 1e3
         self._timeout_logged = False
         self._last_log = clock()
+        self.drafter_state: dict[str, int] = {}  # the drafter's size gauges, last sample (metrics.drafter)
+        self._sampled_at = -float("inf")
+        self._sample_failed = False
         self.target_params = target_params
         self._token_s = 2.0 * target_params / ASSUMED_GPU_FLOPS  # GPU seconds per verified token (estimate)
         self._period_s = PAD_DEFAULT_PERIOD_S
@@ -195,6 +199,7 @@ class ProposerCore:
         self.stats.drafted_tokens += drafted
         self.stats.plain_steps += plan.mode == "plain"
         self._maybe_log()
+        self._maybe_sample()
         return drafts
 
     def note_verified(self, tokens: int) -> None:
@@ -326,6 +331,25 @@ class ProposerCore:
             )
 
     # ----------------------------------------------------------------- reporting
+    def _drafter_idle(self) -> bool:
+        """Whether the drafter may be called now (no drafting job of the deadline thread still running)."""
+        worker = self.python.worker
+        return worker is None or not worker.busy
+
+    def _maybe_sample(self) -> None:
+        """Refresh ``drafter_state`` at most every SAMPLE_PERIOD_S, on this (the drafting) thread, between steps.
+        A failed read keeps the last sample (logged once): statistics never fail a step."""
+        now = self.clock()
+        if now - self._sampled_at < SAMPLE_PERIOD_S or not self._drafter_idle():
+            return
+        self._sampled_at = now
+        try:
+            self.drafter_state = drafter_gauges(self.guard.drafter)
+        except Exception as exc:  # noqa: BLE001 - a gauge must never fail a step
+            if not self._sample_failed:
+                self._sample_failed = True
+                logger.warning("specdec: reading the drafter's size failed (%r); its gauges stay as they were", exc)
+
     def stats_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = self.stats.as_dict()
         d.update(self.guard.stats.as_dict())
@@ -337,6 +361,7 @@ class ProposerCore:
         d["pad_token_us"] = 1e6 * self._token_s
         d["step_period_ms"] = 1e3 * self._period_s
         d["max_threaded_job_ms"] = 1e3 * self.python.max_job_s
+        d["drafter_state"] = dict(self.drafter_state)
         return d
 
     def _maybe_log(self) -> None:

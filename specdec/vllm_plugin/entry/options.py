@@ -9,6 +9,7 @@ This module never imports vLLM (CPU tests and CI use it directly).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -53,6 +54,8 @@ VLLM_SUFFIX_FREE_SPEC_FACTOR = 8.0
 # suffix tries half as deep as the library's 64 beside vLLM: the engine thread's stops and the drafting the GPU waits
 # for cost about a quarter less at batch 64, for a negligible loss of accepted tokens
 VLLM_SUFFIX_MAX_DEPTH = 32
+MAX_PORT = 65_535
+DEFAULT_METRICS_HOST = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,17 @@ class SpecdecOptions(ConfigBase):
     lane_threads: int = rng(0, lo=0, hi=64, doc="threads drafting one step's rows (0: 4 in schedule mode, else 1)")
     strict: bool = rng(False, doc="re-raise drafter errors (debugging: a drafter failure then fails the engine)")
     log_every_s: float = rng(60.0, lo=0.0, hi=86_400.0, doc="log drafting statistics this often (0: never)")
+    metrics_port: int = rng(
+        0,
+        lo=0,
+        hi=MAX_PORT,
+        doc="serve the plugin's counters in Prometheus text on http://metrics_host:PORT/metrics from the drafting "
+        "process (data-parallel engine i: PORT + i); 0: off (docs/metrics.md)",
+    )
+    metrics_host: str = rng(
+        DEFAULT_METRICS_HOST,
+        doc="address the metrics endpoint binds: loopback by default, '0.0.0.0' for every interface",
+    )
     # ----------------------------------------------------------------- internal settings (not user options)
     deadline_mode: str = rng(
         "auto",
@@ -193,11 +207,18 @@ class SpecdecOptions(ConfigBase):
             )
         if not isinstance(self.drafter, (str, list, tuple, dict)):
             raise ConfigError(f"{where}drafter={self.drafter!r} must be a name, a dict with 'name', or a list")
+        try:
+            ipaddress.ip_address(self.metrics_host)
+        except ValueError:
+            raise ConfigError(
+                f"{where}metrics_host={self.metrics_host!r} is not an IP address: use '127.0.0.1' (this host only), "
+                f"'0.0.0.0' (every interface) or one of this host's addresses"
+            ) from None
 
 
-USER_KEYS = frozenset(list(SpecdecOptions.__dataclass_fields__)[:16])  # the user options, in declaration order
-USER_OPTION_COUNT = 16  # at most 17 user options (three more are reserved for other features)
-assert len(USER_KEYS) == USER_OPTION_COUNT and "log_every_s" in USER_KEYS and "deadline_mode" not in USER_KEYS
+USER_OPTION_COUNT = 18  # at most 20 user options
+USER_KEYS = frozenset(list(SpecdecOptions.__dataclass_fields__)[:USER_OPTION_COUNT])  # the user options, in order
+assert len(USER_KEYS) == USER_OPTION_COUNT and "metrics_host" in USER_KEYS and "deadline_mode" not in USER_KEYS
 
 
 def estimate_params(hf_config: Any) -> float:

@@ -43,6 +43,7 @@ class ThreadedProposerCore(ProposerCore):
         super().__init__(*args, **kwargs)
         self._plan: StepPlan | None = None  # a submitted lane step
         self._ready: list[list[int]] | None = None  # drafts of a step drafted synchronously in submit
+        self._lane_busy = False  # a lane job (prepare or step) may still run on the drafter's thread
         self.stats_collect_seconds = 0.0  # engine-thread time spent waiting in collect
         self.timing: dict[int, list[float]] = {}  # bucket -> [steps, wake, run, window, wait] (us sums)
         if self.lane is not None:
@@ -69,6 +70,7 @@ class ThreadedProposerCore(ProposerCore):
             return
         self.stats.stopped += len(stops)
         self.note_started_early([r for r, _ in starts])
+        self._lane_busy = True
         self.lane.lane_prepare(stops, starts)
 
     def submit(
@@ -96,7 +98,7 @@ class ThreadedProposerCore(ProposerCore):
         self.lane.lane_submit(
             rows, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, num_prompt_tokens, stops=stops, **decisions
         )
-        self._plan = plan
+        self._plan, self._lane_busy = plan, True
         self.stats.propose_seconds += self.clock() - plan.t0
 
     def _drop_uncollected(self) -> None:
@@ -126,9 +128,11 @@ class ThreadedProposerCore(ProposerCore):
             self._lane_overruns += 1
             if self._lane_overruns >= LANE_MAX_OVERRUNS:
                 self._leave_lane()
+                self._lane_busy = False  # the Python path's drafter calls wait for the lane job as any call does
             self._on_timeout(plan.running)
             return self._end(plan, [[] for _ in range(plan.rows)])
         drafts, accepted, drafted, started, resyncs, timing = result
+        self._lane_busy = False
         sums = self.timing.setdefault(bucket_of(plan.running), [0.0] * (1 + len(TIMING_KEYS)))
         sums[0] += 1
         for i, us in enumerate(timing, 1):
@@ -137,6 +141,11 @@ class ThreadedProposerCore(ProposerCore):
         self.stats.started += started
         self.stats.resyncs += resyncs
         return self._end(plan, drafts, drafted)
+
+    def _drafter_idle(self) -> bool:
+        """Not while a lane job may run (between submit or prepare and a collect that got its drafts): any call
+        on the drafter would wait for it and drop its drafts."""
+        return not self._lane_busy and super()._drafter_idle()
 
     def stats_dict(self) -> dict[str, Any]:
         d = super().stats_dict()
