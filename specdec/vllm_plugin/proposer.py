@@ -226,6 +226,7 @@ class SpecdecProposer:
                     narrow=bool(opts.narrow_widths) and self.patches.on("narrow graphs"),
                     prefill_cap=opts.prefill_step_slots,
                     high_ragged=self.graph_stats.ragged_ready if ragged else None,
+                    low_batch=self.core.backoff.low if self.core.backoff.enabled else None,
                 )
                 attach_book(self.vllm_config, book)  # this engine's scheduler trims each request's slots to it
             self.scheduled = ScheduledDrafting(

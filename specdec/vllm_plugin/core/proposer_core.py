@@ -25,6 +25,7 @@ import numpy as np
 
 from specdec.drafters.base import Drafter, DraftGuard
 from specdec.vllm_plugin.core.adaptive import AdaptiveController, StepCostModel, bucket_of
+from specdec.vllm_plugin.core.backoff import BackOff
 from specdec.vllm_plugin.core.engine import LANE_MAX_OVERRUNS, LaneEngine, StepEngine, StepPlan
 from specdec.vllm_plugin.core.lane import Lane, LaneCounts, find_lane, lane_step_tokens
 from specdec.vllm_plugin.core.python_engine import PythonEngine, chain_draft
@@ -66,6 +67,7 @@ class ProposerCore:
             min_path_prob_per_seq=options.min_path_prob_per_seq,
             min_acceptance=options.min_acceptance,
         )
+        self.backoff = BackOff(enabled=options.adaptive)  # low acceptance: no padding, no drafts but probes
         self.costs: dict[int, StepCostModel] = {}  # one step-cost fit per batch-size bucket
         self._last_t: float | None = None
         self._last_verified = 0
@@ -152,12 +154,14 @@ class ProposerCore:
         )
         self._count_lane(counts)
         dropped = self._lane_overrun(t0)
-        self.stats.propose_seconds += self.clock() - plan.t0
         if dropped:
+            self.stats.propose_seconds += self.clock() - plan.t0
             self._on_timeout(sum(1 for m in lengths if m))
-            self._end(plan, [], drafted=0)
+            self._end(plan, [], drafted=0, lengths=[])
             return None
-        self._end(plan, [], drafted=counts.drafted)
+        withheld = self._withhold_matrix(plan, lengths, out, tokens, new, fillers)
+        self.stats.propose_seconds += self.clock() - plan.t0
+        self._end(plan, [], drafted=counts.drafted - withheld, lengths=lengths)
         return lengths
 
     def _begin(self, req_ids: Sequence[str], lens: Sequence[int], k: int | None, pad: bool | None = None) -> StepPlan:
@@ -174,7 +178,10 @@ class ProposerCore:
         emitted, running = sum(lens), n_rows - lens.count(0)
         self.stats.emitted_tokens += emitted
         known = self.engine.request_ids
-        rows = set(req_ids[:n_rows])
+        ids = list(req_ids[:n_rows])
+        rows = set(ids)
+        self.backoff.prune(rows)
+        self.backoff.observe(ids, lens)
         early = self._started_early
         prefilled = running < n_rows or not known.keys() >= rows or not early.isdisjoint(rows)
         if early:  # keep those still prefilling (no token yet): their first token's step is a prefill step too
@@ -184,18 +191,83 @@ class ProposerCore:
             self._period_s = PERIOD_EMA * self._period_s + (1 - PERIOD_EMA) * (t0 - self._last_t)
         mode = "spec" if running else "plain"  # "plain": no decoding row, nothing to draft
         self._pad_now = self._should_pad(running, k) if pad is None else pad
-        return StepPlan(t0, n_rows, k, mode, running, rows)
+        return StepPlan(t0, n_rows, k, mode, running, rows, ids)
 
-    def _end(self, plan: StepPlan, drafts: list[list[int]], drafted: int | None = None) -> list[list[int]]:
-        """Record what the step handed vLLM (``drafted``: their token count, if known)."""
-        if drafted is None:
-            drafted = sum(map(len, drafts))
+    def _end(
+        self,
+        plan: StepPlan,
+        drafts: list[list[int]],
+        drafted: int | None = None,
+        lengths: Sequence[int] | None = None,
+    ) -> list[list[int]]:
+        """Record what the step handed vLLM: ``drafts`` (back-off withholds some first), ``drafted``: their token
+        count if known, ``lengths`` [rows]: their lengths where ``drafts`` does not hold them (schedule mode's
+        matrix step)."""
+        if lengths is None:
+            withheld = self._withhold(plan, drafts)
+            if drafted is None:
+                drafted = sum(map(len, drafts))
+            else:
+                drafted -= withheld
+            lengths = list(map(len, drafts))
+        elif drafted is None:
+            drafted = sum(lengths)
+        self.backoff.record(plan.ids, lengths)
         self._last_t, self._last_verified = plan.t0, plan.running + drafted
         self._last_bucket = bucket_of(plan.running)
         self.stats.drafted_tokens += drafted
         self.stats.plain_steps += plan.mode == "plain"
         self._maybe_log()
         return drafts
+
+    def _withhold(self, plan: StepPlan, drafts: list[list[int]]) -> int:
+        """Back-off on a step that does not pad: backed-off requests' drafts dropped (a probe: shortened), in place.
+        Returns the tokens withheld."""
+        backoff = self.backoff
+        if self._pad_now or not backoff.requests_off or not drafts:
+            return 0
+        withheld = 0
+        for i, rid in enumerate(plan.ids):
+            limit = backoff.limit(rid)
+            if limit is None:
+                continue
+            d = drafts[i]
+            m = min(len(d), limit)
+            backoff.taken(rid, limit, len(d), m)
+            if m < len(d):
+                withheld += len(d) - m
+                drafts[i] = d[:m]
+        return withheld
+
+    def _withhold_matrix(
+        self,
+        plan: StepPlan,
+        lengths: list[int],
+        out: np.ndarray,
+        tokens: np.ndarray,
+        new: Sequence[int],
+        fillers: Sequence[int],
+    ) -> int:
+        """``_withhold`` for the matrix step: ``lengths`` [rows] shortened in place and the withheld part of each
+        row of ``out`` [>= rows, width] overwritten with the row's last token (``tokens`` [>= rows, w] and ``new``
+        [rows]: its new tokens, ``fillers`` [rows]: its last token before them), as the lane pads. Returns the tokens
+        withheld."""
+        backoff = self.backoff
+        if self._pad_now or not backoff.requests_off:
+            return 0
+        withheld = 0
+        for i, rid in enumerate(plan.ids):
+            limit = backoff.limit(rid)
+            if limit is None:
+                continue
+            n = lengths[i]
+            m = min(n, limit)
+            backoff.taken(rid, limit, n, m)
+            if m < n:
+                withheld += n - m
+                lengths[i] = m
+                out[i, m:] = tokens[i, new[i] - 1] if new[i] > 0 else fillers[i]
+        return withheld
 
     def note_verified(self, tokens: int) -> None:
         """The tokens the last step's verify batch really held (schedule mode: vLLM's reserved slots, not the
@@ -250,13 +322,17 @@ class ProposerCore:
 
     def _should_pad(self, running: int, k: int) -> bool:
         """Pad this step's drafts to k? 'on'/'off' decide; 'auto' pads while the verify batch of running x (k+1)
-        tokens costs (estimated GPU compute) under PAD_MAX_STEP_SHARE of the measured step period."""
+        tokens costs (estimated GPU compute) under PAD_MAX_STEP_SHARE of the measured step period (or below
+        ``pad_below_rows`` requests), unless the back-off says the batch's drafts are not accepted (``backoff.py``)."""
         mode = self.options.pad_mode
         if mode != "auto":
             return mode == "on"
-        if running < self.pad_below_rows:
-            return True
-        return 0 < running * (k + 1) * self._token_s <= PAD_MAX_STEP_SHARE * self._period_s
+        cheap = 0 < running * (k + 1) * self._token_s <= PAD_MAX_STEP_SHARE * self._period_s
+        pads = running < self.pad_below_rows or cheap
+        if pads and running and self.backoff.low():  # drafts are not accepted: padding verifies filler only
+            self.backoff.stats.unpadded_steps += 1
+            return False
+        return pads
 
     def _absent(self, present: set[str]) -> list[str]:
         """Requests the drafter holds that are not in this step's batch (in start order): to be stopped."""
@@ -337,6 +413,7 @@ class ProposerCore:
         d["pad_token_us"] = 1e6 * self._token_s
         d["step_period_ms"] = 1e3 * self._period_s
         d["max_threaded_job_ms"] = 1e3 * self.python.max_job_s
+        d.update(self.backoff.as_dict())
         return d
 
     def _maybe_log(self) -> None:
