@@ -269,26 +269,25 @@ def test_slot_book_of_a_low_batch_grants_each_request_its_draft_and_nothing_with
     assert book.as_dict()["low_batch_schedules"] == 1
 
 
-def test_schedule_mode_below_the_narrow_rows_stops_granting_slots_on_a_zero_acceptance_batch():
-    """Schedule mode, adaptive slots, fewer rows than NARROW_FROM_ROWS (every row padded to k, k slots): on a batch
-    whose drafts are never accepted the slots follow the back-off, one round late, down to probes; the emitted
-    tokens are the target's throughout."""
-    rng = random.Random(3)
-    targets = {f"r{i}": [rng.randrange(SMALL_VOCAB) for _ in range(900)] for i in range(ROWS)}
+def drive_schedule(
+    sched: ScheduledDrafting, targets: dict[str, list[int]], clock: SimpleNamespace, *, steps: int, seed: int = 0
+) -> tuple[dict[str, list[int]], list[int]]:
+    """vLLM's async timeline over ``targets`` (each request starts with its first 40 tokens as prompt): each step the
+    scheduler grants slots (the slot book's, else k), the buffer of the step before is filled, its drafts are
+    verified greedily up to the slots, the tokens captured, the next buffer submitted. Returns each request's tokens
+    and the slots granted per step."""
+    rng = random.Random(seed)
     seq = {rid: t[:40] for rid, t in targets.items()}
-    clock = SimpleNamespace(t=0.0)
-    core = make_core("matrix", lambda: clock.t, pad_drafts="auto")
-    core.pad_below_rows = NARROW_FROM_ROWS  # as the proposer sets it for adaptive slots
-    book = SlotBook.policy(K, low_batch=core.backoff.low)
-    sched = ScheduledDrafting(core, k=K, max_rows=ROWS, device="cpu", slot_book=book)
     state = {rid: SimpleNamespace(prompt_token_ids=list(s), output_token_ids=[]) for rid, s in seq.items()}
+    book = sched.slot_book
     out, prev_rows, slots_per_step = None, {}, []
-    for _ in range(200):
+    for _ in range(steps):
         clock.t += STEP_S
         order = list(seq)
         rng.shuffle(order)
-        book.begin_schedule(len(order))  # the scheduler: this step's slots, from the latest drafts
-        slots = {rid: book.slots(rid, K) for rid in order}
+        if book is not None:
+            book.begin_schedule(len(order))  # the scheduler: this step's slots, from the latest drafts
+        slots = {rid: book.slots(rid, K) if book is not None else K for rid in order}
         slots_per_step.append(sum(slots.values()))
         if out is not None:
             assert sched.fill(out)  # the drafts this step verifies, from the tokens of the one before
@@ -307,6 +306,21 @@ def test_schedule_mode_below_the_narrow_rows_stops_granting_slots_on_a_zero_acce
             state[rid].output_token_ids.append(-1)
         out = sched.submit(order, k=None, eager=False)  # [rows, k], filled at the next step's start
         prev_rows = {rid: row for row, rid in enumerate(order)}
+    return seq, slots_per_step
+
+
+def test_schedule_mode_below_the_narrow_rows_stops_granting_slots_on_a_zero_acceptance_batch():
+    """Schedule mode, adaptive slots, fewer rows than NARROW_FROM_ROWS (every row padded to k, k slots): on a batch
+    whose drafts are never accepted the slots follow the back-off, one round late, down to probes; the emitted
+    tokens are the target's throughout."""
+    rng = random.Random(3)
+    targets = {f"r{i}": [rng.randrange(SMALL_VOCAB) for _ in range(900)] for i in range(ROWS)}
+    clock = SimpleNamespace(t=0.0)
+    core = make_core("matrix", lambda: clock.t, pad_drafts="auto")
+    core.pad_below_rows = NARROW_FROM_ROWS  # as the proposer sets it for adaptive slots
+    book = SlotBook.policy(K, low_batch=core.backoff.low)
+    sched = ScheduledDrafting(core, k=K, max_rows=ROWS, device="cpu", slot_book=book)
+    seq, slots_per_step = drive_schedule(sched, targets, clock, steps=200, seed=3)
     sched.close()
     for rid, s in seq.items():  # lossless
         assert s == targets[rid][: len(s)]

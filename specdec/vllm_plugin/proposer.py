@@ -27,6 +27,7 @@ import numpy as np
 
 from specdec.drafters.base import Drafter
 from specdec.drafters.registry import build_drafter
+from specdec.vllm_plugin.core.faults import FAULTS_ENV, inject_faults
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.core.slots import NARROW_FROM_ROWS, SlotBook, attach_book, book_of
 from specdec.vllm_plugin.entry.options import (
@@ -100,8 +101,10 @@ class SpecdecProposer:
         if self.schedule_mode and self.options.draft_slots == "uniform":
             core_options = core_options.replace(pad_drafts="on")
         core_cls = ThreadedProposerCore if self.threaded else ProposerCore
+        drafter = drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer)
+        faults = os.environ.get(FAULTS_ENV, "")  # test only (the soak's --faults): never a user option
         self.core = core_cls(
-            drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer),
+            inject_faults(drafter, faults, timeout_ms=self.options.draft_timeout_ms) if faults else drafter,
             core_options,
             max_model_len=max_model_len,
             target_params=params,

@@ -27,6 +27,7 @@ from specdec.drafters.base import Drafter, DraftGuard
 from specdec.vllm_plugin.core.adaptive import AdaptiveController, StepCostModel, bucket_of
 from specdec.vllm_plugin.core.backoff import BackOff
 from specdec.vllm_plugin.core.engine import LANE_MAX_OVERRUNS, LaneEngine, StepEngine, StepPlan
+from specdec.vllm_plugin.core.faults import FaultyDrafter
 from specdec.vllm_plugin.core.lane import Lane, LaneCounts, find_lane, lane_step_tokens
 from specdec.vllm_plugin.core.python_engine import PythonEngine, chain_draft
 from specdec.vllm_plugin.core.state import ProposerStats, RequestState
@@ -414,6 +415,8 @@ class ProposerCore:
         d["step_period_ms"] = 1e3 * self._period_s
         d["max_threaded_job_ms"] = 1e3 * self.python.max_job_s
         d.update(self.backoff.as_dict())
+        if isinstance(self.guard.drafter, FaultyDrafter):  # test-only fault injection (core/faults.py)
+            d.update(self.guard.drafter.faults.as_dict())
         return d
 
     def _maybe_log(self) -> None:
