@@ -10,6 +10,10 @@ memory (nvidia-smi) are recorded. At the end /metrics is scraped (vLLM's spec-de
 plugin's own ``specdec*`` counters where present). Passes with zero failed requests, host RSS growing less than
 RSS_GROWTH_MAX between 20% and 100% of the run and GPU memory not growing over that span. Bounded: ``--requests``
 and ``--time-limit-s`` (no new request past it).
+
+``--faults raise:100`` / ``sleep:100`` (test only) starts the server with ``SPECDEC_TEST_FAULTS`` set: the plugin's
+drafter then raises, or sleeps past the drafting deadline, on every 100th drafting call
+(``specdec/vllm_plugin/core/faults.py``); the run must still pass, and the plugin counts the failures and late steps.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from benchmarks.serve_common import (
     versions,
     write_json,
 )
+from specdec.config import ConfigError
+from specdec.vllm_plugin.core.faults import FAULTS_ENV, Faults
 
 SOAK_LENGTHS = (16, 32, 64, 128, 256, 512)
 STREAM_SHARE = 0.3
@@ -200,6 +206,18 @@ def soak_prompts(path: Path) -> list[str]:
     return [lst[i] for i in range(max(map(len, lists))) for lst in lists if i < len(lst)]
 
 
+def check_faults(spec: str, *, base_url: str) -> None:
+    """``--faults``: a valid ``SPECDEC_TEST_FAULTS`` value, for a server this driver starts."""
+    if not spec:
+        return
+    if base_url:
+        raise ServeError(f"--faults {spec!r} with --base-url: faults are set when the server starts; drop one")
+    try:
+        Faults.parse(spec, timeout_ms=0.0)
+    except ConfigError as exc:
+        raise ServeError(f"--faults: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     reqs = plan(soak_prompts(Path(args.prompts)), args.requests, cancel_share=args.cancel_share)
     progress = {"done": 0}
@@ -215,6 +233,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             spec=json.loads(args.spec) if args.spec else None,
             server_args=args.server_args,
             cli=args.vllm_cli,
+            env={FAULTS_ENV: args.faults} if args.faults else None,
         )
         server.start(args.health_timeout_s)
         base_url, pids = server.base_url, server.pids
@@ -271,10 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--health-timeout-s", type=float, default=600.0)
     ap.add_argument("--vllm-cli", default="")
     ap.add_argument("--out-dir", default="eval/results/serve")
+    ap.add_argument("--faults", default="", help="test only: drafter faults for the server, e.g. 'raise:100'")
     args = ap.parse_args(argv)
     try:
         if args.requests < 1 or args.concurrency < 1:
             raise ServeError(f"--requests {args.requests} / --concurrency {args.concurrency}: both must be >= 1")
+        check_faults(args.faults, base_url=args.base_url)
         if args.spec:
             try:
                 json.loads(args.spec)
