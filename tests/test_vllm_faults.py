@@ -4,7 +4,6 @@ tokens are those of a run without faults (drafts only drop), on every proposer p
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from types import SimpleNamespace
@@ -16,7 +15,6 @@ from core_support import target_sequence
 from specdec.config import ConfigError
 from specdec.drafters.suffix import SuffixDrafter, native_available
 from specdec.vllm_plugin.core.faults import FAULTS_ENV, SLEEP_WITHOUT_DEADLINE_S, Faults, FaultyDrafter, inject_faults
-from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 from specdec.vllm_plugin.patches.table import PatchReport
 from specdec.vllm_plugin.proposer import SpecdecProposer
@@ -120,12 +118,13 @@ MODES = {
 
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("kind", ["raise", "sleep"])
-def test_a_faulty_drafter_never_fails_a_step_and_the_outputs_are_those_without_faults(monkeypatch, caplog, mode, kind):
+def test_a_faulty_drafter_never_fails_a_step_and_the_outputs_are_those_without_faults(
+    monkeypatch, plugin_log, mode, kind
+):
     steps = 90
     clean = run_greedy(proposer(monkeypatch, "", **MODES[mode]), steps)
-    with caplog.at_level(logging.WARNING, logger=LOGGER_NAME):
-        prop = proposer(monkeypatch, f"{kind}:{EVERY}", **MODES[mode])
-    assert sum("injecting drafter faults" in r.getMessage() for r in caplog.records) == 1
+    prop = proposer(monkeypatch, f"{kind}:{EVERY}", **MODES[mode])
+    assert sum("injecting drafter faults" in r.getMessage() for r in plugin_log()) == 1
     assert isinstance(prop.core.guard.drafter, FaultyDrafter)
     faulty = run_greedy(prop, steps)
     for rid, s in faulty.items():  # the same tokens (the target's) as without faults, whatever the drafts
