@@ -152,7 +152,7 @@ def test_zero_acceptance_stops_padding_and_drafting_then_probes_ever_more_rarely
         # the last 2 x PROBE_MAX_AFTER steps cost the request at most 3 probes
         assert sum(lengths[s][rid] for s in range(steps - 2 * PROBE_MAX_AFTER, steps)) <= 3 * PROBE_TOKENS
     st = core.stats_dict()
-    assert st["backoff_backoffs"] == st["backoff_requests_off"] == ROWS and st["backoff_recoveries"] == 0
+    assert st["backoff_requests_backed_off"] == st["backoff_requests_off"] == ROWS and st["backoff_recoveries"] == 0
     assert st["backoff_batch_low"] and st["backoff_batch_accepted_per_row"] == 0.0
     assert st["backoff_unpadded_steps"] == steps - BATCH_MIN_STEPS
     assert st["backoff_probes"] == st["backoff_probe_failures"] + sum(1 for n in lengths[-1].values() if n)
@@ -202,7 +202,7 @@ def test_a_high_acceptance_batch_drafts_exactly_as_without_back_off(path, share)
         if step:
             assert all(len(d) == K for d in drafts[0].values()), step
     st = cores[0].stats_dict()
-    assert st["backoff_backoffs"] == st["backoff_requests_off"] == 1  # r0, padded all the same
+    assert st["backoff_requests_backed_off"] == st["backoff_requests_off"] == 1  # r0, padded all the same
     assert st["backoff_withheld_rows"] == st["backoff_unpadded_steps"] == 0 and not st["backoff_batch_low"]
     for c in cores:
         c.close()
@@ -216,7 +216,7 @@ def test_back_off_counts_only_with_adaptive_drafting():
         if step:
             assert all(len(d) == K for d in drafts.values())
     st = core.stats_dict()
-    assert st["backoff_backoffs"] == 0 and not st["backoff_batch_low"]
+    assert st["backoff_requests_backed_off"] == 0 and not st["backoff_batch_low"]
 
 
 def test_probe_interval_doubles_up_to_its_cap_and_resets_on_recovery():
@@ -226,7 +226,7 @@ def test_probe_interval_doubles_up_to_its_cap_and_resets_on_recovery():
         assert bo.rows.get("a") is None or not bo.rows["a"].off
         bo.observe(["a"], [1])
         bo.record(["a"], [K])
-    assert bo.rows["a"].off and bo.stats.backoffs == 1
+    assert bo.rows["a"].off and bo.stats.requests_backed_off == 1
     waits = []
     for _ in range(8):  # probe, fail, wait
         gap = 0

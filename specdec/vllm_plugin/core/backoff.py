@@ -59,7 +59,7 @@ class RowBackOff:
 class BackOffStats:
     """Counts for the proposer's stats (``stats_dict``: ``backoff_*`` keys)."""
 
-    backoffs: int = 0  # requests that backed off (each time)
+    requests_backed_off: int = 0  # requests that backed off (each time)
     probes: int = 0  # probe drafts handed out
     probe_failures: int = 0  # probes with no accepted token (their interval doubled)
     recoveries: int = 0  # backed-off requests back to full drafts
@@ -77,7 +77,7 @@ class BackOff:
 
     enabled: bool = True
     rows: dict[str, RowBackOff] = field(default_factory=dict)  # request id -> its state
-    last: dict[str, int] = field(default_factory=dict)  # request id -> draft tokens handed to vLLM at its last step
+    last: dict[str, int] = field(default_factory=dict)  # request id -> draft tokens (> 0) handed to vLLM last step
     batch_ema: float | None = None  # accepted tokens per drafting row per step
     batch_seen: int = 0
     requests_off: int = 0  # requests backed off now
@@ -96,8 +96,8 @@ class BackOff:
     def observe(self, req_ids: Sequence[str], emitted: Sequence[int]) -> None:
         """A step's new tokens per row (``emitted`` [rows]: accepted + 1, 0 for a row with none), against the drafts
         handed to vLLM at each request's previous step."""
-        if not self.enabled:
-            return
+        if not self.enabled or (not self.last and max(emitted, default=0) <= 1):
+            return  # nothing drafted, nothing accepted: a plain batch (a low one's usual step) costs nothing here
         rows, total = 0, 0
         for rid, e in zip(req_ids, emitted):
             if e <= 0:
@@ -133,7 +133,7 @@ class BackOff:
         st.seen += 1
         if st.seen >= MIN_STEPS and st.ema < MIN_ACCEPTED:
             st.off, st.wait, st.probing = True, st.interval, False
-            self.stats.backoffs += 1
+            self.stats.requests_backed_off += 1
             self.requests_off += 1
 
     def limit(self, rid: str) -> int | None:
@@ -159,7 +159,7 @@ class BackOff:
     def record(self, req_ids: Sequence[str], lengths: Sequence[int]) -> None:
         """The draft tokens each row handed vLLM this step (what the next step's tokens are checked against)."""
         if self.enabled:
-            self.last = dict(zip(req_ids, lengths))
+            self.last = {rid: n for rid, n in zip(req_ids, lengths) if n}
 
     def prune(self, present: set[str]) -> None:
         """Forget the requests not in this step's batch (finished, aborted, preempted: a preempted one starts afresh
