@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from specdec.vllm_plugin.core.adaptive import PROBE_TOKENS
 
 EMA_ALPHA = 0.25  # weight of the newest observed step in a request's accepted-tokens EMA
@@ -135,6 +137,53 @@ class BackOff:
             st.off, st.wait, st.probing = True, st.interval, False
             self.stats.requests_backed_off += 1
             self.requests_off += 1
+
+    def withhold(self, req_ids: Sequence[str], drafts: list[list[int]]) -> int:
+        """A step that does not pad: backed-off requests' drafts (``drafts`` [rows], by ``req_ids``) dropped, a
+        probe's shortened, in place. Returns the tokens withheld."""
+        if not self.requests_off or not drafts:
+            return 0
+        withheld = 0
+        for i, rid in enumerate(req_ids):
+            limit = self.limit(rid)
+            if limit is None:
+                continue
+            d = drafts[i]
+            m = min(len(d), limit)
+            self.taken(rid, limit, len(d), m)
+            if m < len(d):
+                withheld += len(d) - m
+                drafts[i] = d[:m]
+        return withheld
+
+    def withhold_matrix(
+        self,
+        req_ids: Sequence[str],
+        lengths: list[int],
+        out: np.ndarray,
+        tokens: np.ndarray,
+        new: Sequence[int],
+        fillers: Sequence[int],
+    ) -> int:
+        """``withhold`` for schedule mode's matrix step: ``lengths`` [rows] shortened in place, and the withheld part
+        of each row of ``out`` [>= rows, width] overwritten with the row's last token (``tokens`` [>= rows, w] and
+        ``new`` [rows]: its new tokens, ``fillers`` [rows]: its last token before them), as the lane pads. Returns the
+        tokens withheld."""
+        if not self.requests_off:
+            return 0
+        withheld = 0
+        for i, rid in enumerate(req_ids):
+            limit = self.limit(rid)
+            if limit is None:
+                continue
+            n = lengths[i]
+            m = min(n, limit)
+            self.taken(rid, limit, n, m)
+            if m < n:
+                withheld += n - m
+                lengths[i] = m
+                out[i, m:] = tokens[i, new[i] - 1] if new[i] > 0 else fillers[i]
+        return withheld
 
     def limit(self, rid: str) -> int | None:
         """On a step that does not pad: the most draft tokens the request may hand vLLM (0: none; a probe:

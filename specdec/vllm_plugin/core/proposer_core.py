@@ -160,7 +160,7 @@ class ProposerCore:
             self._on_timeout(sum(1 for m in lengths if m))
             self._end(plan, [], drafted=0, lengths=[])
             return None
-        withheld = self._withhold_matrix(plan, lengths, out, tokens, new, fillers)
+        withheld = 0 if self._pad_now else self.backoff.withhold_matrix(plan.ids, lengths, out, tokens, new, fillers)
         self.stats.propose_seconds += self.clock() - plan.t0
         self._end(plan, [], drafted=counts.drafted - withheld, lengths=lengths)
         return lengths
@@ -205,7 +205,7 @@ class ProposerCore:
         count if known, ``lengths`` [rows]: their lengths where ``drafts`` does not hold them (schedule mode's
         matrix step)."""
         if lengths is None:
-            withheld = self._withhold(plan, drafts)
+            withheld = 0 if self._pad_now else self.backoff.withhold(plan.ids, drafts)
             if drafted is None:
                 drafted = sum(map(len, drafts))
             else:
@@ -220,55 +220,6 @@ class ProposerCore:
         self.stats.plain_steps += plan.mode == "plain"
         self._maybe_log()
         return drafts
-
-    def _withhold(self, plan: StepPlan, drafts: list[list[int]]) -> int:
-        """Back-off on a step that does not pad: backed-off requests' drafts dropped (a probe: shortened), in place.
-        Returns the tokens withheld."""
-        backoff = self.backoff
-        if self._pad_now or not backoff.requests_off or not drafts:
-            return 0
-        withheld = 0
-        for i, rid in enumerate(plan.ids):
-            limit = backoff.limit(rid)
-            if limit is None:
-                continue
-            d = drafts[i]
-            m = min(len(d), limit)
-            backoff.taken(rid, limit, len(d), m)
-            if m < len(d):
-                withheld += len(d) - m
-                drafts[i] = d[:m]
-        return withheld
-
-    def _withhold_matrix(
-        self,
-        plan: StepPlan,
-        lengths: list[int],
-        out: np.ndarray,
-        tokens: np.ndarray,
-        new: Sequence[int],
-        fillers: Sequence[int],
-    ) -> int:
-        """``_withhold`` for the matrix step: ``lengths`` [rows] shortened in place and the withheld part of each
-        row of ``out`` [>= rows, width] overwritten with the row's last token (``tokens`` [>= rows, w] and ``new``
-        [rows]: its new tokens, ``fillers`` [rows]: its last token before them), as the lane pads. Returns the tokens
-        withheld."""
-        backoff = self.backoff
-        if self._pad_now or not backoff.requests_off:
-            return 0
-        withheld = 0
-        for i, rid in enumerate(plan.ids):
-            limit = backoff.limit(rid)
-            if limit is None:
-                continue
-            n = lengths[i]
-            m = min(n, limit)
-            backoff.taken(rid, limit, n, m)
-            if m < n:
-                withheld += n - m
-                lengths[i] = m
-                out[i, m:] = tokens[i, new[i] - 1] if new[i] > 0 else fillers[i]
-        return withheld
 
     def note_verified(self, tokens: int) -> None:
         """The tokens the last step's verify batch really held (schedule mode: vLLM's reserved slots, not the
