@@ -378,7 +378,7 @@ class ProposerCore:
             s = self.stats
             logger.info(
                 "specdec: %d steps, drafted %d, accepted %d (%.1f%%), %.3f ms/step in propose, "
-                "%d timeouts, %d errors, %d plain steps",
+                "%d timeouts, %d errors, %d plain steps, %d requests backed off (low acceptance)%s",
                 s.steps,
                 s.drafted_tokens,
                 s.accepted_tokens,
@@ -387,6 +387,8 @@ class ProposerCore:
                 s.timeouts,
                 self.guard.stats.errors,
                 s.plain_steps,
+                self.backoff.requests_off,
+                ", batch not padded" if self.backoff.low() else "",
             )
 
     def close(self) -> None:
