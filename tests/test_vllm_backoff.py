@@ -16,7 +16,6 @@ from specdec.drafters.suffix import SuffixDrafter, native_available
 from specdec.vllm_plugin.core.adaptive import PROBE_TOKENS
 from specdec.vllm_plugin.core.backoff import (
     BATCH_MIN_STEPS,
-    MIN_STEPS,
     PROBE_FIRST_AFTER,
     PROBE_MAX_AFTER,
     BackOff,
@@ -59,11 +58,17 @@ class Batch:
 
     def __init__(self, seed: int = 0, rows: int = ROWS) -> None:
         self.rng = random.Random(seed)
-        self.ctx = {f"r{i}": [self.rng.randrange(SMALL_VOCAB) for _ in range(40)] for i in range(rows)}
-        self.prompt = {rid: len(c) for rid, c in self.ctx.items()}
+        self.ctx: dict[str, list[int]] = {}
+        self.prompt: dict[str, int] = {}
+        for i in range(rows):
+            self.add(f"r{i}")
         self.drafts: dict[str, list[int]] = {}
         self.t = 0.0
         self.clock = lambda: self.t
+
+    def add(self, rid: str) -> None:
+        self.ctx[rid] = [self.rng.randrange(SMALL_VOCAB) for _ in range(40)]
+        self.prompt[rid] = 40
 
     def verify(self, step: int, accept: Accept) -> tuple[list[str], list[list[int]]]:
         order = list(self.ctx)
@@ -184,6 +189,35 @@ def test_requests_recover_when_their_drafts_are_accepted_again(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
+def test_a_request_new_to_a_low_batch_probes_first_then_drafts_alone_unpadded(path):
+    """A request joining a batch that backed off starts backed off too; its first probe is accepted, so it drafts
+    (its own chains, unpadded) while the others stay without drafts and the batch, whose rows accept too little on
+    average to pay for padding (2 tokens per step of one row in 7), unpadded."""
+    join = 60
+
+    def newcomer(rid: str, step: int, draft: list[int]) -> int:
+        return min(2, len(draft)) if rid == "new" else 0
+
+    batch = Batch(seed=5, rows=6)
+    core = make_core(path, batch.clock)
+    lengths = []
+    for step in range(join + 60):
+        if step == join:
+            assert core.backoff.low()
+            batch.add("new")
+        lengths.append({rid: len(d) for rid, d in batch.step(core, path, step, newcomer).items()})
+    assert lengths[join]["new"] == 0  # held: its first probe comes on the next probe step
+    new = [s["new"] for s in lengths[join + PROBE_FIRST_AFTER + 2 :]]
+    assert sum(n > PROBE_TOKENS for n in new) > len(new) // 2 and max(new) <= K
+    others = [n for s in lengths[join:] for r, n in s.items() if r != "new"]
+    assert max(others) <= PROBE_TOKENS
+    st = core.stats_dict()
+    assert st["backoff_newcomers_held"] == 1 and st["backoff_recoveries"] == 1 and st["backoff_batch_low"]
+    assert st["backoff_requests_off"] == 6
+    core.close()
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("share", [1.0, 0.5])
 def test_a_high_acceptance_batch_drafts_exactly_as_without_back_off(path, share):
     """Rows accept ``share`` of their drafts, but for one that accepts nothing: the batch keeps padding every row to
@@ -219,39 +253,46 @@ def test_back_off_counts_only_with_adaptive_drafting():
     assert st["backoff_requests_backed_off"] == 0 and not st["backoff_batch_low"]
 
 
-def test_probe_interval_doubles_up_to_its_cap_and_resets_on_recovery():
+def drive_backoff(bo: BackOff, steps: int, accept: Callable[[str, int], bool], joins: dict[str, int]) -> dict:
+    """``bo`` alone over ``steps`` unpadded steps: request r joins at step ``joins[r]``, its drafter drafts 3 tokens
+    every step, and ``accept(r, step)`` says whether what it handed is accepted. Returns each request's probe steps
+    (``bo.step`` when a probe went out)."""
+    handed: dict[str, int] = {}
+    probes: dict[str, list[int]] = {r: [] for r in joins}
+    for step in range(steps):
+        ids = [r for r, j in joins.items() if j <= step]
+        bo.observe(ids, [1 + (handed.get(r, 0) if accept(r, step) else 0) for r in ids])
+        low = bo.low()
+        for r in ids:
+            limit = bo.limit(r, low=low)
+            handed[r] = 3 if limit is None else min(3, limit)
+            if limit is not None:
+                bo.taken(r, limit, 3, handed[r])
+                if limit:
+                    probes[r].append(bo.step)
+        bo.record(ids, [handed[r] for r in ids])
+    return probes
+
+
+def test_probes_double_their_interval_up_to_the_cap_on_aligned_steps_and_recovery_resets_it():
     bo = BackOff()
-    bo.record(["a"], [K])
-    for _ in range(MIN_STEPS):  # MIN_STEPS drafted steps with nothing accepted
-        assert bo.rows.get("a") is None or not bo.rows["a"].off
-        bo.observe(["a"], [1])
-        bo.record(["a"], [K])
-    assert bo.rows["a"].off and bo.stats.requests_backed_off == 1
-    waits = []
-    for _ in range(8):  # probe, fail, wait
-        gap = 0
-        while (limit := bo.limit("a")) == 0:
-            gap += 1
-            bo.taken("a", limit, 3, 0)
-            bo.record(["a"], [0])
-            bo.observe(["a"], [1])
-        assert limit == PROBE_TOKENS
-        bo.taken("a", limit, 3, PROBE_TOKENS)
-        bo.record(["a"], [PROBE_TOKENS])
-        bo.observe(["a"], [1])  # the probe is rejected
-        waits.append(gap + 1)
-    assert waits == [PROBE_FIRST_AFTER, 8, 16, 32, 64, 64, 64, 64]
-    assert bo.stats.probes == bo.stats.probe_failures == 8
-    bo.observe(["a"], [1])
-    while (limit := bo.limit("a")) == 0:
-        bo.record(["a"], [0])
-    bo.taken("a", limit, 2, 2)
-    bo.record(["a"], [2])
-    bo.observe(["a"], [3])  # both accepted: back to full drafts, first interval again
-    assert not bo.rows["a"].off and bo.rows["a"].interval == PROBE_FIRST_AFTER and bo.stats.recoveries == 1
-    assert bo.requests_off == 0
-    bo.prune({"b"})
-    assert bo.rows == {}
+    late = 200  # "b" joins once the batch is low (after BATCH_MIN_STEPS steps with drafts): it starts backed off
+    probes = drive_backoff(bo, 520, lambda r, s: False, {"a": 0, "b": late})
+    assert bo.stats.requests_backed_off == 1 and bo.stats.newcomers_held == 1 and bo.requests_off == 2
+    for r, steps in probes.items():
+        gaps = list(np.diff(steps))
+        assert gaps[:4] in ([8, 16, 32, 64], [4, 16, 32, 64]), r  # the next multiple of the doubled interval
+        assert set(gaps[4:]) == {PROBE_MAX_AFTER}
+        assert steps[0] % PROBE_FIRST_AFTER == 0 and all(s % PROBE_MAX_AFTER == 0 for s in steps[4:])
+    assert probes["a"][-3:] == probes["b"][-3:]  # backed off at different steps, probing on the same ones
+    assert bo.stats.probes == bo.stats.probe_failures  # each probe's outcome seen the step after it
+    bo2 = BackOff()
+    turn = 150  # from then on "a" accepts what it hands
+    drive_backoff(bo2, 300, lambda r, s: r == "a" and s >= turn, {"a": 0, "b": 0})
+    assert bo2.stats.recoveries == 1 and not bo2.rows["a"].off and bo2.rows["b"].off
+    assert bo2.rows["a"].interval == PROBE_FIRST_AFTER and bo2.requests_off == 1
+    bo2.prune({"b"})
+    assert set(bo2.rows) == {"b"} and bo2.requests_off == 1
 
 
 def test_slot_book_of_a_low_batch_grants_each_request_its_draft_and_nothing_without_one():
