@@ -111,8 +111,11 @@ class Server:
         spec: dict[str, Any] | None = None,
         server_args: list[str] | None = None,
         cli: str = "",
+        env: dict[str, str] | None = None,
     ) -> None:
+        """``env``: variables set for the server process on top of this process's environment."""
         self.model, self.port, self.log = model, port, log
+        self.env = {**os.environ, **env} if env else None
         self.base_url = f"http://{HOST}:{port}"
         self.cmd = [*vllm_cli(cli), "serve", model, "--host", HOST, "--port", str(port)]
         if spec is not None:
@@ -124,7 +127,9 @@ class Server:
     def start(self, timeout_s: float = HEALTH_TIMEOUT_S) -> Server:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "w") as fh:
-            self.proc = subprocess.Popen(self.cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=self.env
+            )
         self.wait_health(timeout_s)
         return self
 

@@ -12,6 +12,10 @@ so is the plugin's own endpoint (``metrics_port``, added to a specdec ``--spec``
 host RSS growing less than RSS_GROWTH_MAX between 20% and 100% of the run, GPU memory not growing over that span and
 the suffix drafter's global cache within its caps (where the endpoint reports it). Bounded: ``--requests`` and
 ``--time-limit-s`` (no new request past it).
+
+``--faults raise:100`` / ``sleep:100`` (test only) starts the server with ``SPECDEC_TEST_FAULTS`` set: the plugin's
+drafter then raises, or sleeps past the drafting deadline, on every 100th drafting call
+(``specdec/vllm_plugin/core/faults.py``); the run must still pass, and the plugin counts the failures and late steps.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ from benchmarks.serve_common import (
     with_metrics_port,
     write_json,
 )
+from specdec.config import ConfigError
+from specdec.vllm_plugin.core.faults import FAULTS_ENV, Faults
 
 SOAK_LENGTHS = (16, 32, 64, 128, 256, 512)
 STREAM_SHARE = 0.3
@@ -224,6 +230,18 @@ def soak_prompts(path: Path) -> list[str]:
     return [lst[i] for i in range(max(map(len, lists))) for lst in lists if i < len(lst)]
 
 
+def check_faults(spec: str, *, base_url: str) -> None:
+    """``--faults``: a valid ``SPECDEC_TEST_FAULTS`` value, for a server this driver starts."""
+    if not spec:
+        return
+    if base_url:
+        raise ServeError(f"--faults {spec!r} with --base-url: faults are set when the server starts; drop one")
+    try:
+        Faults.parse(spec, timeout_ms=0.0)
+    except ConfigError as exc:
+        raise ServeError(f"--faults: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     reqs = plan(soak_prompts(Path(args.prompts)), args.requests, cancel_share=args.cancel_share)
     progress = {"done": 0}
@@ -240,6 +258,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             spec=spec,
             server_args=args.server_args,
             cli=args.vllm_cli,
+            env={FAULTS_ENV: args.faults} if args.faults else None,
         )
         server.start(args.health_timeout_s)
         base_url, pids = server.base_url, server.pids
@@ -308,10 +327,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--health-timeout-s", type=float, default=600.0)
     ap.add_argument("--vllm-cli", default="")
     ap.add_argument("--out-dir", default="eval/results/serve")
+    ap.add_argument("--faults", default="", help="test only: drafter faults for the server, e.g. 'raise:100'")
     args = ap.parse_args(argv)
     try:
         if args.requests < 1 or args.concurrency < 1:
             raise ServeError(f"--requests {args.requests} / --concurrency {args.concurrency}: both must be >= 1")
+        check_faults(args.faults, base_url=args.base_url)
         if args.spec:
             try:
                 json.loads(args.spec)

@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+
 import pytest
 
 
@@ -21,6 +25,25 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def plugin_log(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[[], list[logging.LogRecord]]]:
+    """The plugin logger's records, whether or not vLLM's logging configuration (set up once any test imported vLLM)
+    stops them at vLLM's non-propagating logger: pytest's capture handler is attached to the plugin's logger too, and
+    a record both places saw counts once. vLLM's logging configuration resets the handlers of the loggers below
+    vLLM's, the plugin's among them, when vLLM is first imported: it is imported first, where there is one."""
+    from specdec.vllm_plugin.logs import LOGGER_NAME
+
+    with contextlib.suppress(ImportError):
+        import vllm.logger  # noqa: F401 - configures vLLM's logging on import
+
+    logger = logging.getLogger(LOGGER_NAME)
+    logger.addHandler(caplog.handler)
+    try:
+        yield lambda: list({id(r): r for r in caplog.records}.values())
+    finally:
+        logger.removeHandler(caplog.handler)
 
 
 VLLM_GLUE_PREFIX = "test_vllm_"  # every test in tests/test_vllm_*.py is a vLLM glue test; others opt in with the marker

@@ -336,3 +336,28 @@ def test_serve_soak_unreachable_server(capsys: pytest.CaptureFixture, tmp_path: 
     )
     err = capsys.readouterr().err.strip()
     assert f"cannot reach http://127.0.0.1:{port}/health" in err and len(err.splitlines()) == 1
+
+
+def test_serve_soak_faults_start_the_server_with_the_fault_variable(
+    fake_cli: str, pools_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    pytest.importorskip("openai")
+    from specdec.vllm_plugin.core.faults import FAULTS_ENV
+
+    envs: list[dict[str, str] | None] = []
+
+    class Recording(Server):
+        def __init__(self, *args, env=None, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+            envs.append(env)
+            super().__init__(*args, env=env, **kwargs)
+
+    monkeypatch.setattr(serve_soak, "Server", Recording)
+    base = ["--prompts", str(pools_file), "--requests", "20", "--concurrency", "4", "--sample-s", "0.1"]
+    assert serve_soak.main([*base, "--out-dir", str(tmp_path), "--faults", "raise:100"]) == 0
+    assert envs == [{FAULTS_ENV: "raise:100"}]
+    assert json.loads((tmp_path / "serve_soak.json").read_text())["settings"]["faults"] == "raise:100"
+    assert serve_soak.main([*base, "--faults", "explode:3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--faults" in err[0] and "'explode:3'" in err[0]
+    assert serve_soak.main([*base, "--faults", "sleep:5", "--base-url", "http://127.0.0.1:1"]) == 2
+    assert "with --base-url" in capsys.readouterr().err and len(envs) == 1  # no server started for either

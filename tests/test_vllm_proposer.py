@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,7 +14,6 @@ from specdec.tree import TokenTree, best_chain
 from specdec.vllm_plugin.core.adaptive import AdaptiveController
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
-from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.proposer import SpecdecProposer
 
 VOCAB = 97
@@ -293,19 +290,6 @@ def test_drafter_errors_never_fail_a_step_and_are_counted(caplog):
     runner2.add("a", [1, 2, 3])
     with pytest.raises(RuntimeError, match="boom"):
         run_step(strict, runner2)
-
-
-@pytest.fixture
-def plugin_log(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[[], list[logging.LogRecord]]]:
-    """The plugin logger's records, whether or not vLLM's logging configuration (set up once any test imported vLLM)
-    stops them at vLLM's non-propagating logger: pytest's capture handler is attached to the plugin's logger too, and
-    a record both places saw counts once."""
-    logger = logging.getLogger(LOGGER_NAME)
-    logger.addHandler(caplog.handler)
-    try:
-        yield lambda: list({id(r): r for r in caplog.records}.values())
-    finally:
-        logger.removeHandler(caplog.handler)
 
 
 def test_slow_drafter_hits_the_deadline_and_ops_stay_in_order(plugin_log):

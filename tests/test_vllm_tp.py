@@ -237,3 +237,11 @@ def test_real_vllm_has_what_the_tp_patches_wrap_and_its_output_carries_a_note():
     out = ModelRunnerOutput(req_ids=["a"], req_id_to_index={"a": 0})
     setattr(out, SLOT_NOTE_ATTR, note())
     assert getattr(pickle.loads(pickle.dumps(out)), SLOT_NOTE_ATTR) == note()
+
+
+def test_the_drivers_back_off_reaches_the_schedulers_book():
+    config = SimpleNamespace()
+    book = scheduler_book(config, note())
+    assert book is not None and book.low_batch is not None and not book.low_batch()
+    low = SlotNote(("a", "b"), (0, 0), (1, 1), 0.2, K, True, False, -1, low=True)
+    assert scheduler_book(config, low) is book and book.low_batch()  # the same book follows the latest note

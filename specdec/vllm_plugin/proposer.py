@@ -29,6 +29,7 @@ import numpy as np
 
 from specdec.drafters.base import Drafter
 from specdec.drafters.registry import build_drafter
+from specdec.vllm_plugin.core.faults import FAULTS_ENV, inject_faults
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.core.slots import NARROW_FROM_ROWS, SlotBook, attach_book, book_of
 from specdec.vllm_plugin.entry.options import (
@@ -104,8 +105,10 @@ class SpecdecProposer:
         if self.schedule_mode and self.options.draft_slots == "uniform":
             core_options = core_options.replace(pad_drafts="on")
         core_cls = ThreadedProposerCore if self.threaded else ProposerCore
+        drafter = drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer)
+        faults = os.environ.get(FAULTS_ENV, "")  # test only (the soak's --faults): never a user option
         self.core = core_cls(
-            drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer),
+            inject_faults(drafter, faults, timeout_ms=self.options.draft_timeout_ms) if faults else drafter,
             core_options,
             max_model_len=max_model_len,
             target_params=params,
@@ -241,11 +244,14 @@ class SpecdecProposer:
             ragged = opts.ragged_graphs and self.patches.on("ragged graphs")
             narrow = bool(opts.narrow_widths) and self.patches.on("narrow graphs")
             ragged_ready = self.graph_stats.ragged_ready if ragged else None
+            low = self.core.backoff.low if self.core.backoff.enabled else None
             if share is None:
-                book = SlotBook.policy(k, narrow=narrow, prefill_cap=opts.prefill_step_slots, high_ragged=ragged_ready)
+                book = SlotBook.policy(
+                    k, narrow=narrow, prefill_cap=opts.prefill_step_slots, high_ragged=ragged_ready, low_batch=low
+                )
                 attach_book(self.vllm_config, book)  # this engine's scheduler trims each request's slots to it
             else:
-                notes = NoteMaker(k, narrow, opts.prefill_step_slots, ragged_ready)
+                notes = NoteMaker(k, narrow, opts.prefill_step_slots, ragged_ready, low)
         scheduled = ScheduledDrafting(
             self.core,
             k=k,

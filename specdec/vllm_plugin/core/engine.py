@@ -30,6 +30,7 @@ class StepPlan(NamedTuple):
     mode: str  # "spec" or "plain"
     running: int  # rows with new tokens
     present: set[str]  # the step's request ids (those the drafter holds beyond them are stopped)
+    ids: Sequence[str] = ()  # [rows] the step's request ids by row
 
 
 @runtime_checkable

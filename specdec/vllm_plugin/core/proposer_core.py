@@ -25,7 +25,9 @@ import numpy as np
 
 from specdec.drafters.base import Drafter, DraftGuard
 from specdec.vllm_plugin.core.adaptive import AdaptiveController, StepCostModel, bucket_of
+from specdec.vllm_plugin.core.backoff import BackOff
 from specdec.vllm_plugin.core.engine import LANE_MAX_OVERRUNS, LaneEngine, StepEngine, StepPlan
+from specdec.vllm_plugin.core.faults import FaultyDrafter
 from specdec.vllm_plugin.core.lane import Lane, LaneCounts, find_lane, lane_step_tokens
 from specdec.vllm_plugin.core.python_engine import PythonEngine, chain_draft
 from specdec.vllm_plugin.core.state import ProposerStats, RequestState
@@ -67,6 +69,7 @@ class ProposerCore:
             min_path_prob_per_seq=options.min_path_prob_per_seq,
             min_acceptance=options.min_acceptance,
         )
+        self.backoff = BackOff(enabled=options.adaptive)  # low acceptance: no padding, no drafts but probes
         self.costs: dict[int, StepCostModel] = {}  # one step-cost fit per batch-size bucket
         self._last_t: float | None = None
         self._last_verified = 0
@@ -156,12 +159,14 @@ class ProposerCore:
         )
         self._count_lane(counts)
         dropped = self._lane_overrun(t0)
-        self.stats.propose_seconds += self.clock() - plan.t0
         if dropped:
+            self.stats.propose_seconds += self.clock() - plan.t0
             self._on_timeout(sum(1 for m in lengths if m))
-            self._end(plan, [], drafted=0)
+            self._end(plan, [], drafted=0, lengths=[])
             return None
-        self._end(plan, [], drafted=counts.drafted)
+        withheld = 0 if self._pad_now else self.backoff.withhold_matrix(plan.ids, lengths, out, tokens, new, fillers)
+        self.stats.propose_seconds += self.clock() - plan.t0
+        self._end(plan, [], drafted=counts.drafted - withheld, lengths=lengths)
         return lengths
 
     def _begin(self, req_ids: Sequence[str], lens: Sequence[int], k: int | None, pad: bool | None = None) -> StepPlan:
@@ -178,7 +183,10 @@ class ProposerCore:
         emitted, running = sum(lens), n_rows - lens.count(0)
         self.stats.emitted_tokens += emitted
         known = self.engine.request_ids
-        rows = set(req_ids[:n_rows])
+        ids = list(req_ids[:n_rows])
+        rows = set(ids)
+        self.backoff.prune(rows)
+        self.backoff.observe(ids, lens)
         early = self._started_early
         prefilled = running < n_rows or not known.keys() >= rows or not early.isdisjoint(rows)
         if early:  # keep those still prefilling (no token yet): their first token's step is a prefill step too
@@ -188,12 +196,28 @@ class ProposerCore:
             self._period_s = PERIOD_EMA * self._period_s + (1 - PERIOD_EMA) * (t0 - self._last_t)
         mode = "spec" if running else "plain"  # "plain": no decoding row, nothing to draft
         self._pad_now = self._should_pad(running, k) if pad is None else pad
-        return StepPlan(t0, n_rows, k, mode, running, rows)
+        return StepPlan(t0, n_rows, k, mode, running, rows, ids)
 
-    def _end(self, plan: StepPlan, drafts: list[list[int]], drafted: int | None = None) -> list[list[int]]:
-        """Record what the step handed vLLM (``drafted``: their token count, if known)."""
-        if drafted is None:
-            drafted = sum(map(len, drafts))
+    def _end(
+        self,
+        plan: StepPlan,
+        drafts: list[list[int]],
+        drafted: int | None = None,
+        lengths: Sequence[int] | None = None,
+    ) -> list[list[int]]:
+        """Record what the step handed vLLM: ``drafts`` (back-off withholds some first), ``drafted``: their token
+        count if known, ``lengths`` [rows]: their lengths where ``drafts`` does not hold them (schedule mode's
+        matrix step)."""
+        if lengths is None:
+            withheld = 0 if self._pad_now else self.backoff.withhold(plan.ids, drafts)
+            if drafted is None:
+                drafted = sum(map(len, drafts))
+            else:
+                drafted -= withheld
+            lengths = list(map(len, drafts))
+        elif drafted is None:
+            drafted = sum(lengths)
+        self.backoff.record(plan.ids, lengths)
         self._last_t, self._last_verified = plan.t0, plan.running + drafted
         self._last_bucket = bucket_of(plan.running)
         self.stats.drafted_tokens += drafted
@@ -255,13 +279,17 @@ class ProposerCore:
 
     def _should_pad(self, running: int, k: int) -> bool:
         """Pad this step's drafts to k? 'on'/'off' decide; 'auto' pads while the verify batch of running x (k+1)
-        tokens costs (estimated GPU compute) under PAD_MAX_STEP_SHARE of the measured step period."""
+        tokens costs (estimated GPU compute) under PAD_MAX_STEP_SHARE of the measured step period (or below
+        ``pad_below_rows`` requests), unless the back-off says the batch's drafts are not accepted (``backoff.py``)."""
         mode = self.options.pad_mode
         if mode != "auto":
             return mode == "on"
-        if running < self.pad_below_rows:
-            return True
-        return 0 < running * (k + 1) * self._token_s <= PAD_MAX_STEP_SHARE * self._period_s
+        cheap = 0 < running * (k + 1) * self._token_s <= PAD_MAX_STEP_SHARE * self._period_s
+        pads = running < self.pad_below_rows or cheap
+        if pads and running and self.backoff.low():  # drafts are not accepted: padding verifies filler only
+            self.backoff.stats.unpadded_steps += 1
+            return False
+        return pads
 
     def _absent(self, present: set[str]) -> list[str]:
         """Requests the drafter holds that are not in this step's batch (in start order): to be stopped."""
@@ -362,6 +390,9 @@ class ProposerCore:
         d["step_period_ms"] = 1e3 * self._period_s
         d["max_threaded_job_ms"] = 1e3 * self.python.max_job_s
         d["drafter_state"] = dict(self.drafter_state)
+        d.update(self.backoff.as_dict())
+        if isinstance(self.guard.drafter, FaultyDrafter):  # test-only fault injection (core/faults.py)
+            d.update(self.guard.drafter.faults.as_dict())
         return d
 
     def _maybe_log(self) -> None:
@@ -372,7 +403,7 @@ class ProposerCore:
             s = self.stats
             logger.info(
                 "specdec: %d steps, drafted %d, accepted %d (%.1f%%), %.3f ms/step in propose, "
-                "%d timeouts, %d errors, %d plain steps",
+                "%d timeouts, %d errors, %d plain steps, %d requests backed off (low acceptance)%s",
                 s.steps,
                 s.drafted_tokens,
                 s.accepted_tokens,
@@ -381,6 +412,8 @@ class ProposerCore:
                 s.timeouts,
                 self.guard.stats.errors,
                 s.plain_steps,
+                self.backoff.requests_off,
+                ", batch not padded" if self.backoff.low() else "",
             )
 
     def close(self) -> None:

@@ -107,6 +107,7 @@ class SlotBook:
         large: tuple[int, float] = (0, 0.0),
         high: tuple[int, float] = (0, 0.0),
         high_ragged: Callable[[], bool] | None = None,
+        low_batch: Callable[[], bool] | None = None,
     ) -> None:
         if k < 1:
             raise ValueError(f"k={k}: a slot book needs at least one draft slot per request")
@@ -132,6 +133,9 @@ class SlotBook:
         self.high_min_mat = float(high[1])  # ... ``mat`` is at least this
         self.high_ragged = high_ragged  # while mat >= high_min_mat: per-request slots if this says ragged graphs
         self.ragged_high_steps = 0  # mid-size schedules that took per-request slots for that (statistics)
+        self.low_batch = low_batch  # True: the batch's drafts are not accepted (the proposer's back-off, backoff.py)
+        self.low = False  # this schedule's: no narrow width, no k slots for requests without a draft length
+        self.low_steps = 0  # schedules that were low (statistics)
         self.mat: float | None = None  # tokens per request per step (EMA over notes), None before any
         self.width = 0  # this schedule's slots per request when narrow, else 0 (per-request slots)
         self.width_steps: dict[int, int] = {}  # narrow schedules by width (statistics)
@@ -150,10 +154,13 @@ class SlotBook:
         prefill_cap: int = -1,
         high_ragged: Callable[[], bool] | None = None,
         growth: float = SLOT_GROWTH,
+        low_batch: Callable[[], bool] | None = None,
     ) -> SlotBook:
         """The book of the slot policy (the module constants); ``narrow`` False: per-request slots only (no narrow
         graphs); ``high_ragged``: while the MAT is high, mid-size steps take per-request slots if it says the
-        ragged graphs are captured; ``growth`` 0: slots = the latest draft's length (a book fed a round late)."""
+        ragged graphs are captured; ``growth`` 0: slots = the latest draft's length (a book fed a round late);
+        ``low_batch``: the proposer's back-off says the batch's drafts are not accepted (then every request gets
+        the slots of its latest draft, 0 without one)."""
         return cls(
             k,
             prefill_cap=prefill_cap,
@@ -164,6 +171,7 @@ class SlotBook:
             large=(LARGE_BATCH_WIDTH if narrow else 0, LOW_MAT),
             high=(HIGH_MAT_WIDTH, HIGH_MAT),
             high_ragged=high_ragged,
+            low_batch=low_batch,
         )
 
     def note(
@@ -227,6 +235,11 @@ class SlotBook:
         """A new schedule of ``running`` requests starts granting (``async_patch.regrant_placeholders``): it is
         narrow (``width`` > 0) if ``narrow_from <= running < narrow_below``."""
         self._grants_before, self._grants = self._grants, {}
+        self.low = self.low_batch is not None and self.low_batch()
+        if self.low:  # drafts are not accepted: no uniform width of filler, each request what its draft holds
+            self.width = 0
+            self.low_steps += 1
+            return
         if self.narrow and self.narrow_from <= running < self.narrow_below:
             high = self.mat is not None and self.mat >= self.high_min_mat
             if high and self.high_ragged is not None and self.high_ragged():
@@ -269,8 +282,8 @@ class SlotBook:
         base = self.lengths.get(request_id)
         if self.width and fresh:  # a narrow schedule: every request the same, no growth to settle
             n = min(self.width, reserved)
-        elif base is None:
-            n = min(self.k, reserved)
+        elif base is None:  # no draft length yet (new, prefilling, back from preemption): k, none on a low batch
+            n = 0 if self.low else min(self.k, reserved)
         else:
             n = min(self.table[request_id] if fresh else base, reserved)
             if n > base:
@@ -306,6 +319,7 @@ class SlotBook:
             "high_mat_narrow_slots": self.high_width,
             "mat": self.mat,
             "ragged_high_mat_steps": self.ragged_high_steps,
+            "low_batch_schedules": self.low_steps,
             **{f"narrow_steps_w{w}": n for w, n in sorted(self.width_steps.items())},
         }
 

@@ -48,6 +48,7 @@ class SlotNote:
     narrow: bool  # narrow steps have their FULL CUDA graphs
     ragged: bool  # ragged verify batches have theirs (captured and ready)
     prefill_cap: int  # slots per request on heavy prefill steps (-1: no cap)
+    low: bool = False  # the driver's back-off says the batch's drafts are not accepted
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class NoteMaker:
     narrow: bool
     prefill_cap: int
     ragged: Callable[[], bool] | None = None
+    low: Callable[[], bool] | None = None
 
     def make(
         self, req_ids: Sequence[str], lengths: Sequence[int], emitted: Sequence[int], token_cost: float
@@ -71,6 +73,7 @@ class NoteMaker:
             self.narrow,
             bool(self.ragged()) if self.ragged is not None else False,
             self.prefill_cap,
+            bool(self.low()) if self.low is not None else False,
         )
 
 
@@ -80,18 +83,19 @@ def scheduler_book(vllm_config: Any, note: SlotNote) -> SlotBook | None:
     book (the scheduler then keeps vLLM's k slots)."""
     book = book_of(vllm_config)
     if book is None or book.k != note.k:
-        state = {"ragged": note.ragged}
+        state = {"ragged": note.ragged, "low": note.low}
         book = SlotBook.policy(
             note.k,
             narrow=note.narrow,
             prefill_cap=note.prefill_cap,
             high_ragged=lambda: state["ragged"],
             growth=0.0,
+            low_batch=lambda: state["low"],
         )
         book.remote_state = state  # type: ignore[attr-defined]
         if not attach_book(vllm_config, book):
             return None
-    book.remote_state["ragged"] = note.ragged  # type: ignore[attr-defined]
+    book.remote_state.update(ragged=note.ragged, low=note.low)  # type: ignore[attr-defined]
     book.note(note.req_ids, note.lengths, emitted=note.emitted, token_cost=note.token_cost)
     return book
 
