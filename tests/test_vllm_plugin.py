@@ -82,7 +82,7 @@ def test_rewrite_engine_args_in_place_and_leaves_other_methods_alone():
         rewrite.rewrite_engine_args(clash)
 
 
-def test_pipeline_parallelism_is_served_without_speculation_and_said_once(caplog):
+def test_pipeline_parallelism_is_served_without_speculation_and_said_once(plugin_log):
     """vLLM reads its drafter on every pipeline stage but builds it on the last one only: PP > 1 starts plainly."""
     pp2 = SimpleNamespace(
         speculative_config={"method": "specdec", "num_speculative_tokens": 8},
@@ -91,7 +91,7 @@ def test_pipeline_parallelism_is_served_without_speculation_and_said_once(caplog
     )
     assert not rewrite.rewrite_engine_args(pp2)
     assert pp2.speculative_config is None and pp2.additional_config is None
-    warned = [r.getMessage() for r in caplog.records if "pipeline_parallel_size=2" in r.getMessage()]
+    warned = [r.getMessage() for r in plugin_log() if "pipeline_parallel_size=2" in r.getMessage()]
     assert len(warned) == 1 and "without speculation" in warned[0]
     bad = SimpleNamespace(speculative_config={"method": "specdec", "drafter": "sufix"}, pipeline_parallel_size=2)
     with pytest.raises(ConfigError, match="sufix"):  # bad input is still refused first

@@ -211,7 +211,7 @@ def test_the_runner_patch_sends_each_note_once_and_the_scheduler_patch_reads_it(
     assert book_of(sched.vllm_config) is book and book.notes == 1
 
 
-def test_a_broken_note_never_breaks_scheduling(caplog):
+def test_a_broken_note_never_breaks_scheduling(plugin_log):
     class Scheduler:
         vllm_config = None  # takes no book
 
@@ -223,7 +223,7 @@ def test_a_broken_note_never_breaks_scheduling(caplog):
     setattr(bad, SLOT_NOTE_ATTR, "not a note")
     assert Scheduler().update_from_output(None, bad) == "ok"
     assert Scheduler().update_from_output(None, bad) == "ok"
-    assert sum("slot note" in r.getMessage() for r in caplog.records) == 1  # logged once
+    assert sum("slot note" in r.getMessage() for r in plugin_log()) == 1  # logged once
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable (scripts/test.sh has vLLM)")
