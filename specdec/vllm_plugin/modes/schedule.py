@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from specdec.vllm_plugin.core.feed import TokenFeed, leading_counts, pad_rows, valid_counts
+from specdec.vllm_plugin.core.gil import quick_reacquire
 from specdec.vllm_plugin.core.slots import UNKNOWN
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.tp import NoteMaker, SlotNote
@@ -207,7 +208,8 @@ class ScheduledDrafting:
         """A captured step's sampled tokens [rows, width] int32 (-1 = rejected), once its copy is done."""
         if cap.event is not None:
             t0 = time.perf_counter()
-            cap.event.synchronize()
+            with quick_reacquire():  # the drafting (and the GPU) must not wait a switch interval for the GIL after it
+                cap.event.synchronize()
             self.feed.stats.wait_seconds += time.perf_counter() - t0
         return self._slot_view(cap.slot, cap.rows, cap.width, self.ring_np)
 

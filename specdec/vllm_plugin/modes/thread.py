@@ -27,6 +27,7 @@ import numpy as np
 
 from specdec.vllm_plugin.core.adaptive import bucket_of
 from specdec.vllm_plugin.core.engine import LANE_MAX_OVERRUNS, StepPlan
+from specdec.vllm_plugin.core.gil import quick_reacquire
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.logs import LOGGER_NAME
 
@@ -120,7 +121,8 @@ class ThreadedProposerCore(ProposerCore):
             return None
         assert self.lane is not None  # a plan is only submitted to the lane, and only collect leaves it
         t0 = self.clock()
-        result = self.lane.lane_collect(self.timeout_s if self.timeout_s > 0 else None)
+        with quick_reacquire():  # vLLM's engine thread must not wait a switch interval for the GIL after it
+            result = self.lane.lane_collect(self.timeout_s if self.timeout_s > 0 else None)
         spent = self.clock() - t0
         self.stats.propose_seconds += spent
         self.stats_collect_seconds += spent
