@@ -245,3 +245,17 @@ def test_the_drivers_back_off_reaches_the_schedulers_book():
     assert book is not None and book.low_batch is not None and not book.low_batch()
     low = SlotNote(("a", "b"), (0, 0), (1, 1), 0.2, K, True, False, -1, low=True)
     assert scheduler_book(config, low) is book and book.low_batch()  # the same book follows the latest note
+
+
+def test_a_followers_counts_of_discarded_rows_never_reuse_a_buffer_still_being_copied():
+    """Each step's tokens of discarded rows (partial prefills) go to the device from their own pinned buffer: the
+    next step must not overwrite one whose copy may still be pending."""
+    follower = TpFollower(k=K, max_rows=4, device="cpu", share=lambda t: None)
+    sampled = torch.tensor([[5, -1, -1], [9, 9, -1]], dtype=torch.int32)
+    mask = torch.tensor([False, True])
+    seen = []
+    for step in range(3):
+        nxt, counts = follower.counts(sampled, {1: 40 + step}, mask)
+        assert nxt.tolist() == [5, 40 + step] and counts.tolist() == [1, 0]
+        seen.append(follower.backups[step][:2].tolist())
+    assert seen == [[0, 40], [0, 41], [0, 42]]  # three steps, three buffers, none overwritten

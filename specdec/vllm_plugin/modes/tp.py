@@ -33,6 +33,7 @@ logger = logging.getLogger(LOGGER_NAME)
 
 SLOT_NOTE_ATTR = "specdec_slot_note"  # attribute of the driver's ModelRunnerOutput carrying its latest SlotNote
 DRIVER_RANK = 0  # the TP rank that drafts and broadcasts
+BACKUP_SLOTS = 4  # pinned buffers of discarded rows' tokens a follower cycles through (as the driver's capture ring)
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,10 @@ class TpFollower:
         self.share = share
         self.gpu_drafts = torch.zeros((max_rows, k), dtype=torch.int32, device=self.device)
         pin = self.device.type == "cuda"
-        self.backup = torch.zeros(max_rows, dtype=torch.int32, pin_memory=pin)  # partial prefills' last tokens
+        # partial prefills' last tokens, [max_rows] each: a ring, since a step's copy to the device may still be
+        # pending when the next step's counts fill a buffer (the host runs a step ahead under async scheduling)
+        self.backups = [torch.zeros(max_rows, dtype=torch.int32, pin_memory=pin) for _ in range(BACKUP_SLOTS)]
+        self.next_backup = 0
         self.job: tuple[list[str], int | None, Any] | None = None
         self.received = 0  # broadcasts received (statistics)
         self.skipped = 0  # steps whose drafts vLLM dropped before the fill
@@ -152,7 +156,8 @@ class TpFollower:
         """``valid_counts`` for this step, as the driver computes them (every rank's runner needs its own)."""
         if not discard:
             return valid_counts(sampled)
-        host = self.backup[: int(sampled.shape[0])]
+        host = self.backups[self.next_backup][: int(sampled.shape[0])]
+        self.next_backup = (self.next_backup + 1) % BACKUP_SLOTS
         host.zero_()
         for row, token in discard.items():
             host[row] = token
