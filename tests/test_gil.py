@@ -51,7 +51,8 @@ class RecordingEvent:
 
 
 def test_schedule_modes_wait_for_the_sampled_tokens_hands_the_gil_back_quickly(interval):
-    from specdec.vllm_plugin.modes.schedule import Capture, ScheduledDrafting
+    from specdec.vllm_plugin.modes.capture import Capture
+    from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
     from test_vllm_scheduled import K, make_core
 
     sched = ScheduledDrafting(make_core(lambda: 0.0), k=K, max_rows=4, device="cpu")

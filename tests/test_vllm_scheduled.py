@@ -24,9 +24,10 @@ import torch
 from benchmarks.bench_schedule_cpu import HostWait
 from core_support import target_sequence
 from specdec.drafters.suffix import SuffixDrafter
+from specdec.vllm_plugin.core.feed import TokenFeed, pad_rows, valid_counts
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
-from specdec.vllm_plugin.modes.schedule import ScheduledDrafting, TokenFeed, pad_rows, valid_counts
+from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 
 K = 6
 MAX_ROWS = 12
