@@ -21,6 +21,21 @@ from specdec.vllm_plugin.core.gil import quick_reacquire
 RING_SLOTS = 4  # pinned buffers for sampled tokens; a slot is reused only after its step was read
 
 
+def discard_counts(
+    sampled: Any, discard: dict[int, int], discard_mask: Any, backup: Any, device: Any
+) -> tuple[Any, Any]:
+    """``valid_counts`` of sampled ``[rows, w]``; the tokens of discarded rows (``discard`` = {row: its last context
+    token}, ``discard_mask`` [rows] bool on the device) go up from ``backup`` ([max_rows] pinned), which must not be
+    reused before this step's copy ran."""
+    if not discard:
+        return valid_counts(sampled)
+    host = backup[: int(sampled.shape[0])]
+    host.zero_()
+    for row, token in discard.items():
+        host[row] = token
+    return valid_counts(sampled, discard_mask, host.to(device, non_blocking=True))
+
+
 @dataclass
 class Capture:
     """One step's sampled tokens on their way to the host."""
@@ -55,13 +70,7 @@ class CaptureRing:
     def counts(self, sampled: Any, discard: dict[int, int], discard_mask: Any) -> tuple[Any, Any]:
         """``valid_counts`` for this step; ``discard`` = {row: its last context token}, ``discard_mask`` [rows]
         bool on the device. The backups go up from a pinned buffer of the slot the step's capture will use."""
-        if not discard:
-            return valid_counts(sampled)
-        host = self.backups[self.next_slot][: int(sampled.shape[0])]
-        host.zero_()
-        for row, token in discard.items():
-            host[row] = token
-        return valid_counts(sampled, discard_mask, host.to(self.device, non_blocking=True))
+        return discard_counts(sampled, discard, discard_mask, backup=self.backups[self.next_slot], device=self.device)
 
     def capture(self, sampled: Any, req_ids: Sequence[str], discard: set[int], *, requests: dict[str, Any]) -> None:
         """Start the copy of ``sampled`` [rows, w] (w <= k+1) and note the step's rows (runner: after sampling)."""

@@ -343,23 +343,15 @@ class ScheduledDrafting(CaptureRing):
             if done.handed is not None:  # the tokens the drafting read from the matrix, into the host record
                 self.feed.add(*done.handed, handed=True)
             self.core.note_verified(done.verified)
+            if self.notes is None and self.slot_book is None:
+                return
+            emitted = done.emitted  # [rows] tokens from the step just verified
+            lengths = [m if e else UNKNOWN for m, e in zip(done.lengths, emitted)]  # no new token (prefill): k slots
+            cost = self.core.token_cost(len(emitted) - emitted.count(0))
             if self.notes is not None:  # TP > 1: for the scheduler's own book (it reads the latest one)
-                emitted = done.emitted
-                self.latest_note = self.notes.make(
-                    done.req_ids,
-                    [m if e else UNKNOWN for m, e in zip(done.lengths, emitted)],
-                    emitted,
-                    self.core.token_cost(len(emitted) - emitted.count(0)),
-                )
-            book = self.slot_book
-            if book is not None:  # rows with no new token (prompts still prefilling) keep k slots
-                emitted = done.emitted  # [rows] tokens from the step just verified
-                book.note(
-                    done.req_ids,
-                    [m if e else UNKNOWN for m, e in zip(done.lengths, emitted)],
-                    emitted=emitted,
-                    token_cost=self.core.token_cost(len(emitted) - emitted.count(0)),
-                )
+                self.latest_note = self.notes.make(done.req_ids, lengths, emitted, cost)
+            if self.slot_book is not None:
+                self.slot_book.note(done.req_ids, lengths, emitted=emitted, token_cost=cost)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             self._drafting_failed(exc)
 

@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.vllm_plugin.core.feed import valid_counts
 from specdec.vllm_plugin.core.slots import SlotBook, attach_book, book_of
 from specdec.vllm_plugin.logs import LOGGER_NAME
+from specdec.vllm_plugin.modes.capture import discard_counts
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -154,14 +154,10 @@ class TpFollower:
 
     def counts(self, sampled: Any, discard: dict[int, int], discard_mask: Any) -> tuple[Any, Any]:
         """``valid_counts`` for this step, as the driver computes them (every rank's runner needs its own)."""
-        if not discard:
-            return valid_counts(sampled)
-        host = self.backups[self.next_backup][: int(sampled.shape[0])]
-        self.next_backup = (self.next_backup + 1) % BACKUP_SLOTS
-        host.zero_()
-        for row, token in discard.items():
-            host[row] = token
-        return valid_counts(sampled, discard_mask, host.to(self.device, non_blocking=True))
+        backup = self.backups[self.next_backup]
+        if discard:
+            self.next_backup = (self.next_backup + 1) % BACKUP_SLOTS
+        return discard_counts(sampled, discard, discard_mask, backup=backup, device=self.device)
 
     def capture(self, sampled: Any, req_ids: Sequence[str], discard: set[int], *, requests: dict[str, Any]) -> None:
         """Nothing to record: followers keep no token history."""
