@@ -84,19 +84,11 @@ def scheduler_book(vllm_config: Any, note: SlotNote) -> SlotBook | None:
     book (the scheduler then keeps vLLM's k slots)."""
     book = book_of(vllm_config)
     if book is None or book.k != note.k:
-        state = {"ragged": note.ragged, "low": note.low}
-        book = SlotBook.policy(
-            note.k,
-            narrow=note.narrow,
-            prefill_cap=note.prefill_cap,
-            high_ragged=lambda: state["ragged"],
-            growth=0.0,
-            low_batch=lambda: state["low"],
-        )
-        book.remote_state = state  # type: ignore[attr-defined]
+        book = SlotBook.policy(note.k, narrow=note.narrow, prefill_cap=note.prefill_cap, growth=0.0)
         if not attach_book(vllm_config, book):
             return None
-    book.remote_state.update(ragged=note.ragged, low=note.low)  # type: ignore[attr-defined]
+    book.high_ragged = lambda: note.ragged  # the driver's graphs and back-off, as of its latest note
+    book.low_batch = lambda: note.low
     book.note(note.req_ids, note.lengths, emitted=note.emitted, token_cost=note.token_cost)
     return book
 
