@@ -51,6 +51,7 @@ from benchmarks.prepare_prompts import SUSTAINED_FACTOR
 from benchmarks.step_timer import CellTimer
 from benchmarks.step_trace import save_step_traces
 from specdec.eval.model_shapes import INFLATE_SHAPES, SHAPES, shaped_model
+from specdec.eval.results import installed_versions
 from specdec.paths import TARGET_MODEL, model_path
 
 METHODS: dict[str, dict[str, Any] | None] = {
@@ -358,28 +359,6 @@ def _final_only(sp: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- driver
-def _versions() -> dict[str, str]:
-    import importlib.metadata as md
-    import platform
-
-    out = {"python": platform.python_version(), "platform": platform.platform()}
-    for pkg in ("vllm", "torch", "transformers", "arctic-inference", "specdec", "numpy"):
-        try:
-            out[pkg] = md.version(pkg)
-        except Exception:  # noqa: BLE001
-            out[pkg] = "not installed"
-    try:
-        import torch
-
-        out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    except Exception:  # noqa: BLE001
-        out["gpu"] = "unknown"
-    with contextlib.suppress(Exception), open("/proc/cpuinfo") as cpuinfo:
-        out["cpu"] = next(line.split(":", 1)[1].strip() for line in cpuinfo if "model name" in line)
-        out["cpu_count"] = str(os.cpu_count())
-    return out
-
-
 def _spawn(
     args: argparse.Namespace,
     method: str,
@@ -502,7 +481,7 @@ def _merge_loads(closed: dict[str, Any] | None, sustained: dict[str, Any] | None
 def write_doc(args: argparse.Namespace, runs: dict, lossless: dict, t_start: float) -> dict[str, Any]:
     """Write the results JSON + markdown (called after every method, so a cut-off run keeps what it has)."""
     prompts = json.loads(Path(args.prompts).read_text())
-    versions = _versions()
+    versions = installed_versions()
     device = args.device or versions.get("gpu", "gpu").replace("NVIDIA ", "").split()[0].lower()
     doc = {
         "date": time.strftime("%Y-%m-%d"),

@@ -41,10 +41,10 @@ from benchmarks.serve_common import (
     scrape,
     spec_config,
     spec_delta,
-    versions,
     vllm_cli,
 )
 from benchmarks.serve_report import write_outputs
+from specdec.eval.results import installed_versions
 
 RANDOM_INPUT_LEN, RANDOM_OUTPUT_LEN = 256, 128  # the low-acceptance random traffic of the issue
 WARMUP_SLICE = 0  # slice 0 of every pool warms a server up; rate k uses slice k + 1
@@ -321,7 +321,7 @@ def run(args: argparse.Namespace, *, find_only: bool) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "command": sys.argv,
         "device": device_name(),
-        "versions": versions(),
+        "versions": installed_versions(),
         "runs": [],
         "errors": [],
         "skipped": [],

@@ -301,19 +301,6 @@ def scrape_plugin(url: str) -> tuple[dict[str, float], str]:
 
 
 # --------------------------------------------------------------------------- provenance
-def versions() -> dict[str, str]:
-    import importlib.metadata as md
-    import platform
-
-    out = {"python": platform.python_version(), "platform": platform.platform()}
-    for pkg in ("vllm", "torch", "transformers", "arctic-inference", "specdec", "openai"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = "not installed"
-    return out
-
-
 def device_name() -> str:
     try:
         out = subprocess.run(

@@ -33,10 +33,10 @@ from benchmarks.serve_common import (
     free_port,
     scrape,
     spec_delta,
-    versions,
     write_json,
 )
 from benchmarks.serve_stats import biased, chi_square_two_sample
+from specdec.eval.results import installed_versions
 
 MAX_MODEL_LEN = 2048
 SERVER_ARGS = [
@@ -372,7 +372,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "command": sys.argv,
         "device": device_name(),
-        "versions": versions(),
+        "versions": installed_versions(),
         "spec": args.spec,
         "server_args": SERVER_ARGS + args.server_args,
         "features": {},

@@ -42,11 +42,11 @@ from benchmarks.serve_common import (
     scrape,
     scrape_plugin,
     spec_delta,
-    versions,
     with_metrics_port,
     write_json,
 )
 from specdec.config import ConfigError
+from specdec.eval.results import installed_versions
 from specdec.vllm_plugin.core.faults import FAULTS_ENV, Faults
 
 SOAK_LENGTHS = (16, 32, 64, 128, 256, 512)
@@ -291,7 +291,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     doc = {
         "command": sys.argv,
         "device": device_name(),
-        "versions": versions(),
+        "versions": installed_versions(),
         "spec": args.spec,
         "settings": {k: v for k, v in vars(args).items()},
         "wall_s": wall,

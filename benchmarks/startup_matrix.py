@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specdec.eval.results import installed_versions
+
 CONFIGS: dict[str, dict[str, Any]] = {  # name -> engine keyword arguments beyond vLLM's defaults
     "defaults": {},
     "seqs16": {"max_num_seqs": 16},
@@ -172,22 +174,6 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def versions() -> dict[str, str]:
-    out = {"python": sys.version.split()[0]}
-    for name in ("vllm", "torch", "transformers", "specdec"):
-        try:
-            out[name] = __import__(name).__version__
-        except Exception:  # noqa: BLE001 - a missing package is reported as such
-            out[name] = "missing"
-    try:
-        import torch
-
-        out["gpu"] = torch.cuda.get_device_name(0)
-    except Exception:  # noqa: BLE001
-        out["gpu"] = "none"
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
@@ -243,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     result = {
         "command": " ".join([sys.executable, *sys.argv]),
-        "versions": versions(),
+        "versions": installed_versions(),
         "model": args.model,
         "dtype": args.dtype,
         "requests": REQUESTS,

@@ -93,6 +93,30 @@ def versions() -> dict[str, Any]:
     return out
 
 
+RUN_PACKAGES = ("vllm", "torch", "transformers", "arctic-inference", "specdec", "numpy", "openai")
+
+
+def installed_versions(packages: Iterable[str] = RUN_PACKAGES) -> dict[str, str]:
+    """What a GPU benchmark records beside its numbers: Python, platform, CPU, the GPU's name and the installed
+    versions of ``packages`` (from their distribution metadata, so vLLM is not imported for it)."""
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for pkg in packages:
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "not installed"
+    try:
+        import torch
+
+        out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    except Exception:  # noqa: BLE001 - no usable torch: the GPU is unknown, the record still stands
+        out["gpu"] = "unknown"
+    out["cpu"], out["cpu_count"] = cpu_name(), str(os.cpu_count())
+    return out
+
+
 def results_path(
     name: str, *, device: str | None = None, date: str | None = None, directory: str | os.PathLike[str] | None = None
 ) -> Path:

@@ -189,3 +189,15 @@ def test_mbpp_header_names_the_function_the_test_calls():
     assert _mbpp_header(task("assert not is_not_prime(2)")) == "def is_not_prime("
     assert _mbpp_header(task("assert set(similar_elements((3, 4), (5, 4))) == set((4,))")) == "def similar_elements("
     assert _mbpp_header(task("assert math.isclose(volume(3), 1)")) == ""  # no plain call first: no header
+
+
+def test_installed_versions_name_each_package_and_the_machine():
+    import numpy
+    import torch
+
+    from specdec.eval.results import installed_versions
+
+    v = installed_versions(["numpy", "no-such-package-xyz"])
+    assert v["numpy"] == numpy.__version__ and v["no-such-package-xyz"] == "not installed"
+    assert {"python", "platform", "cpu", "cpu_count"} <= set(v)
+    assert v["gpu"] == (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")
