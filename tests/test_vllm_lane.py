@@ -108,7 +108,9 @@ class FakeEngine:
 def twins(clock: FakeClock | None = None, **opts) -> list[ProposerCore]:
     cores = []
     for native in (False, True):
-        options = SpecdecOptions.from_dict({"num_speculative_tokens": 8, "native_step": native, **opts})
+        options = SpecdecOptions.from_dict(  # no deadline unless asked: the thread's waits use the real clock
+            {"num_speculative_tokens": 8, "native_step": native, "draft_timeout_ms": 0, **opts}
+        )
         cores.append(
             ProposerCore(
                 SuffixDrafter(backend="native"),
@@ -328,5 +330,5 @@ def test_force_resync_and_reset_restart_requests_from_their_context():
 
 
 def lane_core(clock: FakeClock, **opts) -> ProposerCore:
-    options = SpecdecOptions.from_dict({"num_speculative_tokens": 8, **opts})
+    options = SpecdecOptions.from_dict({"num_speculative_tokens": 8, "draft_timeout_ms": 0, **opts})
     return ProposerCore(SuffixDrafter(backend="native"), options, max_model_len=MAX_LEN, target_params=5e7, clock=clock)

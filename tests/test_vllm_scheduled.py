@@ -180,7 +180,9 @@ class AsyncEngine:
 
 
 def make_core(clock, **opts) -> ProposerCore:
-    options = SpecdecOptions.from_dict({"num_speculative_tokens": K, "pad_drafts": "on", **opts})
+    """A core on the fake ``clock``, with no drafting deadline: the Python engine's deadline thread waits on the
+    real clock, and a slow first job on a loaded machine would drop one core's drafts but not its twin's."""
+    options = SpecdecOptions.from_dict({"num_speculative_tokens": K, "pad_drafts": "on", "draft_timeout_ms": 0, **opts})
     return ProposerCore(SuffixDrafter(), options, max_model_len=MAX_LEN, target_params=5e7, clock=clock)
 
 
