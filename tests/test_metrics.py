@@ -8,6 +8,7 @@ import logging
 import socket
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import numpy as np
@@ -158,7 +159,9 @@ def options(**kw) -> SpecdecOptions:
     return SpecdecOptions.from_dict(kw)
 
 
-def test_start_exporter_off_other_ranks_and_data_parallel_offset(caplog: pytest.LogCaptureFixture) -> None:
+def test_start_exporter_off_other_ranks_and_data_parallel_offset(
+    caplog: pytest.LogCaptureFixture, plugin_log: Callable[[], list[logging.LogRecord]]
+) -> None:
     asked = []
 
     def rank(r: int):
@@ -179,7 +182,7 @@ def test_start_exporter_off_other_ranks_and_data_parallel_offset(caplog: pytest.
     server = start_exporter(options(metrics_port=base - 1), holder.stats, vllm_config=dp, tp_rank=rank(0))
     try:
         assert server is not None and server.port == base
-        assert f"specdec: metrics on http://{HOST}:{base}/metrics" in caplog.text
+        assert any(f"specdec: metrics on http://{HOST}:{base}/metrics" in r.getMessage() for r in plugin_log())
         assert sample_value(get(server.url)[2], "specdec_steps_total") == "3"
     finally:
         if server is not None:
@@ -191,7 +194,9 @@ class Holder:
         return {"steps": 3}
 
 
-def test_a_port_in_use_warns_once_and_never_raises(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_port_in_use_warns_once_and_never_raises(
+    caplog: pytest.LogCaptureFixture, plugin_log: Callable[[], list[logging.LogRecord]]
+) -> None:
     with socket.socket() as busy:
         busy.bind((HOST, 0))
         busy.listen()
@@ -201,7 +206,7 @@ def test_a_port_in_use_warns_once_and_never_raises(caplog: pytest.LogCaptureFixt
         caplog.set_level(logging.INFO, logger=LOGGER_NAME)
         holder = Holder()
         assert start_exporter(options(metrics_port=port), holder.stats, vllm_config=None, tp_rank=lambda: 0) is None
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    warnings = [r for r in plugin_log() if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and f"cannot listen on {HOST}:{port}" in warnings[0].getMessage()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from types import SimpleNamespace
+from unittest.mock import ANY
 
 import numpy as np
 import pytest
@@ -357,11 +358,18 @@ def test_specdec_proposer_with_fake_vllm_config_and_tp_ranks(monkeypatch):
     )
     drafts = prop.propose(sampled, runner.num_tokens_no_spec, runner.token_ids_cpu)
     assert len(drafts[0]) == 5
-    other = SpecdecProposer(cfg, drafter=OracleDrafter(), patch_runner=False)
     monkeypatch.setattr("specdec.vllm_plugin.proposer._tp_rank", lambda: 1)
-    other.bind_step(SimpleNamespace(req_ids=runner.req_ids, num_prompt_tokens=None))
-    assert other.propose(sampled, runner.num_tokens_no_spec, runner.token_ids_cpu) == [[]]
-    assert other.core.stats.steps == 0  # non-driver ranks keep no state
+    built = []
+    monkeypatch.setattr("specdec.vllm_plugin.proposer.build_proposer_drafter", lambda *a, **kw: built.append(a))
+    for mode in ("off", "thread"):  # sync and thread mode on TP rank 1: no drafter, no core, no drafts
+        cfg.additional_config["specdec"].update(async_drafting=mode == "thread", async_mode="thread")
+        other = SpecdecProposer(cfg, patch_runner=False)
+        assert other.core is None and not other.drafts_here and built == []
+        other.bind_step(SimpleNamespace(req_ids=runner.req_ids, num_prompt_tokens=None))
+        assert other.propose(sampled, runner.num_tokens_no_spec, runner.token_ids_cpu) == [[]]
+        other.prepare_step(SimpleNamespace(scheduled_new_reqs=[], finished_req_ids=["x"]))
+        assert other.collect_deferred() is None and other.stats() == {"drafting_rank": False, "graphs": ANY}
+        other.close()
 
 
 def test_unbound_proposer_falls_back_to_the_callers_input_batch():

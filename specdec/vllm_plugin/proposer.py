@@ -10,9 +10,8 @@ the runner's input batch (``input_batch.req_ids``, row order of this step) just 
 Tensor parallelism: every TP rank builds a runner and a proposer. In schedule mode (the default there) TP rank 0
 drafts and broadcasts its draft buffer to the other ranks on the GPU (``modes/tp.py``). In thread mode the engine
 reads drafts from one rank only (``take_draft_token_ids`` is a collective RPC answered by the executor's output
-rank, TP rank 0 with PP=1) and sends the scheduled drafts to all ranks: with ``draft_ranks="driver"`` (default) only
-TP rank 0 keeps drafter state and drafts; the other ranks return empty drafts at no cost. ``draft_ranks="all"``
-drafts everywhere.
+rank, TP rank 0 with PP=1) and sends the scheduled drafts to all ranks. Either way only TP rank 0 builds a drafter
+and a drafting core: the other ranks load no draft model and keep no drafter state (``core`` is None there).
 This module imports vLLM only inside functions (CPU tests build it from a fake ``vllm_config``).
 """
 
@@ -104,17 +103,20 @@ class SpecdecProposer:
         core_options = self.options.replace(lane_threads=threads)
         if self.schedule_mode and self.options.draft_slots == "uniform":
             core_options = core_options.replace(pad_drafts="on")
-        core_cls = ThreadedProposerCore if self.threaded else ProposerCore
-        drafter = drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer)
-        faults = os.environ.get(FAULTS_ENV, "")  # test only (the soak's --faults): never a user option
-        self.core = core_cls(
-            inject_faults(drafter, faults, timeout_ms=self.options.draft_timeout_ms) if faults else drafter,
-            core_options,
-            max_model_len=max_model_len,
-            target_params=params,
-        )
-        if self.schedule_mode and self.options.draft_slots == "adaptive":
-            self.core.pad_below_rows = NARROW_FROM_ROWS  # below the narrow steps every row keeps k slots, padded
+        self.drafts_here = _tp_rank() == DRIVER_RANK  # vLLM builds the runner after its process groups
+        self.core: ProposerCore | None = None  # the drafting core: TP rank 0 only
+        if self.drafts_here:
+            core_cls = ThreadedProposerCore if self.threaded else ProposerCore
+            drafter = drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer)
+            faults = os.environ.get(FAULTS_ENV, "")  # test only (the soak's --faults): never a user option
+            self.core = core_cls(
+                inject_faults(drafter, faults, timeout_ms=self.options.draft_timeout_ms) if faults else drafter,
+                core_options,
+                max_model_len=max_model_len,
+                target_params=params,
+            )
+            if self.schedule_mode and self.options.draft_slots == "adaptive":
+                self.core.pad_below_rows = NARROW_FROM_ROWS  # below the narrow steps every row keeps k slots, padded
         logger.info(
             "specdec: drafter=%s k=%d pad_drafts=%s (target ~%.0fM parameters) async=%s",
             self.options.drafter,
@@ -125,7 +127,6 @@ class SpecdecProposer:
         )
         self._input_batch: Any = None
         self._scheduler_output: Any = None
-        self._is_driver: bool | None = None
         self._warned_unbound = False
         INSTANCES.add(self)
         self.exporter = start_exporter(self.options, self.stats, vllm_config=vllm_config, tp_rank=_tp_rank)
@@ -154,7 +155,7 @@ class SpecdecProposer:
         """Drafts per row: ``sampled_token_ids`` [num_reqs] lists, ``num_tokens_no_spec`` [max_num_reqs] int32,
         ``token_ids_cpu`` [max_num_reqs, max_model_len] int32. Never raises (a bookkeeping failure -> no drafts)."""
         n = len(sampled_token_ids)
-        if not self._drafts_here():
+        if self.core is None:  # a TP rank other than 0: the engine reads rank 0's drafts
             return [[] for _ in range(n)]
         batch = self._batch()
         if batch is None:
@@ -175,12 +176,6 @@ class SpecdecProposer:
             self._drafting_failed(exc, [str(r) for r in list(batch.req_ids)[:n]])
             return [[] for _ in range(n)]
 
-    def _drafts_here(self) -> bool:
-        """Whether this rank keeps drafter state and drafts (``draft_ranks``; decided once, at the first call)."""
-        if self._is_driver is None:
-            self._is_driver = self.options.draft_ranks == "all" or _tp_rank() == 0
-        return self._is_driver
-
     def _drafting_failed(self, exc: Exception, req_ids: list[str]) -> None:
         """Count and log (once per error type) a failed proposer step, forget all drafter state (every request
         restarts from its full context); ``strict`` re-raises instead."""
@@ -192,9 +187,7 @@ class SpecdecProposer:
     def prepare_step(self, scheduler_output: Any) -> None:
         """Thread mode, called by the runner patch as vLLM starts executing a step: finished requests stop and
         new ones start on the drafter's thread while the GPU runs. Never raises (``submit`` catches up)."""
-        if not self.threaded:
-            return
-        if not self._drafts_here():
+        if not self.threaded or self.core is None:
             return
         try:
             new = [(r.req_id, r.prompt_token_ids) for r in getattr(scheduler_output, "scheduled_new_reqs", ())]
@@ -223,14 +216,16 @@ class SpecdecProposer:
             k = int(getattr(runner, "num_spec_tokens", 0) or self.options.num_speculative_tokens)
             tp = int(getattr(getattr(self.vllm_config, "parallel_config", None), "tensor_parallel_size", 1) or 1)
             share = tp_broadcast(runner.device) if tp > 1 else None
-            if share is not None and _tp_rank() != DRIVER_RANK:
+            if share is not None and self.core is None:
                 self.scheduled = TpFollower(k=k, max_rows=int(runner.max_num_reqs), device=runner.device, share=share)
                 logger.info("specdec: TP rank %d takes the drafts of TP rank %d (broadcast)", _tp_rank(), DRIVER_RANK)
                 return self.scheduled
-            self.scheduled = self._build_scheduled(runner, k, share=share)
+            if self.core is None:  # no TP group to receive drafts from: this rank proposes nothing
+                return None
+            self.scheduled = self._build_scheduled(self.core, runner, k, share=share)
         return self.scheduled
 
-    def _build_scheduled(self, runner: Any, k: int, *, share: Any) -> ScheduledDrafting:
+    def _build_scheduled(self, core: ProposerCore, runner: Any, k: int, *, share: Any) -> ScheduledDrafting:
         """The drafting rank's ``ScheduledDrafting``: its device wait, and its slot book (one GPU: attached to this
         engine's config, which its scheduler shares; TP > 1: notes sent to the scheduler's own book instead)."""
         opts = self.options
@@ -244,7 +239,7 @@ class SpecdecProposer:
             ragged = opts.ragged_graphs and self.patches.on("ragged graphs")
             narrow = bool(opts.narrow_widths) and self.patches.on("narrow graphs")
             ragged_ready = self.graph_stats.ragged_ready if ragged else None
-            low = self.core.backoff.low if self.core.backoff.enabled else None
+            low = core.backoff.low if core.backoff.enabled else None
             if share is None:
                 book = SlotBook.policy(
                     k, narrow=narrow, prefill_cap=opts.prefill_step_slots, high_ragged=ragged_ready, low_batch=low
@@ -253,7 +248,7 @@ class SpecdecProposer:
             else:
                 notes = NoteMaker(k, narrow, opts.prefill_step_slots, ragged_ready, low)
         scheduled = ScheduledDrafting(
-            self.core,
+            core,
             k=k,
             max_rows=int(runner.max_num_reqs),
             device=runner.device,
@@ -276,7 +271,7 @@ class SpecdecProposer:
     def collect_deferred(self) -> list[list[int]] | None:
         """Drafts of the step submitted by the last ``propose`` (thread mode), or None if none is pending. Never raises
         (a failed step -> no drafts, counted and logged once)."""
-        if not self.threaded:
+        if not self.threaded or self.core is None:
             return None
         try:
             return self.core.collect()
@@ -289,7 +284,10 @@ class SpecdecProposer:
         return int(k) if isinstance(k, int) and k > 0 else None
 
     def stats(self) -> dict[str, Any]:
-        out = self.scheduled.stats() if self.scheduled is not None else self.core.stats_dict()
+        if self.scheduled is not None:
+            out = self.scheduled.stats()
+        else:
+            out = self.core.stats_dict() if self.core is not None else {"drafting_rank": False}
         return {**out, "graphs": self.graph_stats.as_dict()}  # this engine's narrow and ragged dispatches and keys
 
     def close(self) -> None:
@@ -300,4 +298,5 @@ class SpecdecProposer:
         book = self.scheduled.slot_book if self.scheduled is not None else None
         if book is not None and book_of(self.vllm_config) is book:
             attach_book(self.vllm_config, None)
-        self.core.close()
+        if self.core is not None:
+            self.core.close()
