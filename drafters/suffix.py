@@ -45,6 +45,36 @@ def native_available() -> bool:
 
 
 @dataclass(frozen=True)
+class LaneDecisions:
+    """One proposer step's decisions for the native lane (``lane_step``, ``lane_step_tokens``, ``lane_submit``):
+    ``k`` drafted tokens at most, ``max_model_len`` (no draft past it), ``spec`` (False: a plain step, no draft),
+    ``pad`` (every row padded to its room), ``adaptive`` with ``min_acceptance`` (the per-request acceptance rule),
+    ``floor`` (path probability a token must keep) and ``value`` (the calibrated probability a token must reach)."""
+
+    k: int
+    max_model_len: int
+    spec: bool
+    pad: bool
+    adaptive: bool
+    min_acceptance: float
+    floor: float
+    value: float
+
+    def native_args(self) -> tuple[int, int, bool, bool, bool, float, float, float]:
+        """The trailing arguments of the native engine's lane calls, in its order."""
+        return (
+            self.k,
+            self.max_model_len,
+            self.spec,
+            self.pad,
+            self.adaptive,
+            self.min_acceptance,
+            self.floor,
+            self.value,
+        )
+
+
+@dataclass(frozen=True)
 class SuffixConfig(ConfigBase):
     max_depth: int = rng(64, lo=2, hi=4096, doc="trie depth: match length + draft length never exceed it")
     max_spec_factor: float = rng(8.0, lo=0.0, hi=1000.0, doc="draft depth <= match_len * factor + offset")
@@ -260,14 +290,7 @@ class SuffixDrafter(Drafter):
         sampled: Sequence[Sequence[int]],
         lengths: Any,
         *,
-        k: int,
-        max_model_len: int,
-        spec: bool,
-        pad: bool,
-        adaptive: bool,
-        min_acceptance: float,
-        floor: float,
-        value: float,
+        decisions: LaneDecisions,
     ) -> tuple[list[list[int]], list[int], int, int]:
         """Every row's proposer step in one native call: extend by ``sampled[i]``, update the request's
         statistics, draft, cut and pad (the semantics of ``ProposerCore``'s Python path).
@@ -276,9 +299,7 @@ class SuffixDrafter(Drafter):
         ids = self._ids
         rids = [ids.get(r, -1) for r in req_ids]
         rows = sampled if type(sampled) is list else list(sampled)
-        return self.engine.lane_step(
-            rids, rows, lengths, k, max_model_len, spec, pad, adaptive, min_acceptance, floor, value
-        )
+        return self.engine.lane_step(rids, rows, lengths, *decisions.native_args())
 
     def lane_step_tokens(
         self,
@@ -288,14 +309,7 @@ class SuffixDrafter(Drafter):
         fillers: Sequence[int],
         out: Any,
         *,
-        k: int,
-        max_model_len: int,
-        spec: bool,
-        pad: bool,
-        adaptive: bool,
-        min_acceptance: float,
-        floor: float,
-        value: float,
+        decisions: LaneDecisions,
     ) -> tuple[list[int] | None, list[int], int, int]:
         """``lane_step`` for rows given as a token matrix, drafts written into a buffer (schedule mode's step):
         ``tokens`` [>= rows, w] int32 (row i's new tokens: its leading entries >= 0), ``known`` [rows] context
@@ -305,9 +319,7 @@ class SuffixDrafter(Drafter):
         drafted tokens)."""
         ids = self._ids
         rids = [ids.get(r, -1) for r in req_ids]
-        return self.engine.lane_step_tokens(
-            rids, tokens, known, fillers, out, k, max_model_len, spec, pad, adaptive, min_acceptance, floor, value
-        )
+        return self.engine.lane_step_tokens(rids, tokens, known, fillers, out, *decisions.native_args())
 
     def lane_submit(
         self,
@@ -317,15 +329,8 @@ class SuffixDrafter(Drafter):
         token_ids: Any,
         num_prompt_tokens: Any,
         *,
+        decisions: LaneDecisions,
         stops: Sequence[str],
-        k: int,
-        max_model_len: int,
-        spec: bool,
-        pad: bool,
-        adaptive: bool,
-        min_acceptance: float,
-        floor: float,
-        value: float,
     ) -> None:
         """``lane_step`` on the engine's own thread (GIL released), collected by ``lane_collect``: first the
         ``stops`` (request ids absent from the batch), then every row as ``lane_step`` does it; rows that must
@@ -350,14 +355,7 @@ class SuffixDrafter(Drafter):
             token_ids,
             num_prompt_tokens,
             stop_ids,
-            k,
-            max_model_len,
-            spec,
-            pad,
-            adaptive,
-            min_acceptance,
-            floor,
-            value,
+            *decisions.native_args(),
         )
 
     def lane_collect(self, timeout_s: float | None) -> tuple[list[list[int]], int, int, int, int, tuple] | None:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from core_support import target_sequence
-from specdec.drafters.suffix import SuffixDrafter, native_available
+from specdec.drafters.suffix import LaneDecisions, SuffixDrafter, native_available
 from specdec.vllm_plugin.core.engine import LaneEngine, StepEngine
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.core.python_engine import PythonEngine
@@ -211,24 +211,17 @@ def test_the_token_matrix_step_equals_the_lane_and_python_paths(opts):
 def test_the_token_matrix_step_names_a_wrong_buffer():
     lane = lane_core(FakeClock()).lane
     assert lane is not None
-    decisions = {
-        "k": 4,
-        "max_model_len": MAX_LEN,
-        "spec": True,
-        "pad": False,
-        "adaptive": False,
-        "min_acceptance": 0.0,
-        "floor": 0.1,
-        "value": 0.0,
-    }
+    decisions = LaneDecisions(
+        k=4, max_model_len=MAX_LEN, spec=True, pad=False, adaptive=False, min_acceptance=0.0, floor=0.1, value=0.0
+    )
     tokens, out = np.full((1, 3), -1, np.int32), np.zeros((1, 4), np.int32)
     with pytest.raises(ValueError, match="tokens must be a 2-D int32 array"):
-        lane.lane_step_tokens(["a"], tokens.astype(np.int64), [5], [1], out, **decisions)
+        lane.lane_step_tokens(["a"], tokens.astype(np.int64), [5], [1], out, decisions=decisions)
     with pytest.raises(ValueError, match="out must be a 2-D int32 array"):
-        lane.lane_step_tokens(["a"], tokens, [5], [1], out[0], **decisions)
+        lane.lane_step_tokens(["a"], tokens, [5], [1], out[0], decisions=decisions)
     with pytest.raises(ValueError, match="2 request ids but 1 token rows"):
-        lane.lane_step_tokens(["a", "b"], tokens, [5, 5], [1, 1], out, **decisions)
-    lengths, redo, _, _ = lane.lane_step_tokens(["a"], tokens, [5], [9], out, **decisions)
+        lane.lane_step_tokens(["a", "b"], tokens, [5, 5], [1, 1], out, decisions=decisions)
+    lengths, redo, _, _ = lane.lane_step_tokens(["a"], tokens, [5], [9], out, decisions=decisions)
     assert lengths == [0] and redo == [] and out.tolist() == [[9, 9, 9, 9]]  # unknown, no new tokens: its last token
 
 

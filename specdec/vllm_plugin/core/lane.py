@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from specdec.drafters.suffix import LaneDecisions
 from specdec.vllm_plugin.core.adaptive import ACCEPT_EMA_ALPHA, MAX_CUT, PROBE_TOKENS
 
 CALIB_DECAY = 0.8  # decay of a request's predicted / accepted sums (calibration), per step
@@ -40,7 +41,7 @@ class Lane(Protocol):
     def lane_threads(self, n: int) -> None: ...
     def lane_refresh(self) -> int: ...
     def lane_step(
-        self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]], lengths: Any, **decisions: Any
+        self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]], lengths: Any, *, decisions: LaneDecisions
     ) -> tuple[list[list[int]], list[int], int, int]: ...
     def lane_step_tokens(
         self,
@@ -49,7 +50,8 @@ class Lane(Protocol):
         known: Sequence[int],
         fillers: Sequence[int],
         out: Any,
-        **decisions: Any,
+        *,
+        decisions: LaneDecisions,
     ) -> tuple[list[int] | None, list[int], int, int]: ...
     def stop(self, request_id: str) -> None: ...
 
@@ -88,16 +90,15 @@ def lane_step(
     token_ids_cpu: Any,
     *,
     num_prompt_tokens: np.ndarray | None,
-    decisions: dict[str, Any],
+    decisions: LaneDecisions,
 ) -> tuple[list[list[int]], LaneCounts]:
     """One proposer step over ``len(sampled)`` rows (one native call; two when a row must restart).
 
     ``lengths`` [>= rows] context lengths after the new tokens, ``token_ids_cpu`` [rows, max_model_len] (rows to
-    restart read their context from it), ``decisions``: the keyword arguments of ``Lane.lane_step`` besides the rows
-    (k, max_model_len, spec, pad, adaptive, ...)."""
+    restart read their context from it), ``decisions``: the step's (k, max_model_len, spec, pad, adaptive, ...)."""
     rows = len(sampled)
     ids = req_ids if len(req_ids) == rows else req_ids[:rows]
-    drafts, redo, accepted, drafted = lane.lane_step(ids, sampled, lengths, **decisions)
+    drafts, redo, accepted, drafted = lane.lane_step(ids, sampled, lengths, decisions=decisions)
     counts = LaneCounts()
     counts.accepted, counts.drafted = accepted, drafted
     if not redo:
@@ -111,7 +112,7 @@ def lane_step(
     _restart_rows(lane, ids, redo, context, counts)
     # the first call changed nothing; the restarted rows are fresh (they hold their tokens): this call extends the
     # others and drafts every row
-    drafts, again, acc2, counts.drafted = lane.lane_step(ids, sampled, lengths, **decisions)
+    drafts, again, acc2, counts.drafted = lane.lane_step(ids, sampled, lengths, decisions=decisions)
     if again:  # cannot happen: each was just restarted at exactly this length
         raise RuntimeError(f"lane: rows {again} still out of step after a restart")
     counts.accepted += acc2
@@ -127,19 +128,21 @@ def lane_step_tokens(
     out: np.ndarray,
     *,
     context: Callable[[int], tuple[list[int], int]],
-    decisions: dict[str, Any],
+    decisions: LaneDecisions,
 ) -> tuple[list[int], LaneCounts]:
     """``lane_step`` for schedule mode's rows as captured: ``tokens`` [>= rows, w] int32 (-1 = rejected), ``known``
     [rows] context lengths before them, ``fillers`` [rows] last tokens before them; the padded drafts go straight
     into ``out`` [>= rows, width] int32 and their lengths come back (one native call; two when a row must restart).
     ``context(i)``: row i's whole context after its new tokens and its prompt length, for a restart."""
-    lengths, redo, accepted, drafted = lane.lane_step_tokens(req_ids, tokens, known, fillers, out, **decisions)
+    lengths, redo, accepted, drafted = lane.lane_step_tokens(req_ids, tokens, known, fillers, out, decisions=decisions)
     counts = LaneCounts()
     counts.accepted, counts.drafted = accepted, drafted
     if not redo:
         return lengths, counts
     _restart_rows(lane, req_ids, redo, context, counts)
-    lengths, again, acc2, counts.drafted = lane.lane_step_tokens(req_ids, tokens, known, fillers, out, **decisions)
+    lengths, again, acc2, counts.drafted = lane.lane_step_tokens(
+        req_ids, tokens, known, fillers, out, decisions=decisions
+    )
     if again:  # cannot happen: each was just restarted at exactly this length
         raise RuntimeError(f"lane: rows {again} still out of step after a restart")
     counts.accepted += acc2

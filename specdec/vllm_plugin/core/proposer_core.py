@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from specdec.drafters.base import Drafter, DraftGuard
+from specdec.drafters.suffix import LaneDecisions
 from specdec.vllm_plugin.core.adaptive import AdaptiveController, StepCostModel, bucket_of
 from specdec.vllm_plugin.core.backoff import BackOff
 from specdec.vllm_plugin.core.engine import LANE_MAX_OVERRUNS, LaneEngine, StepEngine, StepPlan
@@ -247,20 +248,19 @@ class ProposerCore:
             self._leave_lane()
         return True
 
-    def _lane_decisions(self, *, k: int, mode: str, running: int) -> dict[str, Any]:
-        """The keyword arguments of ``Lane.lane_step`` besides the rows."""
+    def _lane_decisions(self, *, k: int, mode: str, running: int) -> LaneDecisions:
+        """The step's decisions for the lane's calls."""
         enabled = self.adaptive.enabled
-        value = self._cost(bucket_of(running)).token_cost() if enabled else 0.0
-        return {
-            "k": k,
-            "max_model_len": self.max_model_len,
-            "spec": mode != "plain",
-            "pad": self._pad_now,
-            "adaptive": enabled,
-            "min_acceptance": self.adaptive.min_acceptance,
-            "floor": self.adaptive.cut(running) if enabled else self.adaptive.min_path_prob,
-            "value": value,
-        }
+        return LaneDecisions(
+            k=k,
+            max_model_len=self.max_model_len,
+            spec=mode != "plain",
+            pad=self._pad_now,
+            adaptive=enabled,
+            min_acceptance=self.adaptive.min_acceptance,
+            floor=self.adaptive.cut(running) if enabled else self.adaptive.min_path_prob,
+            value=self._cost(bucket_of(running)).token_cost() if enabled else 0.0,
+        )
 
     def _leave_lane(self) -> None:
         """Back to the Python engine: the lane's requests stop (they restart from their context when next seen)."""

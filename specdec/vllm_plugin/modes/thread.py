@@ -97,7 +97,13 @@ class ThreadedProposerCore(ProposerCore):
         decisions = self._lane_decisions(k=plan.k, mode=plan.mode, running=plan.running)
         rows = list(req_ids[: plan.rows])
         self.lane.lane_submit(
-            rows, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, num_prompt_tokens, stops=stops, **decisions
+            rows,
+            sampled_token_ids,
+            num_tokens_no_spec,
+            token_ids_cpu,
+            num_prompt_tokens,
+            decisions=decisions,
+            stops=stops,
         )
         self._plan, self._lane_busy = plan, True
         self.stats.propose_seconds += self.clock() - plan.t0
