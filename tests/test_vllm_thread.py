@@ -272,6 +272,6 @@ def test_a_failed_step_is_counted_and_the_proposer_starts_over(monkeypatch):
     assert prop.collect_deferred() is None  # take keeps the placeholders: no drafts, no exception
     assert prop.core.guard.stats.errors == 1 and lane.request_ids == {}  # state forgotten
     monkeypatch.undo()
-    prop.patches = PatchReport("test")  # no take hook: propose collects its own drafts
+    prop.drafting.hand_off = False  # as without the take hook: propose collects its own drafts
     assert prop.propose([[int(ctx[0, 10])]], np.array([11], np.int32), ctx) == [ctx[0, 11:15].tolist()]
     assert set(lane.request_ids) == {"a"} and prop.core.stats.resyncs == 0  # restarted from its context

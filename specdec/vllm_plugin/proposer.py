@@ -42,7 +42,8 @@ from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.metrics.server import start_exporter
 from specdec.vllm_plugin.modes.device_wait import STALL_TIMEOUT_MS, DeviceWait
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
-from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
+from specdec.vllm_plugin.modes.sync import SyncDrafting
+from specdec.vllm_plugin.modes.thread import ThreadDrafting, ThreadedProposerCore
 from specdec.vllm_plugin.modes.tp import DRIVER_RANK, NoteMaker, TpFollower, tp_broadcast
 from specdec.vllm_plugin.patches.graph_stats import GraphStats, graph_stats_of
 from specdec.vllm_plugin.patches.table import PatchReport, apply_patches
@@ -105,6 +106,7 @@ class SpecdecProposer:
             core_options = core_options.replace(pad_drafts="on")
         self.drafts_here = _tp_rank() == DRIVER_RANK  # vLLM builds the runner after its process groups
         self.core: ProposerCore | None = None  # the drafting core: TP rank 0 only
+        self.drafting: SyncDrafting | ThreadDrafting | None = None  # the mode's calls (schedule mode: the hooks')
         if self.drafts_here:
             core_cls = ThreadedProposerCore if self.threaded else ProposerCore
             drafter = drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer)
@@ -117,6 +119,10 @@ class SpecdecProposer:
             )
             if self.schedule_mode and self.options.draft_slots == "adaptive":
                 self.core.pad_below_rows = NARROW_FROM_ROWS  # below the narrow steps every row keeps k slots, padded
+            if isinstance(self.core, ThreadedProposerCore):
+                self.drafting = ThreadDrafting(self.core, hand_off=self.patches.on("thread hand-off"))
+            else:
+                self.drafting = SyncDrafting(self.core)
         logger.info(
             "specdec: drafter=%s k=%d pad_drafts=%s (target ~%.0fM parameters) async=%s",
             self.options.drafter,
@@ -155,7 +161,7 @@ class SpecdecProposer:
         """Drafts per row: ``sampled_token_ids`` [num_reqs] lists, ``num_tokens_no_spec`` [max_num_reqs] int32,
         ``token_ids_cpu`` [max_num_reqs, max_model_len] int32. Never raises (a bookkeeping failure -> no drafts)."""
         n = len(sampled_token_ids)
-        if self.core is None:  # a TP rank other than 0: the engine reads rank 0's drafts
+        if self.drafting is None:  # a TP rank other than 0: the engine reads rank 0's drafts
             return [[] for _ in range(n)]
         batch = self._batch()
         if batch is None:
@@ -169,9 +175,7 @@ class SpecdecProposer:
         args = (list(batch.req_ids), sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         kwargs = {"num_prompt_tokens": getattr(batch, "num_prompt_tokens", None), "k": self._dynamic_k()}
         try:
-            if self.threaded:
-                return self._propose_threaded(n, args, kwargs)
-            return self.core.step(*args, **kwargs)
+            return self.drafting.propose(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             self._drafting_failed(exc, [str(r) for r in list(batch.req_ids)[:n]])
             return [[] for _ in range(n)]
@@ -181,26 +185,19 @@ class SpecdecProposer:
         restarts from its full context); ``strict`` re-raises instead."""
         if self.options.strict:
             raise exc
+        assert self.core is not None  # only a drafting rank drafts
         self.core.guard.record_error(exc, req_ids)
         self.core.reset()
 
     def prepare_step(self, scheduler_output: Any) -> None:
-        """Thread mode, called by the runner patch as vLLM starts executing a step: finished requests stop and
-        new ones start on the drafter's thread while the GPU runs. Never raises (``submit`` catches up)."""
-        if not self.threaded or self.core is None:
+        """Called by the runner patch as vLLM starts executing a step (thread mode: finished requests stop and new
+        ones start on the drafter's thread while the GPU runs). Never raises (the next step catches up)."""
+        if self.drafting is None:
             return
         try:
-            new = [(r.req_id, r.prompt_token_ids) for r in getattr(scheduler_output, "scheduled_new_reqs", ())]
-            self.core.prepare(getattr(scheduler_output, "finished_req_ids", ()) or (), new)
+            self.drafting.prepare(scheduler_output)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             self._drafting_failed(exc, [])
-
-    def _propose_threaded(self, n: int, args: tuple, kwargs: dict[str, Any]) -> list[list[int]]:
-        """Start the step on the drafter's thread; with the take hook the drafts are collected later."""
-        self.core.submit(*args, **kwargs)
-        if self.patches.on("thread hand-off"):
-            return [[] for _ in range(n)]  # placeholder; replaced in take_draft_token_ids
-        return self.core.collect() or [[] for _ in range(n)]
 
     @property
     def graph_stats(self) -> GraphStats:
@@ -271,10 +268,10 @@ class SpecdecProposer:
     def collect_deferred(self) -> list[list[int]] | None:
         """Drafts of the step submitted by the last ``propose`` (thread mode), or None if none is pending. Never raises
         (a failed step -> no drafts, counted and logged once)."""
-        if not self.threaded or self.core is None:
+        if self.drafting is None:
             return None
         try:
-            return self.core.collect()
+            return self.drafting.collect()
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             self._drafting_failed(exc, [])
             return None

@@ -12,7 +12,9 @@ whole step (stops, extends, restarts, drafting, cut, padding) with the GIL relea
 most ``draft_timeout_ms``: a later step gets no drafts (counted as a timeout, logged once) and its drafts are
 dropped. Same drafts as the synchronous path step for step (``tests/test_vllm_thread.py``).
 
-A thread needs no copy of the drafter's state and no pickling, and the trie work never holds the GIL.
+``ThreadDrafting`` is the mode's face to the proposer (``propose``, ``prepare``, ``collect``, as ``SyncDrafting`` in
+``modes/sync.py``). A thread needs no copy of the drafter's state and no pickling, and the trie work never holds the
+GIL.
 Drafters without a native lane (``ngram``, ``model``, compositions, the Python suffix backend) draft synchronously
 in ``submit``; so does every drafter after ``LANE_MAX_OVERRUNS`` late steps (``ProposerCore._leave_lane``).
 """
@@ -167,3 +169,43 @@ class ThreadedProposerCore(ProposerCore):
             if v[0]
         }
         return d
+
+
+class ThreadDrafting:
+    """Thread mode's calls from the proposer: ``propose`` submits the step, ``collect`` (the take hook) returns its
+    drafts, ``prepare`` (the execute hook) stops and starts requests early. ``hand_off``: the take hook is applied,
+    so ``propose`` returns placeholders and the drafts come from ``collect``; without it ``propose`` collects at
+    once."""
+
+    def __init__(self, core: ThreadedProposerCore, *, hand_off: bool) -> None:
+        self.core = core
+        self.hand_off = hand_off
+
+    def propose(
+        self,
+        req_ids: Sequence[str],
+        sampled_token_ids: Sequence[Sequence[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        *,
+        num_prompt_tokens: np.ndarray | None,
+        k: int | None,
+    ) -> list[list[int]]:
+        """Submit the step (``ProposerCore.step``'s arrays); its drafts, or placeholders under the hand-off."""
+        n = len(sampled_token_ids)
+        self.core.submit(
+            req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, num_prompt_tokens=num_prompt_tokens, k=k
+        )
+        if self.hand_off:
+            return [[] for _ in range(n)]  # replaced in take_draft_token_ids
+        return self.core.collect() or [[] for _ in range(n)]
+
+    def prepare(self, scheduler_output: Any) -> None:
+        """As vLLM starts executing a step: its finished requests stop and its new ones start on the drafter's
+        thread while the GPU runs."""
+        new = [(r.req_id, r.prompt_token_ids) for r in getattr(scheduler_output, "scheduled_new_reqs", ())]
+        self.core.prepare(getattr(scheduler_output, "finished_req_ids", ()) or (), new)
+
+    def collect(self) -> list[list[int]] | None:
+        """The submitted step's drafts (None if none is pending)."""
+        return self.core.collect()
