@@ -818,33 +818,30 @@ struct PyEngine {
 // was never collected (suffix_lane_async.inc): only one thread drives the engine at a time.
 void quiesce(Engine& e);
 
-bool read_tokens(PyObject* obj, std::vector<int32_t>& out) {
+// Token values from an int32 / int64 C-contiguous buffer or a sequence of Python ints, each through `put32` (an
+// int32 buffer's) or `put64` (the others'), which store it or set a Python error and return false. The two readers
+// below differ only in what they accept.
+template <typename Put32, typename Put64>
+bool read_values(PyObject* obj, std::vector<int32_t>& out, Put32 put32, Put64 put64) {
     out.clear();
     Py_buffer view;
     if (PyObject_CheckBuffer(obj) && PyObject_GetBuffer(obj, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
         const char* fmt = view.format ? view.format : "B";
         if (*fmt == '<' || *fmt == '=' || *fmt == '@') ++fmt;
         Py_ssize_t n = view.itemsize ? view.len / view.itemsize : 0;
-        bool ok = true;
+        bool ok = true, known = true;
         out.resize(static_cast<size_t>(n));
         if (view.itemsize == 4 && (*fmt == 'i' || *fmt == 'l')) {
             const int32_t* d = static_cast<const int32_t*>(view.buf);
-            std::copy(d, d + n, out.begin());
+            for (Py_ssize_t i = 0; i < n && ok; ++i) ok = put32(d[i], out[i]);
         } else if (view.itemsize == 8 && (*fmt == 'l' || *fmt == 'q')) {
             const int64_t* d = static_cast<const int64_t*>(view.buf);
-            for (Py_ssize_t i = 0; i < n; ++i) {
-                if (d[i] < INT32_MIN || d[i] > INT32_MAX) {
-                    PyBuffer_Release(&view);
-                    PyErr_Format(PyExc_ValueError, "value %lld does not fit a 32-bit integer", (long long)d[i]);
-                    return false;
-                }
-                out[i] = static_cast<int32_t>(d[i]);
-            }
+            for (Py_ssize_t i = 0; i < n && ok; ++i) ok = put64(static_cast<long long>(d[i]), out[i]);
         } else {
-            ok = false;
+            known = false;
         }
         PyBuffer_Release(&view);
-        if (ok) return true;
+        if (known) return ok;
         out.clear();
     } else {
         PyErr_Clear();
@@ -854,21 +851,37 @@ bool read_tokens(PyObject* obj, std::vector<int32_t>& out) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject** items = PySequence_Fast_ITEMS(seq);
     out.resize(static_cast<size_t>(n));
-    for (Py_ssize_t i = 0; i < n; ++i) {
-        long long v = PyLong_AsLongLong(items[i]);
+    bool ok = true;
+    for (Py_ssize_t i = 0; i < n && ok; ++i) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(items[i], &overflow);
         if (v == -1 && PyErr_Occurred()) {
-            Py_DECREF(seq);
-            return false;
+            ok = false;
+        } else if (overflow) {
+            PyErr_SetString(PyExc_ValueError, "a token id does not fit 64 bits; token ids must be integers in "
+                                              "[0, 2**63)");
+            ok = false;
+        } else {
+            ok = put64(v, out[i]);
         }
-        if (v < INT32_MIN || v > INT32_MAX) {
-            Py_DECREF(seq);
-            PyErr_Format(PyExc_ValueError, "value %lld does not fit a 32-bit integer", v);
-            return false;
-        }
-        out[i] = static_cast<int32_t>(v);
     }
     Py_DECREF(seq);
+    return ok;
+}
+
+bool int32_or_error(long long v, int32_t& out) {
+    if (v < INT32_MIN || v > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "value %lld does not fit a 32-bit integer", v);
+        return false;
+    }
+    out = static_cast<int32_t>(v);
     return true;
+}
+
+// Token values of a lane row: any 32-bit integer (-1 marks a rejected token).
+bool read_tokens(PyObject* obj, std::vector<int32_t>& out) {
+    return read_values(
+        obj, out, [](int32_t v, int32_t& o) { return o = v, true; }, int32_or_error);
 }
 
 bool bad_id(long long v) {
@@ -889,57 +902,13 @@ bool put_id(WideIds& wide, long long v, int32_t& out) {
     return true;
 }
 
-// Token ids for start / extend: int32 / int64 buffers or a sequence of ints in [0, 2^63); ids >= 2^31 coded
-// through `wide` (see WideIds).
+// Token ids for start / extend: integers in [0, 2^63); ids >= 2^31 coded through `wide` (see WideIds).
 bool read_ids(PyObject* obj, WideIds& wide, std::vector<int32_t>& out) {
-    out.clear();
-    Py_buffer view;
-    if (PyObject_CheckBuffer(obj) && PyObject_GetBuffer(obj, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
-        const char* fmt = view.format ? view.format : "B";
-        if (*fmt == '<' || *fmt == '=' || *fmt == '@') ++fmt;
-        Py_ssize_t n = view.itemsize ? view.len / view.itemsize : 0;
-        bool ok = true, known = true;
-        out.resize(static_cast<size_t>(n));
-        if (view.itemsize == 4 && (*fmt == 'i' || *fmt == 'l')) {
-            const int32_t* d = static_cast<const int32_t*>(view.buf);
-            for (Py_ssize_t i = 0; i < n && ok; ++i) ok = d[i] >= 0 ? (out[i] = d[i], true) : bad_id(d[i]);
-        } else if (view.itemsize == 8 && (*fmt == 'l' || *fmt == 'q')) {
-            const int64_t* d = static_cast<const int64_t*>(view.buf);
-            for (Py_ssize_t i = 0; i < n && ok; ++i) ok = put_id(wide, d[i], out[i]);
-        } else {
-            known = false;
-        }
-        PyBuffer_Release(&view);
-        if (known) return ok;
-        out.clear();
-    } else {
-        PyErr_Clear();
-    }
-    PyObject* seq = PySequence_Fast(obj, "token ids must be a sequence of ints");
-    if (!seq) return false;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject** items = PySequence_Fast_ITEMS(seq);
-    out.resize(static_cast<size_t>(n));
-    for (Py_ssize_t i = 0; i < n; ++i) {
-        int overflow = 0;
-        long long v = PyLong_AsLongLongAndOverflow(items[i], &overflow);
-        if (v == -1 && PyErr_Occurred()) {
-            Py_DECREF(seq);
-            return false;
-        }
-        if (overflow) {
-            Py_DECREF(seq);
-            PyErr_SetString(PyExc_ValueError, "a token id does not fit 64 bits; token ids must be integers in "
-                                              "[0, 2**63)");
-            return false;
-        }
-        if (!put_id(wide, v, out[i])) {
-            Py_DECREF(seq);
-            return false;
-        }
-    }
-    Py_DECREF(seq);
-    return true;
+    return read_values(
+        obj,
+        out,
+        [](int32_t v, int32_t& o) { return v >= 0 ? (o = v, true) : bad_id(v); },
+        [&wide](long long v, int32_t& o) { return put_id(wide, v, o); });
 }
 
 thread_local std::vector<int32_t> g_tokens;

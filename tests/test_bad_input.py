@@ -440,7 +440,7 @@ def test_64_bit_ids_draft_the_same_on_both_engines(backend) -> None:
     for dtype, big in ((np.uint32, 2**32 - 3), (np.uint64, 2**63 - 1), (np.int64, 2**40)):
         d.start("u", np.array([5, 7, big, 9, 5], dtype=dtype))
         assert d.draft("u", 8).tokens.tolist() == [7, big, 9, 5], dtype
-    for bad in ([1, -2], [2**64], np.array([1, -3]), np.array([2**64 - 1], np.uint64)):
+    for bad in ([1, -2], [2**64], np.array([1, -3]), np.array([1, -3], np.int32), np.array([2**64 - 1], np.uint64)):
         with pytest.raises(ValueError, match=r"token id"):
             d.start("x", bad)
         assert "x" not in d.active_requests()

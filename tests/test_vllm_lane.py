@@ -219,6 +219,10 @@ def test_the_token_matrix_step_names_a_wrong_buffer():
         lane.lane_step_tokens(["a"], tokens.astype(np.int64), [5], [1], out, decisions=decisions)
     with pytest.raises(ValueError, match="out must be a 2-D int32 array"):
         lane.lane_step_tokens(["a"], tokens, [5], [1], out[0], decisions=decisions)
+    with pytest.raises(ValueError, match="value 1099511627776 does not fit a 32-bit integer"):
+        lane.lane_step_tokens(["a"], tokens, np.array([2**40]), [1], out, decisions=decisions)
+    with pytest.raises(ValueError, match="does not fit 64 bits"):
+        lane.lane_step_tokens(["a"], tokens, [2**70], [1], out, decisions=decisions)
     with pytest.raises(ValueError, match="2 request ids but 1 token rows"):
         lane.lane_step_tokens(["a", "b"], tokens, [5, 5], [1, 1], out, decisions=decisions)
     lengths, redo, _, _ = lane.lane_step_tokens(["a"], tokens, [5], [9], out, decisions=decisions)
