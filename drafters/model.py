@@ -26,140 +26,42 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.config import ConfigBase, ConfigError, rng
+from specdec.config import ConfigError
 from specdec.drafters.base import Drafter, DraftRequest
-from specdec.drafters.model_backends import BACKEND_NAMES, DraftBackend, StepInput, make_backend
-from specdec.paths import DRAFT_MODEL, model_path
+from specdec.drafters.model_backends import DraftBackend, StepInput, make_backend
+from specdec.drafters.model_compat import (
+    TOKENIZER_FILES,
+    check_draft_target,
+    check_tokenizer_compat,
+    config_vocab_size,
+    has_tokenizer,
+)
+from specdec.drafters.model_config import (
+    AUTO_BF16,
+    AUTO_CANDIDATES,
+    AUTO_SHARED_HOST,
+    NATIVE_BACKENDS,
+    ModelDrafterConfig,
+    auto_candidates,
+)
 from specdec.tree import ROOT, TokenTree
 
+__all__ = [  # ModelDrafter and the public names of model_config and model_compat, re-exported
+    "AUTO_BF16",
+    "AUTO_CANDIDATES",
+    "AUTO_SHARED_HOST",
+    "NATIVE_BACKENDS",
+    "TOKENIZER_FILES",
+    "ModelDrafter",
+    "ModelDrafterConfig",
+    "auto_candidates",
+    "check_draft_target",
+    "check_tokenizer_compat",
+    "config_vocab_size",
+    "has_tokenizer",
+]
+
 logger = logging.getLogger("specdec.drafters.model")
-
-# backend="auto" times these and keeps the fastest. All compute in fp32 (drafts identical to the eager model's
-# up to float rounding); bf16 joins where the CPU has native bf16 (AMX / AVX512-BF16). Not auto-picked: int8
-# (approximate: force "onnx-int8" after checking agreement with benchmarks/bench_draft_cpu.py) and "compile"
-# (inductor compiles for ~1 min per shape class on 2 cores and recompiles as batch/length classes change).
-AUTO_CANDIDATES = ("native", "torch", "onnx", "eager")
-NATIVE_BACKENDS = ("native", "native-fp32")  # run on their own thread pool (num_threads), not torch's
-AUTO_BF16 = "torch-bf16"
-# beside a busy engine in the same host (vLLM): backends that use torch intra-op (OpenMP) threads collapsed to
-# 230-330 ms per step on the GPU host's Xeon while vLLM decoded (eval/results/..._xeon-8t_draft_cpu_while_vllm.json);
-# ONNX Runtime (spinning off) and numpy (one BLAS thread) kept their standalone speed; native uses its own
-# pool (bounded spinning, then futex sleep), not torch's
-AUTO_SHARED_HOST = ("native", "onnx", "numpy")
-
-
-def auto_candidates(features: dict[str, bool], *, shared_host: bool = False) -> tuple[str, ...]:
-    if shared_host:
-        return AUTO_SHARED_HOST
-    native_bf16 = features.get("amx_bf16", False) or features.get("avx512_bf16", False)
-    return AUTO_CANDIDATES + ((AUTO_BF16,) if native_bf16 else ())
-
-
-@dataclass(frozen=True)
-class ModelDrafterConfig(ConfigBase):
-    path: str = rng("", doc="Hugging Face model folder; empty = the shared code-draft-7m")
-    backend: str = rng("auto", choices=("auto",) + BACKEND_NAMES, doc="forward backend; auto = fastest measured")
-    num_threads: int = rng(
-        0,
-        lo=0,
-        hi=4096,
-        doc="threads of the native backend's pool, else torch intra-op threads; 0 = torch's current count",
-    )
-    cpu_affinity: list = rng([], doc="CPU ids to pin this process to (os.sched_setaffinity); [] = leave")
-    tree_top_k: int = rng(2, lo=1, hi=64, doc="children per node at branching depths (tree drafts)")
-    tree_branch_depths: list = rng([1, 2], doc="depths (1 = first draft token) where tree nodes branch")
-    max_batch: int = rng(256, lo=1, hi=65536, doc="requests per backend forward (larger batches are split)")
-    target_tokenizer: str = rng("", doc="target model/tokenizer folder; refuse to start if tokenizers differ")
-    calibration_steps: int = rng(8, lo=1, hi=1000, doc="timed decode steps per backend for backend=auto")
-    onnx_spin: bool = rng(
-        False,
-        doc="ONNX Runtime threads spin between ops: a little faster alone, but they "
-        "steal the cores from other work in the process (a CPU target: 2x slower)",
-    )
-    shared_host: bool = rng(
-        False,
-        doc="the drafter runs beside a busy engine (the vLLM plugin sets it): "
-        "backend=auto then picks among backends without torch OpenMP threads "
-        "(onnx, numpy), which were measured to collapse under that load",
-    )
-
-    def resolved_path(self) -> Path:
-        return Path(self.path).expanduser() if self.path else model_path(DRAFT_MODEL)
-
-    def validate(self, *, where: str = "") -> None:
-        super().validate(where=where)
-        bad = [d for d in self.tree_branch_depths if not isinstance(d, int) or d < 1]
-        if bad:
-            raise ConfigError(
-                f"{where}tree_branch_depths={self.tree_branch_depths!r} must hold depths >= 1; bad: {bad}"
-            )
-        if any(not isinstance(c, int) or c < 0 for c in self.cpu_affinity):
-            raise ConfigError(f"{where}cpu_affinity={self.cpu_affinity!r} must be a list of CPU ids >= 0")
-
-
-# ------------------------------------------------------------------ tokenizer check
-def _tokenizer_vocab(path: Path) -> dict[str, int]:
-    tok_file = path / "tokenizer.json"
-    if tok_file.exists():
-        from tokenizers import Tokenizer
-
-        return Tokenizer.from_file(str(tok_file)).get_vocab(with_added_tokens=True)
-    from transformers import AutoTokenizer
-
-    return dict(AutoTokenizer.from_pretrained(str(path)).get_vocab())
-
-
-def check_tokenizer_compat(draft_path: str | Path, target_path: str | Path) -> None:
-    """Raise ConfigError unless the draft and target tokenizers map the same strings to the same ids."""
-    draft, target = _tokenizer_vocab(Path(draft_path)), _tokenizer_vocab(Path(target_path))
-    if draft == target:
-        return
-    diff = sorted(k for k in set(draft) | set(target) if draft.get(k) != target.get(k))
-    examples = ", ".join(f"{k!r}: draft {draft.get(k)} vs target {target.get(k)}" for k in diff[:3])
-    raise ConfigError(
-        f"draft model {str(draft_path)!r} and target {str(target_path)!r} use different tokenizers "
-        f"({len(draft)} vs {len(target)} tokens, {len(diff)} differ, e.g. {examples}); "
-        "a draft model must share the target's tokenizer: pick a draft model trained with it"
-    )
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-def has_tokenizer(path: str | Path) -> bool:
-    return any((Path(path) / f).exists() for f in TOKENIZER_FILES)
-
-
-def config_vocab_size(path: str | Path) -> int | None:
-    """``vocab_size`` of a model folder's config.json (or its text_config), None when absent."""
-    import json
-
-    cfg_file = Path(path) / "config.json"
-    if not cfg_file.exists():
-        return None
-    cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
-    size = cfg.get("vocab_size", (cfg.get("text_config") or {}).get("vocab_size"))
-    return int(size) if size is not None else None
-
-
-def check_draft_target(
-    draft_path: str | Path, *, target_dir: str | Path | None = None, target_vocab: int | None = None
-) -> None:
-    """Raise ConfigError unless the draft model can draft for the target: the same tokenizer when both folders
-    hold one (embedding sizes may then differ by padding), else the same vocabulary size."""
-    draft = Path(draft_path)
-    if target_dir is not None and has_tokenizer(target_dir) and has_tokenizer(draft):
-        check_tokenizer_compat(draft, target_dir)
-        return
-    draft_vocab = config_vocab_size(draft)
-    if target_vocab is None and target_dir is not None:
-        target_vocab = config_vocab_size(target_dir)
-    if draft_vocab is not None and target_vocab is not None and draft_vocab != target_vocab:
-        raise ConfigError(
-            f"draft model {str(draft)!r} has a vocabulary of {draft_vocab} tokens, the target "
-            f"{target_vocab}: a draft model must share the target's tokenizer (give the target's "
-            "folder, with its tokenizer, to compare tokenizers instead of sizes)"
-        )
 
 
 # ------------------------------------------------------------------ per-request state
