@@ -23,15 +23,18 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from specdec.eval.checks import MODEL_DRAFTER, per_prompt_medians
+from specdec.eval.checks import MODEL_DRAFTER
+from specdec.eval.live_report import BASELINES, MethodRun, live_entry, live_table
 from specdec.eval.settings import Setting
 from specdec.paths import DRAFT_MODEL, TARGET_MODEL, model_path
 
+if TYPE_CHECKING:
+    from specdec.eval.cli import Staging
+
 logger = logging.getLogger("specdec.eval")
-BASELINES = ("hf-greedy", "specdec-greedy", "hf-assisted")
 DEFAULT_LIVE_DRAFTERS = ("model",)
 WARMUP_TOKENS = 8
 
@@ -89,36 +92,6 @@ def add_live_parser(sub: Any, fmt: Any, add_drafter_args: Callable, add_output_a
     )
     add_drafter_args(p, DEFAULT_LIVE_DRAFTERS)
     add_output_args(p)
-
-
-@dataclass
-class MethodRun:
-    """Totals and per-prompt records of one method over one prompt set."""
-
-    method: str
-    setting: Setting | None = None
-    seconds: float = 0.0
-    tokens: int = 0
-    per_prompt: list[dict[str, Any]] = field(default_factory=list)
-    stats: dict[str, float] = field(default_factory=dict)
-
-    def add_stats(self, s: Any) -> None:
-        for key in (
-            "steps",
-            "drafted_tokens",
-            "accepted_tokens",
-            "emitted_tokens",
-            "draft_seconds",
-            "verify_seconds",
-            "draft_errors",
-        ):
-            self.stats[key] = self.stats.get(key, 0) + getattr(s, key, 0)
-        for key in ("per_position_accepted", "per_position_drafted"):
-            cur = self.stats.setdefault(key, [])
-            new = list(getattr(s, key, []))
-            cur.extend([0] * (len(new) - len(cur)))
-            for i, v in enumerate(new):
-                cur[i] += v
 
 
 class Live:
@@ -277,93 +250,7 @@ def _run_set(live: Live, name: str, items: list, methods: list) -> list[MethodRu
     return runs
 
 
-def _entry(name: str, run: MethodRun, runs: list[MethodRun]) -> dict[str, Any]:
-    by = {r.method: r for r in runs}
-    e: dict[str, Any] = {
-        "dataset": name,
-        "method": run.method,
-        "prompts": len(run.per_prompt),
-        "prompt_ids": [p["id"] for p in run.per_prompt],
-        "new_tokens": run.tokens,
-        "seconds": run.seconds,
-        "tokens_per_second": run.tokens / run.seconds if run.seconds else 0.0,
-        "reference": runs[0].method,
-        "lossless_equal_prompts": sum(p["equal_to_reference"] for p in run.per_prompt),
-        "mismatched_prompts": [p["id"] for p in run.per_prompt if not p["equal_to_reference"]],
-    }
-    for peer in BASELINES:
-        if peer in by and run.seconds:
-            e[f"speedup_vs_{peer.replace('-', '_')}"] = by[peer].seconds / run.seconds  # 1.0 for itself
-    mine = [p["seconds"] for p in run.per_prompt]
-    med = per_prompt_medians(
-        mine, {peer: [p["seconds"] for p in by[peer].per_prompt] for peer in BASELINES if peer in by}
-    )
-    e["median_seconds"] = med.pop("median_seconds")
-    e["slow_prompts"] = [{"id": run.per_prompt[i]["id"], "seconds": mine[i]} for i in med.pop("slow_indices")]
-    e.update(med)
-    if run.setting is not None:
-        e.update(run.setting.describe())
-        s = run.stats
-        steps, emitted = s.get("steps", 0), s.get("emitted_tokens", 0)
-        pa, pd = s.get("per_position_accepted", []), s.get("per_position_drafted", [])
-        e.update(
-            {
-                "mat": emitted / steps if steps else 0.0,
-                "acceptance_rate": s.get("accepted_tokens", 0) / s["drafted_tokens"]
-                if s.get("drafted_tokens")
-                else 0.0,
-                "per_position_acceptance": [a / d if d else 0.0 for a, d in zip(pa, pd)],
-                "per_position_accepted": pa,
-                "per_position_drafted": pd,
-                "steps": steps,
-                "drafted_tokens": s.get("drafted_tokens", 0),
-                "accepted_tokens": s.get("accepted_tokens", 0),
-                "emitted_tokens": emitted,
-                "drafted_per_step": s.get("drafted_tokens", 0) / steps if steps else 0.0,
-                "draft_us_per_token": s.get("draft_seconds", 0.0) * 1e6 / emitted if emitted else 0.0,
-                "verify_us_per_token": s.get("verify_seconds", 0.0) * 1e6 / emitted if emitted else 0.0,
-                "draft_errors": s.get("draft_errors", 0),
-            }
-        )
-    else:
-        e.update({"drafter": run.method, "label": run.method})
-    e["per_prompt"] = run.per_prompt
-    return e
-
-
-def live_table(entries: list[dict[str, Any]]) -> str:
-    from specdec.eval.report import _f, format_table, group_by_dataset
-
-    x = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
-    cols = [
-        ("method", "<", lambda r: r["method"], str),
-        ("new tok", ">", lambda r: r["new_tokens"], str),
-        ("tok/s", ">", lambda r: r["tokens_per_second"], _f(".1f")),
-        ("vs hf-greedy", ">", lambda r: r.get("speedup_vs_hf_greedy"), x),
-        ("vs specdec-greedy", ">", lambda r: r.get("speedup_vs_specdec_greedy"), x),
-        ("vs hf-assisted", ">", lambda r: r.get("speedup_vs_hf_assisted"), x),
-        ("median vs hf-greedy", ">", lambda r: r.get("median_speedup_vs_hf_greedy"), x),
-        ("median s/prompt", ">", lambda r: r.get("median_seconds"), _f(".3f")),
-        ("slow prompts", ">", lambda r: len(r.get("slow_prompts") or []), str),
-        ("MAT", ">", lambda r: r.get("mat"), _f(".3f")),
-        ("accept", ">", lambda r: r.get("acceptance_rate"), _f(".3f")),
-        ("draft us/tok", ">", lambda r: r.get("draft_us_per_token"), _f(".1f")),
-        ("lossless", ">", lambda r: f"{r['lossless_equal_prompts']}/{r['prompts']}", str),
-    ]
-    parts = []
-    for ds, rows in group_by_dataset(entries).items():
-        parts.append(
-            format_table(
-                rows,
-                cols,
-                title=f"== live {ds}: {rows[0]['prompts']} prompts, reference output = {rows[0]['reference']}",
-            )
-        )
-    return "\n\n".join(parts)
-
-
 def run_live(args: argparse.Namespace) -> int:
-    from specdec.eval.checks import slow_prompt_notes
     from specdec.eval.cli import (
         Staging,
         check_counts,
@@ -371,63 +258,21 @@ def run_live(args: argparse.Namespace) -> int:
         safe_name,
         settings_from_args,
     )
-    from specdec.eval.prompts import load_prompts
-    from specdec.eval.results import atomic_write_text, build_document, results_path
+    from specdec.eval.results import results_path
 
     if args.drafter is None and not args.config:
         args.drafter = list(DEFAULT_LIVE_DRAFTERS)
     check_counts(args)
     settings = settings_from_args(args)
-    sets = []
-    for src in args.prompts:
-        name, items = load_prompts(src, limit=(args.offset + args.limit) if args.limit else None, data=args.data)
-        if not items[args.offset :]:
-            raise ValueError(f"prompt set {name!r}: --offset {args.offset} leaves no prompts ({len(items)} loaded)")
-        sets.append((name, items[args.offset :]))
+    sets = _load_sets(args)
     check_live_models(args, settings)
     saved = results_path(safe_name(args.save_results), device=args.device) if args.save_results else None
     staging = Staging(args.out, files=[("--json", args.json), ("--save-results", saved and str(saved))])
     try:
         live = Live(args)
         methods = _methods(live, settings)
-        entries: list[dict[str, Any]] = []
-        for name, items in sets:
-            runs = _run_set(live, name, items, methods)
-            ds_entries = [_entry(name, r, runs) for r in runs]
-            for e in ds_entries:
-                e["prompts_requested"] = len(items)
-                e["stopped_early"] = e["prompts"] < len(items)
-            echo(args, "\n".join([live_table(ds_entries), *slow_prompt_notes(ds_entries)]) + "\n")
-            entries += ds_entries
-            for r in runs:  # fresh totals per set
-                r.seconds, r.tokens, r.per_prompt, r.stats = 0.0, 0, [], {}
-        doc = build_document(
-            {
-                "command": "live",
-                "args": vars(args),
-                "target": live.target_path,
-                "draft_model": live.draft_path,
-                "eos_token_id": live.eos,
-                "drafter_settings": [s.describe() for s in settings],
-            },
-            entries,
-            device=args.device,
-        )
-        text = json.dumps(doc, indent=1) + "\n"
-        atomic_write_text(staging.path("results.json", args.json), text)
-        if args.save_results:
-            atomic_write_text(staging.path("saved.json", saved), text)
-        spec = [e for e in entries if e.get("mat") is not None]
-        if spec and not args.no_plots:
-            from specdec.eval.report import plot_mat, plot_per_position
-
-            plot_per_position(spec, staging.path("per_position_acceptance.png"))
-            plot_mat(
-                entries,
-                staging.path("speedup.png"),
-                key="speedup_vs_hf_greedy",
-                ylabel="wall-clock speedup vs hf-greedy (x)",
-            )
+        entries = _run_sets(live, methods, sets)
+        _write_results(live, staging, settings=settings, entries=entries, saved=saved)
         written = staging.commit()
     except BaseException:
         staging.abort()
@@ -435,3 +280,72 @@ def run_live(args: argparse.Namespace) -> int:
     for p in written:
         echo(args, f"wrote {p}")
     return 0
+
+
+def _load_sets(args: argparse.Namespace) -> list[tuple[str, list]]:
+    """Every prompt set, cut to ``--offset`` / ``--limit``; a ValueError for a set the offset leaves empty."""
+    from specdec.eval.prompts import load_prompts
+
+    sets = []
+    for src in args.prompts:
+        name, items = load_prompts(src, limit=(args.offset + args.limit) if args.limit else None, data=args.data)
+        if not items[args.offset :]:
+            raise ValueError(f"prompt set {name!r}: --offset {args.offset} leaves no prompts ({len(items)} loaded)")
+        sets.append((name, items[args.offset :]))
+    return sets
+
+
+def _run_sets(live: Live, methods: list, sets: list[tuple[str, list]]) -> list[dict[str, Any]]:
+    """Every set in turn, its table echoed as it ends: the entries of every method and set."""
+    from specdec.eval.checks import slow_prompt_notes
+    from specdec.eval.cli import echo
+
+    args = live.args
+    entries: list[dict[str, Any]] = []
+    for name, items in sets:
+        runs = _run_set(live, name, items, methods)
+        ds_entries = [live_entry(name, r, runs) for r in runs]
+        for e in ds_entries:
+            e["prompts_requested"] = len(items)
+            e["stopped_early"] = e["prompts"] < len(items)
+        echo(args, "\n".join([live_table(ds_entries), *slow_prompt_notes(ds_entries)]) + "\n")
+        entries += ds_entries
+        for r in runs:  # fresh totals per set
+            r.seconds, r.tokens, r.per_prompt, r.stats = 0.0, 0, [], {}
+    return entries
+
+
+def _write_results(
+    live: Live, staging: Staging, *, settings: list[Setting], entries: list[dict[str, Any]], saved: Path | None
+) -> None:
+    """The results document (``--json``, ``--save-results``) and, unless ``--no-plots``, the plots, all staged."""
+    from specdec.eval.results import atomic_write_text, build_document
+
+    args = live.args
+    doc = build_document(
+        {
+            "command": "live",
+            "args": vars(args),
+            "target": live.target_path,
+            "draft_model": live.draft_path,
+            "eos_token_id": live.eos,
+            "drafter_settings": [s.describe() for s in settings],
+        },
+        entries,
+        device=args.device,
+    )
+    text = json.dumps(doc, indent=1) + "\n"
+    atomic_write_text(staging.path("results.json", args.json), text)
+    if args.save_results:
+        atomic_write_text(staging.path("saved.json", saved), text)
+    spec = [e for e in entries if e.get("mat") is not None]
+    if spec and not args.no_plots:
+        from specdec.eval.report import plot_mat, plot_per_position
+
+        plot_per_position(spec, staging.path("per_position_acceptance.png"))
+        plot_mat(
+            entries,
+            staging.path("speedup.png"),
+            key="speedup_vs_hf_greedy",
+            ylabel="wall-clock speedup vs hf-greedy (x)",
+        )

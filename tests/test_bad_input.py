@@ -290,7 +290,7 @@ def test_cpu_note_names_the_draft_model() -> None:
 
 def test_live_medians_and_stalled_prompts() -> None:
     from specdec.eval.checks import slow_prompt_notes
-    from specdec.eval.live import MethodRun, _entry
+    from specdec.eval.live_report import MethodRun, live_entry
 
     def run(method: str, secs: list[float]) -> MethodRun:
         m = MethodRun(method, seconds=sum(secs), tokens=10 * len(secs))
@@ -299,10 +299,10 @@ def test_live_medians_and_stalled_prompts() -> None:
 
     hf = run("hf-greedy", [48.0, 66.0] + [2.0] * 8)
     spec = run("specdec-greedy", [2.0, 2.0] + [1.6] * 8)
-    e = _entry("set", spec, [hf, spec])
+    e = live_entry("set", spec, [hf, spec])
     assert e["speedup_vs_hf_greedy"] == pytest.approx(130.0 / 16.8)  # the sum: skewed by two stalled prompts
     assert e["median_speedup_vs_hf_greedy"] == pytest.approx(2.0 / 1.6)
-    h = _entry("set", hf, [hf, spec])
+    h = live_entry("set", hf, [hf, spec])
     assert h["median_seconds"] == 2.0 and [p["id"] for p in h["slow_prompts"]] == ["p0", "p1"]
     (note,) = slow_prompt_notes([h, e])
     assert "hf-greedy" in note and "p0 (48.00 s)" in note and "3x the median 2.00 s" in note
