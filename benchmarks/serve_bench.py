@@ -17,272 +17,60 @@ starting new work in time to write results inside one device call. Writes serve_
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import os
-import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from benchmarks import serve_inputs as inputs
+from benchmarks.serve_bench_runs import (
+    BENCH_TIMEOUT_S,
+    MARGIN_S,
+    RANDOM_INPUT_LEN,
+    RANDOM_OUTPUT_LEN,
+    RATE_SLICES,
+    SATURATION_LADDER,
+    WARMUP_SLICE,
+    Budget,
+    bench_cmd,
+    bench_once,
+    find_saturation,
+    parse_rates,
+    saturation_rate,
+    serving,
+)
 from benchmarks.serve_common import (
     HEALTH_TIMEOUT_S,
-    HOST,
     VLLM_CLI_ENV,
     ServeError,
-    Server,
     device_name,
-    free_port,
     parse_methods,
-    scrape,
-    spec_config,
-    spec_delta,
-    vllm_cli,
 )
 from benchmarks.serve_report import write_outputs
 from specdec.eval.results import installed_versions
 
-RANDOM_INPUT_LEN, RANDOM_OUTPUT_LEN = 256, 128  # the low-acceptance random traffic of the issue
-WARMUP_SLICE = 0  # slice 0 of every pool warms a server up; rate k uses slice k + 1
-# rates (x capacity) measured from the top down, to show where output tokens/s stop rising: the ladder stops at the
-# first rate that falls short of the all-at-once throughput, so the slowest (lowest) rates run only where needed
-SATURATION_LADDER = (1.25, 1.0, 0.75, 0.5)
-BENCH_TIMEOUT_S = 600
-RATE_SLICES = 4  # slices the saturation ladder cycles through (one per default rate)
-MARGIN_S = 30.0  # kept from --time-budget-s for stopping the server and writing results
-
-
-class Budget:
-    def __init__(self, seconds: float) -> None:
-        self.end = time.monotonic() + seconds
-
-    def left(self) -> float:
-        return self.end - time.monotonic() - MARGIN_S
-
-
-def parse_rates(text: str, saturation: dict[str, float] | None, dataset: str) -> list[tuple[str, float | str]]:
-    """``0.25R,...,inf,12`` -> [(label, req/s or "inf")]; ``xR`` needs the dataset's saturation rate."""
-    out: list[tuple[str, float | str]] = []
-    for tok in (t.strip() for t in text.split(",") if t.strip()):
-        if tok == "inf":
-            out.append(("inf", "inf"))
-        elif tok.endswith("R"):
-            if not saturation or dataset not in saturation:
-                raise ServeError(
-                    f"rate {tok!r} needs the saturation rate R of dataset {dataset!r}: pass "
-                    "--saturation-rate, --saturation-file or --saturation-rate auto"
-                )
-            out.append((tok, float(tok[:-1] or 1) * saturation[dataset]["rate"]))
-        else:
-            try:
-                out.append((tok, float(tok)))
-            except ValueError:
-                raise ServeError(f"rate {tok!r} is not a number, 'xR' or 'inf' (e.g. --rates 0.25R,0.5R,inf)") from None
-    return out
-
-
-def bench_cmd(
-    args: argparse.Namespace,
-    *,
-    port: int,
-    dataset: str,
-    rows_file: Path | None,
-    num: int,
-    rate: float | str,
-    seed: int,
-    result: Path,
-) -> list[str]:
-    """The `vllm bench serve` command line of one rate (flags as in vLLM 0.26's benchmarks/serve.py)."""
-    cmd = [
-        *vllm_cli(args.vllm_cli),
-        "bench",
-        "serve",
-        "--backend",
-        "vllm",
-        "--model",
-        args.model,
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--endpoint",
-        "/v1/completions",
-        "--num-prompts",
-        str(num),
-        "--request-rate",
-        str(rate),
-        "--seed",
-        str(seed),
-        "--temperature",
-        str(args.temperature),
-        "--percentile-metrics",
-        "ttft,tpot,itl,e2el",
-        "--metric-percentiles",
-        "50,99",
-        "--disable-tqdm",
-        "--save-result",
-        "--result-dir",
-        str(result.parent),
-        "--result-filename",
-        result.name,
-    ]
-    if dataset == inputs.RANDOM_DATASET:
-        cmd += [
-            "--dataset-name",
-            "random",
-            "--random-input-len",
-            str(RANDOM_INPUT_LEN),
-            "--random-output-len",
-            str(RANDOM_OUTPUT_LEN),
-        ]
-    else:
-        cmd += [
-            "--dataset-name",
-            "custom",
-            "--dataset-path",
-            str(rows_file),
-            "--custom-output-len",
-            "-1",
-            "--skip-chat-template",
-            "--disable-shuffle",
-            "--no-oversample",
-        ]
-    if args.ignore_eos:
-        cmd.append("--ignore-eos")
-    return cmd
-
-
-def bench_once(
-    args: argparse.Namespace,
-    server: Server,
-    *,
-    dataset: str,
-    slice_index: int,
-    rate: float | str,
-    budget: Budget,
-    num: int = 0,
-) -> dict[str, Any]:
-    """One `vllm bench serve` run on the first ``num`` prompts (default all) of slice ``slice_index``: its result
-    keys and the spec-decode deltas."""
-    num = num or args.num_prompts
-    work = Path(args.out_dir) / "work"
-    tag = f"{server.port}-{dataset}-{slice_index}"
-    rows_file = None
-    if dataset != inputs.RANDOM_DATASET:
-        rows = inputs.rate_slice(args.pools[dataset], slice_index, args.num_prompts, pool=dataset)
-        rows_file = inputs.write_jsonl(work / f"{tag}.jsonl", rows[:num])
-    result = work / f"{tag}.result.json"
-    result.unlink(missing_ok=True)
-    cmd = bench_cmd(
-        args,
-        port=server.port,
-        dataset=dataset,
-        rows_file=rows_file,
-        num=num,
-        rate=rate,
-        seed=slice_index,
-        result=result,
-    )
-    before = scrape(server.base_url)
-    log = work / f"{tag}.bench.log"
-    with open(log, "w") as fh:
-        try:
-            rc = subprocess.run(
-                cmd,
-                check=False,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                timeout=max(1.0, min(BENCH_TIMEOUT_S, budget.left())),
-            ).returncode
-        except subprocess.TimeoutExpired:
-            raise ServeError(f"`vllm bench serve` ran past the time budget: see {log}") from None
-    if rc != 0 or not result.exists():
-        raise ServeError(f"`vllm bench serve` exited with code {rc}: see {log}")
-    bench = json.loads(result.read_text())
-    return {
-        "bench": {k: v for k, v in bench.items() if not isinstance(v, list)},
-        "spec": spec_delta(before, scrape(server.base_url)),
-        "command": cmd,
-    }
-
-
-@contextlib.contextmanager
-def serving(args: argparse.Namespace, method: str, tag: str) -> Iterator[Server]:
-    spec = spec_config(method, args.draft_model)
-    port = args.port or free_port()
-    server = Server(
-        args.model,
-        port=port,
-        log=Path(args.out_dir) / f"server-{method}-{tag}.log",
-        spec=spec,
-        server_args=args.server_args,
-        cli=args.vllm_cli,
-    )
-    try:
-        server.start(args.health_timeout_s)
-        if args.warmup_prompts:
-            bench_once(
-                args,
-                server,
-                dataset=args.datasets[0],
-                slice_index=WARMUP_SLICE,
-                rate="inf",
-                budget=Budget(BENCH_TIMEOUT_S),
-                num=args.warmup_prompts,
-            )
-        yield server
-    finally:
-        server.stop()
-
-
-def find_saturation(args: argparse.Namespace, server: Server, budget: Budget) -> dict[str, Any]:
-    """Per dataset: capacity C = request throughput with every request at once; then the ladder C x
-    SATURATION_LADDER from the top down, until a rate falls short. R = the smallest ladder rate whose output
-    tokens/s reach (1 - tol) of the all-at-once figure, else C. A dataset that fails or runs out of time is recorded
-    with its error (the others keep their rates)."""
-    out: dict[str, Any] = {}
-    for dataset in args.datasets:
-        if budget.left() <= 0:
-            out[dataset] = {"error": "not measured: the time budget ran out"}
-            continue
-        try:
-            out[dataset] = _saturate(args, server, dataset, budget)
-        except ServeError as exc:
-            out[dataset] = {"error": str(exc)}
-    return out
-
-
-def _saturate(args: argparse.Namespace, server: Server, dataset: str, budget: Budget) -> dict[str, Any]:
-    top = bench_once(args, server, dataset=dataset, slice_index=1, rate="inf", budget=budget)
-    cap, tput = top["bench"]["request_throughput"], top["bench"]["output_throughput"]
-    floor = (1 - args.saturation_tol) * tput
-    ladder = []
-    for i, f in enumerate(SATURATION_LADDER):
-        if budget.left() <= 0:
-            break
-        # no speculation keeps no cache: the ladder may reuse the rate slices
-        run = bench_once(
-            args, server, dataset=dataset, slice_index=1 + (i + 1) % RATE_SLICES, rate=f * cap, budget=budget
-        )
-        ladder.append({"rate": f * cap, "output_throughput": run["bench"]["output_throughput"]})
-        if ladder[-1]["output_throughput"] < floor:
-            break
-    return {
-        "rate": saturation_rate(ladder, floor, cap),
-        "capacity_req_s": cap,
-        "inf_output_throughput": tput,
-        "ladder": ladder,
-    }
-
-
-def saturation_rate(ladder: list[dict[str, float]], floor: float, capacity: float) -> float:
-    """The smallest measured rate whose output tokens/s reach ``floor``, else ``capacity``."""
-    reached = [p["rate"] for p in ladder if p["output_throughput"] >= floor]
-    return min(reached) if reached else capacity
+__all__ = [  # the driver's names and those of serve_bench_runs, re-exported
+    "BENCH_TIMEOUT_S",
+    "MARGIN_S",
+    "RANDOM_INPUT_LEN",
+    "RANDOM_OUTPUT_LEN",
+    "RATE_SLICES",
+    "SATURATION_LADDER",
+    "WARMUP_SLICE",
+    "Budget",
+    "bench_cmd",
+    "bench_once",
+    "find_saturation",
+    "load_saturation",
+    "main",
+    "parse_rates",
+    "run",
+    "run_method",
+    "saturation_rate",
+    "serving",
+]
 
 
 def _record(doc: dict[str, Any], method: str, dataset: str, label: str, rate: float | str, res: dict[str, Any]) -> None:
