@@ -927,7 +927,7 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch)
 
 
 def test_schedule_cpu_benchmark_configs_draft_the_same():
-    """eval/bench_schedule_cpu: the refresh's place changes where the work runs, not the drafts
+    """benchmarks/bench_schedule_cpu: the refresh's place changes where the work runs, not the drafts
     (greedy verification against fixed responses: equal acceptance).
     Two lane threads, and every clock-driven decision off (``adaptive=False``: pad_drafts 'auto' once made the
     drafts depend on the measured step period, a CI failure)."""
