@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from core_support import target_sequence
-from specdec.drafters.suffix import LaneDecisions, SuffixDrafter, native_available
+from specdec.drafters.suffix import SuffixDrafter, native_available
+from specdec.drafters.suffix_lane import LaneDecisions
 from specdec.vllm_plugin.core.engine import LaneEngine, StepEngine
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.core.python_engine import PythonEngine

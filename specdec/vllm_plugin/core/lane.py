@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from specdec.drafters.suffix import LaneDecisions
+from specdec.drafters.suffix_lane import LaneDecisions
 from specdec.vllm_plugin.core.adaptive import ACCEPT_EMA_ALPHA, MAX_CUT, PROBE_TOKENS
 
 CALIB_DECAY = 0.8  # decay of a request's predicted / accepted sums (calibration), per step

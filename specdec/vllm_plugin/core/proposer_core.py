@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from specdec.drafters.base import Drafter, DraftGuard
-from specdec.drafters.suffix import LaneDecisions
+from specdec.drafters.suffix_lane import LaneDecisions
 from specdec.vllm_plugin.core.adaptive import AdaptiveController, StepCostModel, bucket_of
 from specdec.vllm_plugin.core.backoff import BackOff
 from specdec.vllm_plugin.core.engine import LANE_MAX_OVERRUNS, LaneEngine, StepEngine, StepPlan
