@@ -98,27 +98,12 @@ class SpecdecProposer:
         self.schedule_mode = self.options.async_drafting and self.options.async_mode == "schedule"
         self.threaded = self.options.async_drafting and self.options.async_mode == "thread"
         self.scheduled: Any = None  # ScheduledDrafting, built at the first step under vLLM's async scheduling
-        # schedule mode: with vLLM's uniform k slots every row is padded to k, with adaptive slots the drafts stay
-        # cut (their lengths are the next step's slots) and pad_drafts decides as usual
-        threads = resolve_lane_threads(self.options.lane_threads, schedule=self.schedule_mode)
-        core_options = self.options.replace(lane_threads=threads)
-        if self.schedule_mode and self.options.draft_slots == "uniform":
-            core_options = core_options.replace(pad_drafts="on")
         self.drafts_here = _tp_rank() == DRIVER_RANK  # vLLM builds the runner after its process groups
         self.core: ProposerCore | None = None  # the drafting core: TP rank 0 only
         self.drafting: SyncDrafting | ThreadDrafting | None = None  # the mode's calls (schedule mode: the hooks')
         if self.drafts_here:
-            core_cls = ThreadedProposerCore if self.threaded else ProposerCore
             drafter = drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer)
-            faults = os.environ.get(FAULTS_ENV, "")  # test only (the soak's --faults): never a user option
-            self.core = core_cls(
-                inject_faults(drafter, faults, timeout_ms=self.options.draft_timeout_ms) if faults else drafter,
-                core_options,
-                max_model_len=max_model_len,
-                target_params=params,
-            )
-            if self.schedule_mode and self.options.draft_slots == "adaptive":
-                self.core.pad_below_rows = NARROW_FROM_ROWS  # below the narrow steps every row keeps k slots, padded
+            self.core = self._build_core(drafter, max_model_len=max_model_len, params=params)
             if isinstance(self.core, ThreadedProposerCore):
                 self.drafting = ThreadDrafting(self.core, hand_off=self.patches.on("thread hand-off"))
             else:
@@ -136,6 +121,25 @@ class SpecdecProposer:
         self._warned_unbound = False
         INSTANCES.add(self)
         self.exporter = start_exporter(self.options, self.stats, vllm_config=vllm_config, tp_rank=_tp_rank)
+
+    def _build_core(self, drafter: Drafter, *, max_model_len: int, params: float) -> ProposerCore:
+        """The drafting core of this mode. Schedule mode: with vLLM's uniform k slots every row is padded to k;
+        with adaptive slots the drafts stay cut (their lengths are the next step's slots), and below the narrow
+        steps every row keeps k slots, padded."""
+        opts = self.options
+        core_options = opts.replace(lane_threads=resolve_lane_threads(opts.lane_threads, schedule=self.schedule_mode))
+        if self.schedule_mode and opts.draft_slots == "uniform":
+            core_options = core_options.replace(pad_drafts="on")
+        faults = os.environ.get(FAULTS_ENV, "")  # test only (the soak's --faults): never a user option
+        core = (ThreadedProposerCore if self.threaded else ProposerCore)(
+            inject_faults(drafter, faults, timeout_ms=opts.draft_timeout_ms) if faults else drafter,
+            core_options,
+            max_model_len=max_model_len,
+            target_params=params,
+        )
+        if self.schedule_mode and opts.draft_slots == "adaptive":
+            core.pad_below_rows = NARROW_FROM_ROWS
+        return core
 
     # ----------------------------------------------------------------- runner binding
     def bind_step(self, input_batch: Any, scheduler_output: Any = None) -> None:
