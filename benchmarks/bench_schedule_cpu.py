@@ -96,48 +96,9 @@ def run(
     """One configuration over ``steps`` timed steps (see the module docstring); ``adaptive`` False: every decision
     that reads the clock off (the cost model; ``pad_drafts`` 'on' instead of 'auto', which pads by the measured step
     period; no drafting deadline): drafts then independent of timing, what the tests compare."""
-    timing_free = {} if adaptive else {"adaptive": False, "pad_drafts": "on", "draft_timeout_ms": 0.0}
-    opts = SpecdecOptions.from_dict(
-        {
-            "num_speculative_tokens": k,
-            "async_drafting": True,
-            "async_mode": "schedule",
-            "lane_threads": threads,
-            **timing_free,
-            **CONFIGS[config],
-        }
-    )
-    max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in pool) + 8
-    eng = FakeEngine(records, pool, max_len)
-    core = ProposerCore(build_proposer_drafter(opts), opts, max_model_len=max_len, target_params=7e9)
-    book = SlotBook(k, prefill_cap=0)
-    sched = ScheduledDrafting(
-        core,
-        k=k,
-        max_rows=len(records),
-        device="cpu",
-        device_wait=HostWait(),
-        slot_book=book,
-        matrix_step=opts.matrix_step,
-    )
-    states: dict[str, Any] = {}
-    drafts: list[list[int]] = [[] for _ in records]
-    fills: list[float] = []
-    finishes: list[float] = []
+    eng, core, book, sched = _scheduled(config, records, pool, k=k, threads=threads, adaptive=adaptive)
     try:
-        for step in range(steps + WARMUP_STEPS):
-            out = capture_step(sched, eng, eng.verify(drafts), states, k=k)
-            t0 = time.perf_counter()
-            sched.fill(out)
-            t1 = time.perf_counter()
-            time.sleep(gpu_ms / 1e3)  # the GPU's step: the engine thread is busy elsewhere
-            t2 = time.perf_counter()
-            sched.finish()
-            t3 = time.perf_counter()
-            if step >= WARMUP_STEPS:
-                fills.append(t1 - t0)
-                finishes.append(t3 - t2)
-            drafts = [out[i, : book.table.get(rid, k)].tolist() for i, rid in enumerate(eng.ids)]
+        fills, finishes = _timed_steps(sched, eng, book, k=k, steps=steps, gpu_ms=gpu_ms)
     finally:
         sched.close()
     stats = core.stats_dict()
@@ -164,28 +125,65 @@ def run(
     }
 
 
+def _scheduled(
+    config: str, records: list[Any], pool: list[Any], *, k: int, threads: int, adaptive: bool
+) -> tuple[FakeEngine, ProposerCore, SlotBook, ScheduledDrafting]:
+    """The engine stand-in over ``records`` and schedule mode's drafting for one configuration (``run``'s
+    ``adaptive``), its device wait on the host."""
+    timing_free = {} if adaptive else {"adaptive": False, "pad_drafts": "on", "draft_timeout_ms": 0.0}
+    opts = SpecdecOptions.from_dict(
+        {
+            "num_speculative_tokens": k,
+            "async_drafting": True,
+            "async_mode": "schedule",
+            "lane_threads": threads,
+            **timing_free,
+            **CONFIGS[config],
+        }
+    )
+    max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in pool) + 8
+    eng = FakeEngine(records, pool, max_len)
+    core = ProposerCore(build_proposer_drafter(opts), opts, max_model_len=max_len, target_params=7e9)
+    book = SlotBook(k, prefill_cap=0)
+    sched = ScheduledDrafting(
+        core,
+        k=k,
+        max_rows=len(records),
+        device="cpu",
+        device_wait=HostWait(),
+        slot_book=book,
+        matrix_step=opts.matrix_step,
+    )
+    return eng, core, book, sched
+
+
+def _timed_steps(
+    sched: ScheduledDrafting, eng: FakeEngine, book: SlotBook, *, k: int, steps: int, gpu_ms: float
+) -> tuple[list[float], list[float]]:
+    """The warm-up, then ``steps`` timed steps: each step's fill and finish (seconds), the GPU's step a sleep
+    between them."""
+    states: dict[str, Any] = {}
+    drafts: list[list[int]] = [[] for _ in eng.ids]
+    fills: list[float] = []
+    finishes: list[float] = []
+    for step in range(steps + WARMUP_STEPS):
+        out = capture_step(sched, eng, eng.verify(drafts), states, k=k)
+        t0 = time.perf_counter()
+        sched.fill(out)
+        t1 = time.perf_counter()
+        time.sleep(gpu_ms / 1e3)  # the GPU's step: the engine thread is busy elsewhere
+        t2 = time.perf_counter()
+        sched.finish()
+        t3 = time.perf_counter()
+        if step >= WARMUP_STEPS:
+            fills.append(t1 - t0)
+            finishes.append(t3 - t2)
+        drafts = [out[i, : book.table.get(rid, k)].tolist() for i, rid in enumerate(eng.ids)]
+    return fills, finishes
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset", default="code_alpaca", help="trace set (specdec-eval replay names)")
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument(
-        "--configs",
-        default="default,no_early_refresh",
-        type=lambda s: s.split(","),
-        help=f"comma-separated, of: {', '.join(CONFIGS)}",
-    )
-    ap.add_argument("--k", type=int, default=16, help="num_speculative_tokens")
-    ap.add_argument("--steps", type=int, default=200, help="timed steps per run")
-    ap.add_argument("--gpu-ms", type=float, default=8.0, help="the GPU's step between fill and finish (a sleep)")
-    ap.add_argument(
-        "--repeat",
-        type=int,
-        default=6,
-        help="each response's first 80 tokens tiled this many times (1: the recorded responses as they are)",
-    )
-    ap.add_argument("--lane-threads", type=int, default=2, help="lane_threads (this machine's cores, at most)")
-    ap.add_argument("--repeats", type=int, default=3, help="runs per config (interleaved); the median is reported")
-    ap.add_argument("--name", default="bench_schedule_cpu", help="results file name part")
+    ap = _parser()
     args = ap.parse_args(argv)
     unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:
@@ -215,15 +213,46 @@ def main(argv: list[str] | None = None) -> None:
                 f"{row['accepted_tokens']}",
                 flush=True,
             )
+    rows = _median_rows(runs)
+    print("| config | fill ms | finish ms (GPU waits) | engine thread ms/step |\n| --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['config']} | {r['fill_ms']:.3f} | {r['finish_ms']:.3f} | {r['engine_thread_ms']:.3f} |")
+    print("wrote", write_results(results_path(args.name, device="cpu"), vars(args), rows, device="cpu"))
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", default="code_alpaca", help="trace set (specdec-eval replay names)")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument(
+        "--configs",
+        default="default,no_early_refresh",
+        type=lambda s: s.split(","),
+        help=f"comma-separated, of: {', '.join(CONFIGS)}",
+    )
+    ap.add_argument("--k", type=int, default=16, help="num_speculative_tokens")
+    ap.add_argument("--steps", type=int, default=200, help="timed steps per run")
+    ap.add_argument("--gpu-ms", type=float, default=8.0, help="the GPU's step between fill and finish (a sleep)")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=6,
+        help="each response's first 80 tokens tiled this many times (1: the recorded responses as they are)",
+    )
+    ap.add_argument("--lane-threads", type=int, default=2, help="lane_threads (this machine's cores, at most)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per config (interleaved); the median is reported")
+    ap.add_argument("--name", default="bench_schedule_cpu", help="results file name part")
+    return ap
+
+
+def _median_rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per configuration, its median run by engine-thread ms per step, with every run's value beside it."""
     rows = []
     for rs in runs.values():
         row = sorted(rs, key=lambda r: r["engine_thread_ms"])[len(rs) // 2]
         row["all_engine_thread_ms"] = [r["engine_thread_ms"] for r in rs]
         rows.append(row)
-    print("| config | fill ms | finish ms (GPU waits) | engine thread ms/step |\n| --- | --- | --- | --- |")
-    for r in rows:
-        print(f"| {r['config']} | {r['fill_ms']:.3f} | {r['finish_ms']:.3f} | {r['engine_thread_ms']:.3f} |")
-    print("wrote", write_results(results_path(args.name, device="cpu"), vars(args), rows, device="cpu"))
+    return rows
 
 
 if __name__ == "__main__":

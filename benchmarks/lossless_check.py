@@ -107,21 +107,7 @@ def compare(tokens: list[list[int]], baseline: list[list[int]]) -> list[dict[str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--prompts", type=int, default=DEFAULT_PROMPTS, help="first N HumanEval prompts")
-    ap.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW)
-    ap.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help="draft tokens per request per step")
-    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
-    ap.add_argument("--modes", nargs="+", choices=("chain", "tree"), default=["chain", "tree"])
-    ap.add_argument("--drafters", nargs="+", default=["model"], help="drafter names (model, suffix, ngram)")
-    ap.add_argument("--model-backend", default="eager", help="ModelDrafter backend (eager, torch, onnx, auto...)")
-    ap.add_argument("--no-eos", action="store_true", help="ignore EOS: always generate --max-new-tokens")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave the default)")
-    ap.add_argument(
-        "--out", default=None, help="results JSON path (default eval/results/<date>_<device>_lossless.json)"
-    )
-    ap.add_argument("--progress", action="store_true")
-    args = ap.parse_args(argv)
+    args = _parser().parse_args(argv)
     from specdec.eval.results import results_path, write_results
 
     if args.threads:
@@ -142,6 +128,42 @@ def main(argv: Sequence[str] | None = None) -> int:
             **base_stats.as_dict(),
         }
     ]
+    results += _checked_runs(args, target, prompts, baseline=baseline, eos=eos)
+    path = write_results(args.out or results_path("lossless"), _settings(args, eos), results)
+    _print_table(results)
+    print(f"wrote {path}")
+    return 0 if all(r["all_equal"] for r in results) else 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prompts", type=int, default=DEFAULT_PROMPTS, help="first N HumanEval prompts")
+    ap.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW)
+    ap.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help="draft tokens per request per step")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--modes", nargs="+", choices=("chain", "tree"), default=["chain", "tree"])
+    ap.add_argument("--drafters", nargs="+", default=["model"], help="drafter names (model, suffix, ngram)")
+    ap.add_argument("--model-backend", default="eager", help="ModelDrafter backend (eager, torch, onnx, auto...)")
+    ap.add_argument("--no-eos", action="store_true", help="ignore EOS: always generate --max-new-tokens")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave the default)")
+    ap.add_argument(
+        "--out", default=None, help="results JSON path (default eval/results/<date>_<device>_lossless.json)"
+    )
+    ap.add_argument("--progress", action="store_true")
+    return ap
+
+
+def _checked_runs(
+    args: argparse.Namespace,
+    target: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    baseline: list[list[int]],
+    eos: int | None,
+) -> list[dict[str, Any]]:
+    """Plain greedy at the batch sizes past 1, then every (drafter, mode, batch size), each compared with
+    ``baseline`` prompt by prompt."""
+    results: list[dict[str, Any]] = []
     runs = [(None, "plain", b) for b in args.batch_sizes if b > 1]
     runs += [(d, m, b) for d in args.drafters for m in args.modes for b in args.batch_sizes]
     for name, mode, bs in runs:
@@ -173,7 +195,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if drafter is not None:
             drafter.close()
-    settings = {
+    return results
+
+
+def _settings(args: argparse.Namespace, eos: int | None) -> dict[str, Any]:
+    """The results file's settings: target, prompts, lengths, budget, backend, threads, verifier."""
+    return {
         "target": TARGET_MODEL,
         "dtype": "float32",
         "device": "cpu",
@@ -187,10 +214,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "torch_threads": torch.get_num_threads(),
         "verifier": "specdec.verifiers.reference (greedy)",
     }
-    path = write_results(args.out or results_path("lossless"), settings, results)
-    _print_table(results)
-    print(f"wrote {path}")
-    return 0 if all(r["all_equal"] for r in results) else 1
 
 
 def _print_table(results: list[dict[str, Any]]) -> None:

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_vllm import LOSSLESS_MAX_TOKENS, _spec_config
+from benchmarks.bench_vllm_methods import LOSSLESS_MAX_TOKENS, _spec_config
 from specdec.paths import TARGET_MODEL, model_path
 
 REFERENCE = "nospec"

@@ -11,18 +11,16 @@ import pytest
 import torch
 
 from benchmarks.step_cost_curve import free_budgets, largest_free, prefill, summarize, verify_forward
-from benchmarks.tree_prize import (
+from benchmarks.tree_prize_report import gains, prize_rows, ratio_ci
+from benchmarks.tree_prize_shapes import (
     MAX_DEPTH,
     MAX_RANK,
     RankStats,
     ShapedDrafter,
     acceptance_table,
-    gains,
     pool_budget,
-    prize_rows,
     prune_to_shape,
     rank_paths,
-    ratio_ci,
     static_shape,
 )
 from specdec.drafters.base import Drafter, DraftRequest

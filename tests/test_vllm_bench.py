@@ -164,7 +164,7 @@ def test_inflate_builds_once_and_every_engine_gets_the_inflated_model(tmp_path, 
     import json
     from pathlib import Path
 
-    from benchmarks import bench_vllm
+    from benchmarks import bench_vllm, bench_vllm_driver
     from specdec.eval import inflate_model
 
     src = tmp_path / "code-target-53m"
@@ -193,8 +193,10 @@ def test_inflate_builds_once_and_every_engine_gets_the_inflated_model(tmp_path, 
         return 0
 
     monkeypatch.setattr(inflate_model, "INFLATE_DIR", tmp_path / "shapes")
-    monkeypatch.setattr(bench_vllm.subprocess, "check_call", check_call)
-    monkeypatch.setattr(bench_vllm, "_spawn", lambda args, method, *a, **kw: spawned.append((method, args.model)))
+    monkeypatch.setattr(inflate_model.subprocess, "check_call", check_call)
+    monkeypatch.setattr(
+        bench_vllm_driver, "_spawn", lambda args, method, *a, **kw: spawned.append((method, args.model))
+    )
     bench_vllm.main(
         [
             "--prompts",
@@ -442,7 +444,7 @@ def test_a_sustained_only_run_has_no_closed_tables():
 def test_load_both_runs_each_load_in_its_own_engine_and_joins_the_cells(tmp_path, monkeypatch):
     import json
 
-    from benchmarks import bench_vllm
+    from benchmarks import bench_vllm, bench_vllm_driver
 
     prompts = tmp_path / "prompts.json"
     sets = {"warmup": [[1]], "bs8": [[1, 2]], "bs32": [[3]], "sus32": [[4], [5], [6]]}
@@ -464,7 +466,7 @@ def test_load_both_runs_each_load_in_its_own_engine_and_joins_the_cells(tmp_path
             "datasets": {"code": {key: cell}},
         }
 
-    monkeypatch.setattr(bench_vllm, "_spawn", spawn)
+    monkeypatch.setattr(bench_vllm_driver, "_spawn", spawn)
     bench_vllm.main(
         [
             "--prompts",
@@ -589,11 +591,11 @@ def test_varied_sustained_cells_use_the_seeded_lengths_and_closed_cells_keep_max
     import argparse
     from types import SimpleNamespace
 
-    from benchmarks import bench_vllm
+    from benchmarks import bench_vllm, bench_vllm_worker
     from benchmarks.bench_vllm_load import varied_lengths
     from benchmarks.step_timer import StepTimer
 
-    monkeypatch.setattr(bench_vllm, "_final_only", lambda sp: sp)  # vLLM's RequestOutputKind: not on CPU
+    monkeypatch.setattr(bench_vllm_worker, "_final_only", lambda sp: sp)  # vLLM's RequestOutputKind: not on CPU
     generated = []
     llm = SimpleNamespace(
         llm_engine=LengthEngine(),
@@ -632,7 +634,7 @@ def _fake_workers(monkeypatch, cells_of):
     that fills as the driver spawns workers)."""
     import json
 
-    from benchmarks import bench_vllm
+    from benchmarks import bench_vllm_driver
 
     cmds = []
 
@@ -650,7 +652,7 @@ def _fake_workers(monkeypatch, cells_of):
             json.dump(result, f)
         return 0
 
-    monkeypatch.setattr(bench_vllm, "run_worker", call)
+    monkeypatch.setattr(bench_vllm_driver, "run_worker", call)
     return cmds
 
 
