@@ -11,15 +11,13 @@ drafter lifecycle calls (start / extend / stop, keyed by request id), drafting u
 never exceed ``num_speculative_tokens`` nor reach past ``max_model_len``. A request seen with a context length that
 does not follow from what the drafter knows (preemption, recompute) is restarted from the full context ("resync").
 Requests absent from the batch are stopped (finished, aborted or preempted; a preempted one is restarted when it
-returns).
+returns). What the core reports (statistics, the periodic log line, the drafter's gauges) is ``core/reporting.py``'s.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -28,15 +26,11 @@ from specdec.drafters.suffix_lane import LaneDecisions
 from specdec.vllm_plugin.core.adaptive import AdaptiveController, StepCostModel, bucket_of
 from specdec.vllm_plugin.core.backoff import BackOff
 from specdec.vllm_plugin.core.engine import LANE_MAX_OVERRUNS, LaneEngine, StepEngine, StepPlan
-from specdec.vllm_plugin.core.faults import FaultyDrafter
 from specdec.vllm_plugin.core.lane import Lane, LaneCounts, find_lane, lane_step_tokens
 from specdec.vllm_plugin.core.python_engine import PythonEngine, chain_draft
+from specdec.vllm_plugin.core.reporting import ProposerReporting
 from specdec.vllm_plugin.core.state import ProposerStats, RequestState
 from specdec.vllm_plugin.entry.options import SpecdecOptions
-from specdec.vllm_plugin.logs import LOGGER_NAME
-from specdec.vllm_plugin.metrics.drafter import SAMPLE_PERIOD_S, drafter_gauges
-
-logger = logging.getLogger(LOGGER_NAME)
 
 ASSUMED_GPU_FLOPS = 1e15  # dense bf16 of an H100/H200 class GPU, for pad_drafts="auto"'s compute estimate
 PAD_MAX_STEP_SHARE = 0.1  # pad_drafts="auto": pad while the padded tokens' compute is under this share of a step
@@ -44,7 +38,7 @@ PAD_DEFAULT_PERIOD_S = 1e-3  # step period assumed before any is measured
 PERIOD_EMA = 0.9  # decay of the step-period average
 
 
-class ProposerCore:
+class ProposerCore(ProposerReporting):
     """Turns vLLM's per-step rows into drafter calls and chain drafts (see the module docstring)."""
 
     def __init__(
@@ -76,11 +70,7 @@ class ProposerCore:
         self._last_verified = 0
         self._last_bucket = 0
         self.timeout_s = options.draft_timeout_ms / 1e3
-        self._timeout_logged = False
-        self._last_log = clock()
-        self.drafter_state: dict[str, int] = {}  # the drafter's size gauges, last sample (metrics.drafter)
-        self._sampled_at = -float("inf")
-        self._sample_failed = False
+        self._init_reporting()
         self.target_params = target_params
         self._token_s = 2.0 * target_params / ASSUMED_GPU_FLOPS  # GPU seconds per verified token (estimate)
         self._period_s = PAD_DEFAULT_PERIOD_S
@@ -345,76 +335,6 @@ class ProposerCore:
         return cost
 
     _chain = staticmethod(chain_draft)  # (tests and benchmarks cut chains as a step does)
-
-    def _on_timeout(self, n: int) -> None:
-        self.stats.timeouts += 1
-        self.guard.stats.timeouts += 1
-        if not self._timeout_logged:
-            self._timeout_logged = True
-            logger.warning(
-                "specdec: drafting %d request(s) took longer than draft_timeout_ms=%.1f; that step goes "
-                "on without drafts (counted as draft_timeouts; not logged again)",
-                n,
-                self.options.draft_timeout_ms,
-            )
-
-    # ----------------------------------------------------------------- reporting
-    def _drafter_idle(self) -> bool:
-        """Whether the drafter may be called now (no drafting job of the deadline thread still running)."""
-        worker = self.python.worker
-        return worker is None or not worker.busy
-
-    def _maybe_sample(self) -> None:
-        """Refresh ``drafter_state`` at most every SAMPLE_PERIOD_S, on this (the drafting) thread, between steps.
-        A failed read keeps the last sample (logged once): statistics never fail a step."""
-        now = self.clock()
-        if now - self._sampled_at < SAMPLE_PERIOD_S or not self._drafter_idle():
-            return
-        self._sampled_at = now
-        try:
-            self.drafter_state = drafter_gauges(self.guard.drafter)
-        except Exception as exc:  # noqa: BLE001 - a gauge must never fail a step
-            if not self._sample_failed:
-                self._sample_failed = True
-                logger.warning("specdec: reading the drafter's size failed (%r); its gauges stay as they were", exc)
-
-    def stats_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = self.stats.as_dict()
-        d.update(self.guard.stats.as_dict())
-        d["draft_timeouts"] = self.stats.timeouts
-        d["active_requests"] = len(self.engine.request_ids)
-        d["native_step"] = self.lane is not None
-        d["cost_model"] = {str(b): c.as_dict() for b, c in sorted(self.costs.items())}
-        d["inline_drafting"] = self.python.inline_ok
-        d["pad_token_us"] = 1e6 * self._token_s
-        d["step_period_ms"] = 1e3 * self._period_s
-        d["max_threaded_job_ms"] = 1e3 * self.python.max_job_s
-        d["drafter_state"] = dict(self.drafter_state)
-        d.update(self.backoff.as_dict())
-        if isinstance(self.guard.drafter, FaultyDrafter):  # test-only fault injection (core/faults.py)
-            d.update(self.guard.drafter.faults.as_dict())
-        return d
-
-    def _maybe_log(self) -> None:
-        every = self.options.log_every_s
-        now = self.clock()
-        if every > 0 and now - self._last_log >= every:
-            self._last_log = now
-            s = self.stats
-            logger.info(
-                "specdec: %d steps, drafted %d, accepted %d (%.1f%%), %.3f ms/step in propose, "
-                "%d timeouts, %d errors, %d plain steps, %d requests backed off (low acceptance)%s",
-                s.steps,
-                s.drafted_tokens,
-                s.accepted_tokens,
-                100 * s.accepted_tokens / max(s.drafted_tokens, 1),
-                1e3 * s.propose_seconds / s.steps,
-                s.timeouts,
-                self.guard.stats.errors,
-                s.plain_steps,
-                self.backoff.requests_off,
-                ", batch not padded" if self.backoff.low() else "",
-            )
 
     def close(self) -> None:
         self.engine.close()

@@ -1,0 +1,119 @@
+"""What ``ProposerCore`` reports: its statistics (``stats_dict``), the periodic log line, the drafter's size gauges
+sampled between steps (``metrics.drafter``) and the one-time warning on a drafting timeout.
+
+``ProposerReporting`` is a mixin of ``ProposerCore`` (``core/proposer_core.py``): it reads the core's statistics,
+guard, engines, step-cost fits and back-off, and keeps its own state (``_init_reporting``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from specdec.drafters.base import DraftGuard
+from specdec.vllm_plugin.core.adaptive import StepCostModel
+from specdec.vllm_plugin.core.backoff import BackOff
+from specdec.vllm_plugin.core.engine import StepEngine
+from specdec.vllm_plugin.core.faults import FaultyDrafter
+from specdec.vllm_plugin.core.lane import Lane
+from specdec.vllm_plugin.core.python_engine import PythonEngine
+from specdec.vllm_plugin.core.state import ProposerStats
+from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.logs import LOGGER_NAME
+from specdec.vllm_plugin.metrics.drafter import SAMPLE_PERIOD_S, drafter_gauges
+
+logger = logging.getLogger(LOGGER_NAME)
+
+
+class ProposerReporting:
+    """The reporting of ``ProposerCore`` (see the module docstring)."""
+
+    options: SpecdecOptions
+    stats: ProposerStats
+    guard: DraftGuard
+    clock: Callable[[], float]
+    python: PythonEngine
+    engine: StepEngine
+    lane: Lane | None
+    costs: dict[int, StepCostModel]
+    backoff: BackOff
+    _token_s: float
+    _period_s: float
+
+    def _init_reporting(self) -> None:
+        """The reporting's own state: nothing logged or sampled yet."""
+        self._timeout_logged = False
+        self._last_log = self.clock()
+        self.drafter_state: dict[str, int] = {}  # the drafter's size gauges, last sample (metrics.drafter)
+        self._sampled_at = -float("inf")
+        self._sample_failed = False
+
+    def _on_timeout(self, n: int) -> None:
+        self.stats.timeouts += 1
+        self.guard.stats.timeouts += 1
+        if not self._timeout_logged:
+            self._timeout_logged = True
+            logger.warning(
+                "specdec: drafting %d request(s) took longer than draft_timeout_ms=%.1f; that step goes "
+                "on without drafts (counted as draft_timeouts; not logged again)",
+                n,
+                self.options.draft_timeout_ms,
+            )
+
+    def _drafter_idle(self) -> bool:
+        """Whether the drafter may be called now (no drafting job of the deadline thread still running)."""
+        worker = self.python.worker
+        return worker is None or not worker.busy
+
+    def _maybe_sample(self) -> None:
+        """Refresh ``drafter_state`` at most every SAMPLE_PERIOD_S, on this (the drafting) thread, between steps.
+        A failed read keeps the last sample (logged once): statistics never fail a step."""
+        now = self.clock()
+        if now - self._sampled_at < SAMPLE_PERIOD_S or not self._drafter_idle():
+            return
+        self._sampled_at = now
+        try:
+            self.drafter_state = drafter_gauges(self.guard.drafter)
+        except Exception as exc:  # noqa: BLE001 - a gauge must never fail a step
+            if not self._sample_failed:
+                self._sample_failed = True
+                logger.warning("specdec: reading the drafter's size failed (%r); its gauges stay as they were", exc)
+
+    def stats_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = self.stats.as_dict()
+        d.update(self.guard.stats.as_dict())
+        d["draft_timeouts"] = self.stats.timeouts
+        d["active_requests"] = len(self.engine.request_ids)
+        d["native_step"] = self.lane is not None
+        d["cost_model"] = {str(b): c.as_dict() for b, c in sorted(self.costs.items())}
+        d["inline_drafting"] = self.python.inline_ok
+        d["pad_token_us"] = 1e6 * self._token_s
+        d["step_period_ms"] = 1e3 * self._period_s
+        d["max_threaded_job_ms"] = 1e3 * self.python.max_job_s
+        d["drafter_state"] = dict(self.drafter_state)
+        d.update(self.backoff.as_dict())
+        if isinstance(self.guard.drafter, FaultyDrafter):  # test-only fault injection (core/faults.py)
+            d.update(self.guard.drafter.faults.as_dict())
+        return d
+
+    def _maybe_log(self) -> None:
+        every = self.options.log_every_s
+        now = self.clock()
+        if every > 0 and now - self._last_log >= every:
+            self._last_log = now
+            s = self.stats
+            logger.info(
+                "specdec: %d steps, drafted %d, accepted %d (%.1f%%), %.3f ms/step in propose, "
+                "%d timeouts, %d errors, %d plain steps, %d requests backed off (low acceptance)%s",
+                s.steps,
+                s.drafted_tokens,
+                s.accepted_tokens,
+                100 * s.accepted_tokens / max(s.drafted_tokens, 1),
+                1e3 * s.propose_seconds / s.steps,
+                s.timeouts,
+                self.guard.stats.errors,
+                s.plain_steps,
+                self.backoff.requests_off,
+                ", batch not padded" if self.backoff.low() else "",
+            )
