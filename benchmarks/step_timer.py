@@ -113,15 +113,15 @@ class StepTimer:
     def _install_phases(self, runner_cls: Any, scheduler_cls: Any) -> None:
         """Host time of the engine loop's phases per step period (``step_trace.PHASE_COLS``): what the engine
         core's thread does between two ``execute_model`` entries, wherever the GPU is meanwhile."""
-        from specdec.vllm_plugin.patches import async_sched as async_patch
+        from specdec.vllm_plugin.patches import async_slots
 
         # the plugin's schedule wrapper (AsyncScheduler, set after this) calls vLLM's schedule and these two by name
         for owner, name, col in (
             (runner_cls, "execute_model", "exec_ms"),
             (runner_cls, "sample_tokens", "sample_ms"),
             (scheduler_cls, "schedule", "sched_ms"),
-            (async_patch, "regrant_placeholders", "sched_ms"),
-            (async_patch, "cap_prefill_steps", "sched_ms"),
+            (async_slots, "regrant_placeholders", "sched_ms"),
+            (async_slots, "cap_prefill_steps", "sched_ms"),
             (scheduler_cls, "update_from_output", "update_ms"),
         ):
             fn = getattr(owner, name, None)

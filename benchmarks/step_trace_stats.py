@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from specdec.vllm_plugin.patches.async_sched import PREFILL_HEAVY_TOKENS
+from specdec.vllm_plugin.patches.async_slots import PREFILL_HEAVY_TOKENS
 
 WIDTH_EDGES = (1, 2, 4, 8, 16, 32, 48, 64, 128, 256)  # bucket upper bounds (requests per step)
 MIN_FIT_STEPS = 8  # fit_step_cost needs at least this many steps

@@ -134,10 +134,10 @@ def test_timer_and_trace_hooks_keep_vllm_signatures(monkeypatch):
     for name in ("capture", "fill", "_finish_job", "_drain"):
         monkeypatch.setattr(ScheduledDrafting, name, getattr(ScheduledDrafting, name))
     monkeypatch.setattr(DeviceWait, "enqueue_copy", DeviceWait.enqueue_copy)
-    from specdec.vllm_plugin.patches import async_sched as async_patch
+    from specdec.vllm_plugin.patches import async_slots
 
     for name in ("regrant_placeholders", "cap_prefill_steps"):
-        monkeypatch.setattr(async_patch, name, getattr(async_patch, name))
+        monkeypatch.setattr(async_slots, name, getattr(async_slots, name))
     timer = StepTimer(StepTrace())
     timer.install()
     for owner, name in names:
@@ -199,7 +199,7 @@ def test_host_phases_are_timed_into_the_period_they_ran_in(monkeypatch):
     from benchmarks import step_timer
     from benchmarks.bench_vllm_load import _with_split
     from benchmarks.step_timer import StepTimer
-    from specdec.vllm_plugin.patches import async_sched as async_patch
+    from specdec.vllm_plugin.patches import async_slots
 
     clock = [0.0]
     monkeypatch.setattr(step_timer.time, "perf_counter", lambda: clock[0])
@@ -216,14 +216,14 @@ def test_host_phases_are_timed_into_the_period_they_ran_in(monkeypatch):
     class Scheduler:
         schedule, update_from_output = takes(2.0), takes(0.5)
 
-    monkeypatch.setattr(async_patch, "regrant_placeholders", takes(0.25))
+    monkeypatch.setattr(async_slots, "regrant_placeholders", takes(0.25))
     trace = StepTrace()
     timer = StepTimer(trace)
     timer._install_phases(Runner, Scheduler)
     Scheduler.schedule(None)  # gpu_on is False: not recorded
     timer.gpu_on = True
     for _ in range(2):
-        async_patch.regrant_placeholders(None, None)
+        async_slots.regrant_placeholders(None, None)
         Scheduler.schedule(None)
         trace.step(object(), 0.0)  # what the real execute_model wrapper does at entry
         Runner.execute_model(None)

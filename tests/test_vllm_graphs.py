@@ -121,7 +121,7 @@ def test_large_batches_are_narrow_while_drafts_are_seldom_accepted() -> None:
 
 
 def test_regrant_on_a_narrow_schedule_hands_out_width_placeholders() -> None:
-    from specdec.vllm_plugin.patches.async_sched import regrant_placeholders
+    from specdec.vllm_plugin.patches.async_slots import regrant_placeholders
 
     book = SlotBook(K, narrow=WIDTH, narrow_rows=(2, 48))
     shared = [PLACEHOLDER] * K

@@ -749,7 +749,7 @@ class FakeAsyncScheduler:
 
 def test_scheduler_patch_trims_placeholders_only_while_a_book_is_registered():
     from specdec.vllm_plugin.core import slots
-    from specdec.vllm_plugin.patches.async_sched import patch_async_scheduler
+    from specdec.vllm_plugin.patches.async_slots import patch_async_scheduler
 
     class Scheduler(FakeAsyncScheduler):
         pass
@@ -783,7 +783,7 @@ def test_scheduler_patch_trims_placeholders_only_while_a_book_is_registered():
 
 def test_prefill_steps_cap_the_decoding_requests_slots():
     from specdec.vllm_plugin.core.slots import SlotBook
-    from specdec.vllm_plugin.patches.async_sched import PREFILL_HEAVY_TOKENS, cap_prefill_steps
+    from specdec.vllm_plugin.patches.async_slots import PREFILL_HEAVY_TOKENS, cap_prefill_steps
 
     book = SlotBook(4, prefill_cap=1)
 
@@ -814,7 +814,7 @@ def test_prefill_steps_cap_the_decoding_requests_slots():
 def test_real_vllm_async_scheduler_is_the_one_the_slot_patch_expects():
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-    from specdec.vllm_plugin.patches.async_sched import patch_async_scheduler
+    from specdec.vllm_plugin.patches.async_slots import patch_async_scheduler
 
     class Sub(AsyncScheduler):
         pass
@@ -839,8 +839,8 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch)
 
     from specdec.paths import TARGET_MODEL, model_path
     from specdec.vllm_plugin.core import slots
-    from specdec.vllm_plugin.patches import async_sched as async_patch
-    from specdec.vllm_plugin.patches.async_sched import patch_async_scheduler
+    from specdec.vllm_plugin.patches import async_slots
+    from specdec.vllm_plugin.patches.async_slots import patch_async_scheduler
 
     if not model_path(TARGET_MODEL).is_dir():
         pytest.skip("the shared target model is not here (SPECDEC_SHARED)")
@@ -915,7 +915,7 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch)
         sch.add_request(
             Request(request_id="c", prompt_token_ids=list(range(40, 60)), sampling_params=params, pooling_params=None)
         )
-        monkeypatch.setattr(async_patch, "PREFILL_HEAVY_TOKENS", 20)  # c's 20 tokens count as a heavy prefill
+        monkeypatch.setattr(async_slots, "PREFILL_HEAVY_TOKENS", 20)  # c's 20 tokens count as a heavy prefill
         s6 = sch.schedule()  # c waits: a and b (3 slots each, reserved at s5) keep 1
         assert s6.num_scheduled_tokens == {"a": 2, "b": 2, "c": 20}
         assert book.as_dict()["prefill_steps"] == 1
@@ -948,7 +948,7 @@ def test_schedule_cpu_benchmark_configs_draft_the_same():
 
 def test_regrant_gives_running_requests_the_slots_of_their_latest_draft():
     from specdec.vllm_plugin.core.slots import SlotBook
-    from specdec.vllm_plugin.patches.async_sched import regrant_placeholders
+    from specdec.vllm_plugin.patches.async_slots import regrant_placeholders
 
     book = SlotBook(4)
     shared = [-1] * 4

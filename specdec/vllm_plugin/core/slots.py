@@ -8,7 +8,7 @@ work is most of what makes a speculative step dearer than a plain one (measured:
 
 ``SlotBook`` records, after each drafting step, how many tokens each request's draft really carries: its chain up
 to the proposer's confidence cut (the cost-model cut of ``adaptive.py``: a token is drafted only if its calibrated
-acceptance probability pays for its verification). The scheduler patch (``patches/async_sched.py``)
+acceptance probability pays for its verification). The scheduler patch (``patches/async_slots.py``)
 then gives the request that many placeholders instead of ``k``. vLLM reserves step N+2's placeholders at the end
 of scheduling step N+1, when the book holds step N's drafts; at the start of scheduling step N+2 the patch re-grants
 them from the book as step N+1's drafting (``finish``, at step N+1's forward) left it (``regrant_placeholders``): a
@@ -28,9 +28,9 @@ the target's own outputs (``benchmarks/bench_slot_forecast.py``): growth 1 recov
 tokens per step.
 
 ``prefill_cap`` (>= 0, ``prefill_step_slots``): a step that will also carry a heavy prefill (at least
-``async_sched.PREFILL_HEAVY_TOKENS`` prompt tokens of waiting requests or prompts still being chunked) is
+``async_slots.PREFILL_HEAVY_TOKENS`` prompt tokens of waiting requests or prompts still being chunked) is
 compute-bound, so every verified draft token costs its full share of the GEMMs; before vLLM schedules such a step
-each decoding request keeps at most ``prefill_cap`` of its placeholders (``async_sched.cap_prefill_steps``).
+each decoding request keeps at most ``prefill_cap`` of its placeholders (``async_slots.cap_prefill_steps``).
 Such a step runs as piecewise graphs whatever its slots (the prefill makes the batch mixed).
 
 ``narrow`` (``NARROW_WIDTH``, ``NARROW_FROM_ROWS``, ``NARROW_BELOW_ROWS``) with ``narrow_rows`` = (from, below): a
@@ -232,7 +232,7 @@ class SlotBook:
         return self._ema_used / self._ema_extra if self._ema_extra else None
 
     def begin_schedule(self, running: int = 0) -> None:
-        """A new schedule of ``running`` requests starts granting (``async_sched.regrant_placeholders``): it is
+        """A new schedule of ``running`` requests starts granting (``async_slots.regrant_placeholders``): it is
         narrow (``width`` > 0) if ``narrow_from <= running < narrow_below``."""
         self._grants_before, self._grants = self._grants, {}
         self.low = self.low_batch is not None and self.low_batch()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.vllm_plugin.entry.rewrite import patch_engine_args
-from specdec.vllm_plugin.patches import async_sched, compile_warmup, graphs, ragged_keys, runner, tp_notes
+from specdec.vllm_plugin.patches import async_sched, async_slots, compile_warmup, graphs, ragged_keys, runner, tp_notes
 from specdec.vllm_plugin.patches.common import source_has
 from specdec.vllm_plugin.versions import TESTED_VLLM_VERSIONS, in_tested_span
 
@@ -144,10 +144,10 @@ TABLE: tuple[Patch, ...] = (
         (SCHEDULER,),
         "_update_after_schedule, schedule",
         "adaptive slots",
-        f"source contains {async_sched.SCHEDULER_SOURCE!r}",
+        f"source contains {async_slots.SCHEDULER_SOURCE!r}",
         "every request keeps vLLM's k draft slots",
-        async_sched.scheduler_problem,
-        async_sched.patch_async_scheduler,
+        async_slots.scheduler_problem,
+        async_slots.patch_async_scheduler,
     ),
     Patch(
         "slot notes out",

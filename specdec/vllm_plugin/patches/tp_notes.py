@@ -4,7 +4,7 @@
    step's ``ModelRunnerOutput`` (the async output's wrapped one), which vLLM pickles to the scheduler. Each note is
    sent once.
 2. ``AsyncScheduler.update_from_output`` (start): a note on the output feeds the scheduler's own slot book
-   (``modes/tp.scheduler_book``), which the slot patches of ``async_sched.py`` read as they read the one-GPU book.
+   (``modes/tp.scheduler_book``), which the slot patches of ``async_slots.py`` read as they read the one-GPU book.
 
 Both are pass-throughs for every other engine (no note is ever made without TP > 1 in schedule mode).
 """
