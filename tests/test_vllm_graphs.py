@@ -19,7 +19,7 @@ from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.core.slots import PLACEHOLDER, SlotBook
 from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
-from specdec.vllm_plugin.patches import graphs
+from specdec.vllm_plugin.patches import graphs, ragged_keys
 from specdec.vllm_plugin.patches.graph_stats import dispatcher_stats, graph_stats_of
 from specdec.vllm_plugin.patches.ragged_keys import PREFILL_TAG
 
@@ -624,10 +624,10 @@ def test_high_mat_steps_take_per_request_slots_once_ragged_graphs_exist() -> Non
 
 
 def test_sparse_ladder_keeps_ends_and_spaces_the_rest() -> None:
-    assert graphs.sparse_ladder([]) == []
-    assert graphs.sparse_ladder([8]) == [8]
+    assert ragged_keys.sparse_ladder([]) == []
+    assert ragged_keys.sparse_ladder([8]) == [8]
     sizes = list(range(8, 257, 8))  # 8, 16, ..., 256
-    kept = graphs.sparse_ladder(sizes, ratio=1.25)
+    kept = ragged_keys.sparse_ladder(sizes, ratio=1.25)
     assert kept == [8, 16, 24, 32, 40, 56, 72, 96, 120, 152, 192, 240, 256]
     assert all(b >= a * 1.25 for a, b in zip(kept[:-2], kept[1:-1]))  # (the largest is kept whatever its gap)
     assert all(any(k >= s for k in kept) for s in sizes)  # every size still finds a key
