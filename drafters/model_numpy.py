@@ -58,8 +58,10 @@ from specdec.drafters.model_numpy_support import (  # noqa: F401 - INITIAL_CAPAC
     _interleave_rotary,
     _matmul,
     _Unstable,
+    attention_bias,
     blas_name,
     blas_threads,
+    gather_batch,
 )
 
 # softmax row sums outside (SUM_MIN, inf) mean exp() over- or underflowed (scores above ~88 or all below ~-46):
@@ -226,7 +228,7 @@ class NumpyLlamaBackend(DraftBackend):
         start = st.length
         S = start + 1
         st.reserve(S)
-        bias = self._bias(it, start, 1)
+        bias = attention_bias(it, start, 1)
         inv_d, eps = 1.0 / s.hidden, s.eps
         x, h, t, qkv, att = self._x[:1], self._h[:1], self._t[:1], self._qkv[:1], self._att[:1]
         gu, act = self._gu[:1], self._act[:1]
@@ -265,32 +267,16 @@ class NumpyLlamaBackend(DraftBackend):
         s = self.shape
         H, KVH, hd = s.heads, s.kv_heads, s.head_dim
         half, QK = hd // 2, (H + KVH) * hd
-        spans, biases, want = [], [], []
-        tokens: list[int] = []
-        positions: list[int] = []
-        for it in items:
-            n, start = len(it.tokens), it.state.length
-            if n == 0 or len(it.positions) != n:
-                raise ValueError(
-                    f"StepInput needs >= 1 token and one position per token "
-                    f"(got {n} tokens, {len(it.positions)} positions)"
-                )
-            if any(not 0 <= int(j) < n for j in it.want):
-                raise ValueError(f"StepInput.want={list(it.want)!r} must index the item's {n} new tokens")
-            it.state.reserve(start + n)
-            biases.append(self._bias(it, start, n))
-            want.extend(len(tokens) + int(j) for j in it.want)
-            spans.append((len(tokens), n, start))
-            tokens.extend(it.tokens)
-            positions.extend(it.positions)
-        N = len(tokens)
+        batch = gather_batch(items)
+        spans, biases, want = batch.spans, batch.biases, batch.want
+        N = len(batch.tokens)
         self._scratch(N)
         inv_d, eps = 1.0 / s.hidden, s.eps
         x, h, t, qkv, att = self._x[:N], self._h[:N], self._t[:N], self._qkv[:N], self._att[:N]
         gu, act = self._gu[:N], self._act[:N]
         g, u = gu[:, : s.intermediate], gu[:, s.intermediate :]
-        np.take(self.embed, np.asarray(tokens, np.intp), axis=0, out=x)
-        rot = self.rot[np.asarray(positions, np.intp)][:, None, :]  # [N, 1, hd/2]
+        np.take(self.embed, np.asarray(batch.tokens, np.intp), axis=0, out=x)
+        rot = self.rot[np.asarray(batch.positions, np.intp)][:, None, :]  # [N, 1, hd/2]
         qk_c = qkv[:, :QK].view(np.complex64).reshape(N, H + KVH, half)  # rotary pairs as complex numbers
         q_heads = qkv[:, : H * hd].reshape(N, H, hd)
         kv_rows = qkv[:, H * hd :]
@@ -375,20 +361,6 @@ class NumpyLlamaBackend(DraftBackend):
     def _check(total: np.ndarray, stable: bool) -> None:
         if not stable and not (total.min() > SUM_MIN and total.max() < np.inf):
             raise _Unstable
-
-    @staticmethod
-    def _bias(it: StepInput, start: int, n: int) -> np.ndarray | None:
-        """Additive attention bias ``[n, start + n]`` (0 = may attend, -inf = not) or None for one causal token."""
-        if it.mask is None:
-            if n == 1:
-                return None
-            bias = np.zeros((n, start + n), F32)
-            bias[:, start:][np.triu_indices(n, 1)] = -np.inf
-            return bias
-        mask = np.asarray(it.mask, dtype=bool)
-        if mask.shape != (n, start + n):
-            raise ValueError(f"StepInput.mask has shape {mask.shape}; expected [n, cached + n] = {(n, start + n)}")
-        return np.where(mask, F32(0.0), F32(-np.inf))
 
     def _logits(self, x: np.ndarray, want: list[int], counts: list[int]) -> list[torch.Tensor]:
         s = self.shape

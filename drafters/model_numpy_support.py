@@ -1,14 +1,18 @@
 """Support for the numpy draft-model backend (``specdec.drafters.model_numpy``): OpenBLAS thread control,
-the per-request KV state, small-row matrix products and the rotary column order."""
+the per-request KV state, a batched forward's inputs as one batch and their attention biases, small-row matrix
+products and the rotary column order."""
 
 from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
+
+from specdec.drafters.model_backends import StepInput
 
 INITIAL_CAPACITY = 256  # KV slots of a new state; doubles when full
 # Up to this many rows, ``rows @ W`` runs as one matrix-vector product per row: OpenBLAS's GEMM packs W first and
@@ -126,6 +130,54 @@ class NumpyState:
         new[:, : self.length] = self.kv[:, : self.length]
         self.kv = new
         self._views()
+
+
+# ------------------------------------------------------------------ a forward's inputs
+class Batch(NamedTuple):
+    """The new tokens of a batched forward's items, laid out item after item as the rows of one matrix."""
+
+    tokens: list[int]  # [N] every item's new tokens
+    positions: list[int]  # [N] their rotary positions
+    spans: list[tuple[int, int, int]]  # per item: (first row, new tokens, cached tokens before them)
+    biases: list[np.ndarray | None]  # per item: its attention bias (``attention_bias``)
+    want: list[int]  # rows whose logits are returned
+
+
+def gather_batch(items: Sequence[StepInput]) -> Batch:
+    """Check every item (one position per token, ``want`` within its new tokens), make room in its state for them and
+    lay all items' new tokens out as one ``Batch``."""
+    spans, biases, want = [], [], []
+    tokens: list[int] = []
+    positions: list[int] = []
+    for it in items:
+        n, start = len(it.tokens), it.state.length
+        if n == 0 or len(it.positions) != n:
+            raise ValueError(
+                f"StepInput needs >= 1 token and one position per token (got {n} tokens, {len(it.positions)} positions)"
+            )
+        if any(not 0 <= int(j) < n for j in it.want):
+            raise ValueError(f"StepInput.want={list(it.want)!r} must index the item's {n} new tokens")
+        it.state.reserve(start + n)
+        biases.append(attention_bias(it, start, n))
+        want.extend(len(tokens) + int(j) for j in it.want)
+        spans.append((len(tokens), n, start))
+        tokens.extend(it.tokens)
+        positions.extend(it.positions)
+    return Batch(tokens, positions, spans, biases, want)
+
+
+def attention_bias(it: StepInput, start: int, n: int) -> np.ndarray | None:
+    """Additive attention bias ``[n, start + n]`` (0 = may attend, -inf = not) or None for one causal token."""
+    if it.mask is None:
+        if n == 1:
+            return None
+        bias = np.zeros((n, start + n), F32)
+        bias[:, start:][np.triu_indices(n, 1)] = -np.inf
+        return bias
+    mask = np.asarray(it.mask, dtype=bool)
+    if mask.shape != (n, start + n):
+        raise ValueError(f"StepInput.mask has shape {mask.shape}; expected [n, cached + n] = {(n, start + n)}")
+    return np.where(mask, F32(0.0), F32(-np.inf))
 
 
 def _matmul(a: np.ndarray, w: np.ndarray, out: np.ndarray, rows: int = GEMV_ROWS) -> None:
