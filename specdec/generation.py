@@ -175,11 +175,7 @@ class SpecGenerator:
         stats = SpecStats()
         if not prompts or max_new_tokens == 0:
             return GenerationResult(outputs, stats)
-        guard = DraftGuard(self.drafter, strict=self.config.strict) if self.drafter is not None else None
-        self.verifier.reset(prompts)
-        if guard is not None:
-            for rid, prompt in zip(rids, prompts):
-                guard.call("start", rid, [int(t) for t in prompt])
+        guard = self._start(prompts, rids)
         active = list(range(len(prompts)))  # prompt index of each verifier row
         bar = _progress(progress, len(prompts) * max_new_tokens)
         try:
@@ -212,6 +208,22 @@ class SpecGenerator:
             if guard is not None:
                 for i in active:  # aborted by an exception: free the drafter's state
                     guard.call("stop", rids[i])
+        self._finish_stats(stats, guard, t_start)
+        return GenerationResult(outputs, stats)
+
+    def _start(self, prompts: Sequence[Sequence[int]], rids: list[str]) -> DraftGuard | None:
+        """Reset the verifier to ``prompts`` and start each request on the drafter, through a guard (None: no
+        drafter)."""
+        guard = DraftGuard(self.drafter, strict=self.config.strict) if self.drafter is not None else None
+        self.verifier.reset(prompts)
+        if guard is not None:
+            for rid, prompt in zip(rids, prompts):
+                guard.call("start", rid, [int(t) for t in prompt])
+        return guard
+
+    def _finish_stats(self, stats: SpecStats, guard: DraftGuard | None, t_start: float) -> None:
+        """A finished call's totals into ``stats``: the verifier's forward passes (its count restarts), the drafter's
+        time, errors and timeouts, the wall time since ``t_start``."""
         stats.forward_passes = self.verifier.forward_passes
         self.verifier.forward_passes = 0
         if guard is not None:
@@ -219,7 +231,6 @@ class SpecGenerator:
             stats.draft_errors = guard.stats.errors
             stats.draft_timeouts = guard.stats.timeouts
         stats.wall_seconds = time.perf_counter() - t_start
-        return GenerationResult(outputs, stats)
 
     def _draft(self, guard: DraftGuard | None, rids: list[str], remaining: list[int]) -> list[TokenTree]:
         """One tree per active request; budgets shrink near ``max_new_tokens`` (no draft past it)."""
