@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -12,68 +14,107 @@ import torch
 from specdec.drafters.base import Drafter, DraftRequest
 from specdec.tree import ROOT, TokenTree
 
+if TYPE_CHECKING:
+    from transformers import LlamaConfig
+
 TINY_VOCAB = 96
 # A large init spread gives peaked next-token distributions: greedy argmax margins far above float noise.
 TINY_INIT_RANGE = 0.3
-
-
-def tiny_llama(
-    seed: int = 0, *, vocab: int = TINY_VOCAB, hidden: int = 48, layers: int = 2, init_range: float = TINY_INIT_RANGE
-) -> torch.nn.Module:
-    """A seeded random LlamaForCausalLM in float32 (GQA: 4 query heads, 2 KV heads)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=init_range,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return LlamaForCausalLM(cfg).float().eval()
-
-
 SAVED_VOCAB = 97  # vocabulary of the saved tiny Llama of the draft-model backend tests
+LLAMA_TOKEN_IDS = (1, 2, None)  # LlamaConfig's own (bos, eos, pad) ids
+
+
+@dataclass(frozen=True)
+class LlamaSpec:
+    """What a tiny random Llama is built from: config values, then scalings of the initialized weights.
+
+    ``None`` for ``init_range``, ``rope_theta`` or ``rms_norm_eps`` keeps LlamaConfig's value, as do the default
+    ``token_ids``. The MLP is 2 x hidden.
+    ``matrix_scale`` scales every matrix (embeddings included), ``qk_scale`` the q/k projections further (large
+    attention scores), ``head_scale`` an untied ``lm_head`` (peaked logits); ``random_norms`` sets the norm weights to
+    uniform [0.5, 1.5) draws, in parameter order, so a per-feature scaling of them shows.
+    """
+
+    vocab: int = TINY_VOCAB
+    hidden: int = 48
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    max_pos: int = 512
+    init_range: float | None = None
+    token_ids: tuple[int | None, int | None, int | None] = LLAMA_TOKEN_IDS  # bos, eos, pad
+    tied: bool = False
+    rope_theta: float | None = None
+    rms_norm_eps: float | None = None
+    matrix_scale: float = 1.0
+    qk_scale: float = 1.0
+    head_scale: float = 1.0
+    random_norms: bool = False
+
+
+# The in-memory targets of the core tests: vocabulary 96, hidden 48, GQA 4/2 heads, a wide init spread.
+TINY_SPEC = LlamaSpec(init_range=TINY_INIT_RANGE, token_ids=(0, 0, 1))
+# The saved draft-model checkpoints: GQA 4/2 heads, tied embeddings, matrices x4 (sharper distributions than the
+# default init, so greedy choices are stable).
+SAVED_SPEC = LlamaSpec(vocab=SAVED_VOCAB, hidden=64, tied=True, rope_theta=500.0, matrix_scale=4.0)
+
+
+def _llama_config(spec: LlamaSpec) -> LlamaConfig:
+    from transformers import LlamaConfig
+
+    bos, eos, pad = spec.token_ids
+    optional = {"initializer_range": spec.init_range, "rope_theta": spec.rope_theta, "rms_norm_eps": spec.rms_norm_eps}
+    return LlamaConfig(
+        vocab_size=spec.vocab,
+        hidden_size=spec.hidden,
+        intermediate_size=2 * spec.hidden,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        max_position_embeddings=spec.max_pos,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        tie_word_embeddings=spec.tied,
+        **{key: value for key, value in optional.items() if value is not None},
+    )
+
+
+def _scale_weights(model: torch.nn.Module, spec: LlamaSpec) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.mul_(spec.matrix_scale)
+                if name.endswith(("q_proj.weight", "k_proj.weight")):
+                    p.mul_(spec.qk_scale)
+            elif spec.random_norms:
+                p.copy_(0.5 + torch.rand_like(p))
+        if spec.head_scale != 1.0:
+            model.lm_head.weight.mul_(spec.head_scale)
+
+
+def tiny_llama(seed: int = 0, *, spec: LlamaSpec = TINY_SPEC, **changes: Any) -> torch.nn.Module:
+    """A seeded random LlamaForCausalLM in float32, eval mode, built from ``spec`` with ``changes`` (its fields)."""
+    from transformers import LlamaForCausalLM
+
+    spec = replace(spec, **changes)
+    cfg = _llama_config(spec)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    _scale_weights(model, spec)
+    return model.float().eval()
 
 
 def save_tiny_llama(
-    path: Path, *, seed: int, qk_scale: float = 1.0, max_pos: int = 512, rms_norm_eps: float | None = None
+    path: Path, *, seed: int, spec: LlamaSpec = SAVED_SPEC, tokenizer: Any = None, **changes: Any
 ) -> Path:
-    """A seeded 2-layer Llama (GQA 4/2 heads, tied embeddings) saved with ``save_pretrained`` to ``path``.
+    """``tiny_llama(seed, spec=spec, **changes)`` saved with ``save_pretrained`` to ``path``; returns ``path``.
 
-    Matrices are scaled x4 (sharper distributions than the default init, so greedy choices are stable);
-    ``qk_scale`` scales q/k projections further (large attention scores). ``rms_norm_eps`` None keeps Llama's.
+    ``tokenizer`` (a Hugging Face tokenizer), when given, is saved beside the model.
     """
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    extra = {} if rms_norm_eps is None else {"rms_norm_eps": rms_norm_eps}
-    cfg = LlamaConfig(
-        vocab_size=SAVED_VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max_pos,
-        tie_word_embeddings=True,
-        rope_theta=500.0,
-        **extra,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.mul_(4.0 if p.dim() > 1 else 1.0)
-            if name.endswith(("q_proj.weight", "k_proj.weight")):
-                p.mul_(qk_scale)
-    model.save_pretrained(str(path))
+    tiny_llama(seed, spec=spec, **changes).save_pretrained(str(path))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(path))
     return path
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from core_support import SAVED_SPEC, save_tiny_llama
 from specdec.eval.inflate_model import InflateError, inflate, inflated_config, param_count
 
 SMALL = {
@@ -25,29 +27,20 @@ BIG = {
     "num_key_value_heads": 3,
 }  # 4 query heads per key/value head (transformers wants hidden_size = heads x head_dim)
 VOCAB = 97
-
-
-def _save_small(path: Path, *, tied: bool, seed: int = 0) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        max_position_embeddings=256,
-        tie_word_embeddings=tied,
-        rope_theta=500.0,
-        rms_norm_eps=1e-3,
-        **SMALL,
-    )  # a large eps: a wrong eps scaling shows in the logits
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.mul_(4.0)
-            else:  # norms: not all ones, so their scaling is checked per feature
-                p.copy_(0.5 + torch.rand_like(p))
-    model.save_pretrained(str(path))
-    return path
+# The saved shape with SMALL's sizes, a large eps (a wrong eps scaling shows in the logits) and norms not all ones
+# (so their scaling is checked per feature).
+SMALL_SPEC = replace(
+    SAVED_SPEC,
+    vocab=VOCAB,
+    hidden=SMALL["hidden_size"],
+    layers=SMALL["num_hidden_layers"],
+    heads=SMALL["num_attention_heads"],
+    kv_heads=SMALL["num_key_value_heads"],
+    max_pos=256,
+    rms_norm_eps=1e-3,
+    random_norms=True,
+)
+assert SMALL["intermediate_size"] == 2 * SMALL["hidden_size"]  # the tiny Llama's MLP width
 
 
 def _logits(path: Path, ids: torch.Tensor) -> torch.Tensor:
@@ -60,7 +53,7 @@ def _logits(path: Path, ids: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_inflated_model_gives_the_same_logits(tmp_path: Path, tied: bool) -> None:
-    src = _save_small(tmp_path / "small", tied=tied)
+    src = save_tiny_llama(tmp_path / "small", seed=0, spec=SMALL_SPEC, tied=tied)
     out = inflate(src, BIG, tmp_path / "big")
     cfg = json.loads((out / "config.json").read_text())
     assert {k: cfg[k] for k in BIG} == BIG and cfg["head_dim"] == 16
@@ -75,7 +68,7 @@ def test_inflated_model_gives_the_same_logits(tmp_path: Path, tied: bool) -> Non
 def test_extra_weights_are_random_and_the_output_writers_zero(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    out = inflate(_save_small(tmp_path / "small", tied=True), BIG, tmp_path / "big")
+    out = inflate(save_tiny_llama(tmp_path / "small", seed=0, spec=SMALL_SPEC, tied=True), BIG, tmp_path / "big")
     sd = load_file(str(out / "model.safetensors"))
     assert sd["model.layers.3.mlp.gate_proj.weight"].std() > 0.01  # inert layer: real work for the GPU
     assert (
@@ -87,7 +80,7 @@ def test_extra_weights_are_random_and_the_output_writers_zero(tmp_path: Path) ->
 
 
 def test_inflate_is_reused_when_done(tmp_path: Path) -> None:
-    src = _save_small(tmp_path / "small", tied=True)
+    src = save_tiny_llama(tmp_path / "small", seed=0, spec=SMALL_SPEC, tied=True)
     out = inflate(src, BIG, tmp_path / "big")
     stamp = (out / "model.safetensors").stat().st_mtime_ns
     inflate(src, BIG, out)
@@ -120,7 +113,9 @@ def test_param_count_matches_the_model(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     for tied in (True, False):
-        out = inflate(_save_small(tmp_path / f"s{tied}", tied=tied), BIG, tmp_path / f"b{tied}")
+        out = inflate(
+            save_tiny_llama(tmp_path / f"s{tied}", seed=0, spec=SMALL_SPEC, tied=tied), BIG, tmp_path / f"b{tied}"
+        )
         model = AutoModelForCausalLM.from_pretrained(str(out))
         assert param_count(json.loads((out / "config.json").read_text())) == model.num_parameters()
 

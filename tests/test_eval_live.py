@@ -1,4 +1,4 @@
-"""specdec-eval live on a tiny random Llama pair built here: every method, lossless check, JSON and plots."""
+"""specdec-eval live on a tiny random Llama pair (core_support builds it): every method, lossless check, JSON, plots."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from core_support import LlamaSpec, save_tiny_llama  # noqa: E402
 from specdec.drafters import registry  # noqa: E402
 from specdec.eval.cli import main  # noqa: E402
 
@@ -17,36 +18,25 @@ WORDS = [f"w{i}" for i in range(60)]
 
 def tiny_models(root):
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     vocab = {"<eos>": 0, "<pad>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
-    paths = {}
-    for name, layers in (("target", 2), ("draft", 1)):
-        torch.manual_seed(0 if name == "target" else 1)
-        cfg = LlamaConfig(
-            vocab_size=len(vocab),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=layers,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=256,
-            bos_token_id=None,
-            eos_token_id=0,
-            pad_token_id=1,
-            tie_word_embeddings=False,
-        )
-        model = LlamaForCausalLM(cfg)
-        with torch.no_grad():  # peaked logits: no near-ties, so greedy paths are numerically stable
-            model.lm_head.weight.mul_(40.0)
-        path = root / name
-        model.save_pretrained(path)
-        tok.save_pretrained(path)
-        paths[name] = path
-    return paths
+    spec = LlamaSpec(  # untied, lm_head x40: peaked logits, no near-ties, so greedy paths are numerically stable
+        vocab=len(vocab),
+        hidden=32,
+        heads=2,
+        kv_heads=1,
+        max_pos=256,
+        token_ids=(None, 0, 1),
+        head_scale=40.0,
+    )
+    return {
+        name: save_tiny_llama(root / name, seed=seed, spec=spec, layers=layers, tokenizer=tok)
+        for name, seed, layers in (("target", 0, 2), ("draft", 1, 1))
+    }
 
 
 def test_live_runs_every_method_and_checks_lossless(tmp_path, monkeypatch, capsys) -> None:

@@ -10,33 +10,19 @@ import pytest
 import torch
 
 from benchmarks.target_outputs import greedy_outputs, load_prompt_set, main, write_jsonl
+from core_support import LlamaSpec, tiny_llama
 from specdec.eval.loaders import load_traces
 
 VOCAB = 50
+TARGET_SPEC = LlamaSpec(  # untied, lm_head x40: peaked logits, no near-ties, so the greedy paths are numerically stable
+    vocab=VOCAB, hidden=32, heads=2, kv_heads=1, max_pos=128, token_ids=(None, 2, 0), head_scale=40.0
+)
 
 
 def tiny_target(path):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=128,
-        bos_token_id=None,
-        eos_token_id=2,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # peaked logits: no near-ties, so the greedy paths are numerically stable
-        model.lm_head.weight.mul_(40.0)
+    model = tiny_llama(0, spec=TARGET_SPEC)
     model.save_pretrained(path)
-    return model.eval()
+    return model
 
 
 def argmax_loop(model, prompt, n):

@@ -1,48 +1,29 @@
-"""ModelDrafter behaviour on a tiny random Llama built here: greedy chains, rollback, trees, batching."""
+"""ModelDrafter behaviour on a tiny random Llama (core_support builds it): greedy chains, rollback, trees, batching."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from core_support import SAVED_SPEC, SAVED_VOCAB, save_tiny_llama
 from specdec.config import ConfigError
 from specdec.drafters import DraftRequest, build_drafter
 from specdec.drafters.model import ModelDrafter, ModelDrafterConfig, check_tokenizer_compat
 
-VOCAB = 97
+VOCAB = SAVED_VOCAB
+DRAFT_SPEC = replace(SAVED_SPEC, max_pos=256, rope_theta=None, rms_norm_eps=1e-5)  # Llama's rope_theta
 BACKENDS = ["eager", "torch", "onnx"]
-
-
-def _save_tiny_llama(path: Path, *, seed: int, max_pos: int = 256) -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max_pos,
-        tie_word_embeddings=True,
-        rms_norm_eps=1e-5,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # sharper distributions than the default init, so greedy choices are stable
-        for p in model.parameters():
-            p.mul_(4.0 if p.dim() > 1 else 1.0)
-    model.save_pretrained(str(path))
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny_llama")
-    _save_tiny_llama(path, seed=0)
+    save_tiny_llama(path, seed=0, spec=DRAFT_SPEC)
     return path
 
 
@@ -175,7 +156,7 @@ def test_batch_equals_single(tiny: Path, backend: str) -> None:
 
 
 def test_context_longer_than_window(tmp_path: Path) -> None:
-    _save_tiny_llama(tmp_path, seed=5, max_pos=32)
+    save_tiny_llama(tmp_path, seed=5, spec=DRAFT_SPEC, max_pos=32)
     d = _drafter(tmp_path, "eager")
     d.start("a", _prompt(6, 40))
     for _ in range(5):
@@ -200,7 +181,7 @@ def test_tokenizer_mismatch_refused(tmp_path: Path, tiny: Path) -> None:
     with pytest.raises(ConfigError, match="different tokenizers.*'a': draft 1 vs target 2"):
         check_tokenizer_compat(tmp_path / "same1", tmp_path / "other")
     model = tmp_path / "model"
-    _save_tiny_llama(model, seed=1)
+    save_tiny_llama(model, seed=1, spec=DRAFT_SPEC)
     _save_tokenizer(model, ["<unk>", "a", "b"])
     with pytest.raises(ConfigError, match="different tokenizers"):
         _drafter(model, "eager", target_tokenizer=str(tmp_path / "other"))

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
+from core_support import LlamaSpec, save_tiny_llama
 from specdec.config import load_yaml
 from specdec.drafters import DraftRequest, build_drafter
 from specdec.drafters.model import ModelDrafterConfig
@@ -17,22 +17,8 @@ VOCAB = 61
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    path = tmp_path_factory.mktemp("tiny_llama_h")
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(11)
-    LlamaForCausalLM(cfg).save_pretrained(str(path))
-    return path
+    spec = LlamaSpec(vocab=VOCAB, hidden=32, layers=1, heads=2, kv_heads=1, max_pos=256, tied=True)
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny_llama_h"), seed=11, spec=spec)
 
 
 def test_preset_is_valid() -> None:

@@ -23,10 +23,12 @@ from benchmarks.tree_prize_shapes import (
     rank_paths,
     static_shape,
 )
+from core_support import LlamaSpec, tiny_llama
 from specdec.drafters.base import Drafter, DraftRequest
 from specdec.tree import TokenTree
 
 ROOT = -1
+VERIFY_SPEC = LlamaSpec(vocab=97, hidden=32, max_pos=128)  # Llama's init and token ids, untied
 
 
 def _tree() -> TokenTree:
@@ -185,24 +187,8 @@ def test_summarize_per_batch() -> None:
     assert s["8"]["ratio_to_k1"]["64"] == 4.0
 
 
-def _tiny_llama() -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).eval()
-
-
 def test_verify_forward_matches_the_full_sequence_and_restores_the_cache() -> None:
-    model, context, b, k = _tiny_llama(), 20, 2, 4
+    model, context, b, k = tiny_llama(0, spec=VERIFY_SPEC), 20, 2, 4
     cache = prefill(model, batch=b, context=context, device="cpu")
     assert cache.get_seq_length() == context
     ids = torch.randint(0, 97, (b, k + 1), generator=torch.Generator().manual_seed(3))  # [b, k + 1]
@@ -223,7 +209,7 @@ def test_step_cost_curve_runs_on_gpu(tmp_path: Path) -> None:
     from benchmarks.step_cost_curve import main
 
     model_dir = tmp_path / "tiny"
-    _tiny_llama().save_pretrained(model_dir)
+    tiny_llama(0, spec=VERIFY_SPEC).save_pretrained(model_dir)
     assert (
         main(
             [

@@ -191,3 +191,25 @@ def test_every_plugin_module_imports_alone():
     code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
     for m in MODULES:
         subprocess.run([sys.executable, "-c", code, m], check=True, capture_output=True, timeout=120)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable (scripts/test.sh has vLLM)")
+def test_the_plugin_load_alone_patches_the_scheduler():
+    """Under TP > 1 the scheduler's engine-core process builds no proposer (the model runners live in worker
+    processes): the plugin's load must patch the scheduler by itself, or every request keeps vLLM's k draft slots
+    and the driver's slot notes are never read. A fresh process that only loads the plugin, as vLLM's engine core
+    does, has the scheduler's rows applied."""
+    code = (
+        "from specdec.vllm_plugin.entry.register import register\n"
+        "report = register()\n"
+        "from vllm.v1.core.sched.async_scheduler import AsyncScheduler as S\n"
+        "from specdec.vllm_plugin.patches.common import is_wrapped\n"
+        "print(report.rows['adaptive slots'] == '' and report.rows['slot notes in'] == '')\n"
+        "print(is_wrapped(S._update_after_schedule, 'slots'), is_wrapped(S.schedule, 'slots'),"
+        " is_wrapped(S.update_from_output, 'tp_notes'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300)
+    assert out.stdout.splitlines()[-2:] == ["True", "True True True"], out.stdout[-2000:] + out.stderr[-2000:]
+    scheduler_rows = [r.name for r in TABLE if table.SCHEDULER in r.targets]
+    assert scheduler_rows == ["adaptive slots", "slot notes in"]
+    assert all(r.stage == "register" for r in TABLE if table.SCHEDULER in r.targets)

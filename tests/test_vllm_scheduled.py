@@ -815,12 +815,15 @@ def test_real_vllm_async_scheduler_is_the_one_the_slot_patch_expects():
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
     from specdec.vllm_plugin.patches.async_slots import patch_async_scheduler
+    from specdec.vllm_plugin.patches.common import is_wrapped
 
     class Sub(AsyncScheduler):
         pass
 
+    before = AsyncScheduler.__dict__.get("_update_after_schedule")  # the plugin's load may have wrapped it already
     assert patch_async_scheduler(Sub)
-    assert not getattr(AsyncScheduler._update_after_schedule, "_specdec_wrapped", False)  # the subclass only
+    assert is_wrapped(Sub._update_after_schedule, "slots")
+    assert AsyncScheduler.__dict__.get("_update_after_schedule") is before  # this call changed the subclass only
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable (scripts/test.sh has vLLM)")

@@ -1,8 +1,10 @@
 """The ``vllm.general_plugins`` entry point (``specdec.vllm_plugin:register``).
 
 vLLM loads general plugins in every process (front-end, engine core, workers), so ``register()`` is idempotent and
-initialises no CUDA: it applies the "register" rows of the patch table (the speculative-config rewrite and the
-async-scheduling whitelist). The model runner's rows are applied when the proposer is built
+initialises no CUDA: it applies the "register" rows of the patch table (the speculative-config rewrite, the
+async-scheduling whitelist and the scheduler's slot rows: the engine-core process, which holds the scheduler, builds
+no proposer when the model runners live in worker processes, as under tensor parallelism). Each of those wrappers is a
+pass-through for engines that are not ours. The model runner's rows are applied when the proposer is built
 (``patches.table.apply_patches("all")``: the rows applied here are already in place and report so), which also logs
 the start-up line of the whole table, once per engine.
 """

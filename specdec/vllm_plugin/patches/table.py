@@ -6,8 +6,10 @@ async-scheduling whitelist without the runner hooks that feed it, no narrow slot
 vLLM outside the tested span (``versions.in_tested_span``) every optional row is off and the plugin runs through
 vLLM's plain ``custom_class`` path. The report (``PatchReport``) makes the one start-up line.
 
-Rows are applied in two stages: ``"register"`` (every process, at plugin load: the speculative-config rewrite and
-the whitelist) and ``"worker"`` (the process of the model runner, when the proposer is built). Patching is
+Rows are applied in two stages: ``"register"`` (every process, at plugin load: the speculative-config rewrite, the
+whitelist, and the scheduler's rows, since the scheduler's engine-core process builds no proposer under TP > 1, where
+the model runners live in worker processes) and ``"worker"`` (the process of the model runner, when the proposer is
+built; a one-GPU engine core holds its runner too). Patching is
 idempotent and its state lives on the patched vLLM classes (the wrappers' marks), so this module keeps none.
 """
 
@@ -148,6 +150,7 @@ TABLE: tuple[Patch, ...] = (
         "every request keeps vLLM's k draft slots",
         async_slots.scheduler_problem,
         async_slots.patch_async_scheduler,
+        stage="register",  # the scheduler's process: under TP > 1 it builds no proposer
     ),
     Patch(
         "slot notes out",
@@ -168,6 +171,7 @@ TABLE: tuple[Patch, ...] = (
         "TP > 1 drafts in thread mode",
         tp_notes.scheduler_problem,
         tp_notes.patch_scheduler,
+        stage="register",  # the scheduler's process: under TP > 1 it builds no proposer
     ),
     Patch(
         "narrow graphs",
