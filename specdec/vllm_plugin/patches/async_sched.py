@@ -253,7 +253,7 @@ RUNNER_HOOKS = (  # runner method -> the maker of its wrapper (item 2 of the mod
 
 
 def patch_async_runner(runner_cls: Any) -> bool:
-    """Wrap the three runner methods (idempotent). Returns True if patched."""
+    """Wrap the runner methods of ``RUNNER_HOOKS`` (idempotent). Returns True if patched."""
     if async_runner_problem(runner_cls):
         return False
     if is_wrapped(runner_cls._bookkeeping_sync, "async_runner"):
