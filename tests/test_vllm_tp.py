@@ -259,3 +259,67 @@ def test_a_followers_counts_of_discarded_rows_never_reuse_a_buffer_still_being_c
         assert nxt.tolist() == [5, 40 + step] and counts.tolist() == [1, 0]
         seen.append(follower.backups[step][:2].tolist())
     assert seen == [[0, 40], [0, 41], [0, 42]]  # three steps, three buffers, none overwritten
+
+
+ENGINE_CORE_SCRIPT = """
+import pickle
+import torch
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
+from vllm.sampling_params import SamplingParams
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+from specdec.paths import TARGET_MODEL, model_path
+from specdec.vllm_plugin.entry.register import register
+from specdec.vllm_plugin.modes.tp import SLOT_NOTE_ATTR, SlotNote
+
+register()  # all an engine-core process of TP > 1 does: it builds no proposer
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+k = 4
+cache = CacheConfig(block_size=16, cache_dtype="auto", enable_prefix_caching=False)
+cache.num_gpu_blocks = 200
+config = VllmConfig(
+    model_config=ModelConfig(model=str(model_path(TARGET_MODEL)), max_model_len=512, seed=0),
+    scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=512,
+                                     is_encoder_decoder=False),
+    cache_config=cache,
+    device_config=DeviceConfig("cpu"),
+    speculative_config=SpeculativeConfig(method="ngram", num_speculative_tokens=k, prompt_lookup_max=3,
+                                         prompt_lookup_min=2),
+)
+spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32)
+kv = KVCacheConfig(num_blocks=200, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+sch = AsyncScheduler(vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config),
+                     block_size=16)
+params = SamplingParams(temperature=0.0, max_tokens=32)
+for rid in ("a", "b"):
+    sch.add_request(Request(request_id=rid, prompt_token_ids=list(range(10, 30)), sampling_params=params,
+                            pooling_params=None))
+s1 = sch.schedule()  # the prefills
+s2 = sch.schedule()  # before any note: vLLM's k slots
+out = ModelRunnerOutput(req_ids=["a", "b"], req_id_to_index={"a": 0, "b": 1}, sampled_token_ids=[[7], [8]])
+setattr(out, SLOT_NOTE_ATTR, SlotNote(("a", "b"), (0, 2), (1, 1), 0.0, k, False, False, -1))
+sch.update_from_output(s1, pickle.loads(pickle.dumps(out)))  # the driver's note, as vLLM's pickle carries it
+s3 = sch.schedule()  # re-granted from the note's book
+print(sorted(s2.num_scheduled_tokens.items()), sorted(s3.num_scheduled_tokens.items()))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable (scripts/test.sh has vLLM)")
+def test_an_engine_core_that_only_loaded_the_plugin_grants_the_drivers_slots():
+    """TP > 1 end to end on the scheduler's side: a fresh process that only loads the plugin (vLLM's engine core
+    under TP > 1), with vLLM's own AsyncScheduler on the CPU. The driver's slot note arrives pickled on a
+    ModelRunnerOutput; the next schedule gives each request 1 + its noted draft length instead of 1 + k."""
+    import subprocess
+    import sys
+
+    from specdec.paths import TARGET_MODEL, model_path
+
+    if not model_path(TARGET_MODEL).is_dir():
+        pytest.skip("the shared target model is not here (SPECDEC_SHARED)")
+    run = subprocess.run([sys.executable, "-c", ENGINE_CORE_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines()[-1] == "[('a', 5), ('b', 5)] [('a', 1), ('b', 3)]", run.stdout[-2000:]
