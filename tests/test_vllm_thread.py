@@ -225,7 +225,9 @@ def test_the_runner_patch_prepares_each_step_from_the_scheduler_output():
     from specdec.vllm_plugin.patches.runner import patch_execute as patch_execute_model
 
     cfg = SimpleNamespace(
-        additional_config={"specdec": {"async": True, "async_mode": "thread", "adaptive": False}},
+        additional_config={
+            "specdec": {"async": True, "async_mode": "thread", "adaptive": False, "draft_timeout_ms": 0}
+        },
         speculative_config=SimpleNamespace(num_speculative_tokens=4),
         model_config=SimpleNamespace(max_model_len=64),
     )
@@ -254,7 +256,7 @@ def test_the_runner_patch_prepares_each_step_from_the_scheduler_output():
 
 def test_a_failed_step_is_counted_and_the_proposer_starts_over(monkeypatch):
     cfg = SimpleNamespace(
-        additional_config={"specdec": {"adaptive": False}},  # async thread: the default
+        additional_config={"specdec": {"adaptive": False, "draft_timeout_ms": 0}},  # async thread: the default
         speculative_config=SimpleNamespace(num_speculative_tokens=4),
         model_config=SimpleNamespace(max_model_len=64),
     )
