@@ -29,7 +29,7 @@ Drafts only drop or shorten here: what vLLM emits does not change (the verifier 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -153,20 +153,12 @@ class BackOff:
     def withhold(self, req_ids: Sequence[str], drafts: list[list[int]]) -> int:
         """A step that does not pad: backed-off requests' drafts (``drafts`` [rows], by ``req_ids``) dropped, a
         probe's shortened, in place. Returns the tokens withheld."""
-        low = self.low()
-        if not (self.requests_off or low) or not drafts:
+        if not drafts:
             return 0
         withheld = 0
-        for i, rid in enumerate(req_ids):
-            limit = self.limit(rid, low=low)
-            if limit is None:
-                continue
-            d = drafts[i]
-            m = min(len(d), limit)
-            self.taken(rid, limit, len(d), m)
-            if m < len(d):
-                withheld += len(d) - m
-                drafts[i] = d[:m]
+        for i, m in self._cuts(req_ids, lambda i: len(drafts[i])):
+            withheld += len(drafts[i]) - m
+            drafts[i] = drafts[i][:m]
         return withheld
 
     def withhold_matrix(
@@ -182,22 +174,28 @@ class BackOff:
         of each row of ``out`` [>= rows, width] overwritten with the row's last token (``tokens`` [>= rows, w] and
         ``new`` [rows]: its new tokens, ``fillers`` [rows]: its last token before them), as the lane pads. Returns the
         tokens withheld."""
+        withheld = 0
+        for i, m in self._cuts(req_ids, lengths.__getitem__):
+            withheld += lengths[i] - m
+            lengths[i] = m
+            out[i, m:] = tokens[i, new[i] - 1] if new[i] > 0 else fillers[i]
+        return withheld
+
+    def _cuts(self, req_ids: Sequence[str], length: Callable[[int], int]) -> Iterator[tuple[int, int]]:
+        """The rows a step that does not pad must shorten: (row, its new length) for each row whose draft of
+        ``length(row)`` tokens passes its limit; every limited row's draft is booked (``taken``)."""
         low = self.low()
         if not (self.requests_off or low):
-            return 0
-        withheld = 0
+            return
         for i, rid in enumerate(req_ids):
             limit = self.limit(rid, low=low)
             if limit is None:
                 continue
-            n = lengths[i]
+            n = length(i)
             m = min(n, limit)
             self.taken(rid, limit, n, m)
             if m < n:
-                withheld += n - m
-                lengths[i] = m
-                out[i, m:] = tokens[i, new[i] - 1] if new[i] > 0 else fillers[i]
-        return withheld
+                yield i, m
 
     def limit(self, rid: str, *, low: bool) -> int | None:
         """On a step that does not pad: the most draft tokens the request may hand vLLM (0: none; a probe:
