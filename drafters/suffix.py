@@ -122,7 +122,6 @@ class SuffixDrafter(SuffixLane, Drafter):
             self.engine.stop(rid)
 
     def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
-        c = self.config
         out: list[TokenTree] = []
         self.last_sources = []
         for req in requests:
@@ -131,17 +130,7 @@ class SuffixDrafter(SuffixLane, Drafter):
                 out.append(TokenTree.empty())
                 self.last_sources.append("")
                 continue
-            toks, parents, probs, _score, _m, src = self.engine.draft(
-                rid,
-                min(req.budget, MAX_BUDGET),
-                req.tree,
-                self._factor(req.free),
-                c.max_spec_offset,
-                c.min_token_prob,
-                c.use_local,
-                c.use_global,
-                c.leaf_prior,
-            )
+            toks, parents, probs, _score, _m, src = self._engine_draft(rid, req, tree=req.tree)
             self.last_sources.append(SOURCES[src] if src >= 0 else "")
             if not toks:
                 out.append(TokenTree.empty())
@@ -157,26 +146,30 @@ class SuffixDrafter(SuffixLane, Drafter):
 
     def draft_chains(self, requests: Sequence[DraftRequest]) -> list[Chain]:
         """Chain drafts straight from the engine (no tree objects): tokens and path probabilities."""
-        c = self.config
         out: list[Chain] = []
         for req in requests:
             rid = self._ids.get(req.request_id)
             if rid is None or req.budget <= 0:
                 out.append(([], None))
                 continue
-            toks, _parents, probs, _score, _m, _src = self.engine.draft(
-                rid,
-                min(req.budget, MAX_BUDGET),
-                False,
-                self._factor(req.free),
-                c.max_spec_offset,
-                c.min_token_prob,
-                c.use_local,
-                c.use_global,
-                c.leaf_prior,
-            )
+            toks, _parents, probs, _score, _m, _src = self._engine_draft(rid, req, tree=False)
             out.append((toks, list(accumulate(probs, mul)) if toks else None))
         return out
+
+    def _engine_draft(self, rid: int, req: DraftRequest, *, tree: bool) -> tuple:
+        """The engine's draft for engine id ``rid``: (tokens, parents, probs, score, match length, source)."""
+        c = self.config
+        return self.engine.draft(
+            rid,
+            min(req.budget, MAX_BUDGET),
+            tree,
+            self._factor(req.free),
+            c.max_spec_offset,
+            c.min_token_prob,
+            c.use_local,
+            c.use_global,
+            c.leaf_prior,
+        )
 
     def _factor(self, free: bool) -> float:
         """The draft depth cap factor (``free_spec_factor`` for a request whose verification is free)."""
