@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specdec.drafters.base import Drafter, DraftRequest
+from specdec.drafters.base import Drafter, DraftRequest, WrappedDrafter
 from specdec.tree import ROOT, TokenTree
 
 RankPath = tuple[int, ...]  # ranks among siblings (0 = most probable) from the top level down to a node
@@ -110,25 +110,7 @@ def pool_budget(budget: int) -> int:
 
 
 # ----------------------------------------------------------------------------- drafter wrappers for replay
-class _Wrapper(Drafter):
-    def __init__(self, inner: Drafter) -> None:
-        self.inner = inner
-        self.name = inner.name
-
-    def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
-        self.inner.start(request_id, prompt_ids)
-
-    def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
-        self.inner.extend(request_id, token_ids)
-
-    def stop(self, request_id: str) -> None:
-        self.inner.stop(request_id)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class RecordingDrafter(_Wrapper):
+class RecordingDrafter(WrappedDrafter):
     """Drafts the inner drafter's trees unchanged and feeds each step's outcome to ``stats`` (calibration)."""
 
     def __init__(self, inner: Drafter, stats: RankStats) -> None:
@@ -149,7 +131,7 @@ class RecordingDrafter(_Wrapper):
         super().extend(request_id, token_ids)
 
 
-class ShapedDrafter(_Wrapper):
+class ShapedDrafter(WrappedDrafter):
     """Tree requests: the inner drafter's tree at the pool budget pruned to ``shape``; chains pass through."""
 
     def __init__(self, inner: Drafter, shape: Sequence[RankPath]) -> None:
@@ -162,7 +144,7 @@ class ShapedDrafter(_Wrapper):
         return [prune_to_shape(t, self.shape) if r.tree else t for r, t in zip(requests, trees)]
 
 
-class StepCounter(_Wrapper):
+class StepCounter(WrappedDrafter):
     """Counts the steps (draft calls) of every request, for the paired bootstrap over records."""
 
     def __init__(self, inner: Drafter) -> None:

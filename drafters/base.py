@@ -106,6 +106,36 @@ class Drafter(abc.ABC):
         """Release threads, sessions or other resources."""
 
 
+class WrappedDrafter(Drafter):
+    """A drafter around ``inner``: its lifecycle (start, extend, stop, close) and introspection (active requests,
+    memory, target check) are the inner drafter's; a subclass drafts (``draft_batch``) with what it adds."""
+
+    def __init__(self, inner: Drafter) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+        self.inner.start(request_id, prompt_ids)
+
+    def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
+        self.inner.extend(request_id, token_ids)
+
+    def stop(self, request_id: str) -> None:
+        self.inner.stop(request_id)
+
+    def active_requests(self) -> list[str]:
+        return self.inner.active_requests()
+
+    def check_target(self, *, vocab_size: int, tokenizer_dir: str | None = None) -> None:
+        self.inner.check_target(vocab_size=vocab_size, tokenizer_dir=tokenizer_dir)
+
+    def memory_bytes(self) -> int:
+        return self.inner.memory_bytes()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def _is_tree(draft: object) -> bool:
     return isinstance(draft, TokenTree)
 

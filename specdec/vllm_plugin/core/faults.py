@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.config import ConfigError
-from specdec.drafters.base import Chain, Drafter, DraftRequest
+from specdec.drafters.base import Chain, Drafter, DraftRequest, WrappedDrafter
 from specdec.tree import TokenTree
 from specdec.vllm_plugin.logs import LOGGER_NAME
 
@@ -84,26 +84,16 @@ class Faults:
         return {"test_fault_calls": self.calls, "test_faults_raised": self.raised, "test_faults_slept": self.slept}
 
 
-class FaultyDrafter(Drafter):
+class FaultyDrafter(WrappedDrafter):
     """``drafter`` with ``faults`` injected into its drafting calls (and its native lane's); everything else is
     the drafter's own."""
 
     def __init__(self, drafter: Drafter, faults: Faults) -> None:
-        self.inner = drafter
+        super().__init__(drafter)
         self.faults = faults
-        self.name = drafter.name
 
     def __getattr__(self, attr: str) -> Any:  # anything else the plugin reads from its drafter
         return getattr(self.inner, attr)
-
-    def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
-        self.inner.start(request_id, prompt_ids)
-
-    def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
-        self.inner.extend(request_id, token_ids)
-
-    def stop(self, request_id: str) -> None:
-        self.inner.stop(request_id)
 
     def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
         self.faults.hit("draft_batch")
@@ -113,22 +103,10 @@ class FaultyDrafter(Drafter):
         self.faults.hit("draft_chains")
         return self.inner.draft_chains(requests)
 
-    def active_requests(self) -> list[str]:
-        return self.inner.active_requests()
-
-    def memory_bytes(self) -> int:
-        return self.inner.memory_bytes()
-
-    def check_target(self, *, vocab_size: int, tokenizer_dir: str | None = None) -> None:
-        self.inner.check_target(vocab_size=vocab_size, tokenizer_dir=tokenizer_dir)
-
     def native_lane(self) -> FaultyLane | None:
         get = getattr(self.inner, "native_lane", None)
         lane = get() if callable(get) else None
         return FaultyLane(lane, self.faults) if lane is not None else None
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 class FaultyLane:
