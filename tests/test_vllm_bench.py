@@ -628,6 +628,22 @@ def test_varied_sustained_cells_use_the_seeded_lengths_and_closed_cells_keep_max
     assert "output_lengths" not in cells["sus2"] and list(map(len, cells["sus2"]["outputs"])) == [3] * 5
 
 
+def _two_method_args(prompts, tmp_path) -> list[str]:
+    """bench_vllm arguments of a no-speculation / specdec run on the code set at batch 8."""
+    return [
+        "--prompts",
+        str(prompts),
+        "--methods",
+        "nospec,specdec",
+        "--datasets",
+        "code",
+        "--batch-sizes",
+        "8",
+        "--raw-dir",
+        str(tmp_path / "raw"),
+    ]
+
+
 def _fake_workers(monkeypatch, cells_of):
     """bench_vllm's worker subprocess, faked: each call writes a result whose dataset "code" holds
     ``cells_of(cmd, load)`` ({cell key: cell}) for the worker's ``--load``. Returns the commands received (a list
@@ -674,18 +690,7 @@ def test_output_lengths_flag_reaches_the_workers_and_the_settings(tmp_path, monk
         return {"8" if load == "closed" else "sus8": cell}
 
     cmds = _fake_workers(monkeypatch, cells_of)
-    base = [
-        "--prompts",
-        str(prompts),
-        "--methods",
-        "nospec,specdec",
-        "--datasets",
-        "code",
-        "--batch-sizes",
-        "8",
-        "--raw-dir",
-        str(tmp_path / "raw"),
-    ]
+    base = _two_method_args(prompts, tmp_path)
     bench_vllm.main(base + ["--load", "both", "--output-lengths", "varied", "--out-dir", str(tmp_path / "out")])
     assert len(cmds) == 4 and all(c[c.index("--output-lengths") + 1] == "varied" for c in cmds)
     doc = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
@@ -875,18 +880,7 @@ def test_engine_process_flag_reaches_the_workers_and_the_settings_and_refuses_th
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps({"policy": "test", "datasets": {"code": {"warmup": [[1]], "bs8": [[1, 2]]}}}))
     cmds = _fake_workers(monkeypatch, lambda cmd, load: {"8": {**_cell(40.0, [[1]]), "load": "closed"}})
-    base = [
-        "--prompts",
-        str(prompts),
-        "--methods",
-        "nospec,specdec",
-        "--datasets",
-        "code",
-        "--batch-sizes",
-        "8",
-        "--raw-dir",
-        str(tmp_path / "raw"),
-    ]
+    base = _two_method_args(prompts, tmp_path)
     bench_vllm.main(base + ["--engine-process", "--out-dir", str(tmp_path / "mp")])
     assert len(cmds) == 2 and all("--engine-process" in c for c in cmds)
     doc = json.loads(next((tmp_path / "mp").glob("*.json")).read_text())

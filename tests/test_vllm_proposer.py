@@ -10,6 +10,7 @@ from unittest.mock import ANY
 import numpy as np
 import pytest
 
+from core_support import LLAMA_8B_HF
 from specdec.drafters.base import Drafter
 from specdec.tree import TokenTree, best_chain
 from specdec.vllm_plugin.core.adaptive import AdaptiveController
@@ -230,14 +231,7 @@ def test_pad_drafts_makes_every_decoding_row_exactly_k_long_and_keeps_outputs():
 def test_pad_auto_pads_small_targets_and_not_large_batches_of_large_ones():
     from specdec.vllm_plugin.proposer import estimate_params
 
-    llama8b = SimpleNamespace(
-        hidden_size=4096,
-        num_hidden_layers=32,
-        intermediate_size=14336,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-    )
+    llama8b = LLAMA_8B_HF
     assert estimate_params(llama8b) == pytest.approx(8.0e9, rel=0.03)
     assert estimate_params(SimpleNamespace()) == 0.0
     tiny = make_core(OracleDrafter(), num_speculative_tokens=16, target_params=53e6)
@@ -500,14 +494,7 @@ def test_async_mode_and_lane_threads_auto_resolve_by_target_size_and_parallelism
     assert resolve_async_mode("auto", params=5.3e7, tp=2) == "schedule"  # thread mode would forgo async scheduling
     assert resolve_async_mode("auto", params=8e9, pp=2) == "thread"  # schedule mode needs PP = 1
     assert resolve_async_mode("thread", params=8e9) == "thread"  # an explicit mode stands
-    llama8b = SimpleNamespace(
-        hidden_size=4096,
-        num_hidden_layers=32,
-        intermediate_size=14336,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-    )
+    llama8b = LLAMA_8B_HF
 
     def proposer(hf, **extra):
         cfg = SimpleNamespace(

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from benchmarks.bench_schedule_cpu import HostWait
-from core_support import target_sequence
+from core_support import LLAMA_8B_HF, target_sequence
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.vllm_plugin.core.feed import TokenFeed, pad_rows, valid_counts
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
@@ -355,14 +355,7 @@ def test_whitelist_patch_adds_custom_class_for_our_schedule_mode_only():
     module = SimpleNamespace(NgramGPUTypes=Literal["ngram_gpu"])
     seen: list[tuple] = []
 
-    llama8b = SimpleNamespace(
-        hidden_size=4096,
-        num_hidden_layers=32,
-        intermediate_size=14336,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-    )
+    llama8b = LLAMA_8B_HF
     small = SimpleNamespace(
         hidden_size=640, num_hidden_layers=10, intermediate_size=1728, num_attention_heads=10, vocab_size=32000
     )
