@@ -220,18 +220,27 @@ def rss_mib(pids: list[int]) -> float:
     return total_kib / 1024
 
 
-def gpu_memory_mib() -> float | None:
-    """Used memory of GPU 0 from nvidia-smi (None without one)."""
+def _gpu0_query(query: str, fmt: str) -> str | None:
+    """GPU 0's line of ``nvidia-smi --query-gpu=QUERY --format=FMT``, stripped (None without a GPU or nvidia-smi)."""
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            ["nvidia-smi", f"--query-gpu={query}", f"--format={fmt}"],
             capture_output=True,
             text=True,
             timeout=HTTP_TIMEOUT_S,
             check=True,
         ).stdout
-        return float(out.splitlines()[0])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return out.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def gpu_memory_mib() -> float | None:
+    """Used memory of GPU 0 from nvidia-smi (None without one)."""
+    line = _gpu0_query("memory.used", "csv,noheader,nounits")
+    try:
+        return None if line is None else float(line)
+    except ValueError:
         return None
 
 
@@ -302,17 +311,7 @@ def scrape_plugin(url: str) -> tuple[dict[str, float], str]:
 
 # --------------------------------------------------------------------------- provenance
 def device_name() -> str:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=HTTP_TIMEOUT_S,
-            check=True,
-        ).stdout
-        return out.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return "no GPU (nvidia-smi absent)"
+    return _gpu0_query("name,memory.total", "csv,noheader") or "no GPU (nvidia-smi absent)"
 
 
 def write_json(path: Path, doc: Any) -> None:
