@@ -573,7 +573,6 @@ struct Book {
     int32_t last_real = 0;    // of which the drafter's own (before padding)
     double last_pred = NAN;   // sum of their path probabilities (NaN: none)
     double pred_ema = 0.0, acc_ema = 0.0;  // calibration sums
-    double acceptance = NAN;  // acceptance EMA (NaN: none yet)
     bool fresh = false;       // just (re)started with n_known already counting this step's tokens
 
     void clear_draft() {      // no draft this step
@@ -585,8 +584,6 @@ struct Book {
 // Constants of the one-call step, set once by lane_config (one source of truth: the Python side).
 struct LaneConfig {
     bool configured = false;
-    int probe_tokens = 2;           // draft length for requests whose acceptance is poor
-    double accept_alpha = 0.2;      // weight of the newest step in the acceptance EMA
     double calib_decay = 0.8;       // decay of the calibration sums
     double min_calib_mass = 3.0, min_calib = 0.05, max_calib = 1.5;
     double max_cut = 0.9;           // the confidence threshold never exceeds this
@@ -599,7 +596,7 @@ struct LaneStep {  // one lane call's per-step decisions
     int k = 0;
     long long max_model_len = 0;
     bool spec = false, pad = false, adaptive = false;
-    double min_acceptance = 0, floor = 0, value = 0;
+    double floor = 0, value = 0;
 };
 
 // One vLLM step handed to the lane thread (lane_submit), and its result (lane_collect): see suffix_lane_async.inc.
@@ -1045,6 +1042,8 @@ PyMethodDef Engine_methods[] = {
     {"lane_config", reinterpret_cast<PyCFunction>(Engine_lane_config), METH_VARARGS, kLaneConfigDoc},
     {"lane_mark", reinterpret_cast<PyCFunction>(Engine_lane_mark), METH_VARARGS, "lane_mark(rid, n_known, fresh=True): the request's book knows n_known tokens; fresh: its next row carries "
      "exactly n_known (no extend), else it extends n_known by the row's sampled tokens"},
+    {"lane_forget", reinterpret_cast<PyCFunction>(Engine_lane_forget), METH_VARARGS,
+     "lane_forget(rids): these requests' drafts of the last step were withheld (their books forget them)"},
     {"lane_step", reinterpret_cast<PyCFunction>(Engine_lane_step), METH_VARARGS, kLaneStepDoc},
     {"lane_step_tokens", reinterpret_cast<PyCFunction>(Engine_lane_step_tokens), METH_VARARGS, kLaneStepTokensDoc},
     {"lane_submit", reinterpret_cast<PyCFunction>(Engine_lane_submit), METH_VARARGS, kLaneSubmitDoc},

@@ -17,19 +17,18 @@ from typing import Any
 class LaneDecisions:
     """One proposer step's decisions for the native lane (``lane_step``, ``lane_step_tokens``, ``lane_submit``):
     ``k`` drafted tokens at most, ``max_model_len`` (no draft past it), ``spec`` (False: a plain step, no draft),
-    ``pad`` (every row padded to its room), ``adaptive`` with ``min_acceptance`` (the per-request acceptance rule),
-    ``floor`` (path probability a token must keep) and ``value`` (the calibrated probability a token must reach)."""
+    ``pad`` (every row padded to its room), ``adaptive`` (the cost-model cut is on), ``floor`` (path probability a
+    token must keep) and ``value`` (the calibrated probability a token must reach)."""
 
     k: int
     max_model_len: int
     spec: bool
     pad: bool
     adaptive: bool
-    min_acceptance: float
     floor: float
     value: float
 
-    def native_args(self) -> tuple[int, int, bool, bool, bool, float, float, float]:
+    def native_args(self) -> tuple[int, int, bool, bool, bool, float, float]:
         """The trailing arguments of the native engine's lane calls, in its order."""
         return (
             self.k,
@@ -37,7 +36,6 @@ class LaneDecisions:
             self.spec,
             self.pad,
             self.adaptive,
-            self.min_acceptance,
             self.floor,
             self.value,
         )
@@ -54,8 +52,6 @@ class SuffixLane:
     def lane_config(
         self,
         *,
-        probe_tokens: int,
-        accept_alpha: float,
         calib_decay: float,
         min_calib_mass: float,
         min_calib: float,
@@ -65,8 +61,6 @@ class SuffixLane:
         """The proposer's constants for ``lane_step`` (see specdec/vllm_plugin/core.py)."""
         c = self.config
         self._lane_args = (
-            probe_tokens,
-            accept_alpha,
             calib_decay,
             min_calib_mass,
             min_calib,
@@ -107,6 +101,12 @@ class SuffixLane:
         """Bring every active request's match front in the global cache up to date (after stops cached their
         responses) so that the next ``lane_step`` does not rebuild them; same drafts. Returns how many were stale."""
         return int(self.engine.lane_refresh())
+
+    def lane_forget(self, request_ids: Sequence[str]) -> None:
+        """These requests' drafts of the last step were withheld (the back-off): vLLM verifies none of them, so the
+        lane's books forget them (the calibration counts verified drafts only)."""
+        ids = self._ids
+        self.engine.lane_forget([ids[r] for r in request_ids if r in ids])
 
     def lane_invalidate(self, request_id: str) -> None:
         """Make the request's next ``lane_step`` row ask for a restart (its context is about to be resent)."""

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from specdec.drafters.suffix import SuffixDrafter, native_available
-from specdec.vllm_plugin.core.adaptive import PROBE_TOKENS
 from specdec.vllm_plugin.core.backoff import (
-    BATCH_MIN_STEPS,
+    MIN_STEPS,
+    PAD_MIN_ACCEPTED,
     PROBE_FIRST_AFTER,
-    PROBE_MAX_AFTER,
+    RECOVER_ACCEPTED,
     BackOff,
 )
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
@@ -54,7 +54,9 @@ def make_core(path: str, clock: Callable[[], float], **opts) -> ProposerCore:
 
 class Batch:
     """``ROWS`` requests over random contexts; each step the verifier accepts what ``accept`` says of each row's
-    last draft, then a bonus token that is not the draft's next one (so exactly that many are accepted)."""
+    last draft, then a bonus token that is not the draft's next one (so exactly that many are accepted). A row whose
+    draft was withheld (the back-off keeps it in shadow) emits one token: the shadow's next one if ``accept`` takes
+    at least one of it (the target goes on as the drafter said), else another."""
 
     def __init__(self, seed: int = 0, rows: int = ROWS) -> None:
         self.rng = random.Random(seed)
@@ -70,13 +72,20 @@ class Batch:
         self.ctx[rid] = [self.rng.randrange(SMALL_VOCAB) for _ in range(40)]
         self.prompt[rid] = 40
 
-    def verify(self, step: int, accept: Accept) -> tuple[list[str], list[list[int]]]:
+    def verify(self, step: int, accept: Accept, core: ProposerCore) -> tuple[list[str], list[list[int]]]:
         order = list(self.ctx)
         self.rng.shuffle(order)  # rows move between steps
         sampled = []
         for rid in order:
-            d = self.drafts.get(rid, [])
+            d, one = self.drafts.get(rid, []), False
+            st = core.backoff.rows.get(rid)
+            if not d and st is not None and st.shadow:  # withheld: a plain step checks its shadow by one token
+                d, one = st.shadow[st.matched :], True
             a = max(0, min(len(d), accept(rid, step, d)))
+            if one and a:
+                self.ctx[rid].append(d[0])
+                sampled.append([d[0]])
+                continue
             bonus = self.rng.randrange(SMALL_VOCAB)
             while a < len(d) and bonus == d[a]:
                 bonus = self.rng.randrange(SMALL_VOCAB)
@@ -97,7 +106,7 @@ class Batch:
     def step(self, core: ProposerCore, path: str, step: int, accept: Accept) -> dict[str, list[int]]:
         """One step on ``path``; returns each request's draft as handed to vLLM."""
         self.t += STEP_S
-        order, sampled = self.verify(step, accept)
+        order, sampled = self.verify(step, accept, core)
         tokens, lengths, prompts = self.arrays(order)
         if path == "matrix":
             drafts = matrix_step(core, order, sampled, tokens, lengths, prompts)
@@ -137,30 +146,28 @@ def never(rid: str, step: int, draft: list[int]) -> int:
 PATHS = ["python", "lane", "matrix", "thread"]
 
 
+PATHS = ["python", "lane", "matrix", "thread"]
+
+
+def handed(batch: Batch, core: ProposerCore, path: str, steps: range, accept: Accept) -> list[dict[str, int]]:
+    """Each step's draft lengths as handed to vLLM, by request."""
+    return [{rid: len(d) for rid, d in batch.step(core, path, s, accept).items()} for s in steps]
+
+
 @pytest.mark.parametrize("path", PATHS)
-def test_zero_acceptance_stops_padding_and_drafting_then_probes_ever_more_rarely(path):
+def test_zero_acceptance_withholds_every_draft_and_stops_padding(path):
     batch = Batch()
     core = make_core(path, batch.clock)
-    steps, lengths = 260, []
-    for step in range(steps):
-        drafts = batch.step(core, path, step, never)
-        lengths.append({rid: len(d) for rid, d in drafts.items()})
-    # before the batch may count as low, every row is padded to k, as without back-off
-    assert all(n == K for step in lengths[1:BATCH_MIN_STEPS] for n in step.values())
-    # from then on: no padding, and every request's draft is withheld but for probes of at most PROBE_TOKENS
-    assert all(n <= PROBE_TOKENS for step in lengths[BATCH_MIN_STEPS:] for n in step.values())
-    for rid in batch.ctx:
-        probes = [s for s in range(BATCH_MIN_STEPS, steps) if lengths[s][rid]]
-        gaps = np.diff(probes)
-        assert len(probes) >= 3 and (gaps >= PROBE_FIRST_AFTER).all() and (gaps <= PROBE_MAX_AFTER + 1).all()
-        assert (np.diff(gaps) >= 0).all()  # each failed probe doubles the interval (capped)
-        # the last 2 x PROBE_MAX_AFTER steps cost the request at most 3 probes
-        assert sum(lengths[s][rid] for s in range(steps - 2 * PROBE_MAX_AFTER, steps)) <= 3 * PROBE_TOKENS
+    steps = 200
+    lengths = handed(batch, core, path, range(steps), never)
+    # a new batch pads every row to k until its requests have MIN_STEPS verified steps; then every draft is withheld
+    assert all(n == K for step in lengths[:MIN_STEPS] for n in step.values())
+    assert all(n == 0 for step in lengths[MIN_STEPS:] for n in step.values())
     st = core.stats_dict()
     assert st["backoff_requests_backed_off"] == st["backoff_requests_off"] == ROWS and st["backoff_recoveries"] == 0
     assert st["backoff_batch_low"] and st["backoff_batch_accepted_per_row"] == 0.0
-    assert st["backoff_unpadded_steps"] == steps - BATCH_MIN_STEPS
-    assert st["backoff_probes"] == st["backoff_probe_failures"] + sum(1 for n in lengths[-1].values() if n)
+    assert st["backoff_unpadded_steps"] == steps - MIN_STEPS
+    assert st["backoff_shadow_checks"] == ROWS * (steps - MIN_STEPS - 1)  # each withheld draft checked, one a step
     assert st["backoff_withheld_rows"] > 0 and st["backoff_withheld_tokens"] > 0
     assert st["drafted_tokens"] == sum(sum(s.values()) for s in lengths)  # what vLLM got, not what was drafted
     assert st["accepted_tokens"] == 0
@@ -168,20 +175,22 @@ def test_zero_acceptance_stops_padding_and_drafting_then_probes_ever_more_rarely
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_requests_recover_when_their_drafts_are_accepted_again(path):
-    turn = 80  # from this step on the verifier accepts every draft token
+def test_requests_whose_drafts_would_be_accepted_again_draft_within_the_bound(path):
+    turn = 80  # from this step on the target agrees with every draft, handed or withheld
 
     def later(rid: str, step: int, draft: list[int]) -> int:
         return len(draft) if step >= turn else 0
 
     batch = Batch(seed=1)
     core = make_core(path, batch.clock)
-    lengths = [{rid: len(d) for rid, d in batch.step(core, path, s, later).items()} for s in range(turn)]
+    lengths = handed(batch, core, path, range(turn), later)
     st = core.stats_dict()
     assert st["backoff_requests_off"] == ROWS and st["backoff_batch_low"]
-    bound = turn + PROBE_MAX_AFTER + 4  # a probe within one interval, then a step or two until padding pays again
-    lengths += [{rid: len(d) for rid, d in batch.step(core, path, s, later).items()} for s in range(turn, bound + 10)]
-    assert all(n == K for s in lengths[bound:] for n in s.values())  # full drafts, padded again
+    lengths += handed(batch, core, path, range(turn, turn + 40), later)
+    for rid in batch.ctx:
+        back = next(s for s in range(turn, turn + 40) if lengths[s][rid])
+        assert back - turn < PROBE_FIRST_AFTER, (rid, back)
+    assert all(n == K for s in lengths[turn + 2 * PROBE_FIRST_AFTER :] for n in s.values())  # full, padded again
     st = core.stats_dict()
     assert st["backoff_recoveries"] == ROWS and st["backoff_requests_off"] == 0 and not st["backoff_batch_low"]
     assert st["accepted_tokens"] >= 10 * ROWS * K
@@ -189,10 +198,10 @@ def test_requests_recover_when_their_drafts_are_accepted_again(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_a_request_new_to_a_low_batch_probes_first_then_drafts_alone_unpadded(path):
-    """A request joining a batch that backed off starts backed off too; its first probe is accepted, so it drafts
-    (its own chains, unpadded) while the others stay without drafts and the batch, whose rows accept too little on
-    average to pay for padding (2 tokens per step of one row in 7), unpadded."""
+def test_a_request_new_to_a_low_batch_starts_in_shadow_then_drafts_alone_unpadded(path):
+    """A request joining a backed-off batch starts backed off too (no draft, no slot: the plain batch stays plain);
+    its shadow drafts would be accepted, so it drafts from its third step on (its own chains, unpadded) while the
+    others stay without drafts and the batch, whose rows accept too little on average to pay for padding, unpadded."""
     join = 60
 
     def newcomer(rid: str, step: int, draft: list[int]) -> int:
@@ -200,17 +209,17 @@ def test_a_request_new_to_a_low_batch_probes_first_then_drafts_alone_unpadded(pa
 
     batch = Batch(seed=5, rows=6)
     core = make_core(path, batch.clock)
-    lengths = []
-    for step in range(join + 60):
-        if step == join:
-            assert core.backoff.low()
-            batch.add("new")
-        lengths.append({rid: len(d) for rid, d in batch.step(core, path, step, newcomer).items()})
-    assert lengths[join]["new"] == 0  # held: its first probe comes on the next probe step
-    new = [s["new"] for s in lengths[join + PROBE_FIRST_AFTER + 2 :]]
-    assert sum(n > PROBE_TOKENS for n in new) > len(new) // 2 and max(new) <= K
+    lengths = handed(batch, core, path, range(join), newcomer)
+    assert core.backoff.low()
+    batch.add("new")
+    lengths += handed(batch, core, path, range(join, join + 60), newcomer)
+    assert lengths[join]["new"] == 0  # held
+    back = next(s for s in range(join, join + 60) if lengths[s]["new"])
+    assert back - join < PROBE_FIRST_AFTER
+    new = [s["new"] for s in lengths[back:]]
+    assert sum(n > 0 for n in new) > 0.9 * len(new) and max(new) <= K
     others = [n for s in lengths[join:] for r, n in s.items() if r != "new"]
-    assert max(others) <= PROBE_TOKENS
+    assert max(others) == 0
     st = core.stats_dict()
     assert st["backoff_newcomers_held"] == 1 and st["backoff_recoveries"] == 1 and st["backoff_batch_low"]
     assert st["backoff_requests_off"] == 6
@@ -253,46 +262,67 @@ def test_back_off_counts_only_with_adaptive_drafting():
     assert st["backoff_requests_backed_off"] == 0 and not st["backoff_batch_low"]
 
 
-def drive_backoff(bo: BackOff, steps: int, accept: Callable[[str, int], bool], joins: dict[str, int]) -> dict:
-    """``bo`` alone over ``steps`` unpadded steps: request r joins at step ``joins[r]``, its drafter drafts 3 tokens
-    every step, and ``accept(r, step)`` says whether what it handed is accepted. Returns each request's probe steps
-    (``bo.step`` when a probe went out)."""
-    handed: dict[str, int] = {}
-    probes: dict[str, list[int]] = {r: [] for r in joins}
-    for step in range(steps):
-        ids = [r for r, j in joins.items() if j <= step]
-        bo.observe(ids, [1 + (handed.get(r, 0) if accept(r, step) else 0) for r in ids])
-        low = bo.low()
-        for r in ids:
-            limit = bo.limit(r, low=low)
-            handed[r] = 3 if limit is None else min(3, limit)
-            if limit is not None:
-                bo.taken(r, limit, 3, handed[r])
-                if limit:
-                    probes[r].append(bo.step)
-        bo.record(ids, [handed[r] for r in ids])
-    return probes
+def test_withheld_drafts_leave_the_python_engines_calibration_alone():
+    batch = Batch()
+    core = make_core("python", batch.clock)
+    handed(batch, core, "python", range(30), never)
+    for rid in batch.ctx:
+        st = core.requests[rid]
+        assert st.last_draft == st.last_real == 0 and st.last_pred is None  # forgotten: nothing of it was verified
+        assert core.backoff.rows[rid].shadow  # ... but kept in shadow
 
 
-def test_probes_double_their_interval_up_to_the_cap_on_aligned_steps_and_recovery_resets_it():
+def low_batch(bo: BackOff, ids: list[str]) -> None:
+    """``bo`` after MIN_STEPS verified steps of ``ids`` with nothing accepted: every request backed off."""
+    for _ in range(MIN_STEPS + 1):
+        bo.observe(ids, [1] * len(ids), lambda i: [0])
+        bo.record(ids, [3] * len(ids))
+
+
+def test_shadow_checks_by_hand():
     bo = BackOff()
-    late = 200  # "b" joins once the batch is low (after BATCH_MIN_STEPS steps with drafts): it starts backed off
-    probes = drive_backoff(bo, 520, lambda r, s: False, {"a": 0, "b": late})
-    assert bo.stats.requests_backed_off == 1 and bo.stats.newcomers_held == 1 and bo.requests_off == 2
-    for r, steps in probes.items():
-        gaps = list(np.diff(steps))
-        assert gaps[:4] in ([8, 16, 32, 64], [4, 16, 32, 64]), r  # the next multiple of the doubled interval
-        assert set(gaps[4:]) == {PROBE_MAX_AFTER}
-        assert steps[0] % PROBE_FIRST_AFTER == 0 and all(s % PROBE_MAX_AFTER == 0 for s in steps[4:])
-    assert probes["a"][-3:] == probes["b"][-3:]  # backed off at different steps, probing on the same ones
-    assert bo.stats.probes == bo.stats.probe_failures  # each probe's outcome seen the step after it
+    low_batch(bo, ["a", "b"])
+    assert bo.requests_off == 2 and bo.low() and bo.rows["a"].ema == 0.0
+    drafts = [[5, 6, 7], [8, 9]]
+    assert bo.withhold(["a", "b"], drafts) == [0, 1] and drafts == [[], []]
+    bo.record(["a", "b"], [0, 0])
+    assert bo.rows["a"].shadow == [5, 6, 7] and bo.stats.withheld_tokens == 5
+    new = {"a": [5], "b": [1]}  # a's shadow matches one token so far; b's fails at once
+    bo.observe(["a", "b"], [1, 1], lambda i: new["ab"[i]])
+    a, b = bo.rows["a"], bo.rows["b"]
+    assert (a.shadow, a.matched, a.off) == ([5, 6, 7], 1, True)  # 0.25 x 1 < RECOVER_ACCEPTED: not settled yet
+    assert (b.shadow, b.ema, b.off) == ([], 0.0, True) and bo.stats.shadow_checks == 1
+    bo.observe(["a", "b"], [1, 1], lambda i: [6] if i == 0 else [2])
+    assert not a.off and a.ema == pytest.approx(0.25 * 2) and a.ema >= RECOVER_ACCEPTED and a.seen == 0
+    assert bo.stats.recoveries == 1 and bo.requests_off == 1
+    drafts = [[6, 7], [4]]
+    assert bo.withhold(["a", "b"], drafts) == [1] and drafts == [[6, 7], []]  # a drafts again, b in shadow
+
+
+def test_the_batch_is_low_only_while_its_low_requests_are_there():
+    """No state outlives the requests it was measured on: a batch of one after a low batch drafts at once."""
+    bo = BackOff()
+    low_batch(bo, ["a", "b", "c"])
+    assert bo.low() and bo.as_dict()["backoff_batch_accepted_per_row"] == 0.0
+    drafts = [[1, 2]]
+    bo.prune({"new"})  # the low requests finished; a new one arrives alone
+    assert not bo.low() and bo.withhold(["new"], drafts) == [] and drafts == [[1, 2]]
+    assert bo.stats.newcomers_held == 0
     bo2 = BackOff()
-    turn = 150  # from then on "a" accepts what it hands
-    drive_backoff(bo2, 300, lambda r, s: r == "a" and s >= turn, {"a": 0, "b": 0})
-    assert bo2.stats.recoveries == 1 and not bo2.rows["a"].off and bo2.rows["b"].off
-    assert bo2.rows["a"].interval == PROBE_FIRST_AFTER and bo2.requests_off == 1
-    bo2.prune({"b"})
-    assert set(bo2.rows) == {"b"} and bo2.requests_off == 1
+    low_batch(bo2, ["a"])
+    drafts = [[1, 2], [3]]
+    assert bo2.withhold(["a", "new"], drafts) == [0, 1]  # new to a low batch: held, in shadow
+    assert bo2.stats.newcomers_held == 1 and bo2.rows["new"].shadow == [3]
+    assert PAD_MIN_ACCEPTED <= RECOVER_ACCEPTED  # a recovered request does not keep its batch low by itself
+
+
+def test_a_verified_accepted_token_of_a_backed_off_request_feeds_the_same_ema():
+    """A padded step verifies a backed-off request's draft: what it gets accepted counts as any outcome."""
+    bo = BackOff()
+    low_batch(bo, ["a"])
+    bo.record(["a"], [8])  # padded: its draft went out
+    bo.observe(["a"], [4], lambda i: [0, 0, 0, 0])  # 3 accepted
+    assert not bo.rows["a"].off and bo.rows["a"].ema == pytest.approx(0.75)
 
 
 def test_slot_book_of_a_low_batch_grants_each_request_its_draft_and_nothing_without_one():
@@ -352,10 +382,10 @@ def drive_schedule(
 
 def test_schedule_mode_below_the_narrow_rows_stops_granting_slots_on_a_zero_acceptance_batch():
     """Schedule mode, adaptive slots, fewer rows than NARROW_FROM_ROWS (every row padded to k, k slots): on a batch
-    whose drafts are never accepted the slots follow the back-off, one round late, down to probes; the emitted
-    tokens are the target's throughout."""
+    whose drafts are seldom accepted (random text over a few dozen ids: a chance match now and then) the slots
+    follow the back-off, one round late, down to nearly none; the emitted tokens are the target's throughout."""
     rng = random.Random(3)
-    targets = {f"r{i}": [rng.randrange(SMALL_VOCAB) for _ in range(900)] for i in range(ROWS)}
+    targets = {f"r{i}": [rng.randrange(3 * SMALL_VOCAB) for _ in range(900)] for i in range(ROWS)}
     clock = SimpleNamespace(t=0.0)
     core = make_core("matrix", lambda: clock.t, pad_drafts="auto")
     core.pad_below_rows = NARROW_FROM_ROWS  # as the proposer sets it for adaptive slots
@@ -367,6 +397,6 @@ def test_schedule_mode_below_the_narrow_rows_stops_granting_slots_on_a_zero_acce
         assert s == targets[rid][: len(s)]
     assert slots_per_step[1] == ROWS * K  # k slots each at first (below the narrow rows, padded)
     late = slots_per_step[-100:]
-    assert sum(late) <= ROWS * 2 * PROBE_TOKENS * 3  # a few probes (with their growth slot) per request
+    assert sum(late) <= ROWS * K  # about one return (a chance match of its shadow) per request at most
     st = sched.stats()
     assert st["backoff_requests_off"] == ROWS and st["schedule"]["low_batch_schedules"] > 150

@@ -130,7 +130,7 @@ def twins(clock: FakeClock | None = None, **opts) -> list[ProposerCore]:
         {},  # adaptive, pad auto, deadline auto
         {"pad_drafts": "on"},
         {"adaptive": False, "min_path_prob": 0.3},
-        {"min_path_prob_per_seq": 0.02, "min_acceptance": 0.6},
+        {"min_path_prob_per_seq": 0.02},
         {"lane_threads": 3},  # the engine thread and two helpers draft the rows of each step
         {"lane_threads": 4, "pad_drafts": "on", "min_path_prob": 0.2},
     ],
@@ -212,9 +212,7 @@ def test_the_token_matrix_step_equals_the_lane_and_python_paths(opts):
 def test_the_token_matrix_step_names_a_wrong_buffer():
     lane = lane_core(FakeClock()).lane
     assert lane is not None
-    decisions = LaneDecisions(
-        k=4, max_model_len=MAX_LEN, spec=True, pad=False, adaptive=False, min_acceptance=0.0, floor=0.1, value=0.0
-    )
+    decisions = LaneDecisions(k=4, max_model_len=MAX_LEN, spec=True, pad=False, adaptive=False, floor=0.1, value=0.0)
     tokens, out = np.full((1, 3), -1, np.int32), np.zeros((1, 4), np.int32)
     with pytest.raises(ValueError, match="tokens must be a 2-D int32 array"):
         lane.lane_step_tokens(["a"], tokens.astype(np.int64), [5], [1], out, decisions=decisions)

@@ -221,10 +221,10 @@ def test_pad_drafts_makes_every_decoding_row_exactly_k_long_and_keeps_outputs():
             assert len(drafts[row]) == want, (rid, drafts[row])
     # same emitted tokens, whatever was padded
     assert plain_runner.token_ids_cpu.tolist() == pad_runner.token_ids_cpu.tolist()
-    # the drafter's own tokens: 2 per step (both right), so its acceptance stays 1 and calibration is not
-    # diluted by the filler; the submitted count includes the padding
+    # the drafter's own tokens: 2 per step (both right), so its calibration is not diluted by the filler; the
+    # submitted count includes the padding
     st = padded.requests["a"]
-    assert st.last_real == 2 and st.acceptance_ema > 0.99
+    assert st.last_real == 2 and st.acc_ema >= st.pred_ema * 0.99
     assert padded.stats.drafted_tokens > plain.stats.drafted_tokens
 
 
@@ -513,9 +513,3 @@ def test_async_mode_and_lane_threads_auto_resolve_by_target_size_and_parallelism
     assert resolve_lane_threads(0, schedule=False) == 1 and resolve_lane_threads(2, schedule=True) == 2
     big.close()
     small.close()
-
-
-def test_a_request_with_poor_acceptance_drafts_probe_tokens_only():
-    ctl = AdaptiveController()
-    assert ctl.request_budget(8, 0.05) == 2 and ctl.request_budget(8, 0.5) == 8 and ctl.request_budget(8, None) == 8
-    assert AdaptiveController(enabled=False).request_budget(8, 0.05) == 8

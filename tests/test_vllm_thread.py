@@ -83,7 +83,7 @@ def run(eng: FakeEngine, cores: list, steps: int) -> None:
         {},  # adaptive, pad auto
         {"pad_drafts": "on"},
         {"adaptive": False, "min_path_prob": 0.3},
-        {"min_path_prob_per_seq": 0.02, "min_acceptance": 0.6},
+        {"min_path_prob_per_seq": 0.02},
         {"thread_spin_us": 2000.0},  # the drafter's thread and the collecting caller spin instead of sleeping
         {"lane_threads": 4},  # the drafter's thread and 3 helpers share the rows
         {"lane_threads": 8, "pad_drafts": "on", "thread_spin_us": 500.0},  # about as many threads as rows

@@ -9,8 +9,8 @@ Mechanisms, all cheap per step:
    it costs time at the current rate: ``p * calib >= b * tokens_per_second``. At batch 1 on a big GPU ``b`` is ~0 (draft
    everything); at batch 64 each token costs everyone, so only confident tokens go. ``min_path_prob`` (+
    ``min_path_prob_per_seq`` x running requests) is a fixed floor on top.
-2. **Per-request acceptance.** A request whose acceptance EMA (accepted / drafted) falls below ``min_acceptance``
-   drafts at most ``PROBE_TOKENS`` tokens per step until it recovers.
+
+Requests and batches whose drafts are not accepted are the low-acceptance policy's (``backoff.py``), not this one's.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-PROBE_TOKENS = 2  # draft length for requests whose acceptance is poor
-ACCEPT_EMA_ALPHA = 0.2  # weight of the newest step in a request's acceptance EMA
 MAX_CUT = 0.9  # the confidence threshold never exceeds this
 
 
@@ -35,7 +33,6 @@ class AdaptiveController:
     enabled: bool = True
     min_path_prob: float = 0.0
     min_path_prob_per_seq: float = 0.0
-    min_acceptance: float = 0.1
 
     def cut(self, num_running: int, model_cut: float = 0.0) -> float:
         """Minimum path probability a draft token must have (fixed floor, per-seq term, cost model)."""
@@ -43,19 +40,6 @@ class AdaptiveController:
         if self.enabled:
             base = max(base + self.min_path_prob_per_seq * max(0, num_running - 1), model_cut)
         return min(base, MAX_CUT)
-
-    def request_budget(self, budget: int, acceptance_ema: float | None) -> int:
-        if self.enabled and acceptance_ema is not None and acceptance_ema < self.min_acceptance:
-            return min(budget, PROBE_TOKENS)
-        return budget
-
-
-def update_acceptance(ema: float | None, drafted: int, accepted: int) -> float | None:
-    """New acceptance EMA of a request after a step that verified ``drafted`` tokens."""
-    if drafted <= 0:
-        return ema
-    rate = accepted / drafted
-    return rate if ema is None else (1 - ACCEPT_EMA_ALPHA) * ema + ACCEPT_EMA_ALPHA * rate
 
 
 @dataclass

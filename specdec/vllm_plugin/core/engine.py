@@ -69,6 +69,10 @@ class StepEngine(Protocol):
         """The request's next row restarts it from its full context."""
         ...
 
+    def forget_drafts(self, request_ids: Sequence[str]) -> None:
+        """These requests' drafts of the last step were withheld: vLLM verifies none of them."""
+        ...
+
     def start_early(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int]) -> bool:
         """Start a request not held yet from its context ahead of its row; False if the engine does not."""
         ...
@@ -138,6 +142,10 @@ class LaneEngine:
     def invalidate(self, request_id: str) -> None:
         assert self.lane is not None
         self.lane.lane_invalidate(request_id)
+
+    def forget_drafts(self, request_ids: Sequence[str]) -> None:
+        assert self.lane is not None
+        self.lane.lane_forget(request_ids)
 
     def start_early(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int]) -> bool:
         assert self.lane is not None

@@ -2,8 +2,8 @@
 
 ``ProposerCore``'s Python path costs ~10 us per row and step (0.6-0.9 ms per step at batch 64), all of it GPU idle
 time in vLLM 0.26, which drafts on the engine's critical path. A drafter that offers a *lane* (``native_lane()``:
-the native suffix drafter) keeps the per-request statistics itself (context length known, last draft, acceptance
-and calibration sums) and runs the whole step for all rows in C++ (``csrc/suffix_lane.inc``). Python keeps the
+the native suffix drafter) keeps the per-request statistics itself (context length known, last draft,
+calibration sums) and runs the whole step for all rows in C++ (``csrc/suffix_lane.inc``). Python keeps the
 rare events (start, resync, stop) and the per-step decisions (spec or plain window, cost-model value, padding).
 
 Same drafts, same statistics as the Python path (``tests/test_vllm_lane.py`` runs both over recorded traces with
@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from specdec.drafters.suffix_lane import LaneDecisions
-from specdec.vllm_plugin.core.adaptive import ACCEPT_EMA_ALPHA, MAX_CUT, PROBE_TOKENS
+from specdec.vllm_plugin.core.adaptive import MAX_CUT
 
 CALIB_DECAY = 0.8  # decay of a request's predicted / accepted sums (calibration), per step
 MIN_CALIBRATION_MASS = 3.0  # predicted tokens before a request's calibration is used
@@ -38,6 +38,7 @@ class Lane(Protocol):
     ) -> None: ...
     def lane_start(self, request_id: str, prompt_ids: Sequence[int], rest_ids: Sequence[int]) -> None: ...
     def lane_invalidate(self, request_id: str) -> None: ...
+    def lane_forget(self, request_ids: Sequence[str]) -> None: ...
     def lane_threads(self, n: int) -> None: ...
     def lane_refresh(self) -> int: ...
     def lane_step(
@@ -62,8 +63,6 @@ def find_lane(drafter: Any) -> Lane | None:
     lane = get() if callable(get) else None
     if lane is not None:
         lane.lane_config(
-            probe_tokens=PROBE_TOKENS,
-            accept_alpha=ACCEPT_EMA_ALPHA,
             calib_decay=CALIB_DECAY,
             min_calib_mass=MIN_CALIBRATION_MASS,
             min_calib=MIN_CALIBRATION,

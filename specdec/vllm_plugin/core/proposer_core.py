@@ -62,9 +62,8 @@ class ProposerCore(ProposerReporting):
             enabled=options.adaptive,
             min_path_prob=options.min_path_prob,
             min_path_prob_per_seq=options.min_path_prob_per_seq,
-            min_acceptance=options.min_acceptance,
         )
-        self.backoff = BackOff(enabled=options.adaptive)  # low acceptance: no padding, no drafts but probes
+        self.backoff = BackOff(enabled=options.adaptive)  # the low-acceptance policy (withheld drafts, no padding)
         self.costs: dict[int, StepCostModel] = {}  # one step-cost fit per batch-size bucket
         self._last_t: float | None = None
         self._last_verified = 0
@@ -112,7 +111,7 @@ class ProposerCore(ProposerReporting):
         """One proposer call. Arrays are vLLM's: ``num_tokens_no_spec`` [max_num_reqs] int32,
         ``token_ids_cpu`` [max_num_reqs, max_model_len] int32, ``num_prompt_tokens`` [max_num_reqs].
         ``pad``: pad every row to ``k`` (True) or not (False) whatever ``pad_drafts`` says (None: it decides)."""
-        plan = self._begin(req_ids, list(map(len, sampled_token_ids)), k, pad)
+        plan = self._begin(req_ids, list(map(len, sampled_token_ids)), k, pad, tokens=sampled_token_ids.__getitem__)
         self._stop_absent(plan.present)
         drafts = self.engine.draft_rows(
             req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, num_prompt_tokens, plan=plan
@@ -141,7 +140,7 @@ class ProposerCore(ProposerReporting):
         restart). Only with the lane (``self.lane``). Same drafts, statistics and decisions as ``step`` over the same
         rows."""
         assert self.lane is not None
-        plan = self._begin(req_ids, new, k, pad)
+        plan = self._begin(req_ids, new, k, pad, tokens=lambda i: tokens[i, : new[i]].tolist())
         self._stop_absent(plan.present)
         decisions = self._lane_decisions(k=plan.k, mode=plan.mode, running=plan.running)
         t0 = self.clock()
@@ -155,14 +154,24 @@ class ProposerCore(ProposerReporting):
             self._on_timeout(sum(1 for m in lengths if m))
             self._end(plan, [], drafted=0, lengths=[])
             return None
-        withheld = 0 if self._pad_now else self.backoff.withhold_matrix(plan.ids, lengths, out, tokens, new, fillers)
+        before = sum(lengths)
+        if not self._pad_now:
+            self._forget(plan.ids, self.backoff.withhold_matrix(plan.ids, lengths, out, tokens, new, fillers))
         self.stats.propose_seconds += self.clock() - plan.t0
-        self._end(plan, [], drafted=counts.drafted - withheld, lengths=lengths)
+        self._end(plan, [], drafted=counts.drafted - (before - sum(lengths)), lengths=lengths)
         return lengths
 
-    def _begin(self, req_ids: Sequence[str], lens: Sequence[int], k: int | None, pad: bool | None = None) -> StepPlan:
+    def _begin(
+        self,
+        req_ids: Sequence[str],
+        lens: Sequence[int],
+        k: int | None,
+        pad: bool | None = None,
+        *,
+        tokens: Callable[[int], Sequence[int]],
+    ) -> StepPlan:
         """A step's statistics, cost observations and decisions, before any drafter call. ``lens`` [rows]: each
-        row's new tokens."""
+        row's new token count, ``tokens(i)``: row i's new tokens."""
         t0 = self.clock()
         n_rows = len(lens)
         if len(req_ids) < n_rows:
@@ -177,7 +186,7 @@ class ProposerCore(ProposerReporting):
         ids = list(req_ids[:n_rows])
         rows = set(ids)
         self.backoff.prune(rows)
-        self.backoff.observe(ids, lens)
+        self.backoff.observe(ids, lens, tokens)
         early = self._started_early
         prefilled = running < n_rows or not known.keys() >= rows or not early.isdisjoint(rows)
         if early:  # keep those still prefilling (no token yet): their first token's step is a prefill step too
@@ -200,12 +209,11 @@ class ProposerCore(ProposerReporting):
         count if known, ``lengths`` [rows]: their lengths where ``drafts`` does not hold them (schedule mode's
         matrix step)."""
         if lengths is None:
-            withheld = 0 if self._pad_now else self.backoff.withhold(plan.ids, drafts)
-            if drafted is None:
-                drafted = sum(map(len, drafts))
-            else:
-                drafted -= withheld
+            before = sum(map(len, drafts))
+            if not self._pad_now:
+                self._forget(plan.ids, self.backoff.withhold(plan.ids, drafts))
             lengths = list(map(len, drafts))
+            drafted = sum(lengths) if drafted is None else drafted - (before - sum(lengths))
         elif drafted is None:
             drafted = sum(lengths)
         self.backoff.record(plan.ids, lengths)
@@ -216,6 +224,11 @@ class ProposerCore(ProposerReporting):
         self._maybe_log()
         self._maybe_sample()
         return drafts
+
+    def _forget(self, ids: Sequence[str], rows: Sequence[int]) -> None:
+        """The drafting engine forgets the withheld ``rows``' drafts (its calibration counts verified drafts only)."""
+        if rows:
+            self.engine.forget_drafts([ids[i] for i in rows])
 
     def note_verified(self, tokens: int) -> None:
         """The tokens the last step's verify batch really held (schedule mode: vLLM's reserved slots, not the
@@ -247,7 +260,6 @@ class ProposerCore(ProposerReporting):
             spec=mode != "plain",
             pad=self._pad_now,
             adaptive=enabled,
-            min_acceptance=self.adaptive.min_acceptance,
             floor=self.adaptive.cut(running) if enabled else self.adaptive.min_path_prob,
             value=self._cost(bucket_of(running)).token_cost() if enabled else 0.0,
         )

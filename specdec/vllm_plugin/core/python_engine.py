@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from specdec.drafters.base import Chain, DraftRequest
-from specdec.vllm_plugin.core.adaptive import bucket_of, update_acceptance
+from specdec.vllm_plugin.core.adaptive import bucket_of
 from specdec.vllm_plugin.core.engine import StepPlan
 from specdec.vllm_plugin.core.lane import CALIB_DECAY
 from specdec.vllm_plugin.core.state import Order, RequestState
@@ -89,6 +89,15 @@ class PythonEngine:
             self._op(("stop", rid))
         self.requests.clear()
 
+    def forget_drafts(self, request_ids: Sequence[str]) -> None:
+        """These requests' drafts of the last step were withheld (the back-off): nothing of them is verified, so
+        their calibration does not count them."""
+        for rid in request_ids:
+            st = self.requests.get(rid)
+            if st is not None:
+                st.last_draft = st.last_real = 0
+                st.last_pred = None
+
     def invalidate(self, request_id: str) -> None:
         st = self.requests.get(request_id)
         if st is not None:
@@ -137,11 +146,10 @@ class PythonEngine:
             self._extend(rid, sampled)
             accepted = min(len(sampled) - 1, st.last_draft)
             stats.accepted_tokens += accepted
-            real = min(accepted, st.last_real)  # calibration and acceptance: the drafter's own tokens only
+            real = min(accepted, st.last_real)  # calibration: the drafter's own tokens only
             if st.last_pred is not None:
                 st.pred_ema = CALIB_DECAY * st.pred_ema + st.last_pred
                 st.acc_ema = CALIB_DECAY * st.acc_ema + real
-            st.acceptance_ema = update_acceptance(st.acceptance_ema, st.last_real, real)
             st.n_known = n
         else:
             if st is not None:
@@ -158,11 +166,10 @@ class PythonEngine:
             st = self.requests[rid] = RequestState(n_known=n)
             stats.started += 1
         room = min(k, self.core.max_model_len - n - 1)
-        budget = self.core.adaptive.request_budget(room, st.acceptance_ema)
-        if mode == "plain" or budget <= 0:
+        if mode == "plain" or room <= 0:
             return None
         pad = room if self.core._pad_now else 0  # uniform batches: every row submits exactly `room`
-        return Order(DraftRequest(rid, max(budget, pad), tree=False, free=pad > 0), budget, pad, int(sampled[-1]))
+        return Order(DraftRequest(rid, room, tree=False, free=pad > 0), room, pad, int(sampled[-1]))
 
     def _op(self, op: Op) -> None:
         self._pending_ext.pop(op[1], None)

@@ -24,8 +24,6 @@ class RequestState:
             return 1.0
         return min(MAX_CALIBRATION, max(MIN_CALIBRATION, self.acc_ema / self.pred_ema))
 
-    acceptance_ema: float | None = None
-
 
 class Order(NamedTuple):
     """One row's drafting order this step."""

@@ -160,7 +160,6 @@ class SpecdecOptions(ConfigBase):
     )
     min_path_prob: float = rng(0.0, lo=0.0, hi=1.0, doc="drop draft tokens of a lower path probability")
     min_path_prob_per_seq: float = rng(0.0, lo=0.0, hi=1.0, doc="that floor grows by this much per running request")
-    min_acceptance: float = rng(0.1, lo=0.0, hi=1.0, doc="a request whose acceptance EMA falls below drafts 2 tokens")
 
     def resolved_drafter_options(self, target_tokenizer: str = "") -> dict[str, dict[str, Any]]:
         """``drafter_options`` with ``draft_model`` and the served model's tokenizer filled into the model's, and the

@@ -93,7 +93,7 @@ class ThreadedProposerCore(ProposerCore):
                 req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, num_prompt_tokens=num_prompt_tokens, k=k
             )
             return
-        plan = self._begin(req_ids, list(map(len, sampled_token_ids)), k)
+        plan = self._begin(req_ids, list(map(len, sampled_token_ids)), k, tokens=sampled_token_ids.__getitem__)
         stops = self._absent(plan.present)
         self.stats.stopped += len(stops)
         decisions = self._lane_decisions(k=plan.k, mode=plan.mode, running=plan.running)
