@@ -969,3 +969,33 @@ def test_regrant_gives_running_requests_the_slots_of_their_latest_draft():
     assert book.as_dict()["slots_granted"] == 3 + 1 + 4 + 4 and book.as_dict()["slots_offered"] == 16
     sch._spec_token_placeholders = []
     assert regrant_placeholders(sch, book) == 0  # vLLM reserved nothing (no speculative step)
+
+
+def test_a_step_that_verifies_no_draft_waits_for_nothing_and_drafts_after_the_forwards_launch(monkeypatch):
+    """No request has a slot this step (a backed-off batch): the fill enqueues no wait and no copy; the drafting
+    (bookkeeping, shadow checks, the next step's slots) runs at ``finish``, which the forward's start leaves to the
+    end of ``execute_model``. The next step drafts from every token all the same."""
+    from specdec.vllm_plugin.patches import async_sched
+
+    monkeypatch.setattr(async_sched, "drafts_in_schedule_mode", lambda runner: True)
+    clock = SimpleNamespace(t=0.0)
+    eng = AsyncEngine(seed=3)
+    twin = make_core(lambda: clock.t)
+    dw = FakeDeviceWait()
+    sched = ScheduledDrafting(make_core(lambda: clock.t), k=K, max_rows=MAX_ROWS, device="cpu", device_wait=dw)
+    runner = SimpleNamespace(drafter=SimpleNamespace(scheduled=sched))
+    out = eng.run_step(sched, 0)
+    before = out.clone()
+    assert sched.fill(out, needed=False) and sched.deferred is not None and not sched.gpu_waits
+    assert not dw.pending and torch.equal(out, before)  # nothing enqueued, nothing copied
+    async_sched._finish_deferred(runner, late=False)  # the forward's start: not a fill the GPU waits for
+    assert sched.deferred is not None
+    async_sched._finish_deferred(runner)  # the end of execute_model
+    assert sched.deferred is None and dw.released == [] and sched.stats()["schedule"]["late_fills"] == 1
+    eng.twin_step(twin, eng.order)  # the twin saw the same tokens
+    out = eng.run_step(sched, 1)
+    assert sched.fill(out) and sched.gpu_waits  # a step with slots waits again
+    sched.finish()
+    drafts = eng.twin_step(twin, eng.order)
+    assert out.numpy().tolist() == eng.expected_buffer(drafts, out.shape[0])
+    sched.close()

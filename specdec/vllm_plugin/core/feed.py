@@ -23,6 +23,7 @@ class FeedStats:
     blind_requests: int = 0
     errors: int = 0
     deferred_fills: int = 0  # device wait: the GPU waited for the drafts, drafted as the forward was launched
+    late_fills: int = 0  # steps that verify no draft (no slots): drafted after the forward's launch, nothing waited
     matrix_steps: int = 0  # drafted straight from the captured token matrix (matrix_step)
     watchdog_releases: int = 0  # device wait: steps whose wait the watchdog released (stale drafts verified)
     wait_seconds: float = 0.0  # fill: waiting for a step's sampled tokens (the GPU still running it)

@@ -131,17 +131,20 @@ class ScheduledDrafting(CaptureRing):
         return out
 
     # ----------------------------------------------------------------- 3. fill (before vLLM reads the drafts)
-    def fill(self, current: Any, *, defer: bool = True, verified: int = 0, width: int = 0) -> bool:
+    def fill(self, current: Any, *, defer: bool = True, verified: int = 0, width: int = 0, needed: bool = True) -> bool:
         """Draft the pending job into the GPU buffer if vLLM still holds it (``current``). True if filled.
         ``verified``: the tokens vLLM scheduled for this step (its verify batch; for the proposer's cost fit);
-        ``width``: the step's narrow width where the scheduler's book is not this one (TP > 1).
-        With ``share`` the buffer then goes to the other TP ranks, enqueued after its copy."""
-        filled = self._fill(current, defer=defer, verified=verified, width=width)
-        if filled and self.share is not None:
+        ``width``: the step's narrow width where the scheduler's book is not this one (TP > 1); ``needed`` False:
+        the step verifies no draft (the scheduler granted no request a slot: a backed-off batch), so nothing waits
+        and nothing is copied: the drafting (its bookkeeping, the back-off's shadow checks and the next step's slots)
+        runs after the forward's launch (``finish`` at the end of ``execute_model``).
+        With ``share`` the buffer then goes to the other TP ranks, enqueued after its copy (not on a late fill)."""
+        filled = self._fill(current, defer=defer and needed, verified=verified, width=width, late=not needed)
+        if filled and self.share is not None and needed:  # the followers skip the same steps (same schedule)
             self.share(self.job_out)
         return filled
 
-    def _fill(self, current: Any, *, defer: bool, verified: int, width: int) -> bool:
+    def _fill(self, current: Any, *, defer: bool, verified: int, width: int, late: bool = False) -> bool:
         if self.deferred is not None:  # not expected: a second fill before the step's end; release the first
             self.finish()
         job, self.job = self.job, None
@@ -157,6 +160,10 @@ class ScheduledDrafting(CaptureRing):
         n = len(req_ids)
         host = self.host_drafts[self.fills % 2][:n]  # two buffers: the previous copy may still be in flight
         self.fills += 1
+        if late:  # no slot to fill: vLLM reads none of the buffer this step
+            self.deferred = (req_ids, k, host, None, verified)
+            self.feed.stats.late_fills += 1
+            return True
         seq = self._enqueue_wait(out, host) if defer else None
         if seq is not None:  # the stream waits for seq, then copies the buffer; finish() drafts
             self._prepare_early(req_ids)
@@ -172,9 +179,14 @@ class ScheduledDrafting(CaptureRing):
         self._note(done)
         return True
 
+    @property
+    def gpu_waits(self) -> bool:
+        """A deferred fill the GPU waits for (device wait), as opposed to a late one that nothing waits for."""
+        return self.deferred is not None and self.deferred[3] is not None
+
     def finish(self) -> None:
-        """Start of the runner's ``_model_forward`` (the step's inputs are enqueued; safety net: the end of
-        ``execute_model``): draft a deferred fill into its pinned buffer and release the GPU's wait. Always
+        """Start of the runner's ``_model_forward`` (the step's inputs are enqueued; safety net and late fills: the
+        end of ``execute_model``): draft a deferred fill into its pinned buffer and release the GPU's wait. Always
         releases, whatever happens."""
         job, self.deferred = self.deferred, None
         if job is None:
@@ -189,7 +201,8 @@ class ScheduledDrafting(CaptureRing):
         try:
             done = self._draft_into(host, req_ids, k, verified)
         finally:
-            self.device_wait.release(seq)
+            if seq is not None:
+                self.device_wait.release(seq)
             self.feed.stats.fills += 1
             self.feed.stats.draft_seconds += time.perf_counter() - t0
             self._check_watchdog()

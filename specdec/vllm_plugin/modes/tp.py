@@ -126,6 +126,7 @@ class TpFollower:
 
     slot_book = None
     deferred = None
+    gpu_waits = False
     remote_notes = False
     latest_note = None
 
@@ -161,8 +162,9 @@ class TpFollower:
             self.fill(out, defer=False)
         return out
 
-    def fill(self, current: Any, *, defer: bool = True, verified: int = 0, width: int = 0) -> bool:
-        """Receive the driver's drafts into the buffer vLLM holds (the same decisions as the driver's fill)."""
+    def fill(self, current: Any, *, defer: bool = True, verified: int = 0, width: int = 0, needed: bool = True) -> bool:
+        """Receive the driver's drafts into the buffer vLLM holds (the same decisions as the driver's fill; a step
+        that verifies no draft, ``needed`` False, has no broadcast)."""
         job, self.job = self.job, None
         if job is None:
             return False
@@ -170,6 +172,8 @@ class TpFollower:
         if current is None or current.data_ptr() != out.data_ptr() or current.shape != out.shape:
             self.skipped += 1
             return False
+        if not needed:
+            return True
         self.share(out)
         self.received += 1
         return True

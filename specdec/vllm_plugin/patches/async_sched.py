@@ -13,12 +13,13 @@
      and the capture of the sampled tokens;
    - ``propose_draft_token_ids``: returns the draft buffer (``ScheduledDrafting.submit``);
    - ``_prepare_input_ids`` (start): fills the buffer (``ScheduledDrafting.fill``), or with the device wait
-     enqueues the stream's wait and the buffer's copy;
+     enqueues the stream's wait and the buffer's copy; a step whose schedule holds no draft slot (a backed-off
+     batch) waits for nothing: its drafting runs late, at the end of ``execute_model``, after the forward's launch;
    - ``_model_forward`` (start): drafts a deferred fill and releases the stream (``ScheduledDrafting.finish``):
      every input of the step is enqueued by then, and the forward's launch is the next thing; later host work
      of ``execute_model`` may block on the stream (vLLM 0.26's logits GEMM did), so not later;
-   - ``execute_model`` (end, always): drafts and releases if the step never reached the forward (an error, an
-     early return).
+   - ``execute_model`` (end, always): drafts a late fill, and drafts and releases if the step never reached the
+     forward (an error, an early return).
 3. ``patch_async_scheduler`` (``draft_slots="adaptive"``): the slot patches of ``AsyncScheduler``, in
    ``async_slots.py``.
 """
@@ -140,10 +141,11 @@ def _scheduled(runner: Any, *, create: bool = True) -> Any:
     return runner.drafter.scheduled_for(runner) if create else runner.drafter.scheduled
 
 
-def _finish_deferred(runner: Any) -> None:
-    """Draft a deferred fill and release the stream waiting for it (device wait), if there is one."""
+def _finish_deferred(runner: Any, *, late: bool = True) -> None:
+    """Draft a deferred fill and release the stream waiting for it (device wait), if there is one; ``late`` False:
+    only one the GPU waits for (a late fill, whose step verifies no draft, waits for the forward's launch)."""
     sched = _scheduled(runner, create=False)
-    if sched is not None and sched.deferred is not None:
+    if sched is not None and sched.deferred is not None and (late or sched.gpu_waits):
         sched.finish()
 
 
@@ -180,6 +182,7 @@ def _wrap_bookkeeping(orig_book: Callable[..., Any]) -> Callable[..., Any]:
     def _bookkeeping_sync(self: Any, scheduler_output: Any, sampler_output: Any, *args: Any, **kwargs: Any) -> Any:
         sched = _scheduled(self)
         if sched is not None and self.speculative_config is not None:
+            _finish_deferred(self)  # a late fill not drafted yet (no execute_model end in between): before the capture
             _capture(self, sched, sampler_output)
         return orig_book(self, scheduler_output, sampler_output, *args, **kwargs)
 
@@ -210,13 +213,14 @@ def _wrap_prepare(orig_prep: Callable[..., Any]) -> Callable[..., Any]:
         if sched is not None and sched.job is not None:
             verified = getattr(scheduler_output, "total_num_scheduled_tokens", 0)
             width = 0
+            spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None)
             if getattr(sched, "notes", None) is not None:  # TP > 1: the scheduler's grants tell a narrow step
-                spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None)
                 width = width_of_schedule(spec, sched.notes.k) if isinstance(spec, dict) else 0
             sched.fill(
                 getattr(self, "_draft_token_ids", None),
                 verified=verified if isinstance(verified, int) else 0,
                 width=width,
+                needed=not isinstance(spec, dict) or any(spec.values()),  # no slot: a plain step waits for nothing
             )
         return orig_prep(self, scheduler_output, *args, **kwargs)
 
@@ -237,7 +241,7 @@ def _wrap_execute(orig_exec: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_forward(orig_fwd: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig_fwd)
     def _model_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _finish_deferred(self)  # inputs enqueued: draft now and let the stream go on before the forward's launch
+        _finish_deferred(self, late=False)  # inputs enqueued: draft now, let the stream go on, then the forward
         return orig_fwd(self, *args, **kwargs)
 
     return _model_forward
