@@ -196,6 +196,7 @@ class CellsRun:
         self.lock = threading.Lock()
         self.model, self.label = prepare_model(args)
         self.reference = self._reference()
+        self.path = bench_path(self.work)
         self.source = self._source()
 
     def _reference(self) -> str:
@@ -254,18 +255,30 @@ class CellsRun:
 
     def _lane(self, lane: dict[str, Any]) -> None:
         for m in lane["methods"]:
-            if time.time() + ENGINE_START_EST_S + MIN_CELLS_S > self.args.deadline:
-                with self.lock:
-                    self.skipped.append(m)
-                print(f"gate: {m} not started: it would not finish within --max-wall-s", flush=True)
-                continue
-            res = self._engine(m, lane)
-            with self.lock:
-                if res is not None:
-                    self.engines[m] = res
+            res = None
+            try:
+                if time.time() + ENGINE_START_EST_S + MIN_CELLS_S > self.args.deadline:
+                    print(f"gate: {m} not started: it would not finish within --max-wall-s", flush=True)
                 else:
-                    self.skipped.append(m)
-                self.write()
+                    res = self._engine(m, lane)
+            finally:  # whatever happened: the engines that wait for the reference stop waiting once it ended
+                if m == REFERENCE_METHOD:
+                    self._close_reference()
+                with self.lock:
+                    if res is not None:
+                        self.engines[m] = res
+                    else:
+                        self.skipped.append(m)
+                    self.write()
+
+    def _close_reference(self) -> None:
+        """Mark no speculation's worker file final (written empty if its engine left none)."""
+        path = Path(self.reference)
+        try:
+            ref = json.loads(path.read_text())
+        except (OSError, ValueError):
+            ref = {"cells": {}}
+        path.write_text(json.dumps({**ref, "partial": False}))
 
     def _engine(self, method: str, lane: dict[str, Any]) -> dict[str, Any] | None:
         """One worker under the deadline; its result (partial if it was cut short), or None if it has none."""
@@ -274,7 +287,7 @@ class CellsRun:
             out.unlink(missing_ok=True)
         # the installed specdec (the before engine: its own tree first), never ./specdec of the working directory
         paths = [self.args.before_path] if method == "specdec-before" else []
-        paths += [bench_path(self.work), os.environ.get("PYTHONPATH", "")]
+        paths += [self.path, os.environ.get("PYTHONPATH", "")]
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": lane["gpus"], "PYTHONSAFEPATH": "1"}
         env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         cmd = [sys.executable, "-m", "benchmarks.gate_worker", "--inputs", self.args.inputs, "--method", method]

@@ -225,7 +225,7 @@ def render(doc: dict[str, Any]) -> str:
         out += ["", f"== cells {tp} ({gate.get('model', '')}) ==", *render_cells(ev["cells"]), ""]
         out += render_engines(ev["engines"])
         if gate.get("skipped"):
-            out.append(f"not run (time budget): {', '.join(gate['skipped'])}")
+            out.append(f"not run or no result (see the log): {', '.join(gate['skipped'])}")
     if doc.get("serve"):
         rows = serve_rows(doc["serve"])
         verdicts += [r["verdict"] for r in rows]
