@@ -320,7 +320,7 @@ class CellsRun:
         partial = bool(self.skipped) or any(e.get("partial") for e in self.engines.values())
         gate = {
             "engines": dict(self.engines),
-            "skipped": list(self.skipped),
+            "skipped": [m for m in self.args.methods if m in self.skipped],  # the methods' order
             "model": self.label,
             "sets": self.args.sets,
         }
