@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = parser()
     args = ap.parse_args(argv)
     check_args(ap, args)
-    if args.part == "serve":
+    if args.part == "prepare":
+        print(f"gate: model ready: {prepare_model(args)[0]}", flush=True)
+    elif args.part == "serve":
         from benchmarks.gate_serve import run_serve
 
         run_serve(args)
@@ -65,7 +67,12 @@ def main(argv: list[str] | None = None) -> None:
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", default="cells", choices=("cells", "serve"))
+    ap.add_argument(
+        "--part",
+        default="cells",
+        choices=("cells", "serve", "prepare"),
+        help="prepare: only build the inflated model (e.g. in the staging call, so the gate's calls keep their time)",
+    )
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size of every engine (--part cells)")
     ap.add_argument(
         "--methods", default="", help=f"comma-separated, of {', '.join(METHODS)} (default: {','.join(DEFAULT_METHODS)})"

@@ -225,8 +225,25 @@ def engine_info(llm: Any) -> dict[str, Any]:
         "block_size": cache.block_size,
         "resolved_speculative_config": _plain_fields(getattr(cfg, "speculative_config", None)),
         "additional_config": _plain_fields(getattr(cfg, "additional_config", None)),
+        "specdec_options": specdec_options(cfg),
         "engine_config": _engine_fields(cfg),
     }
+
+
+def specdec_options(cfg: Any) -> dict[str, Any] | None:
+    """The plugin's options as resolved from the engine's config, defaults filled in (None for another method;
+    best effort: the before tree may resolve them otherwise)."""
+    spec = getattr(cfg, "speculative_config", None)
+    if "specdec" not in str(getattr(spec, "model", "")):
+        return None
+    try:
+        import dataclasses
+
+        from specdec.vllm_plugin.entry.options import options_from_vllm_config
+
+        return _plain_fields(dataclasses.asdict(options_from_vllm_config(cfg)))
+    except Exception as exc:  # noqa: BLE001 - informational
+        return {"error": repr(exc)[:200]}
 
 
 def _plain_fields(obj: Any) -> dict[str, Any] | None:

@@ -5,6 +5,7 @@
 #   bash scripts/gpu_gate.sh --tp 1 --part cells        # TP=1: two engines at once on a 2-GPU machine
 #   bash scripts/gpu_gate.sh --tp 2 --part cells --methods nospec,suffix
 #   bash scripts/gpu_gate.sh --part serve [--checks tpot-53m,tpot-8b,start-8b-tp2]
+#   bash scripts/gpu_gate.sh --part prepare             # installs + the inflated model only (e.g. while staging)
 #   bash scripts/gpu_gate.sh --dry-run [...]             # the whole flow on the CPU (fake engines and servers)
 #   bash scripts/gpu_gate.sh --help                      # every option of the driver (python -m benchmarks.gate)
 # vLLM: the staged bundle (/tmp/specdec-bundle/env.sh, ../shared/device) where there is one, else the vLLM this
@@ -23,7 +24,7 @@ ARGS=()
 for a in "$@"; do
   case "$a" in
     --dry-run) DRY=1 ;;
-    -h | --help) sed -n '2,12p' "$0"; exec python -m benchmarks.gate --help ;;
+    -h | --help) sed -n '2,13p' "$0"; exec python -m benchmarks.gate --help ;;
     *) ARGS+=("$a") ;;
   esac
 done

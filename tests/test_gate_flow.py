@@ -253,3 +253,21 @@ def test_serve_part_on_fake_servers(tmp_path):
     assert servers["specdec"]["answered"] and servers["specdec"]["spec"]["emitted_per_step"] > 1
     assert {servers["nospec"]["gpus"], servers["specdec"]["gpus"]} == {"0", "1"}  # started at once, a GPU each
     assert doc["verdicts"]["serve"][0]["verdict"] in ("PASS", "FAIL")
+
+
+def test_engine_info_records_kv_tokens_and_resolved_configs():
+    from types import SimpleNamespace as NS
+
+    spec = NS(method="custom_class", model="specdec.vllm_plugin.proposer.SpecdecProposer", num_speculative_tokens=16)
+    cfg = NS(
+        cache_config=NS(num_gpu_blocks=1000, block_size=16, gpu_memory_utilization=0.9, enable_prefix_caching=True),
+        speculative_config=spec,
+        additional_config={"specdec": {}},
+        scheduler_config=NS(async_scheduling=True, max_num_seqs=1024, max_num_batched_tokens=8192),
+    )
+    info = gate_worker.engine_info(NS(llm_engine=NS(vllm_config=cfg)))
+    assert info["kv_tokens"] == 16_000 and info["resolved_speculative_config"]["num_speculative_tokens"] == 16
+    assert info["specdec_options"]["num_speculative_tokens"] == 16 and "drafter" in info["specdec_options"]
+    assert info["engine_config"]["max_num_seqs"] == 1024 and info["engine_config"]["max_model_len"] is None
+    suffix = NS(**{**vars(cfg), "speculative_config": NS(method="suffix", suffix_decoding_max_tree_depth=24)})
+    assert gate_worker.engine_info(NS(llm_engine=NS(vllm_config=suffix)))["specdec_options"] is None
