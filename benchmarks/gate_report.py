@@ -224,6 +224,7 @@ def render(doc: dict[str, Any]) -> str:
         verdicts.append(ev["overall"])
         out += ["", f"== cells {tp} ({gate.get('model', '')}) ==", *render_cells(ev["cells"]), ""]
         out += render_engines(ev["engines"])
+        out += origin_notes(gate, doc.get("sources", []))
         if gate.get("skipped"):
             out.append(f"not run or no result (see the log): {', '.join(gate['skipped'])}")
     if doc.get("serve"):
@@ -232,6 +233,24 @@ def render(doc: dict[str, Any]) -> str:
         out += ["", "== low-acceptance serving ==", *render_serve(rows)]
     out += ["", f"GATE: {rules.overall(verdicts)}", _wrap(RULES_LINE), _wrap(LEGEND)]
     return "\n".join(out)
+
+
+def origin_notes(gate: dict[str, Any], sources: list[dict[str, Any]]) -> list[str]:
+    """Where an engine did not run the tree it should: the before engine's process or its engine's workers
+    importing another ``specdec`` than the base commit's, or an engine whose native suffix core did not load."""
+    wanted = {s.get("before_commit") for s in sources if s.get("before_commit")}
+    notes = []
+    for m, eng in ordered(gate.get("engines", {})):
+        origin = eng.get("origin", {})
+        mine = origin.get("worker", {})
+        files = {w.get("file") for w in origin.get("engine", [])} - {mine.get("file")}
+        if files:
+            notes.append(f"note: {m}'s engine workers import specdec from {', '.join(map(str, files))}")
+        if m == BEFORE and mine.get("commit") not in wanted:
+            notes.append(f"note: {m} ran {mine.get('file')} (commit {mine.get('commit')}), not {', '.join(wanted)}")
+        if m.startswith(CANDIDATE) and not mine.get("native_suffix", True):
+            notes.append(f"note: {m} ran without the native suffix core ({mine.get('import_error', '')[:60]})")
+    return notes
 
 
 def _wrap(text: str) -> str:

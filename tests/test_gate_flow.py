@@ -271,3 +271,14 @@ def test_engine_info_records_kv_tokens_and_resolved_configs():
     assert info["engine_config"]["max_num_seqs"] == 1024 and info["engine_config"]["max_model_len"] is None
     suffix = NS(**{**vars(cfg), "speculative_config": NS(method="suffix", suffix_decoding_max_tree_depth=24)})
     assert gate_worker.engine_info(NS(llm_engine=NS(vllm_config=suffix)))["specdec_options"] is None
+
+
+def test_origin_notes_flag_a_wrong_tree(dry_run):
+    doc, _, _ = dry_run
+    gate_doc = doc["gates"]["tp1"]
+    assert gate_report.origin_notes(gate_doc, doc["sources"]) == []
+    before = dict(gate_doc["engines"]["specdec-before"])
+    before["origin"] = {"worker": {"file": "/site/specdec/__init__.py", "commit": None}, "engine": [{"file": "/x"}]}
+    notes = gate_report.origin_notes({"engines": {"specdec-before": before}}, doc["sources"])
+    assert any("engine workers import specdec from /x" in n for n in notes)
+    assert any("not " + "b" * 40 in n for n in notes)
