@@ -115,8 +115,8 @@ def _message(msg: dict) -> str:
 
 
 def _openhands_calls() -> dict[str, list[dict]]:
-    """instance id -> its LLM calls (messages only) in timestamp order."""
-    calls: dict[str, list[tuple[float, str, list]]] = {}
+    """instance id -> its LLM calls (messages, and the recorded response's message) in timestamp order."""
+    calls: dict[str, list[tuple[float, str, list, dict]]] = {}
     with tarfile.open(require(data_dir() / OPENHANDS_TAR, "OpenHands trajectories")) as tf:
         for m in tf:
             parts = m.name.split("/")
@@ -124,8 +124,12 @@ def _openhands_calls() -> dict[str, list[dict]]:
                 continue
             inst = parts[parts.index("llm_completions") + 1]
             d = json.load(tf.extractfile(m))
-            calls.setdefault(inst, []).append((float(d.get("timestamp", 0)), m.name, d["messages"]))
-    return {k: [{"messages": c[2]} for c in sorted(v, key=lambda c: (c[0], c[1]))] for k, v in calls.items()}
+            reply = ((d.get("response") or {}).get("choices") or [{}])[0].get("message") or {}
+            calls.setdefault(inst, []).append((float(d.get("timestamp", 0)), m.name, d["messages"], reply))
+    return {
+        k: [{"messages": c[2], "response": c[3]} for c in sorted(v, key=lambda c: (c[0], c[1]))]
+        for k, v in calls.items()
+    }
 
 
 def _spread(n: int, per: int) -> list[int]:

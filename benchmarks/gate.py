@@ -1,0 +1,380 @@
+"""The GPU gate (issue 41): the plugin's default path against no speculation and vLLM's own ``suffix``, a verdict
+per cell, under vLLM's default engine arguments on the shared target inflated to an 8B shape.
+
+    python -m benchmarks.gate_prompts --before-commit BASE        # CPU: device_inputs/ (prompts, base tree)
+    bash scripts/gpu_gate.sh --tp 1 --part cells                  # GPU: installs, then this driver
+    bash scripts/gpu_gate.sh --tp 2 --part cells --methods nospec,suffix --sets agentic,code
+    bash scripts/gpu_gate.sh --part serve
+    python -m benchmarks.gate_report OUT1.json OUT2.json ...      # merge and re-render
+
+``--part cells``: each method's engine in a worker process of its own (``gate_worker``). At TP=1 on a machine
+with two GPUs the methods run in two lanes at once, one GPU and half the host's cores each (lane i: every second
+method from the i-th: nospec then specdec on GPU 0, suffix then specdec-before on GPU 1); otherwise one after
+another. ``--max-wall-s`` bounds the whole call: no engine starts that could not also run a cell before the
+deadline, no cell starts that would pass it, and whatever finished is written (marked partial). ``--part serve``:
+``gate_serve``. Results: ``<date>_<device>_gate_tp<N>_<commit7>.json`` (+ .md, + the engines' logs) in
+``--out-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import gate_report as report
+from benchmarks.gate_metrics import log_phases
+from benchmarks.gate_worker import METHODS, REFERENCE_METHOD
+
+DEFAULT_METHODS = ("nospec", "suffix", "specdec", "specdec-before")
+SETS = ("agentic", "chat", "code")
+DEFAULT_MAX_WALL_S = 540.0  # a device call runs at most ~9.5 minutes
+FINISH_MARGIN_S = 40.0  # kept from the budget: the last engine's kill grace, the results, the logs
+KILL_GRACE_S = 20.0  # a worker still running this long past the deadline is killed (its finished cells kept)
+ENGINE_START_EST_S = 150.0  # an 8B-shaped engine under vLLM's defaults starts in ~2-2.5 min
+MIN_CELLS_S = 30.0  # an engine is started only if this much cell time would be left after its start
+MAX_LANES = 2
+WORK_DIR = Path("/tmp/specdec_gate")  # worker files and logs (kept while the machine is warm)
+BEFORE_PATH = "/tmp/specdec-before"  # where gpu_gate.sh installs the base commit's tree
+LOG_TAIL_CHARS = 200_000  # of each engine's log copied into the call's log file
+START_ENV = "GATE_T0"  # epoch seconds the call started (gpu_gate.sh): the budget counts its installs too
+SHAPE = "llama-8b"
+SERVE_CHECKS = ("tpot-53m", "tpot-8b", "start-8b-tp2")  # gate_serve's (named here: checked before it is imported)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = parser()
+    args = ap.parse_args(argv)
+    check_args(ap, args)
+    if args.part == "prepare":
+        print(f"gate: model ready: {prepare_model(args)[0]}", flush=True)
+    elif args.part == "serve":
+        from benchmarks.gate_serve import run_serve
+
+        run_serve(args)
+    else:
+        run_cells(args)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--part",
+        default="cells",
+        choices=("cells", "serve", "prepare"),
+        help="prepare: only build the inflated model (e.g. in the staging call, so the gate's calls keep their time)",
+    )
+    ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size of every engine (--part cells)")
+    ap.add_argument(
+        "--methods", default="", help=f"comma-separated, of {', '.join(METHODS)} (default: {','.join(DEFAULT_METHODS)})"
+    )
+    ap.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
+    ap.add_argument("--checks", default="", help="--part serve: comma-separated checks (default: all)")
+    ap.add_argument("--max-wall-s", type=float, default=DEFAULT_MAX_WALL_S, help="budget of the whole call")
+    ap.add_argument("--inputs", default="device_inputs/gate_inputs.json", help="from benchmarks.gate_prompts")
+    ap.add_argument("--model", default="", help="source model folder (default: $SPECDEC_MODELS/code-target-53m)")
+    ap.add_argument("--shape", default=SHAPE, help="inflate the model to this shape ('' = serve it as it is)")
+    ap.add_argument("--before-path", default=BEFORE_PATH, help="the base commit's installed tree")
+    ap.add_argument("--reference", default="", help="a gate results JSON whose nospec engine is the reference")
+    ap.add_argument("--gpus", type=int, default=0, help="GPUs to use (default: all nvidia-smi lists)")
+    ap.add_argument("--out-dir", default=os.environ.get("OUT", "eval/results"))
+    ap.add_argument("--work-dir", default=str(WORK_DIR), help="worker files and engine logs (kept between calls)")
+    ap.add_argument("--fake", action="store_true", help="dry run on the CPU: gate_fake engines, fake servers")
+    return ap
+
+
+def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Unknown methods or sets, or a before engine without its tree: one line, before anything starts."""
+    explicit = bool(args.methods)
+    args.methods = [m for m in (args.methods or ",".join(DEFAULT_METHODS)).split(",") if m]
+    args.sets = [s for s in args.sets.split(",") if s]
+    for m in args.methods:
+        if m not in METHODS:
+            ap.error(f"--methods: {m!r} is unknown; valid: {', '.join(METHODS)}")
+    for s in args.sets:
+        if s not in SETS:
+            ap.error(f"--sets: {s!r} is unknown; valid: {', '.join(SETS)}")
+    args.checks = [c for c in (args.checks or ",".join(SERVE_CHECKS)).split(",") if c]
+    for c in args.checks:
+        if c not in SERVE_CHECKS:
+            ap.error(f"--checks: {c!r} is unknown; valid: {', '.join(SERVE_CHECKS)}")
+    has_before = (Path(args.before_path) / "specdec" / "__init__.py").exists()
+    if args.part == "cells" and "specdec-before" in args.methods and not has_before:
+        if explicit:
+            ap.error(
+                f"--methods specdec-before: no installed base tree at {args.before_path}; export one with "
+                "python -m benchmarks.gate_prompts --before-commit SHA (gpu_gate.sh installs it)"
+            )
+        print(f"gate: no base tree at {args.before_path}: specdec-before left out", flush=True)
+        args.methods.remove("specdec-before")
+    if args.part == "cells" and not Path(args.inputs).exists():
+        ap.error(f"--inputs {args.inputs} not found: run python -m benchmarks.gate_prompts on the CPU first")
+    args.t0 = float(os.environ.get(START_ENV) or time.time())
+    args.deadline = args.t0 + args.max_wall_s - FINISH_MARGIN_S
+
+
+def gpu_names(fake: bool) -> list[str]:
+    if fake:
+        return ["fake GPU", "fake GPU"]
+    try:
+        text = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [ln.strip() for ln in text.splitlines() if ln.strip()]
+
+
+def device_info(args: argparse.Namespace) -> dict[str, Any]:
+    """GPU names, CPU, and the label of the results' file name (``h100``, ``h100x2``, ``fake``)."""
+    from specdec.eval.results import cpu_name
+
+    names = gpu_names(args.fake)
+    n = args.gpus or len(names)
+    m = re.search(r"\b([A-Z]\d{2,3}[A-Z]?)\b", names[0]) if names else None
+    base = "fake" if args.fake else (m.group(1).lower() if m else "gpu")
+    return {
+        "gpus": names[:n],
+        "gpu_count": n,
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "label": base + (f"x{n}" if n > 1 else ""),
+    }
+
+
+def versions(inputs: dict[str, Any]) -> dict[str, Any]:
+    from specdec.eval.results import installed_versions
+
+    before = inputs.get("before") or {}
+    return {**installed_versions(), "specdec_commit": inputs.get("commit"), "before_commit": before.get("commit")}
+
+
+def prepare_model(args: argparse.Namespace) -> tuple[str, str]:
+    """(the model folder every engine loads, its label): the source inflated to ``--shape`` (built once, kept
+    under /tmp while the machine is warm), or the source itself."""
+    from specdec.paths import TARGET_MODEL, model_path
+
+    src = args.model or str(model_path(TARGET_MODEL))
+    if args.fake or not args.shape:
+        return src, Path(src).name
+    from specdec.eval.inflate_model import INFLATE_DIR, MARKER, inflate_in_subprocess
+
+    out = INFLATE_DIR / f"{Path(src).name}-{args.shape}"
+    path = str(out) if (out / MARKER).exists() else inflate_in_subprocess(src, args.shape)
+    return path, f"{Path(src).name} inflated to {args.shape} (same outputs, an 8B forward pass)"
+
+
+def lanes(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Lanes of engines run at once: at TP=1 with two GPUs, two (every second method, one GPU and half the
+    cores each); else one with every GPU of the engine."""
+    gpus = args.gpus or len(gpu_names(args.fake)) or 1
+    n = max(1, min(MAX_LANES, gpus // args.tp, len(args.methods)))
+    cores = sorted(os.sched_getaffinity(0))
+    per = len(cores) // n
+    return [
+        {
+            "methods": args.methods[i::n],
+            "gpus": ",".join(str(g) for g in range(i * args.tp, (i + 1) * args.tp)),
+            "cpus": cores[i * per : (i + 1) * per] if n > 1 else [],
+        }
+        for i in range(n)
+    ]
+
+
+class CellsRun:
+    """One ``--part cells`` call: its lanes, the engines they finished, the results written after each."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.inputs = json.loads(Path(args.inputs).read_text())
+        self.work = Path(args.work_dir) / f"tp{args.tp}"
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.engines: dict[str, Any] = {}
+        self.skipped: list[str] = []
+        self.lock = threading.Lock()
+        self.model, self.label = prepare_model(args)
+        self.reference = self._reference()
+        self.path = bench_path(self.work)
+        self.source = self._source()
+
+    def _reference(self) -> str:
+        """No speculation's worker file the specdec engines' re-runs compare with: this call's own, else an earlier
+        call's on this machine, else the nospec engine of ``--reference`` (a results file)."""
+        path = self.work / f"{REFERENCE_METHOD}.json"
+        if REFERENCE_METHOD in self.args.methods:
+            path.unlink(missing_ok=True)
+        elif self.args.reference:
+            gate = json.loads(Path(self.args.reference).read_text())["gates"].get(f"tp{self.args.tp}", {})
+            path.write_text(json.dumps({**gate["engines"][REFERENCE_METHOD], "partial": False}))
+        if REFERENCE_METHOD in self.args.methods:
+            return str(path)
+        if not path.exists():
+            print(f"gate: no {REFERENCE_METHOD} engine in this call or before it: no re-runs", flush=True)
+            return ""
+        print(f"gate: reference {REFERENCE_METHOD} from an earlier call: {path}", flush=True)
+        self.engines[REFERENCE_METHOD] = {**json.loads(path.read_text()), "earlier_call": True}
+        return str(path)
+
+    def _source(self) -> dict[str, Any]:
+        a = self.args
+        return {
+            "part": f"cells tp{a.tp}",
+            "command": os.environ.get("GATE_COMMAND")
+            or " ".join([sys.executable, "-m", "benchmarks.gate", *sys.argv[1:]]),
+            "device": device_info(a),
+            "versions": versions(self.inputs),
+            "commit": self.inputs.get("commit", ""),
+            "dirty": self.inputs.get("dirty"),
+            "before_commit": (self.inputs.get("before") or {}).get("commit"),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(a.t0)),
+            "max_wall_s": a.max_wall_s,
+            "lanes": lanes(a),
+            "settings": {
+                "model": self.label,
+                "engine_args": "vLLM defaults: model, dtype=bfloat16, speculative_config, tensor_parallel_size "
+                "(and disable_log_stats=False: the counters get_metrics() reads)",
+                "sets": a.sets,
+                "batch": self.inputs.get("batch"),
+                "prompts_policy": self.inputs.get("policy"),
+                "greedy": "every cell but the sampled one (temperature 0.8, per-request seeds)",
+                "nospec_repeats": 2,
+                "detokenize": False,
+                "fake": a.fake,
+            },
+        }
+
+    def run(self) -> dict[str, Any]:
+        threads = [threading.Thread(target=self._lane, args=(lane,)) for lane in lanes(self.args)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return self.write()
+
+    def _lane(self, lane: dict[str, Any]) -> None:
+        for m in lane["methods"]:
+            res = None
+            try:
+                if time.time() + ENGINE_START_EST_S + MIN_CELLS_S > self.args.deadline:
+                    print(f"gate: {m} not started: it would not finish within --max-wall-s", flush=True)
+                else:
+                    res = self._engine(m, lane)
+            finally:  # whatever happened: the engines that wait for the reference stop waiting once it ended
+                if m == REFERENCE_METHOD:
+                    self._close_reference()
+                with self.lock:
+                    if res is not None:
+                        self.engines[m] = res
+                    else:
+                        self.skipped.append(m)
+                    self.write()
+
+    def _close_reference(self) -> None:
+        """Mark no speculation's worker file final (written empty if its engine left none)."""
+        path = Path(self.reference)
+        try:
+            ref = json.loads(path.read_text())
+        except (OSError, ValueError):
+            ref = {"cells": {}}
+        path.write_text(json.dumps({**ref, "partial": False}))
+
+    def _engine(self, method: str, lane: dict[str, Any]) -> dict[str, Any] | None:
+        """One worker under the deadline; its result (partial if it was cut short), or None if it has none."""
+        out, log = self.work / f"{method}.json", self.work / f"{method}.log"
+        if method != REFERENCE_METHOD:
+            out.unlink(missing_ok=True)
+        # the installed specdec (the before engine: its own tree first), never ./specdec of the working directory
+        paths = [self.args.before_path] if method == "specdec-before" else []
+        paths += [self.path, os.environ.get("PYTHONPATH", "")]
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": lane["gpus"], "PYTHONSAFEPATH": "1"}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+        cmd = [sys.executable, "-m", "benchmarks.gate_worker", "--inputs", self.args.inputs, "--method", method]
+        cmd += ["--sets", ",".join(self.args.sets), "--out", str(out), "--model", self.model, "--tp", str(self.args.tp)]
+        cmd += ["--deadline", str(self.args.deadline), "--reference", self.reference]
+        cmd += ["--cpus", ",".join(map(str, lane["cpus"]))] if lane["cpus"] else []
+        cmd += ["--fake"] if self.args.fake else []
+        print(f"=== {method} on GPU {lane['gpus']} ===", flush=True)
+        t0 = time.time()
+        rc = run_process(cmd, env=env, log=log, timeout_s=self.args.deadline + KILL_GRACE_S - time.time())
+        print(f"=== {method} rc={rc} in {time.time() - t0:.0f} s ===", flush=True)
+        try:
+            res = json.loads(out.read_text())
+        except (OSError, ValueError):
+            print(f"gate: {method} left no result (rc {rc}); its log: {log}", flush=True)
+            return None
+        text = log.read_text(errors="replace") if log.exists() else ""
+        return {**res, "rc": rc, "partial": res.get("partial") or rc != 0, "log": log_phases(text)}
+
+    def write(self) -> dict[str, Any]:
+        doc = self.doc()
+        name = report.results_name(doc, f"tp{self.args.tp}")
+        if self.args.methods != list(DEFAULT_METHODS) or self.args.sets != list(SETS):  # a subset: its own name
+            name += "_" + "+".join(self.args.methods) + "_" + "+".join(self.args.sets)
+        report.write(doc, Path(self.args.out_dir), name)
+        self._logs(Path(self.args.out_dir) / f"{name}_engines.log")
+        return doc
+
+    def doc(self) -> dict[str, Any]:
+        partial = bool(self.skipped) or any(e.get("partial") for e in self.engines.values())
+        gate = {
+            "engines": dict(self.engines),
+            "skipped": [m for m in self.args.methods if m in self.skipped],  # the methods' order
+            "model": self.label,
+            "sets": self.args.sets,
+        }
+        src = {**self.source, "partial": partial, "wall_s": time.time() - self.args.t0}
+        return {"kind": report.KIND, "schema": 1, "gates": {f"tp{self.args.tp}": gate}, "serve": {}, "sources": [src]}
+
+    def _logs(self, path: Path) -> None:
+        """Every engine's log (its last LOG_TAIL_CHARS, progress bars left out) in one file beside the results."""
+        parts = []
+        for m in self.args.methods:
+            log = self.work / f"{m}.log"
+            if log.exists():
+                text = "\n".join(ln for ln in log.read_text(errors="replace").splitlines() if "it/s]" not in ln)
+                parts.append(f"===== {m} =====\n{text[-LOG_TAIL_CHARS:]}")
+        path.write_text("\n".join(parts) + "\n")
+
+
+def bench_path(work: Path) -> str:
+    """A folder holding only a link to this ``benchmarks`` package: on a worker's path, ``python -m
+    benchmarks.gate_worker`` is found while ``import specdec`` is not taken from the working directory."""
+    folder = work / "path"
+    folder.mkdir(parents=True, exist_ok=True)
+    link = folder / "benchmarks"
+    if not link.exists():
+        link.symlink_to(Path(__file__).resolve().parent)
+    return str(folder)
+
+
+def run_process(cmd: list[str], *, env: dict[str, str], log: Path, timeout_s: float) -> int:
+    """``cmd`` in a process group of its own, output to ``log``; its exit code, or 124 once past ``timeout_s``. The
+    whole group is killed on the way out: an engine core outliving its worker would hold the GPU."""
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return proc.wait(timeout=max(1.0, timeout_s))
+        except subprocess.TimeoutExpired:
+            return 124
+        finally:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def run_cells(args: argparse.Namespace) -> None:
+    doc = CellsRun(args).run()
+    print(report.render(doc), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""The GPU gate's measurements from what vLLM hands back (no vLLM import): its spec-decode counters from
+``LLM.get_metrics()``, the share of repeated 4-grams in outputs, output digests for the mismatch count, the
+`vllm bench serve` result, and start-up phases read from an engine's log."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+SPEC_PREFIX = "vllm:spec_decode_num_"  # vllm:spec_decode_num_{drafts,draft_tokens,accepted_tokens}[_total]
+SPEC_KEYS = ("drafts", "draft_tokens", "accepted_tokens")
+NGRAM = 4  # repeated n-grams: the 53M target loops on some prompts, which flatters every drafter
+DIGEST_CHARS = 12
+# `vllm bench serve` keys kept per run (vLLM 0.26's result JSON; the text summary's labels as a fallback)
+BENCH_KEYS = ("median_tpot_ms", "mean_tpot_ms", "p99_tpot_ms", "median_ttft_ms", "median_itl_ms", "output_throughput")
+BENCH_TEXT = {
+    "median_tpot_ms": r"Median TPOT \(ms\):\s*([\d.]+)",
+    "mean_tpot_ms": r"Mean TPOT \(ms\):\s*([\d.]+)",
+    "p99_tpot_ms": r"P99 TPOT \(ms\):\s*([\d.]+)",
+    "median_ttft_ms": r"Median TTFT \(ms\):\s*([\d.]+)",
+    "median_itl_ms": r"Median ITL \(ms\):\s*([\d.]+)",
+    "output_throughput": r"Output token throughput \(tok/s\):\s*([\d.]+)",
+    "completed": r"Successful requests:\s*(\d+)",
+}
+# engine log lines (vLLM 0.26) -> start-up phases in seconds; "compile_cached" when the graphs came from the cache
+LOG_PHASES = {
+    "weights_s": r"Loading weights took ([\d.]+) seconds",
+    "model_load_s": r"Model loading took [\d.]+ GiB (?:memory )?and ([\d.]+) seconds",
+    "compile_s": r"torch\.compile took ([\d.]+) s in total",
+    "graph_capture_s": r"Graph capturing finished in ([\d.]+) secs",
+    "engine_init_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
+}
+LOG_CACHE_HIT = r"Directly load the compiled graph"
+
+
+def spec_counts(metrics: Iterable[Any]) -> dict[str, float]:
+    """vLLM's spec-decode counters in a ``get_metrics()`` list, summed over label sets: {"drafts", "draft_tokens",
+    "accepted_tokens"} (0 where absent; the per-position vector, which has ``values`` not ``value``, is skipped)."""
+    out = dict.fromkeys(SPEC_KEYS, 0.0)
+    for m in metrics:
+        name = str(getattr(m, "name", ""))
+        if not name.startswith(SPEC_PREFIX) or not hasattr(m, "value"):
+            continue
+        key = name[len(SPEC_PREFIX) :].removesuffix("_total")
+        if key in out:
+            out[key] += float(m.value)
+    return out
+
+
+def spec_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """Counters over a window and the emitted tokens per drafted step, (drafts + accepted) / drafts (None: no
+    drafts, e.g. no speculation)."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in SPEC_KEYS}
+    d["emitted_per_step"] = (d["drafts"] + d["accepted_tokens"]) / d["drafts"] if d["drafts"] > 0 else None
+    return d
+
+
+def repeat_share(outputs: Sequence[Sequence[int]], n: int = NGRAM) -> float | None:
+    """Share of n-gram positions whose n-gram already appeared earlier in the same output, over all outputs
+    (None when no output is n tokens long)."""
+    repeated = total = 0
+    for ids in outputs:
+        seen: set[tuple[int, ...]] = set()
+        for i in range(len(ids) - n + 1):
+            gram = tuple(ids[i : i + n])
+            repeated += gram in seen
+            seen.add(gram)
+            total += 1
+    return repeated / total if total else None
+
+
+def digest(ids: Sequence[int]) -> str:
+    """A short fingerprint of one output's token ids (mismatches are counted on these across result files)."""
+    return hashlib.sha1(json.dumps(list(map(int, ids))).encode()).hexdigest()[:DIGEST_CHARS]
+
+
+def mismatches(a: Sequence[str], b: Sequence[str]) -> int | None:
+    """Outputs that differ between two digest lists of one cell (None when the lists do not line up)."""
+    if len(a) != len(b) or not a:
+        return None
+    return sum(x != y for x, y in zip(a, b))
+
+
+def bench_result(result: dict[str, Any] | None, text: str = "") -> dict[str, float]:
+    """The kept figures of one `vllm bench serve` run: from its result JSON where there is one, else from its
+    printed summary; {} when neither has a median TPOT."""
+    out: dict[str, float] = {}
+    for key in BENCH_KEYS + ("completed",):
+        if result and isinstance(result.get(key), (int, float)):
+            out[key] = float(result[key])
+        elif text and (m := re.search(BENCH_TEXT[key], text)):
+            out[key] = float(m.group(1))
+    return out if "median_tpot_ms" in out else {}
+
+
+def read_bench(path: Path, log: Path) -> dict[str, float]:
+    """``bench_result`` of a run that wrote ``path`` (JSON) and ``log`` (its printed summary), either missing."""
+    result = json.loads(path.read_text()) if path.exists() else None
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return bench_result(result, text)
+
+
+def log_phases(text: str) -> dict[str, Any]:
+    """Start-up phases found in an engine's log (the last of each), and whether its graphs came from the compile
+    cache (None when the log says neither)."""
+    out: dict[str, Any] = {}
+    for key, pattern in LOG_PHASES.items():
+        found = re.findall(pattern, text)
+        if found:
+            out[key] = float(found[-1])
+    if re.search(LOG_CACHE_HIT, text):
+        out["compile_cached"] = True
+    elif "compile_s" in out:
+        out["compile_cached"] = False
+    return out

@@ -1,0 +1,340 @@
+"""The GPU gate's report: verdicts from the raw numbers (``gate_rules``), one terminal table (<= 120 columns), the
+results JSON + markdown, and the merge of several calls' results files (the two GPUs' halves, TP=1 + TP=2, serve).
+
+    python -m benchmarks.gate_report A.json [B.json ...] [--out eval/results/merged.json]
+
+A results document: ``{"kind": "specdec-gate", "gates": {"tp1": {"engines": {method: worker result}, ...}},
+"serve": {check: result}, "sources": [{command, device, versions, ...}], ...}``. Verdicts are computed when the
+table is drawn, so a merge judges every cell against the no-speculation engine it now has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import gate_rules as rules
+from benchmarks.gate_metrics import mismatches
+
+KIND = "specdec-gate"
+CANDIDATE, BEFORE, PEER, REFERENCE = "specdec", "specdec-before", "suffix", "nospec"
+WIDTH = 120
+
+
+def ref_tps(cell: dict[str, Any] | None) -> float | None:
+    """No speculation's tokens/s of a cell: the mean of its repeats."""
+    vals = [r["tokens_per_s"] for r in (cell or {}).get("runs", []) if r.get("tokens_per_s")]
+    return sum(vals) / len(vals) if vals else None
+
+
+def cell_row(key: str, engines: dict[str, Any]) -> dict[str, Any]:
+    """Everything the table shows of one cell, verdicts included."""
+    nos = engines.get(REFERENCE, {}).get("cells", {}).get(key)
+    ref = ref_tps(nos)
+    row: dict[str, Any] = {"key": key, "nospec_tps": ref, "repeat4": (nos or {}).get("repeat4")}
+    runs = [r["tokens_per_s"] for r in (nos or {}).get("runs", []) if r.get("tokens_per_s")]
+    row["repeat_diff"] = rules.repeat_diff(*runs[:2]) if len(runs) >= 2 else None
+    row["void"] = len(runs) >= 2 and rules.repeats_void(*runs[:2])
+    for m, eng in engines.items():
+        cell = eng.get("cells", {}).get(key)
+        if m == REFERENCE or not cell:
+            continue
+        first = cell["runs"][0]
+        rerun = cell.get("rerun")
+        greedy = not cell.get("temperature")
+        row[m] = {
+            "tps": first.get("tokens_per_s"),
+            "x_nospec": rules.ratio(first.get("tokens_per_s"), ref),
+            "x_rerun": rules.ratio((rerun or {}).get("tokens_per_s"), ref),
+            "emit": first.get("emitted_per_step"),
+            "mismatch": mismatches(nos.get("digests", []), cell.get("digests", [])) if nos and greedy else None,
+        }
+    for m in (CANDIDATE, BEFORE):
+        if m in row:
+            row[m]["vs_nospec"] = rules.vs_nospec(row[m]["x_nospec"], row[m]["x_rerun"])
+    if CANDIDATE in row and PEER in row:
+        row[CANDIDATE]["x_suffix"] = rules.ratio(row[CANDIDATE]["tps"], row[PEER]["tps"])
+        row[CANDIDATE]["vs_suffix"] = rules.vs_suffix(row[CANDIDATE]["x_suffix"])
+    return row
+
+
+def engine_rows(engines: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per engine: start seconds and KV-cache tokens, each against no speculation's, with verdicts."""
+    nos = engines.get(REFERENCE, {})
+    out = []
+    for m, eng in ordered(engines):
+        row = {
+            "method": m,
+            "gpus": eng.get("gpus", ""),
+            "start_s": eng.get("start_s"),
+            "compile_s": eng.get("log", {}).get("compile_s"),
+            "compile_cached": eng.get("log", {}).get("compile_cached"),
+            "kv_tokens": eng.get("kv_tokens"),
+            "x_start": rules.ratio(eng.get("start_s"), nos.get("start_s")),
+            "x_kv": rules.ratio(eng.get("kv_tokens"), nos.get("kv_tokens")),
+        }
+        if m != REFERENCE:
+            row["start"] = rules.start_verdict(eng.get("start_s"), nos.get("start_s"))
+            row["kv"] = rules.kv_verdict(eng.get("kv_tokens"), nos.get("kv_tokens"))
+        out.append(row)
+    return out
+
+
+def ordered(engines: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Engines in the gate's method order (nospec, suffix, specdec, specdec-before), others after."""
+    rank = {m: i for i, m in enumerate((REFERENCE, PEER, CANDIDATE, BEFORE))}
+    return sorted(engines.items(), key=lambda kv: rank.get(kv[0], len(rank)))
+
+
+def cell_keys(engines: dict[str, Any]) -> list[str]:
+    """Every cell any engine measured, no speculation's order first."""
+    keys: dict[str, None] = {}
+    for m in [REFERENCE, *engines]:
+        keys.update(dict.fromkeys(engines.get(m, {}).get("cells", {})))
+    return list(keys)
+
+
+def gate_verdicts(gate: dict[str, Any]) -> dict[str, Any]:
+    """One TP's verdicts: per cell and engine (the candidate's), whether the run is void, and the overall one."""
+    engines = gate.get("engines", {})
+    rows = [cell_row(k, engines) for k in cell_keys(engines)]
+    eng = engine_rows(engines)
+    found = [v for r in rows if CANDIDATE in r for v in (r[CANDIDATE].get("vs_nospec", ("-",))[0],)]
+    found += [r[CANDIDATE]["vs_suffix"] for r in rows if "vs_suffix" in r.get(CANDIDATE, {})]
+    found += [e[k] for e in eng if e["method"] == CANDIDATE for k in ("start", "kv")]
+    void = any(r["void"] for r in rows)
+    return {"cells": rows, "engines": eng, "void": void, "overall": rules.VOID if void else rules.overall(found)}
+
+
+def serve_rows(serve: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per serve check: the TPOT ratio (speculation / none) and its verdict, or whether the server started and
+    answered."""
+    out = []
+    for name, check in serve.items():
+        if "skipped" in check:
+            out.append({"check": name, "verdict": rules.NONE, "note": f"not run: {check['skipped']}"[:33]})
+            continue
+        if check.get("kind") == "tpot":
+            none, spec = (check.get("servers", {}).get(k, {}).get("bench", {}) for k in ("nospec", "specdec"))
+            r = rules.ratio(spec.get("median_tpot_ms"), none.get("median_tpot_ms"))
+            emit = check.get("servers", {}).get("specdec", {}).get("spec", {}).get("emitted_per_step")
+            row = {"check": name, "none_ms": none.get("median_tpot_ms"), "spec_ms": spec.get("median_tpot_ms")}
+            out.append({**row, "ratio": r, "emit": emit, "verdict": rules.tpot_verdict(r)})
+        for label, srv in check.get("servers", {}).items():
+            if label.startswith(CANDIDATE):
+                ok = bool(srv.get("answered"))
+                note = f"start {srv.get('start_s') or 0:.0f} s, " + (
+                    "answered" if ok else srv.get("error", "no answer")
+                )
+                out.append(
+                    {"check": f"{name} {label} serves", "verdict": rules.PASS if ok else rules.FAIL, "note": note}
+                )
+    return out
+
+
+def _f(v: Any, fmt: str, width: int) -> str:
+    return ("-" if v is None else format(v, fmt)).rjust(width)
+
+
+def _vn(m: dict[str, Any] | None) -> str:
+    if not m or "vs_nospec" not in m:
+        return "-"
+    verdict, _ = m["vs_nospec"]
+    return verdict if m.get("x_rerun") is None else f"{verdict} r{m['x_rerun']:.2f}"
+
+
+def render_cells(rows: list[dict[str, Any]]) -> list[str]:
+    head = (
+        f"{'cell':<11}{'nospec':>8}{'Δrep':>6}{'rep4':>6} | {'specdec':>7}{'×suf':>6}{'emit':>6}{'mism':>5} | "
+        f"{'before':>6}{'emit':>6} | {'suffix':>6}{'emit':>6} | {'vs nospec':<13}{'vs suffix':<9}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        c, b, s = r.get(CANDIDATE, {}), r.get(BEFORE, {}), r.get(PEER, {})
+        lines.append(
+            f"{r['key'].replace('/', ' '):<11}{_f(r['nospec_tps'], '.0f', 8)}{_f(_pct(r['repeat_diff']), '.1f', 5)}%"
+            f"{_f(r['repeat4'], '.2f', 6)} | {_f(c.get('x_nospec'), '.2f', 7)}{_f(c.get('x_suffix'), '.2f', 6)}"
+            f"{_f(c.get('emit'), '.2f', 6)}{_f(c.get('mismatch'), 'd', 5)} | {_f(b.get('x_nospec'), '.2f', 6)}"
+            f"{_f(b.get('emit'), '.2f', 6)} | {_f(s.get('x_nospec'), '.2f', 6)}{_f(s.get('emit'), '.2f', 6)} | "
+            f"{_vn(c):<13}{c.get('vs_suffix', '-'):<9}" + (" VOID" if r["void"] else "")
+        )
+    return lines
+
+
+def _pct(x: float | None) -> float | None:
+    return None if x is None else 100 * x
+
+
+def render_engines(rows: list[dict[str, Any]]) -> list[str]:
+    head = f"{'engine':<16}{'GPU':>5}{'start s':>9}{'×nospec':>9}{'compile s':>11}{'KV tokens':>12}{'×nospec':>9}"
+    head += "  start  KV"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        comp = "cache" if r["compile_cached"] else _f(r["compile_s"], ".0f", 0)
+        lines.append(
+            f"{r['method']:<16}{r['gpus'] or '-':>5}{_f(r['start_s'], '.0f', 9)}{_f(r['x_start'], '.2f', 9)}"
+            f"{comp:>11}{_f(r['kv_tokens'], ',d', 12)}{_f(r['x_kv'], '.3f', 9)}  "
+            f"{r.get('start', '-'):<6} {r.get('kv', '-')}"
+        )
+    return lines
+
+
+def render_serve(rows: list[dict[str, Any]]) -> list[str]:
+    head = f"{'serve check':<34}{'none ms':>9}{'specdec ms':>11}{'ratio':>7}{'emit':>6}  verdict"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if "ratio" in r or "none_ms" in r:
+            nums = f"{_f(r.get('none_ms'), '.2f', 9)}{_f(r.get('spec_ms'), '.2f', 11)}{_f(r.get('ratio'), '.3f', 7)}"
+            lines.append(f"{r['check']:<34}{nums}{_f(r.get('emit'), '.2f', 6)}  {r['verdict']}")
+        else:
+            lines.append(f"{r['check']:<34}{r.get('note', ''):<33}  {r['verdict']}")
+    return lines
+
+
+RULES_LINE = (
+    f"rules: ×nospec >= {rules.NOSPEC_PASS} PASS (under it: re-run once, PASS if the mean >= {rules.RERUN_MEAN_PASS}); "
+    f"×suffix >= {rules.SUFFIX_PASS} PASS, {rules.SUFFIX_WARN}-{rules.SUFFIX_PASS} WARN, < {rules.SUFFIX_WARN} FAIL; "
+    f"start <= {rules.START_MAX}x, KV >= {rules.KV_MIN:.0%} of nospec; serve TPOT <= {rules.TPOT_MAX}x; "
+    f"VOID if nospec's repeats differ > {rules.REPEAT_MAX_DIFF:.0%}"
+)
+LEGEND = (
+    "nospec: output tok/s (mean of 2 repeats); Δrep: their difference; rep4: share of repeated 4-grams in nospec's "
+    "outputs; specdec/before/suffix: × nospec (r: the re-run's ratio); ×suf: specdec ÷ suffix; emit: emitted "
+    "tokens per drafted step (vLLM counters); mism: bf16 outputs differing from nospec (greedy cells)"
+)
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The whole report: a header per source, then per TP the cells and engines tables, the serve checks, the
+    overall verdict and the rules."""
+    out = []
+    for src in doc.get("sources", []):
+        v = src.get("versions", {})
+        out.append(
+            f"{src.get('part', '?')} on {src.get('device', {}).get('label', '?')}: specdec {src.get('commit', '?')[:7]}"
+            f" (before {(src.get('before_commit') or '-')[:7]}), vLLM {v.get('vllm', '?')}, torch {v.get('torch', '?')}"
+            + (" PARTIAL" if src.get("partial") else "")
+        )
+    verdicts = []
+    for tp, gate in sorted(doc.get("gates", {}).items()):
+        ev = gate_verdicts(gate)
+        verdicts.append(ev["overall"])
+        out += ["", f"== cells {tp} ({gate.get('model', '')}) ==", *render_cells(ev["cells"]), ""]
+        out += render_engines(ev["engines"])
+        out += origin_notes(gate, doc.get("sources", []))
+        if gate.get("skipped"):
+            out.append(f"not run or no result (see the log): {', '.join(gate['skipped'])}")
+    if doc.get("serve"):
+        rows = serve_rows(doc["serve"])
+        verdicts += [r["verdict"] for r in rows]
+        out += ["", "== low-acceptance serving ==", *render_serve(rows)]
+    out += ["", f"GATE: {rules.overall(verdicts)}", _wrap(RULES_LINE), _wrap(LEGEND)]
+    return "\n".join(out)
+
+
+def origin_notes(gate: dict[str, Any], sources: list[dict[str, Any]]) -> list[str]:
+    """Where an engine did not run the tree it should: the before engine's process or its engine's workers
+    importing another ``specdec`` than the base commit's, or an engine whose native suffix core did not load."""
+    wanted = {s.get("before_commit") for s in sources if s.get("before_commit")}
+    notes = []
+    for m, eng in ordered(gate.get("engines", {})):
+        origin = eng.get("origin", {})
+        mine = origin.get("worker", {})
+        files = {w.get("file") for w in origin.get("engine", [])} - {mine.get("file")}
+        if files:
+            notes.append(f"note: {m}'s engine workers import specdec from {', '.join(map(str, files))}")
+        if m == BEFORE and mine.get("commit") not in wanted:
+            notes.append(f"note: {m} ran {mine.get('file')} (commit {mine.get('commit')}), not {', '.join(wanted)}")
+        if m.startswith(CANDIDATE) and not mine.get("native_suffix", True):
+            notes.append(f"note: {m} ran without the native suffix core ({mine.get('import_error', '')[:60]})")
+    return notes
+
+
+def _wrap(text: str) -> str:
+    lines, line = [], ""
+    for word in text.split(" "):
+        if len(line) + len(word) + 1 > WIDTH:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return "\n".join([*lines, line])
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    cmds = "\n".join(f"- `{s.get('command', '')}`" for s in doc.get("sources", []))
+    return f"# specdec GPU gate\n\n```text\n{render(doc)}\n```\n\nCommands:\n{cmds}\n"
+
+
+def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One document from several calls' (same or different TPs, serve): engines joined per TP (a method measured
+    twice keeps the run with more cells), serve checks joined, every source kept."""
+    out: dict[str, Any] = {"kind": KIND, "schema": 1, "gates": {}, "serve": {}, "sources": []}
+    for doc in docs:
+        if doc.get("kind") != KIND:
+            raise SystemExit(f"not a gate results file (kind {doc.get('kind')!r}): {doc.get('path', '?')}")
+        out["sources"] += doc.get("sources", [])
+        out["serve"].update(doc.get("serve", {}))
+        for tp, gate in doc.get("gates", {}).items():
+            mine = out["gates"].setdefault(tp, {"engines": {}, "skipped": [], "model": gate.get("model", "")})
+            for m, eng in gate.get("engines", {}).items():
+                have = mine["engines"].get(m)
+                if have is None or len(eng.get("cells", {})) > len(have.get("cells", {})):
+                    mine["engines"][m] = eng
+            mine["skipped"] = [s for s in [*mine["skipped"], *gate.get("skipped", [])] if s not in mine["engines"]]
+    return out
+
+
+def results_name(doc: dict[str, Any], part: str) -> str:
+    """``<date>_<device>_gate_<part>_<commit7>``."""
+    src = doc["sources"][-1]
+    return f"{time.strftime('%Y-%m-%d')}_{src['device']['label']}_gate_{part}_{src['commit'][:7]}"
+
+
+def write(doc: dict[str, Any], out_dir: Path, name: str) -> Path:
+    """The results JSON (with the verdicts as drawn) and its markdown twin; returns the JSON's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stored = {**doc, "verdicts": {tp: _summary(gate_verdicts(g)) for tp, g in doc.get("gates", {}).items()}}
+    if doc.get("serve"):
+        stored["verdicts"]["serve"] = serve_rows(doc["serve"])
+    path = out_dir / f"{name}.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(stored, indent=1))
+    tmp.replace(path)
+    (out_dir / f"{name}.md").write_text(markdown(doc))
+    return path
+
+
+def _summary(ev: dict[str, Any]) -> dict[str, Any]:
+    cells = {r["key"]: {k: r[k] for k in ("nospec_tps", "repeat_diff", "void") if k in r} for r in ev["cells"]}
+    for r in ev["cells"]:
+        c = r.get(CANDIDATE, {})
+        cells[r["key"]].update(
+            {k: c[k] for k in ("x_nospec", "x_rerun", "x_suffix", "vs_nospec", "vs_suffix") if k in c}
+        )
+    return {"overall": ev["overall"], "void": ev["void"], "cells": cells, "engines": ev["engines"]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", nargs="+", help="gate results JSON files (one call's, or several to merge)")
+    ap.add_argument("--out", default="", help="write the merged results here (JSON; the .md beside it)")
+    args = ap.parse_args(argv)
+    docs = []
+    for f in args.files:
+        try:
+            docs.append({**json.loads(Path(f).read_text()), "path": f})
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"{f}: cannot read a gate results file ({exc})") from None
+    doc = merge(docs)
+    print(render(doc))
+    if args.out:
+        out = Path(args.out)
+        print(f"wrote {write(doc, out.parent, out.name.removesuffix('.json'))}")
+
+
+if __name__ == "__main__":
+    main()

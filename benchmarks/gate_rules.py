@@ -1,0 +1,95 @@
+"""The GPU gate's verdict rules (issue 41), one function per rule, each with its named constants.
+
+* vs no speculation: a cell at >= ``NOSPEC_PASS`` x passes; a cell under it is re-run once in the same engine and
+  passes if the mean of the two ratios is >= ``RERUN_MEAN_PASS``, else fails.
+* vs vLLM ``suffix``: >= ``SUFFIX_PASS`` x PASS, ``SUFFIX_WARN``-``SUFFIX_PASS`` x WARN, under ``SUFFIX_WARN`` x FAIL.
+* engine start <= ``START_MAX`` x no speculation's; KV-cache tokens >= ``KV_MIN`` of no speculation's.
+* low-acceptance serving: median TPOT <= ``TPOT_MAX`` x no speculation's.
+* the run is VOID when no speculation's two repeats of a cell differ by more than ``REPEAT_MAX_DIFF``.
+
+Every boundary is inclusive on the passing side; ``EPS`` keeps a ratio that is the boundary up to float rounding
+(0.98 and 1.00 average to 0.99) on that side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+PASS, WARN, FAIL, VOID = "PASS", "WARN", "FAIL", "VOID"
+NONE = "-"  # no verdict (a reference is missing)
+NOSPEC_PASS = 1.0
+RERUN_MEAN_PASS = 0.99
+SUFFIX_PASS = 1.5
+SUFFIX_WARN = 1.3
+START_MAX = 1.25
+KV_MIN = 0.97
+TPOT_MAX = 1.03
+REPEAT_MAX_DIFF = 0.02
+EPS = 1e-9
+SEVERITY = {NONE: 0, PASS: 1, WARN: 2, FAIL: 3, VOID: 4}  # the overall verdict is the most severe one
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    """``num / den``, None when either is missing or ``den`` is not positive."""
+    if num is None or den is None or den <= 0:
+        return None
+    return num / den
+
+
+def repeat_diff(a: float, b: float) -> float:
+    """Relative difference of two repeats: |a - b| over their mean (0 when both are 0)."""
+    mean = (a + b) / 2
+    return abs(a - b) / mean if mean > 0 else 0.0
+
+
+def repeats_void(a: float, b: float) -> bool:
+    """True when no speculation's two repeats of a cell differ by more than ``REPEAT_MAX_DIFF``."""
+    return repeat_diff(a, b) > REPEAT_MAX_DIFF + EPS
+
+
+def vs_nospec(first: float | None, rerun: float | None = None) -> tuple[str, str]:
+    """(verdict, note) of a cell's ratio to no speculation, given its re-run's ratio where it was re-run."""
+    if first is None:
+        return NONE, "no reference"
+    if first >= NOSPEC_PASS - EPS:
+        return PASS, ""
+    if rerun is None:
+        return FAIL, "not re-run"
+    mean = (first + rerun) / 2
+    verdict = PASS if mean >= RERUN_MEAN_PASS - EPS else FAIL
+    return verdict, f"re-run mean {mean:.3f}"
+
+
+def vs_suffix(r: float | None) -> str:
+    """Verdict of a cell's ratio to vLLM suffix."""
+    if r is None:
+        return NONE
+    if r >= SUFFIX_PASS - EPS:
+        return PASS
+    return WARN if r >= SUFFIX_WARN - EPS else FAIL
+
+
+def start_verdict(start_s: float | None, nospec_start_s: float | None) -> str:
+    r = ratio(start_s, nospec_start_s)
+    if r is None:
+        return NONE
+    return PASS if r <= START_MAX + EPS else FAIL
+
+
+def kv_verdict(kv_tokens: float | None, nospec_kv_tokens: float | None) -> str:
+    r = ratio(kv_tokens, nospec_kv_tokens)
+    if r is None:
+        return NONE
+    return PASS if r >= KV_MIN - EPS else FAIL
+
+
+def tpot_verdict(r: float | None) -> str:
+    """Verdict of a served median-TPOT ratio (speculation over none)."""
+    if r is None:
+        return NONE
+    return PASS if r <= TPOT_MAX + EPS else FAIL
+
+
+def overall(verdicts: Iterable[str]) -> str:
+    """The most severe of ``verdicts`` (VOID > FAIL > WARN > PASS); NONE when there is none."""
+    return max(verdicts, key=SEVERITY.__getitem__, default=NONE)

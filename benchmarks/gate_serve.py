@@ -1,0 +1,238 @@
+"""The GPU gate's serving part (``gate --part serve``): the low-acceptance serving check and the served start-up.
+
+* ``tpot-53m`` / ``tpot-8b``: `vllm serve` of the shared target (and of it inflated to the 8B shape) without
+  speculation and with ``{"method": "specdec"}``, each driven by `vllm bench serve --backend vllm --dataset-name random
+  --random-input-len 256 --random-output-len 128 --num-prompts 200 --request-rate 20` (after a warm-up of
+  ``WARMUP_PROMPTS`` on another seed); the gate is specdec's median TPOT over none's. With two GPUs the two
+  servers start at once (one GPU and half the cores each) and are measured one after the other. The specdec server
+  also answers one completion: the served start-up at TP=1.
+* ``start-8b-tp2``: `vllm serve` of the 8B shape with specdec at its defaults at TP=2 starts and answers.
+Each server runs with vLLM's defaults (only the model, the speculative config and the tensor-parallel size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from benchmarks import gate_report as report
+from benchmarks.gate_metrics import read_bench
+from benchmarks.serve_common import HOST, VLLM_CLI_ENV, ServeError, Server, free_port, scrape, spec_delta
+
+SPECDEC = {"method": "specdec"}
+RANDOM_FLAGS = ["--dataset-name", "random", "--random-input-len", "256", "--random-output-len", "128"]
+NUM_PROMPTS, REQUEST_RATE, SEED = 200, 20, 0
+WARMUP_PROMPTS, WARMUP_SEED = 20, 1  # another seed: no prompt of the measured run is seen before it
+START_EST_S = {"53m": 120.0, "8b": 180.0}  # vllm serve under vLLM's defaults, to /health
+BENCH_EST_S = 45.0  # warm-up + 200 requests at 20/s + the tail
+BENCH_TIMEOUT_S = 300.0
+ANSWER_EST_S = 20.0  # one completion and the server's shutdown
+ANSWER_PROMPT, ANSWER_TOKENS = "def fibonacci(n):", 16
+LOG_TAIL_CHARS = 100_000
+
+
+def cli_base(fake: bool) -> str:
+    """The `vllm` command line (the fake CLI on a dry run)."""
+    if fake:
+        return f"{sys.executable} -m benchmarks.serve_fake"
+    return os.environ.get(VLLM_CLI_ENV) or f"{sys.executable} -m vllm.entrypoints.cli.main"
+
+
+def pinned(cli: str, cpus: list[int]) -> str:
+    """``cli`` run on ``cpus`` (taskset) where there is a share to pin to and taskset exists."""
+    if not cpus or not shutil.which("taskset"):
+        return cli
+    return f"taskset -c {','.join(map(str, cpus))} {cli}"
+
+
+class ServeRun:
+    """One ``--part serve`` call: its checks, in order, within the budget; results written after each."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from benchmarks.gate import device_info, gpu_names, prepare_model, versions
+
+        self.args = args
+        self.work = Path(args.work_dir) / "serve"
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.gpus = args.gpus or len(gpu_names(args.fake)) or 1
+        inputs = json.loads(Path(args.inputs).read_text()) if Path(args.inputs).exists() else {}
+        shape = args.shape
+        args.shape = ""
+        self.models = {"53m": prepare_model(args)}
+        args.shape = shape
+        self.models["8b"] = prepare_model(args)
+        self.checks: dict[str, Any] = {}
+        self.source = {
+            "part": "serve",
+            "command": os.environ.get("GATE_COMMAND")
+            or " ".join([sys.executable, "-m", "benchmarks.gate", *sys.argv[1:]]),
+            "device": device_info(args),
+            "versions": versions(inputs),
+            "commit": inputs.get("commit", ""),
+            "before_commit": None,
+            "settings": {
+                "bench": "vllm bench serve --backend vllm " + " ".join(RANDOM_FLAGS) + f" --num-prompts {NUM_PROMPTS} "
+                f"--request-rate {REQUEST_RATE} --seed {SEED} (temperature: the server's default)",
+                "warmup": f"{WARMUP_PROMPTS} prompts, seed {WARMUP_SEED}",
+                "server_args": "vLLM defaults: model, --speculative-config, --tensor-parallel-size",
+                "fake": args.fake,
+            },
+        }
+
+    def run(self) -> dict[str, Any]:
+        for name in self.args.checks:
+            size = name.split("-")[1]
+            tp = 2 if name.endswith("tp2") else 1
+            if tp > self.gpus:
+                self.checks[name] = {"kind": "start", "skipped": f"needs {tp} GPUs, {self.gpus} here"}
+            elif not self._fits(size, name):
+                self.checks[name] = {"kind": "tpot" if name.startswith("tpot") else "start", "skipped": "time budget"}
+            elif name.startswith("tpot"):
+                self.checks[name] = self._tpot(size)
+            else:
+                self.checks[name] = self._start(size, tp)
+            self.write()
+        return self.write()
+
+    def _fits(self, size: str, name: str) -> bool:
+        """Whether the check's servers can start and be measured before the deadline (a TPOT check's two servers
+        start at once on two GPUs, one after the other on one)."""
+        if name.startswith("start"):
+            need = START_EST_S[size] + ANSWER_EST_S
+        else:
+            need = START_EST_S[size] * (1 if self.gpus >= 2 else 2) + 2 * BENCH_EST_S
+        return time.time() + need <= self.args.deadline
+
+    def _tpot(self, size: str) -> dict[str, Any]:
+        """Both servers of one model started (at once on two GPUs), each benchmarked in turn."""
+        model, label = self.models[size]
+        labels = {"nospec": None, "specdec": SPECDEC}
+        check: dict[str, Any] = {"kind": "tpot", "model": label, "tp": 1, "servers": {}}
+        if self.gpus >= 2:
+            cores = sorted(os.sched_getaffinity(0))
+            half = len(cores) // 2
+            shares = {"nospec": ("0", cores[:half]), "specdec": ("1", cores[half:])}
+            servers = {k: self._server(model, k, spec, *shares[k]) for k, spec in labels.items()}
+            threads = [threading.Thread(target=self._start_one, args=(s, check, k)) for k, s in servers.items()]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for k, s in servers.items():
+                self._measure(s, check, k, model)
+        else:
+            for k, spec in labels.items():
+                s = self._server(model, k, spec, "0", [])
+                self._start_one(s, check, k)
+                self._measure(s, check, k, model)
+        return check
+
+    def _start(self, size: str, tp: int) -> dict[str, Any]:
+        model, label = self.models[size]
+        key = f"specdec-tp{tp}"
+        check: dict[str, Any] = {"kind": "start", "model": label, "tp": tp, "servers": {}}
+        s = self._server(model, key, SPECDEC, ",".join(map(str, range(tp))), [], tp=tp)
+        self._start_one(s, check, key)
+        try:
+            if s.proc is not None and "error" not in check["servers"][key]:
+                check["servers"][key]["answered"] = answer(s.base_url, model)
+        finally:
+            s.stop()
+        return check
+
+    def _server(self, model: str, key: str, spec: Any, gpus: str, cpus: list[int], *, tp: int = 1) -> Server:
+        args = ["--tensor-parallel-size", str(tp)] if tp > 1 else []
+        log = self.work / f"{key}-{Path(model).name}.log"
+        env = {"CUDA_VISIBLE_DEVICES": gpus}
+        return Server(
+            model,
+            port=free_port(),
+            log=log,
+            spec=spec,
+            server_args=args,
+            cli=pinned(cli_base(self.args.fake), cpus),
+            env=env,
+        )
+
+    def _start_one(self, server: Server, check: dict[str, Any], key: str) -> None:
+        rec = check["servers"].setdefault(key, {"gpus": (server.env or {}).get("CUDA_VISIBLE_DEVICES")})
+        t0 = time.time()
+        try:
+            server.start(max(1.0, self.args.deadline - time.time()))
+            rec["start_s"] = time.time() - t0
+        except ServeError as exc:
+            rec["error"] = str(exc)[:300]
+            server.proc = None
+
+    def _measure(self, server: Server, check: dict[str, Any], key: str, model: str) -> None:
+        """Warm-up, the measured run with the spec-decode counters around it, one answered completion; stopped."""
+        rec = check["servers"][key]
+        try:
+            if server.proc is None:
+                return
+            bench(server, model, self.work / f"{key}-warmup", num=WARMUP_PROMPTS, seed=WARMUP_SEED, fake=self.args.fake)
+            before = scrape(server.base_url)
+            rec["bench"] = bench(
+                server, model, self.work / f"{key}-run", num=NUM_PROMPTS, seed=SEED, fake=self.args.fake
+            )
+            rec["spec"] = spec_delta(before, scrape(server.base_url))
+            rec["answered"] = answer(server.base_url, model)
+        except (ServeError, OSError, subprocess.SubprocessError) as exc:
+            rec["error"] = str(exc)[:300]
+        finally:
+            server.stop()
+
+    def write(self) -> dict[str, Any]:
+        partial = any("skipped" in c or "error" in json.dumps(c) for c in self.checks.values())
+        src = {**self.source, "partial": partial}
+        doc = {"kind": report.KIND, "schema": 1, "gates": {}, "serve": dict(self.checks), "sources": [src]}
+        name = report.results_name(doc, "serve")
+        report.write(doc, Path(self.args.out_dir), name)
+        logs = [
+            f"===== {p.name} =====\n{p.read_text(errors='replace')[-LOG_TAIL_CHARS:]}"
+            for p in sorted(self.work.glob("*.log"))
+        ]
+        (Path(self.args.out_dir) / f"{name}_servers.log").write_text("\n".join(logs) + "\n")
+        return doc
+
+
+def bench(server: Server, model: str, stem: Path, *, num: int, seed: int, fake: bool) -> dict[str, float]:
+    """One `vllm bench serve` run of the random low-acceptance traffic; its kept figures."""
+    result, log = stem.with_suffix(".result.json"), stem.with_suffix(".bench.log")
+    result.unlink(missing_ok=True)
+    cmd = [*shlex.split(cli_base(fake)), "bench", "serve", "--backend", "vllm", "--model", model]
+    cmd += ["--host", HOST, "--port", str(server.port), *RANDOM_FLAGS, "--num-prompts", str(num)]
+    cmd += ["--request-rate", str(REQUEST_RATE), "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl"]
+    cmd += ["--save-result", "--result-dir", str(result.parent), "--result-filename", result.name]
+    with open(log, "w") as fh:
+        rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=BENCH_TIMEOUT_S, check=False).returncode
+    out = read_bench(result, log)
+    if rc != 0 or not out:
+        raise ServeError(f"`vllm bench serve` exited with code {rc} and no median TPOT: see {log}")
+    return out
+
+
+def answer(base_url: str, model: str) -> bool:
+    """Whether the server answers one completion with at least one token."""
+    body = {"model": model, "prompt": ANSWER_PROMPT, "max_tokens": ANSWER_TOKENS, "temperature": 0}
+    req = urllib.request.Request(
+        f"{base_url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        out = json.loads(r.read())
+    return bool(out.get("choices") and out["choices"][0].get("text"))
+
+
+def run_serve(args: argparse.Namespace) -> None:
+    doc = ServeRun(args).run()
+    print(report.render(doc), flush=True)

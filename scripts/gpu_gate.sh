@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The GPU gate (issue 41, docs/gate.md): specdec's default path vs no speculation and vLLM's `suffix`, a verdict
+# per cell. Run in the repo root of the GPU machine, after `python -m benchmarks.gate_prompts [--before-commit SHA]`
+# on a machine with ../shared (device_inputs/ travels with the call). Results under $OUT (default /tmp/out).
+#   bash scripts/gpu_gate.sh --tp 1 --part cells        # TP=1: two engines at once on a 2-GPU machine
+#   bash scripts/gpu_gate.sh --tp 2 --part cells --methods nospec,suffix
+#   bash scripts/gpu_gate.sh --part serve [--checks tpot-53m,tpot-8b,start-8b-tp2]
+#   bash scripts/gpu_gate.sh --part prepare             # installs + the inflated model only (e.g. while staging)
+#   bash scripts/gpu_gate.sh --dry-run [...]             # the whole flow on the CPU (fake engines and servers)
+#   bash scripts/gpu_gate.sh --help                      # every option of the driver (python -m benchmarks.gate)
+# vLLM: the staged bundle (/tmp/specdec-bundle/env.sh, ../shared/device) where there is one, else the vLLM this
+# Python imports (pip install vllm). The project is installed here (pip, non-editable; skipped when the tree is
+# unchanged) and the base tree device_inputs/gate_before into BEFORE_DIR for the specdec-before engine.
+set -uo pipefail
+export GATE_T0="${GATE_T0:-$(date +%s.%N)}"  # the driver's --max-wall-s counts from here (installs included)
+export GATE_COMMAND="bash scripts/gpu_gate.sh $*"
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/out}"
+BEFORE_SRC=device_inputs/gate_before
+BEFORE_DIR=/tmp/specdec-before
+MAIN_STAMP=/tmp/specdec-gate-main.stamp
+DRY=0
+ARGS=()
+for a in "$@"; do
+  case "$a" in
+    --dry-run) DRY=1 ;;
+    -h | --help) sed -n '2,13p' "$0"; exec python -m benchmarks.gate --help ;;
+    *) ARGS+=("$a") ;;
+  esac
+done
+mkdir -p "$OUT"
+
+if [[ "$DRY" == 1 ]]; then  # no vLLM, no GPU, no install: fake engines and servers, 2 fake GPUs
+  WORK="$(mktemp -d)"
+  echo "gpu_gate: dry run: python -m benchmarks.gate --fake --gpus 2 --work-dir $WORK --out-dir $OUT ${ARGS[*]}"
+  exec python -m benchmarks.gate --fake --gpus 2 --work-dir "$WORK" --out-dir "$OUT" "${ARGS[@]}"
+fi
+
+tree_stamp() {  # what a build of the tree in $1 depends on
+  (cd "$1" && find specdec drafters verifiers eval configs csrc setup.py pyproject.toml -type f \
+    ! -path '*/__pycache__/*' ! -path 'eval/results/*' ! -name '*.so' -print0 2> /dev/null \
+    | sort -z | xargs -0 sha1sum | sha1sum | cut -c1-40)
+}
+
+[[ -f /tmp/specdec-bundle/env.sh ]] && source /tmp/specdec-bundle/env.sh
+python -c "import vllm" 2> /dev/null || { echo "gpu_gate: vLLM is not importable: pip install vllm, or stage ../shared/device"; exit 2; }
+export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1  # SAFEPATH: the installed specdec, not ./specdec of the working tree
+stamp="$(tree_stamp .)"
+if [[ "$(cat "$MAIN_STAMP" 2> /dev/null)" != "$stamp" ]] || ! python -c "import specdec" 2> /dev/null; then
+  echo "gpu_gate: installing this tree"
+  python -m pip install -q --no-deps --no-build-isolation . 2>&1 | grep -v -i "root" | tail -3
+  echo "$stamp" > "$MAIN_STAMP"
+fi
+if [[ -d "$BEFORE_SRC" ]]; then
+  stamp="$(tree_stamp "$BEFORE_SRC")"
+  if [[ "$(cat "$BEFORE_DIR/.gate_stamp" 2> /dev/null)" != "$stamp" ]]; then
+    echo "gpu_gate: installing the base tree $(cat "$BEFORE_SRC/GATE_COMMIT") into $BEFORE_DIR"
+    rm -rf "$BEFORE_DIR"
+    python -m pip install -q --no-deps --no-build-isolation --target "$BEFORE_DIR" "$BEFORE_SRC" 2>&1 \
+      | grep -v -i "root" | tail -3
+    cp "$BEFORE_SRC/GATE_COMMIT" "$BEFORE_DIR/" && echo "$stamp" > "$BEFORE_DIR/.gate_stamp"
+  fi
+fi
+# the harness lives in ./benchmarks (not installed): a folder holding only a link to it goes on the path
+BENCH_PATH="$(mktemp -d)"
+ln -s "$PWD/benchmarks" "$BENCH_PATH/benchmarks"
+export PYTHONPATH="$BENCH_PATH${PYTHONPATH:+:$PYTHONPATH}"
+python -m benchmarks.gate --before-path "$BEFORE_DIR" --out-dir "$OUT" "${ARGS[@]}" 2>&1 \
+  | grep --line-buffered -v "it/s\]" | tee -a "$OUT/gate_console.log"
+exit "${PIPESTATUS[0]}"

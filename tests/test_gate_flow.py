@@ -1,0 +1,284 @@
+"""The GPU gate's whole flow on the CPU: the driver with fake engines (two lanes, the before tree on its own path,
+re-runs, the wall budget), the report's merge, the shell script's options, and the serve part on fake servers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gate, gate_report, gate_worker
+from benchmarks.gate_prompts import BATCH
+from specdec.paths import REPO_ROOT
+
+CELLS = {"warmup": 2, "b1": 2, "b8": 3, "b32": 3, "b64": 3}
+
+
+def _inputs(path: Path) -> Path:
+    """A small gate inputs file: every prompt distinct, recorded-style max_tokens."""
+    sets, n = {}, 0
+    for name in gate.SETS:
+        cells = {}
+        for cell, k in {**CELLS, **({"s8": 2} if name == "code" else {})}.items():
+            cells[cell] = [
+                {"ids": [0, 100 + n + i, 7, 8, 9], "max_tokens": 32 + 8 * i, "source": f"t{n + i}"} for i in range(k)
+            ]
+            n += k
+        sets[name] = cells
+    doc = {
+        "commit": "c" * 40,
+        "dirty": False,
+        "before": {"commit": "b" * 40},
+        "batch": BATCH,
+        "policy": "t",
+        "sets": sets,
+    }
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _before(tmp: Path) -> Path:
+    """A stand-in base tree: a ``specdec`` package of its own and the commit stamp gpu_gate.sh copies beside it."""
+    (tmp / "before" / "specdec").mkdir(parents=True)
+    (tmp / "before" / "specdec" / "__init__.py").write_text('"""the base tree"""\n')
+    (tmp / "before" / "GATE_COMMIT").write_text("b" * 40 + "\n")
+    return tmp / "before"
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gate")
+    inputs, out = _inputs(tmp / "inputs.json"), tmp / "out"
+    argv = ["--fake", "--gpus", "2", "--inputs", str(inputs), "--out-dir", str(out), "--work-dir", str(tmp / "w")]
+    gate.main([*argv, "--before-path", str(_before(tmp))])
+    (path,) = out.glob("*_gate_tp1_ccccccc.json")
+    return json.loads(path.read_text()), path, tmp
+
+
+def test_dry_run_writes_every_engine_and_cell(dry_run):
+    doc, path, _ = dry_run
+    engines = doc["gates"]["tp1"]["engines"]
+    assert set(engines) == {"nospec", "suffix", "specdec", "specdec-before"}
+    keys = {f"{s}/{c}" for s in gate.SETS for c in CELLS if c != "warmup"} | {"code/s8"}
+    for m, eng in engines.items():
+        assert set(eng["cells"]) == keys, m
+        assert eng["kv_tokens"] > 0 and eng["start_s"] > 0 and not eng["partial"] and eng["rc"] == 0
+    assert all(len(c["runs"]) == 2 for c in engines["nospec"]["cells"].values())  # no speculation: twice
+    assert engines["suffix"]["resolved_speculative_config"]["method"] == "suffix"
+    assert engines["nospec"]["gpus"] == "0" and engines["suffix"]["gpus"] == "1"  # two lanes
+    assert path.with_suffix(".md").exists() and Path(str(path)[:-5] + "_engines.log").exists()
+    src = doc["sources"][0]
+    assert src["commit"] == "c" * 40 and src["before_commit"] == "b" * 40 and not src["partial"]
+    assert src["device"]["label"] == "fakex2" and src["device"]["cpu_count"] > 0
+    assert {"vllm", "torch", "transformers", "arctic-inference", "specdec_commit"} <= set(src["versions"])
+
+
+def test_before_engine_imports_its_own_tree(dry_run):
+    doc, _, tmp = dry_run
+    engines = doc["gates"]["tp1"]["engines"]
+    before = engines["specdec-before"]["origin"]["worker"]
+    assert before["file"] == str(tmp / "before" / "specdec" / "__init__.py") and before["commit"] == "b" * 40
+    assert not engines["specdec"]["origin"]["worker"]["file"].startswith(str(tmp))
+
+
+def test_dry_run_verdicts(dry_run):
+    doc, _, _ = dry_run
+    v = doc["verdicts"]["tp1"]
+    assert v["overall"] == "PASS" and not v["void"]
+    cell = v["cells"]["code/b8"]
+    assert cell["vs_nospec"][0] == "PASS" and cell["vs_suffix"] == "PASS" and cell["x_rerun"] is None
+    # the fake before engine emits one token per step at a higher step cost: re-run, and still under 0.99
+    before = doc["gates"]["tp1"]["engines"]["specdec-before"]["cells"]["chat/b32"]
+    assert "rerun" in before and before["rerun"]["tokens_per_s"] < before["rerun"]["reference_tokens_per_s"]
+    row = gate_report.cell_row("chat/b32", doc["gates"]["tp1"]["engines"])
+    assert row["specdec-before"]["vs_nospec"][0] == "FAIL" and row["specdec"]["mismatch"] == 0
+    eng = {e["method"]: e for e in v["engines"]}
+    assert eng["specdec"]["start"] == "PASS" and eng["specdec-before"]["start"] == "FAIL"
+    assert eng["specdec-before"]["kv"] == "FAIL"  # 95% of nospec's KV tokens
+
+
+def test_table_fits_120_columns(dry_run):
+    doc, _, _ = dry_run
+    text = gate_report.render(doc)
+    assert "GATE: PASS" in text and "agentic b64" in text and "code s8" in text
+    assert max(map(len, text.splitlines())) <= gate_report.WIDTH
+
+
+def test_merge_of_two_halves_judges_as_one(dry_run):
+    doc, _, _ = dry_run
+    engines = doc["gates"]["tp1"]["engines"]
+    halves = []
+    for methods in (("nospec", "specdec"), ("suffix", "specdec-before")):
+        gate_doc = {**doc["gates"]["tp1"], "engines": {m: engines[m] for m in methods}}
+        halves.append({**doc, "gates": {"tp1": gate_doc}})
+    alone = gate_report.gate_verdicts(halves[0]["gates"]["tp1"])
+    assert "vs_suffix" not in alone["cells"][0]["specdec"]  # no suffix engine in this half
+    merged = gate_report.merge(halves)
+    assert gate_report.gate_verdicts(merged["gates"]["tp1"]) == gate_report.gate_verdicts(doc["gates"]["tp1"])
+    assert len(merged["sources"]) == 2
+    partial = {**engines["specdec"], "cells": dict(list(engines["specdec"]["cells"].items())[:2])}
+    again = gate_report.merge([doc, {**doc, "gates": {"tp1": {"engines": {"specdec": partial}}}}])
+    assert again["gates"]["tp1"]["engines"]["specdec"] == engines["specdec"]  # the run with more cells wins
+
+
+def test_report_cli_merges_files(dry_run, tmp_path, capsys):
+    doc, path, _ = dry_run
+    serve = {"kind": gate_report.KIND, "gates": {}, "serve": {"tpot-53m": _tpot(4.0, 4.1)}, "sources": []}
+    (tmp_path / "serve.json").write_text(json.dumps(serve))
+    gate_report.main([str(path), str(tmp_path / "serve.json"), "--out", str(tmp_path / "merged.json")])
+    text = capsys.readouterr().out
+    assert "GATE: PASS" in text and "tpot-53m" in text
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert merged["verdicts"]["serve"][0]["verdict"] == "PASS" and merged["verdicts"]["tp1"]["overall"] == "PASS"
+    with pytest.raises(SystemExit, match="not a gate results file"):
+        gate_report.merge([{"kind": "other"}])
+
+
+def _tpot(none_ms: float, spec_ms: float) -> dict:
+    servers = {"nospec": {"bench": {"median_tpot_ms": none_ms}}, "specdec": {"bench": {"median_tpot_ms": spec_ms}}}
+    servers["specdec"].update(start_s=100.0, answered=True, spec={"emitted_per_step": 1.1})
+    return {"kind": "tpot", "model": "m", "tp": 1, "servers": servers}
+
+
+def test_serve_rows_verdicts():
+    rows = gate_report.serve_rows(
+        {
+            "a": _tpot(4.0, 4.12),  # 1.03: within 3%
+            "b": _tpot(4.01, 8.73),
+            "c": {"kind": "start", "skipped": "needs 2 GPUs, 1 here"},
+            "d": {"kind": "start", "servers": {"specdec-tp2": {"error": "server exited with code 1"}}},
+        }
+    )
+    got = {r["check"]: r["verdict"] for r in rows}
+    assert got == {
+        "a": "PASS",
+        "a specdec serves": "PASS",
+        "b": "FAIL",
+        "b specdec serves": "PASS",
+        "c": "-",
+        "d specdec-tp2 serves": "FAIL",
+    }
+
+
+def test_worker_stops_at_its_deadline(tmp_path):
+    inputs, out = _inputs(tmp_path / "inputs.json"), tmp_path / "w.json"
+    argv = ["--inputs", str(inputs), "--method", "nospec", "--sets", "code", "--out", str(out), "--fake"]
+    gate_worker.main([*argv, "--deadline", str(time.time() + 1)])
+    res = json.loads(out.read_text())
+    assert res["cells"] == {} and res["partial"] and "code/b1" in res["skipped"]
+    # 15 s left, two repeats a cell, estimated from CELL_EST_S until measured: b1 (2 x 20 s) and b64 (2 x 8 s)
+    # do not fit, b8 and b32 (2 x 6 s) and s8 (2 x 4 s) do
+    gate_worker.main([*argv, "--deadline", str(time.time() + 15)])
+    res = json.loads(out.read_text())
+    assert res["skipped"] == ["code/b1", "code/b64"] and set(res["cells"]) == {"code/b8", "code/b32", "code/s8"}
+
+
+def test_driver_budget_starts_no_engine_it_cannot_finish(tmp_path, capsys):
+    inputs = _inputs(tmp_path / "inputs.json")
+    budget = gate.FINISH_MARGIN_S + gate.ENGINE_START_EST_S + gate.MIN_CELLS_S - 5
+    gate.main(
+        ["--fake", "--inputs", str(inputs), "--out-dir", str(tmp_path), "--work-dir", str(tmp_path / "w")]
+        + ["--methods", "nospec,specdec", "--max-wall-s", str(budget)]
+    )
+    (path,) = tmp_path.glob("*_gate_tp1_*.json")
+    doc = json.loads(path.read_text())
+    assert doc["gates"]["tp1"]["skipped"] == ["nospec", "specdec"] and doc["sources"][0]["partial"]
+    assert "not run or no result (see the log): nospec, specdec" in capsys.readouterr().out
+
+
+def _ns(**kw) -> argparse.Namespace:
+    return argparse.Namespace(**{"fake": True, "gpus": 2, "tp": 1, "methods": list(gate.DEFAULT_METHODS), **kw})
+
+
+def test_lanes():
+    two = gate.lanes(_ns())
+    assert [ln["methods"] for ln in two] == [["nospec", "specdec"], ["suffix", "specdec-before"]]
+    assert [ln["gpus"] for ln in two] == ["0", "1"]
+    assert not set(two[0]["cpus"]) & set(two[1]["cpus"])
+    (one,) = gate.lanes(_ns(tp=2))
+    assert one["gpus"] == "0,1" and one["methods"] == list(gate.DEFAULT_METHODS) and one["cpus"] == []
+    assert len(gate.lanes(_ns(gpus=1))) == 1
+
+
+def test_bad_options_stop_before_anything_starts(tmp_path, capsys):
+    inputs = str(_inputs(tmp_path / "inputs.json"))
+    for argv, msg in (
+        (["--methods", "nospec,eagle"], "--methods: 'eagle' is unknown; valid: nospec, suffix"),
+        (["--sets", "code,math"], "--sets: 'math' is unknown"),
+        (["--methods", "specdec-before"], "no installed base tree at"),
+        (["--part", "serve", "--checks", "tpot-70b"], "--checks: 'tpot-70b' is unknown"),
+    ):
+        with pytest.raises(SystemExit):
+            gate.main(["--fake", "--inputs", inputs, "--before-path", str(tmp_path / "none"), *argv])
+        assert msg in capsys.readouterr().err
+
+
+def _script(*args: str, out: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OUT": str(out), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / "gpu_gate.sh"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_script_help_and_dry_run_reach_the_driver(tmp_path):
+    helped = _script("--help", out=tmp_path)
+    assert helped.returncode == 0 and "--max-wall-s" in helped.stdout and "--dry-run" in helped.stdout
+    inputs = _inputs(tmp_path / "inputs.json")
+    run = _script("--dry-run", "--methods", "nospec,specdec", "--sets", "code", "--inputs", str(inputs), out=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (path,) = tmp_path.glob("*_gate_tp1_ccccccc_nospec+specdec_code.json")
+    doc = json.loads(path.read_text())
+    assert set(doc["gates"]["tp1"]["engines"]) == {"nospec", "specdec"}
+    assert all(k.startswith("code/") for k in doc["gates"]["tp1"]["engines"]["specdec"]["cells"])
+    assert doc["sources"][0]["command"].startswith("bash scripts/gpu_gate.sh --dry-run --methods nospec,specdec")
+
+
+def test_serve_part_on_fake_servers(tmp_path):
+    argv = ["--part", "serve", "--fake", "--gpus", "2", "--checks", "tpot-53m", "--out-dir", str(tmp_path)]
+    gate.main([*argv, "--work-dir", str(tmp_path / "w"), "--inputs", str(_inputs(tmp_path / "inputs.json"))])
+    (path,) = tmp_path.glob("*_gate_serve_ccccccc.json")
+    doc = json.loads(path.read_text())
+    servers = doc["serve"]["tpot-53m"]["servers"]
+    assert servers["nospec"]["bench"]["median_tpot_ms"] > 0 and servers["specdec"]["bench"]["completed"] == 200
+    assert servers["specdec"]["answered"] and servers["specdec"]["spec"]["emitted_per_step"] > 1
+    assert {servers["nospec"]["gpus"], servers["specdec"]["gpus"]} == {"0", "1"}  # started at once, a GPU each
+    assert doc["verdicts"]["serve"][0]["verdict"] in ("PASS", "FAIL")
+
+
+def test_engine_info_records_kv_tokens_and_resolved_configs():
+    from types import SimpleNamespace as NS
+
+    spec = NS(method="custom_class", model="specdec.vllm_plugin.proposer.SpecdecProposer", num_speculative_tokens=16)
+    cfg = NS(
+        cache_config=NS(num_gpu_blocks=1000, block_size=16, gpu_memory_utilization=0.9, enable_prefix_caching=True),
+        speculative_config=spec,
+        additional_config={"specdec": {}},
+        scheduler_config=NS(async_scheduling=True, max_num_seqs=1024, max_num_batched_tokens=8192),
+    )
+    info = gate_worker.engine_info(NS(llm_engine=NS(vllm_config=cfg)))
+    assert info["kv_tokens"] == 16_000 and info["resolved_speculative_config"]["num_speculative_tokens"] == 16
+    assert info["specdec_options"]["num_speculative_tokens"] == 16 and "drafter" in info["specdec_options"]
+    assert info["engine_config"]["max_num_seqs"] == 1024 and info["engine_config"]["max_model_len"] is None
+    suffix = NS(**{**vars(cfg), "speculative_config": NS(method="suffix", suffix_decoding_max_tree_depth=24)})
+    assert gate_worker.engine_info(NS(llm_engine=NS(vllm_config=suffix)))["specdec_options"] is None
+
+
+def test_origin_notes_flag_a_wrong_tree(dry_run):
+    doc, _, _ = dry_run
+    gate_doc = doc["gates"]["tp1"]
+    assert gate_report.origin_notes(gate_doc, doc["sources"]) == []
+    before = dict(gate_doc["engines"]["specdec-before"])
+    before["origin"] = {"worker": {"file": "/site/specdec/__init__.py", "commit": None}, "engine": [{"file": "/x"}]}
+    notes = gate_report.origin_notes({"engines": {"specdec-before": before}}, doc["sources"])
+    assert any("engine workers import specdec from /x" in n for n in notes)
+    assert any("not " + "b" * 40 in n for n in notes)

@@ -1,0 +1,176 @@
+"""The GPU gate's verdict rules at their boundaries, and the parsing of what vLLM hands back (no vLLM here)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from benchmarks import gate_rules as rules
+from benchmarks.gate_metrics import (
+    bench_result,
+    digest,
+    log_phases,
+    mismatches,
+    repeat_share,
+    spec_counts,
+    spec_delta,
+)
+
+P, W, F, V, N = rules.PASS, rules.WARN, rules.FAIL, rules.VOID, rules.NONE
+
+
+@pytest.mark.parametrize(
+    ("first", "rerun", "verdict"),
+    [
+        (1.0, None, P),  # at the bar: no re-run needed
+        (1.3, None, P),
+        (0.999, None, F),  # under it and not re-run
+        (0.98, 1.00, P),  # re-run mean 0.99 exactly: passes
+        (0.97, 1.01, P),
+        (0.98, 0.999, F),  # mean 0.9895
+        (0.5, 1.2, F),  # mean 0.85
+        (None, None, N),
+    ],
+)
+def test_vs_nospec_rerun_mean(first, rerun, verdict):
+    assert rules.vs_nospec(first, rerun)[0] == verdict
+
+
+@pytest.mark.parametrize(
+    ("r", "verdict"), [(1.5, P), (2.0, P), (1.4999, W), (1.3, W), (1.2999, F), (0.8, F), (None, N)]
+)
+def test_vs_suffix_bands(r, verdict):
+    assert rules.vs_suffix(r) == verdict
+
+
+def test_start_and_kv_bounds():
+    assert rules.start_verdict(125.0, 100.0) == P
+    assert rules.start_verdict(125.01, 100.0) == F
+    assert rules.start_verdict(80.0, 100.0) == P
+    assert rules.start_verdict(None, 100.0) == N
+    assert rules.kv_verdict(97.0, 100.0) == P
+    assert rules.kv_verdict(96.99, 100.0) == F
+    assert rules.kv_verdict(120.0, 100.0) == P
+    assert rules.kv_verdict(97.0, None) == N
+
+
+def test_void_over_two_percent():
+    assert not rules.repeats_void(101.0, 99.0)  # 2.0% of their mean: not more than 2%
+    assert rules.repeats_void(101.01, 99.0)
+    assert not rules.repeats_void(100.0, 100.0)
+    assert rules.repeat_diff(0.0, 0.0) == 0.0
+
+
+def test_tpot_within_three_percent():
+    assert rules.tpot_verdict(1.03) == P
+    assert rules.tpot_verdict(0.9) == P
+    assert rules.tpot_verdict(1.0301) == F
+    assert rules.tpot_verdict(rules.ratio(8.73, 4.01)) == F  # issue 41's 2.2x
+    assert rules.tpot_verdict(None) == N
+
+
+def test_overall_takes_the_most_severe():
+    assert rules.overall([P, W, P]) == W
+    assert rules.overall([P, F, W]) == F
+    assert rules.overall([F, V]) == V
+    assert rules.overall([N, P]) == P
+    assert rules.overall([]) == N
+
+
+def _m(name: str, value: float, **labels) -> SimpleNamespace:
+    return SimpleNamespace(name=name, labels=labels, value=value)
+
+
+def test_spec_counts_from_get_metrics():
+    metrics = [
+        _m("vllm:spec_decode_num_drafts", 10, engine="0"),
+        _m("vllm:spec_decode_num_drafts", 5, engine="1"),  # label sets are summed
+        _m("vllm:spec_decode_num_draft_tokens_total", 60),
+        _m("vllm:spec_decode_num_accepted_tokens", 20),
+        SimpleNamespace(name="vllm:spec_decode_num_accepted_tokens_per_pos", labels={}, values=[9, 7, 4]),
+        _m("vllm:generation_tokens", 1000),
+        _m("vllm:num_requests_running", 3.0),
+    ]
+    assert spec_counts(metrics) == {"drafts": 15.0, "draft_tokens": 60.0, "accepted_tokens": 20.0}
+    assert spec_counts([]) == {"drafts": 0.0, "draft_tokens": 0.0, "accepted_tokens": 0.0}
+
+
+def test_emitted_tokens_per_drafted_step():
+    before = {"drafts": 5.0, "draft_tokens": 40.0, "accepted_tokens": 3.0}
+    after = {"drafts": 15.0, "draft_tokens": 120.0, "accepted_tokens": 18.0}
+    d = spec_delta(before, after)
+    assert d["drafts"] == 10.0 and d["accepted_tokens"] == 15.0
+    assert d["emitted_per_step"] == pytest.approx(2.5)  # (10 + 15) / 10
+    assert spec_delta(before, before)["emitted_per_step"] is None  # no drafts (no speculation)
+    # issue 41's symptom: drafts proposed, none accepted
+    assert spec_delta({}, {"drafts": 7.0, "draft_tokens": 50.0})["emitted_per_step"] == 1.0
+
+
+def test_repeat_share_hand_checked():
+    # 4-grams of 1 2 3 4 1 2 3 4: 1234 2341 3412 4123 1234 -> the fifth repeats the first
+    assert repeat_share([[1, 2, 3, 4, 1, 2, 3, 4]]) == pytest.approx(1 / 5)
+    # a loop of one token: 7 four-grams, all but the first repeated
+    assert repeat_share([[7] * 10]) == pytest.approx(6 / 7)
+    # no repeats; outputs shorter than 4 add nothing; repeats count within an output only
+    assert repeat_share([[1, 2, 3, 4, 5], [1, 2], [1, 2, 3, 4]]) == 0.0
+    assert repeat_share([[1, 2, 3], []]) is None
+    # pooled over outputs: (1 + 6) repeated of (5 + 7)
+    assert repeat_share([[1, 2, 3, 4, 1, 2, 3, 4], [7] * 10]) == pytest.approx(7 / 12)
+
+
+def test_digests_and_mismatches():
+    a = [digest([1, 2, 3]), digest([4, 5])]
+    b = [digest([1, 2, 3]), digest([4, 6])]
+    assert digest([1, 2, 3]) == digest((1, 2, 3))
+    assert mismatches(a, a) == 0
+    assert mismatches(a, b) == 1
+    assert mismatches(a, b[:1]) is None  # cells that do not line up are not compared
+
+
+BENCH_TEXT = """============ Serving Benchmark Result ============
+Successful requests:                     200
+Benchmark duration (s):                  11.02
+Output token throughput (tok/s):         2315.80
+---------------Time to First Token----------------
+Mean TTFT (ms):                          12.31
+Median TTFT (ms):                        11.87
+-----Time per Output Token (excl. 1st token)------
+Mean TPOT (ms):                          4.52
+Median TPOT (ms):                        4.01
+P99 TPOT (ms):                           6.20
+---------------Inter-token Latency----------------
+Median ITL (ms):                         3.90
+"""
+
+
+def test_bench_serve_result_json_then_text():
+    js = {"median_tpot_ms": 8.73, "mean_tpot_ms": 9.1, "output_throughput": 1800.0, "completed": 200, "itls": [1, 2]}
+    out = bench_result(js, BENCH_TEXT)
+    assert out["median_tpot_ms"] == 8.73 and out["completed"] == 200.0  # the JSON wins
+    text = bench_result(None, BENCH_TEXT)
+    assert text["median_tpot_ms"] == 4.01 and text["p99_tpot_ms"] == 6.2 and text["output_throughput"] == 2315.8
+    assert text["completed"] == 200.0 and text["median_ttft_ms"] == 11.87
+    assert bench_result(None, "Traceback: server went away") == {}
+    assert bench_result({"mean_tpot_ms": 3.0}, "") == {}  # no median TPOT: no result
+
+
+def test_engine_log_phases():
+    log = """INFO 11-28 [default_loader.py:431] Loading weights took 12.50 seconds
+INFO 11-28 [gpu_model_runner.py:5348] Model loading took 13.2 GiB memory and 14.100000 seconds
+INFO 11-28 [monitor.py:53] torch.compile took 41.07 s in total
+INFO 11-28 [gpu_model_runner.py:6845] Graph capturing finished in 23 secs, took 0.51 GiB
+INFO 11-28 [core.py:331] init engine (profile, create kv cache, warmup model) took 70.12 s (compilation: 41.07 s)
+"""
+    out = log_phases(log)
+    assert out == {
+        "weights_s": 12.5,
+        "model_load_s": 14.1,
+        "compile_s": 41.07,
+        "graph_capture_s": 23.0,
+        "engine_init_s": 70.12,
+        "compile_cached": False,
+    }
+    hit = "Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 3.1 s\n"
+    assert log_phases(hit + "torch.compile took 5.00 s in total")["compile_cached"] is True
+    assert log_phases("") == {}
