@@ -12,7 +12,7 @@ Cells per set: ``warmup`` (not measured), ``b1`` (8 prompts one after another), 
 batches) and, for code only, ``s8`` (temperature 0.8, one batch of 8). Every prompt of the file is distinct, so a
 drafter with a global cache (vLLM suffix, specdec) is never measured on a prompt its engine answered before.
 ``max_tokens``: the recorded response's length in the target's tokens (OpenHands: the model's reply; MT-Bench: GPT-4o's
-answer; HumanEval and MBPP: the reference solution), clamped to ``MIN_TOKENS``-``MAX_TOKENS``; ``MAX_TOKENS`` where the
+answer; HumanEval and MBPP have no recorded LLM response, only human reference code), clamped to ``MIN_TOKENS``-``MAX_TOKENS``; ``MAX_TOKENS`` where the
 set records none (Spec-Bench).
 """
 
@@ -114,15 +114,13 @@ def code_items(tok: Any, max_prompt: int) -> dict[str, list[dict[str, Any]]]:
     with gzip.open(require(data_dir() / "human_eval" / "HumanEval.jsonl.gz", "HumanEval"), "rt") as fh:
         humaneval = [json.loads(line) for line in fh.read().split("\n") if line.strip()]
     mbpp = _jsonl(require(data_dir() / "mbpp" / "mbpp.jsonl", "MBPP"))
-    mbpp_items = [
-        _item(tok, _mbpp_prompt(r) + _mbpp_header(r), r["code"], f"mbpp/{r['task_id']}", max_prompt) for r in mbpp
-    ]
+    mbpp_items = [_item(tok, _mbpp_prompt(r) + _mbpp_header(r), None, f"mbpp/{r['task_id']}", max_prompt) for r in mbpp]
     out = {"warmup": mbpp_items[:WARMUP_PROMPTS], SAMPLED_CELL: mbpp_items[WARMUP_PROMPTS:][:SAMPLED_PROMPTS]}
     start = 0
     for cell, n in CELLS.items():
         rows = humaneval[start : start + n]
         # a prompt ending in a bare newline is answered with EOS at once: trailing whitespace removed
-        out[cell] = [_item(tok, r["prompt"].rstrip(), r["canonical_solution"], r["task_id"], max_prompt) for r in rows]
+        out[cell] = [_item(tok, r["prompt"].rstrip(), None, r["task_id"], max_prompt) for r in rows]
         start += n
     return out
 
