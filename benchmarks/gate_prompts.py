@@ -12,8 +12,8 @@ Cells per set: ``warmup`` (not measured), ``b1`` (8 prompts one after another), 
 batches) and, for code only, ``s8`` (temperature 0.8, one batch of 8). Every prompt of the file is distinct, so a
 drafter with a global cache (vLLM suffix, specdec) is never measured on a prompt its engine answered before.
 ``max_tokens``: the recorded response's length in the target's tokens (OpenHands: the model's reply; MT-Bench: GPT-4o's
-answer; HumanEval and MBPP have no recorded LLM response, only human reference code), clamped to ``MIN_TOKENS``-``MAX_TOKENS``; ``MAX_TOKENS`` where the
-set records none (Spec-Bench).
+answer), clamped to ``MIN_TOKENS``-``MAX_TOKENS``; ``MAX_TOKENS`` where the set records none (Spec-Bench; HumanEval and
+MBPP, whose solutions are human-written).
 """
 
 from __future__ import annotations
