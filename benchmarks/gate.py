@@ -318,7 +318,7 @@ class CellsRun:
         doc = self.doc()
         name = report.results_name(doc, f"tp{self.args.tp}")
         if self.args.methods != list(DEFAULT_METHODS) or self.args.sets != list(SETS):  # a subset: its own name
-            name += "_" + "+".join(self.args.methods) + "_" + "+".join(self.args.sets)
+            name += "_" + "-".join(self.args.methods) + "_" + "-".join(self.args.sets)  # "+" does not travel back
         report.write(doc, Path(self.args.out_dir), name)
         self._logs(Path(self.args.out_dir) / f"{name}_engines.log")
         return doc

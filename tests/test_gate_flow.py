@@ -236,7 +236,7 @@ def test_script_help_and_dry_run_reach_the_driver(tmp_path):
     inputs = _inputs(tmp_path / "inputs.json")
     run = _script("--dry-run", "--methods", "nospec,specdec", "--sets", "code", "--inputs", str(inputs), out=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
-    (path,) = tmp_path.glob("*_gate_tp1_ccccccc_nospec+specdec_code.json")
+    (path,) = tmp_path.glob("*_gate_tp1_ccccccc_nospec-specdec_code.json")
     doc = json.loads(path.read_text())
     assert set(doc["gates"]["tp1"]["engines"]) == {"nospec", "specdec"}
     assert all(k.startswith("code/") for k in doc["gates"]["tp1"]["engines"]["specdec"]["cells"])
