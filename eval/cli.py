@@ -19,11 +19,11 @@ from pathlib import Path
 
 from specdec.config import ConfigError
 from specdec.eval.costmodel import DEFAULT_VERIFY_MS, DEFAULT_VERIFY_MS_PER_TOKEN, CostModel
+from specdec.eval.flags import EXIT_USAGE, OneLineParser
 from specdec.eval.settings import DEFAULT_BUDGET, DEFAULT_DRAFTERS, Setting, build_settings
 
 DEFAULT_OUT = "specdec-eval-out"
 SUBCOMMANDS = ("replay", "sweep", "live")
-EXIT_USAGE = 2
 logger = logging.getLogger("specdec.eval")
 
 
@@ -188,7 +188,7 @@ def _add_trace_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(prog="specdec-eval", description=__doc__, formatter_class=fmt)
+    parser = OneLineParser(prog="specdec-eval", description=__doc__, formatter_class=fmt)
     sub = parser.add_subparsers(dest="command", metavar="{replay,sweep,live}")
     rp = sub.add_parser(
         "replay",
@@ -233,7 +233,10 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
 # ------------------------------------------------------------------------------------------- main
 def main(argv: Sequence[str] | None = None) -> int:
     argv = normalize_argv(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a flag error, printed as one line (2): a status, in-process too
+        return int(exc.code or 0)
     logging.basicConfig(level=logging.WARNING, format="specdec-eval: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
@@ -260,23 +263,6 @@ def error_line(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.filename is not None and str(exc.filename) not in text:
         text = f"{exc.filename}: {text}"
     return text or type(exc).__name__
-
-
-def check_counts(args: argparse.Namespace) -> None:
-    """Count flags in range (``--limit 0`` is an error, not "all"), before anything is loaded."""
-    rules = (
-        ("limit", 1, "omit --limit for all"),
-        ("batch_size", 1, ""),
-        ("offset", 0, ""),
-        ("max_new_tokens", 1, ""),
-        ("threads", 0, "0 = torch's default"),
-        ("max_seconds", 0, "0 = no limit"),
-    )
-    for key, lo, hint in rules:
-        value = getattr(args, key, None)
-        if value is not None and value < lo:
-            flag = "--" + key.replace("_", "-")
-            raise EvalError(f"{flag} {value} must be >= {lo}" + (f" ({hint})" if hint else ""))
 
 
 def cost_model(args: argparse.Namespace) -> CostModel:

@@ -251,18 +251,13 @@ def _run_set(live: Live, name: str, items: list, methods: list) -> list[MethodRu
 
 
 def run_live(args: argparse.Namespace) -> int:
-    from specdec.eval.cli import (
-        Staging,
-        check_counts,
-        echo,
-        safe_name,
-        settings_from_args,
-    )
+    from specdec.eval.cli import Staging, echo, safe_name, settings_from_args
+    from specdec.eval.flags import check_flags
     from specdec.eval.results import results_path
 
     if args.drafter is None and not args.config:
         args.drafter = list(DEFAULT_LIVE_DRAFTERS)
-    check_counts(args)
+    check_flags(args)
     settings = settings_from_args(args)
     sets = _load_sets(args)
     check_live_models(args, settings)

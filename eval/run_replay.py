@@ -14,8 +14,9 @@ from typing import Any
 
 from specdec.config import ConfigError
 from specdec.eval.checks import check_draft_model_tokenizer, cpu_notes
-from specdec.eval.cli import EvalError, Staging, check_counts, cost_model, echo, safe_name, settings_from_args
+from specdec.eval.cli import EvalError, Staging, cost_model, echo, safe_name, settings_from_args
 from specdec.eval.costmodel import CostModel
+from specdec.eval.flags import check_flags
 from specdec.eval.loaders import SHARED_TRACE_SETS, TraceError, load_traces, resolve_data_dir
 from specdec.eval.records import TraceRecord
 from specdec.eval.replay import replay
@@ -141,7 +142,7 @@ def _entry(job: DatasetJob, setting: Setting, result: Any, cm: CostModel, drafte
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    check_counts(args)
+    check_flags(args)
     settings = settings_from_args(args)
     explicit = bool(args.drafter or args.config)
     cm = cost_model(args)
