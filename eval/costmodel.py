@@ -37,7 +37,7 @@ class CostModel:
     t1_ms: float = DEFAULT_VERIFY_MS
     per_token_ms: float = DEFAULT_VERIFY_MS_PER_TOKEN
     table: tuple[tuple[int, float], ...] = field(default=())
-    source: str = "default: 8B-shaped target, batch 1, H100-class (brief: 5.0 ms/step) + 0.02 ms per scored token"
+    source: str = "default: an 8B-shaped target at batch 1 on an H100-class GPU, + 0.02 ms per extra scored token"
 
     def __post_init__(self) -> None:
         """Finite times in range (``MAX_VERIFY_MS``), table entries too, each n once; else ``ConfigError`` naming the
