@@ -13,9 +13,11 @@ import argparse
 import logging
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from specdec.config import ConfigError
 from specdec.eval.costmodel import DEFAULT_VERIFY_MS, DEFAULT_VERIFY_MS_PER_TOKEN, CostModel
@@ -239,6 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     logging.basicConfig(level=logging.WARNING, format="specdec-eval: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    previous = _stop_on_sigterm()
     try:
         if args.command == "live":
             from specdec.eval.live import run_live
@@ -250,11 +253,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("specdec-eval: interrupted; nothing written", file=sys.stderr)
         return 130
+    except Terminated:
+        print("specdec-eval: stopped by SIGTERM; nothing written", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except (EvalError, ConfigError, OSError, ValueError, ImportError) as exc:
         if os.environ.get("SPECDEC_DEBUG"):
             raise
         print(f"specdec-eval: error: {error_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: raised in the main thread so that the staging folder is removed as on Ctrl-C."""
+
+
+def _stop_on_sigterm() -> Any:
+    """SIGTERM raises ``Terminated`` (the default handler would end the process with its staging folder left
+    behind); returns the handler it replaced (None where signals cannot be set: not the main thread)."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    try:
+        return signal.signal(signal.SIGTERM, stop)
+    except ValueError:
+        return None
 
 
 def error_line(exc: BaseException) -> str:

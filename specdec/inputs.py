@@ -120,10 +120,11 @@ def fit_positions(
             out.append(p[-room:])
         else:
             name = names[i] if names else f"prompts[{i}]"
+            fewer = ", or ask fewer new tokens" if len(p) < positions else ""
             raise ConfigError(
                 f"{name} has {len(p)} tokens; with {new_flag}{max_new_tokens} it needs {len(p) + max_new_tokens} "
                 f"positions, more than the target's {positions} (max_position_embeddings): pass {truncate_flag} "
-                f"to keep its last {room} tokens, or ask fewer new tokens"
+                f"to keep its last {room} tokens{fewer}"
             )
     return out
 
