@@ -74,31 +74,31 @@ def check_number(
 ) -> Any:
     """The one rule for numbers: ``value`` as an ``int`` (``kind=int``: integers only, never a float or a bool) or a
     finite ``float`` (``kind=float``: ints and floats, never NaN, infinity or a bool) in ``[lo, hi]``; else a
-    ``ConfigError`` naming ``where`` + ``name``, the value and the range (``above``: an exclusive lower bound;
-    ``hint``: what to pass instead)."""
+    ``ConfigError`` naming ``where`` + ``name`` (``name=value``, or ``--flag value`` for a flag), the value and the
+    range (``above``: an exclusive lower bound; ``hint``: what to pass instead)."""
     if above is not None:
         allowed = f" in ({above}, {hi}]" if hi is not None else f" > {above}"
     else:
         allowed = _allowed({"lo": lo, "hi": hi})
         allowed = "" if allowed == "any value" else f" {allowed}"
     tail = f" ({hint})" if hint else ""
-    raw = value
+    given = f"{where}{name} {value!r}" if name.startswith("-") and " " not in name else f"{where}{name}={value!r}"
     if kind is int:
         if not _is_int(value):
-            raise ConfigError(f"{where}{name}={value!r} has the wrong type: expected int{allowed}{tail}")
+            raise ConfigError(f"{given} has the wrong type: expected int{allowed}{tail}")
         value = int(value)
     else:
         if not isinstance(value, numbers.Real) or isinstance(value, bool):
-            raise ConfigError(f"{where}{name}={value!r} has the wrong type: expected float{allowed}{tail}")
+            raise ConfigError(f"{given} has the wrong type: expected float{allowed}{tail}")
         try:
             value = float(value)
         except OverflowError:
             value = math.inf
         if not math.isfinite(value):
-            raise ConfigError(f"{where}{name}={raw!r} is not a finite number: must be{allowed or ' finite'}{tail}")
+            raise ConfigError(f"{given} is not a finite number: must be{allowed or ' finite'}{tail}")
     low = (lo is not None and not value >= lo) or (above is not None and not value > above)
     if low or (hi is not None and not value <= hi):
-        raise ConfigError(f"{where}{name}={raw!r} is out of range: must be{allowed}{tail}")
+        raise ConfigError(f"{given} is out of range: must be{allowed}{tail}")
     return value
 
 
