@@ -124,11 +124,18 @@ def per_prompt_medians(seconds: Sequence[float], peers: Mapping[str, Sequence[fl
 
 
 def check_live_models(args: argparse.Namespace, settings: list[Setting]) -> None:
-    """Before any model is loaded: every draft model (hf-assisted's, each ``model`` drafter's) shares the
-    target's tokenizer and vocabulary."""
+    """Before any model is loaded: ``--baselines`` names known peers, the folders exist, every draft model
+    (hf-assisted's, each ``model`` drafter's) shares the target's tokenizer and vocabulary."""
     from specdec.drafters.model import check_draft_target
+    from specdec.eval.live_report import BASELINES
     from specdec.paths import DRAFT_MODEL, TARGET_MODEL, model_path
 
+    unknown = [b.strip() for b in args.baselines.split(",") if b.strip() and b.strip() not in BASELINES]
+    if unknown:
+        raise ConfigError(
+            f"--baselines: unknown peer {unknown[0]!r}; expected a comma-separated subset of {', '.join(BASELINES)} "
+            "(or '' for none)"
+        )
     target = args.target or str(model_path(TARGET_MODEL))
     draft = args.draft_model or str(model_path(DRAFT_MODEL))
     drafts = {draft} if "hf-assisted" in [b.strip() for b in args.baselines.split(",")] else set()

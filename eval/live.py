@@ -24,6 +24,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from specdec.eval.live_report import BASELINES, LIVE_LEGEND, MethodRun, live_entry, live_table
@@ -104,19 +105,22 @@ def add_live_parser(sub: Any, fmt: Any, add_drafter_args: Callable, add_output_a
 class Live:
     """Loaded models and the generation methods."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, tok: Any) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
 
         if args.threads:
             torch.set_num_threads(args.threads)
+        if args.no_progress:
+            hf_logging.disable_progress_bar()  # transformers' "Loading weights" bars
         self.args = args
         self.target_path = args.target or str(model_path(TARGET_MODEL))
         self.draft_path = args.draft_model or str(model_path(DRAFT_MODEL))
         for what, p in (("--target", self.target_path), ("--draft-model", self.draft_path)):
             if not os.path.isdir(p):
                 raise FileNotFoundError(f"{what} {p}: no such model folder; pass a local Hugging Face model folder")
-        self.tok = AutoTokenizer.from_pretrained(args.tokenizer or self.target_path)
+        self.tok = tok
         load = lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).to(args.device).eval()  # noqa: E731
         self.target = load(self.target_path)
         self.draft = load(self.draft_path) if "hf-assisted" in self.baselines() else None
@@ -201,26 +205,31 @@ def _first_diff(a: Sequence[int], b: Sequence[int]) -> int:
     return -1 if len(a) == len(b) else min(len(a), len(b))
 
 
-def render_sets(live: Live, sets: list[tuple[str, list]]) -> list[tuple[str, list, list[list[int]]]]:
-    """Every set's prompts as token ids, each with ``--max-new-tokens`` within the target's positions (or, with
-    ``--truncate-prompts``, cut to its last tokens); a ``ConfigError`` naming the prompt, its length and the limit
-    before any generation otherwise."""
+def render_sets(args: argparse.Namespace, sets: list[tuple[str, list]]) -> tuple[Any, list[tuple[str, list, list]]]:
+    """The tokenizer and every set's prompts as token ids, each with ``--max-new-tokens`` within the target's positions
+    (its config.json's; with ``--truncate-prompts`` a longer one keeps its last tokens), before any model is loaded;
+    a ``ConfigError`` naming the prompt, its length and the limit otherwise."""
+    from transformers import AutoConfig, AutoTokenizer
+
     from specdec.eval.prompts import render_prompt
     from specdec.inputs import fit_positions, model_positions
 
+    target = args.target or str(model_path(TARGET_MODEL))
+    tok = AutoTokenizer.from_pretrained(args.tokenizer or target)
+    positions = model_positions(SimpleNamespace(config=AutoConfig.from_pretrained(target)))
     out = []
     for name, items in sets:
-        prompts = [render_prompt(it, live.tok, bos=not live.args.no_bos) for it in items]
+        prompts = [render_prompt(it, tok, bos=not args.no_bos) for it in items]
         prompts = fit_positions(
             prompts,
-            positions=model_positions(live.target),
-            max_new_tokens=live.args.max_new_tokens,
-            truncate=live.args.truncate_prompts,
+            positions=positions,
+            max_new_tokens=args.max_new_tokens,
+            truncate=args.truncate_prompts,
             names=[f"prompt {it.id} of set {name!r}" for it in items],
             flags=("--truncate-prompts", "--max-new-tokens "),
         )
         out.append((name, items, prompts))
-    return out
+    return tok, out
 
 
 def _run_set(live: Live, name: str, items: list, prompts: list[list[int]], methods: list) -> list[MethodRun]:
@@ -279,11 +288,11 @@ def run_live(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     sets = _load_sets(args)
     check_live_models(args, settings)
+    tok, rendered = render_sets(args, sets)
     saved = results_path(safe_name(args.save_results), device=args.device) if args.save_results else None
     staging = Staging(args.out, files=[("--json", args.json), ("--save-results", saved and str(saved))])
     try:
-        live = Live(args)
-        rendered = render_sets(live, sets)
+        live = Live(args, tok)
         methods = _methods(live, settings)
         entries = _run_sets(live, methods, rendered)
         _write_results(live, staging, settings=settings, entries=entries, saved=saved)
