@@ -850,6 +850,11 @@ bool read_values(PyObject* obj, std::vector<int32_t>& out, Put32 put32, Put64 pu
     out.resize(static_cast<size_t>(n));
     bool ok = true;
     for (Py_ssize_t i = 0; i < n && ok; ++i) {
+        if (PyBool_Check(items[i]) || !PyIndex_Check(items[i])) {  // True or 5.7 is no token id (the Python engine
+            PyErr_Format(PyExc_TypeError, "token ids must be integers in [0, 2**63); got %R", items[i]);  // agrees)
+            ok = false;
+            break;
+        }
         int overflow = 0;
         long long v = PyLong_AsLongLongAndOverflow(items[i], &overflow);
         if (v == -1 && PyErr_Occurred()) {

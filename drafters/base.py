@@ -19,12 +19,44 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import numpy as np
+
+from specdec.config import check_number
 from specdec.tree import TokenTree, best_chain
 
 T = TypeVar("T")
 Chain = tuple[list[int], "list[float] | None"]  # (tokens [m], path probabilities [m] or None): a chain draft
 
 logger = logging.getLogger("specdec.drafters")
+BUDGET_HINT = "the most draft tokens for the request; 0 drafts nothing; round a fractional one with int()"
+
+
+MAX_TOKEN_ID = 2**63 - 1  # every drafter takes token ids in [0, 2**63)
+TEXT = (str, bytes, bytearray, memoryview)
+
+
+def refuse_text(ids: object) -> None:
+    """A TypeError for text or bytes given as token ids (each would otherwise iterate as ids or characters)."""
+    if isinstance(ids, TEXT):
+        raise TypeError(
+            f"token ids must be a sequence of ints, not {type(ids).__name__} ({ids[:12]!r}...): tokenize text first, "
+            "or pass list(data) for byte-level ids"
+        )
+
+
+def token_ids(ids: Sequence[int] | np.ndarray) -> list[int]:
+    """``ids`` as a list of ints in [0, 2**63): text, bytes, floats and bools are refused (TypeError), negative or
+    wider ids too (ValueError), as both suffix engines refuse them; ints of any width are kept, never truncated."""
+    refuse_text(ids)
+    if isinstance(ids, np.ndarray) and ids.size and not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"token ids must be integers in [0, 2**63); got an array of {ids.dtype}")
+    out = ids.reshape(-1).tolist() if isinstance(ids, np.ndarray) else list(ids)
+    for t in out:
+        if not isinstance(t, (int, np.integer)) or isinstance(t, bool):
+            raise TypeError(f"token ids must be integers in [0, 2**63); got {t!r}")
+        if not 0 <= t <= MAX_TOKEN_ID:
+            raise ValueError(f"token ids must be integers in [0, 2**63); got {t!r}")
+    return [int(t) for t in out]
 
 
 @dataclass(frozen=True)
@@ -36,6 +68,12 @@ class DraftRequest:
     tree: bool = False  # False: a chain is wanted (vLLM); True: any tree shape
     free: bool = False  # the verifier checks `budget` tokens whatever the draft holds (a padded batch): a drafter
     # may then draft further than where each verified token costs (suffix: free_spec_factor)
+
+    def __post_init__(self) -> None:
+        """The budget is an int >= 0 on every drafter (2.7 or True would be read differently by each backend)."""
+        if type(self.budget) is not int or self.budget < 0:
+            budget = check_number("budget", self.budget, kind=int, lo=0, hint=BUDGET_HINT)
+            object.__setattr__(self, "budget", budget)
 
 
 class Drafter(abc.ABC):

@@ -8,7 +8,12 @@ import platform
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from specdec.config import ConfigError
+
 logger = logging.getLogger("specdec.drafters.model")
+
+MAX_THREADS = 256  # thread counts above this are refused on any machine
+OVERSUBSCRIBE = 4  # ... and above this many per usable CPU: past it threads only queue for cores (or fail to start)
 
 CPUINFO = "/proc/cpuinfo"
 FEATURE_FLAGS = {  # report name -> /proc/cpuinfo flag
@@ -66,12 +71,34 @@ def detect_cpu() -> CpuInfo:
             name, flags = parse_cpuinfo(fh.read())
     except OSError:
         name, flags = platform.processor() or "unknown", set()
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count() or 1
+    usable = usable_cpus()
     features = {k: flag in flags for k, flag in FEATURE_FLAGS.items()}
     return CpuInfo(name, os.cpu_count() or 1, usable, features)
+
+
+def usable_cpus() -> int:
+    """CPUs in this process's affinity mask (all of them where it cannot be read)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_threads(value: int, *, key: str, warn: bool = True) -> int:
+    """``value`` threads against this machine: more than ``OVERSUBSCRIBE`` x the usable CPUs or ``MAX_THREADS`` is a
+    ``ConfigError`` naming ``key`` (a flag such as ``--threads`` or a keyword); more than the CPUs, one warning
+    (``warn``). Returns the value."""
+    cpus = usable_cpus()
+    limit = min(MAX_THREADS, OVERSUBSCRIBE * cpus)
+    given = f"{key} {value}" if key.startswith("-") else f"{key}={value!r}"
+    if value > limit:
+        raise ConfigError(
+            f"{given} is more than this machine runs: at most {limit} ({OVERSUBSCRIBE}x its {cpus} usable CPU(s), "
+            f"{MAX_THREADS} at most anywhere); pass {cpus} or fewer (0 = the default)"
+        )
+    if warn and value > cpus:
+        logger.warning("%s is more than the %d CPU(s) usable here: the threads will share cores", given, cpus)
+    return value
 
 
 def ipex_status() -> str:
@@ -105,7 +132,7 @@ def apply_placement(*, num_threads: int = 0, cpu_affinity: Sequence[int] = ()) -
     import torch
 
     if num_threads:
-        torch.set_num_threads(num_threads)
+        torch.set_num_threads(check_threads(num_threads, key="num_threads"))
     info = detect_cpu()
     global _LOGGED
     if not _LOGGED:

@@ -28,6 +28,7 @@ import torch
 
 from specdec.config import ConfigError
 from specdec.drafters.base import Drafter, DraftRequest
+from specdec.drafters.base import token_ids as checked_ids
 from specdec.drafters.model_backends import DraftBackend, StepInput, make_backend
 from specdec.drafters.model_compat import (
     TOKENIZER_FILES,
@@ -175,7 +176,7 @@ class ModelDrafter(Drafter):
 
     def _checked(self, token_ids: Sequence[int]) -> list[int]:
         """The ids as ints; a ValueError for an id outside the draft model's vocabulary (it has no embedding)."""
-        tokens = [int(t) for t in token_ids]
+        tokens = checked_ids(token_ids)
         vocab = int(getattr(self.backend, "vocab_size", 0) or 0)
         if tokens and vocab and not 0 <= min(tokens) <= max(tokens) < vocab:
             bad = next(t for t in tokens if not 0 <= t < vocab)

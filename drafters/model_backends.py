@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from specdec.hf_cache import cache_kwargs
+
 logger = logging.getLogger("specdec.drafters.model")
 
 # name -> (module, class, kwargs); kept as strings so optional dependencies load only when used
@@ -126,7 +128,7 @@ class EagerHFBackend(DraftBackend):
             if it.mask is not None:
                 mask = torch.from_numpy(np.ascontiguousarray(it.mask))[None, None]  # [1, 1, n, cached + n]
             hidden = self.model.model(
-                input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=it.state, use_cache=True
+                input_ids=ids, position_ids=pos, attention_mask=mask, **cache_kwargs(self.model.model, it.state)
             ).last_hidden_state  # [1, n, d]
             rows = hidden[0, list(it.want)]  # [w, d]
             out.append(self.model.lm_head(rows).float())  # [w, V]

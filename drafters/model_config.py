@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.config import ConfigBase, ConfigError, rng
+from specdec.drafters.cpu_info import check_threads
 from specdec.drafters.model_backends import BACKEND_NAMES
 from specdec.paths import DRAFT_MODEL, model_path
 
@@ -63,6 +64,7 @@ class ModelDrafterConfig(ConfigBase):
 
     def validate(self, *, where: str = "") -> None:
         super().validate(where=where)
+        check_threads(self.num_threads, key=f"{where}num_threads", warn=False)  # the warning: when applied
         bad = [d for d in self.tree_branch_depths if not isinstance(d, int) or d < 1]
         if bad:
             raise ConfigError(

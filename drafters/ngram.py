@@ -24,6 +24,7 @@ import numpy as np
 
 from specdec.config import ConfigBase, ConfigError, rng
 from specdec.drafters.base import Drafter, DraftRequest
+from specdec.drafters.base import token_ids as checked_ids
 from specdec.tree import ROOT, TokenTree
 
 NUMPY_BUILD_MIN = 2048  # prompts at least this long are indexed with numpy
@@ -191,14 +192,14 @@ class IndexedNgramDrafter(Drafter):
 
     def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
         self._index[request_id] = NgramIndex(
-            prompt_ids, range(self.config.min_n, self.config.max_n + 1), keep_all=self.keep_all
+            checked_ids(prompt_ids), range(self.config.min_n, self.config.max_n + 1), keep_all=self.keep_all
         )
 
     def extend(self, request_id: str, token_ids: Sequence[int]) -> None:
         idx = self._index.get(request_id)
         if idx is None:
             raise KeyError(f"request {request_id!r} was never started (call start first)")
-        idx.extend(token_ids)
+        idx.extend(checked_ids(token_ids))
 
     def stop(self, request_id: str) -> None:
         self._index.pop(request_id, None)

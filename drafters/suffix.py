@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from specdec.config import ConfigBase, ConfigError, rng
-from specdec.drafters.base import Chain, Drafter, DraftRequest
+from specdec.drafters.base import MAX_TOKEN_ID, Chain, Drafter, DraftRequest, refuse_text, token_ids
 from specdec.drafters.suffix_lane import SuffixLane
 from specdec.drafters.suffix_ref import RefEngine
 from specdec.tree import TokenTree
@@ -210,7 +210,6 @@ class SuffixDrafter(SuffixLane, Drafter):
         return dict(self.engine.global_stats())
 
 
-MAX_TOKEN_ID = 2**63 - 1  # both engines take token ids in [0, 2**63) (the native one codes ids >= 2**31)
 MAX_BUDGET = 2**31 - 1  # draft nodes per request: larger budgets are cut to this (no draft can be that large)
 
 
@@ -220,7 +219,9 @@ def _bad_ids(what: str) -> ValueError:
 
 def _as_ids(ids: Sequence[int] | np.ndarray, *, check: bool) -> Any:
     """Token ids in a form both engines read fast: int32/int64 arrays (unsigned and narrow ones widened, never
-    truncated); lists stay lists, checked here when ``check`` (the Python engine; the native one checks them)."""
+    truncated); lists stay lists, checked here when ``check`` (the Python engine; the native one checks them alike:
+    ints only, never a bool or a float). Text and bytes are refused on both."""
+    refuse_text(ids)
     if isinstance(ids, np.ndarray):
         if ids.size and not np.issubdtype(ids.dtype, np.integer):
             raise _bad_ids(f"an array of {ids.dtype}")
@@ -228,12 +229,4 @@ def _as_ids(ids: Sequence[int] | np.ndarray, *, check: bool) -> Any:
             raise _bad_ids(f"{int(ids.min()) if int(ids.min()) < 0 else int(ids.max())}")
         wide = ids.dtype.itemsize > 4 or ids.dtype == np.uint32
         return np.ascontiguousarray(ids.reshape(-1), dtype=np.int64 if wide else np.int32)
-    out = list(ids)
-    if check:
-        for t in out:
-            if not isinstance(t, (int, np.integer)) or isinstance(t, bool):
-                raise TypeError(f"token ids must be integers in [0, 2**63); got {t!r}")
-            if not 0 <= t <= MAX_TOKEN_ID:
-                raise _bad_ids(repr(t))
-        out = [int(t) for t in out]
-    return out
+    return token_ids(ids) if check else list(ids)

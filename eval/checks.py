@@ -6,10 +6,13 @@
 * ``cpu_notes``: one line per result whose drafting CPU time per step exceeds the modelled verification time
   (the projected speedup is then bound by the CPU, not by acceptance), saying why.
 * ``slow_prompt_notes``: live runs whose summed seconds are dominated by a few stalled prompts.
+* ``check_live_models``: ``live``'s target, tokenizer and draft model folders exist and the draft models share the
+  target's tokenizer, before any model is loaded.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 from collections.abc import Mapping, Sequence
@@ -118,3 +121,33 @@ def per_prompt_medians(seconds: Sequence[float], peers: Mapping[str, Sequence[fl
         if ratios and len(theirs) == len(seconds):
             out[f"median_speedup_vs_{peer.replace('-', '_')}"] = statistics.median(ratios)
     return out
+
+
+def check_live_models(args: argparse.Namespace, settings: list[Setting]) -> None:
+    """Before any model is loaded: ``--baselines`` names known peers, the folders exist, every draft model
+    (hf-assisted's, each ``model`` drafter's) shares the target's tokenizer and vocabulary."""
+    from specdec.drafters.model import check_draft_target
+    from specdec.eval.live_report import BASELINES
+    from specdec.paths import DRAFT_MODEL, TARGET_MODEL, model_path
+
+    unknown = [b.strip() for b in args.baselines.split(",") if b.strip() and b.strip() not in BASELINES]
+    if unknown:
+        raise ConfigError(
+            f"--baselines: unknown peer {unknown[0]!r}; expected a comma-separated subset of {', '.join(BASELINES)} "
+            "(or '' for none)"
+        )
+    target = args.target or str(model_path(TARGET_MODEL))
+    draft = args.draft_model or str(model_path(DRAFT_MODEL))
+    drafts = {draft} if "hf-assisted" in [b.strip() for b in args.baselines.split(",")] else set()
+    drafts |= {str(s.options.get(MODEL_DRAFTER, {}).get("path") or draft) for s in settings if MODEL_DRAFTER in s.names}
+    if not os.path.isdir(target):
+        raise FileNotFoundError(f"--target {target}: no such model folder; pass a local Hugging Face model folder")
+    if args.tokenizer is not None and not os.path.isdir(args.tokenizer):
+        raise FileNotFoundError(
+            f"--tokenizer {args.tokenizer}: no such folder; live tokenizes prompts for the target: pass a local "
+            "Hugging Face tokenizer folder, or omit --tokenizer for the target's own"
+        )
+    for d in sorted(drafts):
+        if not os.path.isdir(d):
+            raise FileNotFoundError(f"--draft-model {d}: no such model folder; pass a local Hugging Face model folder")
+        check_draft_target(d, target_dir=target)

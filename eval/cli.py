@@ -13,17 +13,19 @@ import argparse
 import logging
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from specdec.config import ConfigError
 from specdec.eval.costmodel import DEFAULT_VERIFY_MS, DEFAULT_VERIFY_MS_PER_TOKEN, CostModel
+from specdec.eval.flags import EXIT_USAGE, OneLineParser
 from specdec.eval.settings import DEFAULT_BUDGET, DEFAULT_DRAFTERS, Setting, build_settings
 
 DEFAULT_OUT = "specdec-eval-out"
 SUBCOMMANDS = ("replay", "sweep", "live")
-EXIT_USAGE = 2
 logger = logging.getLogger("specdec.eval")
 
 
@@ -188,7 +190,7 @@ def _add_trace_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(prog="specdec-eval", description=__doc__, formatter_class=fmt)
+    parser = OneLineParser(prog="specdec-eval", description=__doc__, formatter_class=fmt)
     sub = parser.add_subparsers(dest="command", metavar="{replay,sweep,live}")
     rp = sub.add_parser(
         "replay",
@@ -233,9 +235,13 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
 # ------------------------------------------------------------------------------------------- main
 def main(argv: Sequence[str] | None = None) -> int:
     argv = normalize_argv(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a flag error, printed as one line (2): a status, in-process too
+        return int(exc.code or 0)
     logging.basicConfig(level=logging.WARNING, format="specdec-eval: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    previous = _stop_on_sigterm()
     try:
         if args.command == "live":
             from specdec.eval.live import run_live
@@ -247,11 +253,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("specdec-eval: interrupted; nothing written", file=sys.stderr)
         return 130
+    except Terminated:
+        print("specdec-eval: stopped by SIGTERM; nothing written", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except (EvalError, ConfigError, OSError, ValueError, ImportError) as exc:
         if os.environ.get("SPECDEC_DEBUG"):
             raise
         print(f"specdec-eval: error: {error_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: raised in the main thread so that the staging folder is removed as on Ctrl-C."""
+
+
+def _stop_on_sigterm() -> Any:
+    """SIGTERM raises ``Terminated`` (the default handler would end the process with its staging folder left
+    behind); returns the handler it replaced (None where signals cannot be set: not the main thread)."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    try:
+        return signal.signal(signal.SIGTERM, stop)
+    except ValueError:
+        return None
 
 
 def error_line(exc: BaseException) -> str:
@@ -260,23 +289,6 @@ def error_line(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.filename is not None and str(exc.filename) not in text:
         text = f"{exc.filename}: {text}"
     return text or type(exc).__name__
-
-
-def check_counts(args: argparse.Namespace) -> None:
-    """Count flags in range (``--limit 0`` is an error, not "all"), before anything is loaded."""
-    rules = (
-        ("limit", 1, "omit --limit for all"),
-        ("batch_size", 1, ""),
-        ("offset", 0, ""),
-        ("max_new_tokens", 1, ""),
-        ("threads", 0, "0 = torch's default"),
-        ("max_seconds", 0, "0 = no limit"),
-    )
-    for key, lo, hint in rules:
-        value = getattr(args, key, None)
-        if value is not None and value < lo:
-            flag = "--" + key.replace("_", "-")
-            raise EvalError(f"{flag} {value} must be >= {lo}" + (f" ({hint})" if hint else ""))
 
 
 def cost_model(args: argparse.Namespace) -> CostModel:

@@ -21,8 +21,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdec.config import ConfigError, check_number
+
 DEFAULT_VERIFY_MS = 5.0
 DEFAULT_VERIFY_MS_PER_TOKEN = 0.02
+MAX_VERIFY_MS = 60_000.0  # a verify step of a minute: past any target this models
 MS = 1e-3
 US = 1e-6
 
@@ -34,14 +37,25 @@ class CostModel:
     t1_ms: float = DEFAULT_VERIFY_MS
     per_token_ms: float = DEFAULT_VERIFY_MS_PER_TOKEN
     table: tuple[tuple[int, float], ...] = field(default=())
-    source: str = "default: 8B-shaped target, batch 1, H100-class (brief: 5.0 ms/step) + 0.02 ms per scored token"
+    source: str = "default: an 8B-shaped target at batch 1 on an H100-class GPU, + 0.02 ms per extra scored token"
 
     def __post_init__(self) -> None:
-        if self.t1_ms <= 0 or self.per_token_ms < 0:
-            raise ValueError(f"verify times must be positive: t1_ms={self.t1_ms}, per_token_ms={self.per_token_ms}")
-        pts = sorted(self.table)
-        if any(n < 1 or ms <= 0 for n, ms in pts):
-            raise ValueError(f"verify table {self.table} needs n >= 1 and ms > 0 in every entry")
+        """Finite times in range (``MAX_VERIFY_MS``), table entries too, each n once; else ``ConfigError`` naming the
+        flag, the value and the range."""
+        t1 = check_number("--verify-ms", self.t1_ms, kind=float, above=0.0, hi=MAX_VERIFY_MS)
+        per = check_number("--verify-ms-per-token", self.per_token_ms, kind=float, lo=0.0, hi=MAX_VERIFY_MS)
+        pts = sorted(
+            (
+                check_number("--verify-table n", n, kind=int, lo=1, hint="tokens scored in one step"),
+                check_number("--verify-table ms", ms, kind=float, above=0.0, hi=MAX_VERIFY_MS),
+            )
+            for n, ms in self.table
+        )
+        twice = sorted({n for (n, _), (m, _) in zip(pts, pts[1:]) if n == m})
+        if twice:
+            raise ConfigError(f"--verify-table gives n={twice[0]} twice; give one time per n")
+        object.__setattr__(self, "t1_ms", t1)
+        object.__setattr__(self, "per_token_ms", per)
         object.__setattr__(self, "table", tuple(pts))
 
     @classmethod
@@ -50,11 +64,12 @@ class CostModel:
         try:
             pts = tuple((int(a), float(b)) for a, b in (item.split(":") for item in text.split(",") if item.strip()))
         except ValueError:
-            raise ValueError(f"--verify-table {text!r}: expected comma-separated n:ms pairs like 1:5.0,9:5.2") from None
+            raise ConfigError(
+                f"--verify-table {text!r}: expected comma-separated n:ms pairs like 1:5.0,9:5.2"
+            ) from None
         if not pts:
-            raise ValueError(f"--verify-table {text!r} is empty; expected n:ms pairs like 1:5.0,9:5.2")
-        model = cls(table=pts, source=f"table {text}", **kw)
-        return model
+            raise ConfigError(f"--verify-table {text!r} is empty; expected n:ms pairs like 1:5.0,9:5.2")
+        return cls(table=pts, source=f"table {text}", **kw)
 
     def verify_ms(self, n: float) -> float:
         """Milliseconds to verify ``n`` tokens in one step (n may be fractional: an average)."""

@@ -24,10 +24,10 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from specdec.eval.checks import MODEL_DRAFTER
-from specdec.eval.live_report import BASELINES, MethodRun, live_entry, live_table
+from specdec.eval.live_report import BASELINES, LIVE_LEGEND, MethodRun, live_entry, live_table
 from specdec.eval.settings import Setting
 from specdec.paths import DRAFT_MODEL, TARGET_MODEL, model_path
 
@@ -74,6 +74,12 @@ def add_live_parser(sub: Any, fmt: Any, add_drafter_args: Callable, add_output_a
         "then cover the prompts done, flagged stopped_early); 0 = no limit",
     )
     g.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="new tokens per prompt (128)")
+    g.add_argument(
+        "--truncate-prompts",
+        action="store_true",
+        help="keep the last tokens of a prompt that with --max-new-tokens needs more positions than the target has "
+        "(default: such a prompt is an error naming its length and the limit, as vLLM refuses it)",
+    )
     g.add_argument("--no-eos", action="store_true", help="do not stop at EOS (default: stop at the EOS token)")
     g.add_argument(
         "--no-bos",
@@ -81,7 +87,9 @@ def add_live_parser(sub: Any, fmt: Any, add_drafter_args: Callable, add_output_a
         help="do not start prompts with the tokenizer's BOS token (default: prepend it unless the "
         "tokenizer or chat template already does)",
     )
-    g.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
+    g.add_argument(
+        "--device", default="cpu", help="torch device: cpu (default), cuda, cuda:N (checked against this torch)"
+    )
     g.add_argument("--threads", type=int, default=0, metavar="N", help="torch CPU threads (0 = torch default)")
     g.add_argument(
         "--baselines",
@@ -97,22 +105,27 @@ def add_live_parser(sub: Any, fmt: Any, add_drafter_args: Callable, add_output_a
 class Live:
     """Loaded models and the generation methods."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, tok: Any) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
 
         if args.threads:
             torch.set_num_threads(args.threads)
+        if args.no_progress:
+            hf_logging.disable_progress_bar()  # transformers' "Loading weights" bars
         self.args = args
         self.target_path = args.target or str(model_path(TARGET_MODEL))
         self.draft_path = args.draft_model or str(model_path(DRAFT_MODEL))
         for what, p in (("--target", self.target_path), ("--draft-model", self.draft_path)):
             if not os.path.isdir(p):
                 raise FileNotFoundError(f"{what} {p}: no such model folder; pass a local Hugging Face model folder")
-        self.tok = AutoTokenizer.from_pretrained(args.tokenizer or self.target_path)
+        self.tok = tok
         load = lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).to(args.device).eval()  # noqa: E731
         self.target = load(self.target_path)
         self.draft = load(self.draft_path) if "hf-assisted" in self.baselines() else None
+        if self.draft is not None:  # transformers' own assisted generation passes both to the draft model's generate
+            logging.getLogger("transformers.generation.utils").addFilter(_quiet_assisted_notice)
         eos = self.target.generation_config.eos_token_id
         self.eos = None if args.no_eos else (eos[0] if isinstance(eos, (list, tuple)) else eos)
         self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.eos
@@ -140,21 +153,10 @@ class Live:
         return out[0, len(ids) :].tolist()
 
 
-def check_live_models(args: argparse.Namespace, settings: list[Setting]) -> None:
-    """Before any model is loaded: every draft model (hf-assisted's, each ``model`` drafter's) shares the
-    target's tokenizer and vocabulary."""
-    from specdec.drafters.model import check_draft_target
-
-    target = args.target or str(model_path(TARGET_MODEL))
-    draft = args.draft_model or str(model_path(DRAFT_MODEL))
-    drafts = {draft} if "hf-assisted" in [b.strip() for b in args.baselines.split(",")] else set()
-    drafts |= {str(s.options.get(MODEL_DRAFTER, {}).get("path") or draft) for s in settings if MODEL_DRAFTER in s.names}
-    if not os.path.isdir(target):
-        raise FileNotFoundError(f"--target {target}: no such model folder; pass a local Hugging Face model folder")
-    for d in sorted(drafts):
-        if not os.path.isdir(d):
-            raise FileNotFoundError(f"--draft-model {d}: no such model folder; pass a local Hugging Face model folder")
-        check_draft_target(d, target_dir=target)
+def _quiet_assisted_notice(record: logging.LogRecord) -> bool:
+    """False for transformers' notice that a ``generate`` call got a generation config and generation arguments: its
+    assisted generation makes that call itself (not this code), once per process."""
+    return not record.getMessage().startswith("Passing `generation_config` together with generation-related")
 
 
 def _generator(live: Live, drafter: Any, setting: Setting | None) -> Any:
@@ -203,13 +205,37 @@ def _first_diff(a: Sequence[int], b: Sequence[int]) -> int:
     return -1 if len(a) == len(b) else min(len(a), len(b))
 
 
-def _run_set(live: Live, name: str, items: list, methods: list) -> list[MethodRun]:
-    from tqdm import tqdm
+def render_sets(args: argparse.Namespace, sets: list[tuple[str, list]]) -> tuple[Any, list[tuple[str, list, list]]]:
+    """The tokenizer and every set's prompts as token ids, each with ``--max-new-tokens`` within the target's positions
+    (its config.json's; with ``--truncate-prompts`` a longer one keeps its last tokens), before any model is loaded;
+    a ``ConfigError`` naming the prompt, its length and the limit otherwise."""
+    from transformers import AutoConfig, AutoTokenizer
 
     from specdec.eval.prompts import render_prompt
+    from specdec.inputs import fit_positions, model_positions
+
+    target = args.target or str(model_path(TARGET_MODEL))
+    tok = AutoTokenizer.from_pretrained(args.tokenizer or target)
+    positions = model_positions(SimpleNamespace(config=AutoConfig.from_pretrained(target)))
+    out = []
+    for name, items in sets:
+        prompts = [render_prompt(it, tok, bos=not args.no_bos) for it in items]
+        prompts = fit_positions(
+            prompts,
+            positions=positions,
+            max_new_tokens=args.max_new_tokens,
+            truncate=args.truncate_prompts,
+            names=[f"prompt {it.id} of set {name!r}" for it in items],
+            flags=("--truncate-prompts", "--max-new-tokens "),
+        )
+        out.append((name, items, prompts))
+    return tok, out
+
+
+def _run_set(live: Live, name: str, items: list, prompts: list[list[int]], methods: list) -> list[MethodRun]:
+    from tqdm import tqdm
 
     n = live.args.max_new_tokens
-    prompts = [render_prompt(it, live.tok, bos=not live.args.no_bos) for it in items]
     for _, fn in methods:  # warm-up: first-call overheads (allocations, kernels) off the clock
         fn(prompts[0], WARMUP_TOKENS)
     runs = [m for m, _ in methods]
@@ -251,27 +277,24 @@ def _run_set(live: Live, name: str, items: list, methods: list) -> list[MethodRu
 
 
 def run_live(args: argparse.Namespace) -> int:
-    from specdec.eval.cli import (
-        Staging,
-        check_counts,
-        echo,
-        safe_name,
-        settings_from_args,
-    )
+    from specdec.eval.checks import check_live_models
+    from specdec.eval.cli import Staging, echo, safe_name, settings_from_args
+    from specdec.eval.flags import check_flags
     from specdec.eval.results import results_path
 
     if args.drafter is None and not args.config:
         args.drafter = list(DEFAULT_LIVE_DRAFTERS)
-    check_counts(args)
+    check_flags(args)
     settings = settings_from_args(args)
     sets = _load_sets(args)
     check_live_models(args, settings)
+    tok, rendered = render_sets(args, sets)
     saved = results_path(safe_name(args.save_results), device=args.device) if args.save_results else None
     staging = Staging(args.out, files=[("--json", args.json), ("--save-results", saved and str(saved))])
     try:
-        live = Live(args)
+        live = Live(args, tok)
         methods = _methods(live, settings)
-        entries = _run_sets(live, methods, sets)
+        entries = _run_sets(live, methods, rendered)
         _write_results(live, staging, settings=settings, entries=entries, saved=saved)
         written = staging.commit()
     except BaseException:
@@ -295,23 +318,25 @@ def _load_sets(args: argparse.Namespace) -> list[tuple[str, list]]:
     return sets
 
 
-def _run_sets(live: Live, methods: list, sets: list[tuple[str, list]]) -> list[dict[str, Any]]:
+def _run_sets(live: Live, methods: list, sets: list[tuple[str, list, list[list[int]]]]) -> list[dict[str, Any]]:
     """Every set in turn, its table echoed as it ends: the entries of every method and set."""
     from specdec.eval.checks import slow_prompt_notes
     from specdec.eval.cli import echo
+    from specdec.eval.report import legend, wrap
 
     args = live.args
     entries: list[dict[str, Any]] = []
-    for name, items in sets:
-        runs = _run_set(live, name, items, methods)
+    for name, items, prompts in sets:
+        runs = _run_set(live, name, items, prompts, methods)
         ds_entries = [live_entry(name, r, runs) for r in runs]
         for e in ds_entries:
             e["prompts_requested"] = len(items)
             e["stopped_early"] = e["prompts"] < len(items)
-        echo(args, "\n".join([live_table(ds_entries), *slow_prompt_notes(ds_entries)]) + "\n")
+        echo(args, "\n".join([live_table(ds_entries), *map(wrap, slow_prompt_notes(ds_entries))]) + "\n")
         entries += ds_entries
         for r in runs:  # fresh totals per set
             r.seconds, r.tokens, r.per_prompt, r.stats = 0.0, 0, [], {}
+    echo(args, legend(LIVE_LEGEND))
     return entries
 
 
@@ -342,7 +367,11 @@ def _write_results(
     if spec and not args.no_plots:
         from specdec.eval.report import plot_mat, plot_per_position
 
-        plot_per_position(spec, staging.path("per_position_acceptance.png"))
+        plot_per_position(
+            spec,
+            staging.path("per_position_acceptance.png"),
+            title="Per-position acceptance (live generation on the target, greedy verification)",
+        )
         plot_mat(
             entries,
             staging.path("speedup.png"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 POSITIONS_SHOWN = 4  # per-position acceptance columns in the terminal table
 MAX_CURVE_POSITIONS = 32
 FIG_DPI = 110
+MAX_WIDTH = 120  # terminal tables and their notes fit this many columns
 
 Row = Mapping[str, Any]
 
@@ -24,19 +26,34 @@ def _f(fmt: str) -> Callable[[Any], str]:
     return render
 
 
-REPLAY_COLUMNS: list[tuple[str, str, Callable[[Row], Any], Callable[[Any], str]]] = [
-    ("drafter", "<", lambda r: r.get("label", r.get("drafter")), str),
+Column = tuple[str, str, Callable[[Row], Any], Callable[[Any], str]]  # header, alignment, value, rendering
+
+REPLAY_COLUMNS: list[Column] = [
+    ("drafter", "<", lambda r: r.get("drafter", r.get("label")), str),
     ("budget", ">", lambda r: r.get("budget"), str),
     ("tree", ">", lambda r: "y" if r.get("tree") else "n", str),
     ("MAT", ">", lambda r: r.get("mat"), _f(".3f")),
     ("accept", ">", lambda r: r.get("acceptance_rate"), _f(".3f")),
-    ("drafted/step", ">", lambda r: r.get("drafted_per_step"), _f(".2f")),
-    ("per-position acceptance 1..4", "<", lambda r: r.get("per_position_acceptance"), lambda v: _positions(v)),
-    ("draft us/tok", ">", lambda r: r.get("draft_us_per_token"), _f(".2f")),
-    ("update us/tok", ">", lambda r: r.get("update_us_per_token"), _f(".2f")),
-    ("proj. speedup", ">", lambda r: r.get("projected_speedup"), lambda v: "-" if v is None else f"{v:.2f}x"),
+    ("drafted", ">", lambda r: r.get("drafted_per_step"), _f(".2f")),
+    ("pos 1-4", "<", lambda r: r.get("per_position_acceptance"), lambda v: _positions(v)),
+    ("draft us", ">", lambda r: r.get("draft_us_per_token"), _f(".2f")),
+    ("update us", ">", lambda r: r.get("update_us_per_token"), _f(".2f")),
+    ("speedup", ">", lambda r: r.get("projected_speedup"), lambda v: "-" if v is None else f"{v:.2f}x"),
     ("errors", ">", lambda r: (r.get("draft_errors") or 0) + (r.get("budget_violations") or 0), str),
 ]
+REPLAY_LEGEND = {
+    "drafter": "the drafter, with the options set (a+b: a composition)",
+    "budget": "most draft tokens per request per step",
+    "tree": "y: token trees, n: chains",
+    "MAT": "tokens emitted per verify step, bonus token included",
+    "accept": "accepted / drafted tokens",
+    "drafted": "draft tokens per step",
+    "pos 1-4": "acceptance at draft positions 1 to 4",
+    "draft us": "CPU microseconds spent drafting per emitted token",
+    "update us": "CPU microseconds per emitted token spent feeding it to the drafter",
+    "speedup": "projected by the cost model (line below)",
+    "errors": "drafter failures + budget violations",
+}
 
 
 def _positions(values: Sequence[float] | None) -> str:
@@ -45,23 +62,35 @@ def _positions(values: Sequence[float] | None) -> str:
     return " ".join(f"{v:.2f}" for v in list(values)[:POSITIONS_SHOWN])
 
 
-def format_table(
-    rows: Sequence[Row],
-    columns: Sequence[tuple[str, str, Callable[[Row], Any], Callable[[Any], str]]],
-    *,
-    title: str = "",
-) -> str:
-    """Aligned plain-text table (header, rule, one line per row)."""
+def format_table(rows: Sequence[Row], columns: Sequence[Column], *, title: str = "", width: int = MAX_WIDTH) -> str:
+    """Aligned plain-text table (title, header, rule, one line per row) at most ``width`` characters wide: the first
+    column is cut (ending in ``~``) where it would be wider; the results JSON holds it whole."""
     cells = [[render(get(r)) for _, _, get, render in columns] for r in rows]
     widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (h, _, _, _) in enumerate(columns)]
+    over = sum(widths) + 2 * (len(widths) - 1) - width
+    if over > 0:
+        widths[0] = max(len(columns[0][0]), widths[0] - over)
+        for c in cells:
+            c[0] = c[0] if len(c[0]) <= widths[0] else c[0][: widths[0] - 1] + "~"
 
     def line(values: Sequence[str]) -> str:
         return "  ".join(v.ljust(w) if a == "<" else v.rjust(w) for v, w, (_, a, _, _) in zip(values, widths, columns))
 
-    out = [title] if title else []
+    out = [textwrap.shorten(title, width, placeholder="...")] if title else []
     out += [line([h for h, _, _, _ in columns]), "  ".join("-" * w for w in widths)]
     out += [line(c) for c in cells]
     return "\n".join(out)
+
+
+def wrap(text: str, *, width: int = MAX_WIDTH) -> str:
+    """A note wrapped to ``width`` columns (continuation lines indented)."""
+    return textwrap.fill(text, width, subsequent_indent="  ", break_on_hyphens=False)
+
+
+def legend(explained: Mapping[str, str], *, width: int = MAX_WIDTH) -> str:
+    """Each column's meaning, once, wrapped to ``width``."""
+    text = "; ".join(f"{k}: {v}" for k, v in explained.items())
+    return wrap("columns: " + text, width=width)
 
 
 def group_by_dataset(results: Iterable[Row]) -> dict[str, list[Row]]:
@@ -78,7 +107,8 @@ def replay_tables(results: Sequence[Row]) -> str:
         first = rows[0]
         title = (
             f"== {ds}: {first.get('records', '?')} records, {first.get('response_tokens', 0):,} response "
-            f"tokens, {first.get('prompt_tokens', 0):,} prompt tokens"
+            f"tokens, {first.get('prompt_tokens', 0):,} prompt tokens; {first.get('workload', 'traces')}, tokenizer "
+            f"{first.get('tokenizer', '?')}"
         )
         parts.append(format_table(rows, REPLAY_COLUMNS, title=title))
     return "\n\n".join(parts)
@@ -94,7 +124,12 @@ def _pyplot():
     return plt
 
 
-def plot_per_position(results: Sequence[Row], path: str | os.PathLike[str]) -> Path:
+def plot_per_position(
+    results: Sequence[Row],
+    path: str | os.PathLike[str],
+    *,
+    title: str = "Per-position acceptance (trace replay, greedy verification)",
+) -> Path:
     """Per-position acceptance curves: one panel per dataset, one line per drafter setting."""
     plt = _pyplot()
     groups = group_by_dataset(results)
@@ -124,7 +159,7 @@ def plot_per_position(results: Sequence[Row], path: str | os.PathLike[str]) -> P
             ax.text(0.5, 0.5, "no drafts", ha="center", va="center", transform=ax.transAxes, color="gray")
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
-    fig.suptitle("Per-position acceptance (trace replay, greedy verification)", fontsize=11)
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=FIG_DPI)
     plt.close(fig)

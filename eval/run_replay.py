@@ -8,21 +8,25 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from specdec.config import ConfigError
 from specdec.eval.checks import check_draft_model_tokenizer, cpu_notes
-from specdec.eval.cli import EvalError, Staging, check_counts, cost_model, echo, safe_name, settings_from_args
+from specdec.eval.cli import EvalError, Staging, cost_model, echo, safe_name, settings_from_args
 from specdec.eval.costmodel import CostModel
+from specdec.eval.flags import check_flags
 from specdec.eval.loaders import SHARED_TRACE_SETS, TraceError, load_traces, resolve_data_dir
 from specdec.eval.records import TraceRecord
 from specdec.eval.replay import replay
+from specdec.eval.report import REPLAY_LEGEND, legend, wrap
 from specdec.eval.results import build_document, results_path
 from specdec.eval.settings import DEFAULT_DRAFTERS, Setting
+from specdec.eval.tokenization import describe_tokenizer
 
 logger = logging.getLogger("specdec.eval")
+BUILT_IN = "built-in (specdec.eval.embedded)"  # the workload of specdec-eval with no data arguments
 REPLAY_RULE = (
     "per step: accepted = longest draft path equal to the true continuation; emitted = accepted + 1 "
     "bonus token unless the response is complete; MAT = emitted / steps; drafter state persists "
@@ -40,7 +44,8 @@ class DatasetJob:
     name: str
     source: str
     load: Callable[[], list[TraceRecord]]
-    tokenizer: str = ""
+    tokenizer: str = ""  # its short name (table titles); the results JSON's settings describe it whole
+    workload: str = "traces"  # or "built-in workload"
 
 
 def dataset_jobs(args: argparse.Namespace) -> list[DatasetJob]:
@@ -48,8 +53,9 @@ def dataset_jobs(args: argparse.Namespace) -> list[DatasetJob]:
     sources = list(args.sources)
     if not sources and (args.data or os.environ.get("SPECDEC_DATA")):
         sources = [str(resolve_data_dir(args.data))]
+    tok = describe_tokenizer(args.tokenizer)["name"]
     if not sources:
-        return _embedded_jobs(args)
+        return [replace(j, tokenizer=tok) for j in _embedded_jobs(args)]
     jobs: list[DatasetJob] = []
     for src in sources:
         path = Path(src).expanduser()
@@ -61,7 +67,7 @@ def dataset_jobs(args: argparse.Namespace) -> list[DatasetJob]:
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise EvalError(f"dataset name(s) {dup} appear twice; rename the files or pass each once")
-    return jobs
+    return [replace(j, tokenizer=tok) for j in jobs]
 
 
 def _trace_job(src: str, args: argparse.Namespace, *, data: str | None) -> DatasetJob:
@@ -109,7 +115,7 @@ def _embedded_jobs(args: argparse.Namespace) -> list[DatasetJob]:
     sets = embedded_traces(args.tokenizer)
     if args.limit:
         sets = [(n, r[: args.limit]) for n, r in sets]
-    return [DatasetJob(n, "built-in (specdec.eval.embedded)", (lambda r=r: r)) for n, r in sets]
+    return [DatasetJob(n, BUILT_IN, (lambda r=r: r), workload="built-in workload") for n, r in sets]
 
 
 # ------------------------------------------------------------------------------------------- drafters
@@ -134,14 +140,15 @@ def _entry(job: DatasetJob, setting: Setting, result: Any, cm: CostModel, drafte
     d = result.as_dict()
     d.update(cm.project(d))
     cfg = getattr(drafter, "config", None)
-    entry = {"dataset": job.name, "source": job.source, **setting.describe(), **d}
+    where = {"dataset": job.name, "source": job.source, "workload": job.workload, "tokenizer": job.tokenizer}
+    entry = {**where, **setting.describe(), **d}
     if cfg is not None and hasattr(cfg, "to_dict"):
         entry["drafter_config"] = cfg.to_dict()
     return entry
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    check_counts(args)
+    check_flags(args)
     settings = settings_from_args(args)
     explicit = bool(args.drafter or args.config)
     cm = cost_model(args)
@@ -163,9 +170,10 @@ def run_replay(args: argparse.Namespace) -> int:
     except BaseException:
         staging.abort()
         raise
-    echo(args, f"cost model: {cm.describe()['formula']}; t(1) = {cm.base_ms:.2f} ms ({cm.source})")
+    echo(args, legend(REPLAY_LEGEND))
+    echo(args, wrap(f"cost model: {cm.describe()['formula']}; t(1) = {cm.base_ms:.2f} ms ({cm.source})"))
     for note in cpu_notes(results):
-        echo(args, note)
+        echo(args, wrap(note))
     for p in written:
         echo(args, f"wrote {p}")
     return 0
@@ -231,6 +239,8 @@ def _write_outputs(
 
     doc_settings = {
         "command": args.command,
+        "workload": BUILT_IN if not args.sources and not (args.data or os.environ.get("SPECDEC_DATA")) else "traces",
+        "tokenizer": describe_tokenizer(args.tokenizer),
         "args": {k: v for k, v in vars(args).items() if k != "func"},
         "drafter_settings": [s.describe() for s in settings],
         "cost_model": cm.describe(),

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from specdec.config import ConfigError, load_yaml
+from specdec.config import ConfigError, load_yaml, yaml_value
 
 DEFAULT_DRAFTERS = ("suffix", "ngram")
 DEFAULT_BUDGET = 16
@@ -82,9 +82,11 @@ def parse_drafter(text: str | Sequence[str]) -> tuple[str, ...]:
     return names
 
 
-def parse_value(text: str) -> Any:
+def parse_value(text: str, *, source: str = "--option") -> Any:
+    """``text`` as YAML (``32``, ``true``, ``[1, 2]``), a mapping giving a key twice refused; text that is not YAML
+    stays text."""
     try:
-        return yaml.safe_load(text)
+        return yaml_value(text, source=f"{source} {text!r}")
     except yaml.YAMLError:
         return text
 
@@ -99,10 +101,14 @@ def parse_assignment(text: str, *, flag: str) -> tuple[str, str]:
 def parse_options(items: Iterable[str]) -> dict[str, dict[str, Any]]:
     """``["suffix.max_depth=32"]`` -> ``{"suffix": {"max_depth": 32}}``."""
     out: dict[str, dict[str, Any]] = {}
+    given: dict[str, str] = {}
     for item in items:
         key, value = parse_assignment(item, flag="--option")
         if "." not in key:
             raise ConfigError(f"--option {item!r}: the key must name the drafter, like suffix.{key}={value}")
+        if key in given:
+            raise ConfigError(f"--option {key} is given twice ({given[key]!r} and {item!r}); give it once")
+        given[key] = item
         name, opt = key.split(".", 1)
         out.setdefault(name, {})[opt] = parse_value(value)
     return out
@@ -111,10 +117,16 @@ def parse_options(items: Iterable[str]) -> dict[str, dict[str, Any]]:
 def parse_grid(items: Iterable[str]) -> dict[str, list[Any]]:
     """``["budget=8,16", "suffix.max_depth=16,32"]`` -> ordered dict of value lists."""
     grid: dict[str, list[Any]] = {}
+    given: dict[str, str] = {}
     for item in items:
         key, value = parse_assignment(item, flag="--grid")
+        if key in given:
+            raise ConfigError(
+                f"--grid {key} is given twice ({given[key]!r} and {item!r}); give it once with all its values"
+            )
+        given[key] = item
         if value.startswith("["):
-            parsed = parse_value(value)
+            parsed = parse_value(value, source="--grid")
             values = list(parsed) if isinstance(parsed, list) else [parsed]
         else:
             parts = [v.strip() for v in value.split(",")]
@@ -122,7 +134,7 @@ def parse_grid(items: Iterable[str]) -> dict[str, list[Any]]:
                 raise ConfigError(
                     f"--grid {item!r} has an empty value; expected KEY=V1,V2,... like {key or 'budget'}=8,16"
                 )
-            values = [parse_value(v) for v in parts]
+            values = [parse_value(v, source="--grid") for v in parts]
         if not values:
             raise ConfigError(f"--grid {item!r} has no values; expected KEY=V1,V2,... like budget=8,16")
         grid[key] = values
@@ -143,12 +155,66 @@ def check_tree(value: Any, *, where: str) -> bool:
     return value
 
 
+PRESET_SHAPES = {  # preset key -> (accepted types, what it should look like)
+    "drafters": ((list, tuple), "a list of drafter names, e.g. [suffix, ngram]"),
+    "options": (Mapping, "a mapping of drafter name -> options, e.g. {suffix: {max_depth: 32}}"),
+    "budget": ((int, list, tuple), "an integer or a list of them"),
+    "tree": ((bool, list, tuple), "true, false or a list of them"),
+    "grid": (Mapping, "a mapping of KEY -> values, e.g. {suffix.max_depth: [16, 32]}"),
+    "runs": ((list, tuple), "a list of mappings, e.g. [{drafter: suffix, budget: 16}]"),
+}
+
+
 def read_preset(name_or_path: str) -> dict[str, Any]:
+    """A preset's mapping: known keys of the right shapes, no key both fixed and swept (``budget`` and
+    ``grid: {budget: ...}``, ``options: {suffix: {max_depth}}`` and ``grid: {suffix.max_depth: ...}``)."""
     data = load_yaml(name_or_path)
-    unknown = sorted(set(data) - set(PRESET_KEYS))
+    where = f"config {name_or_path!r}"
+    unknown = sorted(set(data) - set(PRESET_KEYS), key=str)
     if unknown:
-        raise ConfigError(f"config {name_or_path!r}: unknown key(s) {unknown}; valid keys: {', '.join(PRESET_KEYS)}")
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {', '.join(PRESET_KEYS)}")
+    for key, (types, shape) in PRESET_SHAPES.items():
+        if data.get(key) is not None and not isinstance(data[key], types):
+            raise ConfigError(f"{where}: {key}={data[key]!r} must be {shape}")
+    for name, own in (data.get("options") or {}).items():
+        if not isinstance(own, Mapping):
+            raise ConfigError(f"{where}: options of drafter {name!r} must be a mapping, got {own!r}")
+    fixed = {k: f"'{k}'" for k in ("budget", "tree") if data.get(k) is not None}
+    fixed.update({f"{n}.{k}": f"'options: {n}: {k}'" for n, own in (data.get("options") or {}).items() for k in own})
+    for key in data.get("grid") or {}:
+        if str(key) in fixed:
+            raise ConfigError(f"{where}: {key} is set by both {fixed[str(key)]} and 'grid'; keep one")
     return data
+
+
+def _cli_grid(grid: Sequence[str], *, budgets: Sequence[int] | None, tree: bool | None, options: Sequence[str]) -> dict:
+    """The ``--grid`` flags' values, none of them a setting fixed by another flag (``--grid budget=8`` with
+    ``--budget 16`` ran 8 only)."""
+    swept = parse_grid(grid)
+    fixed = {"budget": f"--budget {' '.join(map(str, budgets))}"} if budgets else {}
+    if tree is not None:
+        fixed["tree"] = "--tree" if tree else "--no-tree"
+    fixed.update({item.split("=", 1)[0].strip(): f"--option {item}" for item in options})
+    written = {item.split("=", 1)[0].strip(): item for item in grid}
+    for key in swept:
+        if key in fixed:
+            raise ConfigError(
+                f"--grid {written[key]} and {fixed[key]} both set {key}: sweep it with --grid or fix it with "
+                f"{fixed[key].split()[0]}, not both"
+            )
+    return swept
+
+
+def _grid(data: Mapping[str, Any], cli: Mapping[str, list[Any]], cli_fixed: set[str]) -> dict[str, list[Any]]:
+    """The preset's grid without the keys a flag fixes (flags override the preset), then the flags' grid."""
+    own = {str(k): _as_list(v) for k, v in (data.get("grid") or {}).items() if str(k) not in cli_fixed}
+    g = {**own, **cli}
+    for key in g:
+        if key not in ("budget", "tree") and "." not in key:
+            raise ConfigError(f"grid key {key!r} must be budget, tree or NAME.KEY (e.g. suffix.max_depth)")
+    g["budget"] = [check_budget(v, where="--grid") for v in g["budget"]] if "budget" in g else []
+    g["tree"] = [check_tree(v, where="--grid") for v in g["tree"]] if "tree" in g else []
+    return {k: v for k, v in g.items() if v or k not in ("budget", "tree")}
 
 
 def _merge(base: Mapping[str, Mapping[str, Any]], over: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -185,13 +251,9 @@ def build_settings(
         if tree is not None
         else [check_tree(t, where=f"config {preset!r}") for t in _as_list(data.get("tree", False))]
     )
-    g = {**{str(k): _as_list(v) for k, v in (data.get("grid") or {}).items()}, **parse_grid(grid)}
-    for key in g:
-        if key not in ("budget", "tree") and "." not in key:
-            raise ConfigError(f"grid key {key!r} must be budget, tree or NAME.KEY (e.g. suffix.max_depth)")
-    g["budget"] = [check_budget(v, where="--grid") for v in g["budget"]] if "budget" in g else []
-    g["tree"] = [check_tree(v, where="--grid") for v in g["tree"]] if "tree" in g else []
-    g = {k: v for k, v in g.items() if v or k not in ("budget", "tree")}
+    cli_fixed = {k for k, on in (("budget", budgets), ("tree", tree is not None)) if on}
+    cli_fixed |= {item.split("=", 1)[0].strip() for item in options}
+    g = _grid(data, _cli_grid(grid, budgets=budgets, tree=tree, options=options), cli_fixed)
     settings: list[Setting] = []
     seen: set[str] = set()
     keys = list(g)

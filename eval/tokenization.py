@@ -166,6 +166,19 @@ def default_tokenizer_path() -> Path:
     return model_path(TARGET_MODEL)
 
 
+def describe_tokenizer(spec: str | os.PathLike[str] | None) -> dict[str, str]:
+    """What ``--tokenizer`` ``spec`` tokenizes with: ``name`` (short, for table titles), ``path`` and ``why`` (the
+    default is the shared target's tokenizer where ../shared has it, else UTF-8 bytes: numbers differ between them)."""
+    if spec is None:
+        path = default_tokenizer_path()
+        if (path / "tokenizer.json").exists():
+            return {"name": path.name, "path": str(path), "why": "default: the shared target's tokenizer"}
+        return {"name": "bytes", "path": "", "why": f"default: UTF-8 bytes, no shared tokenizer at {path}"}
+    if str(spec) in (ByteTokenizer.name, NO_TOKENIZER):
+        return {"name": str(spec), "path": "", "why": "--tokenizer"}
+    return {"name": Path(spec).name or str(spec), "path": str(spec), "why": "--tokenizer"}
+
+
 def load_tokenizer(spec: str | os.PathLike[str] | TextTokenizer | None = None) -> TextTokenizer:
     """``None`` -> the shared target's tokenizer if present, else bytes; ``"bytes"`` -> bytes; ``"none"`` -> no
     tokenizer (token-id traces only); else a folder."""

@@ -12,7 +12,6 @@ Terms (accepted / recovered / bonus tokens, MAT, acceptance rate): ``specdec.ver
 from __future__ import annotations
 
 import logging
-import numbers
 import os
 import time
 from collections.abc import Sequence
@@ -22,7 +21,17 @@ from typing import Any
 import torch
 
 from specdec.config import ConfigBase, ConfigError, load_yaml, rng
+from specdec.device import check_device
 from specdec.drafters.base import Drafter, DraftGuard, DraftRequest
+from specdec.inputs import (
+    as_prompt_list,
+    check_call,
+    default_eos,
+    encode_prompts,
+    fit_positions,
+    model_positions,
+    prompt_ids,
+)
 from specdec.sampling import SamplingParams
 from specdec.stats import AcceptanceCounts
 from specdec.tree import TokenTree
@@ -47,6 +56,11 @@ class GenerateConfig(ConfigBase):
     max_new_tokens: int = rng(128, lo=0, hi=1_000_000, doc="new tokens per prompt at most")
     eos_token_id: int | None = rng(None, lo=0, doc="stop token (None = never stop early)")
     device: str | None = rng(None, doc="torch device for a target given as a path (None = cuda if available)")
+
+    def validate(self, *, where: str = "") -> None:
+        super().validate(where=where)
+        if self.device is not None:
+            check_device(self.device, key=f"{where}device")
 
     @classmethod
     def from_yaml(cls, name_or_path: str | os.PathLike[str] = "generate") -> GenerateConfig:
@@ -164,10 +178,16 @@ class SpecGenerator:
         max_new_tokens: int,
         eos_token_id: int | None = None,
         progress: bool = False,
+        truncate_prompts: bool = False,
     ) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` per prompt; stop a prompt at ``eos_token_id`` (None: never)."""
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens={max_new_tokens} is out of range: must be >= 0")
+        """Generate up to ``max_new_tokens`` per prompt; stop a prompt at ``eos_token_id`` (None: never). A prompt that
+        with ``max_new_tokens`` needs more positions than the target has is refused, or with ``truncate_prompts``
+        keeps its last tokens (``specdec.inputs``)."""
+        max_new_tokens, eos_token_id = check_call(max_new_tokens, eos_token_id, vocab_size=self.verifier.vocab_size)
+        prompts = [prompt_ids(i, p) for i, p in enumerate(as_prompt_list(prompts))]
+        prompts = fit_positions(
+            prompts, positions=model_positions(self.model), max_new_tokens=max_new_tokens, truncate=truncate_prompts
+        )
         t_start = time.perf_counter()
         self._calls += 1
         rids = [f"gen{self._calls}-{i}" for i in range(len(prompts))]
@@ -218,7 +238,7 @@ class SpecGenerator:
         self.verifier.reset(prompts)
         if guard is not None:
             for rid, prompt in zip(rids, prompts):
-                guard.call("start", rid, [int(t) for t in prompt])
+                guard.call("start", rid, list(prompt))
         return guard
 
     def _finish_stats(self, stats: SpecStats, guard: DraftGuard | None, t_start: float) -> None:
@@ -272,7 +292,7 @@ def _progress(enabled: bool, total: int) -> Any:
     return tqdm(total=total, desc="generate", unit="tok")
 
 
-_GEN_KEYS = ("max_new_tokens", "eos_token_id", "progress")
+_GEN_KEYS = ("max_new_tokens", "eos_token_id", "progress", "truncate_prompts")
 
 
 def generate(
@@ -289,7 +309,9 @@ def generate(
     ``drafter``: a Drafter, a drafter spec for ``specdec.build_drafter`` (``"suffix"``, ``["suffix",
     "model"]``), or None (plain decoding). ``kw``: ``SpecGenerator`` options (budget, tree, temperature,
     top_p, top_k, seed, strict, device) and ``max_new_tokens`` (default 128), ``eos_token_id`` (default:
-    the tokenizer's, else the model's generation config; pass None to never stop early), ``progress``.
+    the tokenizer's, else the model's generation config; pass None to never stop early), ``progress``,
+    ``truncate_prompts`` (a prompt too long for the target's positions keeps its last tokens instead of being
+    refused). Inputs that would otherwise be guessed at are refused: ``specdec.inputs``.
     """
     gen_kw = {k: kw.pop(k) for k in _GEN_KEYS if k in kw}
     unknown = sorted(set(kw) - set(GenerateConfig.__dataclass_fields__))
@@ -298,7 +320,7 @@ def generate(
             f"unknown key(s) {', '.join(map(repr, unknown))} for generate(); valid keys: "
             f"{', '.join(sorted(set(GenerateConfig.__dataclass_fields__) | set(_GEN_KEYS)))}"
         )
-    ids = _encode(prompts, tokenizer)
+    ids = encode_prompts(prompts, tokenizer)
     built = drafter is not None and not isinstance(drafter, Drafter)
     if built:
         from specdec.drafters.registry import build_drafter
@@ -307,7 +329,7 @@ def generate(
     try:
         gen = SpecGenerator(target, drafter, **kw)
         if "eos_token_id" not in gen_kw:
-            gen_kw["eos_token_id"] = _default_eos(tokenizer, gen.model)
+            gen_kw["eos_token_id"] = default_eos(tokenizer, gen.model)
         gen_kw.setdefault("max_new_tokens", GenerateConfig.max_new_tokens)
         result = gen.generate(ids, **gen_kw)
     finally:
@@ -316,37 +338,3 @@ def generate(
     if tokenizer is not None:
         result.texts = [tokenizer.decode(t) for t in result.tokens]
     return result
-
-
-def _as_prompt_list(prompts: Any) -> list[Any]:
-    """A bare string or a flat list of token ids is one prompt, not one prompt per character or id."""
-    if isinstance(prompts, str):
-        return [prompts]
-    if getattr(prompts, "ndim", None) == 1:  # a 1-D array or tensor of ids
-        return [prompts]
-    items = list(prompts)
-    if items and all(isinstance(p, numbers.Integral) for p in items):
-        return [items]
-    return items
-
-
-def _encode(prompts: Sequence[Any], tokenizer: Any) -> list[list[int]]:
-    out = []
-    prompts = _as_prompt_list(prompts)
-    for i, p in enumerate(prompts):
-        if isinstance(p, str):
-            if tokenizer is None:
-                raise ValueError(f"prompts[{i}] is a string: pass tokenizer=... or give token ids")
-            out.append(list(tokenizer(p)["input_ids"]))
-        else:
-            out.append([int(t) for t in p])
-    return out
-
-
-def _default_eos(tokenizer: Any, model: torch.nn.Module) -> int | None:
-    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
-    if eos is None:
-        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if isinstance(eos, (list, tuple)):
-        eos = eos[0] if eos else None
-    return int(eos) if eos is not None else None

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from specdec.config import check_number
 from specdec.tree import ROOT, TokenTree
 
 GREEDY_TEMPERATURE = 0.0  # temperature at or below which decoding is greedy (argmax)
@@ -44,12 +45,14 @@ class SamplingParams:
     top_k: int = 0  # tokens kept (0 = off)
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} is out of range: must be >= 0 (0 = greedy)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p={self.top_p} is out of range: must be in (0, 1] (1 = off)")
-        if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k} is out of range: must be >= 0 (0 = off)")
+        """Finite numbers in range, else ``ConfigError`` (a ValueError) naming the key, the value and the range."""
+        rules = {
+            "temperature": dict(kind=float, lo=0.0, hint="0 = greedy"),
+            "top_p": dict(kind=float, above=0.0, hi=1.0, hint="1 = off"),
+            "top_k": dict(kind=int, lo=0, hint="0 = off"),
+        }
+        for key, rule in rules.items():
+            object.__setattr__(self, key, check_number(key, getattr(self, key), **rule))
 
     @property
     def greedy(self) -> bool:

@@ -170,12 +170,12 @@ def test_grid_tree_maybe(tmp_path, capsys, no_replay) -> None:
 @pytest.mark.parametrize("limit", ["0", "-1"])
 def test_live_limit_validated_like_replay(tmp_path, capsys, limit) -> None:
     line = fails(["live", "humaneval", "--limit", limit, "--out", str(tmp_path / "o")], capsys)
-    assert f"--limit {limit} must be >= 1" in line
+    assert f"--limit {limit} is out of range: must be >= 1" in line
     line = fails(
         ["replay", str(trace_file(tmp_path)), "--drafter", "toy", "--limit", limit, "--out", str(tmp_path / "o")],
         capsys,
     )
-    assert f"--limit {limit} must be >= 1" in line
+    assert f"--limit {limit} is out of range: must be >= 1" in line
 
 
 # ------------------------------------------------------------------------------------------- unhelpful

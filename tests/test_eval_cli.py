@@ -60,7 +60,11 @@ def test_embedded_default_writes_table_json_plots(tmp_path, capsys) -> None:
     assert by["embedded_agent", "none"]["mat"] == 1.0 and by["embedded_agent", "toy"]["mat"] > 2.0
     assert (out / "per_position_acceptance.png").stat().st_size > 10_000 and (out / "mat.png").exists()
     text = capsys.readouterr().out
-    assert "== embedded_agent" in text and "proj. speedup" in text and "cost model:" in text
+    assert "== embedded_agent" in text and "speedup" in text and "cost model:" in text
+    assert "built-in workload, tokenizer bytes" in text and doc["settings"]["tokenizer"]["name"] == "bytes"
+    assert all(r["workload"] == "built-in workload" and r["tokenizer"] == "bytes" for r in res)
+    assert max(len(line) for line in text.splitlines() if not line.startswith("wrote ")) <= 120
+    assert text.count("columns: ") == 1 and "MAT: tokens emitted per verify step" in text  # each column said once
 
 
 def test_replay_file_numbers_equal_the_engine(tmp_path) -> None:

@@ -79,7 +79,9 @@ def test_live_runs_every_method_and_checks_lossless(tmp_path, monkeypatch, capsy
     assert sum(spec["per_position_accepted"]) == spec["accepted_tokens"]
     assert spec["speedup_vs_hf_greedy"] > 0 and "speedup_vs_hf_assisted" in spec
     assert (out / "per_position_acceptance.png").exists() and (out / "speedup.png").exists()
-    assert "lossless" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "lossless" in text and "specdec toy " in text and text.count("columns: ") == 1
+    assert max(len(line) for line in text.splitlines() if not line.startswith("wrote ")) <= 120
 
 
 def test_lossless_margin_reports_each_first_difference_with_the_reference_margin():

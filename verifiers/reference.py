@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from specdec.hf_cache import cache_kwargs
 from specdec.sampling import SamplingParams, accept
 from specdec.tree import TokenTree
 
@@ -189,8 +190,7 @@ class ReferenceVerifier:
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
             position_ids=positions.to(self.device),
-            past_key_values=self.cache,
-            use_cache=True,
+            **cache_kwargs(self.model, self.cache),
         )
         self.forward_passes += 1
         return out.logits

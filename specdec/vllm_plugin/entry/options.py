@@ -203,8 +203,8 @@ class SpecdecOptions(ConfigBase):
             raise ConfigError(
                 f"{where}pad_drafts={self.pad_drafts!r} must be one of 'auto', 'on', 'off' (or true/false)"
             )
-        if not isinstance(self.drafter, (str, list, tuple, dict)):
-            raise ConfigError(f"{where}drafter={self.drafter!r} must be a name, a dict with 'name', or a list")
+        check_drafter_shape(self.drafter, where=where)
+        check_drafter_options_shape(self.drafter_options, where=where)
         try:
             ipaddress.ip_address(self.metrics_host)
         except ValueError:
@@ -212,6 +212,36 @@ class SpecdecOptions(ConfigBase):
                 f"{where}metrics_host={self.metrics_host!r} is not an IP address: use '127.0.0.1' (this host only), "
                 f"'0.0.0.0' (every interface) or one of this host's addresses"
             ) from None
+
+
+DRAFTER_SHAPE = "a drafter name ('suffix'), a dict with 'name' ({'name': 'suffix', 'max_depth': 32}) or a list of those"
+
+
+def check_drafter_shape(spec: Any, *, where: str = "") -> None:
+    """``drafter`` is a non-empty name, a dict whose 'name' is one, or a non-empty list of those (docs/options.md);
+    ``ConfigError`` naming the value and the shapes otherwise (an empty list passed and failed in the engine)."""
+    parts = list(spec) if isinstance(spec, (list, tuple)) else [spec]
+    if not parts:
+        raise ConfigError(f"{where}drafter={spec!r} names no drafter: give {DRAFTER_SHAPE}")
+    for part in parts:
+        name = part.get("name") if isinstance(part, Mapping) else part
+        if not isinstance(name, str) or not name:
+            got = f"drafter={spec!r}" if part is spec else f"drafter={spec!r} holds {part!r}"
+            raise ConfigError(f"{where}{got}: give {DRAFTER_SHAPE}")
+
+
+def check_drafter_options_shape(opts: Mapping[str, Any], *, where: str = "") -> None:
+    """``drafter_options`` maps drafter names to option dicts (``{"suffix": {"max_depth": 32}}``); ``ConfigError``
+    naming the entry otherwise (a number or a string there raised AttributeError in the engine)."""
+    for name, own in opts.items():
+        if not isinstance(name, str) or not isinstance(own, Mapping):
+            raise ConfigError(
+                f"{where}drafter_options[{name!r}]={own!r} must be a dict of that drafter's options, e.g. "
+                "drafter_options={'suffix': {'max_depth': 32}}"
+            )
+        bad = [k for k in own if not isinstance(k, str)]
+        if bad:
+            raise ConfigError(f"{where}drafter_options[{name!r}] has key {bad[0]!r}: option names are strings")
 
 
 USER_OPTION_COUNT = 18  # at most 20 user options
@@ -269,11 +299,19 @@ def async_mode_for(mode: str, vllm_config: Any) -> str:
 
 
 def normalise_keys(data: Mapping[str, Any]) -> dict[str, Any]:
-    """kebab-case -> snake_case and the ``async`` alias."""
+    """kebab-case -> snake_case and the ``async`` alias; two keys naming one option (``async`` and
+    ``async_drafting``, ``draft-model`` and ``draft_model``) are a ``ConfigError`` naming both (one was dropped)."""
     out: dict[str, Any] = {}
+    given: dict[str, Any] = {}
     for key, value in data.items():
         k = str(key).replace("-", "_")
-        out[KEY_ALIASES.get(k, k)] = value
+        k = KEY_ALIASES.get(k, k)
+        if k in given:
+            raise ConfigError(
+                f"speculative_config: {given[k]!r} and {key!r} both set {k} ({out[k]!r} and {value!r}); give one"
+            )
+        given[k] = key
+        out[k] = value
     return out
 
 

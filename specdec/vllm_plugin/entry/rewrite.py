@@ -18,12 +18,14 @@ speculative method stops the first step of the other stages (measured with vLLM 
 
 from __future__ import annotations
 
+import argparse
 import functools
+import json
 import logging
 from typing import Any
 
 from specdec.config import ConfigError
-from specdec.vllm_plugin.entry.options import ADDITIONAL_CONFIG_KEY, METHOD, normalise_keys, split_speculative_config
+from specdec.vllm_plugin.entry.options import ADDITIONAL_CONFIG_KEY, METHOD, split_speculative_config
 from specdec.vllm_plugin.entry.validation import validate_for_serving
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.patches.common import is_wrapped, mark
@@ -52,7 +54,7 @@ def rewrite_engine_args(engine_args: Any) -> bool:
         if getattr(engine_args, "spec_tokens", None) is not None:
             spec["num_speculative_tokens"] = engine_args.spec_tokens
             engine_args.spec_tokens = None
-    if not isinstance(spec, dict) or normalise_keys(spec).get("method") != METHOD:
+    if not isinstance(spec, dict) or spec.get("method") != METHOD:  # no key normalised: another method's business
         return False
     theirs, options = split_speculative_config(spec)
     served = getattr(engine_args, "tokenizer", None) or getattr(engine_args, "model", None) or ""
@@ -145,7 +147,9 @@ def raise_cudagraph_capture(engine_args: Any, setting: int, k: int) -> int | Non
 
 
 def patch_engine_args(engine_args_cls: Any) -> bool:
-    """Wrap ``engine_args_cls.create_speculative_config`` (idempotent). Returns True if it is wrapped now."""
+    """Wrap ``engine_args_cls.create_speculative_config`` and, where it has one, ``add_cli_args`` (``patch_cli_args``)
+    (idempotent). Returns True if ``create_speculative_config`` is wrapped now."""
+    patch_cli_args(engine_args_cls)
     orig = getattr(engine_args_cls, "create_speculative_config", None)
     if orig is None:
         return False
@@ -159,3 +163,63 @@ def patch_engine_args(engine_args_cls: Any) -> bool:
 
     engine_args_cls.create_speculative_config = mark(create_speculative_config, "speculative config")
     return True
+
+
+def check_speculative_json(text: str, value: Any) -> None:
+    """The checks of ``rewrite_engine_args`` that need no served model, on ``--speculative-config``'s text and value:
+    no key given twice (JSON keeps the last), the options valid (``split_speculative_config``), the drafters and the
+    draft model folder (``validate_for_serving``). Raises ``ConfigError``; other methods pass untouched."""
+    if not isinstance(value, dict) or value.get("method") != METHOD:
+        return
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in pairs]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise ConfigError(
+                f"speculative_config: key {twice[0]!r} is given twice; JSON would keep the last: give it once"
+            )
+        return dict(pairs)
+
+    json.loads(text, object_pairs_hook=unique)
+    _, options = split_speculative_config(value)
+    validate_for_serving(options)
+
+
+def patch_cli_args(engine_args_cls: Any) -> bool:
+    """Wrap ``engine_args_cls.add_cli_args`` (a staticmethod) so that the ``--speculative-config`` argument it adds
+    runs ``check_speculative_json`` as it is parsed: a bad option ends ``vllm serve`` in argparse's one error line
+    (exit 2) instead of a traceback once the engine starts. vLLM loads general plugins (this one) just before it
+    builds its parser. Returns True if wrapped."""
+    orig = getattr(engine_args_cls, "add_cli_args", None)
+    if orig is None:
+        return False
+    if is_wrapped(orig, "speculative config (cli)"):
+        return True
+
+    @functools.wraps(orig)
+    def add_cli_args(parser: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(parser, *args, **kwargs)
+        for action in getattr(out if out is not None else parser, "_actions", []):
+            if "--speculative-config" in action.option_strings and callable(action.type):
+                action.type = _checked_type(action.type)
+        return out
+
+    engine_args_cls.add_cli_args = staticmethod(mark(add_cli_args, "speculative config (cli)"))
+    return True
+
+
+def _checked_type(parse: Any) -> Any:
+    """vLLM's ``--speculative-config`` type (JSON text -> dict) followed by ``check_speculative_json``."""
+    if is_wrapped(parse, "speculative config (cli)"):
+        return parse
+
+    def checked(text: str) -> Any:
+        value = parse(text)
+        try:
+            check_speculative_json(text, value)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(" ".join(str(exc).split())) from None
+        return value
+
+    return mark(checked, "speculative config (cli)")

@@ -81,7 +81,7 @@ TABLE: tuple[Patch, ...] = (
     Patch(
         "speculative config",
         (ENGINE_ARGS,),
-        "create_speculative_config",
+        "create_speculative_config, add_cli_args (--speculative-config checked as parsed)",
         "method='specdec'",
         "the method exists",
         "only the custom_class form works",
