@@ -37,14 +37,14 @@ if [[ "$DRY" == 1 ]]; then  # no vLLM, no GPU, no install: fake engines and serv
 fi
 
 tree_stamp() {  # what a build of the tree in $1 depends on
-  (cd "$1" && find specdec drafters verifiers eval configs csrc setup.py pyproject.toml -type f \
+  (cd "$1" && find src specdec drafters verifiers eval configs csrc setup.py pyproject.toml -type f \
     ! -path '*/__pycache__/*' ! -path 'eval/results/*' ! -name '*.so' -print0 2> /dev/null \
     | sort -z | xargs -0 sha1sum | sha1sum | cut -c1-40)
 }
 
 [[ -f /tmp/specdec-bundle/env.sh ]] && source /tmp/specdec-bundle/env.sh
 python -c "import vllm" 2> /dev/null || { echo "gpu_gate: vLLM is not importable: pip install vllm, or stage ../shared/device"; exit 2; }
-export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1  # SAFEPATH: the installed specdec, not ./specdec of the working tree
+export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1  # SAFEPATH: only installed packages (the src layout keeps ./src off the path anyway)
 stamp="$(tree_stamp .)"
 if [[ "$(cat "$MAIN_STAMP" 2> /dev/null)" != "$stamp" ]] || ! python -c "import specdec" 2> /dev/null; then
   echo "gpu_gate: installing this tree"

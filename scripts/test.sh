@@ -7,7 +7,7 @@
 #  4. the native extensions: with a C++ compiler on the machine, each one must import (setup.py builds them
 #     optionally, so a failed build would otherwise only skip their tests);
 #  5. the vLLM glue tests (marker `vllm`: tests/test_vllm_*.py and tests that opt in) against every vLLM in
-#     specdec/vllm_plugin/versions.py, each in its own venv (SPECDEC_VLLM_VENV_ROOT, default /opt): vLLM's own
+#     src/specdec/vllm_plugin/versions.py, each in its own venv (SPECDEC_VLLM_VENV_ROOT, default /opt): vLLM's own
 #     requirements minus torch and the GPU-only packages, then vLLM with --no-deps; a .pth file lets that venv see
 #     this one's site-packages (the CPU torch and the editable specdec). Created on first use (a few minutes each),
 #     reused while its import check passes. vLLM pins its CUDA torch (0.26: 2.11, 0.33: 2.14); both import on the
@@ -61,7 +61,7 @@ check_native() {
 }
 
 tested_vllm_versions() {  # read from the file's text: specdec is not importable before step 1
-  "$PY" - specdec/vllm_plugin/versions.py <<'PARSE_VERSIONS'
+  "$PY" - src/specdec/vllm_plugin/versions.py <<'PARSE_VERSIONS'
 import ast, sys
 def names(node):
     targets = node.targets if isinstance(node, ast.Assign) else [node.target]

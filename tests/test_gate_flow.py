@@ -47,6 +47,9 @@ def _before(tmp: Path) -> Path:
     """A stand-in base tree: a ``specdec`` package of its own and the commit stamp gpu_gate.sh copies beside it."""
     (tmp / "before" / "specdec").mkdir(parents=True)
     (tmp / "before" / "specdec" / "__init__.py").write_text('"""the base tree"""\n')
+    (tmp / "before" / "specdec" / "drafters").mkdir()  # its native suffix core, as a stand-in module
+    for name in ("__init__.py", "_suffix_native.py"):
+        (tmp / "before" / "specdec" / "drafters" / name).write_text('"""stand-in"""\n')
     (tmp / "before" / "GATE_COMMIT").write_text("b" * 40 + "\n")
     return tmp / "before"
 

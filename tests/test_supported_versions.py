@@ -1,4 +1,4 @@
-"""The tested vLLM versions and the supported span (specdec/vllm_plugin/versions.py), and the places that repeat
+"""The tested vLLM versions and the supported span (src/specdec/vllm_plugin/versions.py), and the places that repeat
 them: the ``vllm`` extra in pyproject.toml and the list scripts/test.sh reads from the file's text."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_test_script_reads_the_same_versions_from_the_file_text() -> None:
     script = (ROOT / "scripts" / "test.sh").read_text()
     parser = re.search(r"<<'PARSE_VERSIONS'\n(.*?)\nPARSE_VERSIONS\n", script, re.DOTALL)
     assert parser is not None, "scripts/test.sh keeps its version parser in a PARSE_VERSIONS here-document"
-    path = ROOT / "specdec" / "vllm_plugin" / "versions.py"
+    path = ROOT / "src" / "specdec" / "vllm_plugin" / "versions.py"
     out = subprocess.run([sys.executable, "-", str(path)], input=parser[1], capture_output=True, text=True, check=True)
     assert tuple(out.stdout.split()) == versions.TESTED_VLLM_VERSIONS
     ast.parse(path.read_text())  # the file stays plain Python the parser can read

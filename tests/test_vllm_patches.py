@@ -15,7 +15,7 @@ import pytest
 from specdec.vllm_plugin.patches import table
 from specdec.vllm_plugin.patches.table import TABLE, PatchReport, apply_patches, apply_row
 
-PLUGIN = Path(__file__).resolve().parents[1] / "specdec" / "vllm_plugin"
+PLUGIN = Path(__file__).resolve().parents[1] / "src" / "specdec" / "vllm_plugin"
 TESTED = "0.26.0"
 
 

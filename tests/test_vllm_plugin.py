@@ -1,5 +1,5 @@
 """CPU tests of the plugin's config rewrite and option validation (vLLM-free), plus the real vLLM hooks when
-vLLM is importable (scripts/test.sh runs them against each vLLM in specdec/vllm_plugin/versions.py)."""
+vLLM is importable (scripts/test.sh runs them against each vLLM in src/specdec/vllm_plugin/versions.py)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]  # src/specdec/paths.py
 TARGET_MODEL = "code-target-53m"
 DRAFT_MODEL = "code-draft-7m"
 
