@@ -78,6 +78,17 @@ class SuffixDrafter(SuffixLane, Drafter):
 
     name = "suffix"
     Config = SuffixConfig
+    draft_options = frozenset(
+        (
+            "max_spec_factor",
+            "max_spec_offset",
+            "min_token_prob",
+            "free_spec_factor",
+            "leaf_prior",
+            "use_local",
+            "use_global",
+        )
+    )
 
     def __init__(self, config: SuffixConfig | None = None, **overrides: Any) -> None:
         config = config or SuffixConfig()
