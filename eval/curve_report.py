@@ -1,9 +1,11 @@
 """MAT against drafted tokens per step: each drafter's upper envelope, comparisons at equal drafted tokens, table, PNG.
 
 A point is one setting's (drafted tokens per step, MAT) on one dataset, steps without a draft included. A drafter's
-curve is the upper envelope of its points: the points no other point beats with as few or fewer drafted tokens per
-step, joined by straight lines (sorted by drafted tokens). Two drafters are compared at ``x`` drafted tokens per step
-only where ``x`` lies inside both curves' range; outside it the comparison is left empty.
+curve is the upper envelope of its points: their upper concave hull from the fewest drafted tokens to the highest
+MAT, joined by straight lines. A point on a segment is reached by mixing the two settings at its ends (each step, or
+each request, drafted with one or the other), so the envelope does not depend on how densely a grid samples a knob.
+Two drafters are compared at ``x`` drafted tokens per step only where ``x`` lies inside both curves' range (from the
+fewest drafted tokens to the highest MAT); outside it the comparison is left empty.
 """
 
 from __future__ import annotations
@@ -22,12 +24,21 @@ MIN_CURVE_SETTINGS = 12  # the issue's floor: a curve is the envelope of at leas
 
 
 def envelope(points: Sequence[Point]) -> list[Point]:
-    """The upper envelope: points sorted by x, each kept only when its y beats every point at a smaller or equal x."""
-    out: list[Point] = []
+    """The upper concave hull of ``points`` from the smallest x to the highest y (its vertices, by x)."""
+    rising: list[Point] = []
     for x, y in sorted(points, key=lambda p: (p[0], -p[1])):
-        if not out or y > out[-1][1]:  # equal x: the highest y comes first
-            out.append((float(x), float(y)))
-    return out
+        if not rising or y > rising[-1][1]:  # equal x: the highest y comes first
+            rising.append((float(x), float(y)))
+    hull: list[Point] = []
+    for p in rising:
+        while len(hull) >= 2 and _cross(hull[-2], hull[-1], p) >= 0:  # hull[-1] on or below the chord
+            hull.pop()
+        hull.append(p)
+    return hull
+
+
+def _cross(o: Point, a: Point, b: Point) -> float:
+    return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
 
 
 def interpolate(curve: Sequence[Point], x: float) -> float | None:

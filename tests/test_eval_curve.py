@@ -77,15 +77,17 @@ def test_groups_share_a_drafter_only_across_draft_options() -> None:
 
 
 def test_envelope_interpolation_and_ratio_by_hand() -> None:
-    pts = [(1.0, 1.2), (2.0, 1.5), (2.0, 1.4), (3.0, 1.45), (4.0, 1.8), (0.5, 1.3)]
+    pts = [(1.0, 1.2), (2.0, 1.5), (2.0, 1.4), (3.0, 1.45), (4.0, 1.8), (0.5, 1.3), (5.0, 1.7), (1.5, 1.45)]
     env = envelope(pts)
-    assert env == [(0.5, 1.3), (2.0, 1.5), (4.0, 1.8)]  # (1, 1.2) and (3, 1.45) are beaten by cheaper points
-    assert interpolate(env, 3.0) == pytest.approx(1.65)
+    # (1, 1.2), (3, 1.45) and (2, 1.4) are beaten by cheaper points; (2, 1.5) lies below the chord from (1.5, 1.45)
+    # to (4, 1.8) (1.52 at x = 2); (5, 1.7) is past the highest MAT
+    assert env == [(0.5, 1.3), (1.5, 1.45), (4.0, 1.8)]
+    assert interpolate(env, 3.0) == pytest.approx(1.45 + 0.35 * 1.5 / 2.5)
     assert interpolate(env, 0.4) is None and interpolate(env, 4.5) is None
     table = {"d": {"a": {"settings": 6, "envelope": env}, "b": {"settings": 1, "envelope": [(1.0, 1.1), (3.0, 1.5)]}}}
     rows = {r["drafter"]: r for r in compare(table, at=(2.0, 4.0), versus="b")}
-    assert rows["a"]["mat@2"] == pytest.approx(1.5)
-    assert rows["a"]["ratio@2"] == pytest.approx(1.5 / 1.3)
+    assert rows["a"]["mat@2"] == pytest.approx(1.52)
+    assert rows["a"]["ratio@2"] == pytest.approx(1.52 / 1.3)
     assert rows["a"]["ratio@4"] is None  # 4 is outside b's curve
     assert rows["b"]["ratio@2"] == pytest.approx(1.0)
 
