@@ -407,11 +407,56 @@ private:
     }
 };
 
+struct Calibration;
+
 struct DraftParams {
     int budget;
     bool tree;
     double factor, offset, min_prob;
     double leaf_prior = 0.0;  // > 0: a continuation seen once gets (l + 1) / (l + 1 + leaf_prior), l = its match length
+    const Calibration* calib = nullptr;  // chains: calibrated P(next token) instead of count / total (see Calibration)
+};
+
+// Calibrated chain probabilities. Before each token the library appends (Engine::extend_learning), the top
+// continuation of the longest match with one in each trie is checked against it: hits and trials are counted per
+// source (local / global), tokens matched (`ell`, bucketed), the continuation's count (bucketed) and its share of
+// its node's total (all, >= 3/4, >= 1/2, >= 1/4, less). A chain token's probability is then that cell's hit rate,
+// shrunk towards count / total by CALIB_PRIOR pseudo-trials: how often such a candidate was right before. What is
+// learned depends only on the tokens appended, never on the drafts. suffix_ref.py's Calibration mirrors it.
+constexpr double CALIB_PRIOR = 2.0;
+constexpr int CALIB_ELL_EDGES[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64};  // ell <= edge: its bucket
+constexpr int CALIB_COUNT_EDGES[] = {1, 2, 3, 4, 8, 16};
+constexpr int CALIB_N_ELL = 17, CALIB_N_COUNT = 7, CALIB_N_SHARE = 5;
+
+struct Calibration {
+    std::vector<double> hits = std::vector<double>(2 * CALIB_N_ELL * CALIB_N_COUNT * CALIB_N_SHARE, 0.0);
+    std::vector<double> trials = std::vector<double>(hits.size(), 0.0);
+
+    static int bucket(const int* edges, int n, int v) {
+        for (int i = 0; i < n; ++i)
+            if (v <= edges[i]) return i;
+        return n;
+    }
+    static int share(int32_t c, int32_t t) {
+        if (c == t) return 0;
+        if (4LL * c >= 3LL * t) return 1;
+        if (2LL * c >= t) return 2;
+        if (4LL * c >= t) return 3;
+        return 4;
+    }
+    static size_t cell(int src, int ell, int32_t c, int32_t t) {
+        int e = bucket(CALIB_ELL_EDGES, CALIB_N_ELL - 1, ell), k = bucket(CALIB_COUNT_EDGES, CALIB_N_COUNT - 1, c);
+        return static_cast<size_t>(((src * CALIB_N_ELL + e) * CALIB_N_COUNT + k) * CALIB_N_SHARE + share(c, t));
+    }
+    double prob(int src, int ell, int32_t c, int32_t t) const {
+        size_t i = cell(src, ell, c, t);
+        return (hits[i] + CALIB_PRIOR * c / t) / (trials[i] + CALIB_PRIOR);
+    }
+    void observe(int src, int ell, int32_t c, int32_t t, bool hit) {
+        size_t i = cell(src, ell, c, t);
+        trials[i] += 1.0;
+        hits[i] += hit ? 1.0 : 0.0;
+    }
 };
 
 // P(next token | its path) from `count` of `total` occurrences. With `leaf_prior` > 0 a continuation seen only once
@@ -452,30 +497,41 @@ struct HeapItem {
     }
 };
 
-// Most likely next step from `c`: (token, P(token | c), next cursor); false when nothing follows. `ell`: tokens
-// matched before it (see cont_prob).
-bool best_step(const Trie& t, const Cursor& c, int ell, double leaf_prior, int32_t& tok, double& q, Cursor& next) {
+// The most frequent continuation of `c`: its token, count, its node's total and the cursor after it; false when
+// nothing follows (a leaf continues its one occurrence: count = total = 1).
+bool top_child(const Trie& t, const Cursor& c, int32_t& tok, int32_t& count, int32_t& total, Cursor& next) {
     if (t.is_leaf(c.node)) {
-        q = cont_prob(1, 1, ell, leaf_prior);
+        count = total = 1;
         return t.leaf_next(c, tok, next);
     }
     const Node& nd = t.node(c.node);
     if (nd.total <= 0 || nd.best == NIL) return false;
     const Node& b = t.node(nd.best);
-    q = cont_prob(b.count, nd.total, ell, leaf_prior);
     tok = b.token;
+    count = b.count;
+    total = nd.total;
     next = Cursor{nd.best, 0};
     return true;
 }
 
-void draft_chain(const Trie& t, Cursor cur, int m, int max_len, const DraftParams& p, Draft& out) {
+// Most likely next step from `c` in trie `src`: (token, P(token | c), next cursor); false when nothing follows.
+// `ell`: tokens matched before it (see cont_prob and Calibration).
+bool best_step(const Trie& t, const Cursor& c, int ell, const DraftParams& p, int src, int32_t& tok, double& q,
+               Cursor& next) {
+    int32_t count, total;
+    if (!top_child(t, c, tok, count, total, next)) return false;
+    q = p.calib ? p.calib->prob(src, ell, count, total) : cont_prob(count, total, ell, p.leaf_prior);
+    return true;
+}
+
+void draft_chain(const Trie& t, Cursor cur, int m, int max_len, const DraftParams& p, int src, Draft& out) {
     double path = 1.0, min_prob = p.min_prob;
     int limit = std::min(max_len, p.budget);
     int32_t tok;
     double q;
     Cursor next;
     while (static_cast<int>(out.tokens.size()) < limit &&
-           best_step(t, cur, m + static_cast<int>(out.tokens.size()), p.leaf_prior, tok, q, next)) {
+           best_step(t, cur, m + static_cast<int>(out.tokens.size()), p, src, tok, q, next)) {
         if (path * q < min_prob) break;
         path *= q;
         out.parents.push_back(static_cast<int32_t>(out.tokens.size()) - 1);
@@ -548,12 +604,12 @@ void best_draft(const Trie& t, const std::vector<Cursor>& front, const DraftPara
         int32_t tok;
         double q1;
         Cursor next;
-        if (!best_step(t, front[m], static_cast<int>(m), p.leaf_prior, tok, q1, next)) continue;  // nothing follows
+        if (!best_step(t, front[m], static_cast<int>(m), p, source, tok, q1, next)) continue;  // nothing follows
         double reach = p.tree ? std::min(bound, p.budget * q1) : bound * q1;
         if (reach + BOUND_SLACK <= best.score) continue;
         tmp.clear();
         if (p.tree) draft_tree(t, front[m], static_cast<int>(m), cap, p, tmp);
-        else draft_chain(t, front[m], static_cast<int>(m), cap, p, tmp);
+        else draft_chain(t, front[m], static_cast<int>(m), cap, p, source, tmp);
         if (tmp.score > best.score) {
             std::swap(best, tmp);
             best.match_len = static_cast<int>(m);
@@ -714,6 +770,8 @@ struct Engine {
     WorkerPool workers;            // the lane thread's helpers (destroyed after the lane thread is joined)
     JobThread lane_thread;         // declared last: destroyed (joined) first; runs `job`
 
+    Calibration calib;             // learned by extend_learning (the library's extend), read by calibrated drafts
+
     Engine(int d, int64_t mr, int64_t mt) : depth(d), max_requests(mr), max_tokens(mt), global(d) {}
 
     // Rows of one lane step may extend and draft on several threads at once: each touches its own request and
@@ -742,6 +800,33 @@ struct Engine {
     }
 
     void extend(Request& r, const int32_t* toks, size_t n) { extend(r, toks, n, scratch); }
+
+    // The library's extend (main thread only): before each token, the calibration learns whether each trie's top
+    // continuation of its longest match was that token; then the token is appended.
+    void extend_learning(Request& r, const int32_t* toks, size_t n) {
+        refresh_global(r, scratch);
+        for (size_t i = 0; i < n; ++i) {
+            observe(r, toks[i]);
+            extend(r, toks + i, 1, scratch);
+        }
+    }
+
+    void observe(const Request& r, int32_t tok) {
+        int32_t t, count, total;
+        Cursor next;
+        for (size_t m = r.local_front.size(); m-- > 1;) {
+            if (top_child(*r.local, Cursor{r.local_front[m], 0}, t, count, total, next)) {
+                calib.observe(0, static_cast<int>(m), count, total, t == tok);
+                break;
+            }
+        }
+        for (size_t m = r.global_front.size(); m-- > 1;) {
+            if (top_child(global, r.global_front[m], t, count, total, next)) {
+                calib.observe(1, static_cast<int>(m), count, total, t == tok);
+                break;
+            }
+        }
+    }
 
     void extend(Request& r, const int32_t* toks, size_t n, Scratch& s) {
         bool fresh = r.global_version == version;
@@ -956,7 +1041,7 @@ PyObject* Engine_extend(PyEngine* self, PyObject* args) {
         return nullptr;
     }
     if (!read_ids(toks, self->engine->wide, g_tokens)) return nullptr;
-    self->engine->extend(it->second, g_tokens.data(), g_tokens.size());
+    self->engine->extend_learning(it->second, g_tokens.data(), g_tokens.size());
     Py_RETURN_NONE;
 }
 
@@ -982,16 +1067,17 @@ PyObject* id_list(const std::vector<int32_t>& v, const WideIds& wide) {
     return list;
 }
 
-// draft(rid, budget, tree, factor, offset, min_prob, use_local, use_global, leaf_prior=0)
+// draft(rid, budget, tree, factor, offset, min_prob, use_local, use_global, leaf_prior=0, calibrated=False)
 //   -> (tokens, parents, probs, score, match_len, source)
 PyObject* Engine_draft(PyEngine* self, PyObject* args) {
     long long rid;
     DraftParams p;
-    int tree, use_local, use_global;
-    if (!PyArg_ParseTuple(args, "Lipdddpp|d", &rid, &p.budget, &tree, &p.factor, &p.offset, &p.min_prob, &use_local,
-                          &use_global, &p.leaf_prior))
+    int tree, use_local, use_global, calibrated = 0;
+    if (!PyArg_ParseTuple(args, "Lipdddpp|dp", &rid, &p.budget, &tree, &p.factor, &p.offset, &p.min_prob, &use_local,
+                          &use_global, &p.leaf_prior, &calibrated))
         return nullptr;
     p.tree = tree != 0;
+    if (calibrated && !p.tree) p.calib = &self->engine->calib;  // trees keep count / total
     quiesce(*self->engine);
     auto it = self->engine->requests.find(rid);
     if (it == self->engine->requests.end()) {
@@ -1035,10 +1121,11 @@ PyObject* Engine_local_nodes(PyEngine* self, PyObject* args) {
 
 PyMethodDef Engine_methods[] = {
     {"start", reinterpret_cast<PyCFunction>(Engine_start), METH_VARARGS, "start(rid, prompt_ids)"},
-    {"extend", reinterpret_cast<PyCFunction>(Engine_extend), METH_VARARGS, "extend(rid, token_ids)"},
+    {"extend", reinterpret_cast<PyCFunction>(Engine_extend), METH_VARARGS,
+     "extend(rid, token_ids): append them, the calibration learning from each"},
     {"stop", reinterpret_cast<PyCFunction>(Engine_stop), METH_VARARGS, "stop(rid): cache the response"},
     {"draft", reinterpret_cast<PyCFunction>(Engine_draft), METH_VARARGS,
-     "draft(rid, budget, tree, factor, offset, min_prob, use_local, use_global, leaf_prior=0)"},
+     "draft(rid, budget, tree, factor, offset, min_prob, use_local, use_global, leaf_prior=0, calibrated=False)"},
     {"memory_bytes", reinterpret_cast<PyCFunction>(Engine_memory_bytes), METH_NOARGS, "bytes held"},
     {"global_stats", reinterpret_cast<PyCFunction>(Engine_global_stats), METH_NOARGS, "global trie stats"},
     {"local_nodes", reinterpret_cast<PyCFunction>(Engine_local_nodes), METH_VARARGS, "nodes of a request trie"},

@@ -66,6 +66,11 @@ class SuffixConfig(ConfigBase):
         doc="> 0: a continuation seen once is not certain: (l + 1) / (l + 1 + leaf_prior), l = "
         "tokens matched so far (0: probability 1, as count / total says)",
     )
+    calibrate: bool = rng(
+        False,
+        doc="chains: a token's probability is how often such a continuation (source, tokens matched, count, share of "
+        "its node) was the next token so far, instead of count / total; min_token_prob cuts on it",
+    )
     max_cached_requests: int = rng(10_000, lo=0, hi=2**31 - 1, doc="responses kept in the global trie (0: none)")
     max_cached_tokens: int = rng(10_000_000, lo=0, hi=2**40, doc="response tokens kept in the global trie")
     use_local: bool = rng(True, doc="draft from the request's own prompt + output")
@@ -87,6 +92,7 @@ class SuffixDrafter(SuffixLane, Drafter):
             "leaf_prior",
             "use_local",
             "use_global",
+            "calibrate",
         )
     )
 
@@ -180,6 +186,7 @@ class SuffixDrafter(SuffixLane, Drafter):
             c.use_local,
             c.use_global,
             c.leaf_prior,
+            c.calibrate,
         )
 
     def _factor(self, free: bool) -> float:

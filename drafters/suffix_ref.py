@@ -137,6 +137,48 @@ class RefTrie:
         return self.live_nodes() * NODE_BYTES + sys.getsizeof(self.token) * 6
 
 
+CALIB_PRIOR = 2.0  # pseudo-trials at count / total in a calibrated probability
+CALIB_ELL_EDGES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64)  # tokens matched <= edge: its bucket
+CALIB_COUNT_EDGES = (1, 2, 3, 4, 8, 16)
+CALIB_N_ELL, CALIB_N_COUNT, CALIB_N_SHARE = len(CALIB_ELL_EDGES) + 1, len(CALIB_COUNT_EDGES) + 1, 5
+
+
+class Calibration:
+    """Calibrated chain probabilities (the native core's ``Calibration``): before each token ``extend`` appends,
+    each trie's top continuation of its longest match is checked against it, counted per source, tokens matched
+    (``ell``), the continuation's count and its share of its node's total (all, >= 3/4, >= 1/2, >= 1/4, less). A
+    chain token's probability is that cell's hit rate shrunk towards count / total by ``CALIB_PRIOR`` trials."""
+
+    def __init__(self) -> None:
+        n = 2 * CALIB_N_ELL * CALIB_N_COUNT * CALIB_N_SHARE
+        self.hits = [0.0] * n
+        self.trials = [0.0] * n
+
+    @staticmethod
+    def cell(src: int, ell: int, c: int, t: int) -> int:
+        e = next((i for i, edge in enumerate(CALIB_ELL_EDGES) if ell <= edge), CALIB_N_ELL - 1)
+        k = next((i for i, edge in enumerate(CALIB_COUNT_EDGES) if c <= edge), CALIB_N_COUNT - 1)
+        share = 0 if c == t else 1 if 4 * c >= 3 * t else 2 if 2 * c >= t else 3 if 4 * c >= t else 4
+        return ((src * CALIB_N_ELL + e) * CALIB_N_COUNT + k) * CALIB_N_SHARE + share
+
+    def prob(self, src: int, ell: int, c: int, t: int) -> float:
+        i = self.cell(src, ell, c, t)
+        return (self.hits[i] + CALIB_PRIOR * c / t) / (self.trials[i] + CALIB_PRIOR)
+
+    def observe(self, src: int, ell: int, c: int, t: int, hit: bool) -> None:
+        i = self.cell(src, ell, c, t)
+        self.trials[i] += 1.0
+        self.hits[i] += 1.0 if hit else 0.0
+
+
+def top_child(t: RefTrie, node: int) -> tuple[int, int, int, int] | None:
+    """(token, count, node total, child) of the most frequent continuation of ``node``; None when nothing follows."""
+    b = t.best[node]
+    if t.total[node] <= 0 or b < 0:
+        return None
+    return t.token[b], t.count[b], t.total[node], b
+
+
 def length_cap(m: int, factor: float, offset: float) -> int:
     return max(0, int(math.floor(m * factor + offset + 1e-9)))
 
@@ -149,23 +191,30 @@ def cont_prob(count: int, total: int, ell: int, leaf_prior: float) -> float:
     return count / total
 
 
-def draft_chain(t: RefTrie, start: int, m: int, max_len: int, params: tuple, out: dict) -> None:
-    budget, _tree, _factor, _offset, min_prob, leaf_prior = params
+def step_prob(top: tuple[int, int, int, int], ell: int, params: tuple, src: int) -> float:
+    """P(the top continuation | its path): calibrated (``params[6]``, chains) or count / total."""
+    _tok, c, total, _b = top
+    calib = params[6]
+    return calib.prob(src, ell, c, total) if calib is not None else cont_prob(c, total, ell, params[5])
+
+
+def draft_chain(t: RefTrie, start: int, m: int, max_len: int, params: tuple, out: dict, src: int = 0) -> None:
+    min_prob = params[4]
     path, cur = 1.0, start
-    limit = min(max_len, budget)
+    limit = min(max_len, params[0])
     while len(out["tokens"]) < limit:
-        b = t.best[cur]
-        if t.total[cur] <= 0 or b < 0:
+        top = top_child(t, cur)
+        if top is None:
             break
-        q = cont_prob(t.count[b], t.total[cur], m + len(out["tokens"]), leaf_prior)
+        q = step_prob(top, m + len(out["tokens"]), params, src)
         if path * q < min_prob:
             break
         path *= q
         out["parents"].append(len(out["tokens"]) - 1)
-        out["tokens"].append(t.token[b])
+        out["tokens"].append(top[0])
         out["probs"].append(q)
         out["score"] += path
-        cur = b
+        cur = top[3]
 
 
 def _push_children(
@@ -205,7 +254,7 @@ def _empty() -> dict:
 
 
 def best_draft(t: RefTrie, front: list[int], params: tuple, source: int, best: dict) -> dict:
-    budget, tree, factor, offset, _min_prob, _leaf_prior = params
+    budget, tree, factor, offset = params[:4]
     for m in range(len(front) - 1, 0, -1):
         cap = length_cap(m, factor, offset)
         if min(budget, cap) <= best["score"]:
@@ -213,7 +262,10 @@ def best_draft(t: RefTrie, front: list[int], params: tuple, source: int, best: d
         if t.total[front[m]] <= 0:
             continue
         cand = _empty()
-        (draft_tree if tree else draft_chain)(t, front[m], m, cap, params, cand)
+        if tree:
+            draft_tree(t, front[m], m, cap, params, cand)
+        else:
+            draft_chain(t, front[m], m, cap, params, cand, source)
         if cand["score"] > best["score"]:
             cand["match_len"], cand["source"] = m, source
             best = cand
@@ -248,6 +300,7 @@ class RefEngine:
         self.cached: deque[list[int]] = deque()
         self.cached_tokens = 0
         self.requests: dict[int, _Req] = {}
+        self.calib = Calibration()
 
     def _refresh(self, r: _Req) -> None:
         if r.version == self.version:
@@ -266,13 +319,22 @@ class RefEngine:
         r = self.requests.get(rid)
         if r is None:
             raise KeyError(f"request {rid} is not active (call start first)")
-        fresh = r.version == self.version
+        self._refresh(r)
         for t in tokens:
             t = int(t)
+            self._observe(r, t)
             r.context.append(t)
             r.local.append(r.local_front, t)
-            if fresh:
-                r.global_front = self.global_trie.step_match(r.global_front, t)
+            r.global_front = self.global_trie.step_match(r.global_front, t)
+
+    def _observe(self, r: _Req, tok: int) -> None:
+        """The calibration learns whether each trie's top continuation of its longest match is ``tok``."""
+        for src, t, front in ((0, r.local, r.local_front), (1, self.global_trie, r.global_front)):
+            for m in range(len(front) - 1, 0, -1):
+                top = top_child(t, front[m])
+                if top is not None:
+                    self.calib.observe(src, m, top[1], top[2], top[0] == tok)
+                    break
 
     def stop(self, rid: int) -> None:
         r = self.requests.pop(rid, None)
@@ -300,13 +362,15 @@ class RefEngine:
         use_local: bool,
         use_global: bool,
         leaf_prior: float = 0.0,
+        calibrated: bool = False,
     ) -> tuple[list[int], list[int], list[float], float, int, int]:
         r = self.requests.get(rid)
         if r is None:
             raise KeyError(f"request {rid} is not active (call start first)")
         best = _empty()
         if budget > 0:
-            params = (budget, bool(tree), factor, offset, min_prob, leaf_prior)
+            calib = self.calib if calibrated and not tree else None  # trees keep count / total
+            params = (budget, bool(tree), factor, offset, min_prob, leaf_prior, calib)
             if use_local:
                 best = best_draft(r.local, r.local_front, params, 0, best)
             if use_global:
