@@ -407,7 +407,7 @@ private:
     }
 };
 
-struct Calibration;
+#include "suffix_calib.inc"  // Calibration: calibrated chain probabilities
 
 struct DraftParams {
     int budget;
@@ -415,48 +415,6 @@ struct DraftParams {
     double factor, offset, min_prob;
     double leaf_prior = 0.0;  // > 0: a continuation seen once gets (l + 1) / (l + 1 + leaf_prior), l = its match length
     const Calibration* calib = nullptr;  // chains: calibrated P(next token) instead of count / total (see Calibration)
-};
-
-// Calibrated chain probabilities. Before each token the library appends (Engine::extend_learning), the top
-// continuation of the longest match with one in each trie is checked against it: hits and trials are counted per
-// source (local / global), tokens matched (`ell`, bucketed), the continuation's count (bucketed) and its share of
-// its node's total (all, >= 3/4, >= 1/2, >= 1/4, less). A chain token's probability is then that cell's hit rate,
-// shrunk towards count / total by CALIB_PRIOR pseudo-trials: how often such a candidate was right before. What is
-// learned depends only on the tokens appended, never on the drafts. suffix_ref.py's Calibration mirrors it.
-constexpr double CALIB_PRIOR = 2.0;
-constexpr int CALIB_ELL_EDGES[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64};  // ell <= edge: its bucket
-constexpr int CALIB_COUNT_EDGES[] = {1, 2, 3, 4, 8, 16};
-constexpr int CALIB_N_ELL = 17, CALIB_N_COUNT = 7, CALIB_N_SHARE = 5;
-
-struct Calibration {
-    std::vector<double> hits = std::vector<double>(2 * CALIB_N_ELL * CALIB_N_COUNT * CALIB_N_SHARE, 0.0);
-    std::vector<double> trials = std::vector<double>(hits.size(), 0.0);
-
-    static int bucket(const int* edges, int n, int v) {
-        for (int i = 0; i < n; ++i)
-            if (v <= edges[i]) return i;
-        return n;
-    }
-    static int share(int32_t c, int32_t t) {
-        if (c == t) return 0;
-        if (4LL * c >= 3LL * t) return 1;
-        if (2LL * c >= t) return 2;
-        if (4LL * c >= t) return 3;
-        return 4;
-    }
-    static size_t cell(int src, int ell, int32_t c, int32_t t) {
-        int e = bucket(CALIB_ELL_EDGES, CALIB_N_ELL - 1, ell), k = bucket(CALIB_COUNT_EDGES, CALIB_N_COUNT - 1, c);
-        return static_cast<size_t>(((src * CALIB_N_ELL + e) * CALIB_N_COUNT + k) * CALIB_N_SHARE + share(c, t));
-    }
-    double prob(int src, int ell, int32_t c, int32_t t) const {
-        size_t i = cell(src, ell, c, t);
-        return (hits[i] + CALIB_PRIOR * c / t) / (trials[i] + CALIB_PRIOR);
-    }
-    void observe(int src, int ell, int32_t c, int32_t t, bool hit) {
-        size_t i = cell(src, ell, c, t);
-        trials[i] += 1.0;
-        hits[i] += hit ? 1.0 : 0.0;
-    }
 };
 
 // P(next token | its path) from `count` of `total` occurrences. With `leaf_prior` > 0 a continuation seen only once
@@ -847,8 +805,12 @@ struct Engine {
 
     void cache_response(Request& r) {
         const std::vector<int32_t>& ctx = r.local->seq(LOCAL_SEQ);
-        if (max_requests > 0 && max_tokens > 0 && ctx.size() > r.prompt_len) {
-            std::vector<int32_t> resp(ctx.begin() + r.prompt_len, ctx.end());
+        if (ctx.size() > r.prompt_len) cache(std::vector<int32_t>(ctx.begin() + r.prompt_len, ctx.end()));
+    }
+
+    // A finished response into the global trie (a stopped request's, or one from elsewhere), oldest evicted first.
+    void cache(std::vector<int32_t>&& resp) {
+        if (max_requests > 0 && max_tokens > 0 && !resp.empty()) {
             int64_t len = static_cast<int64_t>(resp.size());
             int32_t id = global.add_sequence(std::move(resp));
             cached_tokens += len;
@@ -1053,6 +1015,16 @@ PyObject* Engine_stop(PyEngine* self, PyObject* args) {
     Py_RETURN_NONE;
 }
 
+PyObject* Engine_cache(PyEngine* self, PyObject* args) {
+    PyObject* toks;
+    if (!PyArg_ParseTuple(args, "O", &toks)) return nullptr;
+    Engine& e = *self->engine;
+    quiesce(e);
+    if (!read_ids(toks, e.wide, g_tokens)) return nullptr;
+    e.cache(std::vector<int32_t>(g_tokens.begin(), g_tokens.end()));
+    Py_RETURN_NONE;
+}
+
 PyObject* int_list(const std::vector<int32_t>& v) {
     PyObject* list = PyList_New(static_cast<Py_ssize_t>(v.size()));
     if (!list) return nullptr;
@@ -1124,6 +1096,8 @@ PyMethodDef Engine_methods[] = {
     {"extend", reinterpret_cast<PyCFunction>(Engine_extend), METH_VARARGS,
      "extend(rid, token_ids): append them, the calibration learning from each"},
     {"stop", reinterpret_cast<PyCFunction>(Engine_stop), METH_VARARGS, "stop(rid): cache the response"},
+    {"cache", reinterpret_cast<PyCFunction>(Engine_cache), METH_VARARGS,
+     "cache(token_ids): add a finished response from elsewhere to the global trie"},
     {"draft", reinterpret_cast<PyCFunction>(Engine_draft), METH_VARARGS,
      "draft(rid, budget, tree, factor, offset, min_prob, use_local, use_global, leaf_prior=0, calibrated=False)"},
     {"memory_bytes", reinterpret_cast<PyCFunction>(Engine_memory_bytes), METH_NOARGS, "bytes held"},

@@ -138,6 +138,11 @@ class SuffixDrafter(SuffixLane, Drafter):
         if rid is not None:
             self.engine.stop(rid)
 
+    def cache_response(self, token_ids: Sequence[int]) -> None:
+        """Add a finished response that was not drafted here (another replica's, a log's) to the global cache."""
+        if len(token_ids):
+            self.engine.cache(_as_ids(token_ids, check=self.backend == "python"))
+
     def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
         out: list[TokenTree] = []
         self.last_sources = []

@@ -24,6 +24,8 @@ import sys
 from collections import deque
 from collections.abc import Sequence
 
+from specdec.drafters.suffix_calib import Calibration
+
 ROOT = 0
 NODE_BYTES = 200  # rough CPython cost of one node (list slots + its dict entry)
 
@@ -135,40 +137,6 @@ class RefTrie:
 
     def memory_bytes(self) -> int:
         return self.live_nodes() * NODE_BYTES + sys.getsizeof(self.token) * 6
-
-
-CALIB_PRIOR = 2.0  # pseudo-trials at count / total in a calibrated probability
-CALIB_ELL_EDGES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64)  # tokens matched <= edge: its bucket
-CALIB_COUNT_EDGES = (1, 2, 3, 4, 8, 16)
-CALIB_N_ELL, CALIB_N_COUNT, CALIB_N_SHARE = len(CALIB_ELL_EDGES) + 1, len(CALIB_COUNT_EDGES) + 1, 5
-
-
-class Calibration:
-    """Calibrated chain probabilities (the native core's ``Calibration``): before each token ``extend`` appends,
-    each trie's top continuation of its longest match is checked against it, counted per source, tokens matched
-    (``ell``), the continuation's count and its share of its node's total (all, >= 3/4, >= 1/2, >= 1/4, less). A
-    chain token's probability is that cell's hit rate shrunk towards count / total by ``CALIB_PRIOR`` trials."""
-
-    def __init__(self) -> None:
-        n = 2 * CALIB_N_ELL * CALIB_N_COUNT * CALIB_N_SHARE
-        self.hits = [0.0] * n
-        self.trials = [0.0] * n
-
-    @staticmethod
-    def cell(src: int, ell: int, c: int, t: int) -> int:
-        e = next((i for i, edge in enumerate(CALIB_ELL_EDGES) if ell <= edge), CALIB_N_ELL - 1)
-        k = next((i for i, edge in enumerate(CALIB_COUNT_EDGES) if c <= edge), CALIB_N_COUNT - 1)
-        share = 0 if c == t else 1 if 4 * c >= 3 * t else 2 if 2 * c >= t else 3 if 4 * c >= t else 4
-        return ((src * CALIB_N_ELL + e) * CALIB_N_COUNT + k) * CALIB_N_SHARE + share
-
-    def prob(self, src: int, ell: int, c: int, t: int) -> float:
-        i = self.cell(src, ell, c, t)
-        return (self.hits[i] + CALIB_PRIOR * c / t) / (self.trials[i] + CALIB_PRIOR)
-
-    def observe(self, src: int, ell: int, c: int, t: int, hit: bool) -> None:
-        i = self.cell(src, ell, c, t)
-        self.trials[i] += 1.0
-        self.hits[i] += 1.0 if hit else 0.0
 
 
 def top_child(t: RefTrie, node: int) -> tuple[int, int, int, int] | None:
@@ -338,9 +306,14 @@ class RefEngine:
 
     def stop(self, rid: int) -> None:
         r = self.requests.pop(rid, None)
-        if r is None or self.max_requests <= 0 or self.max_tokens <= 0 or len(r.context) <= r.prompt_len:
+        if r is not None:
+            self.cache(r.context[r.prompt_len :])
+
+    def cache(self, tokens: Sequence[int]) -> None:
+        """Add a finished response to the global trie (what ``stop`` does with a request's), oldest evicted first."""
+        resp = [int(t) for t in tokens]
+        if self.max_requests <= 0 or self.max_tokens <= 0 or not resp:
             return
-        resp = r.context[r.prompt_len :]
         self.global_trie.insert_sequence(resp)
         self.cached_tokens += len(resp)
         self.cached.append(resp)
