@@ -28,13 +28,13 @@ DEFAULT_CURVE_DRAFTERS = ("suffix", "arctic")
 CURVE_GRIDS: dict[str, dict[str, list[Any]]] = {
     "arctic": {
         "max_depth": [24, 64],
-        "max_spec_factor": [0.5, 1.0, 2.0, 4.0, 16.0],
-        "min_token_prob": [0.02, 0.1, 0.2, 0.4],
+        "max_spec_factor": [0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 16.0],
+        "min_token_prob": [0.02, 0.1, 0.2, 0.4, 0.7],
     },
     "suffix": {
         "max_depth": [32, 64],
-        "max_spec_factor": [0.5, 1.0, 2.0, 4.0, 16.0],
-        "min_token_prob": [0.02, 0.1, 0.2, 0.4],
+        "max_spec_factor": [1.0, 4.0, 16.0],
+        "min_confidence": [0.003, 0.01, 0.03, 0.06, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 0.9],
     },
     "ngram": {"min_token_prob": [0.05, 0.1, 0.2, 0.4], "max_candidates": [1, 8], "budget": [4, 16]},
     "vllm-ngram": {"num_speculative_tokens": [1, 2, 3, 4, 6, 8, 12, 16], "max_n": [4, 8]},

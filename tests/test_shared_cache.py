@@ -21,7 +21,7 @@ def _records(n: int = 14, seed: int = 2) -> list[TraceRecord]:
 
 
 def _plain():
-    return build_drafter({"name": "suffix", "calibrate": False})
+    return build_drafter({"name": "suffix", "min_confidence": 0.0})
 
 
 def _counts(cell: Cell) -> tuple[int, int, int, int]:

@@ -82,3 +82,20 @@ def test_cache_response_feeds_the_global_trie(backend):
     d.start("a", [9, 1, 2])
     assert d.draft("a", 4).tokens.tolist() == [3, 4] and d.last_sources == ["global"]
     assert d.global_stats()["cached_requests"] == 1
+
+
+@pytest.mark.parametrize("backend", ["python", "native"] if len(ENGINES) > 1 else ["python"])
+def test_min_confidence_turns_calibration_on_and_cuts_on_it(backend):
+    from specdec.drafters.suffix import SuffixDrafter
+
+    def drafter(**opts):
+        d = SuffixDrafter(backend=backend, max_depth=8, **opts)
+        d.start("a", [5, 6, 7, 8, 5, 6, 7])
+        for toks in ([8], [4], [6, 7, 8]):
+            d.extend("a", toks)
+        return d
+
+    t = drafter(min_confidence=1e-9).draft("a", 4)  # the hand-checked chain above
+    assert t.tokens.tolist() == [4, 6, 7, 8] and t.probs.tolist() == pytest.approx([0.5, 1, 1, 2 / 3])
+    assert drafter(min_confidence=0.4).draft("a", 4).tokens.tolist() == [4, 6, 7]
+    assert drafter(min_confidence=0.0, min_token_prob=0.4).draft("a", 4).probs.tolist() == [0.5, 1, 1, 1]
