@@ -52,7 +52,8 @@ def add_curve_parser(sub: Any, fmt: Any, add_trace_args: Callable, add_output_ar
         nargs="+",
         metavar="NAME",
         default=list(DEFAULT_CURVE_DRAFTERS),
-        help=f"drafters, one curve each (default {' '.join(DEFAULT_CURVE_DRAFTERS)})",
+        help=f"drafters, one curve each: NAME, or LABEL=NAME to sweep one drafter twice (before=suffix; its options "
+        f"and grids are then LABEL.KEY) (default {' '.join(DEFAULT_CURVE_DRAFTERS)})",
     )
     g.add_argument("--option", action="append", default=[], metavar="NAME.KEY=VALUE", help="a fixed drafter option")
     g.add_argument(
@@ -83,29 +84,42 @@ def add_curve_parser(sub: Any, fmt: Any, add_trace_args: Callable, add_output_ar
     add_output_args(p)
 
 
-def curve_settings(args: argparse.Namespace) -> list[Setting]:
-    """Every drafter's settings: its --grid entries or its default grid, times --option, --budget, --tree."""
-    names = [str(d) for d in args.drafter]
+def curve_labels(drafters: Sequence[str]) -> dict[str, str]:
+    """``--drafter`` entries (``NAME`` or ``LABEL=NAME``) -> {label: drafter name}; labels are unique."""
+    out: dict[str, str] = {}
+    for item in drafters:
+        label, _, name = str(item).partition("=") if "=" in str(item) else (str(item), "", str(item))
+        if not label or not name or label in out:
+            raise ConfigError(f"--drafter {item!r}: give NAME or LABEL=NAME, each label once (e.g. before=suffix)")
+        out[label] = name
+    return out
+
+
+def curve_settings(args: argparse.Namespace) -> list[tuple[str, Setting]]:
+    """(curve label, setting) of every drafter: its --grid entries or its default grid, times --option, --budget,
+    --tree (options and grids of a labelled drafter are given as LABEL.KEY)."""
+    labels = curve_labels(args.drafter)
     for item in [*args.option, *args.grid]:
-        name = item.split("=", 1)[0].split(".", 1)[0].strip()
-        if name not in names:
-            raise ConfigError(f"{item!r}: drafter {name!r} is not among --drafter ({', '.join(names)})")
-    out: list[Setting] = []
-    for name in names:
-        grid = [g for g in args.grid if g.split(".", 1)[0] == name]
+        label = item.split("=", 1)[0].split(".", 1)[0].strip()
+        if label not in labels:
+            raise ConfigError(f"{item!r}: drafter {label!r} is not among --drafter ({', '.join(labels)})")
+    out: list[tuple[str, Setting]] = []
+    for label, name in labels.items():
+        grid = [f"{name}.{g.split('.', 1)[1]}" for g in args.grid if g.split(".", 1)[0] == label]
         if not grid:
             if name not in CURVE_GRIDS:
-                raise ConfigError(f"drafter {name!r} has no default curve grid; sweep it with --grid {name}.KEY=V1,V2")
+                raise ConfigError(f"drafter {name!r} has no default curve grid; sweep it with --grid {label}.KEY=V1,V2")
             grid = [f"{name}.{k}={','.join(map(str, v))}" for k, v in CURVE_GRIDS[name].items()]
         budgets = [g for g in grid if g.split("=", 1)[0] == f"{name}.budget"]
         grid = [g for g in grid if g not in budgets] + [g.split(".", 1)[1] for g in budgets]
-        out += build_settings(
+        settings = build_settings(
             drafters=[name],
-            options=[o for o in args.option if o.split(".", 1)[0] == name],
+            options=[f"{name}.{o.split('.', 1)[1]}" for o in args.option if o.split(".", 1)[0] == label],
             budgets=[args.budget],
             tree=args.tree,
             grid=grid,
         )
+        out += [(label, s) for s in settings]
     return out
 
 
@@ -115,8 +129,9 @@ def run_curve(args: argparse.Namespace) -> int:
     check_counts(args)
     if args.batch_size != 1:
         raise EvalError(f"--batch-size {args.batch_size}: curve replays one record at a time (drop --batch-size)")
-    if args.versus and args.versus not in args.drafter:
-        raise EvalError(f"--versus {args.versus!r} is not among --drafter ({', '.join(args.drafter)})")
+    labels = curve_labels(args.drafter)
+    if args.versus and args.versus not in labels:
+        raise EvalError(f"--versus {args.versus!r} is not among the curves ({', '.join(labels)})")
     settings = curve_settings(args)
     jobs = dataset_jobs(args)
     saved = None
@@ -139,10 +154,11 @@ def run_curve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _curve_dataset(job: Any, settings: Sequence[Setting], args: argparse.Namespace) -> list[dict[str, Any]]:
+def _curve_dataset(job: Any, labelled: Sequence[tuple[str, Setting]], args: argparse.Namespace) -> list[dict[str, Any]]:
     from specdec.drafters.registry import build_drafter, drafter_class
 
     records = job.load()
+    settings = [s for _, s in labelled]
     out: list[dict[str, Any]] = [{}] * len(settings)
     bar = _bar(records, len(settings), args, job.name)
     for idx in group_settings(settings, lambda n: drafter_class(n).draft_options):
@@ -162,7 +178,7 @@ def _curve_dataset(job: Any, settings: Sequence[Setting], args: argparse.Namespa
             out[i] = {
                 "dataset": job.name,
                 "source": job.source,
-                "curve": "+".join(s.names),
+                "curve": labelled[i][0],
                 **s.describe(),
                 **r.as_dict(),
             }
@@ -190,7 +206,7 @@ def _bar(records: Sequence[Any], n_settings: int, args: argparse.Namespace, name
 
 def _write(
     args: argparse.Namespace,
-    settings: Sequence[Setting],
+    labelled: Sequence[tuple[str, Setting]],
     results: list[dict[str, Any]],
     staging: Staging,
     wall: float,
@@ -207,7 +223,7 @@ def _write(
     doc_settings = {
         "command": "curve",
         "args": {k: v for k, v in vars(args).items() if k != "func"},
-        "drafter_settings": [s.describe() for s in settings],
+        "drafter_settings": [{"curve": label, **s.describe()} for label, s in labelled],
         "wall_seconds": wall,
     }
     doc = build_document(doc_settings, results, extra={"curves": table, "comparison": rows})

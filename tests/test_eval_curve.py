@@ -106,3 +106,18 @@ def test_curve_command_writes_table_json_png(tmp_path, capsys) -> None:
     assert len(doc["results"]) == 4 + 16  # the suffix grid, ngram's default grid
     assert {r["drafter"] for r in doc["comparison"]} == {"suffix", "ngram"}
     assert (out / "curve.png").stat().st_size > 0 and "MAT@4" in capsys.readouterr().out
+
+
+def test_labelled_curves_sweep_one_drafter_twice(tmp_path) -> None:
+    path = tmp_path / "t.jsonl"
+    with path.open("w") as fh:
+        for r in _records(seed=6, n=6):
+            fh.write(json.dumps({"id": r.id, "prompt_ids": r.prompt_list(), "response_ids": r.response_list()}) + "\n")
+    out = tmp_path / "out"
+    argv = ["curve", str(path), "--tokenizer", "none", "--drafter", "before=suffix", "suffix", "--versus", "before"]
+    argv += ["--grid", "before.min_token_prob=0.1,0.5", "--grid", "suffix.min_confidence=0.01,0.3", "--no-plots"]
+    assert main([*argv, "--option", "before.max_depth=16", "--out", str(out), "--no-progress", "--no-cache"]) == 0
+    doc = json.loads((out / "curve.json").read_text())
+    assert [r["curve"] for r in doc["results"]] == ["before", "before", "suffix", "suffix"]
+    assert {r["options"]["suffix"].get("max_depth") for r in doc["results"][:2]} == {16}
+    assert doc["results"][2]["options"]["suffix"] == {"min_confidence": 0.01}
