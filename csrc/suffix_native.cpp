@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <chrono>
@@ -546,6 +547,20 @@ int length_cap(int m, const DraftParams& p) {
     return cap > 1e9 ? 1000000000 : static_cast<int>(cap);
 }
 
+// Occurrences of a match that have a continuation (a leaf cursor: 1 or 0).
+int32_t continued(const Trie& t, const Cursor& c) {
+    if (!t.is_leaf(c.node)) return t.node(c.node).total;
+    return t.has_continuation(c) ? 1 : 0;
+}
+
+// The match of length m has the continuations of the one of length m + 1 (as many occurrences with a continuation,
+// so the same ones), and that one's chain has room for all it may draft below the trie's depth.
+bool same_as_longer(const Trie& t, const std::vector<Cursor>& front, size_t m, const DraftParams& p) {
+    int longer = static_cast<int>(m) + 1;
+    int room = t.depth() - longer;
+    return room >= std::min(p.budget, length_cap(longer, p)) && continued(t, front[m]) == continued(t, front[m + 1]);
+}
+
 constexpr double BOUND_SLACK = 1e-9;  // rounding margin of the score bound below (it must never skip a winner)
 
 // Best draft over all match lengths of `front` in trie `t` (longest first; strictly better replaces).
@@ -553,12 +568,16 @@ constexpr double BOUND_SLACK = 1e-9;  // rounding margin of the score bound belo
 // depth are disjoint continuations, their paths sum to <= 1), and every node's path is <= q1, the probability of
 // the most likely first token, so a chain scores <= levels x q1 and a tree <= nodes x q1. Match lengths whose bound
 // cannot beat the best so far are skipped without walking their chain or tree (same result, less work).
+// Calibrated chains also skip a match whose continuations are those of the next longer one (same number of
+// occurrences with a continuation: the same occurrences) when that one's chain cannot reach the trie's depth: its
+// chain is the longer one's, with one token less matched at every step (see same_as_longer).
 void best_draft(const Trie& t, const std::vector<Cursor>& front, const DraftParams& p, int source, Draft& best,
                 Draft& tmp) {
     for (size_t m = front.size(); m-- > 1;) {
         int cap = length_cap(static_cast<int>(m), p);
         double bound = std::min(static_cast<double>(p.budget), static_cast<double>(cap));
         if (bound <= best.score) break;
+        if (p.calib && m + 1 < front.size() && same_as_longer(t, front, m, p)) continue;
         int32_t tok;
         double q1;
         Cursor next;

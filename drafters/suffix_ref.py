@@ -221,13 +221,24 @@ def _empty() -> dict:
     return {"tokens": [], "parents": [], "probs": [], "score": 0.0, "match_len": 0, "source": -1}
 
 
+def same_as_longer(t: RefTrie, front: list[int], m: int, params: tuple) -> bool:
+    """The match of length ``m`` has the continuations of the one of length ``m + 1`` (as many occurrences with a
+    continuation: the same ones), and that one's chain has room for all it may draft below the trie's depth."""
+    budget, _tree, factor, offset = params[:4]
+    room = t.depth - (m + 1)
+    return room >= min(budget, length_cap(m + 1, factor, offset)) and t.total[front[m]] == t.total[front[m + 1]]
+
+
 def best_draft(t: RefTrie, front: list[int], params: tuple, source: int, best: dict) -> dict:
+    """Calibrated chains skip a match whose chain would be the next longer one's with one token less matched."""
     budget, tree, factor, offset = params[:4]
     for m in range(len(front) - 1, 0, -1):
         cap = length_cap(m, factor, offset)
         if min(budget, cap) <= best["score"]:
             break
         if t.total[front[m]] <= 0:
+            continue
+        if params[6] is not None and m + 1 < len(front) and same_as_longer(t, front, m, params):
             continue
         cand = _empty()
         if tree:

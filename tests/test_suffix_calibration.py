@@ -49,21 +49,20 @@ def test_table_learns_each_tries_top_continuation_by_hand():
 
 @pytest.mark.parametrize("engine_cls", ENGINES)
 def test_calibrated_chain_by_hand(engine_cls):
-    """Context 5 6 7 8 5 6 7 8 4 6 7 8. Every match ends in "8", continued by 5 then 4 (count 1 of 2: share 1/2,
-    an unseen cell: (0 + 2 x 1/2) / (0 + 2) = 0.5), then the one occurrence 4 6 7 8 (count 1 of 1):
-      match "6 7 8" (3): 4 .5 | 6 (ell 4: 0 hits / 1 trial: (0 + 2) / (1 + 2) = 2/3) | 7 1 | 8 1 -> score 1.5
-      match "7 8"   (2): 4 .5 | 6 (ell 3: 1 / 1: (1 + 2) / (1 + 2) = 1) | 7 (ell 4: 2/3) | 8 1   -> 1.6667
-      match "8"     (1): 4 .5 | 6 (ell 2: unseen, 1) | 7 (ell 3: 1) | 8 (ell 4: 2/3)            -> 1.8333 wins
-    Counts alone give every match 0.5 x 4 = 2.0, and the longest (3) keeps the tie."""
+    """Context 5 6 7 8 5 6 7 8 4 6 7 8. The matches "6 7 8", "7 8" and "8" have the same two continued occurrences
+    (followed by 5, then by 4), so only the longest (3 tokens) is drafted from: the shorter ones' chains would be its
+    chain with fewer tokens matched. Its chain: 4 (count 1 of 2, share 1/2: an unseen cell, (0 + 2 x 1/2) / (0 + 2)
+    = 0.5), 6 (ell 4, count 1 of 1: 0 hits in 1 trial, (0 + 2) / (1 + 2) = 2/3), 7 and 8 (unseen cells: 1); score
+    0.5 + 1/3 + 1/3 + 1/3. Counts alone give 0.5 1 1 1 (score 2.0)."""
     e = _learned(engine_cls)
     toks, parents, probs, score, match, src = e.draft(0, *CHAIN, True)
-    assert (toks, parents, match, src) == ([4, 6, 7, 8], [-1, 0, 1, 2], 1, 0)
-    assert probs == pytest.approx([0.5, 1.0, 1.0, 2 / 3], abs=1e-12)
-    assert score == pytest.approx(0.5 + 0.5 + 0.5 + 1 / 3, abs=1e-12)
+    assert (toks, parents, match, src) == ([4, 6, 7, 8], [-1, 0, 1, 2], 3, 0)
+    assert probs == pytest.approx([0.5, 2 / 3, 1.0, 1.0], abs=1e-12)
+    assert score == pytest.approx(0.5 + 1 / 3 + 1 / 3 + 1 / 3, abs=1e-12)
     toks, _, probs, score, match, _ = e.draft(0, *CHAIN, False)
     assert (toks, probs, score, match) == ([4, 6, 7, 8], [0.5, 1.0, 1.0, 1.0], 2.0, 3)
-    cut = e.draft(0, 4, False, 8.0, 0.0, 0.4, True, True, 0.0, True)  # min_prob 0.4 stops below path 0.4
-    assert cut[0] == [4, 6, 7] and cut[4] == 1
+    cut = e.draft(0, 4, False, 8.0, 0.0, 0.4, True, True, 0.0, True)  # min_prob 0.4: path 0.5, then 1/3 stops
+    assert cut[0] == [4] and cut[4] == 3
 
 
 @pytest.mark.parametrize("engine_cls", ENGINES)
@@ -96,6 +95,6 @@ def test_min_confidence_turns_calibration_on_and_cuts_on_it(backend):
         return d
 
     t = drafter(min_confidence=1e-9).draft("a", 4)  # the hand-checked chain above
-    assert t.tokens.tolist() == [4, 6, 7, 8] and t.probs.tolist() == pytest.approx([0.5, 1, 1, 2 / 3])
-    assert drafter(min_confidence=0.4).draft("a", 4).tokens.tolist() == [4, 6, 7]
+    assert t.tokens.tolist() == [4, 6, 7, 8] and t.probs.tolist() == pytest.approx([0.5, 2 / 3, 1, 1])
+    assert drafter(min_confidence=0.4).draft("a", 4).tokens.tolist() == [4]
     assert drafter(min_confidence=0.0, min_token_prob=0.4).draft("a", 4).probs.tolist() == [0.5, 1, 1, 1]
