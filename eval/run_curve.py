@@ -195,6 +195,16 @@ def _config(setting: Setting, drafter_class: Callable) -> Any:
     return drafter_class(name).Config.from_dict(dict(setting.options.get(name, {})), where=f"drafter {name!r}: ")
 
 
+def _markdown(doc: dict[str, Any], rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:
+    """The comparison table with the command and the versions that produced it."""
+    from specdec.eval.curve_report import markdown_table
+
+    v = doc["versions"]
+    keep = ("specdec", "git", "arctic_inference", "numpy", "python", "cpu", "cpu_count")
+    head = f"`{doc['command']}`\n\n" + ", ".join(f"{k} {v[k]}" for k in keep if k in v) + f"; {doc['device']}\n\n"
+    return head + markdown_table(rows, at=args.at, versus=args.versus) + "\n"
+
+
 def _bar(records: Sequence[Any], n_settings: int, args: argparse.Namespace, name: str) -> Any:
     if args.no_progress:
         return None
@@ -211,7 +221,6 @@ def _write(
     staging: Staging,
     wall: float,
 ) -> list[Any]:
-    from specdec.eval.curve_report import markdown_table
     from specdec.eval.results import atomic_write_text, build_document, results_path
 
     table = curves([dict(r, drafter=r["curve"]) for r in results])
@@ -229,7 +238,7 @@ def _write(
     doc = build_document(doc_settings, results, extra={"curves": table, "comparison": rows})
     text = json.dumps(doc, indent=1) + "\n"
     atomic_write_text(staging.path("curve.json", args.json), text)
-    md = markdown_table(rows, at=args.at, versus=args.versus) + "\n"
+    md = _markdown(doc, rows, args)
     atomic_write_text(staging.path("curve.md"), md)
     if args.save_results:
         final = results_path(safe_name(args.save_results))
