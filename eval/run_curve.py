@@ -175,15 +175,34 @@ def _curve_dataset(job: Any, labelled: Sequence[tuple[str, Setting]], args: argp
         finally:
             getattr(drafter, "close", lambda: None)()
         for i, s, r in zip(idx, group, res):
-            out[i] = {
-                "dataset": job.name,
-                "source": job.source,
-                "curve": labelled[i][0],
-                **s.describe(),
-                **r.as_dict(),
-            }
+            out[i] = {"dataset": job.name, "curve": labelled[i][0], **s.describe(), **_point(r.as_dict())}
     if bar is not None:
         bar.close()
+    return out
+
+
+POINT_KEYS = (
+    "mat",
+    "acceptance_rate",
+    "drafted_per_step",
+    "accepted_per_step",
+    "steps",
+    "drafted_tokens",
+    "accepted_tokens",
+    "emitted_tokens",
+    "steps_with_draft",
+    "records",
+    "response_tokens",
+    "draft_us_per_token",
+)
+POSITIONS_KEPT = 8  # per-position acceptance of a point: its first positions
+DIGITS = 6  # significant digits of a point's floats (a curve file holds hundreds of points)
+
+
+def _point(result: dict[str, Any]) -> dict[str, Any]:
+    """What a curve keeps of one setting's replay: the counts, MAT, acceptance, drafting cost, early positions."""
+    out = {k: float(f"{result[k]:.{DIGITS}g}") if isinstance(result[k], float) else result[k] for k in POINT_KEYS}
+    out["per_position_acceptance"] = [round(v, 4) for v in result["per_position_acceptance"][:POSITIONS_KEPT]]
     return out
 
 
@@ -236,7 +255,7 @@ def _write(
         "wall_seconds": wall,
     }
     doc = build_document(doc_settings, results, extra={"curves": table, "comparison": rows})
-    text = json.dumps(doc, indent=1) + "\n"
+    text = json.dumps(doc, separators=(",", ":")) + "\n"  # hundreds of points: one line
     atomic_write_text(staging.path("curve.json", args.json), text)
     md = _markdown(doc, rows, args)
     atomic_write_text(staging.path("curve.md"), md)
