@@ -175,7 +175,13 @@ def _curve_dataset(job: Any, labelled: Sequence[tuple[str, Setting]], args: argp
         finally:
             getattr(drafter, "close", lambda: None)()
         for i, s, r in zip(idx, group, res):
-            out[i] = {"dataset": job.name, "curve": labelled[i][0], **s.describe(), **_point(r.as_dict())}
+            out[i] = {
+                "dataset": job.name,
+                "curve": labelled[i][0],
+                "options": s.options,
+                "budget": s.budget,
+                **_point(r.as_dict()),
+            }
     if bar is not None:
         bar.close()
     return out
@@ -251,7 +257,7 @@ def _write(
     doc_settings = {
         "command": "curve",
         "args": {k: v for k, v in vars(args).items() if k != "func"},
-        "drafter_settings": [{"curve": label, **s.describe()} for label, s in labelled],
+        "settings_per_curve": {label: sum(1 for lab, _ in labelled if lab == label) for label, _ in labelled},
         "wall_seconds": wall,
     }
     doc = build_document(doc_settings, results, extra={"curves": table, "comparison": rows})
