@@ -15,6 +15,7 @@ setup(
             "specdec.drafters._suffix_native",
             sources=["csrc/suffix_native.cpp"],
             depends=[
+                "csrc/suffix_calib.inc",
                 "csrc/suffix_lane.inc",
                 "csrc/suffix_lane_tokens.inc",
                 "csrc/suffix_lane_async.inc",

@@ -80,8 +80,18 @@ def replay_one(
     cost.prompt_tokens += len(prompt)
 
 
+def drafter_spec(text: str) -> str | dict:
+    """``NAME`` or ``NAME:KEY=VALUE,...`` (values parsed as YAML), e.g. ``suffix:min_confidence=0.01``."""
+    from specdec.eval.settings import parse_value
+
+    name, _, opts = text.partition(":")
+    if not opts:
+        return name
+    return {"name": name, **{k: parse_value(v) for k, v in (kv.split("=", 1) for kv in opts.split(","))}}
+
+
 def run(records: Sequence, names: Sequence[str], *, budget: int, tree: bool) -> list[dict]:
-    drafters = [build_drafter(n) for n in names]
+    drafters = [build_drafter(drafter_spec(n)) for n in names]
     costs = [Cost(n) for n in names]
     for i, rec in enumerate(records):
         prompt, resp = rec.prompt_list(), rec.response_list()
@@ -99,7 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("sources", nargs="+", help="trace set names or paths")
     ap.add_argument("--limit", type=int, default=None, help="first N records (OpenHands: instances)")
-    ap.add_argument("--drafters", nargs="+", default=["suffix", "arctic"])
+    ap.add_argument(
+        "--drafters",
+        nargs="+",
+        default=["suffix", "arctic"],
+        help="NAME or NAME:KEY=VALUE,... (suffix:min_confidence=0.01)",
+    )
     ap.add_argument("--budget", type=int, default=16)
     ap.add_argument("--tree", action="store_true")
     ap.add_argument("--save-results", default="cost_model_free")

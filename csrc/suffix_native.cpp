@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <chrono>
@@ -407,11 +408,14 @@ private:
     }
 };
 
+#include "suffix_calib.inc"  // Calibration: calibrated chain probabilities
+
 struct DraftParams {
     int budget;
     bool tree;
     double factor, offset, min_prob;
     double leaf_prior = 0.0;  // > 0: a continuation seen once gets (l + 1) / (l + 1 + leaf_prior), l = its match length
+    const Calibration* calib = nullptr;  // chains: calibrated P(next token) instead of count / total (see Calibration)
 };
 
 // P(next token | its path) from `count` of `total` occurrences. With `leaf_prior` > 0 a continuation seen only once
@@ -452,30 +456,41 @@ struct HeapItem {
     }
 };
 
-// Most likely next step from `c`: (token, P(token | c), next cursor); false when nothing follows. `ell`: tokens
-// matched before it (see cont_prob).
-bool best_step(const Trie& t, const Cursor& c, int ell, double leaf_prior, int32_t& tok, double& q, Cursor& next) {
+// The most frequent continuation of `c`: its token, count, its node's total and the cursor after it; false when
+// nothing follows (a leaf continues its one occurrence: count = total = 1).
+bool top_child(const Trie& t, const Cursor& c, int32_t& tok, int32_t& count, int32_t& total, Cursor& next) {
     if (t.is_leaf(c.node)) {
-        q = cont_prob(1, 1, ell, leaf_prior);
+        count = total = 1;
         return t.leaf_next(c, tok, next);
     }
     const Node& nd = t.node(c.node);
     if (nd.total <= 0 || nd.best == NIL) return false;
     const Node& b = t.node(nd.best);
-    q = cont_prob(b.count, nd.total, ell, leaf_prior);
     tok = b.token;
+    count = b.count;
+    total = nd.total;
     next = Cursor{nd.best, 0};
     return true;
 }
 
-void draft_chain(const Trie& t, Cursor cur, int m, int max_len, const DraftParams& p, Draft& out) {
+// Most likely next step from `c` in trie `src`: (token, P(token | c), next cursor); false when nothing follows.
+// `ell`: tokens matched before it (see cont_prob and Calibration).
+bool best_step(const Trie& t, const Cursor& c, int ell, const DraftParams& p, int src, int32_t& tok, double& q,
+               Cursor& next) {
+    int32_t count, total;
+    if (!top_child(t, c, tok, count, total, next)) return false;
+    q = p.calib ? p.calib->prob(src, ell, count, total) : cont_prob(count, total, ell, p.leaf_prior);
+    return true;
+}
+
+void draft_chain(const Trie& t, Cursor cur, int m, int max_len, const DraftParams& p, int src, Draft& out) {
     double path = 1.0, min_prob = p.min_prob;
     int limit = std::min(max_len, p.budget);
     int32_t tok;
     double q;
     Cursor next;
     while (static_cast<int>(out.tokens.size()) < limit &&
-           best_step(t, cur, m + static_cast<int>(out.tokens.size()), p.leaf_prior, tok, q, next)) {
+           best_step(t, cur, m + static_cast<int>(out.tokens.size()), p, src, tok, q, next)) {
         if (path * q < min_prob) break;
         path *= q;
         out.parents.push_back(static_cast<int32_t>(out.tokens.size()) - 1);
@@ -532,6 +547,20 @@ int length_cap(int m, const DraftParams& p) {
     return cap > 1e9 ? 1000000000 : static_cast<int>(cap);
 }
 
+// Occurrences of a match that have a continuation (a leaf cursor: 1 or 0).
+int32_t continued(const Trie& t, const Cursor& c) {
+    if (!t.is_leaf(c.node)) return t.node(c.node).total;
+    return t.has_continuation(c) ? 1 : 0;
+}
+
+// The match of length m has the continuations of the one of length m + 1 (as many occurrences with a continuation,
+// so the same ones), and that one's chain has room for all it may draft below the trie's depth.
+bool same_as_longer(const Trie& t, const std::vector<Cursor>& front, size_t m, const DraftParams& p) {
+    int longer = static_cast<int>(m) + 1;
+    int room = t.depth() - longer;
+    return room >= std::min(p.budget, length_cap(longer, p)) && continued(t, front[m]) == continued(t, front[m + 1]);
+}
+
 constexpr double BOUND_SLACK = 1e-9;  // rounding margin of the score bound below (it must never skip a winner)
 
 // Best draft over all match lengths of `front` in trie `t` (longest first; strictly better replaces).
@@ -539,21 +568,25 @@ constexpr double BOUND_SLACK = 1e-9;  // rounding margin of the score bound belo
 // depth are disjoint continuations, their paths sum to <= 1), and every node's path is <= q1, the probability of
 // the most likely first token, so a chain scores <= levels x q1 and a tree <= nodes x q1. Match lengths whose bound
 // cannot beat the best so far are skipped without walking their chain or tree (same result, less work).
+// Calibrated chains also skip a match whose continuations are those of the next longer one (same number of
+// occurrences with a continuation: the same occurrences) when that one's chain cannot reach the trie's depth: its
+// chain is the longer one's, with one token less matched at every step (see same_as_longer).
 void best_draft(const Trie& t, const std::vector<Cursor>& front, const DraftParams& p, int source, Draft& best,
                 Draft& tmp) {
     for (size_t m = front.size(); m-- > 1;) {
         int cap = length_cap(static_cast<int>(m), p);
         double bound = std::min(static_cast<double>(p.budget), static_cast<double>(cap));
         if (bound <= best.score) break;
+        if (p.calib && m + 1 < front.size() && same_as_longer(t, front, m, p)) continue;
         int32_t tok;
         double q1;
         Cursor next;
-        if (!best_step(t, front[m], static_cast<int>(m), p.leaf_prior, tok, q1, next)) continue;  // nothing follows
+        if (!best_step(t, front[m], static_cast<int>(m), p, source, tok, q1, next)) continue;  // nothing follows
         double reach = p.tree ? std::min(bound, p.budget * q1) : bound * q1;
         if (reach + BOUND_SLACK <= best.score) continue;
         tmp.clear();
         if (p.tree) draft_tree(t, front[m], static_cast<int>(m), cap, p, tmp);
-        else draft_chain(t, front[m], static_cast<int>(m), cap, p, tmp);
+        else draft_chain(t, front[m], static_cast<int>(m), cap, p, source, tmp);
         if (tmp.score > best.score) {
             std::swap(best, tmp);
             best.match_len = static_cast<int>(m);
@@ -711,6 +744,8 @@ struct Engine {
     WorkerPool workers;            // the lane thread's helpers (destroyed after the lane thread is joined)
     JobThread lane_thread;         // declared last: destroyed (joined) first; runs `job`
 
+    Calibration calib;             // learned by extend_learning (the library's extend), read by calibrated drafts
+
     Engine(int d, int64_t mr, int64_t mt) : depth(d), max_requests(mr), max_tokens(mt), global(d) {}
 
     // Rows of one lane step may extend and draft on several threads at once: each touches its own request and
@@ -740,6 +775,33 @@ struct Engine {
 
     void extend(Request& r, const int32_t* toks, size_t n) { extend(r, toks, n, scratch); }
 
+    // The library's extend (main thread only): before each token, the calibration learns whether each trie's top
+    // continuation of its longest match was that token; then the token is appended.
+    void extend_learning(Request& r, const int32_t* toks, size_t n) {
+        refresh_global(r, scratch);
+        for (size_t i = 0; i < n; ++i) {
+            observe(r, toks[i]);
+            extend(r, toks + i, 1, scratch);
+        }
+    }
+
+    void observe(const Request& r, int32_t tok) {
+        int32_t t, count, total;
+        Cursor next;
+        for (size_t m = r.local_front.size(); m-- > 1;) {
+            if (top_child(*r.local, Cursor{r.local_front[m], 0}, t, count, total, next)) {
+                calib.observe(0, static_cast<int>(m), count, total, t == tok);
+                break;
+            }
+        }
+        for (size_t m = r.global_front.size(); m-- > 1;) {
+            if (top_child(global, r.global_front[m], t, count, total, next)) {
+                calib.observe(1, static_cast<int>(m), count, total, t == tok);
+                break;
+            }
+        }
+    }
+
     void extend(Request& r, const int32_t* toks, size_t n, Scratch& s) {
         bool fresh = r.global_version == version;
         std::vector<int32_t>& ctx = r.local->seq(LOCAL_SEQ);
@@ -759,8 +821,12 @@ struct Engine {
 
     void cache_response(Request& r) {
         const std::vector<int32_t>& ctx = r.local->seq(LOCAL_SEQ);
-        if (max_requests > 0 && max_tokens > 0 && ctx.size() > r.prompt_len) {
-            std::vector<int32_t> resp(ctx.begin() + r.prompt_len, ctx.end());
+        if (ctx.size() > r.prompt_len) cache(std::vector<int32_t>(ctx.begin() + r.prompt_len, ctx.end()));
+    }
+
+    // A finished response into the global trie (a stopped request's, or one from elsewhere), oldest evicted first.
+    void cache(std::vector<int32_t>&& resp) {
+        if (max_requests > 0 && max_tokens > 0 && !resp.empty()) {
             int64_t len = static_cast<int64_t>(resp.size());
             int32_t id = global.add_sequence(std::move(resp));
             cached_tokens += len;
@@ -958,7 +1024,7 @@ PyObject* Engine_extend(PyEngine* self, PyObject* args) {
         return nullptr;
     }
     if (!read_ids(toks, self->engine->wide, g_tokens)) return nullptr;
-    self->engine->extend(it->second, g_tokens.data(), g_tokens.size());
+    self->engine->extend_learning(it->second, g_tokens.data(), g_tokens.size());
     Py_RETURN_NONE;
 }
 
@@ -967,6 +1033,16 @@ PyObject* Engine_stop(PyEngine* self, PyObject* args) {
     if (!PyArg_ParseTuple(args, "L", &rid)) return nullptr;
     quiesce(*self->engine);
     self->engine->stop(rid);
+    Py_RETURN_NONE;
+}
+
+PyObject* Engine_cache(PyEngine* self, PyObject* args) {
+    PyObject* toks;
+    if (!PyArg_ParseTuple(args, "O", &toks)) return nullptr;
+    Engine& e = *self->engine;
+    quiesce(e);
+    if (!read_ids(toks, e.wide, g_tokens)) return nullptr;
+    e.cache(std::vector<int32_t>(g_tokens.begin(), g_tokens.end()));
     Py_RETURN_NONE;
 }
 
@@ -984,16 +1060,17 @@ PyObject* id_list(const std::vector<int32_t>& v, const WideIds& wide) {
     return list;
 }
 
-// draft(rid, budget, tree, factor, offset, min_prob, use_local, use_global, leaf_prior=0)
+// draft(rid, budget, tree, factor, offset, min_prob, use_local, use_global, leaf_prior=0, calibrated=False)
 //   -> (tokens, parents, probs, score, match_len, source)
 PyObject* Engine_draft(PyEngine* self, PyObject* args) {
     long long rid;
     DraftParams p;
-    int tree, use_local, use_global;
-    if (!PyArg_ParseTuple(args, "Lipdddpp|d", &rid, &p.budget, &tree, &p.factor, &p.offset, &p.min_prob, &use_local,
-                          &use_global, &p.leaf_prior))
+    int tree, use_local, use_global, calibrated = 0;
+    if (!PyArg_ParseTuple(args, "Lipdddpp|dp", &rid, &p.budget, &tree, &p.factor, &p.offset, &p.min_prob, &use_local,
+                          &use_global, &p.leaf_prior, &calibrated))
         return nullptr;
     p.tree = tree != 0;
+    if (calibrated && !p.tree) p.calib = &self->engine->calib;  // trees keep count / total
     quiesce(*self->engine);
     auto it = self->engine->requests.find(rid);
     if (it == self->engine->requests.end()) {
@@ -1037,10 +1114,13 @@ PyObject* Engine_local_nodes(PyEngine* self, PyObject* args) {
 
 PyMethodDef Engine_methods[] = {
     {"start", reinterpret_cast<PyCFunction>(Engine_start), METH_VARARGS, "start(rid, prompt_ids)"},
-    {"extend", reinterpret_cast<PyCFunction>(Engine_extend), METH_VARARGS, "extend(rid, token_ids)"},
+    {"extend", reinterpret_cast<PyCFunction>(Engine_extend), METH_VARARGS,
+     "extend(rid, token_ids): append them, the calibration learning from each"},
     {"stop", reinterpret_cast<PyCFunction>(Engine_stop), METH_VARARGS, "stop(rid): cache the response"},
+    {"cache", reinterpret_cast<PyCFunction>(Engine_cache), METH_VARARGS,
+     "cache(token_ids): add a finished response from elsewhere to the global trie"},
     {"draft", reinterpret_cast<PyCFunction>(Engine_draft), METH_VARARGS,
-     "draft(rid, budget, tree, factor, offset, min_prob, use_local, use_global, leaf_prior=0)"},
+     "draft(rid, budget, tree, factor, offset, min_prob, use_local, use_global, leaf_prior=0, calibrated=False)"},
     {"memory_bytes", reinterpret_cast<PyCFunction>(Engine_memory_bytes), METH_NOARGS, "bytes held"},
     {"global_stats", reinterpret_cast<PyCFunction>(Engine_global_stats), METH_NOARGS, "global trie stats"},
     {"local_nodes", reinterpret_cast<PyCFunction>(Engine_local_nodes), METH_VARARGS, "nodes of a request trie"},

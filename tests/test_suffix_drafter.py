@@ -226,6 +226,7 @@ def test_reference_equals_native_random():
                 rng.random() < 0.8,
                 rng.random() < 0.8,
                 rng.choice([0.0, 0.0, 0.5, 2.0]),
+                rng.random() < 0.5,  # calibrated
             ),
             tokens=lambda vocab=vocab: [rng.randrange(vocab) for _ in range(rng.randint(1, 4))],
         )
@@ -249,7 +250,7 @@ def test_reference_equals_native_while_tables_grow_and_evict():
             p_start=0.15,
             p_stop=0.3,
             prompt=lambda phrases=phrases: [t for _ in range(rng.randint(5, 60)) for t in rng.choice(phrases)],
-            draft_args=lambda: (8, False, 1.0, 0.0, 0.0, True, True),
+            draft_args=lambda: (8, False, 1.0, 0.0, 0.0, True, True, 0.0, rng.random() < 0.5),
             tokens=lambda phrases=phrases: rng.choice(phrases) if rng.random() < 0.8 else [rng.randrange(40, 60)],
         )
         assert a.memory_bytes() > 100_000  # large enough that both tables grew many times

@@ -80,6 +80,9 @@ class Drafter(abc.ABC):
     """Base class of all drafters. Subclasses implement the five lifecycle methods."""
 
     name: str = "drafter"
+    # options of ``config`` read at draft time and nowhere else: an evaluation may give the drafter a config that
+    # differs from its own only in these between two drafts (``specdec-eval curve`` sweeps them in one replay)
+    draft_options: frozenset[str] = frozenset()
 
     @abc.abstractmethod
     def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:

@@ -8,6 +8,9 @@ from each match a chain (most frequent continuation) or a tree (best-first by pa
 while the path probability stays >= ``min_token_prob``, at most ``budget`` nodes and
 ``floor(match_len * max_spec_factor + max_spec_offset)`` deep. The draft with the highest expected
 number of accepted tokens (sum of path probabilities) wins; ``probs`` carries P(token | its path).
+With ``min_confidence`` > 0 a chain token's probability is calibrated instead of count / total: how often the top
+continuation of a match like this one (source trie, tokens matched, count, share of its node) was the next token,
+learned from every token the library appends (``suffix_calib.py``); chains stop below ``min_confidence``.
 
 Backends: ``native`` (C++ core, ``specdec.drafters._suffix_native``, built by ``pip install -e .``),
 ``python`` (``specdec.drafters.suffix_ref``, the reference; identical drafts), ``auto`` (native if built).
@@ -51,7 +54,12 @@ class SuffixConfig(ConfigBase):
     max_depth: int = rng(64, lo=2, hi=4096, doc="trie depth: match length + draft length never exceed it")
     max_spec_factor: float = rng(8.0, lo=0.0, hi=1000.0, doc="draft depth <= match_len * factor + offset")
     max_spec_offset: float = rng(0.0, lo=-1000.0, hi=1000.0, doc="see max_spec_factor")
-    min_token_prob: float = rng(0.1, lo=0.0, hi=1.0, doc="stop growing a path below this path probability")
+    min_token_prob: float = rng(
+        0.1,
+        lo=0.0,
+        hi=1.0,
+        doc="stop growing a path below this path probability (count / total: trees, uncalibrated chains)",
+    )
     free_spec_factor: float = rng(
         -1.0,
         lo=-1.0,
@@ -66,6 +74,14 @@ class SuffixConfig(ConfigBase):
         doc="> 0: a continuation seen once is not certain: (l + 1) / (l + 1 + leaf_prior), l = "
         "tokens matched so far (0: probability 1, as count / total says)",
     )
+    min_confidence: float = rng(
+        0.0,
+        lo=0.0,
+        hi=1.0,
+        doc="> 0: chains use calibrated probabilities (how often such a continuation: source, tokens matched, count, "
+        "share of its node, was the next token so far) and stop below this path probability instead of "
+        "min_token_prob; 0: count / total",
+    )
     max_cached_requests: int = rng(10_000, lo=0, hi=2**31 - 1, doc="responses kept in the global trie (0: none)")
     max_cached_tokens: int = rng(10_000_000, lo=0, hi=2**40, doc="response tokens kept in the global trie")
     use_local: bool = rng(True, doc="draft from the request's own prompt + output")
@@ -78,6 +94,18 @@ class SuffixDrafter(SuffixLane, Drafter):
 
     name = "suffix"
     Config = SuffixConfig
+    draft_options = frozenset(
+        (
+            "max_spec_factor",
+            "max_spec_offset",
+            "min_token_prob",
+            "free_spec_factor",
+            "leaf_prior",
+            "use_local",
+            "use_global",
+            "min_confidence",
+        )
+    )
 
     def __init__(self, config: SuffixConfig | None = None, **overrides: Any) -> None:
         config = config or SuffixConfig()
@@ -121,6 +149,11 @@ class SuffixDrafter(SuffixLane, Drafter):
         if rid is not None:
             self.engine.stop(rid)
 
+    def cache_response(self, token_ids: Sequence[int]) -> None:
+        """Add a finished response that was not drafted here (another replica's, a log's) to the global cache."""
+        if len(token_ids):
+            self.engine.cache(_as_ids(token_ids, check=self.backend == "python"))
+
     def draft_batch(self, requests: Sequence[DraftRequest]) -> list[TokenTree]:
         out: list[TokenTree] = []
         self.last_sources = []
@@ -159,16 +192,18 @@ class SuffixDrafter(SuffixLane, Drafter):
     def _engine_draft(self, rid: int, req: DraftRequest, *, tree: bool) -> tuple:
         """The engine's draft for engine id ``rid``: (tokens, parents, probs, score, match length, source)."""
         c = self.config
+        calibrated = c.min_confidence > 0 and not tree  # trees keep count / total
         return self.engine.draft(
             rid,
             min(req.budget, MAX_BUDGET),
             tree,
             self._factor(req.free),
             c.max_spec_offset,
-            c.min_token_prob,
+            c.min_confidence if calibrated else c.min_token_prob,
             c.use_local,
             c.use_global,
             c.leaf_prior,
+            calibrated,
         )
 
     def _factor(self, free: bool) -> float:

@@ -24,6 +24,8 @@ import sys
 from collections import deque
 from collections.abc import Sequence
 
+from specdec.drafters.suffix_calib import Calibration
+
 ROOT = 0
 NODE_BYTES = 200  # rough CPython cost of one node (list slots + its dict entry)
 
@@ -137,6 +139,14 @@ class RefTrie:
         return self.live_nodes() * NODE_BYTES + sys.getsizeof(self.token) * 6
 
 
+def top_child(t: RefTrie, node: int) -> tuple[int, int, int, int] | None:
+    """(token, count, node total, child) of the most frequent continuation of ``node``; None when nothing follows."""
+    b = t.best[node]
+    if t.total[node] <= 0 or b < 0:
+        return None
+    return t.token[b], t.count[b], t.total[node], b
+
+
 def length_cap(m: int, factor: float, offset: float) -> int:
     return max(0, int(math.floor(m * factor + offset + 1e-9)))
 
@@ -149,23 +159,30 @@ def cont_prob(count: int, total: int, ell: int, leaf_prior: float) -> float:
     return count / total
 
 
-def draft_chain(t: RefTrie, start: int, m: int, max_len: int, params: tuple, out: dict) -> None:
-    budget, _tree, _factor, _offset, min_prob, leaf_prior = params
+def step_prob(top: tuple[int, int, int, int], ell: int, params: tuple, src: int) -> float:
+    """P(the top continuation | its path): calibrated (``params[6]``, chains) or count / total."""
+    _tok, c, total, _b = top
+    calib = params[6]
+    return calib.prob(src, ell, c, total) if calib is not None else cont_prob(c, total, ell, params[5])
+
+
+def draft_chain(t: RefTrie, start: int, m: int, max_len: int, params: tuple, out: dict, src: int = 0) -> None:
+    min_prob = params[4]
     path, cur = 1.0, start
-    limit = min(max_len, budget)
+    limit = min(max_len, params[0])
     while len(out["tokens"]) < limit:
-        b = t.best[cur]
-        if t.total[cur] <= 0 or b < 0:
+        top = top_child(t, cur)
+        if top is None:
             break
-        q = cont_prob(t.count[b], t.total[cur], m + len(out["tokens"]), leaf_prior)
+        q = step_prob(top, m + len(out["tokens"]), params, src)
         if path * q < min_prob:
             break
         path *= q
         out["parents"].append(len(out["tokens"]) - 1)
-        out["tokens"].append(t.token[b])
+        out["tokens"].append(top[0])
         out["probs"].append(q)
         out["score"] += path
-        cur = b
+        cur = top[3]
 
 
 def _push_children(
@@ -204,16 +221,30 @@ def _empty() -> dict:
     return {"tokens": [], "parents": [], "probs": [], "score": 0.0, "match_len": 0, "source": -1}
 
 
+def same_as_longer(t: RefTrie, front: list[int], m: int, params: tuple) -> bool:
+    """The match of length ``m`` has the continuations of the one of length ``m + 1`` (as many occurrences with a
+    continuation: the same ones), and that one's chain has room for all it may draft below the trie's depth."""
+    budget, _tree, factor, offset = params[:4]
+    room = t.depth - (m + 1)
+    return room >= min(budget, length_cap(m + 1, factor, offset)) and t.total[front[m]] == t.total[front[m + 1]]
+
+
 def best_draft(t: RefTrie, front: list[int], params: tuple, source: int, best: dict) -> dict:
-    budget, tree, factor, offset, _min_prob, _leaf_prior = params
+    """Calibrated chains skip a match whose chain would be the next longer one's with one token less matched."""
+    budget, tree, factor, offset = params[:4]
     for m in range(len(front) - 1, 0, -1):
         cap = length_cap(m, factor, offset)
         if min(budget, cap) <= best["score"]:
             break
         if t.total[front[m]] <= 0:
             continue
+        if params[6] is not None and m + 1 < len(front) and same_as_longer(t, front, m, params):
+            continue
         cand = _empty()
-        (draft_tree if tree else draft_chain)(t, front[m], m, cap, params, cand)
+        if tree:
+            draft_tree(t, front[m], m, cap, params, cand)
+        else:
+            draft_chain(t, front[m], m, cap, params, cand, source)
         if cand["score"] > best["score"]:
             cand["match_len"], cand["source"] = m, source
             best = cand
@@ -248,6 +279,7 @@ class RefEngine:
         self.cached: deque[list[int]] = deque()
         self.cached_tokens = 0
         self.requests: dict[int, _Req] = {}
+        self.calib = Calibration()
 
     def _refresh(self, r: _Req) -> None:
         if r.version == self.version:
@@ -266,19 +298,33 @@ class RefEngine:
         r = self.requests.get(rid)
         if r is None:
             raise KeyError(f"request {rid} is not active (call start first)")
-        fresh = r.version == self.version
+        self._refresh(r)
         for t in tokens:
             t = int(t)
+            self._observe(r, t)
             r.context.append(t)
             r.local.append(r.local_front, t)
-            if fresh:
-                r.global_front = self.global_trie.step_match(r.global_front, t)
+            r.global_front = self.global_trie.step_match(r.global_front, t)
+
+    def _observe(self, r: _Req, tok: int) -> None:
+        """The calibration learns whether each trie's top continuation of its longest match is ``tok``."""
+        for src, t, front in ((0, r.local, r.local_front), (1, self.global_trie, r.global_front)):
+            for m in range(len(front) - 1, 0, -1):
+                top = top_child(t, front[m])
+                if top is not None:
+                    self.calib.observe(src, m, top[1], top[2], top[0] == tok)
+                    break
 
     def stop(self, rid: int) -> None:
         r = self.requests.pop(rid, None)
-        if r is None or self.max_requests <= 0 or self.max_tokens <= 0 or len(r.context) <= r.prompt_len:
+        if r is not None:
+            self.cache(r.context[r.prompt_len :])
+
+    def cache(self, tokens: Sequence[int]) -> None:
+        """Add a finished response to the global trie (what ``stop`` does with a request's), oldest evicted first."""
+        resp = [int(t) for t in tokens]
+        if self.max_requests <= 0 or self.max_tokens <= 0 or not resp:
             return
-        resp = r.context[r.prompt_len :]
         self.global_trie.insert_sequence(resp)
         self.cached_tokens += len(resp)
         self.cached.append(resp)
@@ -300,13 +346,15 @@ class RefEngine:
         use_local: bool,
         use_global: bool,
         leaf_prior: float = 0.0,
+        calibrated: bool = False,
     ) -> tuple[list[int], list[int], list[float], float, int, int]:
         r = self.requests.get(rid)
         if r is None:
             raise KeyError(f"request {rid} is not active (call start first)")
         best = _empty()
         if budget > 0:
-            params = (budget, bool(tree), factor, offset, min_prob, leaf_prior)
+            calib = self.calib if calibrated and not tree else None  # trees keep count / total
+            params = (budget, bool(tree), factor, offset, min_prob, leaf_prior, calib)
             if use_local:
                 best = best_draft(r.local, r.local_front, params, 0, best)
             if use_global:

@@ -5,6 +5,7 @@ specdec-eval --data ../shared/data             # the same on every shared trace 
 specdec-eval replay traces.jsonl --drafter suffix ngram --budget 8 16
 specdec-eval sweep --data ../shared/data --drafter suffix --grid suffix.max_depth=16,32,64
 specdec-eval live humaneval --limit 80 --drafter model --max-new-tokens 128
+specdec-eval curve --data ../shared/data --limit 400  # MAT against drafted tokens per step, suffix vs arctic
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from specdec.eval.flags import EXIT_USAGE, OneLineParser
 from specdec.eval.settings import DEFAULT_BUDGET, DEFAULT_DRAFTERS, Setting, build_settings
 
 DEFAULT_OUT = "specdec-eval-out"
-SUBCOMMANDS = ("replay", "sweep", "live")
+SUBCOMMANDS = ("replay", "sweep", "live", "curve")
 logger = logging.getLogger("specdec.eval")
 
 
@@ -191,7 +192,7 @@ def _add_trace_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
     parser = OneLineParser(prog="specdec-eval", description=__doc__, formatter_class=fmt)
-    sub = parser.add_subparsers(dest="command", metavar="{replay,sweep,live}")
+    sub = parser.add_subparsers(dest="command", metavar="{replay,sweep,live,curve}")
     rp = sub.add_parser(
         "replay",
         formatter_class=fmt,
@@ -221,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec.eval.live import add_live_parser
 
     add_live_parser(sub, fmt, _add_drafter_args, _add_output_args)
+    from specdec.eval.run_curve import add_curve_parser
+
+    add_curve_parser(sub, fmt, _add_trace_args, _add_output_args)
     return parser
 
 
@@ -247,6 +251,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from specdec.eval.live import run_live
 
             return run_live(args)
+        if args.command == "curve":
+            from specdec.eval.run_curve import run_curve
+
+            return run_curve(args)
         from specdec.eval.run_replay import run_replay
 
         return run_replay(args)

@@ -40,6 +40,7 @@ class ArcticDrafter(Drafter):
 
     name = "arctic"
     Config = ArcticConfig
+    draft_options = frozenset(("max_spec_factor", "max_spec_offset", "min_token_prob"))
 
     def __init__(self, config: ArcticConfig | None = None, **overrides: Any) -> None:
         try:

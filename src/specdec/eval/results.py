@@ -73,7 +73,7 @@ def versions() -> dict[str, Any]:
             except Exception:  # noqa: BLE001
                 m = None
         if m is not None:
-            out[mod] = getattr(m, "__version__", "unknown")
+            out[mod] = getattr(m, "__version__", None) or _dist_version(mod)
     try:
         import subprocess
 
@@ -91,6 +91,16 @@ def versions() -> dict[str, Any]:
     except Exception:  # noqa: BLE001
         pass
     return out
+
+
+def _dist_version(module: str) -> str:
+    """The installed distribution's version of a module without ``__version__`` (arctic_inference)."""
+    import importlib.metadata as md
+
+    try:
+        return md.version(module.replace("_", "-"))
+    except md.PackageNotFoundError:
+        return "unknown"
 
 
 RUN_PACKAGES = ("vllm", "torch", "transformers", "arctic-inference", "specdec", "numpy", "openai")
