@@ -49,6 +49,26 @@ def plugin_log(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[[], list[l
 VLLM_GLUE_PREFIX = "test_vllm_"  # every test in tests/test_vllm_*.py is a vLLM glue test; others opt in with the marker
 
 
+@pytest.fixture
+def toys(monkeypatch, tmp_path):
+    """The toy drafter registered and a fresh trace cache (bad-input tests: ``pytestmark``'s usefixtures)."""
+    from specdec.drafters import registry
+
+    monkeypatch.setitem(registry._CLASSES, "toy", "eval_toys:LookupDrafter")
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPECDEC_DATA", raising=False)
+
+
+@pytest.fixture
+def no_replay(monkeypatch):
+    """Fails the test if a replay starts: errors must come before any long work."""
+
+    def boom(*args, **kwargs):
+        raise AssertionError("replay started before the bad input was reported")
+
+    monkeypatch.setattr("specdec.eval.run_replay.replay", boom)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name.startswith(VLLM_GLUE_PREFIX):

@@ -12,43 +12,10 @@ import pathlib
 import numpy as np
 import pytest
 
-from specdec.drafters import registry
+from bad_input_support import fails, trace_file
 from specdec.eval.cli import main
 
-EXIT_USAGE = 2
-
-
-@pytest.fixture(autouse=True)
-def toys(monkeypatch, tmp_path):
-    monkeypatch.setitem(registry._CLASSES, "toy", "eval_toys:LookupDrafter")
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("SPECDEC_DATA", raising=False)
-
-
-@pytest.fixture
-def no_replay(monkeypatch):
-    """Fails the test if a replay starts: errors must come before any long work."""
-
-    def boom(*args, **kwargs):
-        raise AssertionError("replay started before the bad input was reported")
-
-    monkeypatch.setattr("specdec.eval.run_replay.replay", boom)
-
-
-def trace_file(tmp_path: pathlib.Path, name: str = "t.jsonl") -> pathlib.Path:
-    f = tmp_path / name
-    f.write_text(json.dumps({"prompt_ids": [1, 2, 3, 1, 2], "response_ids": [3, 1, 2, 3]}) + "\n")
-    return f
-
-
-def fails(args: list[str], capsys) -> str:
-    """Runs specdec-eval, asserts exit status 2, returns the one error line."""
-    capsys.readouterr()
-    rc = main(args + ["--no-progress"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == EXIT_USAGE, err
-    assert len(err) == 1 and err[0].startswith("specdec-eval: error: "), err
-    return err[0]
+pytestmark = pytest.mark.usefixtures("toys")  # the toy drafter and a fresh trace cache, every test
 
 
 def fails_live(tmp_path: pathlib.Path, *, target: pathlib.Path, draft: pathlib.Path, capsys) -> str:

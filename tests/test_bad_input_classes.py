@@ -14,51 +14,20 @@ import signal
 import numpy as np
 import pytest
 
+from bad_input_support import fails, trace_file
 from specdec.config import ConfigError
 from specdec.drafters import registry
 from specdec.drafters.suffix import SuffixDrafter, native_available
 from specdec.eval.cli import main
 
-EXIT_USAGE = 2
+pytestmark = pytest.mark.usefixtures("toys")  # the toy drafter and a fresh trace cache, every test
+
 BACKENDS = ["python"] + (["native"] if native_available() else [])
 NAN, INF = float("nan"), float("inf")
 
 
-@pytest.fixture(autouse=True)
-def toys(monkeypatch, tmp_path):
-    monkeypatch.setitem(registry._CLASSES, "toy", "eval_toys:LookupDrafter")
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("SPECDEC_DATA", raising=False)
-
-
-@pytest.fixture
-def no_replay(monkeypatch):
-    """Fails the test if a replay starts: errors must come before any long work."""
-
-    def boom(*args, **kwargs):
-        raise AssertionError("replay started before the bad input was reported")
-
-    monkeypatch.setattr("specdec.eval.run_replay.replay", boom)
-
-
-def trace(tmp_path: pathlib.Path) -> str:
-    f = tmp_path / "t.jsonl"
-    f.write_text(json.dumps({"prompt_ids": [1, 2, 3, 1, 2], "response_ids": [3, 1, 2, 3]}) + "\n")
-    return str(f)
-
-
-def fails(args: list[str], capsys) -> str:
-    """specdec-eval in-process: exit status 2 and one line on stderr, which is returned."""
-    capsys.readouterr()
-    rc = main(args + ["--no-progress"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == EXIT_USAGE, err
-    assert len(err) == 1 and err[0].startswith("specdec-eval: error: "), err
-    return err[0]
-
-
 def replay_args(tmp_path: pathlib.Path, *flags: str, cmd: str = "replay") -> list[str]:
-    return [cmd, trace(tmp_path), "--drafter", "toy", *flags, "--out", str(tmp_path / "o")]
+    return [cmd, str(trace_file(tmp_path)), "--drafter", "toy", *flags, "--out", str(tmp_path / "o")]
 
 
 # ------------------------------------------------------------------------------------------- 1. non-finite numbers
@@ -269,7 +238,9 @@ def test_silent_last_wins_is_refused(tmp_path, capsys, no_replay, flags, needle)
 def test_presets_refuse_duplicate_and_conflicting_keys(tmp_path, capsys, no_replay, text, needle) -> None:
     preset = tmp_path / "p.yaml"
     preset.write_text(text)
-    assert needle in fails(["sweep", trace(tmp_path), "--config", str(preset), "--out", str(tmp_path / "o")], capsys)
+    assert needle in fails(
+        ["sweep", str(trace_file(tmp_path)), "--config", str(preset), "--out", str(tmp_path / "o")], capsys
+    )
 
 
 def test_a_flag_overrides_what_the_preset_sweeps(tmp_path) -> None:
