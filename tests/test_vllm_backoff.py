@@ -284,7 +284,7 @@ def test_shadow_checks_by_hand():
     low_batch(bo, ["a", "b"])
     assert bo.requests_off == 2 and bo.low() and bo.rows["a"].ema == 0.0
     drafts = [[5, 6, 7], [8, 9]]
-    assert bo.withhold(["a", "b"], drafts) == [0, 1] and drafts == [[], []]
+    assert bo.withhold(["a", "b"], drafts) == [(0, 3), (1, 2)] and drafts == [[], []]
     bo.record(["a", "b"], [0, 0])
     assert bo.rows["a"].shadow == [5, 6, 7] and bo.stats.withheld_tokens == 5
     new = {"a": [5], "b": [1]}  # a's shadow matches one token so far; b's fails at once
@@ -296,7 +296,7 @@ def test_shadow_checks_by_hand():
     assert not a.off and a.ema == pytest.approx(0.25 * 2) and a.ema >= RECOVER_ACCEPTED and a.seen == 0
     assert bo.stats.recoveries == 1 and bo.requests_off == 1
     drafts = [[6, 7], [4]]
-    assert bo.withhold(["a", "b"], drafts) == [1] and drafts == [[6, 7], []]  # a drafts again, b in shadow
+    assert bo.withhold(["a", "b"], drafts) == [(1, 1)] and drafts == [[6, 7], []]  # a drafts again, b in shadow
 
 
 def test_the_batch_is_low_only_while_its_low_requests_are_there():
@@ -311,7 +311,7 @@ def test_the_batch_is_low_only_while_its_low_requests_are_there():
     bo2 = BackOff()
     low_batch(bo2, ["a"])
     drafts = [[1, 2], [3]]
-    assert bo2.withhold(["a", "new"], drafts) == [0, 1]  # new to a low batch: held, in shadow
+    assert bo2.withhold(["a", "new"], drafts) == [(0, 2), (1, 1)]  # new to a low batch: held, in shadow
     assert bo2.stats.newcomers_held == 1 and bo2.rows["new"].shadow == [3]
     assert PAD_MIN_ACCEPTED <= RECOVER_ACCEPTED  # a recovered request does not keep its batch low by itself
 

@@ -153,14 +153,14 @@ class BackOff:
             st.off = True
             self.stats.requests_backed_off += 1
 
-    def withhold(self, req_ids: Sequence[str], drafts: list[list[int]]) -> list[int]:
+    def withhold(self, req_ids: Sequence[str], drafts: list[list[int]]) -> list[tuple[int, int]]:
         """A step that does not pad: backed-off requests' drafts (``drafts`` [rows], by ``req_ids``) are withheld
-        (emptied in place) and kept in shadow. Returns the rows withheld."""
+        (emptied in place) and kept in shadow. Returns (row, tokens withheld) of each row withheld."""
         cut = []
         for i in self._off_rows(req_ids, lambda i: len(drafts[i])):
             self._keep_shadow(req_ids[i], drafts[i])
+            cut.append((i, len(drafts[i])))
             drafts[i] = []
-            cut.append(i)
         return cut
 
     def withhold_matrix(
@@ -171,17 +171,17 @@ class BackOff:
         tokens: np.ndarray,
         new: Sequence[int],
         fillers: Sequence[int],
-    ) -> list[int]:
+    ) -> list[tuple[int, int]]:
         """``withhold`` for schedule mode's matrix step: ``lengths`` [rows] zeroed in place, and each withheld row of
         ``out`` [>= rows, width] overwritten with the row's last token (``tokens`` [>= rows, w] and ``new`` [rows]:
-        its new tokens, ``fillers`` [rows]: its last token before them), as the lane pads. Returns the rows
-        withheld."""
+        its new tokens, ``fillers`` [rows]: its last token before them), as the lane pads. Returns (row, tokens
+        withheld) of each row withheld."""
         cut = []
         for i in self._off_rows(req_ids, lengths.__getitem__):
             self._keep_shadow(req_ids[i], out[i, : lengths[i]].tolist())
+            cut.append((i, lengths[i]))
             lengths[i] = 0
             out[i, :] = tokens[i, new[i] - 1] if new[i] > 0 else fillers[i]
-            cut.append(i)
         return cut
 
     def _off_rows(self, req_ids: Sequence[str], length: Callable[[int], int]) -> Iterator[int]:

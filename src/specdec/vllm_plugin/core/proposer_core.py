@@ -154,11 +154,13 @@ class ProposerCore(ProposerReporting):
             self._on_timeout(sum(1 for m in lengths if m))
             self._end(plan, [], drafted=0, lengths=[])
             return None
-        before = sum(lengths)
-        if not self._pad_now:
-            self._forget(plan.ids, self.backoff.withhold_matrix(plan.ids, lengths, out, tokens, new, fillers))
+        withheld = (
+            0
+            if self._pad_now
+            else self._forget(plan.ids, self.backoff.withhold_matrix(plan.ids, lengths, out, tokens, new, fillers))
+        )
         self.stats.propose_seconds += self.clock() - plan.t0
-        self._end(plan, [], drafted=counts.drafted - (before - sum(lengths)), lengths=lengths)
+        self._end(plan, [], drafted=counts.drafted - withheld, lengths=lengths)
         return lengths
 
     def _begin(
@@ -209,11 +211,9 @@ class ProposerCore(ProposerReporting):
         count if known, ``lengths`` [rows]: their lengths where ``drafts`` does not hold them (schedule mode's
         matrix step)."""
         if lengths is None:
-            before = sum(map(len, drafts))
-            if not self._pad_now:
-                self._forget(plan.ids, self.backoff.withhold(plan.ids, drafts))
+            withheld = 0 if self._pad_now else self._forget(plan.ids, self.backoff.withhold(plan.ids, drafts))
             lengths = list(map(len, drafts))
-            drafted = sum(lengths) if drafted is None else drafted - (before - sum(lengths))
+            drafted = sum(lengths) if drafted is None else drafted - withheld
         elif drafted is None:
             drafted = sum(lengths)
         self.backoff.record(plan.ids, lengths)
@@ -225,10 +225,13 @@ class ProposerCore(ProposerReporting):
         self._maybe_sample()
         return drafts
 
-    def _forget(self, ids: Sequence[str], rows: Sequence[int]) -> None:
-        """The drafting engine forgets the withheld ``rows``' drafts (its calibration counts verified drafts only)."""
-        if rows:
-            self.engine.forget_drafts([ids[i] for i in rows])
+    def _forget(self, ids: Sequence[str], cut: Sequence[tuple[int, int]]) -> int:
+        """The drafting engine forgets the drafts the back-off withheld (``cut``: (row, tokens) each; its calibration
+        counts verified drafts only). Returns the tokens withheld."""
+        if not cut:
+            return 0
+        self.engine.forget_drafts([ids[i] for i, _ in cut])
+        return sum(n for _, n in cut)
 
     def note_verified(self, tokens: int) -> None:
         """The tokens the last step's verify batch really held (schedule mode: vLLM's reserved slots, not the
