@@ -49,6 +49,9 @@ LOG_TAIL_CHARS = 200_000  # of each engine's log copied into the call's log file
 START_ENV = "GATE_T0"  # epoch seconds the call started (gpu_gate.sh): the budget counts its installs too
 SHAPE = "llama-8b"
 SERVE_CHECKS = ("tpot-53m", "tpot-8b", "start-8b-tp2")  # gate_serve's (named here: checked before it is imported)
+# the servers of a TPOT check: nospec and specdec make its verdict; the others are references beside them (no
+# speculation on vLLM's V1 model runner, the base commit, specdec in schedule mode whatever the target's size)
+SERVE_METHODS = ("nospec", "specdec", "nospec-v1", "specdec-before", "specdec-schedule")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -79,6 +82,11 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
     ap.add_argument("--checks", default="", help="--part serve: comma-separated checks (default: all)")
+    ap.add_argument(
+        "--serve-methods",
+        default="nospec,specdec",
+        help=f"--part serve: the servers of a TPOT check, of {', '.join(SERVE_METHODS)} (nospec and specdec always)",
+    )
     ap.add_argument("--max-wall-s", type=float, default=DEFAULT_MAX_WALL_S, help="budget of the whole call")
     ap.add_argument("--inputs", default="device_inputs/gate_inputs.json", help="from benchmarks.gate_prompts")
     ap.add_argument("--model", default="", help="source model folder (default: $SPECDEC_MODELS/code-target-53m)")
@@ -107,7 +115,14 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for c in args.checks:
         if c not in SERVE_CHECKS:
             ap.error(f"--checks: {c!r} is unknown; valid: {', '.join(SERVE_CHECKS)}")
+    wanted = [m for m in args.serve_methods.split(",") if m]
+    for m in wanted:
+        if m not in SERVE_METHODS:
+            ap.error(f"--serve-methods: {m!r} is unknown; valid: {', '.join(SERVE_METHODS)}")
+    args.serve_methods = [m for m in SERVE_METHODS if m in ("nospec", "specdec", *wanted)]
     has_before = (Path(args.before_path) / "specdec" / "__init__.py").exists()
+    if args.part == "serve" and "specdec-before" in args.serve_methods and not has_before and not args.fake:
+        ap.error(f"--serve-methods specdec-before: no base tree at {args.before_path} (gpu_gate.sh installs it)")
     if args.part == "cells" and "specdec-before" in args.methods and not has_before:
         if explicit:
             ap.error(

@@ -123,8 +123,15 @@ def serve_rows(serve: dict[str, Any]) -> list[dict[str, Any]]:
             emit = check.get("servers", {}).get("specdec", {}).get("spec", {}).get("emitted_per_step")
             row = {"check": name, "none_ms": none.get("median_tpot_ms"), "spec_ms": spec.get("median_tpot_ms")}
             out.append({**row, "ratio": r, "emit": emit, "verdict": rules.tpot_verdict(r)})
+            for label, srv in check.get("servers", {}).items():  # references beside the verdict's two servers
+                if label in ("nospec", "specdec") or "skipped" in srv:
+                    continue
+                ms = srv.get("bench", {}).get("median_tpot_ms")
+                emit = srv.get("spec", {}).get("emitted_per_step") if label.startswith(CANDIDATE) else None
+                row = {"check": f"{name} {label}", "none_ms": none.get("median_tpot_ms"), "spec_ms": ms}
+                out.append({**row, "ratio": rules.ratio(ms, none.get("median_tpot_ms")), "emit": emit, "verdict": "-"})
         for label, srv in check.get("servers", {}).items():
-            if label.startswith(CANDIDATE):
+            if label.startswith(CANDIDATE) and "skipped" not in srv:
                 ok = bool(srv.get("answered"))
                 note = f"start {srv.get('start_s') or 0:.0f} s, " + (
                     "answered" if ok else srv.get("error", "no answer")
@@ -183,7 +190,7 @@ def render_engines(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def render_serve(rows: list[dict[str, Any]]) -> list[str]:
-    head = f"{'serve check':<34}{'none ms':>9}{'specdec ms':>11}{'ratio':>7}{'emit':>6}  verdict"
+    head = f"{'serve check':<34}{'none ms':>9}{'server ms':>11}{'ratio':>7}{'emit':>6}  verdict"
     lines = [head, "-" * len(head)]
     for r in rows:
         if "ratio" in r or "none_ms" in r:

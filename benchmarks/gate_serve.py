@@ -30,6 +30,14 @@ from benchmarks.gate_metrics import read_bench
 from benchmarks.serve_common import HOST, VLLM_CLI_ENV, ServeError, Server, free_port, scrape, spec_delta
 
 SPECDEC = {"method": "specdec"}
+# --serve-methods: (speculative config, extra environment); "before" in the environment: the base tree first on the path
+SERVE_SPECS: dict[str, tuple[dict[str, Any] | None, dict[str, str]]] = {
+    "nospec": (None, {}),
+    "specdec": (SPECDEC, {}),
+    "nospec-v1": (None, {"VLLM_USE_V2_MODEL_RUNNER": "0"}),
+    "specdec-before": (SPECDEC, {"before": "1"}),
+    "specdec-schedule": ({**SPECDEC, "async_mode": "schedule"}, {}),
+}
 RANDOM_FLAGS = ["--dataset-name", "random", "--random-input-len", "256", "--random-output-len", "128"]
 NUM_PROMPTS, REQUEST_RATE, SEED = 200, 20, 0
 WARMUP_PROMPTS, WARMUP_SEED = 20, 1  # another seed: no prompt of the measured run is seen before it
@@ -114,15 +122,26 @@ class ServeRun:
         return time.time() + need <= self.args.deadline
 
     def _tpot(self, size: str) -> dict[str, Any]:
-        """Both servers of one model started (at once on two GPUs), each benchmarked in turn."""
+        """The check's servers (``--serve-methods``, nospec and specdec first) in rounds of one per GPU: a round's
+        servers start at once (one GPU and an equal share of the cores each), then each is benchmarked in turn.
+        A round that could not finish before the deadline is skipped (its servers recorded as such)."""
         model, label = self.models[size]
-        labels = {"nospec": None, "specdec": SPECDEC}
         check: dict[str, Any] = {"kind": "tpot", "model": label, "tp": 1, "servers": {}}
-        if self.gpus >= 2:
-            cores = sorted(os.sched_getaffinity(0))
-            half = len(cores) // 2
-            shares = {"nospec": ("0", cores[:half]), "specdec": ("1", cores[half:])}
-            servers = {k: self._server(model, k, spec, *shares[k]) for k, spec in labels.items()}
+        methods = list(self.args.serve_methods)
+        per_round = max(1, min(self.gpus, 2))
+        cores = sorted(os.sched_getaffinity(0))
+        for first in range(0, len(methods), per_round):
+            names = methods[first : first + per_round]
+            need = START_EST_S[size] + BENCH_EST_S * len(names)
+            if first and time.time() + need > self.args.deadline:
+                for k in names:
+                    check["servers"][k] = {"skipped": "time budget"}
+                continue
+            share = len(cores) // len(names) if len(names) > 1 else 0
+            servers = {
+                k: self._server(model, k, *SERVE_SPECS[k], str(i), cores[i * share : (i + 1) * share] if share else [])
+                for i, k in enumerate(names)
+            }
             threads = [threading.Thread(target=self._start_one, args=(s, check, k)) for k, s in servers.items()]
             for t in threads:
                 t.start()
@@ -130,18 +149,13 @@ class ServeRun:
                 t.join()
             for k, s in servers.items():
                 self._measure(s, check, k, model)
-        else:
-            for k, spec in labels.items():
-                s = self._server(model, k, spec, "0", [])
-                self._start_one(s, check, k)
-                self._measure(s, check, k, model)
         return check
 
     def _start(self, size: str, tp: int) -> dict[str, Any]:
         model, label = self.models[size]
         key = f"specdec-tp{tp}"
         check: dict[str, Any] = {"kind": "start", "model": label, "tp": tp, "servers": {}}
-        s = self._server(model, key, SPECDEC, ",".join(map(str, range(tp))), [], tp=tp)
+        s = self._server(model, key, SPECDEC, {}, ",".join(map(str, range(tp))), [], tp=tp)
         self._start_one(s, check, key)
         try:
             if s.proc is not None and "error" not in check["servers"][key]:
@@ -150,10 +164,14 @@ class ServeRun:
             s.stop()
         return check
 
-    def _server(self, model: str, key: str, spec: Any, gpus: str, cpus: list[int], *, tp: int = 1) -> Server:
+    def _server(
+        self, model: str, key: str, spec: Any, extra: dict[str, str], gpus: str, cpus: list[int], *, tp: int = 1
+    ) -> Server:
         args = ["--tensor-parallel-size", str(tp)] if tp > 1 else []
         log = self.work / f"{key}-{Path(model).name}.log"
-        env = {"CUDA_VISIBLE_DEVICES": gpus}
+        env = {"CUDA_VISIBLE_DEVICES": gpus, **{k: v for k, v in extra.items() if k != "before"}}
+        if extra.get("before"):  # the base commit's tree first on the path (gpu_gate.sh installed it there)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (self.args.before_path, os.environ.get("PYTHONPATH")) if p)
         return Server(
             model,
             port=free_port(),

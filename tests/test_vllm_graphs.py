@@ -639,3 +639,50 @@ def test_profile_ceiling_is_vllms_second_largest_full_key() -> None:
     assert graphs.profile_ceiling(d, "FULL") == 17 * 48
     d.cudagraph_keys["FULL"] = {Desc(num_tokens=17, num_reqs=1, uniform=True)}
     assert graphs.profile_ceiling(d, "FULL") == 0  # one key of vLLM's: no room below the profile's two samples
+
+
+# ----------------------------------------------------------------- plain batches (no draft verified)
+def _our_config(**specdec: Any) -> SimpleNamespace:
+    from specdec.vllm_plugin.patches.async_sched import PROPOSER_PATH
+
+    spec = SimpleNamespace(method="custom_class", model=PROPOSER_PATH, num_speculative_tokens=K)
+    return SimpleNamespace(speculative_config=spec, additional_config={"specdec": specdec})
+
+
+def test_plain_width_for_our_engines_in_every_mode_narrow_ones_in_schedule_mode() -> None:
+    from specdec.vllm_plugin.patches.narrow_keys import PLAIN_WIDTH, narrow_widths
+
+    assert PLAIN_WIDTH == 0
+    assert narrow_widths(_our_config(async_mode="thread")) == (0,)
+    assert narrow_widths(_our_config(async_mode="schedule")) == (0, 4, 6, 8)
+    assert narrow_widths(_our_config(async_mode="schedule", narrow_graphs=False)) == (0,)
+    assert narrow_widths(_our_config(async_mode="schedule", draft_slots="uniform")) == (0,)
+    theirs = SimpleNamespace(speculative_config=SimpleNamespace(method="suffix", model=None), additional_config={})
+    assert narrow_widths(theirs) == () and narrow_widths(SimpleNamespace()) == ()
+
+
+@needs_vllm
+def test_plain_batches_replay_one_token_full_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    d, modes, desc = _dispatcher(monkeypatch, width=0)
+    monkeypatch.setattr(graphs, "narrow_widths", lambda config: (0, WIDTH))
+    d.initialize_cudagraph_keys(modes.FULL_AND_PIECEWISE, K + 1)
+    assert getattr(d, graphs.NARROW_KEYS)[1] == [1, 2, 4, 8, 16, 24, 32, 48, 64]  # no speculation's decode keys
+    full = d.cudagraph_keys[modes.FULL]
+    assert desc(num_tokens=32, num_reqs=32, uniform=True) in full
+    setattr(d, graphs.NARROW_Q, 1)
+    plain = desc(num_tokens=32, num_reqs=32, uniform=True)
+    assert d.dispatch(num_tokens=30, uniform_decode=True) == (modes.FULL, plain)
+    setattr(d, graphs.NARROW_Q, WIDTH + 1)
+    assert d.dispatch(num_tokens=(WIDTH + 1) * 30, uniform_decode=True)[0] == modes.FULL
+    stats = dispatcher_stats(d)
+    assert (stats.narrow_full, stats.plain_full) == (2, 1)
+
+
+def test_runner_dispatches_a_plain_batch_as_uniform_with_one_token_per_request() -> None:
+    cls = type("Runner", (FakeRunner,), {})
+    graphs._wrap_runner(cls, ragged=False)
+    r = cls({1: [1, 2, 4, 8], WIDTH + 1: [1, 2, 4, 8]})
+    assert r._determine_batch_execution_and_padding(3, 3, None, 1, False) == (True, 1)
+    assert r._determine_batch_execution_and_padding(4, 3, None, 2, False) == (None, None)  # one request has a draft
+    plain = SimpleNamespace(num_tokens=4, num_reqs=4, uniform=True)
+    assert r._warmup_and_capture(plain, "FULL") == 1  # captured from vLLM's dummy batch of one token per request

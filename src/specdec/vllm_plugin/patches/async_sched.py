@@ -69,15 +69,19 @@ def wants_schedule(additional_config: Any, vllm_config: Any = None) -> bool:
     return async_mode_for(ours.get("async_mode", SpecdecOptions.async_mode), vllm_config) == "schedule"
 
 
-def is_schedule_config(config: Any) -> bool:
-    """``config`` (a ``VllmConfig``) runs our proposer and asks for schedule mode."""
+def is_our_config(config: Any) -> bool:
+    """``config`` (a ``VllmConfig``) runs our proposer."""
     spec = getattr(config, "speculative_config", None)
     return (
         spec is not None
         and getattr(spec, "method", None) == "custom_class"
         and getattr(spec, "model", None) == PROPOSER_PATH
-        and wants_schedule(getattr(config, "additional_config", None), config)
     )
+
+
+def is_schedule_config(config: Any) -> bool:
+    """``config`` (a ``VllmConfig``) runs our proposer and asks for schedule mode."""
+    return is_our_config(config) and wants_schedule(getattr(config, "additional_config", None), config)
 
 
 def whitelist_problem(module: Any) -> str:

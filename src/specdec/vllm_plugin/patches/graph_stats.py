@@ -21,7 +21,8 @@ ENGINE_GRAPH_STATS = "_specdec_graph_stats"  # attribute of the engine's VllmCon
 class GraphStats:
     """Counts of one engine's added graphs (see the module docstring)."""
 
-    narrow_full: int = 0  # narrow batches replayed from a FULL graph of ours
+    narrow_full: int = 0  # narrow batches replayed from a FULL graph of ours (plain ones included)
+    plain_full: int = 0  # of them, plain batches (one token per request: no draft verified)
     narrow_piecewise: int = 0  # narrow batches no key of ours held: vLLM's mixed-batch graphs
     narrow_keys: int = 0  # narrow FULL keys made
     ragged_full: int = 0  # ragged batches replayed from a FULL graph of ours

@@ -20,6 +20,10 @@ length, each a pass-through for any engine that is not ours with narrow slots:
    narrow key runs vLLM's dummy batch with ``uniform_decode_query_len = w + 1`` (its requests, attention metadata and
    query length are then those of a narrow batch, as vLLM builds its own uniform ones).
 
+Width 0 (``narrow_keys.PLAIN_WIDTH``, any mode of ours): a *plain* batch, one token per request (no draft verified:
+a backed-off batch), gets the one-token uniform FULL graphs no speculation replays, instead of piecewise graphs
+(thread mode) or a ragged graph padded to ``max_num_seqs`` requests (schedule mode).
+
 The graphs are captured and replayed exactly as vLLM's own uniform ones, with a different query length: what
 FlashAttention 3's scheduler metadata depends on (requests, max query length) is the same at capture and replay.
 (vLLM's ``cudagraph_mode=FULL`` instead replays *mixed* batches from graphs captured for other shapes, whose scheduler
@@ -48,6 +52,7 @@ from specdec.vllm_plugin.patches.graph_stats import GraphStats, dispatcher_stats
 from specdec.vllm_plugin.patches.narrow_keys import (
     NARROW_KEYS,
     NARROW_Q,
+    PLAIN_WIDTH,
     add_narrow_keys,
     narrow_descriptor,
     narrow_query_len,
@@ -160,7 +165,7 @@ def _add_keys(dispatcher: Any, cudagraph_mode: Any, q: int, *, modes: Any, descr
     if widths:
         counts = add_narrow_keys(dispatcher, widths, full_mode=modes.FULL, descriptor=descriptor, ceiling=ceiling)
         logger.info(
-            "specdec: full CUDA graphs for narrow verify batches (%s tokens per request, %d batch "
+            "specdec: full CUDA graphs for plain and narrow verify batches (%s tokens per request, %d batch "
             "sizes up to %d requests)",
             "/".join(str(w + 1) for w in widths),
             len(counts),
@@ -226,6 +231,7 @@ def _wrap_dispatcher(cls: Any, modes: Any, descriptor: Any) -> None:
             stats = dispatcher_stats(self)
             if desc is not None and desc in self.cudagraph_keys[modes.FULL]:
                 stats.narrow_full += 1
+                stats.plain_full += getattr(self, NARROW_Q) == PLAIN_WIDTH + 1
                 return modes.FULL, desc
             stats.narrow_piecewise += 1
         return orig_dispatch(self, num_tokens, False, has_lora, *args, **kwargs)  # vLLM's mixed-batch graphs

@@ -15,22 +15,32 @@ from typing import Any
 
 from specdec.vllm_plugin.entry.options import options_from_vllm_config
 from specdec.vllm_plugin.logs import LOGGER_NAME
-from specdec.vllm_plugin.patches.async_sched import is_schedule_config
+from specdec.vllm_plugin.patches.async_sched import is_our_config, is_schedule_config
 from specdec.vllm_plugin.patches.graph_stats import dispatcher_stats
 from specdec.vllm_plugin.patches.ragged_keys import sparse_ladder
 
 logger = logging.getLogger(LOGGER_NAME)
 
+# A step that verifies no draft (every request backed off, or none has one) schedules one token per request: with a
+# speculative config vLLM's uniform key is k + 1 tokens per request, so such a step would run piecewise graphs (thread
+# mode) or a ragged graph padded to max_num_seqs requests (schedule mode), dearer than no speculation's decode step.
+# Width 0 gives it the uniform one-token FULL graphs no speculation replays.
+PLAIN_WIDTH = 0
+PLAIN_GRAPHS = True
 NARROW_KEYS = "_specdec_narrow"  # dispatcher attribute: {query length: sorted request counts captured}
 NARROW_Q = "_specdec_narrow_q"  # dispatcher attribute: query length of the batch being dispatched (None: vLLM's)
 
 
 def narrow_widths(vllm_config: Any) -> tuple[int, ...]:
-    """Our engine's narrow widths (``SpecdecOptions.narrow_widths``), () for any other engine or setting."""
+    """The widths our engine gets uniform FULL keys for: ``PLAIN_WIDTH`` (any mode, while ``PLAIN_GRAPHS``), then
+    in schedule mode the narrow widths (``SpecdecOptions.narrow_widths``); () for any other engine."""
     try:
-        if not is_schedule_config(vllm_config):
+        if not is_our_config(vllm_config):
             return ()
-        return options_from_vllm_config(vllm_config).narrow_widths
+        plain = (PLAIN_WIDTH,) if PLAIN_GRAPHS else ()
+        if not is_schedule_config(vllm_config):
+            return plain
+        return plain + options_from_vllm_config(vllm_config).narrow_widths
     except Exception as exc:  # noqa: BLE001 - never fail an engine's start for an optimisation
         logger.debug("specdec: no narrow graphs (%r)", exc)
         return ()
