@@ -119,7 +119,7 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for m in wanted:
         if m not in SERVE_METHODS:
             ap.error(f"--serve-methods: {m!r} is unknown; valid: {', '.join(SERVE_METHODS)}")
-    args.serve_methods = [m for m in SERVE_METHODS if m in ("nospec", "specdec", *wanted)]
+    args.serve_methods = list(dict.fromkeys(["nospec", "specdec", *wanted]))  # in the order given after these
     has_before = (Path(args.before_path) / "specdec" / "__init__.py").exists()
     if args.part == "serve" and "specdec-before" in args.serve_methods and not has_before and not args.fake:
         ap.error(f"--serve-methods specdec-before: no base tree at {args.before_path} (gpu_gate.sh installs it)")
