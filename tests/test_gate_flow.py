@@ -216,6 +216,7 @@ def test_bad_options_stop_before_anything_starts(tmp_path, capsys):
         (["--sets", "code,math"], "--sets: 'math' is unknown"),
         (["--methods", "specdec-before"], "no installed base tree at"),
         (["--part", "serve", "--checks", "tpot-70b"], "--checks: 'tpot-70b' is unknown"),
+        (["--part", "serve", "--serve-methods", "eagle"], "--serve-methods: 'eagle' is unknown; valid: nospec"),
     ):
         with pytest.raises(SystemExit):
             gate.main(["--fake", "--inputs", inputs, "--before-path", str(tmp_path / "none"), *argv])
@@ -285,3 +286,20 @@ def test_origin_notes_flag_a_wrong_tree(dry_run):
     notes = gate_report.origin_notes({"engines": {"specdec-before": before}}, doc["sources"])
     assert any("engine workers import specdec from /x" in n for n in notes)
     assert any("not " + "b" * 40 in n for n in notes)
+
+
+def test_serve_references_run_in_rounds_and_get_rows(tmp_path):
+    argv = ["--part", "serve", "--fake", "--gpus", "2", "--checks", "tpot-53m", "--out-dir", str(tmp_path)]
+    argv += ["--work-dir", str(tmp_path / "w"), "--inputs", str(_inputs(tmp_path / "inputs.json"))]
+    gate.main([*argv, "--serve-methods", "specdec-schedule,nospec-v1,specdec-before"])
+    (path,) = tmp_path.glob("*_gate_serve_ccccccc.json")
+    doc = json.loads(path.read_text())
+    servers = doc["serve"]["tpot-53m"]["servers"]
+    assert list(servers) == ["nospec", "specdec", "specdec-schedule", "nospec-v1", "specdec-before"]
+    assert [servers[k]["gpus"] for k in servers] == ["0", "1", "0", "1", "0"]  # two per round, a GPU each
+    rows = {r["check"]: r for r in doc["verdicts"]["serve"]}
+    assert rows["tpot-53m"]["verdict"] in ("PASS", "FAIL")  # the verdict reads nospec and specdec only
+    for ref in ("specdec-schedule", "nospec-v1", "specdec-before"):
+        row = rows[f"tpot-53m {ref}"]
+        assert row["verdict"] == "-" and row["ratio"] == pytest.approx(row["spec_ms"] / row["none_ms"])
+    assert rows["tpot-53m nospec-v1"]["emit"] is None and rows["tpot-53m specdec-before"]["emit"] > 1
