@@ -271,6 +271,16 @@ def test_lane_is_off_for_thread_deadlines_and_non_native_drafters():
     assert ProposerCore(SuffixDrafter(backend="python"), python, max_model_len=MAX_LEN).lane is None
 
 
+def test_calibrated_chains_draft_on_the_python_path_which_honours_them():
+    """The lane drafts count / total chains; with ``min_confidence`` > 0 the proposer drafts through the drafter's
+    own calibrated chains (the Python path) instead of silently ignoring the option."""
+    options = SpecdecOptions.from_dict({})
+    assert ProposerCore(SuffixDrafter(backend="native"), options, max_model_len=MAX_LEN).lane is not None
+    calibrated = SuffixDrafter(backend="native", min_confidence=0.06)
+    core = ProposerCore(calibrated, options, max_model_len=MAX_LEN)
+    assert core.lane is None and isinstance(core.engine, PythonEngine)
+
+
 def test_lane_overruns_drop_their_steps_and_the_third_hands_over_to_the_python_path(monkeypatch):
     import specdec.vllm_plugin.core.engine as core_mod  # the lane engine calls lane_step
 

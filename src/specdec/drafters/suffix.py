@@ -213,8 +213,17 @@ class SuffixDrafter(SuffixLane, Drafter):
 
     # ----------------------------------------------------------------- one-call proposer step (native only)
     def native_lane(self) -> SuffixDrafter | None:
-        """This drafter if it offers the one-call proposer step (``lane_step``: native backend), else None."""
-        return self if self.backend == "native" else None
+        """This drafter if it offers the one-call proposer step (``lane_step``: native backend), else None. Calibrated
+        chains (``min_confidence`` > 0) draft on the proposer's Python path: the lane drafts count / total."""
+        if self.backend != "native":
+            return None
+        if self.config.min_confidence > 0:
+            logger.info(
+                "suffix: min_confidence %g: calibrated chains, drafted without the native one-call step",
+                self.config.min_confidence,
+            )
+            return None
+        return self
 
     @property
     def request_ids(self) -> dict[str, int]:

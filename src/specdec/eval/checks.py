@@ -25,6 +25,8 @@ from specdec.eval.settings import Setting
 MODEL_DRAFTER = "model"
 SLOW_PROMPT_FACTOR = 3.0  # a live prompt slower than this many times its method's median is flagged
 
+BASELINES = ("hf-greedy", "specdec-greedy", "hf-assisted")  # the peers live measures beside specdec (--baselines)
+
 
 def _draft_model_path(setting: Setting, default: str | os.PathLike[str] | None = None) -> Path:
     from specdec.drafters.model import ModelDrafterConfig
@@ -127,7 +129,6 @@ def check_live_models(args: argparse.Namespace, settings: list[Setting]) -> None
     """Before any model is loaded: ``--baselines`` names known peers, the folders exist, every draft model
     (hf-assisted's, each ``model`` drafter's) shares the target's tokenizer and vocabulary."""
     from specdec.drafters.model import check_draft_target
-    from specdec.eval.live_report import BASELINES
     from specdec.paths import DRAFT_MODEL, TARGET_MODEL, model_path
 
     unknown = [b.strip() for b in args.baselines.split(",") if b.strip() and b.strip() not in BASELINES]

@@ -32,7 +32,7 @@ from specdec.eval.settings import Setting
 from specdec.paths import DRAFT_MODEL, TARGET_MODEL, model_path
 
 if TYPE_CHECKING:
-    from specdec.eval.cli import Staging
+    from specdec.eval.common import Staging
 
 logger = logging.getLogger("specdec.eval")
 DEFAULT_LIVE_DRAFTERS = ("model",)
@@ -278,7 +278,7 @@ def _run_set(live: Live, name: str, items: list, prompts: list[list[int]], metho
 
 def run_live(args: argparse.Namespace) -> int:
     from specdec.eval.checks import check_live_models
-    from specdec.eval.cli import Staging, echo, safe_name, settings_from_args
+    from specdec.eval.common import Staging, echo, safe_name, settings_from_args
     from specdec.eval.flags import check_flags
     from specdec.eval.results import results_path
 
@@ -321,7 +321,7 @@ def _load_sets(args: argparse.Namespace) -> list[tuple[str, list]]:
 def _run_sets(live: Live, methods: list, sets: list[tuple[str, list, list[list[int]]]]) -> list[dict[str, Any]]:
     """Every set in turn, its table echoed as it ends: the entries of every method and set."""
     from specdec.eval.checks import slow_prompt_notes
-    from specdec.eval.cli import echo
+    from specdec.eval.common import echo
     from specdec.eval.report import legend, wrap
 
     args = live.args

@@ -7,10 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdec.eval.checks import per_prompt_medians
+from specdec.eval.checks import BASELINES, per_prompt_medians
 from specdec.eval.settings import Setting
-
-BASELINES = ("hf-greedy", "specdec-greedy", "hf-assisted")
 
 
 @dataclass

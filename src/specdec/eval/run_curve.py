@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from specdec.config import ConfigError
-from specdec.eval.cli import EvalError, Staging, echo, safe_name
+from specdec.eval.common import EvalError, Staging, echo, safe_name
 from specdec.eval.curve import SPLITS, group_settings, replay_settings
 from specdec.eval.curve_report import DEFAULT_AT, MIN_CURVE_SETTINGS, compare, curve_table, curves, plot_curves
 from specdec.eval.flags import check_flags

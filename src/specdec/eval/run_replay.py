@@ -14,7 +14,7 @@ from typing import Any
 
 from specdec.config import ConfigError
 from specdec.eval.checks import check_draft_model_tokenizer, cpu_notes
-from specdec.eval.cli import EvalError, Staging, cost_model, echo, safe_name, settings_from_args
+from specdec.eval.common import EvalError, Staging, cost_model, echo, safe_name, settings_from_args
 from specdec.eval.costmodel import CostModel
 from specdec.eval.flags import check_flags
 from specdec.eval.loaders import SHARED_TRACE_SETS, TraceError, load_traces, resolve_data_dir
