@@ -15,8 +15,10 @@ import random
 from types import SimpleNamespace
 from typing import Any
 
-FAKE_EMIT = {"nospec": 1.0, "nospec-v1": 1.0, "suffix": 2.0, "specdec": 3.2, "specdec-before": 1.0}
+FAKE_EMIT = {"nospec": 1.0, "nospec-v1": 1.0, "suffix": 2.0, "specdec": 3.2, "specdec-before": 1.0, "ngram": 1.8}
+FAKE_EMIT["specdec-sync"] = FAKE_EMIT["specdec"]
 FAKE_STEP_COST = {"nospec": 1.0, "nospec-v1": 1.02, "suffix": 1.05, "specdec": 1.05, "specdec-before": 1.05}
+FAKE_STEP_COST |= {"ngram": 1.05, "specdec-sync": 1.3}
 FAKE_START_S = {"nospec": 100.0, "nospec-v1": 101.0, "suffix": 110.0, "specdec": 112.0, "specdec-before": 140.0}
 FAKE_BLOCKS = {"nospec": 10_000, "nospec-v1": 10_000, "suffix": 9_900, "specdec": 9_800, "specdec-before": 9_500}
 BLOCK_SIZE = 16
@@ -37,7 +39,7 @@ class FakeLLM:
         self.counters = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
         self.spec = spec
         cache = SimpleNamespace(num_gpu_blocks=FAKE_BLOCKS.get(method, 10_000), block_size=BLOCK_SIZE)
-        spec_cfg = None if spec is None else SimpleNamespace(**spec, num_speculative_tokens=8)
+        spec_cfg = None if spec is None else SimpleNamespace(**{"num_speculative_tokens": 8, **spec})
         self.llm_engine = SimpleNamespace(
             vllm_config=SimpleNamespace(
                 cache_config=cache,

@@ -171,6 +171,23 @@ def render_cells(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def render_references(rows: list[dict[str, Any]]) -> list[str]:
+    """The other engines of the run (nospec-v1, ngram, specdec-sync: references, no verdict), x nospec and emit per
+    cell; nothing when there are none."""
+    named = {REFERENCE, CANDIDATE, BEFORE, PEER}
+    refs = sorted({m for r in rows for m in r if isinstance(r[m], dict) and m not in named})
+    if not refs:
+        return []
+    head = f"{'cell':<11}" + "".join(f"{m + ' ×nospec':>22}{'emit':>6}" for m in refs)
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        cells = "".join(
+            f"{_f(r.get(m, {}).get('x_nospec'), '.2f', 22)}{_f(r.get(m, {}).get('emit'), '.2f', 6)}" for m in refs
+        )
+        lines.append(f"{r['key'].replace('/', ' '):<11}{cells}")
+    return [*lines, ""]
+
+
 def _pct(x: float | None) -> float | None:
     return None if x is None else 100 * x
 
@@ -230,6 +247,7 @@ def render(doc: dict[str, Any]) -> str:
         ev = gate_verdicts(gate)
         verdicts.append(ev["overall"])
         out += ["", f"== cells {tp} ({gate.get('model', '')}) ==", *render_cells(ev["cells"]), ""]
+        out += render_references(ev["cells"])
         out += render_engines(ev["engines"])
         out += origin_notes(gate, doc.get("sources", []))
         if gate.get("skipped"):

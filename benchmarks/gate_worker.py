@@ -30,6 +30,9 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "specdec": {"method": "specdec"},  # the plugin's own defaults, as the installed tree has them
     "specdec-before": {"method": "specdec"},  # the same, from the base commit's tree
     "nospec-v1": None,  # no speculation on vLLM's V1 model runner (what CPU drafters run on): runner vs plugin cost
+    # references run once per issue, not per change: vLLM's n-gram method and the plugin's synchronous path
+    "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
+    "specdec-sync": {"method": "specdec", "async": False},
 }
 METHOD_ENV = {"nospec-v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"}}
 REPEATS = {"nospec": 2, "nospec-v1": 2}  # runs per cell (the run is void if no speculation's two differ > 2%)

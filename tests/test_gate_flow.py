@@ -303,3 +303,20 @@ def test_serve_references_run_in_rounds_and_get_rows(tmp_path):
         row = rows[f"tpot-53m {ref}"]
         assert row["verdict"] == "-" and row["ratio"] == pytest.approx(row["spec_ms"] / row["none_ms"])
     assert rows["tpot-53m nospec-v1"]["emit"] is None and rows["tpot-53m specdec-before"]["emit"] > 1
+
+
+def test_once_per_issue_references_get_their_own_table(tmp_path):
+    """vLLM ngram, the synchronous path and no speculation on the V1 runner: run once per issue, shown beside the
+    cells (x nospec, emit) without verdicts; the default table has no such block."""
+    argv = ["--fake", "--gpus", "2", "--inputs", str(_inputs(tmp_path / "inputs.json")), "--sets", "code"]
+    argv += ["--out-dir", str(tmp_path / "out"), "--work-dir", str(tmp_path / "w")]
+    gate.main([*argv, "--methods", "nospec,specdec,ngram,specdec-sync,nospec-v1"])
+    (path,) = (tmp_path / "out").glob("*_gate_tp1_ccccccc_*_code.json")
+    doc = json.loads(path.read_text())
+    assert set(doc["gates"]["tp1"]["engines"]) == {"nospec", "specdec", "ngram", "specdec-sync", "nospec-v1"}
+    text = gate_report.render(doc)
+    head = next(line for line in text.splitlines() if "ngram ×nospec" in line)
+    assert "nospec-v1 ×nospec" in head and "specdec-sync ×nospec" in head
+    rows = gate_report.gate_verdicts(doc["gates"]["tp1"])["cells"]
+    assert all(r["ngram"]["x_nospec"] > 1 and "vs_nospec" not in r["ngram"] for r in rows)
+    assert gate_report.render_references([{"key": "code/b1", "specdec": {}, "suffix": {}}]) == []
