@@ -117,3 +117,29 @@ def log_phases(text: str) -> dict[str, Any]:
     elif "compile_s" in out:
         out["compile_cached"] = False
     return out
+
+
+def flat_numbers(stats: Any, prefix: str = "") -> dict[str, float]:
+    """The numeric leaves of a proposer's statistics (``SpecdecProposer.stats``), nested keys joined by '.'."""
+    out: dict[str, float] = {}
+    if isinstance(stats, dict):
+        for k, v in stats.items():
+            if isinstance(v, bool):
+                continue
+            if isinstance(v, (int, float)):
+                out[prefix + str(k)] = float(v)
+            elif isinstance(v, dict):
+                out.update(flat_numbers(v, f"{prefix}{k}."))
+    return out
+
+
+def plugin_delta(before: list[Any] | None, after: list[Any] | None) -> list[dict[str, float]] | None:
+    """Per rank, what a cell changed in the proposer's counters (non-zero differences of its numeric statistics:
+    plain / narrow / ragged graph dispatches, back-off, withheld and drafted tokens, ...); None without both."""
+    if not before or not after or len(before) != len(after):
+        return None
+    out = []
+    for b, a in zip(before, after):
+        fb, fa = flat_numbers(b), flat_numbers(a)
+        out.append({k: round(v - fb.get(k, 0.0), 6) for k, v in fa.items() if v != fb.get(k, 0.0)})
+    return out

@@ -188,6 +188,35 @@ def render_references(rows: list[dict[str, Any]]) -> list[str]:
     return [*lines, ""]
 
 
+# specdec's own counters per cell (rank 0's, first run; gate_worker.plugin_stats): which graphs its verify steps
+# replayed and what the low-acceptance rule withheld, to read a cell's ratio from one run
+PLUGIN_COLUMNS = (
+    ("steps", "steps"),
+    ("graphs.plain_full", "plain"),
+    ("graphs.narrow_full", "narrow"),
+    ("graphs.ragged_full", "ragged"),
+    ("graphs.ragged_piecewise", "rag-pw"),
+    ("graphs.narrow_piecewise", "nar-pw"),
+    ("drafted_tokens", "drafted"),
+    ("backoff_withheld_tokens", "withheld"),
+    ("backoff_requests_backed_off", "off"),
+)
+
+
+def render_plugin(engine: dict[str, Any]) -> list[str]:
+    """specdec's counters per cell (``PLUGIN_COLUMNS``), where the run recorded them."""
+    cells = {k: c["runs"][0].get("plugin") for k, c in engine.get("cells", {}).items() if c.get("runs")}
+    cells = {k: v[0] for k, v in cells.items() if v}
+    if not cells:
+        return []
+    head = f"{'specdec':<11}" + "".join(f"{label:>9}" for _, label in PLUGIN_COLUMNS)
+    lines = [head, "-" * len(head)]
+    for key, d in cells.items():
+        nums = "".join(_f(d.get(k), ".0f", 9) for k, _ in PLUGIN_COLUMNS)
+        lines.append(f"{key.replace('/', ' '):<11}{nums}")
+    return [*lines, ""]
+
+
 def _pct(x: float | None) -> float | None:
     return None if x is None else 100 * x
 
@@ -248,6 +277,7 @@ def render(doc: dict[str, Any]) -> str:
         verdicts.append(ev["overall"])
         out += ["", f"== cells {tp} ({gate.get('model', '')}) ==", *render_cells(ev["cells"]), ""]
         out += render_references(ev["cells"])
+        out += render_plugin(gate.get("engines", {}).get(CANDIDATE, {}))
         out += render_engines(ev["engines"])
         out += origin_notes(gate, doc.get("sources", []))
         if gate.get("skipped"):

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gate_metrics import digest, repeat_share, spec_counts, spec_delta
+from benchmarks.gate_metrics import digest, plugin_delta, repeat_share, spec_counts, spec_delta
 
 METHODS: dict[str, dict[str, Any] | None] = {
     "nospec": None,
@@ -163,6 +163,7 @@ class CellRunner:
         seeds = [SAMPLED_SEED + i if temperature else None for i in range(len(items))]
         sps = [self.params(temperature=temperature, max_tokens=it["max_tokens"], seed=s) for it, s in zip(items, seeds)]
         before = spec_counts(self.llm.get_metrics())
+        plugin_before = plugin_stats(self.llm)
         wall, outs = 0.0, []
         for i in range(0, len(items), batch):
             chunk = [{"prompt_token_ids": it["ids"]} for it in items[i : i + batch]]
@@ -172,7 +173,9 @@ class CellRunner:
             outs += [list(r.outputs[0].token_ids) for r in res]
         n = sum(map(len, outs))
         run = {"wall_s": wall, "output_tokens": n, "tokens_per_s": n / wall if wall > 0 else None}
-        return {**run, **spec_delta(before, spec_counts(self.llm.get_metrics()))}, outs
+        run.update(spec_delta(before, spec_counts(self.llm.get_metrics())))
+        plugin = plugin_delta(plugin_before, plugin_stats(self.llm))
+        return ({**run, "plugin": plugin} if plugin else run), outs
 
 
 def _warmup(llm: Any, params: Callable[..., Any], inputs: dict[str, Any], sets: list[str]) -> None:
@@ -301,6 +304,22 @@ def origin(llm: Any, *, fake: bool) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - informational; the check needs the insecure-serialization env
             out["engine_error"] = repr(exc)[:200]
     return out
+
+
+def plugin_stats(llm: Any) -> list[Any] | None:
+    """Every rank's specdec proposer statistics (None for another method, or where they cannot be read)."""
+    try:
+        stats = llm.collective_rpc(_proposer_stats)
+    except Exception:  # noqa: BLE001 - informational (a fake engine, no insecure-serialization env)
+        return None
+    return stats if stats and any(isinstance(s, dict) for s in stats) else None
+
+
+def _proposer_stats(worker: Any = None) -> dict[str, Any] | None:
+    """In a GPU worker: its runner's drafter's statistics, if it is the specdec proposer."""
+    drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
+    stats = getattr(drafter, "stats", None) if type(drafter).__name__ == "SpecdecProposer" else None
+    return stats() if callable(stats) else None
 
 
 def _engine_origin(worker: Any = None) -> dict[str, Any]:

@@ -174,3 +174,23 @@ INFO 11-28 [core.py:331] init engine (profile, create kv cache, warmup model) to
     hit = "Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 3.1 s\n"
     assert log_phases(hit + "torch.compile took 5.00 s in total")["compile_cached"] is True
     assert log_phases("") == {}
+
+
+def test_plugin_counters_per_cell_are_differences_of_numeric_leaves():
+    from benchmarks.gate_metrics import flat_numbers, plugin_delta
+
+    before = [{"steps": 10, "native_step": True, "graphs": {"plain_full": 4, "narrow_full": 1}, "mode": "schedule"}]
+    after = [{"steps": 25, "native_step": True, "graphs": {"plain_full": 9, "narrow_full": 1}, "mode": "schedule"}]
+    assert flat_numbers(after[0]) == {"steps": 25.0, "graphs.plain_full": 9.0, "graphs.narrow_full": 1.0}
+    assert plugin_delta(before, after) == [{"steps": 15.0, "graphs.plain_full": 5.0}]
+    assert plugin_delta(None, after) is None and plugin_delta(before, after * 2) is None
+
+
+def test_plugin_table_shows_rank_zeros_counters():
+    from benchmarks.gate_report import render_plugin
+
+    cell = {"runs": [{"plugin": [{"steps": 30.0, "graphs.plain_full": 12.0}, {"steps": 30.0}]}]}
+    lines = render_plugin({"cells": {"code/b8": cell, "code/b1": {"runs": [{}]}}})
+    assert lines[0].split()[:4] == ["specdec", "steps", "plain", "narrow"]
+    assert lines[2].split()[:5] == ["code", "b8", "30", "12", "-"] and len(lines) == 4
+    assert render_plugin({}) == []
