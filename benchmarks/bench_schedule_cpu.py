@@ -25,9 +25,9 @@ from benchmarks.bench_proposer_cpu import CONTEXT_TOKENS, FakeEngine, tail_ms
 from specdec.eval.loaders import load_traces
 from specdec.eval.results import results_path, write_results
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
-from specdec.vllm_plugin.core.slots import SlotBook
 from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
+from specdec.vllm_plugin.modes.slots import SlotBook
 from specdec.vllm_plugin.proposer import build_proposer_drafter
 
 CONFIGS = {  # name -> proposer options on top of schedule mode's (as SpecdecProposer sets them)

@@ -28,9 +28,9 @@ from specdec.eval.loaders import load_traces
 from specdec.eval.results import results_path, write_results
 from specdec.vllm_plugin.core.adaptive import StepCostModel
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
-from specdec.vllm_plugin.core.slots import SlotBook
 from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
+from specdec.vllm_plugin.modes.slots import SlotBook
 from specdec.vllm_plugin.proposer import build_proposer_drafter
 
 MIN_RESPONSE = 32  # records with shorter responses are skipped

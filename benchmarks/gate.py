@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import gate_report as report
+from benchmarks.gate_env import device_info, gpu_names, prepare_model, versions
 from benchmarks.gate_metrics import log_phases
 from benchmarks.gate_worker import METHODS, REFERENCE_METHOD
 
@@ -51,7 +51,7 @@ SHAPE = "llama-8b"
 SERVE_CHECKS = ("tpot-53m", "tpot-8b", "start-8b-tp2")  # gate_serve's (named here: checked before it is imported)
 # the servers of a TPOT check: nospec and specdec make its verdict; the others are references beside them (no
 # speculation on vLLM's V1 model runner, the base commit, specdec in schedule mode whatever the target's size)
-SERVE_METHODS = ("nospec", "specdec", "nospec-v1", "specdec-before", "specdec-schedule")
+SERVE_METHODS = ("nospec", "specdec", "nospec-v1", "specdec-before", "specdec-schedule", "specdec-log")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -135,57 +135,6 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         ap.error(f"--inputs {args.inputs} not found: run python -m benchmarks.gate_prompts on the CPU first")
     args.t0 = float(os.environ.get(START_ENV) or time.time())
     args.deadline = args.t0 + args.max_wall_s - FINISH_MARGIN_S
-
-
-def gpu_names(fake: bool) -> list[str]:
-    if fake:
-        return ["fake GPU", "fake GPU"]
-    try:
-        text = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [ln.strip() for ln in text.splitlines() if ln.strip()]
-
-
-def device_info(args: argparse.Namespace) -> dict[str, Any]:
-    """GPU names, CPU, and the label of the results' file name (``h100``, ``h100x2``, ``fake``)."""
-    from specdec.eval.results import cpu_name
-
-    names = gpu_names(args.fake)
-    n = args.gpus or len(names)
-    m = re.search(r"\b([A-Z]\d{2,3}[A-Z]?)\b", names[0]) if names else None
-    base = "fake" if args.fake else (m.group(1).lower() if m else "gpu")
-    return {
-        "gpus": names[:n],
-        "gpu_count": n,
-        "cpu": cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "label": base + (f"x{n}" if n > 1 else ""),
-    }
-
-
-def versions(inputs: dict[str, Any]) -> dict[str, Any]:
-    from specdec.eval.results import installed_versions
-
-    before = inputs.get("before") or {}
-    return {**installed_versions(), "specdec_commit": inputs.get("commit"), "before_commit": before.get("commit")}
-
-
-def prepare_model(args: argparse.Namespace) -> tuple[str, str]:
-    """(the model folder every engine loads, its label): the source inflated to ``--shape`` (built once, kept
-    under /tmp while the machine is warm), or the source itself."""
-    from specdec.paths import TARGET_MODEL, model_path
-
-    src = args.model or str(model_path(TARGET_MODEL))
-    if args.fake or not args.shape:
-        return src, Path(src).name
-    from specdec.eval.inflate_model import INFLATE_DIR, MARKER, inflate_in_subprocess
-
-    out = INFLATE_DIR / f"{Path(src).name}-{args.shape}"
-    path = str(out) if (out / MARKER).exists() else inflate_in_subprocess(src, args.shape)
-    return path, f"{Path(src).name} inflated to {args.shape} (same outputs, an 8B forward pass)"
 
 
 def lanes(args: argparse.Namespace) -> list[dict[str, Any]]:

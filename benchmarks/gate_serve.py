@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import gate_report as report
+from benchmarks.gate_env import device_info, gpu_names, prepare_model, versions
 from benchmarks.gate_metrics import read_bench
 from benchmarks.serve_common import HOST, VLLM_CLI_ENV, ServeError, Server, free_port, scrape, spec_delta
 
@@ -37,6 +38,9 @@ SERVE_SPECS: dict[str, tuple[dict[str, Any] | None, dict[str, str]]] = {
     "nospec-v1": (None, {"VLLM_USE_V2_MODEL_RUNNER": "0"}),
     "specdec-before": (SPECDEC, {"before": "1"}),
     "specdec-schedule": ({**SPECDEC, "async_mode": "schedule"}, {}),
+    # the default, logging its drafting statistics every LOG_EVERY_S (steps, plain steps, drafted / accepted tokens,
+    # back-offs) into the server log, which the call keeps: what a TPOT ratio is made of
+    "specdec-log": ({**SPECDEC, "log_every_s": 2.0}, {}),
 }
 RANDOM_FLAGS = ["--dataset-name", "random", "--random-input-len", "256", "--random-output-len", "128"]
 NUM_PROMPTS, REQUEST_RATE, SEED = 200, 20, 0
@@ -67,8 +71,6 @@ class ServeRun:
     """One ``--part serve`` call: its checks, in order, within the budget; results written after each."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from benchmarks.gate import device_info, gpu_names, prepare_model, versions
-
         self.args = args
         self.work = Path(args.work_dir) / "serve"
         self.work.mkdir(parents=True, exist_ok=True)

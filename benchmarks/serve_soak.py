@@ -15,7 +15,7 @@ the suffix drafter's global cache within its caps (where the endpoint reports it
 
 ``--faults raise:100`` / ``sleep:100`` (test only) starts the server with ``SPECDEC_TEST_FAULTS`` set: the plugin's
 drafter then raises, or sleeps past the drafting deadline, on every 100th drafting call
-(``specdec/vllm_plugin/core/faults.py``); the run must still pass, and the plugin counts the failures and late steps.
+(``specdec/vllm_plugin/faults.py``); the run must still pass, and the plugin counts the failures and late steps.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from benchmarks.serve_common import (
 )
 from specdec.config import ConfigError
 from specdec.eval.results import installed_versions
-from specdec.vllm_plugin.core.faults import FAULTS_ENV, Faults
+from specdec.vllm_plugin.faults import FAULTS_ENV, Faults
 
 SOAK_LENGTHS = (16, 32, 64, 128, 256, 512)
 STREAM_SHARE = 0.3

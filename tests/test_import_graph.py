@@ -69,3 +69,14 @@ def test_the_package_has_no_import_cycle():
     assert "specdec.eval.common" in graph["specdec.eval.run_replay"]  # the graph sees real imports
     cycle = _cycle(graph)
     assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_plugins_entry_never_imports_its_core():
+    """``entry/`` (options, the config rewrite, validation) sits below ``core/`` (the drafting core, which reads the
+    options): nothing in ``entry/`` imports ``core/``, at module or function level, so the two never import each
+    other."""
+    entry = {m: p for m, p in MODULES.items() if m.startswith("specdec.vllm_plugin.entry")}
+    assert entry
+    for m, p in entry.items():
+        up = sorted(n for n in _imports(p) if n.startswith("specdec.vllm_plugin.core"))
+        assert not up, f"{m} imports {up}"

@@ -363,7 +363,7 @@ def test_serve_soak_faults_start_the_server_with_the_fault_variable(
     fake_cli: str, pools_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     pytest.importorskip("openai")
-    from specdec.vllm_plugin.core.faults import FAULTS_ENV
+    from specdec.vllm_plugin.faults import FAULTS_ENV
 
     envs: list[dict[str, str] | None] = []
 

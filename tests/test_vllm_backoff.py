@@ -21,9 +21,9 @@ from specdec.vllm_plugin.core.backoff import (
     BackOff,
 )
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
-from specdec.vllm_plugin.core.slots import NARROW_FROM_ROWS, NARROW_WIDTH, SlotBook
 from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
+from specdec.vllm_plugin.modes.slots import NARROW_FROM_ROWS, NARROW_WIDTH, SlotBook
 from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="native suffix core not built")

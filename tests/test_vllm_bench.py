@@ -821,7 +821,7 @@ def test_step_traces_move_to_a_gzip_file_beside_the_results_and_read_back(tmp_pa
 def test_slot_counters_include_the_narrow_schedules_by_width():
     """bench_vllm's per-cell slot-book counters (deltas over a cell) carry the narrow schedules, also by width."""
     from benchmarks.engine_timer import slot_counters as _slot_counters
-    from specdec.vllm_plugin.core.slots import SlotBook
+    from specdec.vllm_plugin.modes.slots import SlotBook
     from specdec.vllm_plugin.proposer import INSTANCES
 
     book = SlotBook(16, narrow=6, narrow_rows=(16, 48), high=(8, 4.0))

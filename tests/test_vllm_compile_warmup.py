@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from specdec.vllm_plugin.core.feed import valid_counts
+from specdec.vllm_plugin.modes.feed import valid_counts
 from specdec.vllm_plugin.patches import compile_warmup
 from specdec.vllm_plugin.patches.compile_warmup import WARM_SHAPES, warm_batch_change
 

@@ -122,7 +122,7 @@ def test_a_sustained_cell_reads_steps_drafting_and_trace_from_the_engine_process
 
 def test_slot_counters_and_stats_run_where_the_engine_is(monkeypatch, clock):
     """``in_engine`` calls the named engine function through the proxy, or here for an in-process timer."""
-    from specdec.vllm_plugin.core.slots import SlotBook
+    from specdec.vllm_plugin.modes.slots import SlotBook
     from specdec.vllm_plugin.proposer import INSTANCES
 
     monkeypatch.setattr(engine_timer, "_timer", StepTimer())

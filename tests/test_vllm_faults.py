@@ -1,4 +1,4 @@
-"""Test-only fault injection (``SPECDEC_TEST_FAULTS``, ``core/faults.py``): a drafter that raises or sleeps past the
+"""Test-only fault injection (``SPECDEC_TEST_FAULTS``, ``faults.py``): a drafter that raises or sleeps past the
 deadline on every Nth drafting call never fails a step, its failures and late steps are counted, and the emitted
 tokens are those of a run without faults (drafts only drop), on every proposer path."""
 
@@ -14,7 +14,7 @@ import pytest
 from core_support import target_sequence
 from specdec.config import ConfigError
 from specdec.drafters.suffix import SuffixDrafter, native_available
-from specdec.vllm_plugin.core.faults import FAULTS_ENV, SLEEP_WITHOUT_DEADLINE_S, Faults, FaultyDrafter, inject_faults
+from specdec.vllm_plugin.faults import FAULTS_ENV, SLEEP_WITHOUT_DEADLINE_S, Faults, FaultyDrafter, inject_faults
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 from specdec.vllm_plugin.patches.table import PatchReport
 from specdec.vllm_plugin.proposer import SpecdecProposer

@@ -16,9 +16,9 @@ import torch
 
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
-from specdec.vllm_plugin.core.slots import PLACEHOLDER, SlotBook
 from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
+from specdec.vllm_plugin.modes.slots import PLACEHOLDER, SlotBook, narrow_widths
 from specdec.vllm_plugin.patches import graphs, ragged_keys
 from specdec.vllm_plugin.patches.graph_stats import dispatcher_stats, graph_stats_of
 from specdec.vllm_plugin.patches.ragged_keys import PREFILL_TAG
@@ -34,10 +34,10 @@ PREFILL = 256  # ragged_prefill_tokens  # vLLM's sizes rounded to multiples of 1
 
 # ----------------------------------------------------------------- options and the slot book
 def test_narrow_widths_are_off_where_they_cannot_apply() -> None:
-    assert SpecdecOptions().narrow_widths == (4, 6, 8)
-    assert SpecdecOptions(narrow_graphs=False).narrow_widths == ()
-    assert SpecdecOptions(num_speculative_tokens=6).narrow_widths == (4,)  # not narrower than k
-    assert SpecdecOptions(draft_slots="uniform").narrow_widths == ()  # vLLM's k slots for every request
+    assert narrow_widths(SpecdecOptions()) == (4, 6, 8)
+    assert narrow_widths(SpecdecOptions(narrow_graphs=False)) == ()
+    assert narrow_widths(SpecdecOptions(num_speculative_tokens=6)) == (4,)  # not narrower than k
+    assert narrow_widths(SpecdecOptions(draft_slots="uniform")) == ()  # vLLM's k slots for every request
     book = SlotBook.policy(K)
     assert (book.narrow, book.high_width, book.large_width, book.narrow_from, book.narrow_below) == (6, 8, 4, 16, 48)
     off = SlotBook.policy(K, narrow=False)

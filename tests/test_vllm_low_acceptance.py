@@ -187,7 +187,7 @@ class Engine:
             self.sched = self.proposer.scheduled_for(runner)
             assert self.sched.slot_book is not None  # adaptive slots, attached to this engine's config
             self.proposer.vllm_config = self.config  # the scheduler reads the book from its config
-            from specdec.vllm_plugin.core.slots import attach_book
+            from specdec.vllm_plugin.modes.slots import attach_book
 
             attach_book(self.config, self.sched.slot_book)
 
@@ -293,7 +293,7 @@ class Engine:
         )
 
     def close(self) -> None:
-        from specdec.vllm_plugin.core.slots import attach_book
+        from specdec.vllm_plugin.modes.slots import attach_book
 
         attach_book(self.config, None)
         self.proposer.close()

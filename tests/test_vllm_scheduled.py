@@ -24,9 +24,9 @@ import torch
 from benchmarks.bench_schedule_cpu import HostWait
 from core_support import LLAMA_8B_HF, target_sequence
 from specdec.drafters.suffix import SuffixDrafter
-from specdec.vllm_plugin.core.feed import TokenFeed, pad_rows, valid_counts
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.modes.feed import TokenFeed, pad_rows, valid_counts
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 
 K = 6
@@ -541,7 +541,7 @@ def test_adaptive_slots_follow_each_requests_latest_draft_and_stay_lossless(grow
     not padded); the next step verifies only that many of the row's drafts (as vLLM's scheduler, patched, reserves
     them), or twice that with ``slot_growth`` 1, the buffer still equals the synchronous twin's, and every emitted
     token is the target's."""
-    from specdec.vllm_plugin.core.slots import SlotBook
+    from specdec.vllm_plugin.modes.slots import SlotBook
 
     clock = SimpleNamespace(t=0.0)
     tick = lambda: clock.t  # noqa: E731
@@ -578,7 +578,7 @@ def test_narrow_schedules_verify_the_width_and_stay_lossless():
     row with the drafter's chain to it (as the synchronous twin drafting with k = width, padded); schedules that are
     not narrow keep the drafts' own slots. Switching between the two every few steps, every emitted token is the
     target's and no row verifies more than 1 + its slots."""
-    from specdec.vllm_plugin.core.slots import SlotBook
+    from specdec.vllm_plugin.modes.slots import SlotBook
 
     clock = SimpleNamespace(t=0.0)
     tick = lambda: clock.t  # noqa: E731
@@ -624,7 +624,7 @@ class NotingDeviceWait(FakeDeviceWait):
 def test_device_wait_releases_before_the_slot_bookkeeping():
     """With the device wait the GPU waits only for the drafts: the slot book's note (next schedule's grants) and the
     cost fit come after the release, and still before the next fill reads them; the buffer equals the twin's."""
-    from specdec.vllm_plugin.core.slots import SlotBook
+    from specdec.vllm_plugin.modes.slots import SlotBook
 
     clock = SimpleNamespace(t=0.0)
     tick = lambda: clock.t  # noqa: E731
@@ -659,7 +659,7 @@ def test_device_wait_releases_before_the_slot_bookkeeping():
 
 
 def test_slot_book_tables_clamps_and_placeholders():
-    from specdec.vllm_plugin.core.slots import PLACEHOLDER, UNKNOWN, SlotBook
+    from specdec.vllm_plugin.modes.slots import PLACEHOLDER, UNKNOWN, SlotBook
 
     book = SlotBook(4)
     assert book.slots("new", 4) == 4  # unknown request: vLLM's k
@@ -682,7 +682,7 @@ def test_slot_growth_forecast_settles_its_extra_slots_and_stops_when_they_do_not
     """``slot_growth``: L + ceil(g * L) slots (at most k) while the share of extra slots that held an accepted token
     reaches the token cost; the share is settled from the step the grant was for (two schedules back at the note);
     below the cost the forecast is the draft's length except on every GROWTH_PROBE_EVERY-th note."""
-    from specdec.vllm_plugin.core.slots import GROWTH_PROBE_EVERY, SlotBook
+    from specdec.vllm_plugin.modes.slots import GROWTH_PROBE_EVERY, SlotBook
 
     book = SlotBook(16, growth=1.0)
     book.note(["a", "b", "c"], [0, 3, 10])
@@ -741,7 +741,7 @@ class FakeAsyncScheduler:
 
 
 def test_scheduler_patch_trims_placeholders_only_while_a_book_is_registered():
-    from specdec.vllm_plugin.core import slots
+    from specdec.vllm_plugin.modes import slots
     from specdec.vllm_plugin.patches.async_slots import patch_async_scheduler
 
     class Scheduler(FakeAsyncScheduler):
@@ -775,7 +775,7 @@ def test_scheduler_patch_trims_placeholders_only_while_a_book_is_registered():
 
 
 def test_prefill_steps_cap_the_decoding_requests_slots():
-    from specdec.vllm_plugin.core.slots import SlotBook
+    from specdec.vllm_plugin.modes.slots import SlotBook
     from specdec.vllm_plugin.patches.async_slots import PREFILL_HEAVY_TOKENS, cap_prefill_steps
 
     book = SlotBook(4, prefill_cap=1)
@@ -834,7 +834,7 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch)
     from vllm.v1.structured_output import StructuredOutputManager
 
     from specdec.paths import TARGET_MODEL, model_path
-    from specdec.vllm_plugin.core import slots
+    from specdec.vllm_plugin.modes import slots
     from specdec.vllm_plugin.patches import async_slots
     from specdec.vllm_plugin.patches.async_slots import patch_async_scheduler
 
@@ -943,7 +943,7 @@ def test_schedule_cpu_benchmark_configs_draft_the_same():
 
 
 def test_regrant_gives_running_requests_the_slots_of_their_latest_draft():
-    from specdec.vllm_plugin.core.slots import SlotBook
+    from specdec.vllm_plugin.modes.slots import SlotBook
     from specdec.vllm_plugin.patches.async_slots import regrant_placeholders
 
     book = SlotBook(4)

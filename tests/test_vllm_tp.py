@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from specdec.vllm_plugin.core.slots import UNKNOWN, book_of
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
+from specdec.vllm_plugin.modes.slots import UNKNOWN, book_of
 from specdec.vllm_plugin.modes.tp import (
     SLOT_NOTE_ATTR,
     NoteMaker,

@@ -28,9 +28,7 @@ import numpy as np
 
 from specdec.drafters.base import Drafter
 from specdec.drafters.registry import build_drafter
-from specdec.vllm_plugin.core.faults import FAULTS_ENV, inject_faults
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
-from specdec.vllm_plugin.core.slots import NARROW_FROM_ROWS, SlotBook, attach_book, book_of
 from specdec.vllm_plugin.entry.options import (
     SpecdecOptions,
     async_mode_for,
@@ -38,10 +36,12 @@ from specdec.vllm_plugin.entry.options import (
     options_from_vllm_config,
     resolve_lane_threads,
 )
+from specdec.vllm_plugin.faults import FAULTS_ENV, inject_faults
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.metrics.server import start_exporter
 from specdec.vllm_plugin.modes.device_wait import STALL_TIMEOUT_MS, DeviceWait
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
+from specdec.vllm_plugin.modes.slots import NARROW_FROM_ROWS, SlotBook, attach_book, book_of, narrow_widths
 from specdec.vllm_plugin.modes.sync import SyncDrafting
 from specdec.vllm_plugin.modes.thread import ThreadDrafting, ThreadedProposerCore
 from specdec.vllm_plugin.modes.tp import DRIVER_RANK, NoteMaker, TpFollower, tp_broadcast
@@ -238,7 +238,7 @@ class SpecdecProposer:
         book, notes = None, None
         if opts.draft_slots == "adaptive":
             ragged = opts.ragged_graphs and self.patches.on("ragged graphs")
-            narrow = bool(opts.narrow_widths) and self.patches.on("narrow graphs")
+            narrow = bool(narrow_widths(opts)) and self.patches.on("narrow graphs")
             ragged_ready = self.graph_stats.ragged_ready if ragged else None
             low = core.backoff.low if core.backoff.enabled else None
             if share is None:

@@ -15,11 +15,11 @@ from specdec.drafters.base import DraftGuard
 from specdec.vllm_plugin.core.adaptive import StepCostModel
 from specdec.vllm_plugin.core.backoff import BackOff
 from specdec.vllm_plugin.core.engine import StepEngine
-from specdec.vllm_plugin.core.faults import FaultyDrafter
 from specdec.vllm_plugin.core.lane import Lane
 from specdec.vllm_plugin.core.python_engine import PythonEngine
 from specdec.vllm_plugin.core.state import ProposerStats
 from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.faults import FaultyDrafter
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.metrics.drafter import SAMPLE_PERIOD_S, drafter_gauges
 
@@ -93,7 +93,7 @@ class ProposerReporting:
         d["max_threaded_job_ms"] = 1e3 * self.python.max_job_s
         d["drafter_state"] = dict(self.drafter_state)
         d.update(self.backoff.as_dict())
-        if isinstance(self.guard.drafter, FaultyDrafter):  # test-only fault injection (core/faults.py)
+        if isinstance(self.guard.drafter, FaultyDrafter):  # test-only fault injection (faults.py)
             d.update(self.guard.drafter.faults.as_dict())
         return d
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.config import ConfigBase, ConfigError, load_yaml, rng
-from specdec.vllm_plugin.core.slots import SLOT_MODES, policy_widths
 
 METHOD = "specdec"  # the friendly method name users write
 PROPOSER_PATH = "specdec.vllm_plugin.proposer.SpecdecProposer"  # the custom_class it becomes
@@ -41,6 +40,7 @@ VLLM_KEYS = frozenset(
     }
 )
 PAD_CHOICES = ("auto", "on", "off", True, False)
+SLOT_MODES = ("uniform", "adaptive")  # draft_slots (schedule mode's slot policy: modes/slots.py)
 KEY_ALIASES = {"async": "async_drafting"}  # `async` is a Python keyword; users write "async": true
 ASYNC_MODES = ("auto", "thread", "schedule")
 AUTO_SCHEDULE_MIN_PARAMS = (
@@ -86,7 +86,7 @@ class SpecdecOptions(ConfigBase):
         "adaptive",
         choices=SLOT_MODES,
         doc="schedule mode: 'adaptive' reserves each request the slots its latest draft can "
-        "use (slot policy in core/slots.py); 'uniform': k for every request",
+        "use (slot policy in modes/slots.py); 'uniform': k for every request",
     )
     narrow_graphs: bool = rng(
         True,
@@ -182,14 +182,6 @@ class SpecdecOptions(ConfigBase):
     def pad_mode(self) -> str:
         """pad_drafts as 'auto' | 'on' | 'off'."""
         return {True: "on", False: "off"}.get(self.pad_drafts, self.pad_drafts)  # type: ignore[arg-type]
-
-    @property
-    def narrow_widths(self) -> tuple[int, ...]:
-        """Every width a narrow step may have (each gets its own FULL CUDA graphs: ``patches/graphs.py``); () where
-        narrow steps are off."""
-        if self.draft_slots != "adaptive" or not self.narrow_graphs:
-            return ()
-        return policy_widths(self.num_speculative_tokens)
 
     def user_dict(self) -> dict[str, Any]:
         """The user options (``USER_KEYS``) as a plain dict: what travels in ``additional_config``."""

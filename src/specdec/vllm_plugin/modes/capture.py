@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from specdec.vllm_plugin.core.feed import TokenFeed, valid_counts
 from specdec.vllm_plugin.core.gil import quick_reacquire
+from specdec.vllm_plugin.modes.feed import TokenFeed, valid_counts
 
 RING_SLOTS = 4  # pinned buffers for sampled tokens; a slot is reused only after its step was read
 

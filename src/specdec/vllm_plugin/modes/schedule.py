@@ -52,10 +52,10 @@ from typing import Any
 
 import numpy as np
 
-from specdec.vllm_plugin.core.feed import leading_counts, pad_rows
-from specdec.vllm_plugin.core.slots import UNKNOWN
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.capture import CaptureRing
+from specdec.vllm_plugin.modes.feed import leading_counts, pad_rows
+from specdec.vllm_plugin.modes.slots import UNKNOWN
 from specdec.vllm_plugin.modes.tp import NoteMaker, SlotNote
 from specdec.vllm_plugin.patches.graph_stats import GraphStats
 

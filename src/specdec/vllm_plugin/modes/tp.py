@@ -10,7 +10,7 @@ device wait the driver's stream waits for the drafting and the broadcast after i
 too; no host waits anywhere. Control flow that decides whether a step broadcasts (a job, vLLM's guard that drops
 drafts) depends only on the scheduler's output and the runner's state, which every rank shares.
 
-The slot book (``core/slots.py``) lives beside the scheduler, which runs in the engine-core process, not beside the
+The slot book (``modes/slots.py``) lives beside the scheduler, which runs in the engine-core process, not beside the
 driver. The driver's notes of each drafting (draft lengths, tokens per step, the token cost, which CUDA graphs the
 narrow and ragged steps have) ride on its ``ModelRunnerOutput`` (attribute ``SLOT_NOTE_ATTR``; vLLM pickles the
 output to the scheduler). The scheduler's book (``scheduler_book``) takes each note as it arrives: one drafting
@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.vllm_plugin.core.slots import SlotBook, attach_book, book_of
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.capture import discard_counts
+from specdec.vllm_plugin.modes.slots import SlotBook, attach_book, book_of
 
 logger = logging.getLogger(LOGGER_NAME)
 

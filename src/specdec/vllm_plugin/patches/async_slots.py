@@ -16,8 +16,8 @@ import itertools
 import logging
 from typing import Any
 
-from specdec.vllm_plugin.core.slots import PLACEHOLDER, book_of
 from specdec.vllm_plugin.logs import LOGGER_NAME
+from specdec.vllm_plugin.modes.slots import PLACEHOLDER, book_of
 from specdec.vllm_plugin.patches.common import is_wrapped, mark, signature_problem, source_has
 
 logger = logging.getLogger(LOGGER_NAME)

@@ -27,8 +27,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from specdec.vllm_plugin.core.feed import VALID_COUNT_DTYPE
 from specdec.vllm_plugin.logs import LOGGER_NAME
+from specdec.vllm_plugin.modes.feed import VALID_COUNT_DTYPE
 from specdec.vllm_plugin.patches import async_sched as async_patch
 
 logger = logging.getLogger(LOGGER_NAME)

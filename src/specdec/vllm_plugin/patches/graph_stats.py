@@ -2,7 +2,7 @@
 dispatched to them or not, and what capturing them cost.
 
 An engine's runner, its CUDA-graph dispatcher and our proposer share one ``VllmConfig`` object, so the counts live
-on it (``graph_stats_of``), as the slot book does (``core.slots.attach_book``): the dispatcher's wrappers count, the
+on it (``graph_stats_of``), as the slot book does (``modes.slots.attach_book``): the dispatcher's wrappers count, the
 proposer reads its own engine's counts (its statistics, the slot book's ``high_ragged`` question), and two engines
 in one process keep theirs apart. Never imports vLLM.
 """

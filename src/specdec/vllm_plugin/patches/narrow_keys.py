@@ -15,6 +15,7 @@ from typing import Any
 
 from specdec.vllm_plugin.entry.options import options_from_vllm_config
 from specdec.vllm_plugin.logs import LOGGER_NAME
+from specdec.vllm_plugin.modes.slots import narrow_widths as policy_narrow_widths
 from specdec.vllm_plugin.patches.async_sched import is_our_config, is_schedule_config
 from specdec.vllm_plugin.patches.graph_stats import dispatcher_stats
 from specdec.vllm_plugin.patches.ragged_keys import sparse_ladder
@@ -33,14 +34,14 @@ NARROW_Q = "_specdec_narrow_q"  # dispatcher attribute: query length of the batc
 
 def narrow_widths(vllm_config: Any) -> tuple[int, ...]:
     """The widths our engine gets uniform FULL keys for: ``PLAIN_WIDTH`` (any mode, while ``PLAIN_GRAPHS``), then
-    in schedule mode the narrow widths (``SpecdecOptions.narrow_widths``); () for any other engine."""
+    in schedule mode the narrow widths (``modes.slots.narrow_widths``); () for any other engine."""
     try:
         if not is_our_config(vllm_config):
             return ()
         plain = (PLAIN_WIDTH,) if PLAIN_GRAPHS else ()
         if not is_schedule_config(vllm_config):
             return plain
-        return plain + options_from_vllm_config(vllm_config).narrow_widths
+        return plain + policy_narrow_widths(options_from_vllm_config(vllm_config))
     except Exception as exc:  # noqa: BLE001 - never fail an engine's start for an optimisation
         logger.debug("specdec: no narrow graphs (%r)", exc)
         return ()

@@ -53,8 +53,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
-SLOT_MODES = ("uniform", "adaptive")
 PLACEHOLDER = -1  # vLLM's draft-slot placeholder id under async scheduling (also its rejected-token id)
 UNKNOWN = -1  # ``SlotBook.note``: a row without a draft length (no new token yet): its request gets k
 GROWTH_EMA = 0.9  # decay per note of the extra slots' granted and used sums behind their paid share
@@ -81,6 +81,14 @@ SLOT_GROWTH_MIN_SHARE = 0.15  # ... while at least this share of the extra slots
 def policy_widths(k: int) -> tuple[int, ...]:
     """The narrow widths the policy may choose at draft length ``k`` (each needs its own FULL CUDA graphs)."""
     return tuple(sorted({w for w in (NARROW_WIDTH, HIGH_MAT_WIDTH, LARGE_BATCH_WIDTH) if usable_width(w, k)}))
+
+
+def narrow_widths(options: Any) -> tuple[int, ...]:
+    """Every width a narrow step of an engine with these ``SpecdecOptions`` may have (each gets its own FULL CUDA
+    graphs: ``patches/graphs.py``); () where narrow steps are off (uniform slots, or ``narrow_graphs`` off)."""
+    if options.draft_slots != "adaptive" or not options.narrow_graphs:
+        return ()
+    return policy_widths(options.num_speculative_tokens)
 
 
 def usable_width(width: int, k: int) -> int:
