@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 FAKE_EMIT = {"nospec": 1.0, "nospec-v1": 1.0, "suffix": 2.0, "specdec": 3.2, "specdec-before": 1.0, "ngram": 1.8}
-FAKE_EMIT["specdec-sync"] = FAKE_EMIT["specdec"]
+FAKE_EMIT["specdec-sync"] = FAKE_EMIT["specdec-schedule"] = FAKE_EMIT["specdec"]
 FAKE_STEP_COST = {"nospec": 1.0, "nospec-v1": 1.02, "suffix": 1.05, "specdec": 1.05, "specdec-before": 1.05}
 FAKE_STEP_COST |= {"ngram": 1.05, "specdec-sync": 1.3}
 FAKE_START_S = {"nospec": 100.0, "nospec-v1": 101.0, "suffix": 110.0, "specdec": 112.0, "specdec-before": 140.0}

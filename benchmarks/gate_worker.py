@@ -33,6 +33,7 @@ METHODS: dict[str, dict[str, Any] | None] = {
     # references run once per issue, not per change: vLLM's n-gram method and the plugin's synchronous path
     "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
     "specdec-sync": {"method": "specdec", "async": False},
+    "specdec-schedule": {"method": "specdec", "async_mode": "schedule"},  # schedule mode whatever the target's size
 }
 METHOD_ENV = {"nospec-v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"}}
 REPEATS = {"nospec": 2, "nospec-v1": 2}  # runs per cell (the run is void if no speculation's two differ > 2%)
