@@ -82,6 +82,7 @@ class ServeRun:
         args.shape = shape
         self.models["8b"] = prepare_model(args)
         self.checks: dict[str, Any] = {}
+        before = (inputs.get("before") or {}).get("commit")
         self.source = {
             "part": "serve",
             "command": os.environ.get("GATE_COMMAND")
@@ -89,7 +90,7 @@ class ServeRun:
             "device": device_info(args),
             "versions": versions(inputs),
             "commit": inputs.get("commit", ""),
-            "before_commit": None,
+            "before_commit": before if "specdec-before" in args.serve_methods else None,
             "settings": {
                 "bench": "vllm bench serve --backend vllm " + " ".join(RANDOM_FLAGS) + f" --num-prompts {NUM_PROMPTS} "
                 f"--request-rate {REQUEST_RATE} --seed {SEED} (temperature: the server's default)",
