@@ -170,6 +170,7 @@ def test_zero_acceptance_withholds_every_draft_and_stops_padding(path):
     assert st["backoff_shadow_checks"] == ROWS * (steps - MIN_STEPS - 1)  # each withheld draft checked, one a step
     assert st["backoff_withheld_rows"] > 0 and st["backoff_withheld_tokens"] > 0
     assert st["drafted_tokens"] == sum(sum(s.values()) for s in lengths)  # what vLLM got, not what was drafted
+    assert st["drafted_steps"] == sum(1 for s in lengths if any(s.values())) == MIN_STEPS  # the rest: plain graphs
     assert st["accepted_tokens"] == 0
     core.close()
 

@@ -221,6 +221,7 @@ class ProposerCore(ProposerReporting):
         self._last_bucket = bucket_of(plan.running)
         self.stats.drafted_tokens += drafted
         self.stats.plain_steps += plan.mode == "plain"
+        self.stats.drafted_steps += drafted > 0
         self._maybe_log()
         self._maybe_sample()
         return drafts

@@ -104,9 +104,10 @@ class ProposerReporting:
             self._last_log = now
             s = self.stats
             logger.info(
-                "specdec: %d steps, drafted %d, accepted %d (%.1f%%), %.3f ms/step in propose, "
+                "specdec: %d steps (%d with drafts), drafted %d, accepted %d (%.1f%%), %.3f ms/step in propose, "
                 "%d timeouts, %d errors, %d plain steps, %d requests backed off (low acceptance)%s",
                 s.steps,
+                s.drafted_steps,
                 s.drafted_tokens,
                 s.accepted_tokens,
                 100 * s.accepted_tokens / max(s.drafted_tokens, 1),

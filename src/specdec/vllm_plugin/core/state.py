@@ -48,6 +48,7 @@ class ProposerStats:
     started: int = 0
     stopped: int = 0
     plain_steps: int = 0
+    drafted_steps: int = 0  # steps that handed vLLM at least one draft token (the rest verify no draft: plain graphs)
     early_refreshes: int = 0  # global-cache match fronts rebuilt before the step (schedule mode, refresh_early)
 
     def as_dict(self) -> dict[str, float]:

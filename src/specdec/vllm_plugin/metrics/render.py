@@ -43,6 +43,12 @@ METRICS: tuple[Metric, ...] = (
     # ----------------------------------------------------------------- work and yield
     Metric("steps_total", "steps", COUNTER, "Engine steps the proposer took part in."),
     Metric("plain_steps_total", "plain_steps", COUNTER, "Steps without a decoding request (nothing to draft)."),
+    Metric(
+        "drafted_steps_total",
+        "drafted_steps",
+        COUNTER,
+        "Steps that handed vLLM at least one draft token (the others verify no draft, as without speculation).",
+    ),
     Metric("drafted_tokens_total", "drafted_tokens", COUNTER, "Draft tokens handed to vLLM (padding included)."),
     Metric("accepted_tokens_total", "accepted_tokens", COUNTER, "Draft tokens vLLM's verification accepted."),
     Metric(
