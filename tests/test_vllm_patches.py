@@ -3,19 +3,18 @@ a vLLM outside the tested span; and the plugin's import graph (no cycles, every 
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from import_support import MODULES as PACKAGE_MODULES
+from import_support import find_cycle, imports_of
 from specdec.vllm_plugin.patches import table
 from specdec.vllm_plugin.patches.table import TABLE, PatchReport, apply_patches, apply_row
 
-PLUGIN = Path(__file__).resolve().parents[1] / "src" / "specdec" / "vllm_plugin"
 TESTED = "0.26.0"
 
 
@@ -143,48 +142,14 @@ def test_every_row_fits_the_installed_vllm(row):
     assert row.problem(*targets) == ""
 
 
-def _modules() -> list[str]:
-    root = PLUGIN.parents[1]
-    return sorted(
-        ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__") for p in PLUGIN.rglob("*.py")
-    )
-
-
-def _imports(module: str) -> set[str]:
-    """The plugin modules ``module`` imports (at any level of its code)."""
-    root = PLUGIN.parents[1]
-    path = root / Path(*module.split("."))
-    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specdec.vllm_plugin"):
-            for alias in node.names:
-                full = f"{node.module}.{alias.name}"
-                out.add(full if full in MODULES else node.module)
-        elif isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.startswith("specdec.vllm_plugin")}
-    return out & set(MODULES)
-
-
-MODULES = _modules()
+MODULES = sorted(m for m in PACKAGE_MODULES if m.startswith("specdec.vllm_plugin"))
 
 
 def test_the_plugin_has_no_import_cycle():
-    graph = {m: _imports(m) - {m} for m in MODULES}
-    state: dict[str, int] = {}
-
-    def visit(m: str, path: list[str]) -> None:
-        state[m] = 1
-        for n in graph[m]:
-            if state.get(n) == 1:
-                raise AssertionError(" -> ".join(path[path.index(n) :] + [n]) if n in path else f"{m} -> {n}")
-            if n not in state:
-                visit(n, path + [n])
-        state[m] = 2
-
-    for m in MODULES:
-        if m not in state:
-            visit(m, [m])
+    plugin = set(MODULES)
+    graph = {m: (imports_of(PACKAGE_MODULES[m]) & plugin) - {m} for m in MODULES}
+    cycle = find_cycle(graph)
+    assert cycle is None, " -> ".join(cycle)
 
 
 def test_every_plugin_module_imports_alone():
