@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     _write(out, res)
     _warmup(llm, params, inputs, args.sets)
-    run = CellRunner(llm, params, clock=getattr(llm, "clock", time.perf_counter))
+    clock = getattr(llm, "clock", time.perf_counter)
+    run = CellRunner(llm, params, clock=clock, plugin=(spec or {}).get("method") == "specdec")
     for name in args.sets:
         for cell in [c for c in CELL_ORDER if c in inputs["sets"][name]]:
             if not _fits(args.deadline, run.estimate(cell) * REPEATS.get(args.method, 1)):
@@ -133,8 +134,11 @@ def make_engine(args: argparse.Namespace, spec: dict[str, Any] | None) -> tuple[
 class CellRunner:
     """Runs cells on one engine and keeps each cell's last wall time (the estimate of the next cell of its name)."""
 
-    def __init__(self, llm: Any, params: Callable[..., Any], *, clock: Callable[[], float]) -> None:
-        self.llm, self.params, self.clock = llm, params, clock
+    def __init__(
+        self, llm: Any, params: Callable[..., Any], *, clock: Callable[[], float], plugin: bool = False
+    ) -> None:
+        """``plugin``: the engine runs specdec's proposer (its counters are read around each run)."""
+        self.llm, self.params, self.clock, self.plugin = llm, params, clock, plugin
         self.walls: dict[str, float] = {}
 
     def estimate(self, cell: str) -> float:
@@ -164,7 +168,7 @@ class CellRunner:
         seeds = [SAMPLED_SEED + i if temperature else None for i in range(len(items))]
         sps = [self.params(temperature=temperature, max_tokens=it["max_tokens"], seed=s) for it, s in zip(items, seeds)]
         before = spec_counts(self.llm.get_metrics())
-        plugin_before = plugin_stats(self.llm)
+        plugin_before = plugin_stats(self.llm) if self.plugin else None
         wall, outs = 0.0, []
         for i in range(0, len(items), batch):
             chunk = [{"prompt_token_ids": it["ids"]} for it in items[i : i + batch]]
@@ -175,7 +179,7 @@ class CellRunner:
         n = sum(map(len, outs))
         run = {"wall_s": wall, "output_tokens": n, "tokens_per_s": n / wall if wall > 0 else None}
         run.update(spec_delta(before, spec_counts(self.llm.get_metrics())))
-        plugin = plugin_delta(plugin_before, plugin_stats(self.llm))
+        plugin = plugin_delta(plugin_before, plugin_stats(self.llm)) if self.plugin else None
         return ({**run, "plugin": plugin} if plugin else run), outs
 
 
