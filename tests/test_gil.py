@@ -82,7 +82,7 @@ def test_thread_modes_wait_for_the_lanes_drafts_hands_the_gil_back_quickly(inter
         stats=SimpleNamespace(propose_seconds=0.0),
         stats_collect_seconds=0.0,
         _lane_overruns=0,
-        _on_timeout=lambda n: None,
+        on_timeout=lambda n: None,
         _end=lambda plan, drafts: drafts,
     )
     assert ThreadedProposerCore.collect(core) == [[], []]

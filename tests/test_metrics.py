@@ -16,6 +16,7 @@ import pytest
 
 from specdec.config import ConfigError
 from specdec.drafters.suffix import SuffixDrafter, native_available
+from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions, split_speculative_config
 from specdec.vllm_plugin.logs import LOGGER_NAME
@@ -265,7 +266,7 @@ class Clock:
 def one_step(core: ProposerCore, rid: str, tokens: list[int], new: int) -> list[list[int]]:
     ids = np.zeros((1, 256), np.int32)
     ids[0, : len(tokens)] = tokens
-    return core.step([rid], [tokens[-new:] if new else []], np.array([len(tokens)], np.int32), ids)
+    return core.step(StepBatch([rid], [tokens[-new:] if new else []], np.array([len(tokens)], np.int32), ids))
 
 
 @pytest.mark.skipif(not native_available(), reason="the native suffix core is not built")
@@ -294,7 +295,7 @@ def test_thread_mode_never_reads_the_drafter_while_a_lane_job_may_run() -> None:
     core = ThreadedProposerCore(SuffixDrafter(backend="native"), opts, max_model_len=256, clock=clock)
     ids = np.zeros((1, 256), np.int32)
     ids[0, :8] = [1, 2, 3, 1, 2, 3, 1, 2]
-    core.submit(["a"], [[2]], np.array([8], np.int32), ids)
+    core.submit(StepBatch(["a"], [[2]], np.array([8], np.int32), ids))
     assert not core._drafter_idle()  # submitted, not collected
     assert core.collect() is not None and core._drafter_idle()
     assert core.stats_dict()["drafter_state"]["memory_bytes"] > 0

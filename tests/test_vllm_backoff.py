@@ -20,6 +20,7 @@ from specdec.vllm_plugin.core.backoff import (
     RECOVER_ACCEPTED,
     BackOff,
 )
+from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
@@ -112,10 +113,10 @@ class Batch:
             drafts = matrix_step(core, order, sampled, tokens, lengths, prompts)
         elif path == "thread":
             assert isinstance(core, ThreadedProposerCore)
-            core.submit(order, sampled, lengths, tokens, num_prompt_tokens=prompts)
+            core.submit(StepBatch(order, sampled, lengths, tokens, prompts))
             drafts = core.collect()
         else:
-            drafts = core.step(order, sampled, lengths, tokens, num_prompt_tokens=prompts)
+            drafts = core.step(StepBatch(order, sampled, lengths, tokens, prompts))
         self.drafts = dict(zip(order, drafts))
         return self.drafts
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from specdec.drafters.suffix import SuffixDrafter
+from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
@@ -153,12 +154,7 @@ def test_narrow_step_drafts_every_row_to_the_width() -> None:
             fillers=[9, 9],
         )
         drafts = core.step(
-            rows.req_ids,
-            rows.sampled,
-            rows.lengths,
-            rows.contexts,
-            num_prompt_tokens=rows.prompt_lens,
-            k=book.width or None,
+            StepBatch(rows.req_ids, rows.sampled, rows.lengths, rows.contexts, rows.prompt_lens, book.width or None),
             pad=True if book.width else None,
         )
         widths.append([len(d) for d in drafts])

@@ -17,6 +17,7 @@ import pytest
 from core_support import target_sequence
 from specdec.drafters.suffix import SuffixDrafter, native_available
 from specdec.drafters.suffix_lane import LaneDecisions
+from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.engine import LaneEngine, StepEngine
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.core.python_engine import PythonEngine
@@ -93,7 +94,8 @@ class FakeEngine:
             self.tokens[row, : len(r["seq"])] = r["seq"]
             lengths[row], prompts[row] = len(r["seq"]), r["prompt"]
         self.clock.t += 1e-3 + 20e-6 * verified
-        results = [core.step(order, sampled, lengths, self.tokens, num_prompt_tokens=prompts) for core in cores]
+        batch = StepBatch(order, sampled, lengths, self.tokens, prompts)
+        results = [core.step(batch) for core in cores]
         assert all(r == results[0] for r in results)
         return dict(zip(order, results[0]))
 
@@ -161,7 +163,9 @@ def through_the_matrix(core: ProposerCore) -> None:
     rows become a token matrix (-1 past a row's new tokens), the drafts are read back from the buffer, whose padding
     is checked (each row's last token past its draft)."""
 
-    def step(order, sampled, lengths, tokens, *, num_prompt_tokens):
+    def step(batch: StepBatch) -> list[list[int]]:
+        order, sampled, lengths, tokens = batch.req_ids, batch.sampled, batch.num_tokens, batch.token_ids
+        num_prompt_tokens = batch.num_prompt_tokens
         n = len(order)
         new = [len(s) for s in sampled]
         matrix = np.full((n, max(new, default=0) + 2), -1, np.int32)  # [rows, w]
@@ -245,12 +249,12 @@ def test_early_stops_and_front_refreshes_keep_the_drafts(threads):
     early, plain_step = cores[1], cores[1].step
     refreshed = 0
 
-    def step(order, *args, **kwargs):
+    def step(batch: StepBatch) -> list[list[int]]:
         nonlocal refreshed
-        early.stop_absent(order)
+        early.stop_absent(batch.req_ids)
         refreshed += early.refresh_early()
         assert early.refresh_early() == 0  # nothing is stale right after a refresh
-        return plain_step(order, *args, **kwargs)
+        return plain_step(batch)
 
     early.step = step  # type: ignore[method-assign]
     drafts: dict[str, list[int]] = {}
@@ -307,11 +311,11 @@ def test_lane_overruns_drop_their_steps_and_the_third_hands_over_to_the_python_p
             eng.tokens[row, : len(seq)] = seq
             sampled.append([seq[-1]])
         lengths = np.array([len(eng.reqs[r]["seq"]) for r in order] + [0] * (MAX_ROWS - len(order)), np.int32)
-        out = lane_core.step(order, sampled, lengths, eng.tokens)
+        out = lane_core.step(StepBatch(order, sampled, lengths, eng.tokens))
         assert out == [[], [], []] and lane_core.stats.timeouts == step + 1
         assert (lane_core.lane is None) == (step == 2)  # the third overrun leaves the lane
     assert lane_core.guard.drafter.request_ids == {}  # its requests stopped: the Python path restarts them
-    out = lane_core.step(order, [[] for _ in order], lengths, eng.tokens)
+    out = lane_core.step(StepBatch(order, [[] for _ in order], lengths, eng.tokens))
     assert out == [[], [], []]
 
 

@@ -14,6 +14,7 @@ from core_support import LLAMA_8B_HF
 from specdec.drafters.base import Drafter
 from specdec.tree import TokenTree, best_chain
 from specdec.vllm_plugin.core.adaptive import AdaptiveController
+from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.proposer import SpecdecProposer
@@ -135,13 +136,10 @@ def make_core(drafter: Drafter, **opts) -> ProposerCore:
 
 def run_step(core: ProposerCore, runner: FakeRunner, **kw) -> list[list[int]]:
     sampled = runner.verify(**kw)
-    drafts = core.step(
-        list(runner.req_ids),
-        sampled,
-        runner.num_tokens_no_spec,
-        runner.token_ids_cpu,
-        num_prompt_tokens=runner.num_prompt_tokens,
+    batch = StepBatch(
+        list(runner.req_ids), sampled, runner.num_tokens_no_spec, runner.token_ids_cpu, runner.num_prompt_tokens
     )
+    drafts = core.step(batch)
     runner.drafts = {rid: d for rid, d in zip(runner.req_ids, drafts)}
     return drafts
 

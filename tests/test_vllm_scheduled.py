@@ -24,6 +24,7 @@ import torch
 from benchmarks.bench_schedule_cpu import HostWait
 from core_support import LLAMA_8B_HF, target_sequence
 from specdec.drafters.suffix import SuffixDrafter
+from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.modes.feed import TokenFeed, pad_rows, valid_counts
@@ -176,7 +177,8 @@ class AsyncEngine:
             tokens[row, : len(r["seq"])] = r["seq"]
             lengths[row], prompts[row] = len(r["seq"]), r["prompt"]
             sampled.append(self.unseen.pop(rid, []))
-        return core.step(order, sampled, lengths, tokens, num_prompt_tokens=prompts, **kw)
+        k = kw.pop("k", None)
+        return core.step(StepBatch(order, sampled, lengths, tokens, prompts, k), **kw)
 
 
 def make_core(clock, **opts) -> ProposerCore:

@@ -17,6 +17,7 @@ import pytest
 
 from specdec.config import ConfigError
 from specdec.drafters.suffix import SuffixDrafter, native_available
+from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
@@ -33,12 +34,12 @@ class Submitted:
     def __init__(self, core: ThreadedProposerCore, *, drop_every: int = 0) -> None:
         self.core, self.drop_every, self.calls, self.dropped = core, drop_every, 0, 0
 
-    def step(self, *args, **kwargs) -> list[list[int]]:
+    def step(self, batch: StepBatch) -> list[list[int]]:
         self.calls += 1
-        self.core.submit(*args, **kwargs)
+        self.core.submit(batch)
         if self.drop_every and self.calls % self.drop_every == 0:  # vLLM never takes this step's drafts
             self.dropped += 1
-            return [[] for _ in args[1]]
+            return [[] for _ in batch.sampled]
         return self.core.collect()
 
 
@@ -50,16 +51,13 @@ class Prepared(Submitted):
         super().__init__(core)
         self.seen: set[str] = set()
 
-    def step(self, order, sampled, lengths, tokens, *, num_prompt_tokens):
+    def step(self, batch: StepBatch) -> list[list[int]]:
+        order, tokens, prompts = batch.req_ids, batch.token_ids, batch.num_prompt_tokens
         finished = self.seen - set(order)
-        new = [
-            (rid, tokens[row, : num_prompt_tokens[row]].tolist())
-            for row, rid in enumerate(order)
-            if rid not in self.seen
-        ]
+        new = [(rid, tokens[row, : prompts[row]].tolist()) for row, rid in enumerate(order) if rid not in self.seen]
         self.seen = set(order)
         self.core.prepare(finished, new)
-        return super().step(order, sampled, lengths, tokens, num_prompt_tokens=num_prompt_tokens)
+        return super().step(batch)
 
 
 def make(cls: type, clock: FakeClock, **opts) -> ProposerCore:
@@ -165,7 +163,7 @@ def test_a_step_submitted_before_python_work_is_collected_after_it():
     core = make(ThreadedProposerCore, FakeClock(), adaptive=False, pad_drafts="on")
     ctx = np.tile(np.arange(400, dtype=np.int32) % 37, (4, 1))  # [rows, len] repetitive contexts
     rows = [f"q{i}" for i in range(4)]
-    core.submit(rows, [[int(ctx[i, 299])] for i in range(4)], np.full(4, 300, np.int32), ctx)
+    core.submit(StepBatch(rows, [[int(ctx[i, 299])] for i in range(4)], np.full(4, 300, np.int32), ctx))
     spins = 0
     deadline = time.perf_counter() + 0.02
     while time.perf_counter() < deadline:  # pure Python on this thread, like update_from_output
@@ -195,7 +193,7 @@ def test_bad_token_buffer_is_an_error_naming_it_and_the_proposer_goes_on(caplog)
     prop.bind_step(SimpleNamespace(req_ids=["a"], num_prompt_tokens=None))
     flat = np.arange(10, dtype=np.int32)  # 1-D: not vLLM's [rows, max_model_len] buffer
     with pytest.raises(ValueError, match="token_ids must be a 2-D"):
-        prop.core.submit(["a"], [[9]], np.array([10], np.int32), flat)
+        prop.core.submit(StepBatch(["a"], [[9]], np.array([10], np.int32), flat))
     assert prop.propose([[9]], np.array([10], np.int32), flat) == [[]]  # counted, no exception
     assert prop.core.guard.stats.errors == 1
     good = np.tile(np.arange(64, dtype=np.int32) % 5, (1, 1))
@@ -216,7 +214,7 @@ def test_threads_mode_is_validated_and_other_drafters_draft_synchronously():
     )
     assert core.lane is None
     ctx = np.tile(np.arange(64, dtype=np.int32) % 7, (1, 1))
-    core.submit(["a"], [[int(ctx[0, 29])]], np.array([30], np.int32), ctx)
+    core.submit(StepBatch(["a"], [[int(ctx[0, 29])]], np.array([30], np.int32), ctx))
     assert core.collect()[0][:3] == ctx[0, 30:33].tolist() and core.collect() is None
     assert threading.active_count() >= 1
 

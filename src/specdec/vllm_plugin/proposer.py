@@ -28,6 +28,7 @@ import numpy as np
 
 from specdec.drafters.base import Drafter
 from specdec.drafters.registry import build_drafter
+from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import (
     SpecdecOptions,
@@ -167,8 +168,8 @@ class SpecdecProposer:
         n = len(sampled_token_ids)
         if self.drafting is None:  # a TP rank other than 0: the engine reads rank 0's drafts
             return [[] for _ in range(n)]
-        batch = self._batch()
-        if batch is None:
+        inputs = self._batch()  # vLLM's input batch: the rows' request ids and prompt lengths
+        if inputs is None:
             if not self._warned_unbound:
                 self._warned_unbound = True
                 logger.warning(
@@ -176,12 +177,13 @@ class SpecdecProposer:
                     "vLLM version); drafting is disabled, generation goes on without speculation"
                 )
             return [[] for _ in range(n)]
-        args = (list(batch.req_ids), sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
-        kwargs = {"num_prompt_tokens": getattr(batch, "num_prompt_tokens", None), "k": self._dynamic_k()}
+        req_ids = list(inputs.req_ids)
+        prompts = getattr(inputs, "num_prompt_tokens", None)
+        step = StepBatch(req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, prompts, self._dynamic_k())
         try:
-            return self.drafting.propose(*args, **kwargs)
+            return self.drafting.propose(step)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
-            self._drafting_failed(exc, [str(r) for r in list(batch.req_ids)[:n]])
+            self._drafting_failed(exc, [str(r) for r in req_ids[:n]])
             return [[] for _ in range(n)]
 
     def _drafting_failed(self, exc: Exception, req_ids: list[str]) -> None:

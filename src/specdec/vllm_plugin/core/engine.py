@@ -11,12 +11,13 @@ to the Python engine for good after ``LANE_MAX_OVERRUNS`` late steps.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-import numpy as np
-
-from specdec.vllm_plugin.core.lane import Lane, lane_step
+from specdec.drafters.suffix_lane import LaneDecisions
+from specdec.vllm_plugin.core.adaptive import StepCostModel
+from specdec.vllm_plugin.core.batch import StepBatch
+from specdec.vllm_plugin.core.lane import Lane, LaneCounts, lane_step
 
 LANE_MAX_OVERRUNS = 3  # native-step calls over the deadline before the proposer falls back to the Python engine
 
@@ -31,6 +32,40 @@ class StepPlan(NamedTuple):
     running: int  # rows with new tokens
     present: set[str]  # the step's request ids (those the drafter holds beyond them are stopped)
     ids: Sequence[str] = ()  # [rows] the step's request ids by row
+    pad: bool = False  # every row submits exactly its room (a uniform batch: pad_drafts)
+
+
+class StepHost(Protocol):
+    """What a drafting engine asks of the ``ProposerCore`` that owns it (its clock, decisions and statistics):
+    the engines call nothing else of the core."""
+
+    clock: Callable[[], float]
+    timeout_s: float  # the drafting deadline (0: none)
+    max_model_len: int
+    stats: Any  # its ProposerStats (state.py): the engines count accepted tokens, starts, resyncs, skips
+    guard: Any  # the drafter behind its error guard (the Python engine's jobs)
+    options: Any  # its SpecdecOptions (deadline_mode)
+    adaptive: Any  # its AdaptiveController (the confidence cut)
+
+    def lane_decisions(self, plan: StepPlan) -> LaneDecisions:
+        """The step's decisions for a lane call."""
+        ...
+
+    def cost_model(self, running: int) -> StepCostModel:
+        """The step-cost fit of batches of ``running`` requests."""
+        ...
+
+    def count_lane(self, counts: LaneCounts) -> None:
+        """Add a lane call's counts to the statistics."""
+        ...
+
+    def lane_overrun(self, t0: float) -> bool:
+        """Did the lane call begun at ``t0`` pass the deadline (its drafts are then dropped)?"""
+        ...
+
+    def on_timeout(self, rows: int) -> None:
+        """A step's drafting passed its deadline: ``rows`` drafts were dropped."""
+        ...
 
 
 @runtime_checkable
@@ -44,17 +79,8 @@ class StepEngine(Protocol):
         """The requests the engine holds, in start order."""
         ...
 
-    def draft_rows(
-        self,
-        req_ids: Sequence[str],
-        sampled_token_ids: Sequence[Sequence[int]],
-        num_tokens_no_spec: np.ndarray,
-        token_ids_cpu: np.ndarray,
-        num_prompt_tokens: np.ndarray | None,
-        *,
-        plan: StepPlan,
-    ) -> list[list[int]]:
-        """One step's drafts per row (vLLM's arrays, as ``ProposerCore.step`` takes them), after the stops."""
+    def draft_rows(self, batch: StepBatch, *, plan: StepPlan) -> list[list[int]]:
+        """One step's drafts per row of ``batch``, after the stops."""
         ...
 
     def stop(self, request_id: str) -> None:
@@ -88,9 +114,9 @@ class StepEngine(Protocol):
 
 class LaneEngine:
     """``StepEngine`` on the drafter's native lane: every row's bookkeeping, drafting, cut and padding in one call.
-    ``core``: the ``ProposerCore`` that owns it (its decisions, statistics and deadline)."""
+    ``core``: the ``ProposerCore`` that owns it (``StepHost``: its decisions, statistics and deadline)."""
 
-    def __init__(self, core: Any, lane: Lane) -> None:
+    def __init__(self, core: StepHost, lane: Lane) -> None:
         self.core = core
         self.lane: Lane | None = lane
 
@@ -99,34 +125,17 @@ class LaneEngine:
         assert self.lane is not None
         return self.lane.request_ids
 
-    def draft_rows(
-        self,
-        req_ids: Sequence[str],
-        sampled_token_ids: Sequence[Sequence[int]],
-        num_tokens_no_spec: np.ndarray,
-        token_ids_cpu: np.ndarray,
-        num_prompt_tokens: np.ndarray | None,
-        *,
-        plan: StepPlan,
-    ) -> list[list[int]]:
+    def draft_rows(self, batch: StepBatch, *, plan: StepPlan) -> list[list[int]]:
         """Same drafts as the Python engine. A step over the deadline is dropped (counted); after
         LANE_MAX_OVERRUNS of them the core moves to the Python engine (threaded, deadline-checked)."""
         assert self.lane is not None
         core = self.core
-        decisions = core._lane_decisions(k=plan.k, mode=plan.mode, running=plan.running)
+        decisions = core.lane_decisions(plan)
         t0 = core.clock()
-        drafts, counts = lane_step(
-            self.lane,
-            req_ids,
-            sampled_token_ids,
-            num_tokens_no_spec,
-            token_ids_cpu,
-            num_prompt_tokens=num_prompt_tokens,
-            decisions=decisions,
-        )
-        core._count_lane(counts)
-        if core._lane_overrun(t0):
-            core._on_timeout(sum(1 for d in drafts if d))
+        drafts, counts = lane_step(self.lane, batch, decisions=decisions)
+        core.count_lane(counts)
+        if core.lane_overrun(t0):
+            core.on_timeout(sum(1 for d in drafts if d))
             return [[] for _ in drafts]
         return drafts
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from specdec.drafters.suffix_lane import LaneDecisions
 from specdec.vllm_plugin.core.adaptive import MAX_CUT
+from specdec.vllm_plugin.core.batch import StepBatch
 
 CALIB_DECAY = 0.8  # decay of a request's predicted / accepted sums (calibration), per step
 MIN_CALIBRATION_MASS = 3.0  # predicted tokens before a request's calibration is used
@@ -81,37 +82,21 @@ class LaneCounts:
         self.accepted = self.drafted = self.started = self.resyncs = 0
 
 
-def lane_step(
-    lane: Lane,
-    req_ids: Sequence[str],
-    sampled: Sequence[Sequence[int]],
-    lengths: np.ndarray,
-    token_ids_cpu: Any,
-    *,
-    num_prompt_tokens: np.ndarray | None,
-    decisions: LaneDecisions,
-) -> tuple[list[list[int]], LaneCounts]:
-    """One proposer step over ``len(sampled)`` rows (one native call; two when a row must restart).
-
-    ``lengths`` [>= rows] context lengths after the new tokens, ``token_ids_cpu`` [rows, max_model_len] (rows to
-    restart read their context from it), ``decisions``: the step's (k, max_model_len, spec, pad, adaptive, ...)."""
-    rows = len(sampled)
-    ids = req_ids if len(req_ids) == rows else req_ids[:rows]
-    drafts, redo, accepted, drafted = lane.lane_step(ids, sampled, lengths, decisions=decisions)
+def lane_step(lane: Lane, batch: StepBatch, *, decisions: LaneDecisions) -> tuple[list[list[int]], LaneCounts]:
+    """One proposer step over the batch's rows (one native call; two when a row must restart, from its context in
+    the batch). ``decisions``: the step's (k, max_model_len, spec, pad, adaptive, ...)."""
+    rows = batch.rows
+    ids = batch.req_ids if len(batch.req_ids) == rows else batch.req_ids[:rows]
+    drafts, redo, accepted, drafted = lane.lane_step(ids, batch.sampled, batch.num_tokens, decisions=decisions)
     counts = LaneCounts()
     counts.accepted, counts.drafted = accepted, drafted
     if not redo:
         return drafts, counts
 
-    def context(i: int) -> tuple[list[int], int]:
-        n = int(lengths[i])
-        p = n - len(sampled[i]) if num_prompt_tokens is None else max(1, min(int(num_prompt_tokens[i]), n))
-        return np.asarray(token_ids_cpu[i, :n]).tolist(), p  # a copy: the row's buffer changes later
-
-    _restart_rows(lane, ids, redo, context, counts)
+    _restart_rows(lane, ids, redo, batch.context, counts)
     # the first call changed nothing; the restarted rows are fresh (they hold their tokens): this call extends the
     # others and drafts every row
-    drafts, again, acc2, counts.drafted = lane.lane_step(ids, sampled, lengths, decisions=decisions)
+    drafts, again, acc2, counts.drafted = lane.lane_step(ids, batch.sampled, batch.num_tokens, decisions=decisions)
     if again:  # cannot happen: each was just restarted at exactly this length
         raise RuntimeError(f"lane: rows {again} still out of step after a restart")
     counts.accepted += acc2

@@ -25,6 +25,7 @@ from specdec.drafters.base import Drafter, DraftGuard
 from specdec.drafters.suffix_lane import LaneDecisions
 from specdec.vllm_plugin.core.adaptive import AdaptiveController, StepCostModel, bucket_of
 from specdec.vllm_plugin.core.backoff import BackOff
+from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.engine import LANE_MAX_OVERRUNS, LaneEngine, StepEngine, StepPlan
 from specdec.vllm_plugin.core.lane import Lane, LaneCounts, find_lane, lane_step_tokens
 from specdec.vllm_plugin.core.python_engine import PythonEngine, chain_draft
@@ -67,13 +68,12 @@ class ProposerCore(ProposerReporting):
         self.costs: dict[int, StepCostModel] = {}  # one step-cost fit per batch-size bucket
         self._last_t: float | None = None
         self._last_verified = 0
-        self._last_bucket = 0
+        self._last_running = 0  # rows with new tokens at the last step (its step-cost bucket)
         self.timeout_s = options.draft_timeout_ms / 1e3
         self._init_reporting()
         self.target_params = target_params
         self._token_s = 2.0 * target_params / ASSUMED_GPU_FLOPS  # GPU seconds per verified token (estimate)
         self._period_s = PAD_DEFAULT_PERIOD_S
-        self._pad_now = False
         self.pad_below_rows = 0  # pad_drafts="auto" also pads below this many running requests (schedule mode)
         self._lane_overruns = 0
         self._started_early: set[str] = set()  # started before their first step (threaded prepare): a prefill
@@ -97,25 +97,13 @@ class ProposerCore(ProposerReporting):
         return self.python.requests
 
     # ----------------------------------------------------------------- the step
-    def step(
-        self,
-        req_ids: Sequence[str],
-        sampled_token_ids: Sequence[Sequence[int]],
-        num_tokens_no_spec: np.ndarray,
-        token_ids_cpu: np.ndarray,
-        *,
-        num_prompt_tokens: np.ndarray | None = None,
-        k: int | None = None,
-        pad: bool | None = None,
-    ) -> list[list[int]]:
-        """One proposer call. Arrays are vLLM's: ``num_tokens_no_spec`` [max_num_reqs] int32,
-        ``token_ids_cpu`` [max_num_reqs, max_model_len] int32, ``num_prompt_tokens`` [max_num_reqs].
-        ``pad``: pad every row to ``k`` (True) or not (False) whatever ``pad_drafts`` says (None: it decides)."""
-        plan = self._begin(req_ids, list(map(len, sampled_token_ids)), k, pad, tokens=sampled_token_ids.__getitem__)
+    def step(self, batch: StepBatch, *, pad: bool | None = None) -> list[list[int]]:
+        """One proposer call over ``batch`` (vLLM's arrays, read in place). ``pad``: pad every row to ``k`` (True)
+        or not (False) whatever ``pad_drafts`` says (None: it decides)."""
+        sampled = batch.sampled
+        plan = self._begin(batch.req_ids, list(map(len, sampled)), batch.k, pad, tokens=sampled.__getitem__)
         self._stop_absent(plan.present)
-        drafts = self.engine.draft_rows(
-            req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, num_prompt_tokens, plan=plan
-        )
+        drafts = self.engine.draft_rows(batch, plan=plan)
         self.stats.propose_seconds += self.clock() - plan.t0
         return self._end(plan, drafts)
 
@@ -142,21 +130,21 @@ class ProposerCore(ProposerReporting):
         assert self.lane is not None
         plan = self._begin(req_ids, new, k, pad, tokens=lambda i: tokens[i, : new[i]].tolist())
         self._stop_absent(plan.present)
-        decisions = self._lane_decisions(k=plan.k, mode=plan.mode, running=plan.running)
+        decisions = self.lane_decisions(plan)
         t0 = self.clock()
         lengths, counts = lane_step_tokens(
             self.lane, req_ids, tokens, known, fillers, out, context=context, decisions=decisions
         )
-        self._count_lane(counts)
-        dropped = self._lane_overrun(t0)
+        self.count_lane(counts)
+        dropped = self.lane_overrun(t0)
         if dropped:
             self.stats.propose_seconds += self.clock() - plan.t0
-            self._on_timeout(sum(1 for m in lengths if m))
+            self.on_timeout(sum(1 for m in lengths if m))
             self._end(plan, [], drafted=0, lengths=[])
             return None
         withheld = (
             0
-            if self._pad_now
+            if plan.pad
             else self._forget(plan.ids, self.backoff.withhold_matrix(plan.ids, lengths, out, tokens, new, fillers))
         )
         self.stats.propose_seconds += self.clock() - plan.t0
@@ -194,11 +182,11 @@ class ProposerCore(ProposerReporting):
         if early:  # keep those still prefilling (no token yet): their first token's step is a prefill step too
             self._started_early = {r for r, n in zip(req_ids, lens) if r in early and not n}
         if self._last_t is not None and not prefilled:
-            self._cost(self._last_bucket).observe(t0 - self._last_t, self._last_verified, emitted)
+            self.cost_model(self._last_running).observe(t0 - self._last_t, self._last_verified, emitted)
             self._period_s = PERIOD_EMA * self._period_s + (1 - PERIOD_EMA) * (t0 - self._last_t)
         mode = "spec" if running else "plain"  # "plain": no decoding row, nothing to draft
-        self._pad_now = self._should_pad(running, k) if pad is None else pad
-        return StepPlan(t0, n_rows, k, mode, running, rows, ids)
+        pad = self._should_pad(running, k) if pad is None else pad
+        return StepPlan(t0, n_rows, k, mode, running, rows, ids, pad)
 
     def _end(
         self,
@@ -211,14 +199,14 @@ class ProposerCore(ProposerReporting):
         count if known, ``lengths`` [rows]: their lengths where ``drafts`` does not hold them (schedule mode's
         matrix step)."""
         if lengths is None:
-            withheld = 0 if self._pad_now else self._forget(plan.ids, self.backoff.withhold(plan.ids, drafts))
+            withheld = 0 if plan.pad else self._forget(plan.ids, self.backoff.withhold(plan.ids, drafts))
             lengths = list(map(len, drafts))
             drafted = sum(lengths) if drafted is None else drafted - withheld
         elif drafted is None:
             drafted = sum(lengths)
         self.backoff.record(plan.ids, lengths)
         self._last_t, self._last_verified = plan.t0, plan.running + drafted
-        self._last_bucket = bucket_of(plan.running)
+        self._last_running = plan.running
         self.stats.drafted_tokens += drafted
         self.stats.plain_steps += plan.mode == "plain"
         self.stats.drafted_steps += drafted > 0
@@ -240,12 +228,13 @@ class ProposerCore(ProposerReporting):
         if tokens > 0:
             self._last_verified = int(tokens)
 
-    def _count_lane(self, counts: LaneCounts) -> None:
+    # ----------------------------------------------------------------- what the drafting engines ask (StepHost)
+    def count_lane(self, counts: LaneCounts) -> None:
         self.stats.accepted_tokens += counts.accepted
         self.stats.started += counts.started
         self.stats.resyncs += counts.resyncs
 
-    def _lane_overrun(self, t0: float) -> bool:
+    def lane_overrun(self, t0: float) -> bool:
         """Did the lane call begun at ``t0`` pass the deadline? (Its drafts are then dropped; after
         LANE_MAX_OVERRUNS of them the Python path takes over.)"""
         if not (self.timeout_s > 0 and self.clock() - t0 > self.timeout_s):
@@ -255,17 +244,17 @@ class ProposerCore(ProposerReporting):
             self._leave_lane()
         return True
 
-    def _lane_decisions(self, *, k: int, mode: str, running: int) -> LaneDecisions:
+    def lane_decisions(self, plan: StepPlan) -> LaneDecisions:
         """The step's decisions for the lane's calls."""
         enabled = self.adaptive.enabled
         return LaneDecisions(
-            k=k,
+            k=plan.k,
             max_model_len=self.max_model_len,
-            spec=mode != "plain",
-            pad=self._pad_now,
+            spec=plan.mode != "plain",
+            pad=plan.pad,
             adaptive=enabled,
-            floor=self.adaptive.cut(running) if enabled else self.adaptive.min_path_prob,
-            value=self._cost(bucket_of(running)).token_cost() if enabled else 0.0,
+            floor=self.adaptive.cut(plan.running) if enabled else self.adaptive.min_path_prob,
+            value=self.cost_model(plan.running).token_cost() if enabled else 0.0,
         )
 
     def _leave_lane(self) -> None:
@@ -342,9 +331,11 @@ class ProposerCore(ProposerReporting):
     def token_cost(self, running: int) -> float:
         """The calibrated acceptance probability a verified draft token needs at ``running`` decoding rows (the
         step-cost fit's; 0 with the adaptive controller off)."""
-        return self._cost(bucket_of(running)).token_cost() if self.adaptive.enabled else 0.0
+        return self.cost_model(running).token_cost() if self.adaptive.enabled else 0.0
 
-    def _cost(self, bucket: int) -> StepCostModel:
+    def cost_model(self, running: int) -> StepCostModel:
+        """The step-cost fit of batches of ``running`` requests (one per batch-size bucket)."""
+        bucket = bucket_of(running)
         cost = self.costs.get(bucket)
         if cost is None:
             cost = self.costs[bucket] = StepCostModel()

@@ -11,13 +11,10 @@ first path probability under the step's cut, then padded where the step pads.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any
-
-import numpy as np
 
 from specdec.drafters.base import Chain, DraftRequest
-from specdec.vllm_plugin.core.adaptive import bucket_of
-from specdec.vllm_plugin.core.engine import StepPlan
+from specdec.vllm_plugin.core.batch import StepBatch
+from specdec.vllm_plugin.core.engine import StepHost, StepPlan
 from specdec.vllm_plugin.core.lane import CALIB_DECAY
 from specdec.vllm_plugin.core.state import Order, RequestState
 from specdec.vllm_plugin.core.worker import DraftWorker
@@ -36,7 +33,7 @@ class PythonEngine:
 
     lane = None  # no native lane
 
-    def __init__(self, core: Any) -> None:
+    def __init__(self, core: StepHost) -> None:
         self.core = core
         self.requests: dict[str, RequestState] = {}
         self.worker = DraftWorker() if core.timeout_s > 0 else None
@@ -49,33 +46,12 @@ class PythonEngine:
     def request_ids(self) -> Collection[str]:
         return self.requests
 
-    def draft_rows(
-        self,
-        req_ids: Sequence[str],
-        sampled_token_ids: Sequence[Sequence[int]],
-        num_tokens_no_spec: np.ndarray,
-        token_ids_cpu: np.ndarray,
-        num_prompt_tokens: np.ndarray | None,
-        *,
-        plan: StepPlan,
-    ) -> list[list[int]]:
+    def draft_rows(self, batch: StepBatch, *, plan: StepPlan) -> list[list[int]]:
         """One ``Order`` per row, a batched drafter job (maybe threaded), cut and pad."""
-        orders: list[Order | None] = [
-            self._row(
-                i,
-                req_ids[i],
-                sampled_token_ids[i],
-                int(num_tokens_no_spec[i]),
-                token_ids_cpu,
-                num_prompt_tokens,
-                plan.k,
-                plan.mode,
-            )
-            for i in range(len(sampled_token_ids))
-        ]
+        orders = [self._row(batch, i, plan) for i in range(batch.rows)]
         drafts, preds, reals = self._draft(orders, plan.running)
         for i, d in enumerate(drafts):
-            st = self.requests.get(req_ids[i])
+            st = self.requests.get(batch.req_ids[i])
             if st is not None:
                 st.last_draft, st.last_pred, st.last_real = len(d), preds[i], reals[i]
         return drafts
@@ -127,17 +103,8 @@ class PythonEngine:
             self._job(ops, [])
 
     # ----------------------------------------------------------------- rows
-    def _row(
-        self,
-        i: int,
-        rid: str,
-        sampled: Sequence[int],
-        n: int,
-        token_ids_cpu: np.ndarray,
-        num_prompt_tokens: np.ndarray | None,
-        k: int,
-        mode: str,
-    ) -> Order | None:
+    def _row(self, batch: StepBatch, i: int, plan: StepPlan) -> Order | None:
+        rid, sampled, n = batch.req_ids[i], batch.sampled[i], int(batch.num_tokens[i])
         if not sampled:  # partial prefill or a discarded row: no new tokens, no draft
             return None
         stats = self.core.stats
@@ -155,20 +122,17 @@ class PythonEngine:
             if st is not None:
                 stats.resyncs += 1
                 self._op(("stop", rid))
-            p = n - len(sampled)
-            if num_prompt_tokens is not None:
-                p = max(1, min(int(num_prompt_tokens[i]), n))
-            ctx = np.asarray(token_ids_cpu[i, :n]).tolist()  # copy: the row's buffer changes later
+            ctx, p = batch.context(i)  # a copy: the row's buffer changes later
             self._op(("start", rid, ctx[:p]))
             if n > p:
                 self._extend(rid, ctx[p:])
             self.requests.pop(rid, None)  # re-inserted: same order as the drafter's (stops follow it)
             st = self.requests[rid] = RequestState(n_known=n)
             stats.started += 1
-        room = min(k, self.core.max_model_len - n - 1)
-        if mode == "plain" or room <= 0:
+        room = min(plan.k, self.core.max_model_len - n - 1)
+        if plan.mode == "plain" or room <= 0:
             return None
-        pad = room if self.core._pad_now else 0  # uniform batches: every row submits exactly `room`
+        pad = room if plan.pad else 0  # uniform batches: every row submits exactly `room`
         return Order(DraftRequest(rid, room, tree=False, free=pad > 0), room, pad, int(sampled[-1]))
 
     def _op(self, op: Op) -> None:
@@ -206,17 +170,17 @@ class PythonEngine:
             chains = job()
             if core.clock() - t0 > core.timeout_s:  # overran: drop the drafts, enforce deadlines from now on
                 self.inline_ok, self.inline_banned = False, True
-                core._on_timeout(len(wanted))
+                core.on_timeout(len(wanted))
                 return _nothing(orders)
         else:
             t0 = core.clock()
             finished, chains = self.worker.run(job, timeout_s=core.timeout_s)
             if not finished:
                 self.inline_banned = True
-                core._on_timeout(len(wanted))
+                core.on_timeout(len(wanted))
                 return _nothing(orders)
             self._note_job(core.clock() - t0)
-        cost = core._cost(bucket_of(running))
+        cost = core.cost_model(running)
         value = cost.token_cost() if core.adaptive.enabled else 0.0  # calibrated prob a token must reach
         it = iter(chains or [])
         out = []

@@ -49,7 +49,7 @@ class ProposerReporting:
         self._sampled_at = -float("inf")
         self._sample_failed = False
 
-    def _on_timeout(self, n: int) -> None:
+    def on_timeout(self, n: int) -> None:
         self.stats.timeouts += 1
         self.guard.stats.timeouts += 1
         if not self._timeout_logged:

@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.capture import CaptureRing
 from specdec.vllm_plugin.modes.feed import leading_counts, pad_rows
@@ -278,15 +279,8 @@ class ScheduledDrafting(CaptureRing):
         rows = self.feed.rows(req_ids)
         n = len(req_ids)
         try:
-            drafts = self.core.step(
-                rows.req_ids,
-                rows.sampled,
-                rows.lengths,
-                rows.contexts,
-                num_prompt_tokens=rows.prompt_lens,
-                k=k,
-                pad=pad,
-            )
+            batch = StepBatch(rows.req_ids, rows.sampled, rows.lengths, rows.contexts, rows.prompt_lens, k)
+            drafts = self.core.step(batch, pad=pad)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             self._drafting_failed(exc)
             drafts, verified = [[] for _ in range(n)], 0

@@ -9,11 +9,9 @@ Each mode offers the proposer the same three calls (``propose``, ``prepare``, ``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
+from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 
 
@@ -23,20 +21,9 @@ class SyncDrafting:
     def __init__(self, core: ProposerCore) -> None:
         self.core = core
 
-    def propose(
-        self,
-        req_ids: Sequence[str],
-        sampled_token_ids: Sequence[Sequence[int]],
-        num_tokens_no_spec: np.ndarray,
-        token_ids_cpu: np.ndarray,
-        *,
-        num_prompt_tokens: np.ndarray | None,
-        k: int | None,
-    ) -> list[list[int]]:
-        """The step's drafts per row (``ProposerCore.step``'s arrays)."""
-        return self.core.step(
-            req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, num_prompt_tokens=num_prompt_tokens, k=k
-        )
+    def propose(self, batch: StepBatch) -> list[list[int]]:
+        """The step's drafts per row."""
+        return self.core.step(batch)
 
     def prepare(self, scheduler_output: Any) -> None:
         """Nothing to do as vLLM starts a step: requests start and stop when the step drafts."""

@@ -25,9 +25,8 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
-
 from specdec.vllm_plugin.core.adaptive import bucket_of
+from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.engine import LANE_MAX_OVERRUNS, StepPlan
 from specdec.vllm_plugin.core.gil import quick_reacquire
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
@@ -76,35 +75,23 @@ class ThreadedProposerCore(ProposerCore):
         self._lane_busy = True
         self.lane.lane_prepare(stops, starts)
 
-    def submit(
-        self,
-        req_ids: Sequence[str],
-        sampled_token_ids: Sequence[Sequence[int]],
-        num_tokens_no_spec: np.ndarray,
-        token_ids_cpu: np.ndarray,
-        *,
-        num_prompt_tokens: np.ndarray | None = None,
-        k: int | None = None,
-    ) -> None:
-        """Start a step (same arguments as ``ProposerCore.step``); its drafts come from ``collect``."""
+    def submit(self, batch: StepBatch) -> None:
+        """Start a step (as ``ProposerCore.step`` takes it); its drafts come from ``collect``."""
         self._drop_uncollected()
         if self.lane is None:
-            self._ready = self.step(
-                req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, num_prompt_tokens=num_prompt_tokens, k=k
-            )
+            self._ready = self.step(batch)
             return
-        plan = self._begin(req_ids, list(map(len, sampled_token_ids)), k, tokens=sampled_token_ids.__getitem__)
+        sampled = batch.sampled
+        plan = self._begin(batch.req_ids, list(map(len, sampled)), batch.k, tokens=sampled.__getitem__)
         stops = self._absent(plan.present)
         self.stats.stopped += len(stops)
-        decisions = self._lane_decisions(k=plan.k, mode=plan.mode, running=plan.running)
-        rows = list(req_ids[: plan.rows])
         self.lane.lane_submit(
-            rows,
-            sampled_token_ids,
-            num_tokens_no_spec,
-            token_ids_cpu,
-            num_prompt_tokens,
-            decisions=decisions,
+            list(batch.req_ids[: plan.rows]),
+            sampled,
+            batch.num_tokens,
+            batch.token_ids,
+            batch.num_prompt_tokens,
+            decisions=self.lane_decisions(plan),
             stops=stops,
         )
         self._plan, self._lane_busy = plan, True
@@ -139,7 +126,7 @@ class ThreadedProposerCore(ProposerCore):
             if self._lane_overruns >= LANE_MAX_OVERRUNS:
                 self._leave_lane()
                 self._lane_busy = False  # the Python path's drafter calls wait for the lane job as any call does
-            self._on_timeout(plan.running)
+            self.on_timeout(plan.running)
             return self._end(plan, [[] for _ in range(plan.rows)])
         drafts, accepted, drafted, started, resyncs, timing = result
         self._lane_busy = False
@@ -181,21 +168,10 @@ class ThreadDrafting:
         self.core = core
         self.hand_off = hand_off
 
-    def propose(
-        self,
-        req_ids: Sequence[str],
-        sampled_token_ids: Sequence[Sequence[int]],
-        num_tokens_no_spec: np.ndarray,
-        token_ids_cpu: np.ndarray,
-        *,
-        num_prompt_tokens: np.ndarray | None,
-        k: int | None,
-    ) -> list[list[int]]:
-        """Submit the step (``ProposerCore.step``'s arrays); its drafts, or placeholders under the hand-off."""
-        n = len(sampled_token_ids)
-        self.core.submit(
-            req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, num_prompt_tokens=num_prompt_tokens, k=k
-        )
+    def propose(self, batch: StepBatch) -> list[list[int]]:
+        """Submit the step; its drafts, or placeholders under the hand-off."""
+        n = batch.rows
+        self.core.submit(batch)
         if self.hand_off:
             return [[] for _ in range(n)]  # replaced in take_draft_token_ids
         return self.core.collect() or [[] for _ in range(n)]

@@ -6,7 +6,9 @@ carries ``PROPOSER_MARK`` and a runner's drafter is ours when its class has it.
 
 from __future__ import annotations
 
+import functools
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 WRAPPED = "_specdec_wrapped"  # attribute set on every wrapper
@@ -24,6 +26,21 @@ def mark(fn: Any, name: str) -> Any:
     setattr(fn, WRAPPED, True)
     setattr(fn, PATCHES, frozenset(getattr(fn, PATCHES, ())) | {name})
     return fn
+
+
+def wrap_method(
+    cls: Any, attr: str, name: str, make: Callable[[Any], Callable[..., Any]], *, problem: Callable[[Any], str]
+) -> bool:
+    """The one apply-and-mark of a one-method patch: unless ``problem(cls)`` names a reason it does not fit,
+    replace ``cls.attr`` by ``make(original)`` (with the original's name and docstring), marked as patch ``name``.
+    Idempotent. Returns True if the method is (now) wrapped."""
+    if problem(cls):
+        return False
+    orig = getattr(cls, attr)
+    if is_wrapped(orig, name):
+        return True
+    setattr(cls, attr, mark(functools.wraps(orig)(make(orig)), name))
+    return True
 
 
 def is_ours(drafter: Any) -> bool:

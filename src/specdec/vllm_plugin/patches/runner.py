@@ -15,10 +15,9 @@ Each wrapper is a pass-through for any drafter that is not ours. Never imports v
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-from specdec.vllm_plugin.patches.common import is_ours, is_wrapped, leading_params, mark
+from specdec.vllm_plugin.patches.common import is_ours, leading_params, wrap_method
 
 BIND_PARAMS = ["self", "scheduler_output"]  # leading parameters of propose_draft_token_ids and execute_model
 
@@ -52,58 +51,46 @@ def execute_problem(runner_cls: Any) -> str:
 
 def patch_bind(runner_cls: Any) -> bool:
     """Wrap ``runner_cls.propose_draft_token_ids`` (idempotent). Returns True if wrapped."""
-    if bind_problem(runner_cls):
-        return False
-    orig = runner_cls.propose_draft_token_ids
-    if is_wrapped(orig, "bind"):
-        return True
 
-    @functools.wraps(orig)
-    def propose_draft_token_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-        drafter = getattr(self, "drafter", None)
-        if is_ours(drafter):
-            drafter.bind_step(self.input_batch, scheduler_output)
-        return orig(self, scheduler_output, *args, **kwargs)
+    def make(orig: Any) -> Any:
+        def propose_draft_token_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+            drafter = getattr(self, "drafter", None)
+            if is_ours(drafter):
+                drafter.bind_step(self.input_batch, scheduler_output)
+            return orig(self, scheduler_output, *args, **kwargs)
 
-    runner_cls.propose_draft_token_ids = mark(propose_draft_token_ids, "bind")
-    return True
+        return propose_draft_token_ids
+
+    return wrap_method(runner_cls, "propose_draft_token_ids", "bind", make, problem=bind_problem)
 
 
 def patch_take(runner_cls: Any) -> bool:
     """Wrap ``runner_cls.take_draft_token_ids`` (idempotent). Returns True if wrapped."""
-    if take_problem(runner_cls):
-        return False
-    orig = runner_cls.take_draft_token_ids
-    if is_wrapped(orig, "take"):
-        return True
 
-    @functools.wraps(orig)
-    def take_draft_token_ids(self: Any) -> Any:
-        drafter = getattr(self, "drafter", None)
-        if is_ours(drafter):
-            drafts = drafter.collect_deferred()
-            if drafts is not None and isinstance(getattr(self, "_draft_token_ids", None), list):
-                self._draft_token_ids = drafts
-        return orig(self)
+    def make(orig: Any) -> Any:
+        def take_draft_token_ids(self: Any) -> Any:
+            drafter = getattr(self, "drafter", None)
+            if is_ours(drafter):
+                drafts = drafter.collect_deferred()
+                if drafts is not None and isinstance(getattr(self, "_draft_token_ids", None), list):
+                    self._draft_token_ids = drafts
+            return orig(self)
 
-    runner_cls.take_draft_token_ids = mark(take_draft_token_ids, "take")
-    return True
+        return take_draft_token_ids
+
+    return wrap_method(runner_cls, "take_draft_token_ids", "take", make, problem=take_problem)
 
 
 def patch_execute(runner_cls: Any) -> bool:
     """Wrap ``runner_cls.execute_model`` (idempotent). Returns True if wrapped."""
-    if execute_problem(runner_cls):
-        return False
-    orig = runner_cls.execute_model
-    if is_wrapped(orig, "execute"):
-        return True
 
-    @functools.wraps(orig)
-    def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-        drafter = getattr(self, "drafter", None)
-        if is_ours(drafter):
-            drafter.prepare_step(scheduler_output)
-        return orig(self, scheduler_output, *args, **kwargs)
+    def make(orig: Any) -> Any:
+        def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+            drafter = getattr(self, "drafter", None)
+            if is_ours(drafter):
+                drafter.prepare_step(scheduler_output)
+            return orig(self, scheduler_output, *args, **kwargs)
 
-    runner_cls.execute_model = mark(execute_model, "execute")
-    return True
+        return execute_model
+
+    return wrap_method(runner_cls, "execute_model", "execute", make, problem=execute_problem)

@@ -11,13 +11,12 @@ Both are pass-throughs for every other engine (no note is ever made without TP >
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.tp import SLOT_NOTE_ATTR, scheduler_book
-from specdec.vllm_plugin.patches.common import is_ours, is_wrapped, mark, signature_problem
+from specdec.vllm_plugin.patches.common import is_ours, signature_problem, wrap_method
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -55,43 +54,37 @@ def attach_note(runner: Any, output: Any) -> bool:
 
 def patch_runner(runner_cls: Any) -> bool:
     """Wrap ``sample_tokens`` (idempotent). Returns True if patched."""
-    if runner_problem(runner_cls):
-        return False
-    orig = runner_cls.sample_tokens
-    if is_wrapped(orig, "tp_notes"):
-        return True
 
-    @functools.wraps(orig)
-    def sample_tokens(self: Any, *args: Any, **kwargs: Any) -> Any:
-        out = orig(self, *args, **kwargs)
-        if out is not None:
-            attach_note(self, out)
-        return out
+    def make(orig: Any) -> Any:
+        def sample_tokens(self: Any, *args: Any, **kwargs: Any) -> Any:
+            out = orig(self, *args, **kwargs)
+            if out is not None:
+                attach_note(self, out)
+            return out
 
-    runner_cls.sample_tokens = mark(sample_tokens, "tp_notes")
-    return True
+        return sample_tokens
+
+    return wrap_method(runner_cls, "sample_tokens", "tp_notes", make, problem=runner_problem)
 
 
 def patch_scheduler(scheduler_cls: Any) -> bool:
     """Wrap ``update_from_output`` (idempotent). Returns True if patched."""
-    if scheduler_problem(scheduler_cls):
-        return False
-    orig = scheduler_cls.update_from_output
-    if is_wrapped(orig, "tp_notes"):
-        return True
     logged: list[bool] = []
 
-    @functools.wraps(orig)
-    def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any, *args: Any, **kw: Any) -> Any:
-        note = getattr(model_runner_output, SLOT_NOTE_ATTR, None)
-        if note is not None:
-            try:
-                scheduler_book(getattr(self, "vllm_config", None), note)
-            except Exception as exc:  # noqa: BLE001 - scheduling must never fail because of drafting
-                if not logged:
-                    logged.append(True)
-                    logger.warning("specdec: a slot note could not be read (%r); slots follow older notes", exc)
-        return orig(self, scheduler_output, model_runner_output, *args, **kw)
+    def make(orig: Any) -> Any:
+        def update_from_output(
+            self: Any, scheduler_output: Any, model_runner_output: Any, *args: Any, **kw: Any
+        ) -> Any:
+            note = getattr(model_runner_output, SLOT_NOTE_ATTR, None)
+            if note is not None:
+                try:
+                    scheduler_book(getattr(self, "vllm_config", None), note)
+                except Exception as exc:  # noqa: BLE001 - scheduling must never fail because of drafting
+                    if not logged:
+                        logged.append(True)
+                        logger.warning("specdec: a slot note could not be read (%r); slots follow older notes", exc)
+            return orig(self, scheduler_output, model_runner_output, *args, **kw)
 
-    scheduler_cls.update_from_output = mark(update_from_output, "tp_notes")
-    return True
+        return update_from_output
+
+    return wrap_method(scheduler_cls, "update_from_output", "tp_notes", make, problem=scheduler_problem)
