@@ -68,7 +68,7 @@ def run(
     core.token_cost = lambda running: token_cost  # type: ignore[method-assign]  # the GPU's fit, forced
     if cut:
         forced = ForcedCost(token_cost)
-        core._cost = lambda bucket: forced  # type: ignore[method-assign]  # every batch bucket's cut
+        core.cost_model = lambda running: forced  # type: ignore[method-assign]  # every batch bucket's cut
     book = SlotBook(k, prefill_cap=-1, growth=0.0 if growth == SYNC else float(growth))
     rows = len(eng.ids)
     sched = ScheduledDrafting(core, k=k, max_rows=rows, device="cpu", device_wait=HostWait(), slot_book=book)
