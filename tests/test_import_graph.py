@@ -27,3 +27,20 @@ def test_the_plugins_entry_never_imports_its_core():
     for m, p in entry.items():
         up = sorted(n for n in imports_of(p) if n.startswith("specdec.vllm_plugin.core"))
         assert not up, f"{m} imports {up}"
+
+
+def test_what_the_plugin_stores_on_vllm_objects_is_named_in_one_module():
+    """Every attribute name the plugin sets on vLLM's objects (``_specdec_*``, ``specdec_*``) is spelled in
+    ``vllm_plugin/attrs.py`` only; the modules import it from there."""
+    import re
+
+    plugin = PACKAGE / "vllm_plugin"
+    spelled = re.compile(r"""["']_?specdec_[a-z_]+["']""")
+    outside = [
+        f"{p.relative_to(plugin)}: {m.group(0)}"
+        for p in sorted(plugin.rglob("*.py"))
+        if p.name != "attrs.py"
+        for m in spelled.finditer(p.read_text())
+    ]
+    assert not outside, outside
+    assert "ENGINE_BOOK" in (plugin / "attrs.py").read_text()

@@ -158,5 +158,5 @@ def test_the_table_row_wraps_vllms_worker_once(monkeypatch):
     monkeypatch.setattr(gpu_worker.Worker, "compile_or_warm_up_model", gpu_worker.Worker.compile_or_warm_up_model)
     assert apply_row(row, in_span=True) == ""
     wrapped = gpu_worker.Worker.compile_or_warm_up_model
-    assert getattr(wrapped, compile_warmup._WRAPPED) and inspect.signature(wrapped) == before
+    assert getattr(wrapped, compile_warmup.WRAPPED) and inspect.signature(wrapped) == before
     assert apply_row(row, in_span=True) == "" and gpu_worker.Worker.compile_or_warm_up_model is wrapped

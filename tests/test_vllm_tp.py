@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import torch
 
+from specdec.vllm_plugin.attrs import SLOT_NOTE_ATTR
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 from specdec.vllm_plugin.modes.slots import UNKNOWN, book_of
 from specdec.vllm_plugin.modes.tp import (
-    SLOT_NOTE_ATTR,
     NoteMaker,
     SlotNote,
     TpFollower,
@@ -273,7 +273,8 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 from specdec.paths import TARGET_MODEL, model_path
 from specdec.vllm_plugin.entry.register import register
-from specdec.vllm_plugin.modes.tp import SLOT_NOTE_ATTR, SlotNote
+from specdec.vllm_plugin.attrs import SLOT_NOTE_ATTR
+from specdec.vllm_plugin.modes.tp import SlotNote
 
 register()  # all an engine-core process of TP > 1 does: it builds no proposer
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler

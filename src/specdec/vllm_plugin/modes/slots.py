@@ -55,6 +55,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from specdec.vllm_plugin.attrs import ENGINE_BOOK
+
 PLACEHOLDER = -1  # vLLM's draft-slot placeholder id under async scheduling (also its rejected-token id)
 UNKNOWN = -1  # ``SlotBook.note``: a row without a draft length (no new token yet): its request gets k
 GROWTH_EMA = 0.9  # decay per note of the extra slots' granted and used sums behind their paid share
@@ -330,9 +332,6 @@ class SlotBook:
             "low_batch_schedules": self.low_steps,
             **{f"narrow_steps_w{w}": n for w, n in sorted(self.width_steps.items())},
         }
-
-
-ENGINE_BOOK = "_specdec_slot_book"  # attribute of an engine's vLLM config: the slot book of its proposer
 
 
 def attach_book(vllm_config: object, book: SlotBook | None) -> bool:

@@ -31,7 +31,6 @@ from specdec.vllm_plugin.modes.slots import SlotBook, attach_book, book_of
 
 logger = logging.getLogger(LOGGER_NAME)
 
-SLOT_NOTE_ATTR = "specdec_slot_note"  # attribute of the driver's ModelRunnerOutput carrying its latest SlotNote
 DRIVER_RANK = 0  # the TP rank that drafts and broadcasts
 BACKUP_SLOTS = 4  # pinned buffers of discarded rows' tokens a follower cycles through (as the driver's capture ring)
 

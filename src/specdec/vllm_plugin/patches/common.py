@@ -11,9 +11,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-WRAPPED = "_specdec_wrapped"  # attribute set on every wrapper
-PATCHES = "_specdec_patches"  # the names of the patches a wrapper carries (``functools.wraps`` copies it outward)
-PROPOSER_MARK = "specdec_proposer"  # class attribute of ``SpecdecProposer``
+from specdec.vllm_plugin.attrs import PATCHES, PROPOSER_MARK, WRAPPED
 
 
 def is_wrapped(fn: Any, name: str) -> bool:

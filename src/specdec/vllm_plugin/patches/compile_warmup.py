@@ -27,13 +27,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from specdec.vllm_plugin.attrs import WRAPPED
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.feed import VALID_COUNT_DTYPE
 from specdec.vllm_plugin.patches import async_sched as async_patch
 
 logger = logging.getLogger(LOGGER_NAME)
 
-_WRAPPED = "_specdec_wrapped"
 FUNCTION_NAME = "update_num_computed_tokens_for_batch_change"  # vLLM 0.26-0.32, imported into gpu_model_runner
 # (this step's requests, the previous step's): the general class (distinct sizes >= 2) first, then the 1-classes
 WARM_SHAPES = ((3, 2), (1, 2), (3, 1), (1, 1))
@@ -103,7 +103,7 @@ def patch_worker_warmup(worker_cls: Any) -> bool:
     orig = getattr(worker_cls, "compile_or_warm_up_model", None)
     if orig is None:
         return False
-    if getattr(orig, _WRAPPED, False):
+    if getattr(orig, WRAPPED, False):
         return True
 
     @functools.wraps(orig)
@@ -125,6 +125,6 @@ def patch_worker_warmup(worker_cls: Any) -> bool:
                     logger.info("specdec: compiled %s ahead for %d batch-size classes", FUNCTION_NAME, calls)
         return out
 
-    setattr(compile_or_warm_up_model, _WRAPPED, True)
+    setattr(compile_or_warm_up_model, WRAPPED, True)
     worker_cls.compile_or_warm_up_model = compile_or_warm_up_model
     return True

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-ENGINE_GRAPH_STATS = "_specdec_graph_stats"  # attribute of the engine's VllmConfig holding its GraphStats
+from specdec.vllm_plugin.attrs import ENGINE_GRAPH_STATS
 
 
 @dataclass

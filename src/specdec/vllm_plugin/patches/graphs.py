@@ -47,11 +47,20 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from specdec.vllm_plugin.attrs import (
+    NARROW_KEYS,
+    NARROW_Q,
+    RAGGED_DESC,
+    RAGGED_HIT,
+    RAGGED_KEYS,
+    RAGGED_OK,
+    RAGGED_PREFILL,
+    RAGGED_Q,
+    WRAPPED,
+)
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.patches.graph_stats import GraphStats, dispatcher_stats
 from specdec.vllm_plugin.patches.narrow_keys import (
-    NARROW_KEYS,
-    NARROW_Q,
     PLAIN_WIDTH,
     add_narrow_keys,
     narrow_descriptor,
@@ -59,12 +68,6 @@ from specdec.vllm_plugin.patches.narrow_keys import (
     narrow_widths,
 )
 from specdec.vllm_plugin.patches.ragged_keys import (
-    RAGGED_DESC,
-    RAGGED_HIT,
-    RAGGED_KEYS,
-    RAGGED_OK,
-    RAGGED_PREFILL,
-    RAGGED_Q,
     RAGGED_SOURCE,
     add_ragged_keys,
     has_field,
@@ -79,7 +82,6 @@ from specdec.vllm_plugin.patches.ragged_keys import (
 
 logger = logging.getLogger(LOGGER_NAME)
 
-_WRAPPED = "_specdec_wrapped"
 DISPATCHER_SOURCE = {  # method -> text its source must contain (the vLLM 0.26-0.32 code these wrappers assume)
     "initialize_cudagraph_keys": "self.add_cudagraph_key(",
     "dispatch": "_create_padded_batch_descriptor",
@@ -122,7 +124,7 @@ def patch_narrow_graphs(runner_cls: Any, dispatcher_cls: Any) -> bool:
     if problem:
         logger.warning("specdec: narrow_slots run without full CUDA graphs (%s)", problem)
         return False
-    if getattr(dispatcher_cls.dispatch, _WRAPPED, False):
+    if getattr(dispatcher_cls.dispatch, WRAPPED, False):
         return True
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import BatchDescriptor
@@ -237,7 +239,7 @@ def _wrap_dispatcher(cls: Any, modes: Any, descriptor: Any) -> None:
         return orig_dispatch(self, num_tokens, False, has_lora, *args, **kwargs)  # vLLM's mixed-batch graphs
 
     for fn in (initialize_cudagraph_keys, dispatch):
-        setattr(fn, _WRAPPED, True)
+        setattr(fn, WRAPPED, True)
     cls.initialize_cudagraph_keys, cls.dispatch = initialize_cudagraph_keys, dispatch
 
 
@@ -369,5 +371,5 @@ def _wrap_runner(cls: Any, *, ragged: bool = True) -> None:
     if ragged:
         wrapped += ragged_runner_wrappers(cls)
     for name, fn in wrapped:
-        setattr(fn, _WRAPPED, True)
+        setattr(fn, WRAPPED, True)
         setattr(cls, name, fn)

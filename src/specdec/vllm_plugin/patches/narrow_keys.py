@@ -13,6 +13,7 @@ import bisect
 import logging
 from typing import Any
 
+from specdec.vllm_plugin.attrs import NARROW_KEYS, NARROW_Q
 from specdec.vllm_plugin.entry.options import options_from_vllm_config
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.slots import narrow_widths as policy_narrow_widths
@@ -28,8 +29,6 @@ logger = logging.getLogger(LOGGER_NAME)
 # Width 0 gives it the uniform one-token FULL graphs no speculation replays.
 PLAIN_WIDTH = 0
 PLAIN_GRAPHS = True
-NARROW_KEYS = "_specdec_narrow"  # dispatcher attribute: {query length: sorted request counts captured}
-NARROW_Q = "_specdec_narrow_q"  # dispatcher attribute: query length of the batch being dispatched (None: vLLM's)
 
 
 def narrow_widths(vllm_config: Any) -> tuple[int, ...]:

@@ -33,6 +33,7 @@ import functools
 import logging
 from typing import Any
 
+from specdec.vllm_plugin.attrs import RAGGED_KEYS, RAGGED_OK, RAGGED_PREFILL, RAGGED_Q
 from specdec.vllm_plugin.entry.options import options_from_vllm_config
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.patches.async_sched import is_schedule_config
@@ -43,13 +44,7 @@ RAGGED_SOURCE = {
     "_build_attention_metadata": "max_query_len=max_query_len",
     "_check_and_update_cudagraph_mode": "initialize_cudagraph_keys",
 }
-RAGGED_OK = "_specdec_ragged_ok"  # dispatcher attribute: every attention backend supports full graphs of any batch
-RAGGED_KEYS = "_specdec_ragged"  # dispatcher attribute: (q, request count, sorted token counts) captured, or None
-RAGGED_PREFILL = "_specdec_ragged_prefill"  # dispatcher attribute: the same for the prefill-carrying family, or None
 PREFILL_TAG = 1  # num_active_loras of the prefill-carrying family's keys (vLLM's own keys have 0 without LoRA)
-RAGGED_DESC = "_specdec_ragged_desc"  # dispatcher attribute: (tokens, requests, q) of the ragged key being dispatched
-RAGGED_HIT = "_specdec_ragged_hit"  # dispatcher attribute: q when the last dispatch returned a ragged FULL key
-RAGGED_Q = "_specdec_ragged_q"  # runner attribute: the max query length the attention metadata must state, or None
 FULL_SUPPORT = "ALWAYS"  # AttentionCGSupport member a backend must report for ragged graphs
 GRAPH_LADDER_RATIO = 1.25  # consecutive sizes of our extra graphs differ by >= 25%: few graphs (start-up time and
 # memory), and a replay pads a batch by less than a quarter of its tokens

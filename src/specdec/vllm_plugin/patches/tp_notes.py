@@ -14,15 +14,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from specdec.vllm_plugin.attrs import SLOT_NOTE_ATTR, WRAPPED_OUTPUT
 from specdec.vllm_plugin.logs import LOGGER_NAME
-from specdec.vllm_plugin.modes.tp import SLOT_NOTE_ATTR, scheduler_book
+from specdec.vllm_plugin.modes.tp import scheduler_book
 from specdec.vllm_plugin.patches.common import is_ours, signature_problem, wrap_method
 
 logger = logging.getLogger(LOGGER_NAME)
 
 RUNNER_SIGNATURES = {"sample_tokens": ["self", "grammar_output"]}
 SCHEDULER_SIGNATURES = {"update_from_output": ["self", "scheduler_output", "model_runner_output"]}
-WRAPPED_OUTPUT = "_model_runner_output"  # vLLM's async output keeps the ModelRunnerOutput it will send here
 
 
 def runner_problem(runner_cls: Any) -> str:
