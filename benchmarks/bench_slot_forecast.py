@@ -65,10 +65,10 @@ def run(
     max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in records) + 8
     eng = FakeEngine(records[:batch_size], records, max_len)
     core = ProposerCore(build_proposer_drafter(opts), opts, max_model_len=max_len, target_params=7e9)
-    core.token_cost = lambda running: token_cost  # type: ignore[method-assign]  # the GPU's fit, forced
+    core.policy.token_cost = lambda running: token_cost  # type: ignore[method-assign]  # the GPU's fit, forced
     if cut:
         forced = ForcedCost(token_cost)
-        core.cost_model = lambda running: forced  # type: ignore[method-assign]  # every batch bucket's cut
+        core.policy.cost_model = lambda running: forced  # type: ignore[method-assign]  # every bucket's cut
     book = SlotBook(k, prefill_cap=-1, growth=0.0 if growth == SYNC else float(growth))
     rows = len(eng.ids)
     sched = ScheduledDrafting(core, k=k, max_rows=rows, device="cpu", device_wait=HostWait(), slot_book=book)

@@ -390,7 +390,7 @@ def test_schedule_mode_below_the_narrow_rows_stops_granting_slots_on_a_zero_acce
     targets = {f"r{i}": [rng.randrange(3 * SMALL_VOCAB) for _ in range(900)] for i in range(ROWS)}
     clock = SimpleNamespace(t=0.0)
     core = make_core("matrix", lambda: clock.t, pad_drafts="auto")
-    core.pad_below_rows = NARROW_FROM_ROWS  # as the proposer sets it for adaptive slots
+    core.policy.pad_below_rows = NARROW_FROM_ROWS  # as the proposer sets it for adaptive slots
     book = SlotBook.policy(K, low_batch=core.backoff.low)
     sched = ScheduledDrafting(core, k=K, max_rows=ROWS, device="cpu", slot_book=book)
     seq, slots_per_step = drive_schedule(sched, targets, clock, steps=200, seed=3)

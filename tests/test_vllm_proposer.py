@@ -236,12 +236,12 @@ def test_pad_auto_pads_small_targets_and_not_large_batches_of_large_ones():
     big = make_core(OracleDrafter(), num_speculative_tokens=16, target_params=estimate_params(llama8b))
     unknown = make_core(OracleDrafter(), num_speculative_tokens=16)
     for core in (tiny, big, unknown):
-        core._period_s = 5e-3  # a measured 5 ms step
-    assert tiny._should_pad(64, 16) and tiny._should_pad(1, 16)
-    assert big._should_pad(1, 16) and not big._should_pad(64, 16)
-    assert not unknown._should_pad(1, 16)  # no size known: never pads
+        core.policy.period_s = 5e-3  # a measured 5 ms step
+    assert tiny.policy.should_pad(64, 16) and tiny.policy.should_pad(1, 16)
+    assert big.policy.should_pad(1, 16) and not big.policy.should_pad(64, 16)
+    assert not unknown.policy.should_pad(1, 16)  # no size known: never pads
     forced = make_core(OracleDrafter(), num_speculative_tokens=16, pad_drafts="off", target_params=53e6)
-    assert not forced._should_pad(1, 16)
+    assert not forced.policy.should_pad(1, 16)
     with pytest.raises(Exception, match="pad_drafts='sometimes'"):
         SpecdecOptions.from_dict({"pad_drafts": "sometimes"})
 

@@ -484,7 +484,8 @@ def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
         }
     )
     assert SpecdecProposer(uniform, patch_runner=False).core.options.pad_mode == "on"  # k slots: pad every row
-    assert prop.core.pad_below_rows == 16 and prop.core._should_pad(15, K) and not prop.core._should_pad(16, K)
+    policy = prop.core.policy
+    assert policy.pad_below_rows == 16 and policy.should_pad(15, K) and not policy.should_pad(16, K)
     runner = FakeRunner(prop)
     step = SimpleNamespace(num_spec_tokens_to_schedule=K, has_structured_output_requests=False)
     sampled = torch.tensor([[1, 2, -1, -1, -1, -1, -1], [1, -1, -1, -1, -1, -1, -1]], dtype=torch.int32)

@@ -139,7 +139,7 @@ class SpecdecProposer:
             target_params=params,
         )
         if self.schedule_mode and opts.draft_slots == "adaptive":
-            core.pad_below_rows = NARROW_FROM_ROWS
+            core.policy.pad_below_rows = NARROW_FROM_ROWS
         return core
 
     # ----------------------------------------------------------------- runner binding

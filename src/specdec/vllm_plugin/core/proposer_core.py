@@ -23,20 +23,15 @@ import numpy as np
 
 from specdec.drafters.base import Drafter, DraftGuard
 from specdec.drafters.suffix_lane import LaneDecisions
-from specdec.vllm_plugin.core.adaptive import AdaptiveController, StepCostModel, bucket_of
-from specdec.vllm_plugin.core.backoff import BackOff
+from specdec.vllm_plugin.core.adaptive import StepCostModel
 from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.engine import LANE_MAX_OVERRUNS, LaneEngine, StepEngine, StepPlan
 from specdec.vllm_plugin.core.lane import Lane, LaneCounts, find_lane, lane_step_tokens
+from specdec.vllm_plugin.core.policy import DraftingPolicy
 from specdec.vllm_plugin.core.python_engine import PythonEngine, chain_draft
 from specdec.vllm_plugin.core.reporting import ProposerReporting
 from specdec.vllm_plugin.core.state import ProposerStats, RequestState
 from specdec.vllm_plugin.entry.options import SpecdecOptions
-
-ASSUMED_GPU_FLOPS = 1e15  # dense bf16 of an H100/H200 class GPU, for pad_drafts="auto"'s compute estimate
-PAD_MAX_STEP_SHARE = 0.1  # pad_drafts="auto": pad while the padded tokens' compute is under this share of a step
-PAD_DEFAULT_PERIOD_S = 1e-3  # step period assumed before any is measured
-PERIOD_EMA = 0.9  # decay of the step-period average
 
 
 class ProposerCore(ProposerReporting):
@@ -51,30 +46,21 @@ class ProposerCore(ProposerReporting):
         target_params: float = 0.0,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        """``target_params``: the served model's parameter count (pad_drafts="auto" estimates the compute of
-        padded tokens as 2 x params FLOPs each; 0 = unknown, then "auto" never pads)."""
+        """``target_params``: the served model's parameter count (``DraftingPolicy``'s padding estimate)."""
         self.options = options
         self.k = options.num_speculative_tokens
         self.max_model_len = max_model_len
         self.guard = DraftGuard(drafter, strict=options.strict)
         self.stats = ProposerStats()
         self.clock = clock
-        self.adaptive = AdaptiveController(
-            enabled=options.adaptive,
-            min_path_prob=options.min_path_prob,
-            min_path_prob_per_seq=options.min_path_prob_per_seq,
-        )
-        self.backoff = BackOff(enabled=options.adaptive)  # the low-acceptance policy (withheld drafts, no padding)
-        self.costs: dict[int, StepCostModel] = {}  # one step-cost fit per batch-size bucket
+        self.policy = DraftingPolicy(options, target_params=target_params)  # every drafting decision
+        self.adaptive, self.backoff = self.policy.adaptive, self.policy.backoff  # (the policy's: read by the engines)
         self._last_t: float | None = None
         self._last_verified = 0
         self._last_running = 0  # rows with new tokens at the last step (its step-cost bucket)
         self.timeout_s = options.draft_timeout_ms / 1e3
         self._init_reporting()
         self.target_params = target_params
-        self._token_s = 2.0 * target_params / ASSUMED_GPU_FLOPS  # GPU seconds per verified token (estimate)
-        self._period_s = PAD_DEFAULT_PERIOD_S
-        self.pad_below_rows = 0  # pad_drafts="auto" also pads below this many running requests (schedule mode)
         self._lane_overruns = 0
         self._started_early: set[str] = set()  # started before their first step (threaded prepare): a prefill
         self.python = PythonEngine(self)  # any drafter; the fallback of the lane
@@ -182,10 +168,10 @@ class ProposerCore(ProposerReporting):
         if early:  # keep those still prefilling (no token yet): their first token's step is a prefill step too
             self._started_early = {r for r, n in zip(req_ids, lens) if r in early and not n}
         if self._last_t is not None and not prefilled:
-            self.cost_model(self._last_running).observe(t0 - self._last_t, self._last_verified, emitted)
-            self._period_s = PERIOD_EMA * self._period_s + (1 - PERIOD_EMA) * (t0 - self._last_t)
+            last = self._last_running
+            self.policy.observe_step(t0 - self._last_t, running=last, verified=self._last_verified, emitted=emitted)
         mode = "spec" if running else "plain"  # "plain": no decoding row, nothing to draft
-        pad = self._should_pad(running, k) if pad is None else pad
+        pad = self.policy.should_pad(running, k) if pad is None else pad
         return StepPlan(t0, n_rows, k, mode, running, rows, ids, pad)
 
     def _end(
@@ -245,17 +231,12 @@ class ProposerCore(ProposerReporting):
         return True
 
     def lane_decisions(self, plan: StepPlan) -> LaneDecisions:
-        """The step's decisions for the lane's calls."""
-        enabled = self.adaptive.enabled
-        return LaneDecisions(
-            k=plan.k,
-            max_model_len=self.max_model_len,
-            spec=plan.mode != "plain",
-            pad=plan.pad,
-            adaptive=enabled,
-            floor=self.adaptive.cut(plan.running) if enabled else self.adaptive.min_path_prob,
-            value=self.cost_model(plan.running).token_cost() if enabled else 0.0,
-        )
+        """The step's decisions for the lane's calls (the policy's)."""
+        return self.policy.lane_decisions(plan, max_model_len=self.max_model_len)
+
+    def cost_model(self, running: int) -> StepCostModel:
+        """The step-cost fit of batches of ``running`` requests (the policy's)."""
+        return self.policy.cost_model(running)
 
     def _leave_lane(self) -> None:
         """Back to the Python engine: the lane's requests stop (they restart from their context when next seen)."""
@@ -271,20 +252,6 @@ class ProposerCore(ProposerReporting):
     def force_resync(self, request_id: str) -> None:
         """The request's next row restarts it from its full context (the caller is resending it)."""
         self.engine.invalidate(request_id)
-
-    def _should_pad(self, running: int, k: int) -> bool:
-        """Pad this step's drafts to k? 'on'/'off' decide; 'auto' pads while the verify batch of running x (k+1)
-        tokens costs (estimated GPU compute) under PAD_MAX_STEP_SHARE of the measured step period (or below
-        ``pad_below_rows`` requests), unless the back-off says the batch's drafts are not accepted (``backoff.py``)."""
-        mode = self.options.pad_mode
-        if mode != "auto":
-            return mode == "on"
-        cheap = 0 < running * (k + 1) * self._token_s <= PAD_MAX_STEP_SHARE * self._period_s
-        pads = running < self.pad_below_rows or cheap
-        if pads and running and self.backoff.low():  # drafts are not accepted: padding verifies filler only
-            self.backoff.stats.unpadded_steps += 1
-            return False
-        return pads
 
     def _absent(self, present: set[str]) -> list[str]:
         """Requests the drafter holds that are not in this step's batch (in start order): to be stopped."""
@@ -330,16 +297,8 @@ class ProposerCore(ProposerReporting):
 
     def token_cost(self, running: int) -> float:
         """The calibrated acceptance probability a verified draft token needs at ``running`` decoding rows (the
-        step-cost fit's; 0 with the adaptive controller off)."""
-        return self.cost_model(running).token_cost() if self.adaptive.enabled else 0.0
-
-    def cost_model(self, running: int) -> StepCostModel:
-        """The step-cost fit of batches of ``running`` requests (one per batch-size bucket)."""
-        bucket = bucket_of(running)
-        cost = self.costs.get(bucket)
-        if cost is None:
-            cost = self.costs[bucket] = StepCostModel()
-        return cost
+        policy's; 0 with the adaptive controller off)."""
+        return self.policy.token_cost(running)
 
     _chain = staticmethod(chain_draft)  # (tests and benchmarks cut chains as a step does)
 

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 from specdec.drafters.base import DraftGuard
-from specdec.vllm_plugin.core.adaptive import StepCostModel
 from specdec.vllm_plugin.core.backoff import BackOff
 from specdec.vllm_plugin.core.engine import StepEngine
 from specdec.vllm_plugin.core.lane import Lane
+from specdec.vllm_plugin.core.policy import DraftingPolicy
 from specdec.vllm_plugin.core.python_engine import PythonEngine
 from specdec.vllm_plugin.core.state import ProposerStats
 from specdec.vllm_plugin.entry.options import SpecdecOptions
@@ -36,10 +36,8 @@ class ProposerReporting:
     python: PythonEngine
     engine: StepEngine
     lane: Lane | None
-    costs: dict[int, StepCostModel]
+    policy: DraftingPolicy
     backoff: BackOff
-    _token_s: float
-    _period_s: float
 
     def _init_reporting(self) -> None:
         """The reporting's own state: nothing logged or sampled yet."""
@@ -86,10 +84,10 @@ class ProposerReporting:
         d["draft_timeouts"] = self.stats.timeouts
         d["active_requests"] = len(self.engine.request_ids)
         d["native_step"] = self.lane is not None
-        d["cost_model"] = {str(b): c.as_dict() for b, c in sorted(self.costs.items())}
+        d["cost_model"] = {str(b): c.as_dict() for b, c in sorted(self.policy.costs.items())}
         d["inline_drafting"] = self.python.inline_ok
-        d["pad_token_us"] = 1e6 * self._token_s
-        d["step_period_ms"] = 1e3 * self._period_s
+        d["pad_token_us"] = 1e6 * self.policy.token_s
+        d["step_period_ms"] = 1e3 * self.policy.period_s
         d["max_threaded_job_ms"] = 1e3 * self.python.max_job_s
         d["drafter_state"] = dict(self.drafter_state)
         d.update(self.backoff.as_dict())
