@@ -646,7 +646,8 @@ def _our_config(**specdec: Any) -> SimpleNamespace:
 
 
 def test_plain_width_for_our_engines_in_every_mode_narrow_ones_in_schedule_mode() -> None:
-    from specdec.vllm_plugin.patches.narrow_keys import PLAIN_WIDTH, narrow_widths
+    from specdec.vllm_plugin.patches.narrow_keys import narrow_widths
+    from specdec.vllm_plugin.settings import PLAIN_WIDTH
 
     assert PLAIN_WIDTH == 0
     assert narrow_widths(_our_config(async_mode="thread")) == (0,)

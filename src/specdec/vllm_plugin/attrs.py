@@ -9,6 +9,7 @@ from __future__ import annotations
 # scheduler, runner, dispatcher and proposer in one process)
 ENGINE_BOOK = "_specdec_slot_book"  # the slot book of its proposer (modes/slots.py)
 ENGINE_GRAPH_STATS = "_specdec_graph_stats"  # its GraphStats: the added CUDA graphs' counts (patches/graph_stats.py)
+ENGINE_SETTINGS = "_specdec_settings"  # its EngineSettings: the options resolved once (settings.py)
 
 # ----------------------------------------------------------------- CudagraphDispatcher
 NARROW_KEYS = "_specdec_narrow"  # {query length: sorted request counts captured} of the plain and narrow graphs

@@ -32,10 +32,7 @@ from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import (
     SpecdecOptions,
-    async_mode_for,
     estimate_params,
-    options_from_vllm_config,
-    resolve_lane_threads,
 )
 from specdec.vllm_plugin.faults import FAULTS_ENV, inject_faults
 from specdec.vllm_plugin.logs import LOGGER_NAME
@@ -48,6 +45,7 @@ from specdec.vllm_plugin.modes.thread import ThreadDrafting, ThreadedProposerCor
 from specdec.vllm_plugin.modes.tp import DRIVER_RANK, NoteMaker, TpFollower, tp_broadcast
 from specdec.vllm_plugin.patches.graph_stats import GraphStats, graph_stats_of
 from specdec.vllm_plugin.patches.table import PatchReport, apply_patches
+from specdec.vllm_plugin.settings import engine_settings, resolve
 
 logger = logging.getLogger(LOGGER_NAME)
 INSTANCES: weakref.WeakSet[SpecdecProposer] = weakref.WeakSet()  # live proposers of this process (for stats)
@@ -88,16 +86,14 @@ class SpecdecProposer:
         self.patches = apply_patches("all") if patch_runner else (patches or PatchReport("unknown"))
         if patch_runner:
             logger.info("%s", self.patches.line())
-        self.options = options_from_vllm_config(vllm_config)
+        self.settings = engine_settings(vllm_config) or resolve(vllm_config)  # the options, resolved once
+        self.options = self.settings.options
         model_config = getattr(vllm_config, "model_config", None)
         max_model_len = int(getattr(model_config, "max_model_len", 0) or 1 << 30)
         tokenizer = str(getattr(model_config, "tokenizer", "") or "")
         target_tokenizer = tokenizer if os.path.isdir(tokenizer) else ""  # local folders only (no hub access)
         params = estimate_params(getattr(model_config, "hf_config", None))
-        if self.options.async_mode == "auto":
-            self.options = self.options.replace(async_mode=async_mode_for("auto", vllm_config))
-        self.schedule_mode = self.options.async_drafting and self.options.async_mode == "schedule"
-        self.threaded = self.options.async_drafting and self.options.async_mode == "thread"
+        self.schedule_mode, self.threaded = self.settings.schedule, self.settings.threaded
         self.scheduled: Any = None  # ScheduledDrafting, built at the first step under vLLM's async scheduling
         self.drafts_here = _tp_rank() == DRIVER_RANK  # vLLM builds the runner after its process groups
         self.core: ProposerCore | None = None  # the drafting core: TP rank 0 only
@@ -128,9 +124,7 @@ class SpecdecProposer:
         with adaptive slots the drafts stay cut (their lengths are the next step's slots), and below the narrow
         steps every row keeps k slots, padded."""
         opts = self.options
-        core_options = opts.replace(lane_threads=resolve_lane_threads(opts.lane_threads, schedule=self.schedule_mode))
-        if self.schedule_mode and opts.draft_slots == "uniform":
-            core_options = core_options.replace(pad_drafts="on")
+        core_options = self.settings.core_options()
         faults = os.environ.get(FAULTS_ENV, "")  # test only (the soak's --faults): never a user option
         core = (ThreadedProposerCore if self.threaded else ProposerCore)(
             inject_faults(drafter, faults, timeout_ms=opts.draft_timeout_ms) if faults else drafter,

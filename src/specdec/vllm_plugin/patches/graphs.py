@@ -61,7 +61,6 @@ from specdec.vllm_plugin.attrs import (
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.patches.graph_stats import GraphStats, dispatcher_stats
 from specdec.vllm_plugin.patches.narrow_keys import (
-    PLAIN_WIDTH,
     add_narrow_keys,
     narrow_descriptor,
     narrow_query_len,
@@ -79,6 +78,7 @@ from specdec.vllm_plugin.patches.ragged_keys import (
     ragged_prefill_tokens,
     ragged_runner_wrappers,
 )
+from specdec.vllm_plugin.settings import PLAIN_WIDTH
 
 logger = logging.getLogger(LOGGER_NAME)
 

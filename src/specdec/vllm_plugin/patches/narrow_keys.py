@@ -14,33 +14,20 @@ import logging
 from typing import Any
 
 from specdec.vllm_plugin.attrs import NARROW_KEYS, NARROW_Q
-from specdec.vllm_plugin.entry.options import options_from_vllm_config
 from specdec.vllm_plugin.logs import LOGGER_NAME
-from specdec.vllm_plugin.modes.slots import narrow_widths as policy_narrow_widths
-from specdec.vllm_plugin.patches.async_sched import is_our_config, is_schedule_config
 from specdec.vllm_plugin.patches.graph_stats import dispatcher_stats
 from specdec.vllm_plugin.patches.ragged_keys import sparse_ladder
+from specdec.vllm_plugin.settings import engine_settings
 
 logger = logging.getLogger(LOGGER_NAME)
 
-# A step that verifies no draft (every request backed off, or none has one) schedules one token per request: with a
-# speculative config vLLM's uniform key is k + 1 tokens per request, so such a step would run piecewise graphs (thread
-# mode) or a ragged graph padded to max_num_seqs requests (schedule mode), dearer than no speculation's decode step.
-# Width 0 gives it the uniform one-token FULL graphs no speculation replays.
-PLAIN_WIDTH = 0
-PLAIN_GRAPHS = True
-
 
 def narrow_widths(vllm_config: Any) -> tuple[int, ...]:
-    """The widths our engine gets uniform FULL keys for: ``PLAIN_WIDTH`` (any mode, while ``PLAIN_GRAPHS``), then
-    in schedule mode the narrow widths (``modes.slots.narrow_widths``); () for any other engine."""
+    """The widths our engine gets uniform FULL keys for (``EngineSettings.graph_widths``: plain, then schedule
+    mode's narrow ones); () for any other engine."""
     try:
-        if not is_our_config(vllm_config):
-            return ()
-        plain = (PLAIN_WIDTH,) if PLAIN_GRAPHS else ()
-        if not is_schedule_config(vllm_config):
-            return plain
-        return plain + policy_narrow_widths(options_from_vllm_config(vllm_config))
+        settings = engine_settings(vllm_config)
+        return settings.graph_widths if settings is not None else ()
     except Exception as exc:  # noqa: BLE001 - never fail an engine's start for an optimisation
         logger.debug("specdec: no narrow graphs (%r)", exc)
         return ()

@@ -34,9 +34,8 @@ import logging
 from typing import Any
 
 from specdec.vllm_plugin.attrs import RAGGED_KEYS, RAGGED_OK, RAGGED_PREFILL, RAGGED_Q
-from specdec.vllm_plugin.entry.options import options_from_vllm_config
 from specdec.vllm_plugin.logs import LOGGER_NAME
-from specdec.vllm_plugin.patches.async_sched import is_schedule_config
+from specdec.vllm_plugin.settings import engine_settings
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -52,14 +51,10 @@ GRAPH_LADDER_RATIO = 1.25  # consecutive sizes of our extra graphs differ by >= 
 
 def ragged_prefill_tokens(vllm_config: Any) -> int:
     """Our engine with ``ragged_graphs`` on: its ``ragged_prefill_tokens`` (0: no prefill-carrying family; also with
-    LoRA); -1 for any other engine or setting."""
+    LoRA); -1 for any other engine or setting (``EngineSettings.ragged_prefill_tokens``)."""
     try:
-        if not is_schedule_config(vllm_config):
-            return -1
-        opts = options_from_vllm_config(vllm_config)
-        if not opts.ragged_graphs:
-            return -1
-        return 0 if getattr(vllm_config, "lora_config", None) else opts.ragged_prefill_tokens
+        settings = engine_settings(vllm_config)
+        return settings.ragged_prefill_tokens if settings is not None else -1
     except Exception as exc:  # noqa: BLE001 - never fail an engine's start for an optimisation
         logger.debug("specdec: no ragged graphs (%r)", exc)
         return -1

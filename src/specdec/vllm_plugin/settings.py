@@ -1,0 +1,83 @@
+"""``EngineSettings``: one engine's options resolved once (the mode, k, the CUDA-graph widths, what the drafting core
+runs with), made on first use and kept on the engine's vLLM config, so the proposer and the patches read one
+resolution instead of each parsing ``additional_config["specdec"]`` again. Never imports vLLM.
+
+(``patches.async_sched.wants_schedule`` still reads the raw options: it runs inside ``VllmConfig.__post_init__``,
+before the config is final.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+from specdec.vllm_plugin.attrs import ENGINE_SETTINGS
+from specdec.vllm_plugin.entry.options import (
+    SpecdecOptions,
+    async_mode_for,
+    options_from_vllm_config,
+    resolve_lane_threads,
+)
+from specdec.vllm_plugin.modes.slots import narrow_widths
+from specdec.vllm_plugin.patches.async_sched import is_our_config
+
+PLAIN_WIDTH = 0  # the width of a step that verifies no draft (one token per request): patches/narrow_keys.py
+PLAIN_GRAPHS = True  # such steps get the one-token FULL graphs no speculation replays
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """One engine's resolved options (see the module docstring)."""
+
+    options: SpecdecOptions  # the user's options and the internal settings, async_mode resolved
+    schedule: bool  # drafting under vLLM's async scheduling ("schedule" mode)
+    threaded: bool  # thread mode
+    graph_widths: tuple[int, ...]  # widths of the uniform FULL graphs added: plain, then schedule mode's narrow ones
+    ragged_prefill_tokens: int  # the prefill-carrying ragged family's P (0: none; -1: no ragged graphs)
+
+    @property
+    def k(self) -> int:
+        """The most draft tokens per request and step: vLLM's speculative config's, the one source."""
+        return self.options.num_speculative_tokens
+
+    def core_options(self) -> SpecdecOptions:
+        """What the drafting core runs with: lane threads resolved for the mode; schedule mode with uniform slots
+        pads every row to k (its slots are k whatever the drafts)."""
+        opts = self.options
+        core = opts.replace(lane_threads=resolve_lane_threads(opts.lane_threads, schedule=self.schedule))
+        if self.schedule and opts.draft_slots == "uniform":
+            core = core.replace(pad_drafts="on")
+        return core
+
+
+def resolve(vllm_config: Any) -> EngineSettings:
+    """``EngineSettings`` of a vLLM config that runs our proposer (raises a ``ConfigError`` on bad options)."""
+    opts = options_from_vllm_config(vllm_config)
+    if opts.async_mode == "auto":
+        opts = opts.replace(async_mode=async_mode_for("auto", vllm_config))
+    schedule = opts.async_drafting and opts.async_mode == "schedule"
+    plain = (PLAIN_WIDTH,) if PLAIN_GRAPHS else ()
+    ragged = -1
+    if schedule and opts.ragged_graphs:
+        ragged = 0 if getattr(vllm_config, "lora_config", None) else opts.ragged_prefill_tokens
+    return EngineSettings(
+        options=opts,
+        schedule=schedule,
+        threaded=opts.async_drafting and opts.async_mode == "thread",
+        graph_widths=plain + (narrow_widths(opts) if schedule else ()),
+        ragged_prefill_tokens=ragged,
+    )
+
+
+def engine_settings(vllm_config: Any) -> EngineSettings | None:
+    """The settings of the engine whose config is ``vllm_config``, resolved on first use and kept on it; None for
+    an engine that does not run our proposer."""
+    if not is_our_config(vllm_config):
+        return None
+    settings = getattr(vllm_config, ENGINE_SETTINGS, None)
+    if settings is None:
+        settings = resolve(vllm_config)
+        with contextlib.suppress(AttributeError, TypeError):
+            object.__setattr__(vllm_config, ENGINE_SETTINGS, settings)
+    return settings
