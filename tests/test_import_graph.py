@@ -3,7 +3,7 @@ house rule "no import cycles"; the vLLM plugin's own check, with its import-alon
 
 from __future__ import annotations
 
-from import_support import MODULES, find_cycle, imports_of
+from import_support import MODULES, PACKAGE, find_cycle, imports_of
 
 
 def test_cycle_finder_finds_a_hand_made_circle():
