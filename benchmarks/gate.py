@@ -7,10 +7,11 @@ per cell, under vLLM's default engine arguments on the shared target inflated to
     bash scripts/gpu_gate.sh --part serve
     python -m benchmarks.gate_report OUT1.json OUT2.json ...      # merge and re-render
 
-``--part cells``: each method's engine in a worker process of its own (``gate_worker``). At TP=1 on a machine
-with two GPUs the methods run in two lanes at once, one GPU and half the host's cores each (lane i: every second
-method from the i-th: nospec then specdec on GPU 0, suffix then specdec-before on GPU 1); otherwise one after
-another. ``--max-wall-s`` bounds the whole call: no engine starts that could not also run a cell before the
+``--part cells``: each method's engine in a worker process of its own (``gate_worker``). Where the machine has
+GPUs for more than one engine (two GPUs at TP=1, four at TP=2 or TP=1), the methods run in lanes at once, up to
+``MAX_LANES``, each with its engine's GPUs and an equal share of the host's cores (lane i: every n-th method from the
+i-th; with two lanes nospec then specdec on the first, suffix then specdec-before on the second); otherwise one
+after another. ``--max-wall-s`` bounds the whole call: no engine starts that could not also run a cell before the
 deadline, no cell starts that would pass it, and whatever finished is written (marked partial). ``--part serve``:
 ``gate_serve``. Results: ``<date>_<device>_gate_tp<N>_<commit7>.json`` (+ .md, + the engines' logs) in
 ``--out-dir``.
@@ -42,7 +43,7 @@ FINISH_MARGIN_S = 40.0  # kept from the budget: the last engine's kill grace, th
 KILL_GRACE_S = 20.0  # a worker still running this long past the deadline is killed (its finished cells kept)
 ENGINE_START_EST_S = 150.0  # an 8B-shaped engine under vLLM's defaults starts in ~2-2.5 min
 MIN_CELLS_S = 30.0  # an engine is started only if this much cell time would be left after its start
-MAX_LANES = 2
+MAX_LANES = 4  # engines at once (4 GPUs at TP=1: one per method; at TP=2: two lanes of two)
 WORK_DIR = Path("/tmp/specdec_gate")  # worker files and logs (kept while the machine is warm)
 BEFORE_PATH = "/tmp/specdec-before"  # where gpu_gate.sh installs the base commit's tree
 LOG_TAIL_CHARS = 200_000  # of each engine's log copied into the call's log file
@@ -138,8 +139,9 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def lanes(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Lanes of engines run at once: at TP=1 with two GPUs, two (every second method, one GPU and half the
-    cores each); else one with every GPU of the engine."""
+    """Lanes of engines run at once: as many as the GPUs hold engines of ``args.tp`` GPUs (at most ``MAX_LANES``
+    and one per method), lane i taking every n-th method from the i-th, its engine's GPUs and an n-th of the
+    cores; one lane (all cores) where only one engine fits."""
     gpus = args.gpus or len(gpu_names(args.fake)) or 1
     n = max(1, min(MAX_LANES, gpus // args.tp, len(args.methods)))
     cores = sorted(os.sched_getaffinity(0))

@@ -33,7 +33,10 @@ LOG_PHASES = {
     "compile_s": r"torch\.compile took ([\d.]+) s in total",
     "graph_capture_s": r"Graph capturing finished in ([\d.]+) secs",
     "engine_init_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
+    "graph_mem_gib": r"Estimated CUDA graph memory: ([\d.]+) GiB total",  # subtracted from the KV cache's memory
+    "kv_mem_gib": r"Available KV cache memory: ([\d.]+) GiB",
 }
+LOG_GRAPH_COUNTS = r"Profiling CUDA graph memory: ([^\n]+)"  # "PIECEWISE=64 (largest=1088), FULL=160 (...)"
 LOG_CACHE_HIT = r"Directly load the compiled graph"
 
 
@@ -112,6 +115,9 @@ def log_phases(text: str) -> dict[str, Any]:
         found = re.findall(pattern, text)
         if found:
             out[key] = float(found[-1])
+    counts = re.findall(LOG_GRAPH_COUNTS, text)
+    if counts:
+        out["graph_counts"] = counts[-1].strip()
     if re.search(LOG_CACHE_HIT, text):
         out["compile_cached"] = True
     elif "compile_s" in out:

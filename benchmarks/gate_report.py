@@ -72,6 +72,7 @@ def engine_rows(engines: dict[str, Any]) -> list[dict[str, Any]]:
             "start_s": eng.get("start_s"),
             "compile_s": eng.get("log", {}).get("compile_s"),
             "compile_cached": eng.get("log", {}).get("compile_cached"),
+            "graph_gib": eng.get("log", {}).get("graph_mem_gib"),
             "kv_tokens": eng.get("kv_tokens"),
             "x_start": rules.ratio(eng.get("start_s"), nos.get("start_s")),
             "x_kv": rules.ratio(eng.get("kv_tokens"), nos.get("kv_tokens")),
@@ -222,14 +223,15 @@ def _pct(x: float | None) -> float | None:
 
 
 def render_engines(rows: list[dict[str, Any]]) -> list[str]:
-    head = f"{'engine':<16}{'GPU':>5}{'start s':>9}{'×nospec':>9}{'compile s':>11}{'KV tokens':>12}{'×nospec':>9}"
+    head = f"{'engine':<16}{'GPU':>5}{'start s':>9}{'×nospec':>9}{'compile s':>11}{'graphs GiB':>11}"
+    head += f"{'KV tokens':>12}{'×nospec':>9}"
     head += "  start  KV"
     lines = [head, "-" * len(head)]
     for r in rows:
         comp = "cache" if r["compile_cached"] else _f(r["compile_s"], ".0f", 0)
         lines.append(
             f"{r['method']:<16}{r['gpus'] or '-':>5}{_f(r['start_s'], '.0f', 9)}{_f(r['x_start'], '.2f', 9)}"
-            f"{comp:>11}{_f(r['kv_tokens'], ',d', 12)}{_f(r['x_kv'], '.3f', 9)}  "
+            f"{comp:>11}{_f(r.get('graph_gib'), '.2f', 11)}{_f(r['kv_tokens'], ',d', 12)}{_f(r['x_kv'], '.3f', 9)}  "
             f"{r.get('start', '-'):<6} {r.get('kv', '-')}"
         )
     return lines

@@ -3,9 +3,9 @@
 * ``tpot-53m`` / ``tpot-8b``: `vllm serve` of the shared target (and of it inflated to the 8B shape) without
   speculation and with ``{"method": "specdec"}``, each driven by `vllm bench serve --backend vllm --dataset-name random
   --random-input-len 256 --random-output-len 128 --num-prompts 200 --request-rate 20` (after a warm-up of
-  ``WARMUP_PROMPTS`` on another seed); the gate is specdec's median TPOT over none's. With two GPUs the two
-  servers start at once (one GPU and half the cores each) and are measured one after the other. The specdec server
-  also answers one completion: the served start-up at TP=1.
+  ``WARMUP_PROMPTS`` on another seed); the gate is specdec's median TPOT over none's. With several GPUs the
+  servers start at once (one per GPU, up to ``MAX_SERVE_ROUND``, an equal share of the cores each) and are measured
+  one after the other. The specdec server also answers one completion: the served start-up at TP=1.
 * ``start-8b-tp2``: `vllm serve` of the 8B shape with specdec at its defaults at TP=2 starts and answers.
 Each server runs with vLLM's defaults (only the model, the speculative config and the tensor-parallel size).
 """
@@ -51,6 +51,7 @@ BENCH_TIMEOUT_S = 300.0
 ANSWER_EST_S = 20.0  # one completion and the server's shutdown
 ANSWER_PROMPT, ANSWER_TOKENS = "def fibonacci(n):", 16
 LOG_TAIL_CHARS = 100_000
+MAX_SERVE_ROUND = 4  # servers started at once, one per GPU
 
 
 def cli_base(fake: bool) -> str:
@@ -131,7 +132,7 @@ class ServeRun:
         model, label = self.models[size]
         check: dict[str, Any] = {"kind": "tpot", "model": label, "tp": 1, "servers": {}}
         methods = list(self.args.serve_methods)
-        per_round = max(1, min(self.gpus, 2))
+        per_round = max(1, min(self.gpus, MAX_SERVE_ROUND))
         cores = sorted(os.sched_getaffinity(0))
         for first in range(0, len(methods), per_round):
             names = methods[first : first + per_round]

@@ -209,6 +209,17 @@ def test_lanes():
     assert len(gate.lanes(_ns(gpus=1))) == 1
 
 
+def test_lanes_on_four_gpus():
+    four = gate.lanes(_ns(gpus=4))  # TP=1: one engine per GPU, a quarter of the cores each
+    assert [ln["methods"] for ln in four] == [[m] for m in gate.DEFAULT_METHODS]
+    assert [ln["gpus"] for ln in four] == ["0", "1", "2", "3"]
+    cpus = [set(ln["cpus"]) for ln in four]
+    assert all(not a & b for i, a in enumerate(cpus) for b in cpus[i + 1 :])
+    pairs = gate.lanes(_ns(gpus=4, tp=2))  # TP=2: two engines of two GPUs at once, no speculation first
+    assert [ln["methods"] for ln in pairs] == [["nospec", "specdec"], ["suffix", "specdec-before"]]
+    assert [ln["gpus"] for ln in pairs] == ["0,1", "2,3"]
+
+
 def test_bad_options_stop_before_anything_starts(tmp_path, capsys):
     inputs = str(_inputs(tmp_path / "inputs.json"))
     for argv, msg in (

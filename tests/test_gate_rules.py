@@ -174,6 +174,15 @@ INFO 11-28 [core.py:331] init engine (profile, create kv cache, warmup model) to
     hit = "Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 3.1 s\n"
     assert log_phases(hit + "torch.compile took 5.00 s in total")["compile_cached"] is True
     assert log_phases("") == {}
+    graphs = """INFO [runner] Profiling CUDA graph memory: PIECEWISE=64 (largest=1088), FULL=160 (largest=1088)
+INFO [runner] Estimated CUDA graph memory: 0.92 GiB total
+INFO [gpu_worker.py:560] Available KV cache memory: 112.87 GiB
+"""
+    assert log_phases(graphs) == {
+        "graph_mem_gib": 0.92,
+        "kv_mem_gib": 112.87,
+        "graph_counts": "PIECEWISE=64 (largest=1088), FULL=160 (largest=1088)",
+    }
 
 
 def test_plugin_counters_per_cell_are_differences_of_numeric_leaves():
