@@ -17,14 +17,16 @@ from typing import Any
 import pytest
 import torch
 
-from specdec.vllm_plugin.attrs import SLOT_NOTE_ATTR
+from specdec.vllm_plugin.attrs import SCHEDULE_WIDTH, SLOT_NOTE_ATTR
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 from specdec.vllm_plugin.modes.slots import UNKNOWN, book_of
 from specdec.vllm_plugin.modes.tp import (
     NoteMaker,
     SlotNote,
     TpFollower,
+    schedule_width,
     scheduler_book,
+    send_width,
     width_of_schedule,
 )
 from specdec.vllm_plugin.patches import tp_notes
@@ -239,6 +241,16 @@ def test_real_vllm_has_what_the_tp_patches_wrap_and_its_output_carries_a_note():
     assert getattr(pickle.loads(pickle.dumps(out)), SLOT_NOTE_ATTR) == note()
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable (scripts/test.sh has vLLM)")
+def test_real_vllms_scheduler_output_carries_the_schedules_width_to_the_ranks():
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    out = SchedulerOutput.make_empty()
+    send_width(out, SimpleNamespace(width=4), enabled=True)
+    sent = pickle.loads(pickle.dumps(out))  # vLLM's executor pickles it to every worker
+    assert getattr(sent, SCHEDULE_WIDTH) == 4 and schedule_width(sent, 8, enabled=True) == 4
+
+
 def test_the_drivers_back_off_reaches_the_schedulers_book():
     config = SimpleNamespace()
     book = scheduler_book(config, note())
@@ -273,7 +285,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 from specdec.paths import TARGET_MODEL, model_path
 from specdec.vllm_plugin.entry.register import register
-from specdec.vllm_plugin.attrs import SLOT_NOTE_ATTR
+from specdec.vllm_plugin.attrs import SCHEDULE_WIDTH, SLOT_NOTE_ATTR
 from specdec.vllm_plugin.modes.tp import SlotNote
 
 register()  # all an engine-core process of TP > 1 does: it builds no proposer
@@ -324,3 +336,73 @@ def test_an_engine_core_that_only_loaded_the_plugin_grants_the_drivers_slots():
     run = subprocess.run([sys.executable, "-c", ENGINE_CORE_SCRIPT], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.splitlines()[-1] == "[('a', 5), ('b', 5)] [('a', 1), ('b', 3)]", run.stdout[-2000:]
+
+
+class OneRequestEngine(AsyncEngine):
+    """vLLM's async timeline with one running request at a time (a new one once it finishes): a batch of one."""
+
+    def churn(self, step: int) -> None:
+        for rid in [r for r, v in self.reqs.items() if len(v["seq"]) > len(v["target"]) - 30]:
+            del self.reqs[rid]
+        while not self.reqs:
+            self.add()
+
+
+def _tp_batch_of_one(enabled: bool, steps: int = 300) -> tuple[int, int]:
+    """The driver and the scheduler's book over a batch of one: each step the scheduler grants the slots of the
+    book (fed by the driver's notes) and sends its width (``send_width``), the driver drafts to the width it reads
+    (``schedule_width``). Returns (steps whose draft outgrew the slots the request had, accepted tokens)."""
+    clock = SimpleNamespace(t=0.0)
+    eng = OneRequestEngine(seed=3)
+    driver, _, _ = two_ranks(lambda: clock.t, pad_drafts="off", min_path_prob=0.3)
+    config = SimpleNamespace()
+    out, grew = None, 0
+    for step in range(steps):
+        if out is not None:
+            book = book_of(config)
+            reserved = {r: K for r in eng.order}
+            output = SimpleNamespace(scheduled_spec_decode_tokens=None)
+            if book is not None:
+                book.begin_schedule(len(eng.order))
+                reserved = {r: book.slots(r, K) for r in eng.order}
+                output.scheduled_spec_decode_tokens = {r: [-1] * n for r, n in reserved.items() if n}
+                send_width(output, book, enabled=enabled)
+            assert driver.fill(out, width=schedule_width(output, K, enabled=enabled))
+            note = driver.latest_note
+            scheduler_book(config, note)
+            grew += sum(0 < reserved.get(r, K) < n != UNKNOWN for r, n in zip(note.req_ids, note.lengths))
+            eng.prev_drafts, eng.slots = out.clone(), reserved
+        clock.t += 1e-3
+        out = eng.run_step(driver, step)
+    for r in eng.reqs.values():
+        assert r["seq"] == r["target"][: len(r["seq"])]
+    return grew, int(driver.core.stats_dict()["accepted_tokens"])
+
+
+def test_a_batch_of_one_under_tp_drafts_past_its_last_slots_with_the_schedulers_width():
+    """At TP > 1 the driver does not hold the slot book: inferring a narrow width from the grants reads a batch of
+    one (every request the same slots) as narrow, so each draft is cut to the slots the request had and its next
+    grant is no larger: drafts only shrink (issue 41's TP = 2 batches of one). With the scheduler's own width (0:
+    per-request slots) the drafts outgrow the last grant as the suffix match lengthens, and more tokens are accepted."""
+    grew_sent, accepted_sent = _tp_batch_of_one(enabled=True)
+    grew_inferred, accepted_inferred = _tp_batch_of_one(enabled=False)
+    assert grew_inferred == 0  # the ratchet: never a draft longer than the slots it replaced
+    assert grew_sent > 10
+    assert accepted_sent > 1.2 * accepted_inferred  # measured: 605 against 442 tokens
+
+
+def test_schedule_width_prefers_the_width_the_scheduler_sent():
+    spec = {"a": [-1] * 3}  # one request, three slots: inferred as a narrow width of 3
+    book = SimpleNamespace(width=0)
+    output = SimpleNamespace(scheduled_spec_decode_tokens=spec)
+    assert schedule_width(output, 8, enabled=True) == 3  # nothing sent: inferred from the grants
+    send_width(output, book, enabled=True)
+    assert getattr(output, SCHEDULE_WIDTH) == 0 and schedule_width(output, 8, enabled=True) == 0
+    assert schedule_width(output, 8, enabled=False) == 3  # off: the grants, whatever was sent
+    book.width = 4
+    send_width(output, book, enabled=True)
+    assert schedule_width(output, 8, enabled=True) == 4
+    quiet = SimpleNamespace(scheduled_spec_decode_tokens=spec)
+    send_width(quiet, book, enabled=False)
+    assert not hasattr(quiet, SCHEDULE_WIDTH)
+    assert schedule_width(SimpleNamespace(), 8, enabled=True) == 0  # no per-request slots at all

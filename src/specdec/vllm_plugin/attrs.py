@@ -23,6 +23,9 @@ RAGGED_HIT = "_specdec_ragged_hit"  # q when the last dispatch returned a ragged
 # ----------------------------------------------------------------- GPUModelRunner
 RAGGED_Q = "_specdec_ragged_q"  # the max query length the attention metadata must state, or None
 
+# ----------------------------------------------------------------- SchedulerOutput (TP > 1: scheduler -> ranks)
+SCHEDULE_WIDTH = "specdec_schedule_width"  # the narrow width the scheduler's slot book chose for the step (0: none)
+
 # ----------------------------------------------------------------- ModelRunnerOutput (TP > 1: driver -> scheduler)
 SLOT_NOTE_ATTR = "specdec_slot_note"  # the driver's latest SlotNote (modes/tp.py, patches/tp_notes.py)
 WRAPPED_OUTPUT = "_model_runner_output"  # vLLM's own: its async output keeps the ModelRunnerOutput it will send here

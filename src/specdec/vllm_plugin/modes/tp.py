@@ -14,17 +14,23 @@ The slot book (``modes/slots.py``) lives beside the scheduler, which runs in the
 driver. The driver's notes of each drafting (draft lengths, tokens per step, the token cost, which CUDA graphs the
 narrow and ragged steps have) ride on its ``ModelRunnerOutput`` (attribute ``SLOT_NOTE_ATTR``; vLLM pickles the
 output to the scheduler). The scheduler's book (``scheduler_book``) takes each note as it arrives: one drafting
-round later than the one-GPU book, so it grants the latest draft lengths without growth. The driver infers a
-step's narrow width from the slots the scheduler granted (``width_of_schedule``).
+round later than the one-GPU book, so it grants the latest draft lengths without growth. The driver learns a
+step's narrow width from the scheduler: with ``SCHEDULER_WIDTH`` the width the book chose rides on the pickled
+``SchedulerOutput`` (``attrs.SCHEDULE_WIDTH``, ``schedule_width``); otherwise it is inferred from the slots the
+scheduler granted (``width_of_schedule``), which cannot tell a narrow schedule from per-request slots that happen
+to be equal (always so at batch 1): such a step is then drafted to at most those slots, its note grants no more,
+and a request's drafts can only shrink until it gets no slot at all.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from specdec.vllm_plugin.attrs import SCHEDULE_WIDTH
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.capture import discard_counts
 from specdec.vllm_plugin.modes.slots import SlotBook, attach_book, book_of
@@ -32,6 +38,10 @@ from specdec.vllm_plugin.modes.slots import SlotBook, attach_book, book_of
 logger = logging.getLogger(LOGGER_NAME)
 
 DRIVER_RANK = 0  # the TP rank that drafts and broadcasts
+# the driver drafts to the width the scheduler's book chose (sent on its output) instead of inferring it from the
+# grants; off until the GPU gate has measured it (issue 41: TP = 2 batches of one emit 2.4-3.6 tokens per drafted
+# step against 7.9-10.8 at TP = 1, their verify batches ragged, not padded to k)
+SCHEDULER_WIDTH = False
 BACKUP_SLOTS = 4  # pinned buffers of discarded rows' tokens a follower cycles through (as the driver's capture ring)
 
 
@@ -90,6 +100,26 @@ def scheduler_book(vllm_config: Any, note: SlotNote) -> SlotBook | None:
     book.low_batch = lambda: note.low
     book.note(note.req_ids, note.lengths, emitted=note.emitted, token_cost=note.token_cost)
     return book
+
+
+def schedule_width(scheduler_output: Any, k: int, *, enabled: bool | None = None) -> int:
+    """The narrow width of the step ``scheduler_output`` schedules, on a TP rank: the scheduler's (its book's
+    ``width``, ``attrs.SCHEDULE_WIDTH``) where ``enabled`` (default ``SCHEDULER_WIDTH``) and it was sent, else
+    ``width_of_schedule`` of its grants (0 for a step without per-request slots)."""
+    enabled = SCHEDULER_WIDTH if enabled is None else enabled
+    sent = getattr(scheduler_output, SCHEDULE_WIDTH, None) if enabled else None
+    if isinstance(sent, int):
+        return sent if 0 < sent < k else 0
+    spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None)
+    return width_of_schedule(spec, k) if isinstance(spec, dict) else 0
+
+
+def send_width(scheduler_output: Any, book: SlotBook, *, enabled: bool | None = None) -> None:
+    """The scheduler's side of ``schedule_width``: the width ``book`` chose for this schedule onto its output
+    (pickled to every rank with it), where ``enabled`` (default ``SCHEDULER_WIDTH``)."""
+    if (SCHEDULER_WIDTH if enabled is None else enabled) and scheduler_output is not None:
+        with contextlib.suppress(AttributeError):  # an output class without room for it: the driver infers it
+            setattr(scheduler_output, SCHEDULE_WIDTH, int(book.width))
 
 
 def width_of_schedule(spec_tokens: Mapping[str, Sequence[int]], k: int) -> int:

@@ -41,7 +41,7 @@ from specdec.vllm_plugin.entry.options import (
     normalise_keys,
 )
 from specdec.vllm_plugin.logs import LOGGER_NAME
-from specdec.vllm_plugin.modes.tp import width_of_schedule
+from specdec.vllm_plugin.modes.tp import schedule_width
 from specdec.vllm_plugin.patches.common import is_ours, is_wrapped, mark, signature_problem, source_has
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -218,8 +218,8 @@ def _wrap_prepare(orig_prep: Callable[..., Any]) -> Callable[..., Any]:
             verified = getattr(scheduler_output, "total_num_scheduled_tokens", 0)
             width = 0
             spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None)
-            if getattr(sched, "notes", None) is not None:  # TP > 1: the scheduler's grants tell a narrow step
-                width = width_of_schedule(spec, sched.notes.k) if isinstance(spec, dict) else 0
+            if getattr(sched, "notes", None) is not None:  # TP > 1: the scheduler tells a narrow step
+                width = schedule_width(scheduler_output, sched.notes.k)
             sched.fill(
                 getattr(self, "_draft_token_ids", None),
                 verified=verified if isinstance(verified, int) else 0,

@@ -18,6 +18,7 @@ from typing import Any
 
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.slots import PLACEHOLDER, book_of
+from specdec.vllm_plugin.modes.tp import send_width
 from specdec.vllm_plugin.patches.common import is_wrapped, mark, signature_problem, source_has
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -95,10 +96,14 @@ def _wrap_schedule(scheduler_cls: Any, logged: list[bool]) -> bool:
                 if book.prefill_cap >= 0:
                     cap_prefill_steps(self, book)
             except Exception as exc:  # noqa: BLE001 - scheduling must never fail because of drafting
+                book = None
                 if not logged:
                     logged.append(True)
                     logger.warning("specdec: per-request draft slots failed (%r); vLLM's slots stay (logged once)", exc)
-        return orig_schedule(self, *args, **kwargs)
+        out = orig_schedule(self, *args, **kwargs)
+        if book is not None:
+            send_width(out, book)  # TP > 1: the driver drafts to the width the book chose (modes/tp.py)
+        return out
 
     scheduler_cls.schedule = mark(schedule, "slots")
     return True
