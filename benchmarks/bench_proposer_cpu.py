@@ -24,6 +24,7 @@ import numpy as np
 from specdec.drafters.registry import build_drafter
 from specdec.eval.loaders import load_traces
 from specdec.eval.results import results_path, write_results
+from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
@@ -138,7 +139,7 @@ def run(
         for step in range(steps + WARMUP_STEPS):
             sampled = eng.verify(drafts)
             t0 = time.perf_counter()
-            out = step_fn(eng.ids, sampled, eng.n, eng.tokens, num_prompt_tokens=eng.prompt)
+            out = step_fn(StepBatch(eng.ids, sampled, eng.n, eng.tokens, num_prompt_tokens=eng.prompt))
             t = time.perf_counter() - t0
             _busy(engine_work_ms)
             if mode in DEFERRED:
