@@ -59,12 +59,20 @@ class FakeLLM:
         del use_tqdm
         outs = [_tokens(p["prompt_token_ids"], sp) for p, sp in zip(prompts, params)]
         steps = [math.ceil(len(o) / self.emit) for o in outs]
-        self.now += max(steps, default=0) * self.cost * (STEP_MS + STEP_MS_PER_REQUEST * len(prompts)) / 1e3
+        step_s = self.cost * (STEP_MS + STEP_MS_PER_REQUEST * len(prompts)) / 1e3
+        start = self.now
+        self.now += max(steps, default=0) * step_s
         if self.spec is not None:
             self.counters["drafts"] += sum(steps)
             self.counters["draft_tokens"] += 8 * sum(steps)
             self.counters["accepted_tokens"] += sum(len(o) - s for o, s in zip(outs, steps))
-        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=o)]) for o in outs]
+        return [  # engine-core timestamps as vLLM's RequestOutput.metrics has them (first token after one step)
+            SimpleNamespace(
+                outputs=[SimpleNamespace(token_ids=o)],
+                metrics=SimpleNamespace(first_token_ts=start + step_s, last_token_ts=start + n * step_s),
+            )
+            for o, n in zip(outs, steps)
+        ]
 
     def get_metrics(self) -> list[Any]:
         if self.spec is None:

@@ -54,6 +54,32 @@ def spec_counts(metrics: Iterable[Any]) -> dict[str, float]:
     return out
 
 
+def request_rate(results: Iterable[Any]) -> float | None:
+    """The requests' own decode rate over ``LLM.generate``'s results: their generated tokens after the first over
+    the engine-core time from each one's first token to its last (``RequestOutput.metrics``, kept with
+    ``disable_log_stats=False``); None where no request has those timestamps."""
+    tokens, seconds = 0, 0.0
+    for r in results:
+        m = getattr(r, "metrics", None)
+        first, last = getattr(m, "first_token_ts", 0.0), getattr(m, "last_token_ts", 0.0)
+        n = len(r.outputs[0].token_ids) if getattr(r, "outputs", None) else 0
+        if n > 1 and first and last > first:
+            tokens, seconds = tokens + n - 1, seconds + last - first
+    return tokens / seconds if seconds > 0 else None
+
+
+def speed(run: dict[str, Any] | None, temperature: float) -> float | None:
+    """What a cell's run is judged on: its output tokens/s, or for a sampled cell (``temperature`` > 0) its
+    requests' own decode rate (``request_tokens_per_s``) where the run has it. Sampling from the same seeds, two
+    methods emit outputs of different lengths (a speculative step draws its random numbers differently), and a closed
+    batch's wall is its longest request: with fewer tokens in the same wall, output tokens/s would judge the
+    outputs' lengths, not the speed."""
+    run = run or {}
+    if temperature and run.get("request_tokens_per_s"):
+        return run["request_tokens_per_s"]
+    return run.get("tokens_per_s")
+
+
 def spec_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
     """Counters over a window and the emitted tokens per drafted step, (drafts + accepted) / drafts (None: no
     drafts, e.g. no speculation)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import gate_rules as rules
-from benchmarks.gate_metrics import mismatches
+from benchmarks.gate_metrics import mismatches, speed
 
 KIND = "specdec-gate"
 CANDIDATE, BEFORE, PEER, REFERENCE = "specdec", "specdec-before", "suffix", "nospec"
@@ -25,8 +25,10 @@ WIDTH = 120
 
 
 def ref_tps(cell: dict[str, Any] | None) -> float | None:
-    """No speculation's tokens/s of a cell: the mean of its repeats."""
-    vals = [r["tokens_per_s"] for r in (cell or {}).get("runs", []) if r.get("tokens_per_s")]
+    """No speculation's speed of a cell (``gate_metrics.speed``: tokens/s, a sampled cell's request decode rate):
+    the mean of its repeats."""
+    temperature = (cell or {}).get("temperature", 0.0)
+    vals = [v for v in (speed(r, temperature) for r in (cell or {}).get("runs", [])) if v]
     return sum(vals) / len(vals) if vals else None
 
 
@@ -35,7 +37,8 @@ def cell_row(key: str, engines: dict[str, Any]) -> dict[str, Any]:
     nos = engines.get(REFERENCE, {}).get("cells", {}).get(key)
     ref = ref_tps(nos)
     row: dict[str, Any] = {"key": key, "nospec_tps": ref, "repeat4": (nos or {}).get("repeat4")}
-    runs = [r["tokens_per_s"] for r in (nos or {}).get("runs", []) if r.get("tokens_per_s")]
+    temperature = (nos or {}).get("temperature", 0.0)
+    runs = [v for v in (speed(r, temperature) for r in (nos or {}).get("runs", [])) if v]
     row["repeat_diff"] = rules.repeat_diff(*runs[:2]) if len(runs) >= 2 else None
     row["void"] = len(runs) >= 2 and rules.repeats_void(*runs[:2])
     for m, eng in engines.items():
@@ -44,11 +47,12 @@ def cell_row(key: str, engines: dict[str, Any]) -> dict[str, Any]:
             continue
         first = cell["runs"][0]
         rerun = cell.get("rerun")
-        greedy = not cell.get("temperature")
+        temperature = cell.get("temperature", 0.0)
+        greedy = not temperature
         row[m] = {
-            "tps": first.get("tokens_per_s"),
-            "x_nospec": rules.ratio(first.get("tokens_per_s"), ref),
-            "x_rerun": rules.ratio((rerun or {}).get("tokens_per_s"), ref),
+            "tps": speed(first, temperature),
+            "x_nospec": rules.ratio(speed(first, temperature), ref),
+            "x_rerun": rules.ratio(speed(rerun, temperature) if rerun else None, ref),
             "emit": first.get("emitted_per_step"),
             "mismatch": mismatches(nos.get("digests", []), cell.get("digests", [])) if nos and greedy else None,
         }
@@ -258,7 +262,9 @@ RULES_LINE = (
 LEGEND = (
     "nospec: output tok/s (mean of 2 repeats); Δrep: their difference; rep4: share of repeated 4-grams in nospec's "
     "outputs; specdec/before/suffix: × nospec (r: the re-run's ratio); ×suf: specdec ÷ suffix; emit: emitted "
-    "tokens per drafted step (vLLM counters); mism: bf16 outputs differing from nospec (greedy cells)"
+    "tokens per drafted step (vLLM counters); mism: bf16 outputs differing from nospec (greedy cells); sampled cells "
+    "(s8): nospec and the ratios are the requests' own decode rate (their tokens over first to last token), not "
+    "output tokens over the wall"
 )
 
 

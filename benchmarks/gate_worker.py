@@ -22,7 +22,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gate_metrics import digest, plugin_delta, repeat_share, spec_counts, spec_delta
+from benchmarks.gate_metrics import (
+    digest,
+    plugin_delta,
+    repeat_share,
+    request_rate,
+    spec_counts,
+    spec_delta,
+    speed,
+)
 
 METHODS: dict[str, dict[str, Any] | None] = {
     "nospec": None,
@@ -169,15 +177,17 @@ class CellRunner:
         sps = [self.params(temperature=temperature, max_tokens=it["max_tokens"], seed=s) for it, s in zip(items, seeds)]
         before = spec_counts(self.llm.get_metrics())
         plugin_before = plugin_stats(self.llm) if self.plugin else None
-        wall, outs = 0.0, []
+        wall, outs, results = 0.0, [], []
         for i in range(0, len(items), batch):
             chunk = [{"prompt_token_ids": it["ids"]} for it in items[i : i + batch]]
             t0 = self.clock()
             res = self.llm.generate(chunk, sps[i : i + batch], use_tqdm=False)
             wall += self.clock() - t0
             outs += [list(r.outputs[0].token_ids) for r in res]
+            results += res
         n = sum(map(len, outs))
         run = {"wall_s": wall, "output_tokens": n, "tokens_per_s": n / wall if wall > 0 else None}
+        run["request_tokens_per_s"] = request_rate(results)
         run.update(spec_delta(before, spec_counts(self.llm.get_metrics())))
         plugin = plugin_delta(plugin_before, plugin_stats(self.llm)) if self.plugin else None
         return ({**run, "plugin": plugin} if plugin else run), outs
@@ -194,8 +204,8 @@ def _warmup(llm: Any, params: Callable[..., Any], inputs: dict[str, Any], sets: 
 def _reruns(run: CellRunner, res: dict[str, Any], inputs: dict[str, Any], args: argparse.Namespace, out: Path) -> None:
     """Re-run once, on the same prompts, each cell under 1.0x no speculation's mean (waiting for that reference)."""
     for key, cell in res["cells"].items():
-        ref = _reference_tps(Path(args.reference), key, args.deadline)
-        tps = cell["runs"][0]["tokens_per_s"]
+        ref = _reference_tps(Path(args.reference), key, args.deadline, temperature=cell["temperature"])
+        tps = speed(cell["runs"][0], cell["temperature"])
         if ref is None or tps is None or tps >= ref:
             continue
         if not _fits(args.deadline, run.estimate(cell["cell"])):
@@ -208,9 +218,9 @@ def _reruns(run: CellRunner, res: dict[str, Any], inputs: dict[str, Any], args: 
         _write(out, res)
 
 
-def _reference_tps(path: Path, key: str, deadline: float) -> float | None:
-    """No speculation's mean tokens/s of cell ``key`` from its worker's file, polled until it has the cell, the
-    worker finished, or the deadline passed (None then)."""
+def _reference_tps(path: Path, key: str, deadline: float, *, temperature: float = 0.0) -> float | None:
+    """No speculation's mean speed (``gate_metrics.speed``) of cell ``key`` from its worker's file, polled until it
+    has the cell, the worker finished, or the deadline passed (None then)."""
     while True:
         try:
             ref = json.loads(path.read_text())
@@ -218,7 +228,7 @@ def _reference_tps(path: Path, key: str, deadline: float) -> float | None:
             ref = {"partial": True, "cells": {}}
         cell = ref.get("cells", {}).get(key)
         if cell:
-            vals = [r["tokens_per_s"] for r in cell["runs"] if r.get("tokens_per_s")]
+            vals = [v for v in (speed(r, temperature) for r in cell["runs"]) if v]
             return sum(vals) / len(vals) if vals else None
         if not ref.get("partial", True) or not _fits(deadline, REFERENCE_POLL_S):
             return None

@@ -13,8 +13,10 @@ from benchmarks.gate_metrics import (
     log_phases,
     mismatches,
     repeat_share,
+    request_rate,
     spec_counts,
     spec_delta,
+    speed,
 )
 
 P, W, F, V, N = rules.PASS, rules.WARN, rules.FAIL, rules.VOID, rules.NONE
@@ -203,3 +205,27 @@ def test_plugin_table_shows_rank_zeros_counters():
     assert lines[0].split()[:4] == ["specdec", "steps", "plain", "narrow"]
     assert lines[2].split()[:5] == ["code", "b8", "30", "12", "-"] and len(lines) == 4
     assert render_plugin({}) == []
+
+
+def _result(n: int, first: float, last: float) -> SimpleNamespace:
+    return SimpleNamespace(
+        outputs=[SimpleNamespace(token_ids=list(range(n)))],
+        metrics=SimpleNamespace(first_token_ts=first, last_token_ts=last),
+    )
+
+
+def test_request_rate_is_tokens_after_the_first_over_first_to_last_token():
+    # 9 tokens after the first in 0.9 s, 3 in 0.3 s: 12 / 1.2 = 10 tok/s; a one-token and an untimed request add nothing
+    results = [_result(10, 1.0, 1.9), _result(4, 2.0, 2.3), _result(1, 3.0, 3.0), SimpleNamespace(outputs=[])]
+    assert request_rate(results) == pytest.approx(10.0)
+    assert request_rate([SimpleNamespace(outputs=[SimpleNamespace(token_ids=[1, 2])], metrics=None)]) is None
+
+
+def test_sampled_cells_are_judged_on_the_requests_decode_rate():
+    # same seeds, other lengths: fewer output tokens in the same wall, at the same per-request rate
+    nospec = {"tokens_per_s": 2048 / 1.2, "request_tokens_per_s": 200.0}
+    specdec = {"tokens_per_s": 1728 / 1.18, "request_tokens_per_s": 210.0}
+    assert speed(specdec, 0.8) / speed(nospec, 0.8) == pytest.approx(1.05)
+    assert speed(specdec, 0.0) / speed(nospec, 0.0) == pytest.approx((1728 / 1.18) / (2048 / 1.2))  # greedy: tok/s
+    assert speed({"tokens_per_s": 5.0}, 0.8) == 5.0  # no timestamps recorded: tok/s
+    assert speed(None, 0.8) is None
