@@ -31,6 +31,7 @@ from benchmarks.gate_metrics import read_bench
 from benchmarks.serve_common import HOST, VLLM_CLI_ENV, ServeError, Server, free_port, scrape, spec_delta
 
 SPECDEC = {"method": "specdec"}
+NO_DRAFT_SUFFIX = {"max_spec_factor": 0.0, "free_spec_factor": 0.0}  # draft depth <= match length x 0: no draft
 # --serve-methods: (speculative config, extra environment); "before" in the environment: the base tree first on the path
 SERVE_SPECS: dict[str, tuple[dict[str, Any] | None, dict[str, str]]] = {
     "nospec": (None, {}),
@@ -41,6 +42,9 @@ SERVE_SPECS: dict[str, tuple[dict[str, Any] | None, dict[str, str]]] = {
     # the default, logging its drafting statistics every LOG_EVERY_S (steps, plain steps, drafted / accepted tokens,
     # back-offs) into the server log, which the call keeps: what a TPOT ratio is made of
     "specdec-log": ({**SPECDEC, "log_every_s": 2.0}, {}),
+    # the default's whole machinery (schedule or thread mode, its graphs, the suffix trie fed every step) with drafts
+    # of depth 0: what the plugin costs on steps that verify no draft, apart from what its drafted steps cost
+    "specdec-nodraft": ({**SPECDEC, "drafter_options": {"suffix": NO_DRAFT_SUFFIX}}, {}),
 }
 RANDOM_FLAGS = ["--dataset-name", "random", "--random-input-len", "256", "--random-output-len", "128"]
 NUM_PROMPTS, REQUEST_RATE, SEED = 200, 20, 0

@@ -331,3 +331,19 @@ def test_once_per_issue_references_get_their_own_table(tmp_path):
     rows = gate_report.gate_verdicts(doc["gates"]["tp1"])["cells"]
     assert all(r["ngram"]["x_nospec"] > 1 and "vs_nospec" not in r["ngram"] for r in rows)
     assert gate_report.render_references([{"key": "code/b1", "specdec": {}, "suffix": {}}]) == []
+
+
+def test_the_no_draft_server_runs_the_defaults_with_drafts_of_depth_zero():
+    """``specdec-nodraft``: a valid specdec config whose suffix drafter, as the plugin resolves it, drafts nothing."""
+    from benchmarks.gate_serve import SERVE_SPECS
+    from specdec.drafters.base import DraftRequest
+    from specdec.drafters.suffix import SuffixDrafter
+    from specdec.vllm_plugin.entry.options import SpecdecOptions
+
+    spec, env = SERVE_SPECS["specdec-nodraft"]
+    assert spec["method"] == "specdec" and env == {}
+    opts = SpecdecOptions.from_dict({k: v for k, v in spec.items() if k != "method"})
+    drafter = SuffixDrafter(SuffixDrafter.Config(**opts.resolved_drafter_options()["suffix"]))
+    drafter.start("a", [1, 2, 3] * 8)  # a loop any suffix drafter would continue
+    chains = drafter.draft_chains([DraftRequest("a", 16), DraftRequest("a", 16, free=True)])
+    assert [list(tokens) for tokens, _ in chains] == [[], []]
