@@ -4,6 +4,7 @@ book of schedule mode."""
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -23,6 +24,7 @@ from specdec.vllm_plugin.core.backoff import (
 from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 from specdec.vllm_plugin.modes.slots import NARROW_FROM_ROWS, NARROW_WIDTH, SlotBook
 from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
@@ -147,9 +149,6 @@ def never(rid: str, step: int, draft: list[int]) -> int:
 PATHS = ["python", "lane", "matrix", "thread"]
 
 
-PATHS = ["python", "lane", "matrix", "thread"]
-
-
 def handed(batch: Batch, core: ProposerCore, path: str, steps: range, accept: Accept) -> list[dict[str, int]]:
     """Each step's draft lengths as handed to vLLM, by request."""
     return [{rid: len(d) for rid, d in batch.step(core, path, s, accept).items()} for s in steps]
@@ -173,6 +172,20 @@ def test_zero_acceptance_withholds_every_draft_and_stops_padding(path):
     assert st["drafted_tokens"] == sum(sum(s.values()) for s in lengths)  # what vLLM got, not what was drafted
     assert st["drafted_steps"] == sum(1 for s in lengths if any(s.values())) == MIN_STEPS  # the rest: plain graphs
     assert st["accepted_tokens"] == 0
+    core.close()
+
+
+def test_the_periodic_log_line_counts_back_offs_recoveries_and_newcomers(plugin_log, caplog):
+    """The statistics line (``log_every_s``) says what the back-off did so far: what a low-acceptance server's log
+    must show to explain its drafted steps."""
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
+    batch = Batch()
+    core = make_core("python", batch.clock, log_every_s=0.05)
+    handed(batch, core, "python", range(200), never)
+    lines = [r.getMessage() for r in plugin_log() if "requests backed off" in r.getMessage()]
+    want = f"{ROWS} requests backed off (low acceptance; {ROWS} back-offs, 0 recoveries, 0 newcomers held so far)"
+    assert lines and want in lines[-1]
+    assert lines[-1].endswith(", batch not padded")
     core.close()
 
 

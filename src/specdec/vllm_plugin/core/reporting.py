@@ -103,7 +103,8 @@ class ProposerReporting:
             s = self.stats
             logger.info(
                 "specdec: %d steps (%d with drafts), drafted %d, accepted %d (%.1f%%), %.3f ms/step in propose, "
-                "%d timeouts, %d errors, %d plain steps, %d requests backed off (low acceptance)%s",
+                "%d timeouts, %d errors, %d plain steps, %d requests backed off (low acceptance; %d back-offs, "
+                "%d recoveries, %d newcomers held so far)%s",
                 s.steps,
                 s.drafted_steps,
                 s.drafted_tokens,
@@ -114,5 +115,8 @@ class ProposerReporting:
                 self.guard.stats.errors,
                 s.plain_steps,
                 self.backoff.requests_off,
+                self.backoff.stats.requests_backed_off,
+                self.backoff.stats.recoveries,
+                self.backoff.stats.newcomers_held,
                 ", batch not padded" if self.backoff.low() else "",
             )
