@@ -80,6 +80,18 @@ def speed(run: dict[str, Any] | None, temperature: float) -> float | None:
     return run.get("tokens_per_s")
 
 
+def cell_speeds(cell: dict[str, Any] | None) -> list[float]:
+    """The speed (``speed``, at the cell's temperature) of each run of a cell that has one, in run order."""
+    temperature = (cell or {}).get("temperature", 0.0)
+    return [v for v in (speed(r, temperature) for r in (cell or {}).get("runs", [])) if v]
+
+
+def mean_speed(cell: dict[str, Any] | None) -> float | None:
+    """The mean of a cell's run speeds (``cell_speeds``): no speculation's reference for the cell."""
+    vals = cell_speeds(cell)
+    return sum(vals) / len(vals) if vals else None
+
+
 def spec_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
     """Counters over a window and the emitted tokens per drafted step, (drafts + accepted) / drafts (None: no
     drafts, e.g. no speculation)."""

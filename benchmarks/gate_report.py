@@ -17,28 +17,19 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import gate_rules as rules
-from benchmarks.gate_metrics import mismatches, speed
+from benchmarks.gate_metrics import cell_speeds, mean_speed, mismatches, speed
 
 KIND = "specdec-gate"
 CANDIDATE, BEFORE, PEER, REFERENCE = "specdec", "specdec-before", "suffix", "nospec"
 WIDTH = 120
 
 
-def ref_tps(cell: dict[str, Any] | None) -> float | None:
-    """No speculation's speed of a cell (``gate_metrics.speed``: tokens/s, a sampled cell's request decode rate):
-    the mean of its repeats."""
-    temperature = (cell or {}).get("temperature", 0.0)
-    vals = [v for v in (speed(r, temperature) for r in (cell or {}).get("runs", [])) if v]
-    return sum(vals) / len(vals) if vals else None
-
-
 def cell_row(key: str, engines: dict[str, Any]) -> dict[str, Any]:
     """Everything the table shows of one cell, verdicts included."""
     nos = engines.get(REFERENCE, {}).get("cells", {}).get(key)
-    ref = ref_tps(nos)
+    ref = mean_speed(nos)  # no speculation's speed: the mean of its repeats
     row: dict[str, Any] = {"key": key, "nospec_tps": ref, "repeat4": (nos or {}).get("repeat4")}
-    temperature = (nos or {}).get("temperature", 0.0)
-    runs = [v for v in (speed(r, temperature) for r in (nos or {}).get("runs", [])) if v]
+    runs = cell_speeds(nos)
     row["repeat_diff"] = rules.repeat_diff(*runs[:2]) if len(runs) >= 2 else None
     row["void"] = len(runs) >= 2 and rules.repeats_void(*runs[:2])
     for m, eng in engines.items():

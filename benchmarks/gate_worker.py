@@ -24,6 +24,7 @@ from typing import Any
 
 from benchmarks.gate_metrics import (
     digest,
+    mean_speed,
     plugin_delta,
     repeat_share,
     request_rate,
@@ -204,7 +205,7 @@ def _warmup(llm: Any, params: Callable[..., Any], inputs: dict[str, Any], sets: 
 def _reruns(run: CellRunner, res: dict[str, Any], inputs: dict[str, Any], args: argparse.Namespace, out: Path) -> None:
     """Re-run once, on the same prompts, each cell under 1.0x no speculation's mean (waiting for that reference)."""
     for key, cell in res["cells"].items():
-        ref = _reference_tps(Path(args.reference), key, args.deadline, temperature=cell["temperature"])
+        ref = _reference_tps(Path(args.reference), key, args.deadline)
         tps = speed(cell["runs"][0], cell["temperature"])
         if ref is None or tps is None or tps >= ref:
             continue
@@ -218,7 +219,7 @@ def _reruns(run: CellRunner, res: dict[str, Any], inputs: dict[str, Any], args: 
         _write(out, res)
 
 
-def _reference_tps(path: Path, key: str, deadline: float, *, temperature: float = 0.0) -> float | None:
+def _reference_tps(path: Path, key: str, deadline: float) -> float | None:
     """No speculation's mean speed (``gate_metrics.speed``) of cell ``key`` from its worker's file, polled until it
     has the cell, the worker finished, or the deadline passed (None then)."""
     while True:
@@ -228,8 +229,7 @@ def _reference_tps(path: Path, key: str, deadline: float, *, temperature: float 
             ref = {"partial": True, "cells": {}}
         cell = ref.get("cells", {}).get(key)
         if cell:
-            vals = [v for v in (speed(r, temperature) for r in cell["runs"]) if v]
-            return sum(vals) / len(vals) if vals else None
+            return mean_speed(cell)
         if not ref.get("partial", True) or not _fits(deadline, REFERENCE_POLL_S):
             return None
         time.sleep(REFERENCE_POLL_S)
