@@ -18,6 +18,7 @@ from specdec.drafters.suffix import SuffixDrafter
 from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.internal import InternalSettings
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 from specdec.vllm_plugin.modes.slots import PLACEHOLDER, SlotBook, narrow_widths
 from specdec.vllm_plugin.patches import graphs, ragged_keys
@@ -137,8 +138,9 @@ def test_regrant_on_a_narrow_schedule_hands_out_width_placeholders() -> None:
 def test_narrow_step_drafts_every_row_to_the_width() -> None:
     """A narrow schedule's drafting pads each row with the drafter's chain to exactly the width, though
     pad_drafts is off and the cost model would cut the drafts shorter."""
-    opts = SpecdecOptions(num_speculative_tokens=K, pad_drafts="off", native_step=False, draft_timeout_ms=0)
-    core = ProposerCore(SuffixDrafter(), opts, max_model_len=4096, target_params=8e9)
+    opts = SpecdecOptions(num_speculative_tokens=K, pad_drafts="off", draft_timeout_ms=0)
+    python = InternalSettings(native_step=False)
+    core = ProposerCore(SuffixDrafter(), opts, max_model_len=4096, internal=python, target_params=8e9)
     book = SlotBook(K, narrow=WIDTH, narrow_rows=(1, 48))
     sched = ScheduledDrafting(core, k=K, max_rows=4, device="cpu", slot_book=book)
     prompt = [5, 6, 7, 8] * 8

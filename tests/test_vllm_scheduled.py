@@ -27,6 +27,7 @@ from specdec.drafters.suffix import SuffixDrafter
 from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.internal import InternalSettings
 from specdec.vllm_plugin.modes.feed import TokenFeed, pad_rows, valid_counts
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 
@@ -184,8 +185,13 @@ class AsyncEngine:
 def make_core(clock, **opts) -> ProposerCore:
     """A core on the fake ``clock``, with no drafting deadline: the Python engine's deadline thread waits on the
     real clock, and a slow first job on a loaded machine would drop one core's drafts but not its twin's."""
-    options = SpecdecOptions.from_dict({"num_speculative_tokens": K, "pad_drafts": "on", "draft_timeout_ms": 0, **opts})
-    return ProposerCore(SuffixDrafter(), options, max_model_len=MAX_LEN, target_params=5e7, clock=clock)
+    user, internal = InternalSettings.split(
+        {"num_speculative_tokens": K, "pad_drafts": "on", "draft_timeout_ms": 0, **opts}
+    )
+    options = SpecdecOptions.from_dict(user)
+    return ProposerCore(
+        SuffixDrafter(), options, max_model_len=MAX_LEN, internal=internal, target_params=5e7, clock=clock
+    )
 
 
 class FakeDeviceWait(HostWait):

@@ -20,6 +20,7 @@ from specdec.drafters.suffix import SuffixDrafter, native_available
 from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.internal import InternalSettings
 from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
 from specdec.vllm_plugin.patches.table import PatchReport
 from specdec.vllm_plugin.proposer import SpecdecProposer
@@ -61,8 +62,16 @@ class Prepared(Submitted):
 
 
 def make(cls: type, clock: FakeClock, **opts) -> ProposerCore:
-    options = SpecdecOptions.from_dict({"num_speculative_tokens": 8, "draft_timeout_ms": 0, **opts})
-    return cls(SuffixDrafter(backend="native"), options, max_model_len=MAX_LEN, target_params=5e7, clock=clock)
+    user, internal = InternalSettings.split({"num_speculative_tokens": 8, "draft_timeout_ms": 0, **opts})
+    options = SpecdecOptions.from_dict(user)
+    return cls(
+        SuffixDrafter(backend="native"),
+        options,
+        max_model_len=MAX_LEN,
+        internal=internal,
+        target_params=5e7,
+        clock=clock,
+    )
 
 
 def run(eng: FakeEngine, cores: list, steps: int) -> None:

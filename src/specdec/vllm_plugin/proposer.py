@@ -130,6 +130,7 @@ class SpecdecProposer:
             inject_faults(drafter, faults, timeout_ms=opts.draft_timeout_ms) if faults else drafter,
             core_options,
             max_model_len=max_model_len,
+            internal=self.settings.internal,
             target_params=params,
         )
         if self.schedule_mode and opts.draft_slots == "adaptive":
@@ -225,9 +226,9 @@ class SpecdecProposer:
     def _build_scheduled(self, core: ProposerCore, runner: Any, k: int, *, share: Any) -> ScheduledDrafting:
         """The drafting rank's ``ScheduledDrafting``: its device wait, and its slot book (one GPU: attached to this
         engine's config, which its scheduler shares; TP > 1: notes sent to the scheduler's own book instead)."""
-        opts = self.options
+        opts, internal = self.options, self.settings.internal
         device_wait, why = None, "device_wait is off"
-        if opts.device_wait:  # reached only through the runner hooks, which release it
+        if internal.device_wait:  # reached only through the runner hooks, which release it
             device_wait, why = DeviceWait.create(
                 runner.device, timeout_ms=STALL_TIMEOUT_MS, grace_ms=opts.draft_timeout_ms
             )
@@ -239,11 +240,11 @@ class SpecdecProposer:
             low = core.backoff.low if core.backoff.enabled else None
             if share is None:
                 book = SlotBook.policy(
-                    k, narrow=narrow, prefill_cap=opts.prefill_step_slots, high_ragged=ragged_ready, low_batch=low
+                    k, narrow=narrow, prefill_cap=internal.prefill_step_slots, high_ragged=ragged_ready, low_batch=low
                 )
                 attach_book(self.vllm_config, book)  # this engine's scheduler trims each request's slots to it
             else:
-                notes = NoteMaker(k, narrow, opts.prefill_step_slots, ragged_ready, low)
+                notes = NoteMaker(k, narrow, internal.prefill_step_slots, ragged_ready, low)
         scheduled = ScheduledDrafting(
             core,
             k=k,
@@ -251,7 +252,7 @@ class SpecdecProposer:
             device=runner.device,
             device_wait=device_wait,
             slot_book=book,
-            matrix_step=opts.matrix_step,
+            matrix_step=internal.matrix_step,
             graph_stats=self.graph_stats,
             share=share,
             notes=notes,

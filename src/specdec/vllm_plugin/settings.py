@@ -1,6 +1,7 @@
 """``EngineSettings``: one engine's options resolved once (the mode, k, the CUDA-graph widths, what the drafting core
-runs with), made on first use and kept on the engine's vLLM config, so the proposer and the patches read one
-resolution instead of each parsing ``additional_config["specdec"]`` again. Never imports vLLM.
+runs with, the internal settings), made on first use and kept on the engine's vLLM config, so the proposer, the modes
+and the patches read one resolution instead of each parsing ``additional_config["specdec"]`` again. Never imports
+vLLM.
 
 (``patches.async_sched.wants_schedule`` still reads the raw options: it runs inside ``VllmConfig.__post_init__``,
 before the config is final.)
@@ -19,6 +20,7 @@ from specdec.vllm_plugin.entry.options import (
     options_from_vllm_config,
     resolve_lane_threads,
 )
+from specdec.vllm_plugin.internal import InternalSettings
 from specdec.vllm_plugin.modes.slots import narrow_widths
 from specdec.vllm_plugin.patches.async_sched import is_our_config
 
@@ -30,7 +32,8 @@ PLAIN_GRAPHS = True  # such steps get the one-token FULL graphs no speculation r
 class EngineSettings:
     """One engine's resolved options (see the module docstring)."""
 
-    options: SpecdecOptions  # the user's options and the internal settings, async_mode resolved
+    options: SpecdecOptions  # the user's options, async_mode resolved
+    internal: InternalSettings  # the internal settings (fixed in code; tests vary them through ``resolve``)
     schedule: bool  # drafting under vLLM's async scheduling ("schedule" mode)
     threaded: bool  # thread mode
     graph_widths: tuple[int, ...]  # widths of the uniform FULL graphs added: plain, then schedule mode's narrow ones
@@ -51,8 +54,10 @@ class EngineSettings:
         return core
 
 
-def resolve(vllm_config: Any) -> EngineSettings:
-    """``EngineSettings`` of a vLLM config that runs our proposer (raises a ``ConfigError`` on bad options)."""
+def resolve(vllm_config: Any, *, internal: InternalSettings | None = None) -> EngineSettings:
+    """``EngineSettings`` of a vLLM config that runs our proposer (raises a ``ConfigError`` on bad options);
+    ``internal``: other internal settings than the defaults (tests, benchmarks)."""
+    internal = InternalSettings() if internal is None else internal
     opts = options_from_vllm_config(vllm_config)
     if opts.async_mode == "auto":
         opts = opts.replace(async_mode=async_mode_for("auto", vllm_config))
@@ -60,9 +65,10 @@ def resolve(vllm_config: Any) -> EngineSettings:
     plain = (PLAIN_WIDTH,) if PLAIN_GRAPHS else ()
     ragged = -1
     if schedule and opts.ragged_graphs:
-        ragged = 0 if getattr(vllm_config, "lora_config", None) else opts.ragged_prefill_tokens
+        ragged = 0 if getattr(vllm_config, "lora_config", None) else internal.ragged_prefill_tokens
     return EngineSettings(
         options=opts,
+        internal=internal,
         schedule=schedule,
         threaded=opts.async_drafting and opts.async_mode == "thread",
         graph_widths=plain + (narrow_widths(opts) if schedule else ()),

@@ -243,7 +243,7 @@ class ScheduledDrafting(CaptureRing):
                 known = len(hist) - len(feed.pending[rid])  # tokens already handed to the drafter's rows
                 p = feed.prompt_len[rid]
                 self.core.start_early(rid, hist[:p], hist[p:known])
-            if self.core.options.early_refresh:
+            if self.core.internal.early_refresh:
                 self.core.refresh_early()  # the stops above made every request's global-cache front stale
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             if getattr(self.core.options, "strict", False):
