@@ -660,6 +660,30 @@ def test_plain_width_for_our_engines_in_every_mode_narrow_ones_in_schedule_mode(
     assert narrow_widths(theirs) == () and narrow_widths(SimpleNamespace()) == ()
 
 
+def test_the_config_hook_and_the_engine_settings_decide_schedule_mode_alike() -> None:
+    """``VllmConfig.__post_init__``'s hook (``wants_schedule``) and ``EngineSettings`` ask one parser and one mode
+    decision; the internal settings reach the settings through ``resolve(..., internal=...)``."""
+    from specdec.vllm_plugin.patches.async_sched import wants_schedule
+    from specdec.vllm_plugin.settings import resolve
+
+    big = SimpleNamespace(hidden_size=4096, num_hidden_layers=32, intermediate_size=14336, vocab_size=128256)
+    cases = [
+        ({}, None, False),  # auto: a small (unknown) target drafts in thread mode
+        ({}, big, True),  # auto: an 8B target in schedule mode
+        ({"async_mode": "schedule"}, None, True),
+        ({"async_mode": "thread"}, big, False),
+        ({"async_drafting": False, "async_mode": "schedule"}, big, False),
+    ]
+    for specdec, hf, schedule in cases:
+        cfg = _our_config(**specdec)
+        cfg.model_config = SimpleNamespace(hf_config=hf)
+        assert wants_schedule(cfg) == resolve(cfg).schedule == schedule, (specdec, hf)
+    assert not wants_schedule(SimpleNamespace(additional_config={}))  # no options of ours
+    internal = InternalSettings(ragged_prefill_tokens=64)
+    settings = resolve(_our_config(async_mode="schedule"), internal=internal)
+    assert settings.internal is internal and settings.ragged_prefill_tokens == 64
+
+
 @needs_vllm
 def test_plain_batches_replay_one_token_full_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
     d, modes, desc = _dispatcher(monkeypatch, width=0)

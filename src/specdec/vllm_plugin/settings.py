@@ -3,8 +3,8 @@ runs with, the internal settings), made on first use and kept on the engine's vL
 and the patches read one resolution instead of each parsing ``additional_config["specdec"]`` again. Never imports
 vLLM.
 
-(``patches.async_sched.wants_schedule`` still reads the raw options: it runs inside ``VllmConfig.__post_init__``,
-before the config is final.)
+(``patches.async_sched.wants_schedule`` runs inside ``VllmConfig.__post_init__``, before the config is final: it
+asks the same parser and the same mode decision, ``options.schedule_mode_for``, without keeping the result.)
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from specdec.vllm_plugin.entry.options import (
     async_mode_for,
     options_from_vllm_config,
     resolve_lane_threads,
+    schedule_mode_for,
 )
 from specdec.vllm_plugin.internal import InternalSettings
 from specdec.vllm_plugin.modes.slots import narrow_widths
@@ -61,7 +62,7 @@ def resolve(vllm_config: Any, *, internal: InternalSettings | None = None) -> En
     opts = options_from_vllm_config(vllm_config)
     if opts.async_mode == "auto":
         opts = opts.replace(async_mode=async_mode_for("auto", vllm_config))
-    schedule = opts.async_drafting and opts.async_mode == "schedule"
+    schedule = schedule_mode_for(opts, vllm_config)
     plain = (PLAIN_WIDTH,) if PLAIN_GRAPHS else ()
     ragged = -1
     if schedule and opts.ragged_graphs:

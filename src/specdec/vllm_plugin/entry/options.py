@@ -251,6 +251,12 @@ def async_mode_for(mode: str, vllm_config: Any) -> str:
     )
 
 
+def schedule_mode_for(options: SpecdecOptions, vllm_config: Any) -> bool:
+    """The options draft under vLLM's async scheduling ("schedule" mode) on this config: ``async_drafting`` on and
+    ``async_mode`` "schedule", or "auto" that ``async_mode_for`` resolves so."""
+    return options.async_drafting and async_mode_for(options.async_mode, vllm_config) == "schedule"
+
+
 def normalise_keys(data: Mapping[str, Any]) -> dict[str, Any]:
     """kebab-case -> snake_case and the ``async`` alias; two keys naming one option (``async`` and
     ``async_drafting``, ``draft-model`` and ``draft_model``) are a ``ConfigError`` naming both (one was dropped)."""

@@ -36,9 +36,8 @@ import numpy as np
 from specdec.vllm_plugin.entry.options import (
     ADDITIONAL_CONFIG_KEY,
     PROPOSER_PATH,
-    SpecdecOptions,
-    async_mode_for,
-    normalise_keys,
+    options_from_vllm_config,
+    schedule_mode_for,
 )
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.tp import schedule_width
@@ -57,16 +56,16 @@ RUNNER_SIGNATURES = {  # method -> leading parameters this patch relies on
 RUNNER_METHODS = ("_copy_valid_sampled_token_count",)  # called by the capture hook
 
 
-def wants_schedule(additional_config: Any, vllm_config: Any = None) -> bool:
-    """True if our options (``additional_config["specdec"]``) ask for async_mode='schedule', or for 'auto' and
-    ``vllm_config`` (its target's size, TP, PP) resolves it so (``options.async_mode_for``)."""
-    ours = additional_config.get(ADDITIONAL_CONFIG_KEY) if isinstance(additional_config, dict) else None
+def wants_schedule(vllm_config: Any) -> bool:
+    """True if the options of ``vllm_config`` (``additional_config["specdec"]``) ask for async_mode='schedule', or
+    for 'auto' and the config (its target's size, TP, PP) resolves it so (``options.schedule_mode_for``, as
+    ``EngineSettings`` decides). Runs inside ``VllmConfig.__post_init__``, before the config is final, so it reads
+    the options through the one parser (``options_from_vllm_config``) without keeping an ``EngineSettings``."""
+    extra = getattr(vllm_config, "additional_config", None)
+    ours = extra.get(ADDITIONAL_CONFIG_KEY) if isinstance(extra, dict) else None
     if not isinstance(ours, dict):
         return False
-    ours = normalise_keys(ours)
-    if not ours.get("async_drafting", SpecdecOptions.async_drafting):
-        return False
-    return async_mode_for(ours.get("async_mode", SpecdecOptions.async_mode), vllm_config) == "schedule"
+    return schedule_mode_for(options_from_vllm_config(vllm_config), vllm_config)
 
 
 def is_our_config(config: Any) -> bool:
@@ -81,7 +80,7 @@ def is_our_config(config: Any) -> bool:
 
 def is_schedule_config(config: Any) -> bool:
     """``config`` (a ``VllmConfig``) runs our proposer and asks for schedule mode."""
-    return is_our_config(config) and wants_schedule(getattr(config, "additional_config", None), config)
+    return is_our_config(config) and wants_schedule(config)
 
 
 def whitelist_problem(module: Any) -> str:
