@@ -155,7 +155,6 @@ def _scheduled(
         device="cpu",
         device_wait=HostWait(),
         slot_book=book,
-        matrix_step=internal.matrix_step,
     )
     return eng, core, book, sched
 

@@ -235,7 +235,6 @@ def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, 
         max_rows=2 * MAX_ROWS,
         device="cpu",
         device_wait=dw,
-        matrix_step=opts.get("matrix_step", True),
     )
     twin = make_core(tick, **opts)  # the synchronous reference
     stolen = torch.zeros((2 * MAX_ROWS, K), dtype=torch.int32)

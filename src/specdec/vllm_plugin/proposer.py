@@ -39,7 +39,7 @@ from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.metrics.server import start_exporter
 from specdec.vllm_plugin.modes.device_wait import STALL_TIMEOUT_MS, DeviceWait
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
-from specdec.vllm_plugin.modes.slots import NARROW_FROM_ROWS, SlotBook, attach_book, book_of, narrow_widths
+from specdec.vllm_plugin.modes.slots import NARROW_FROM_ROWS, SlotBook, attach_book, book_of
 from specdec.vllm_plugin.modes.sync import SyncDrafting
 from specdec.vllm_plugin.modes.thread import ThreadDrafting, ThreadedProposerCore
 from specdec.vllm_plugin.modes.tp import DRIVER_RANK, NoteMaker, TpFollower, tp_broadcast
@@ -235,7 +235,7 @@ class SpecdecProposer:
         book, notes = None, None
         if opts.draft_slots == "adaptive":
             ragged = opts.ragged_graphs and self.patches.on("ragged graphs")
-            narrow = bool(narrow_widths(opts)) and self.patches.on("narrow graphs")
+            narrow = bool(self.settings.narrow_widths) and self.patches.on("narrow graphs")
             ragged_ready = self.graph_stats.ragged_ready if ragged else None
             low = core.backoff.low if core.backoff.enabled else None
             if share is None:
@@ -252,7 +252,6 @@ class SpecdecProposer:
             device=runner.device,
             device_wait=device_wait,
             slot_book=book,
-            matrix_step=internal.matrix_step,
             graph_stats=self.graph_stats,
             share=share,
             notes=notes,

@@ -37,6 +37,7 @@ class EngineSettings:
     internal: InternalSettings  # the internal settings (fixed in code; tests vary them through ``resolve``)
     schedule: bool  # drafting under vLLM's async scheduling ("schedule" mode)
     threaded: bool  # thread mode
+    narrow_widths: tuple[int, ...]  # the widths a narrow step of these options may have (modes.slots.narrow_widths)
     graph_widths: tuple[int, ...]  # widths of the uniform FULL graphs added: plain, then schedule mode's narrow ones
     ragged_prefill_tokens: int  # the prefill-carrying ragged family's P (0: none; -1: no ragged graphs)
 
@@ -64,6 +65,7 @@ def resolve(vllm_config: Any, *, internal: InternalSettings | None = None) -> En
         opts = opts.replace(async_mode=async_mode_for("auto", vllm_config))
     schedule = schedule_mode_for(opts, vllm_config)
     plain = (PLAIN_WIDTH,) if PLAIN_GRAPHS else ()
+    narrow = narrow_widths(opts)
     ragged = -1
     if schedule and opts.ragged_graphs:
         ragged = 0 if getattr(vllm_config, "lora_config", None) else internal.ragged_prefill_tokens
@@ -72,7 +74,8 @@ def resolve(vllm_config: Any, *, internal: InternalSettings | None = None) -> En
         internal=internal,
         schedule=schedule,
         threaded=opts.async_drafting and opts.async_mode == "thread",
-        graph_widths=plain + (narrow_widths(opts) if schedule else ()),
+        narrow_widths=narrow,
+        graph_widths=plain + (narrow if schedule else ()),
         ragged_prefill_tokens=ragged,
     )
 

@@ -91,7 +91,6 @@ class ScheduledDrafting(CaptureRing):
         device: Any,
         device_wait: Any = None,
         slot_book: Any = None,
-        matrix_step: bool = True,
         graph_stats: GraphStats | None = None,
         share: Callable[[Any], None] | None = None,
         notes: NoteMaker | None = None,
@@ -114,7 +113,6 @@ class ScheduledDrafting(CaptureRing):
         pin = self.device.type == "cuda"
         self.host_drafts = [torch.zeros((max_rows, k), dtype=torch.int32, pin_memory=pin) for _ in range(2)]
         self.fills = 0
-        self.matrix_step = matrix_step  # the drafting reads the captured matrix itself (_draft_from_matrix)
         self.gpu_drafts = torch.zeros((max_rows, k), dtype=torch.int32, device=self.device)
         self.job: tuple[list[str], int | None, Any] | None = None  # (req ids, k of the step, the tensor handed out)
         self.job_out: Any = None  # the tensor of the latest job filled (TP > 1: broadcast after the fill)
@@ -294,7 +292,7 @@ class ScheduledDrafting(CaptureRing):
         rows, none discarded, every request known with nothing pending. The lane reads the captured tokens in
         place and writes the padded drafts into ``host``; the feed records the tokens after the GPU's release
         (``_note``). None: not that case (the general path runs). Same buffer, drafts and statistics."""
-        if not self.matrix_step or self.core.lane is None or len(self.queue) != 1:
+        if not self.core.internal.matrix_step or self.core.lane is None or len(self.queue) != 1:
             return None
         cap = self.queue[0]
         if cap.discard or cap.req_ids != req_ids:
