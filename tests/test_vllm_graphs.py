@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from patch_support import wrap_unchecked
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
@@ -22,8 +23,10 @@ from specdec.vllm_plugin.internal import InternalSettings
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 from specdec.vllm_plugin.modes.slots import PLACEHOLDER, SlotBook, narrow_widths
 from specdec.vllm_plugin.patches import graphs, ragged_keys
+from specdec.vllm_plugin.patches.features import Feature
 from specdec.vllm_plugin.patches.graph_stats import dispatcher_stats, graph_stats_of
 from specdec.vllm_plugin.patches.ragged_keys import PREFILL_TAG
+from specdec.vllm_plugin.patches.table import DISPATCHER, RUNNER
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vllm not importable (scripts/test.sh has vLLM)")
@@ -182,7 +185,7 @@ def _dispatcher(
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
     cls = type("Dispatcher", (CudagraphDispatcher,), {})  # wrap a subclass: vLLM's class stays as it was
-    graphs._wrap_dispatcher(cls, CUDAGraphMode, BatchDescriptor)
+    assert wrap_unchecked(cls, Feature.NARROW_GRAPHS, targets=(DISPATCHER,)) == 2
     monkeypatch.setattr(graphs, "narrow_widths", lambda config: (width,) if width else ())
     # our engine with ragged_graphs on, and its ragged_prefill_tokens (-1: not ours, or ragged_graphs off)
     monkeypatch.setattr(graphs, "ragged_prefill_tokens", lambda config: prefill if ours else -1)
@@ -283,7 +286,7 @@ class FakeRunner:
 
 def _runner() -> FakeRunner:
     cls = type("Runner", (FakeRunner,), {})
-    graphs._wrap_runner(cls, ragged=False)
+    wrap_unchecked(cls, Feature.NARROW_GRAPHS, Feature.GRAPH_LOG, targets=(RUNNER,))
     return cls({WIDTH + 1: [1, 2, 4, 8]})
 
 
@@ -474,7 +477,7 @@ class FakeRaggedRunner:
 
 def _ragged_runner() -> FakeRaggedRunner:
     cls = type("RaggedRunner", (FakeRaggedRunner,), {})
-    graphs._wrap_runner(cls)
+    wrap_unchecked(cls, Feature.NARROW_GRAPHS, Feature.GRAPH_LOG, Feature.RAGGED_GRAPHS, targets=(RUNNER,))
     return cls()
 
 
@@ -527,7 +530,7 @@ def test_each_engine_counts_and_logs_the_graphs_it_added_once(monkeypatch: pytes
             return "captured"
 
     cls = type("CountingRunner", (Runner,), {})
-    graphs._wrap_runner(cls)
+    wrap_unchecked(cls, Feature.NARROW_GRAPHS, Feature.GRAPH_LOG, Feature.RAGGED_GRAPHS, targets=(RUNNER,))
     first, second = cls(), cls()
     for r in (first, second):
         r.cudagraph_dispatcher.vllm_config = SimpleNamespace()
@@ -703,7 +706,7 @@ def test_plain_batches_replay_one_token_full_graphs(monkeypatch: pytest.MonkeyPa
 
 def test_runner_dispatches_a_plain_batch_as_uniform_with_one_token_per_request() -> None:
     cls = type("Runner", (FakeRunner,), {})
-    graphs._wrap_runner(cls, ragged=False)
+    wrap_unchecked(cls, Feature.NARROW_GRAPHS, Feature.GRAPH_LOG, targets=(RUNNER,))
     r = cls({1: [1, 2, 4, 8], WIDTH + 1: [1, 2, 4, 8]})
     assert r._determine_batch_execution_and_padding(3, 3, None, 1, False) == (True, 1)
     assert r._determine_batch_execution_and_padding(4, 3, None, 2, False) == (None, None)  # one request has a draft

@@ -23,6 +23,7 @@ import torch
 
 from benchmarks.bench_schedule_cpu import HostWait
 from core_support import LLAMA_8B_HF, target_sequence
+from patch_support import patch
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
@@ -30,10 +31,14 @@ from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.internal import InternalSettings
 from specdec.vllm_plugin.modes.feed import TokenFeed, pad_rows, valid_counts
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
+from specdec.vllm_plugin.patches.features import Feature
+from specdec.vllm_plugin.patches.table import RUNNER
 
 K = 6
 MAX_ROWS = 12
 MAX_LEN = 4096
+ADAPTIVE = Feature.ADAPTIVE_SLOTS
+SLOTS = (Feature.SLOT_REGRANT, ADAPTIVE)  # the slot patches of AsyncScheduler
 VOCAB = 100
 
 
@@ -357,7 +362,8 @@ def test_whitelist_patch_adds_custom_class_for_our_schedule_mode_only():
     from typing import Literal, get_args
 
     from specdec.vllm_plugin.entry.options import PROPOSER_PATH
-    from specdec.vllm_plugin.patches.async_sched import wrap_post_init
+    from specdec.vllm_plugin.patches.async_sched import whitelist_problem, wrap_post_init
+    from specdec.vllm_plugin.patches.common import wrap_method
 
     module = SimpleNamespace(NgramGPUTypes=Literal["ngram_gpu"])
     seen: list[tuple] = []
@@ -381,7 +387,10 @@ def test_whitelist_patch_adds_custom_class_for_our_schedule_mode_only():
 
     module.VllmConfig = VllmConfig
     tp_problem = [""]
-    assert wrap_post_init(module, tp_problem=lambda: tp_problem[0]) and wrap_post_init(module)  # idempotent
+    assert whitelist_problem(module) == ""
+    for _ in range(2):  # idempotent
+        wrap = lambda orig: wrap_post_init(orig, module, tp_problem=lambda: tp_problem[0])  # noqa: E731
+        assert wrap_method(VllmConfig, "__post_init__", Feature.SCHEDULE.label, wrap)
     VllmConfig({"async": True, "async_mode": "schedule"})
     VllmConfig({"async": True, "async_mode": "thread"})  # thread mode: vLLM's rule stands
     VllmConfig({"async_drafting": True, "async_mode": "schedule"}, tp=2)  # TP > 1: rank 0 drafts, broadcasts
@@ -471,7 +480,6 @@ class FakeRunner:
 
 
 def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
-    from specdec.vllm_plugin.patches.async_sched import patch_async_runner
     from specdec.vllm_plugin.proposer import SpecdecProposer
 
     cfg = SimpleNamespace(
@@ -479,7 +487,10 @@ def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
         speculative_config=SimpleNamespace(num_speculative_tokens=K),
         model_config=SimpleNamespace(max_model_len=512),
     )
-    assert patch_async_runner(FakeRunner) and patch_async_runner(FakeRunner)  # idempotent
+    assert patch(FakeRunner, Feature.SCHEDULE, targets=(RUNNER,)).on(Feature.SCHEDULE)
+    first = FakeRunner._bookkeeping_sync
+    assert patch(FakeRunner, Feature.SCHEDULE, targets=(RUNNER,)).on(Feature.SCHEDULE)
+    assert FakeRunner._bookkeeping_sync is first  # idempotent
     prop = SpecdecProposer(cfg, patch_runner=False)
     assert prop.schedule_mode and prop.core.options.pad_mode == "auto"
     uniform = SimpleNamespace(
@@ -750,12 +761,11 @@ class FakeAsyncScheduler:
 
 def test_scheduler_patch_trims_placeholders_only_while_a_book_is_registered():
     from specdec.vllm_plugin.modes import slots
-    from specdec.vllm_plugin.patches.async_slots import patch_async_scheduler
 
     class Scheduler(FakeAsyncScheduler):
         pass
 
-    assert patch_async_scheduler(Scheduler) and patch_async_scheduler(Scheduler)  # idempotent
+    assert patch(Scheduler, *SLOTS).on(ADAPTIVE) and patch(Scheduler, *SLOTS).on(ADAPTIVE)  # idempotent
     out = SimpleNamespace(num_scheduled_tokens={"a": 5, "b": 5, "p": 100})
     sch = Scheduler(4)
     sch.vllm_config = SimpleNamespace()  # the engine's config: the proposer attaches its slot book there
@@ -779,7 +789,7 @@ def test_scheduler_patch_trims_placeholders_only_while_a_book_is_registered():
         def _update_after_schedule(self, scheduler_output):
             return None
 
-    assert not patch_async_scheduler(Other)  # not the method this patch was written against: left alone
+    assert not patch(Other, *SLOTS).on(ADAPTIVE)  # not the method this patch was written against: left alone
 
 
 def test_prefill_steps_cap_the_decoding_requests_slots():
@@ -815,15 +825,14 @@ def test_prefill_steps_cap_the_decoding_requests_slots():
 def test_real_vllm_async_scheduler_is_the_one_the_slot_patch_expects():
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-    from specdec.vllm_plugin.patches.async_slots import patch_async_scheduler
     from specdec.vllm_plugin.patches.common import is_wrapped
 
     class Sub(AsyncScheduler):
         pass
 
     before = AsyncScheduler.__dict__.get("_update_after_schedule")  # the plugin's load may have wrapped it already
-    assert patch_async_scheduler(Sub)
-    assert is_wrapped(Sub._update_after_schedule, "slots")
+    assert patch(Sub, *SLOTS).on(Feature.SLOT_REGRANT)
+    assert is_wrapped(Sub._update_after_schedule, ADAPTIVE.label)
     assert AsyncScheduler.__dict__.get("_update_after_schedule") is before  # this call changed the subclass only
 
 
@@ -844,7 +853,6 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch)
     from specdec.paths import TARGET_MODEL, model_path
     from specdec.vllm_plugin.modes import slots
     from specdec.vllm_plugin.patches import async_slots
-    from specdec.vllm_plugin.patches.async_slots import patch_async_scheduler
 
     if not model_path(TARGET_MODEL).is_dir():
         pytest.skip("the shared target model is not here (SPECDEC_SHARED)")
@@ -875,7 +883,7 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch)
     class Patched(AsyncScheduler):
         pass
 
-    assert patch_async_scheduler(Patched)
+    assert patch(Patched, *SLOTS).on(Feature.SLOT_REGRANT)
     sch = Patched(
         vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config), block_size=16
     )

@@ -4,8 +4,8 @@ The speculative config names it as ``model="specdec.vllm_plugin.proposer.Specdec
 
 vLLM calls ``SpecdecProposer(vllm_config)`` in the model runner (``GPUModelRunner.__init__``) and then, each step,
 ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list[list[int]]``.
-That call carries no request ids; the plugin's runner patch (row "request ids" of ``patches.table``) hands the proposer
-the runner's input batch (``input_batch.req_ids``, row order of this step) just before each call.
+That call carries no request ids; the plugin's runner patch (a "request ids" row of ``patches.table``) hands the
+proposer the runner's input batch (``input_batch.req_ids``, row order of this step) just before each call.
 
 Tensor parallelism: every TP rank builds a runner and a proposer. In schedule mode (the default there) TP rank 0
 drafts and broadcasts its draft buffer to the other ranks on the GPU (``modes/tp.py``). In thread mode the engine
@@ -43,6 +43,7 @@ from specdec.vllm_plugin.modes.slots import NARROW_FROM_ROWS, SlotBook, attach_b
 from specdec.vllm_plugin.modes.sync import SyncDrafting
 from specdec.vllm_plugin.modes.thread import ThreadDrafting, ThreadedProposerCore
 from specdec.vllm_plugin.modes.tp import DRIVER_RANK, NoteMaker, TpFollower, tp_broadcast
+from specdec.vllm_plugin.patches.features import Feature
 from specdec.vllm_plugin.patches.graph_stats import GraphStats, graph_stats_of
 from specdec.vllm_plugin.patches.table import PatchReport, apply_patches
 from specdec.vllm_plugin.settings import engine_settings, resolve
@@ -102,7 +103,7 @@ class SpecdecProposer:
             drafter = drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer)
             self.core = self._build_core(drafter, max_model_len=max_model_len, params=params)
             if isinstance(self.core, ThreadedProposerCore):
-                self.drafting = ThreadDrafting(self.core, hand_off=self.patches.on("thread hand-off"))
+                self.drafting = ThreadDrafting(self.core, hand_off=self.patches.on(Feature.THREAD_HAND_OFF))
             else:
                 self.drafting = SyncDrafting(self.core)
         logger.info(
@@ -234,8 +235,8 @@ class SpecdecProposer:
             )
         book, notes = None, None
         if opts.draft_slots == "adaptive":
-            ragged = opts.ragged_graphs and self.patches.on("ragged graphs")
-            narrow = bool(self.settings.narrow_widths) and self.patches.on("narrow graphs")
+            ragged = opts.ragged_graphs and self.patches.on(Feature.RAGGED_GRAPHS)
+            narrow = bool(self.settings.narrow_widths) and self.patches.on(Feature.NARROW_GRAPHS)
             ragged_ready = self.graph_stats.ragged_ready if ragged else None
             low = core.backoff.low if core.backoff.enabled else None
             if share is None:
