@@ -1015,3 +1015,51 @@ def test_a_step_that_verifies_no_draft_waits_for_nothing_and_drafts_after_the_fo
     drafts = eng.twin_step(twin, eng.order)
     assert out.numpy().tolist() == eng.expected_buffer(drafts, out.shape[0])
     sched.close()
+
+
+def test_the_timing_hook_is_told_every_phase_and_changes_no_draft():
+    """An observer (``observe.py``: benchmarks' timing hook) is told the wall time of each drafting phase; the drafts
+    are those of the same steps without it."""
+    from specdec.vllm_plugin.observe import PHASES
+
+    runs = []
+    for observed in (False, True):
+        eng = AsyncEngine(seed=7)
+        sched = ScheduledDrafting(
+            make_core(lambda: 0.0), k=K, max_rows=MAX_ROWS, device="cpu", device_wait=FakeDeviceWait()
+        )
+        seen: list[tuple[str, float]] = []
+        if observed:
+            sched.observer = SimpleNamespace(drafting_phase=lambda phase, s, seen=seen: seen.append((phase, s)))
+        eng.churn(0)
+        drafts = []
+        for _ in range(5):
+            order, sampled, discard, _ = eng.verify()
+            sched.capture(sampled, order, discard, requests=eng.state)
+            out = sched.submit(order, k=None, eager=False)
+            assert sched.fill(out)
+            sched.finish()  # the deferred fill's drafting (device wait)
+            drafts.append(out.tolist())
+            eng.prev_drafts = out.clone()
+        runs.append((drafts, seen))
+    (plain, none_seen), (timed, seen) = runs
+    assert timed == plain and none_seen == []
+    assert {phase for phase, _ in seen} == set(PHASES) and all(s >= 0.0 for _, s in seen)  # (FakeDeviceWait)
+
+
+def test_observe_gives_every_live_proposer_the_observer():
+    from specdec.vllm_plugin.observe import observe
+    from specdec.vllm_plugin.proposer import SpecdecProposer
+
+    cfg = SimpleNamespace(
+        additional_config={"specdec": {"async": True, "async_mode": "schedule", "adaptive": False}},
+        speculative_config=SimpleNamespace(num_speculative_tokens=K),
+        model_config=SimpleNamespace(max_model_len=512),
+    )
+    prop = SpecdecProposer(cfg, patch_runner=False)
+    try:
+        timer = SimpleNamespace(drafting_phase=lambda phase, s: None)
+        assert observe(timer) >= 1 and prop.observer is timer
+        assert observe(None) >= 1 and prop.observer is None
+    finally:
+        prop.close()

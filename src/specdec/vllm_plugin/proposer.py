@@ -38,6 +38,7 @@ from specdec.vllm_plugin.faults import FAULTS_ENV, inject_faults
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.metrics.server import start_exporter
 from specdec.vllm_plugin.modes.device_wait import STALL_TIMEOUT_MS, DeviceWait
+from specdec.vllm_plugin.modes.phases import DraftingObserver
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 from specdec.vllm_plugin.modes.slots import NARROW_FROM_ROWS, SlotBook, attach_book, book_of
 from specdec.vllm_plugin.modes.sync import SyncDrafting
@@ -96,6 +97,7 @@ class SpecdecProposer:
         params = estimate_params(getattr(model_config, "hf_config", None))
         self.schedule_mode, self.threaded = self.settings.schedule, self.settings.threaded
         self.scheduled: Any = None  # ScheduledDrafting, built at the first step under vLLM's async scheduling
+        self.observer: DraftingObserver | None = None  # timing hook of its drafting (``observe.py``)
         self.drafts_here = _tp_rank() == DRIVER_RANK  # vLLM builds the runner after its process groups
         self.core: ProposerCore | None = None  # the drafting core: TP rank 0 only
         self.drafting: SyncDrafting | ThreadDrafting | None = None  # the mode's calls (schedule mode: the hooks')
@@ -257,6 +259,7 @@ class SpecdecProposer:
             share=share,
             notes=notes,
         )
+        scheduled.observer = self.observer
         logger.info(
             "specdec: drafting under vLLM's async scheduling (k=%d, up to %d rows; %s%s)",
             k,
@@ -265,6 +268,12 @@ class SpecdecProposer:
             "; drafts broadcast to the other TP ranks" if share is not None else "",
         )
         return scheduled
+
+    def observe(self, observer: DraftingObserver | None) -> None:
+        """Timing hook (``observe.observe``): schedule mode's drafting tells ``observer`` each phase's wall time."""
+        self.observer = observer
+        if isinstance(self.scheduled, ScheduledDrafting):
+            self.scheduled.observer = observer
 
     def collect_deferred(self) -> list[list[int]] | None:
         """Drafts of the step submitted by the last ``propose`` (thread mode), or None if none is pending. Never raises

@@ -56,6 +56,7 @@ from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.capture import CaptureRing
 from specdec.vllm_plugin.modes.feed import leading_counts, pad_rows
+from specdec.vllm_plugin.modes.phases import PHASE_FILL, PHASE_FINISH, PHASE_WAIT
 from specdec.vllm_plugin.modes.slots import UNKNOWN
 from specdec.vllm_plugin.modes.tp import NoteMaker, SlotNote
 from specdec.vllm_plugin.patches.graph_stats import GraphStats
@@ -138,6 +139,12 @@ class ScheduledDrafting(CaptureRing):
         and nothing is copied: the drafting (its bookkeeping, the back-off's shadow checks and the next step's slots)
         runs after the forward's launch (``finish`` at the end of ``execute_model``).
         With ``share`` the buffer then goes to the other TP ranks, enqueued after its copy (not on a late fill)."""
+        if self.observer is None:
+            return self._fill_and_share(current, defer=defer, verified=verified, width=width, needed=needed)
+        kwargs = {"defer": defer, "verified": verified, "width": width, "needed": needed}
+        return self._observed(PHASE_FILL, self._fill_and_share, current, **kwargs)
+
+    def _fill_and_share(self, current: Any, *, defer: bool, verified: int, width: int, needed: bool) -> bool:
         filled = self._fill(current, defer=defer and needed, verified=verified, width=width, late=not needed)
         if filled and self.share is not None and needed:  # the followers skip the same steps (same schedule)
             self.share(self.job_out)
@@ -190,7 +197,10 @@ class ScheduledDrafting(CaptureRing):
         job, self.deferred = self.deferred, None
         if job is None:
             return
-        self._finish_job(job)
+        if self.observer is None:
+            self._finish_job(job)
+        else:
+            self._observed(PHASE_FINISH, self._finish_job, job)
 
     def _finish_job(self, job: tuple[list[str], int | None, Any, int, int]) -> None:
         req_ids, k, host, seq, verified = job
@@ -217,7 +227,9 @@ class ScheduledDrafting(CaptureRing):
         if self.device_wait is None or not self.device_wait.usable(out):
             return None
         try:
-            return self.device_wait.enqueue_copy(out, host)
+            if self.observer is None:
+                return self.device_wait.enqueue_copy(out, host)
+            return self._observed(PHASE_WAIT, self.device_wait.enqueue_copy, out, host)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             logger.warning("specdec: the GPU's wait for drafts failed (%r); filling drafts from the host", exc)
             self.device_wait = None
