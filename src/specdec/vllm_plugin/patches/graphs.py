@@ -28,8 +28,8 @@ The graphs are captured and replayed exactly as vLLM's own uniform ones, with a 
 FlashAttention 3's scheduler metadata depends on (requests, max query length) is the same at capture and replay.
 (vLLM's ``cudagraph_mode=FULL`` instead replays *mixed* batches from graphs captured for other shapes, whose scheduler
 metadata then differs from the replayed batch's and can change outputs.) Version-checked by the source of the methods
-wrapped; anything unexpected: logged once, narrow batches run piecewise (correct, only slower). Never imported by
-``drafters/``; imports vLLM only inside the patch.
+wrapped (one row of ``patches.table`` per wrapper); anything unexpected: the start-up line says so, narrow batches run
+piecewise (correct, only slower). Never imported by ``drafters/``; imports vLLM only inside the wrappers' makers.
 
 The narrow keys and their dispatch rule (items 1-3): ``specdec.vllm_plugin.patches.narrow_keys``. Ragged batches
 (requests of different lengths in one FULL graph): ``specdec.vllm_plugin.patches.ragged_keys``; the wrappers here
