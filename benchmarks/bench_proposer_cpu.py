@@ -27,6 +27,7 @@ from specdec.eval.results import results_path, write_results
 from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.internal import InternalSettings
 from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
 
 CONTEXT_TOKENS = 1500  # prompt tail kept per request (the GPU benchmark's agentic prompts are 1.5k tokens)
@@ -92,7 +93,7 @@ def _busy(ms: float) -> None:
         x += 1
 
 
-MODES = {  # name -> proposer options
+MODES = {  # name -> proposer options and internal settings
     "sync": {},
     "sync-python": {"native_step": False},
     "sync-2t": {"lane_threads": 2},  # the native step's rows drafted by the engine thread and one helper
@@ -120,16 +121,18 @@ def run(
     engine_work_ms: float,
     suffix_depth: int | None = None,
 ) -> dict[str, Any]:
-    opts = SpecdecOptions.from_dict(
+    user, internal = InternalSettings.split(
         {"num_speculative_tokens": k, "draft_timeout_ms": 0, "pad_drafts": "on", "adaptive": False, **MODES[mode]}
     )
+    opts = SpecdecOptions.from_dict(user)
     max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in pool) + 8
     eng = FakeEngine(records, pool, max_len)
     suffix_opts = {} if suffix_depth is None else {"max_depth": suffix_depth}
     if suffix_opts:
         opts = opts.replace(drafter_options={"suffix": suffix_opts})
     core_cls = ThreadedProposerCore if mode == "thread" else ProposerCore
-    proposer: Any = core_cls(build_drafter("suffix", {"suffix": suffix_opts}), opts, max_model_len=max_len)
+    drafter = build_drafter("suffix", {"suffix": suffix_opts})
+    proposer: Any = core_cls(drafter, opts, max_model_len=max_len, internal=internal)
     spent, drafts = 0.0, [[] for _ in records]
     per_step: list[float] = []
     step_fn: Callable[..., Any] = proposer.submit if mode in DEFERRED else proposer.step

@@ -26,11 +26,12 @@ from specdec.eval.loaders import load_traces
 from specdec.eval.results import results_path, write_results
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.internal import InternalSettings
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 from specdec.vllm_plugin.modes.slots import SlotBook
 from specdec.vllm_plugin.proposer import build_proposer_drafter
 
-CONFIGS = {  # name -> proposer options on top of schedule mode's (as SpecdecProposer sets them)
+CONFIGS = {  # name -> proposer options and internal settings on top of schedule mode's (as SpecdecProposer sets them)
     "default": {},
     "no_early_refresh": {"early_refresh": False},
     "one_thread": {"lane_threads": 1},
@@ -131,7 +132,7 @@ def _scheduled(
     """The engine stand-in over ``records`` and schedule mode's drafting for one configuration (``run``'s
     ``adaptive``), its device wait on the host."""
     timing_free = {} if adaptive else {"adaptive": False, "pad_drafts": "on", "draft_timeout_ms": 0.0}
-    opts = SpecdecOptions.from_dict(
+    user, internal = InternalSettings.split(
         {
             "num_speculative_tokens": k,
             "async_drafting": True,
@@ -141,10 +142,12 @@ def _scheduled(
             **CONFIGS[config],
         }
     )
+    opts = SpecdecOptions.from_dict(user)
     max_len = CONTEXT_TOKENS + max(len(r.response_ids) for r in pool) + 8
     eng = FakeEngine(records, pool, max_len)
-    core = ProposerCore(build_proposer_drafter(opts), opts, max_model_len=max_len, target_params=7e9)
-    book = SlotBook(k, prefill_cap=0)
+    drafter = build_proposer_drafter(opts)
+    core = ProposerCore(drafter, opts, max_model_len=max_len, internal=internal, target_params=7e9)
+    book = SlotBook(k, prefill_cap=internal.prefill_step_slots)
     sched = ScheduledDrafting(
         core,
         k=k,
@@ -152,7 +155,6 @@ def _scheduled(
         device="cpu",
         device_wait=HostWait(),
         slot_book=book,
-        matrix_step=opts.matrix_step,
     )
     return eng, core, book, sched
 

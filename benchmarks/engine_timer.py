@@ -6,8 +6,9 @@ outputs. ``StepTimer``'s hooks (drafting time, GPU busy time and idle gaps per s
 there. ``install_local`` installs them in the benchmark's process before ``LLM()`` is built: an engine process
 started by fork (vLLM's default while CUDA is untouched) inherits the hooks and the timer. ``EngineTimer`` then
 reaches that timer through ``LLM.collective_rpc`` (the one-GPU executor runs it in the engine core's process);
-under spawn its first call installs a fresh timer there, after the engine was built (the hooks wrap vLLM's and
-the plugin's class methods, looked up per call, so they see every later step).
+under spawn its first call installs a fresh timer there, after the engine was built (the hooks wrap vLLM's class
+methods, looked up per call, and the timer gives itself to the plugin's proposers through the plugin's timing hook,
+``specdec.vllm_plugin.observe``, as each measured call starts, so they see every later step).
 
 ``collective_rpc`` sends a callable by reference to this module (cloudpickle), which vLLM's serializer allows
 only with ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (``ALLOW_PICKLE_ENV``, set by ``allow_rpc`` before the engine

@@ -34,7 +34,8 @@ class CellTimer(Protocol):
 class StepTimer:
     """Wraps GPUModelRunner.execute_model / propose_draft_token_ids and the executor's take_draft_token_ids (engine
     in-process) to time drafting: the time spent in propose plus the wait for the drafts' hand-off (schedule mode:
-    its capture and fill hooks instead of propose).
+    its capture, fill and finish phases instead of propose, told through the plugin's timing hook,
+    ``drafting_phase``).
 
     GPU idle gaps (V1 model runner): a CUDA event is recorded on the runner's stream when a forward pass is
     enqueued (``_model_forward``) and one after the step's sampling work (``_bookkeeping_sync`` entry). The GPU
@@ -47,7 +48,7 @@ class StepTimer:
         self.trace = trace  # per-step records (--trace)
         self.steps = 0
         self.draft_s = 0.0
-        self.gpu_on = False  # record events (only inside measured generate calls; never during graph capture)
+        self._gpu_on = False  # record events (only inside measured generate calls; never during graph capture)
         self.events: list[tuple[Any, Any, int]] = []  # (forward start, sampling end, trace row) per step of a call
         self._start: Any = None
         # schedule mode, device wait: the event behind each step's wait for drafts, and the host's drafting times
@@ -88,27 +89,44 @@ class StepTimer:
         for name, hook in (("_model_forward", self._forward_started), ("_bookkeeping_sync", self._sampling_done)):
             if hasattr(GPUModelRunner, name):
                 setattr(GPUModelRunner, name, self._marked(getattr(GPUModelRunner, name), hook))
-        from specdec.vllm_plugin.modes.schedule import (
-            ScheduledDrafting,  # schedule mode drafts in two runner hooks
-        )
-
-        ScheduledDrafting.capture = self._timed(ScheduledDrafting.capture)
-        ScheduledDrafting.fill = self._timed(ScheduledDrafting.fill)
-        # device wait: the drafting (inline in finish)
-        ScheduledDrafting._finish_job = self._split(self._timed(ScheduledDrafting._finish_job), "finish_ms")
-        ScheduledDrafting._tokens = self._split(ScheduledDrafting._tokens, "sync_ms")  # reading a step's tokens
-        try:
-            from specdec.vllm_plugin.modes.device_wait import DeviceWait
-
-            DeviceWait.enqueue_copy = self._marked_after(DeviceWait.enqueue_copy)
-        except ImportError:
-            pass
+        # schedule mode's drafting phases: the plugin's timing hook (drafting_phase), given to its proposers when a
+        # measured call starts (gpu_on), once the engine exists
         try:  # the hand-off of drafts to the scheduler: where overlapped drafting ("async") waits for its helper
             from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
             UniProcExecutor.take_draft_token_ids = self._timed(UniProcExecutor.take_draft_token_ids)
         except (ImportError, AttributeError):
             pass
+
+    @property
+    def gpu_on(self) -> bool:
+        return self._gpu_on
+
+    @gpu_on.setter
+    def gpu_on(self, on: bool) -> None:
+        """Inside measured calls: record events, and time schedule mode's drafting through the plugin's hook
+        (``specdec.vllm_plugin.observe``: every proposer of this process, the engine's included)."""
+        if on:
+            from specdec.vllm_plugin.observe import observe
+
+            observe(self)
+        self._gpu_on = on
+
+    def drafting_phase(self, phase: str, seconds: float) -> None:
+        """The plugin's timing hook (``observe.DraftingObserver``): the capture, the fill and a deferred fill's
+        drafting count as drafting time; the drafting (``finish_ms``) and its reading of a step's tokens
+        (``sync_ms``, mostly waiting for the GPU) go to the trace row's split too; after the device wait's enqueue,
+        an event the GPU reaches once the wait is released."""
+        from specdec.vllm_plugin.observe import PHASE_FINISH, PHASE_TOKENS, PHASE_WAIT
+
+        if phase == PHASE_WAIT:  # the wait for drafts is enqueued: the GPU reaches this event once it is released
+            if self.trace is not None:
+                self._held = self._event()
+            return
+        if phase != PHASE_TOKENS:
+            self.draft_s += seconds
+        if phase in (PHASE_FINISH, PHASE_TOKENS):
+            self._add_to_row("host_split", "finish_ms" if phase == PHASE_FINISH else "sync_ms", seconds)
 
     def _install_phases(self, runner_cls: Any, scheduler_cls: Any) -> None:
         """Host time of the engine loop's phases per step period (``step_trace.PHASE_COLS``): what the engine
@@ -158,22 +176,6 @@ class StepTimer:
             self.held_events[self.trace.current] = self._held
         self._held = None
 
-    def _marked_after(self, fn: Any) -> Any:
-        """``DeviceWait.enqueue_copy`` followed by an event: the GPU reaches it once the wait is released."""
-
-        @functools.wraps(fn)
-        def wrapper(*a: Any, **kw: Any) -> Any:
-            out = fn(*a, **kw)
-            if self.trace is not None:
-                self._held = self._event()
-            return out
-
-        return wrapper
-
-    def _split(self, fn: Any, key: str) -> Any:
-        """``fn`` with its wall time added to the current trace row's ``key`` (ms) in ``host_split``."""
-        return self._row_timed(fn, key, "host_split")
-
     def _phase(self, fn: Any, key: str) -> Any:
         """``fn`` with its wall time added to ``key`` (ms) of the step period it ran in, in ``host_phase``."""
         return self._row_timed(fn, key, "host_phase")
@@ -182,12 +184,14 @@ class StepTimer:
         """``fn`` with its wall time (ms) added to ``self.<book>[current trace row][key]`` during measured calls (the
         book is looked up per call: ``collect_gpu`` replaces it after each generate call)."""
 
-        def add(seconds: float) -> None:
-            if self.trace is not None and self.gpu_on:
-                row = getattr(self, book).setdefault(self.trace.current, {})
-                row[key] = row.get(key, 0.0) + 1e3 * seconds
+        return _wall_timed(fn, lambda seconds: self._add_to_row(book, key, seconds))
 
-        return _wall_timed(fn, add)
+    def _add_to_row(self, book: str, key: str, seconds: float) -> None:
+        """``seconds`` (as ms) added to ``self.<book>[current trace row][key]`` during measured calls (the book is
+        looked up per call: ``collect_gpu`` replaces it after each generate call)."""
+        if self.trace is not None and self.gpu_on:
+            row = getattr(self, book).setdefault(self.trace.current, {})
+            row[key] = row.get(key, 0.0) + 1e3 * seconds
 
     def _sampling_done(self) -> None:
         end = self._event()

@@ -14,9 +14,9 @@ width), fed by ``step_timer.StepTimer`` (drafting time, GPU busy time and idle g
 * schedule mode with the device wait, the gap split in two: ``held_ms`` = GPU time from the step's end until the
   next step's stream is past its wait for drafts (and the draft copy), ``after_ms`` = from there to the next forward's
   start (vLLM's input work queued behind the wait, the launch); host side, ``sync_ms`` = time the drafting spent
-  reading captured tokens (mostly waiting for the GPU to finish the step), ``finish_ms`` = the drafting call
-  (``ScheduledDrafting._finish_job``, ``sync_ms`` included); ``host_late_share`` = the share of steps whose tokens
-  were ready when the drafting began (the host, not the drafting, held the GPU).
+  reading captured tokens (mostly waiting for the GPU to finish the step), ``finish_ms`` = the drafting call (the
+  plugin's ``finish`` timing hook, ``specdec.vllm_plugin.observe``; ``sync_ms`` included); ``host_late_share`` = the
+  share of steps whose tokens were ready when the drafting began (the host, not the drafting, held the GPU).
 * host time of the engine loop's phases in the step's period (engine core thread, wall): ``sched_ms`` = vLLM's
   ``Scheduler.schedule`` (with the plugin's slot re-grant), ``exec_ms`` = ``execute_model`` (input preparation,
   schedule mode's fill and drafting with its wait for the previous step's tokens, the forward's launch),

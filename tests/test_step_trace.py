@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -131,9 +133,7 @@ def test_timer_and_trace_hooks_keep_vllm_signatures(monkeypatch):
     from specdec.vllm_plugin.modes.device_wait import DeviceWait
     from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 
-    for name in ("capture", "fill", "_finish_job", "_drain"):
-        monkeypatch.setattr(ScheduledDrafting, name, getattr(ScheduledDrafting, name))
-    monkeypatch.setattr(DeviceWait, "enqueue_copy", DeviceWait.enqueue_copy)
+    drafting, wait = dict(vars(ScheduledDrafting)), dict(vars(DeviceWait))
     from specdec.vllm_plugin.patches import async_slots
 
     for name in ("regrant_placeholders", "cap_prefill_steps"):
@@ -144,6 +144,7 @@ def test_timer_and_trace_hooks_keep_vllm_signatures(monkeypatch):
         fn = getattr(owner, name)
         assert hasattr(fn, "__wrapped__") and inspect.signature(fn) == before[(owner, name)]
     assert runner._bookkeeping_sync.__wrapped__ is not None  # GPU events mark each step's end there
+    assert dict(vars(ScheduledDrafting)) == drafting and dict(vars(DeviceWait)) == wait  # timed by the plugin's hook
 
 
 class FakeEvent:
@@ -275,3 +276,64 @@ def test_cell_totals_sum_gpu_time_and_split_heavy_prefill_steps(capsys, tmp_path
     step_trace.main([str(path), "--totals"])
     out = capsys.readouterr().out
     assert "| m ds 4 | 4 |" in out and "width" not in out  # only the totals table
+
+
+def test_the_timer_takes_schedule_modes_drafting_through_the_plugins_hook():
+    """``StepTimer`` is the plugin's drafting observer (``specdec.vllm_plugin.observe``): the capture, the fill and a
+    deferred fill's drafting count as drafting time; the drafting and its reading of the tokens go to the split."""
+    from benchmarks.step_timer import StepTimer
+    from specdec.vllm_plugin.observe import PHASE_CAPTURE, PHASE_FILL, PHASE_FINISH, PHASE_TOKENS, PHASE_WAIT
+
+    trace = StepTrace(full_dispatches=lambda: 0)
+    timer = StepTimer(trace)
+    trace.step(object(), 0.0)
+    timer.drafting_phase(PHASE_TOKENS, 0.5)  # outside a measured call: no split
+    timer.drafting_phase(PHASE_WAIT, 0.5)  # (no event outside a measured call), never drafting time
+    assert timer.host_split == {} and timer.draft_s == 0.0
+    timer.gpu_on = True  # a measured call: the hook is given to this process's proposers
+    for phase, seconds in ((PHASE_CAPTURE, 0.001), (PHASE_FILL, 0.002), (PHASE_TOKENS, 0.004), (PHASE_FINISH, 0.008)):
+        timer.drafting_phase(phase, seconds)
+    timer.gpu_on = False
+    assert timer.draft_s == pytest.approx(0.011)
+    assert timer.host_split[0] == pytest.approx({"sync_ms": 4.0, "finish_ms": 8.0})
+
+
+def _assigned_attributes(tree: ast.AST) -> list[tuple[str, str, int]]:
+    """(object name, attribute, line) of every ``name.attr = ...`` and ``setattr(name, "attr", ...)`` in ``tree``."""
+    out = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for t in targets:
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name):
+                out.append((t.value.id, t.attr, node.lineno))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+            obj, name = (node.args + [None, None])[:2]
+            if isinstance(obj, ast.Name) and isinstance(name, ast.Constant) and isinstance(name.value, str):
+                out.append((obj.id, name.value, node.lineno))
+    return out
+
+
+def _imported_from(tree: ast.AST, package: str) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == package:
+            names |= {a.asname or a.name for a in node.names}
+        if isinstance(node, ast.Import):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] == package}
+    return names
+
+
+def test_benchmarks_time_the_plugin_through_its_hook_not_its_privates():
+    """No benchmark assigns an attribute of anything it imports from specdec (the plugin's methods, functions,
+    classes: its timing hook, ``observe``, is the way in), nor a private (``_``) attribute of anything it imports
+    from vLLM."""
+    bad = []
+    for path in sorted(Path("benchmarks").glob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        ours, vllm = _imported_from(tree, "specdec"), _imported_from(tree, "vllm")
+        for obj, attr, line in _assigned_attributes(tree):
+            if obj in ours or (obj in vllm and attr.startswith("_")):
+                bad.append(f"{path}:{line}: {obj}.{attr}")
+    assert bad == []

@@ -24,6 +24,7 @@ from specdec.vllm_plugin.core.backoff import (
 from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.internal import InternalSettings
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 from specdec.vllm_plugin.modes.slots import NARROW_FROM_ROWS, NARROW_WIDTH, SlotBook
@@ -45,11 +46,13 @@ def make_core(path: str, clock: Callable[[], float], **opts) -> ProposerCore:
     "thread" (``ThreadedProposerCore``). ``clock``: a batch's, whose steps all take ``STEP_S`` whatever they verify
     (the step-cost fit finds no cost per token, so the confidence cut never shortens a draft)."""
     options = {"num_speculative_tokens": K, "draft_timeout_ms": 0.0, "native_step": path != "python", **opts}
+    user, internal = InternalSettings.split(options)
     cls = ThreadedProposerCore if path == "thread" else ProposerCore
     return cls(
         SuffixDrafter(backend="native"),
-        SpecdecOptions.from_dict(options),
+        SpecdecOptions.from_dict(user),
         max_model_len=MAX_LEN,
+        internal=internal,
         target_params=TINY_TARGET,
         clock=clock,
     )

@@ -9,9 +9,12 @@ from typing import Any
 import pytest
 import torch
 
+from patch_support import patch
+from specdec.vllm_plugin.attrs import WRAPPED
 from specdec.vllm_plugin.modes.feed import valid_counts
 from specdec.vllm_plugin.patches import compile_warmup
 from specdec.vllm_plugin.patches.compile_warmup import WARM_SHAPES, warm_batch_change
+from specdec.vllm_plugin.patches.features import Feature
 
 MAX_REQS = 64  # the fake runner's max_num_reqs (R)
 
@@ -123,7 +126,9 @@ def test_the_worker_patch_warms_only_runners_that_draft_with_us_and_never_raises
     ours = {"yes": True}
     monkeypatch.setattr(compile_warmup.async_patch, "drafts_in_schedule_mode", lambda runner: ours["yes"])
     monkeypatch.setattr(compile_warmup, "warm_batch_change", lambda runner: calls.append("warm") or 4)
-    assert compile_warmup.patch_worker_warmup(Worker) and compile_warmup.patch_worker_warmup(Worker)
+    assert patch(Worker, Feature.COMPILE_WARMUP).on(Feature.COMPILE_WARMUP)
+    first = Worker.compile_or_warm_up_model
+    assert patch(Worker, Feature.COMPILE_WARMUP).on(Feature.COMPILE_WARMUP) and Worker.compile_or_warm_up_model is first
     assert Worker(object()).compile_or_warm_up_model() == "times" and calls == ["vllm", "warm"]
     ours["yes"] = False
     calls.clear()
@@ -152,11 +157,11 @@ def test_the_table_row_wraps_vllms_worker_once(monkeypatch):
     gpu_worker = pytest.importorskip("vllm.v1.worker.gpu_worker")
     from specdec.vllm_plugin.patches.table import TABLE, WORKER, apply_row
 
-    row = next(r for r in TABLE if r.name == "compile warm-up")
-    assert row.targets == (WORKER,) and row.feature == "compile warm-up" and row.stage == "worker"
+    row = next(r for r in TABLE if r.feature is Feature.COMPILE_WARMUP)
+    assert row.target == WORKER and row.method == "compile_or_warm_up_model" and row.stage == "worker"
     before = inspect.signature(gpu_worker.Worker.compile_or_warm_up_model)
     monkeypatch.setattr(gpu_worker.Worker, "compile_or_warm_up_model", gpu_worker.Worker.compile_or_warm_up_model)
     assert apply_row(row, in_span=True) == ""
     wrapped = gpu_worker.Worker.compile_or_warm_up_model
-    assert getattr(wrapped, compile_warmup.WRAPPED) and inspect.signature(wrapped) == before
+    assert getattr(wrapped, WRAPPED) and inspect.signature(wrapped) == before
     assert apply_row(row, in_span=True) == "" and gpu_worker.Worker.compile_or_warm_up_model is wrapped

@@ -14,15 +14,19 @@ from typing import Any
 import pytest
 import torch
 
+from patch_support import wrap_unchecked
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.internal import InternalSettings
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 from specdec.vllm_plugin.modes.slots import PLACEHOLDER, SlotBook, narrow_widths
 from specdec.vllm_plugin.patches import graphs, ragged_keys
+from specdec.vllm_plugin.patches.features import Feature
 from specdec.vllm_plugin.patches.graph_stats import dispatcher_stats, graph_stats_of
 from specdec.vllm_plugin.patches.ragged_keys import PREFILL_TAG
+from specdec.vllm_plugin.patches.table import DISPATCHER, RUNNER
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vllm not importable (scripts/test.sh has vLLM)")
@@ -137,8 +141,9 @@ def test_regrant_on_a_narrow_schedule_hands_out_width_placeholders() -> None:
 def test_narrow_step_drafts_every_row_to_the_width() -> None:
     """A narrow schedule's drafting pads each row with the drafter's chain to exactly the width, though
     pad_drafts is off and the cost model would cut the drafts shorter."""
-    opts = SpecdecOptions(num_speculative_tokens=K, pad_drafts="off", native_step=False, draft_timeout_ms=0)
-    core = ProposerCore(SuffixDrafter(), opts, max_model_len=4096, target_params=8e9)
+    opts = SpecdecOptions(num_speculative_tokens=K, pad_drafts="off", draft_timeout_ms=0)
+    python = InternalSettings(native_step=False)
+    core = ProposerCore(SuffixDrafter(), opts, max_model_len=4096, internal=python, target_params=8e9)
     book = SlotBook(K, narrow=WIDTH, narrow_rows=(1, 48))
     sched = ScheduledDrafting(core, k=K, max_rows=4, device="cpu", slot_book=book)
     prompt = [5, 6, 7, 8] * 8
@@ -180,7 +185,7 @@ def _dispatcher(
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
     cls = type("Dispatcher", (CudagraphDispatcher,), {})  # wrap a subclass: vLLM's class stays as it was
-    graphs._wrap_dispatcher(cls, CUDAGraphMode, BatchDescriptor)
+    assert wrap_unchecked(cls, Feature.NARROW_GRAPHS, targets=(DISPATCHER,)) == 2
     monkeypatch.setattr(graphs, "narrow_widths", lambda config: (width,) if width else ())
     # our engine with ragged_graphs on, and its ragged_prefill_tokens (-1: not ours, or ragged_graphs off)
     monkeypatch.setattr(graphs, "ragged_prefill_tokens", lambda config: prefill if ours else -1)
@@ -281,7 +286,7 @@ class FakeRunner:
 
 def _runner() -> FakeRunner:
     cls = type("Runner", (FakeRunner,), {})
-    graphs._wrap_runner(cls, ragged=False)
+    wrap_unchecked(cls, Feature.NARROW_GRAPHS, Feature.GRAPH_LOG, targets=(RUNNER,))
     return cls({WIDTH + 1: [1, 2, 4, 8]})
 
 
@@ -472,7 +477,7 @@ class FakeRaggedRunner:
 
 def _ragged_runner() -> FakeRaggedRunner:
     cls = type("RaggedRunner", (FakeRaggedRunner,), {})
-    graphs._wrap_runner(cls)
+    wrap_unchecked(cls, Feature.NARROW_GRAPHS, Feature.GRAPH_LOG, Feature.RAGGED_GRAPHS, targets=(RUNNER,))
     return cls()
 
 
@@ -525,7 +530,7 @@ def test_each_engine_counts_and_logs_the_graphs_it_added_once(monkeypatch: pytes
             return "captured"
 
     cls = type("CountingRunner", (Runner,), {})
-    graphs._wrap_runner(cls)
+    wrap_unchecked(cls, Feature.NARROW_GRAPHS, Feature.GRAPH_LOG, Feature.RAGGED_GRAPHS, targets=(RUNNER,))
     first, second = cls(), cls()
     for r in (first, second):
         r.cudagraph_dispatcher.vllm_config = SimpleNamespace()
@@ -658,6 +663,30 @@ def test_plain_width_for_our_engines_in_every_mode_narrow_ones_in_schedule_mode(
     assert narrow_widths(theirs) == () and narrow_widths(SimpleNamespace()) == ()
 
 
+def test_the_config_hook_and_the_engine_settings_decide_schedule_mode_alike() -> None:
+    """``VllmConfig.__post_init__``'s hook (``wants_schedule``) and ``EngineSettings`` ask one parser and one mode
+    decision; the internal settings reach the settings through ``resolve(..., internal=...)``."""
+    from specdec.vllm_plugin.patches.async_sched import wants_schedule
+    from specdec.vllm_plugin.settings import resolve
+
+    big = SimpleNamespace(hidden_size=4096, num_hidden_layers=32, intermediate_size=14336, vocab_size=128256)
+    cases = [
+        ({}, None, False),  # auto: a small (unknown) target drafts in thread mode
+        ({}, big, True),  # auto: an 8B target in schedule mode
+        ({"async_mode": "schedule"}, None, True),
+        ({"async_mode": "thread"}, big, False),
+        ({"async_drafting": False, "async_mode": "schedule"}, big, False),
+    ]
+    for specdec, hf, schedule in cases:
+        cfg = _our_config(**specdec)
+        cfg.model_config = SimpleNamespace(hf_config=hf)
+        assert wants_schedule(cfg) == resolve(cfg).schedule == schedule, (specdec, hf)
+    assert not wants_schedule(SimpleNamespace(additional_config={}))  # no options of ours
+    internal = InternalSettings(ragged_prefill_tokens=64)
+    settings = resolve(_our_config(async_mode="schedule"), internal=internal)
+    assert settings.internal is internal and settings.ragged_prefill_tokens == 64
+
+
 @needs_vllm
 def test_plain_batches_replay_one_token_full_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
     d, modes, desc = _dispatcher(monkeypatch, width=0)
@@ -677,7 +706,7 @@ def test_plain_batches_replay_one_token_full_graphs(monkeypatch: pytest.MonkeyPa
 
 def test_runner_dispatches_a_plain_batch_as_uniform_with_one_token_per_request() -> None:
     cls = type("Runner", (FakeRunner,), {})
-    graphs._wrap_runner(cls, ragged=False)
+    wrap_unchecked(cls, Feature.NARROW_GRAPHS, Feature.GRAPH_LOG, targets=(RUNNER,))
     r = cls({1: [1, 2, 4, 8], WIDTH + 1: [1, 2, 4, 8]})
     assert r._determine_batch_execution_and_padding(3, 3, None, 1, False) == (True, 1)
     assert r._determine_batch_execution_and_padding(4, 3, None, 2, False) == (None, None)  # one request has a draft

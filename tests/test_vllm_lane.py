@@ -22,6 +22,7 @@ from specdec.vllm_plugin.core.engine import LaneEngine, StepEngine
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.core.python_engine import PythonEngine
 from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.internal import InternalSettings
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="native suffix core not built")
 
@@ -111,14 +112,15 @@ class FakeEngine:
 def twins(clock: FakeClock | None = None, **opts) -> list[ProposerCore]:
     cores = []
     for native in (False, True):
-        options = SpecdecOptions.from_dict(  # no deadline unless asked: the thread's waits use the real clock
+        user, internal = InternalSettings.split(  # no deadline unless asked: the thread's waits use the real clock
             {"num_speculative_tokens": 8, "native_step": native, "draft_timeout_ms": 0, **opts}
         )
         cores.append(
             ProposerCore(
                 SuffixDrafter(backend="native"),
-                options,
+                SpecdecOptions.from_dict(user),
                 max_model_len=MAX_LEN,
+                internal=internal,
                 target_params=5e7,
                 clock=clock or FakeClock(),
             )
@@ -269,8 +271,8 @@ def test_early_stops_and_front_refreshes_keep_the_drafts(threads):
 
 
 def test_lane_is_off_for_thread_deadlines_and_non_native_drafters():
-    options = SpecdecOptions.from_dict({"deadline_mode": "thread"})
-    assert ProposerCore(SuffixDrafter(backend="native"), options, max_model_len=MAX_LEN).lane is None
+    options, threads = SpecdecOptions(), InternalSettings(deadline_mode="thread")
+    assert ProposerCore(SuffixDrafter(backend="native"), options, max_model_len=MAX_LEN, internal=threads).lane is None
     python = SpecdecOptions.from_dict({})
     assert ProposerCore(SuffixDrafter(backend="python"), python, max_model_len=MAX_LEN).lane is None
 
@@ -340,5 +342,13 @@ def test_force_resync_and_reset_restart_requests_from_their_context():
 
 
 def lane_core(clock: FakeClock, **opts) -> ProposerCore:
-    options = SpecdecOptions.from_dict({"num_speculative_tokens": 8, "draft_timeout_ms": 0, **opts})
-    return ProposerCore(SuffixDrafter(backend="native"), options, max_model_len=MAX_LEN, target_params=5e7, clock=clock)
+    user, internal = InternalSettings.split({"num_speculative_tokens": 8, "draft_timeout_ms": 0, **opts})
+    options = SpecdecOptions.from_dict(user)
+    return ProposerCore(
+        SuffixDrafter(backend="native"),
+        options,
+        max_model_len=MAX_LEN,
+        internal=internal,
+        target_params=5e7,
+        clock=clock,
+    )

@@ -121,7 +121,8 @@ def scheduler(config: Any, *, async_scheduling: bool) -> Any:
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
-    from specdec.vllm_plugin.patches.async_slots import patch_async_scheduler
+    from patch_support import patch
+    from specdec.vllm_plugin.patches.features import Feature
 
     kv = KVCacheConfig(
         num_blocks=config.cache_config.num_gpu_blocks,
@@ -138,7 +139,7 @@ def scheduler(config: Any, *, async_scheduling: bool) -> Any:
         class Patched(AsyncScheduler):
             pass
 
-        assert patch_async_scheduler(Patched)
+        assert patch(Patched, Feature.SLOT_REGRANT, Feature.ADAPTIVE_SLOTS).on(Feature.SLOT_REGRANT)
         cls = Patched
     return cls(
         vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config), block_size=16

@@ -13,6 +13,7 @@ import pytest
 from import_support import MODULES as PACKAGE_MODULES
 from import_support import find_cycle, imports_of
 from specdec.vllm_plugin.patches import table
+from specdec.vllm_plugin.patches.features import ANY_VLLM, Feature
 from specdec.vllm_plugin.patches.table import TABLE, PatchReport, apply_patches, apply_row
 
 TESTED = "0.26.0"
@@ -29,12 +30,48 @@ def empty_resolver(target: str):
 @pytest.mark.parametrize("row", TABLE, ids=[r.name for r in TABLE])
 def test_every_row_falls_back_on_a_vllm_of_another_shape(row):
     """Each row's check refuses a target without the methods it wraps, and nothing is patched (its fallback runs)."""
-    targets = [empty_resolver(t) for t in row.targets]
-    before = [dict(vars(t)) for t in targets]
-    resolved = iter(targets)
-    why = apply_row(row, in_span=True, resolver=lambda t: next(resolved))
-    assert why and [dict(vars(t)) for t in targets] == before
-    assert row.fallback and row.check and row.feature and row.attribute
+    target = empty_resolver(row.target)
+    before = dict(vars(target))
+    why = apply_row(row, in_span=True, resolver=lambda t: target)
+    assert why and dict(vars(target)) == before
+    assert row.feature.fallback and row.check and row.method
+
+
+def test_one_row_per_wrapped_method_and_features_are_an_enum():
+    """Each row wraps one vLLM method for one feature (a method wrapped for two features has two rows), every
+    feature is a ``Feature`` with a name and a fallback, and every feature of the enum has rows."""
+    keys = [(r.target, r.method, r.feature) for r in TABLE]
+    assert len(set(keys)) == len(TABLE) and len({r.name for r in TABLE}) == len(TABLE)
+    assert all(isinstance(r.feature, Feature) and r.method.split(".")[-1].isidentifier() for r in TABLE)
+    assert {r.feature for r in TABLE} == set(Feature)
+    assert all(f.label and f.fallback for f in Feature) and len({f.label for f in Feature}) == len(Feature)
+    by_method = {}
+    for r in TABLE:
+        by_method.setdefault((r.target, r.method), []).append(r.feature)
+    shared = {m: fs for m, fs in by_method.items() if len(fs) > 1}
+    assert shared == {
+        (table.RUNNER, "propose_draft_token_ids"): [Feature.REQUEST_IDS, Feature.SCHEDULE],
+        (table.RUNNER, "execute_model"): [Feature.THREAD_HAND_OFF, Feature.SCHEDULE],
+    }  # nested in table order: schedule mode's wrappers outside
+
+
+def test_a_feature_is_off_when_the_feature_it_needs_is_off():
+    """Ragged graphs work through the narrow graphs' dispatcher: a dispatcher of another shape turns both off,
+    and no ragged wrapper is installed."""
+
+    class Runner:
+        def _build_attention_metadata(self, *, max_query_len):
+            """max_query_len=max_query_len"""
+
+        def _check_and_update_cudagraph_mode(self, attention_backends, kv_cache_groups):
+            """initialize_cudagraph_keys"""
+
+    rows = tuple(r for r in TABLE if r.feature in (Feature.NARROW_GRAPHS, Feature.RAGGED_GRAPHS))
+    runner = type("R", (Runner,), {})
+    report = apply_patches("all", version=TESTED, resolver=lambda t: runner if t == table.RUNNER else Empty, table=rows)
+    assert not report.on(Feature.NARROW_GRAPHS) and not report.on(Feature.RAGGED_GRAPHS)
+    assert report.features()[Feature.RAGGED_GRAPHS] == "needs narrow graphs"
+    assert "_build_attention_metadata" not in vars(runner)
 
 
 def test_a_missing_vllm_module_is_a_fallback_never_an_error():
@@ -64,8 +101,9 @@ class Runner:
 
 
 def test_a_feature_is_off_as_a_whole_when_one_of_its_rows_does_not_fit():
-    thread_rows = tuple(r for r in TABLE if r.feature == "thread hand-off")
-    assert {r.name for r in thread_rows} == {"thread collect", "thread prepare"}
+    thread_rows = tuple(r for r in TABLE if r.feature is Feature.THREAD_HAND_OFF)
+    assert [r.method for r in thread_rows] == ["take_draft_token_ids", "execute_model"]
+    collect, prepare = (r.name for r in thread_rows)
 
     class Odd(Runner):
         def execute_model(self):  # another signature: "thread prepare" does not fit
@@ -73,11 +111,11 @@ def test_a_feature_is_off_as_a_whole_when_one_of_its_rows_does_not_fit():
 
     odd = type("OddRunner", (Odd,), {})
     report = apply_patches("all", version=TESTED, resolver=lambda t: odd, table=thread_rows)
-    assert report.rows["thread collect"] and report.rows["thread prepare"]  # both off, with the reason
-    assert "take_draft_token_ids" not in vars(odd) and not report.on("thread hand-off")
+    assert report.rows[collect] and report.rows[prepare]  # both off, with the reason
+    assert "take_draft_token_ids" not in vars(odd) and not report.on(Feature.THREAD_HAND_OFF)
     good = type("GoodRunner", (Runner,), {})
     report = apply_patches("all", version=TESTED, resolver=lambda t: good, table=thread_rows)
-    assert report.rows == {"thread collect": "", "thread prepare": ""} and report.on("thread hand-off")
+    assert report.rows == {collect: "", prepare: ""} and report.on(Feature.THREAD_HAND_OFF)
     assert "take_draft_token_ids" in vars(good) and "execute_model" in vars(good)
     assert "features on: thread hand-off; off: none" in report.line()
 
@@ -90,21 +128,26 @@ def test_outside_the_tested_span_only_the_method_rewrite_applies(monkeypatch):
     runner = type("R", (Runner,), {})
     resolver = lambda t: EngineArgs if t == table.ENGINE_ARGS else runner  # noqa: E731
     report = apply_patches("all", version="0.40.0", resolver=resolver)
-    assert report.rows["speculative config"] == ""
-    assert all(
-        "outside the tested versions" in why for name, why in report.rows.items() if name != "speculative config"
+    any_vllm = {r.name for r in TABLE if r.feature in ANY_VLLM}
+    assert report.rows["method='specdec': EngineArgs.create_speculative_config"] == ""
+    assert (
+        report.rows["--speculative-config check: EngineArgs.add_cli_args"] == "EngineArgs.add_cli_args: no add_cli_args"
     )
+    assert all("outside the tested versions" in why for name, why in report.rows.items() if name not in any_vllm)
     assert "propose_draft_token_ids" not in vars(runner)  # plain custom_class: the runner is left alone
-    assert report.on("method='specdec'") and not report.on("schedule")
+    assert report.on(Feature.METHOD) and not report.on(Feature.SCHEDULE)
     monkeypatch.setattr(table, "vllm_version", lambda: "0.40.0")
     assert "outside the tested versions" in table.schedule_hooks_problem()  # no whitelist without its hooks
 
 
 def test_the_start_up_line_names_the_features_and_why_they_are_off():
-    report = PatchReport("0.26.0", {"request ids": "", "narrow graphs": "CudagraphDispatcher.dispatch is not the one"})
-    assert report.line() == (
-        "specdec: 1/2 vLLM patches applied (vLLM 0.26.0); features on: request ids; off: "
-        "narrow graphs (narrow graphs: CudagraphDispatcher.dispatch is not the one)"
+    why = "CudagraphDispatcher.dispatch: CudagraphDispatcher.dispatch is not the one this patch was written for"
+    rows = {"request ids: GPUModelRunner.propose_draft_token_ids": ""}
+    rows |= {r.name: why for r in TABLE if r.feature is Feature.NARROW_GRAPHS}
+    rows["ragged graphs: GPUModelRunner._build_attention_metadata"] = ""
+    assert PatchReport("0.26.0", rows).line() == (
+        "specdec: 2/6 vLLM patches applied (vLLM 0.26.0); features on: request ids; off: "
+        f"narrow graphs ({why}), ragged graphs (needs narrow graphs)"
     )
 
 
@@ -138,8 +181,7 @@ def test_the_proposer_logs_the_whole_tables_line_once(monkeypatch):
 @pytest.mark.parametrize("row", TABLE, ids=[r.name for r in TABLE])
 def test_every_row_fits_the_installed_vllm(row):
     """On a real vLLM (each tested release): every row's targets import and its check passes (nothing applied)."""
-    targets = [table.resolve(t) for t in row.targets]
-    assert row.problem(*targets) == ""
+    assert row.problem(table.resolve(row.target)) == ""
 
 
 MODULES = sorted(m for m in PACKAGE_MODULES if m.startswith("specdec.vllm_plugin"))
@@ -166,15 +208,17 @@ def test_the_plugin_load_alone_patches_the_scheduler():
     does, has the scheduler's rows applied."""
     code = (
         "from specdec.vllm_plugin.entry.register import register\n"
+        "from specdec.vllm_plugin.patches.table import SCHEDULER, TABLE\n"
         "report = register()\n"
         "from vllm.v1.core.sched.async_scheduler import AsyncScheduler as S\n"
         "from specdec.vllm_plugin.patches.common import is_wrapped\n"
-        "print(report.rows['adaptive slots'] == '' and report.rows['slot notes in'] == '')\n"
-        "print(is_wrapped(S._update_after_schedule, 'slots'), is_wrapped(S.schedule, 'slots'),"
-        " is_wrapped(S.update_from_output, 'tp_notes'))\n"
+        "from specdec.vllm_plugin.patches.features import Feature as F\n"
+        "print(all(report.rows[r.name] == '' for r in TABLE if r.target == SCHEDULER))\n"
+        "print(is_wrapped(S._update_after_schedule, F.ADAPTIVE_SLOTS.label),"
+        " is_wrapped(S.schedule, F.SLOT_REGRANT.label), is_wrapped(S.update_from_output, F.TP_SCHEDULE.label))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300)
     assert out.stdout.splitlines()[-2:] == ["True", "True True True"], out.stdout[-2000:] + out.stderr[-2000:]
-    scheduler_rows = [r.name for r in TABLE if table.SCHEDULER in r.targets]
-    assert scheduler_rows == ["adaptive slots", "slot notes in"]
-    assert all(r.stage == "register" for r in TABLE if table.SCHEDULER in r.targets)
+    scheduler_rows = [r.method for r in TABLE if r.target == table.SCHEDULER]
+    assert scheduler_rows == ["schedule", "_update_after_schedule", "update_from_output"]
+    assert all(r.stage == "register" for r in TABLE if r.target == table.SCHEDULER)

@@ -8,7 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from patch_support import patch, wrap_unchecked
 from specdec.config import ConfigError
+from specdec.vllm_plugin.attrs import WRAPPED
 from specdec.vllm_plugin.entry import register as plugin
 from specdec.vllm_plugin.entry import rewrite
 from specdec.vllm_plugin.entry.options import (
@@ -18,8 +20,8 @@ from specdec.vllm_plugin.entry.options import (
     options_from_vllm_config,
     split_speculative_config,
 )
-from specdec.vllm_plugin.patches import runner as runner_patches
-from specdec.vllm_plugin.patches.table import PatchReport
+from specdec.vllm_plugin.patches.features import Feature
+from specdec.vllm_plugin.patches.table import TABLE, PatchReport
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -150,7 +152,7 @@ def test_rewrite_replaces_full_cudagraph_mode_which_breaks_verification():
         assert kept.compilation_config["cudagraph_mode"] == mode
 
 
-def test_patch_engine_args_is_idempotent_and_rewrites_before_the_original():
+def test_the_method_row_is_idempotent_and_rewrites_before_the_original():
     seen = []
 
     class FakeEngineArgs:
@@ -161,9 +163,9 @@ def test_patch_engine_args_is_idempotent_and_rewrites_before_the_original():
             seen.append(dict(self.speculative_config))
             return "built"
 
-    assert rewrite.patch_engine_args(FakeEngineArgs)
+    assert patch(FakeEngineArgs, Feature.METHOD).on(Feature.METHOD)
     first = FakeEngineArgs.create_speculative_config
-    assert rewrite.patch_engine_args(FakeEngineArgs)
+    assert patch(FakeEngineArgs, Feature.METHOD).on(Feature.METHOD)
     assert FakeEngineArgs.create_speculative_config is first  # not wrapped twice
     ea = FakeEngineArgs({"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 8})
     assert ea.create_speculative_config(None, None) == "built"
@@ -189,7 +191,10 @@ def test_runner_patch_binds_the_input_batch_before_propose():
     from test_vllm_proposer import OracleDrafter
 
     prop = SpecdecProposer(cfg, drafter=OracleDrafter(), patch_runner=False)
-    assert runner_patches.patch_bind(FakeRunner) and runner_patches.patch_bind(FakeRunner)
+    assert patch(FakeRunner, Feature.REQUEST_IDS).on(Feature.REQUEST_IDS)
+    first = FakeRunner.propose_draft_token_ids
+    assert patch(FakeRunner, Feature.REQUEST_IDS).on(Feature.REQUEST_IDS)
+    assert FakeRunner.propose_draft_token_ids is first  # not wrapped twice
     runner = FakeRunner(prop)
     assert runner.propose_draft_token_ids(SimpleNamespace(), [[1]]).req_ids == ["r1"]
 
@@ -197,7 +202,8 @@ def test_runner_patch_binds_the_input_batch_before_propose():
         def propose_draft_token_ids(self, sampled):
             return None
 
-    assert not runner_patches.patch_bind(OddRunner)  # unexpected signature: left alone
+    assert not patch(OddRunner, Feature.REQUEST_IDS).on(Feature.REQUEST_IDS)  # unexpected signature: left alone
+    assert "propose_draft_token_ids" in vars(OddRunner) and not hasattr(OddRunner.propose_draft_token_ids, WRAPPED)
 
 
 def test_thread_mode_defers_drafts_to_take_draft_token_ids():
@@ -232,10 +238,12 @@ def test_thread_mode_defers_drafts_to_take_draft_token_ids():
         model_config=SimpleNamespace(max_model_len=64),
     )
     prop = SpecdecProposer(
-        cfg, patch_runner=False, patches=PatchReport("test", {"thread collect": "", "thread prepare": ""})
+        cfg,
+        patch_runner=False,
+        patches=PatchReport("test", {r.name: "" for r in TABLE if r.feature is Feature.THREAD_HAND_OFF}),
     )
-    assert prop.threaded and prop.patches.on("thread hand-off")
-    assert runner_patches.patch_bind(FakeRunner) and runner_patches.patch_take(FakeRunner)
+    assert prop.threaded and prop.patches.on(Feature.THREAD_HAND_OFF)
+    assert wrap_unchecked(FakeRunner, Feature.REQUEST_IDS, Feature.THREAD_HAND_OFF) == 2  # (no execute_model here)
     runner = FakeRunner(prop)
     try:
         assert runner.propose_draft_token_ids(SimpleNamespace(), [[3]]) == [[]]  # placeholder

@@ -17,6 +17,7 @@ from specdec.vllm_plugin.core.adaptive import AdaptiveController
 from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.internal import InternalSettings
 from specdec.vllm_plugin.proposer import SpecdecProposer
 
 VOCAB = 97
@@ -131,7 +132,9 @@ def make_core(drafter: Drafter, **opts) -> ProposerCore:
     opts.setdefault("draft_timeout_ms", 0.0)
     max_model_len = opts.pop("max_model_len", 64)
     params = opts.pop("target_params", 0.0)
-    return ProposerCore(drafter, SpecdecOptions.from_dict(opts), max_model_len=max_model_len, target_params=params)
+    user, internal = InternalSettings.split(opts)
+    options = SpecdecOptions.from_dict(user)
+    return ProposerCore(drafter, options, max_model_len=max_model_len, internal=internal, target_params=params)
 
 
 def run_step(core: ProposerCore, runner: FakeRunner, **kw) -> list[list[int]]:

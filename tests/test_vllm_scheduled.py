@@ -23,16 +23,22 @@ import torch
 
 from benchmarks.bench_schedule_cpu import HostWait
 from core_support import LLAMA_8B_HF, target_sequence
+from patch_support import patch
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.internal import InternalSettings
 from specdec.vllm_plugin.modes.feed import TokenFeed, pad_rows, valid_counts
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
+from specdec.vllm_plugin.patches.features import Feature
+from specdec.vllm_plugin.patches.table import RUNNER
 
 K = 6
 MAX_ROWS = 12
 MAX_LEN = 4096
+ADAPTIVE = Feature.ADAPTIVE_SLOTS
+SLOTS = (Feature.SLOT_REGRANT, ADAPTIVE)  # the slot patches of AsyncScheduler
 VOCAB = 100
 
 
@@ -184,8 +190,13 @@ class AsyncEngine:
 def make_core(clock, **opts) -> ProposerCore:
     """A core on the fake ``clock``, with no drafting deadline: the Python engine's deadline thread waits on the
     real clock, and a slow first job on a loaded machine would drop one core's drafts but not its twin's."""
-    options = SpecdecOptions.from_dict({"num_speculative_tokens": K, "pad_drafts": "on", "draft_timeout_ms": 0, **opts})
-    return ProposerCore(SuffixDrafter(), options, max_model_len=MAX_LEN, target_params=5e7, clock=clock)
+    user, internal = InternalSettings.split(
+        {"num_speculative_tokens": K, "pad_drafts": "on", "draft_timeout_ms": 0, **opts}
+    )
+    options = SpecdecOptions.from_dict(user)
+    return ProposerCore(
+        SuffixDrafter(), options, max_model_len=MAX_LEN, internal=internal, target_params=5e7, clock=clock
+    )
 
 
 class FakeDeviceWait(HostWait):
@@ -229,7 +240,6 @@ def test_scheduled_drafts_equal_a_synchronous_twin_and_output_is_lossless(opts, 
         max_rows=2 * MAX_ROWS,
         device="cpu",
         device_wait=dw,
-        matrix_step=opts.get("matrix_step", True),
     )
     twin = make_core(tick, **opts)  # the synchronous reference
     stolen = torch.zeros((2 * MAX_ROWS, K), dtype=torch.int32)
@@ -352,7 +362,8 @@ def test_whitelist_patch_adds_custom_class_for_our_schedule_mode_only():
     from typing import Literal, get_args
 
     from specdec.vllm_plugin.entry.options import PROPOSER_PATH
-    from specdec.vllm_plugin.patches.async_sched import wrap_post_init
+    from specdec.vllm_plugin.patches.async_sched import whitelist_problem, wrap_post_init
+    from specdec.vllm_plugin.patches.common import wrap_method
 
     module = SimpleNamespace(NgramGPUTypes=Literal["ngram_gpu"])
     seen: list[tuple] = []
@@ -376,7 +387,10 @@ def test_whitelist_patch_adds_custom_class_for_our_schedule_mode_only():
 
     module.VllmConfig = VllmConfig
     tp_problem = [""]
-    assert wrap_post_init(module, tp_problem=lambda: tp_problem[0]) and wrap_post_init(module)  # idempotent
+    assert whitelist_problem(module) == ""
+    for _ in range(2):  # idempotent
+        wrap = lambda orig: wrap_post_init(orig, module, tp_problem=lambda: tp_problem[0])  # noqa: E731
+        assert wrap_method(VllmConfig, "__post_init__", Feature.SCHEDULE.label, wrap)
     VllmConfig({"async": True, "async_mode": "schedule"})
     VllmConfig({"async": True, "async_mode": "thread"})  # thread mode: vLLM's rule stands
     VllmConfig({"async_drafting": True, "async_mode": "schedule"}, tp=2)  # TP > 1: rank 0 drafts, broadcasts
@@ -466,7 +480,6 @@ class FakeRunner:
 
 
 def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
-    from specdec.vllm_plugin.patches.async_sched import patch_async_runner
     from specdec.vllm_plugin.proposer import SpecdecProposer
 
     cfg = SimpleNamespace(
@@ -474,7 +487,10 @@ def test_runner_hooks_count_capture_hand_out_and_fill_the_drafts():
         speculative_config=SimpleNamespace(num_speculative_tokens=K),
         model_config=SimpleNamespace(max_model_len=512),
     )
-    assert patch_async_runner(FakeRunner) and patch_async_runner(FakeRunner)  # idempotent
+    assert patch(FakeRunner, Feature.SCHEDULE, targets=(RUNNER,)).on(Feature.SCHEDULE)
+    first = FakeRunner._bookkeeping_sync
+    assert patch(FakeRunner, Feature.SCHEDULE, targets=(RUNNER,)).on(Feature.SCHEDULE)
+    assert FakeRunner._bookkeeping_sync is first  # idempotent
     prop = SpecdecProposer(cfg, patch_runner=False)
     assert prop.schedule_mode and prop.core.options.pad_mode == "auto"
     uniform = SimpleNamespace(
@@ -745,12 +761,11 @@ class FakeAsyncScheduler:
 
 def test_scheduler_patch_trims_placeholders_only_while_a_book_is_registered():
     from specdec.vllm_plugin.modes import slots
-    from specdec.vllm_plugin.patches.async_slots import patch_async_scheduler
 
     class Scheduler(FakeAsyncScheduler):
         pass
 
-    assert patch_async_scheduler(Scheduler) and patch_async_scheduler(Scheduler)  # idempotent
+    assert patch(Scheduler, *SLOTS).on(ADAPTIVE) and patch(Scheduler, *SLOTS).on(ADAPTIVE)  # idempotent
     out = SimpleNamespace(num_scheduled_tokens={"a": 5, "b": 5, "p": 100})
     sch = Scheduler(4)
     sch.vllm_config = SimpleNamespace()  # the engine's config: the proposer attaches its slot book there
@@ -774,7 +789,7 @@ def test_scheduler_patch_trims_placeholders_only_while_a_book_is_registered():
         def _update_after_schedule(self, scheduler_output):
             return None
 
-    assert not patch_async_scheduler(Other)  # not the method this patch was written against: left alone
+    assert not patch(Other, *SLOTS).on(ADAPTIVE)  # not the method this patch was written against: left alone
 
 
 def test_prefill_steps_cap_the_decoding_requests_slots():
@@ -810,15 +825,14 @@ def test_prefill_steps_cap_the_decoding_requests_slots():
 def test_real_vllm_async_scheduler_is_the_one_the_slot_patch_expects():
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-    from specdec.vllm_plugin.patches.async_slots import patch_async_scheduler
     from specdec.vllm_plugin.patches.common import is_wrapped
 
     class Sub(AsyncScheduler):
         pass
 
     before = AsyncScheduler.__dict__.get("_update_after_schedule")  # the plugin's load may have wrapped it already
-    assert patch_async_scheduler(Sub)
-    assert is_wrapped(Sub._update_after_schedule, "slots")
+    assert patch(Sub, *SLOTS).on(Feature.SLOT_REGRANT)
+    assert is_wrapped(Sub._update_after_schedule, ADAPTIVE.label)
     assert AsyncScheduler.__dict__.get("_update_after_schedule") is before  # this call changed the subclass only
 
 
@@ -839,7 +853,6 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch)
     from specdec.paths import TARGET_MODEL, model_path
     from specdec.vllm_plugin.modes import slots
     from specdec.vllm_plugin.patches import async_slots
-    from specdec.vllm_plugin.patches.async_slots import patch_async_scheduler
 
     if not model_path(TARGET_MODEL).is_dir():
         pytest.skip("the shared target model is not here (SPECDEC_SHARED)")
@@ -870,7 +883,7 @@ def test_real_vllm_async_scheduler_schedules_each_request_its_slots(monkeypatch)
     class Patched(AsyncScheduler):
         pass
 
-    assert patch_async_scheduler(Patched)
+    assert patch(Patched, *SLOTS).on(Feature.SLOT_REGRANT)
     sch = Patched(
         vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config), block_size=16
     )
@@ -1002,3 +1015,51 @@ def test_a_step_that_verifies_no_draft_waits_for_nothing_and_drafts_after_the_fo
     drafts = eng.twin_step(twin, eng.order)
     assert out.numpy().tolist() == eng.expected_buffer(drafts, out.shape[0])
     sched.close()
+
+
+def test_the_timing_hook_is_told_every_phase_and_changes_no_draft():
+    """An observer (``observe.py``: benchmarks' timing hook) is told the wall time of each drafting phase; the drafts
+    are those of the same steps without it."""
+    from specdec.vllm_plugin.observe import PHASES
+
+    runs = []
+    for observed in (False, True):
+        eng = AsyncEngine(seed=7)
+        sched = ScheduledDrafting(
+            make_core(lambda: 0.0), k=K, max_rows=MAX_ROWS, device="cpu", device_wait=FakeDeviceWait()
+        )
+        seen: list[tuple[str, float]] = []
+        if observed:
+            sched.observer = SimpleNamespace(drafting_phase=lambda phase, s, seen=seen: seen.append((phase, s)))
+        eng.churn(0)
+        drafts = []
+        for _ in range(5):
+            order, sampled, discard, _ = eng.verify()
+            sched.capture(sampled, order, discard, requests=eng.state)
+            out = sched.submit(order, k=None, eager=False)
+            assert sched.fill(out)
+            sched.finish()  # the deferred fill's drafting (device wait)
+            drafts.append(out.tolist())
+            eng.prev_drafts = out.clone()
+        runs.append((drafts, seen))
+    (plain, none_seen), (timed, seen) = runs
+    assert timed == plain and none_seen == []
+    assert {phase for phase, _ in seen} == set(PHASES) and all(s >= 0.0 for _, s in seen)  # (FakeDeviceWait)
+
+
+def test_observe_gives_every_live_proposer_the_observer():
+    from specdec.vllm_plugin.observe import observe
+    from specdec.vllm_plugin.proposer import SpecdecProposer
+
+    cfg = SimpleNamespace(
+        additional_config={"specdec": {"async": True, "async_mode": "schedule", "adaptive": False}},
+        speculative_config=SimpleNamespace(num_speculative_tokens=K),
+        model_config=SimpleNamespace(max_model_len=512),
+    )
+    prop = SpecdecProposer(cfg, patch_runner=False)
+    try:
+        timer = SimpleNamespace(drafting_phase=lambda phase, s: None)
+        assert observe(timer) >= 1 and prop.observer is timer
+        assert observe(None) >= 1 and prop.observer is None
+    finally:
+        prop.close()

@@ -15,12 +15,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from patch_support import wrap_unchecked
 from specdec.config import ConfigError
 from specdec.drafters.suffix import SuffixDrafter, native_available
 from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.internal import InternalSettings
 from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
+from specdec.vllm_plugin.patches.features import Feature
 from specdec.vllm_plugin.patches.table import PatchReport
 from specdec.vllm_plugin.proposer import SpecdecProposer
 from test_vllm_lane import MAX_LEN, STAT_KEYS, FakeClock, FakeEngine
@@ -61,8 +64,16 @@ class Prepared(Submitted):
 
 
 def make(cls: type, clock: FakeClock, **opts) -> ProposerCore:
-    options = SpecdecOptions.from_dict({"num_speculative_tokens": 8, "draft_timeout_ms": 0, **opts})
-    return cls(SuffixDrafter(backend="native"), options, max_model_len=MAX_LEN, target_params=5e7, clock=clock)
+    user, internal = InternalSettings.split({"num_speculative_tokens": 8, "draft_timeout_ms": 0, **opts})
+    options = SpecdecOptions.from_dict(user)
+    return cls(
+        SuffixDrafter(backend="native"),
+        options,
+        max_model_len=MAX_LEN,
+        internal=internal,
+        target_params=5e7,
+        clock=clock,
+    )
 
 
 def run(eng: FakeEngine, cores: list, steps: int) -> None:
@@ -220,8 +231,6 @@ def test_threads_mode_is_validated_and_other_drafters_draft_synchronously():
 
 
 def test_the_runner_patch_prepares_each_step_from_the_scheduler_output():
-    from specdec.vllm_plugin.patches.runner import patch_execute as patch_execute_model
-
     cfg = SimpleNamespace(
         additional_config={
             "specdec": {"async": True, "async_mode": "thread", "adaptive": False, "draft_timeout_ms": 0}
@@ -237,7 +246,9 @@ def test_the_runner_patch_prepares_each_step_from_the_scheduler_output():
         def execute_model(self, scheduler_output, intermediate_tensors=None):
             return "ran"
 
-    assert patch_execute_model(Runner) and patch_execute_model(Runner)  # idempotent
+    assert wrap_unchecked(Runner, Feature.THREAD_HAND_OFF) == 1  # execute_model (no take_draft_token_ids here)
+    first = Runner.execute_model
+    assert wrap_unchecked(Runner, Feature.THREAD_HAND_OFF) == 1 and Runner.execute_model is first  # idempotent
     new = [
         SimpleNamespace(req_id="a", prompt_token_ids=[1, 2, 3, 1, 2]),
         SimpleNamespace(req_id="e", prompt_token_ids=None),
@@ -258,7 +269,11 @@ def test_a_failed_step_is_counted_and_the_proposer_starts_over(monkeypatch):
         speculative_config=SimpleNamespace(num_speculative_tokens=4),
         model_config=SimpleNamespace(max_model_len=64),
     )
-    prop = SpecdecProposer(cfg, patch_runner=False, patches=PatchReport("test", {"thread collect": ""}))
+    prop = SpecdecProposer(
+        cfg,
+        patch_runner=False,
+        patches=PatchReport("test", {"thread hand-off: GPUModelRunner.take_draft_token_ids": ""}),
+    )
     assert prop.threaded  # with the take hook: drafts are collected at take
     ctx = np.tile(np.arange(64, dtype=np.int32) % 5, (1, 1))
     prop.bind_step(SimpleNamespace(req_ids=["a"], num_prompt_tokens=None))

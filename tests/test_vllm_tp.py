@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from patch_support import patch
 from specdec.vllm_plugin.attrs import SCHEDULE_WIDTH, SLOT_NOTE_ATTR
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
 from specdec.vllm_plugin.modes.slots import UNKNOWN, book_of
@@ -30,6 +31,8 @@ from specdec.vllm_plugin.modes.tp import (
     width_of_schedule,
 )
 from specdec.vllm_plugin.patches import tp_notes
+from specdec.vllm_plugin.patches.features import Feature
+from specdec.vllm_plugin.patches.table import RUNNER, SCHEDULER
 from test_vllm_scheduled import MAX_ROWS, AsyncEngine, FakeDeviceWait, K, make_core
 
 
@@ -195,8 +198,9 @@ def test_the_runner_patch_sends_each_note_once_and_the_scheduler_patch_reads_it(
             self.seen.append(model_runner_output)
             return {}
 
-    assert tp_notes.patch_runner(Runner) and tp_notes.patch_runner(Runner)  # idempotent
-    assert tp_notes.patch_scheduler(Scheduler) and tp_notes.patch_scheduler(Scheduler)
+    for _ in range(2):  # idempotent
+        assert patch(Runner, Feature.TP_SCHEDULE, targets=(RUNNER,)).on(Feature.TP_SCHEDULE)
+        assert patch(Scheduler, Feature.TP_SCHEDULE, targets=(SCHEDULER,)).on(Feature.TP_SCHEDULE)
     proposer = FakeProposer(note())
     runner = Runner(proposer)
     first = runner.sample_tokens(None)
@@ -220,7 +224,7 @@ def test_a_broken_note_never_breaks_scheduling(plugin_log):
         def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> str:
             return "ok"
 
-    assert tp_notes.patch_scheduler(Scheduler)
+    assert patch(Scheduler, Feature.TP_SCHEDULE, targets=(SCHEDULER,)).on(Feature.TP_SCHEDULE)
     bad = FakeOutput()
     setattr(bad, SLOT_NOTE_ATTR, "not a note")
     assert Scheduler().update_from_output(None, bad) == "ok"

@@ -4,8 +4,8 @@ The speculative config names it as ``model="specdec.vllm_plugin.proposer.Specdec
 
 vLLM calls ``SpecdecProposer(vllm_config)`` in the model runner (``GPUModelRunner.__init__``) and then, each step,
 ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list[list[int]]``.
-That call carries no request ids; the plugin's runner patch (row "request ids" of ``patches.table``) hands the proposer
-the runner's input batch (``input_batch.req_ids``, row order of this step) just before each call.
+That call carries no request ids; the plugin's runner patch (a "request ids" row of ``patches.table``) hands the
+proposer the runner's input batch (``input_batch.req_ids``, row order of this step) just before each call.
 
 Tensor parallelism: every TP rank builds a runner and a proposer. In schedule mode (the default there) TP rank 0
 drafts and broadcasts its draft buffer to the other ranks on the GPU (``modes/tp.py``). In thread mode the engine
@@ -38,11 +38,13 @@ from specdec.vllm_plugin.faults import FAULTS_ENV, inject_faults
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.metrics.server import start_exporter
 from specdec.vllm_plugin.modes.device_wait import STALL_TIMEOUT_MS, DeviceWait
+from specdec.vllm_plugin.modes.phases import DraftingObserver
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
-from specdec.vllm_plugin.modes.slots import NARROW_FROM_ROWS, SlotBook, attach_book, book_of, narrow_widths
+from specdec.vllm_plugin.modes.slots import NARROW_FROM_ROWS, SlotBook, attach_book, book_of
 from specdec.vllm_plugin.modes.sync import SyncDrafting
 from specdec.vllm_plugin.modes.thread import ThreadDrafting, ThreadedProposerCore
 from specdec.vllm_plugin.modes.tp import DRIVER_RANK, NoteMaker, TpFollower, tp_broadcast
+from specdec.vllm_plugin.patches.features import Feature
 from specdec.vllm_plugin.patches.graph_stats import GraphStats, graph_stats_of
 from specdec.vllm_plugin.patches.table import PatchReport, apply_patches
 from specdec.vllm_plugin.settings import engine_settings, resolve
@@ -95,6 +97,7 @@ class SpecdecProposer:
         params = estimate_params(getattr(model_config, "hf_config", None))
         self.schedule_mode, self.threaded = self.settings.schedule, self.settings.threaded
         self.scheduled: Any = None  # ScheduledDrafting, built at the first step under vLLM's async scheduling
+        self.observer: DraftingObserver | None = None  # timing hook of its drafting (``observe.py``)
         self.drafts_here = _tp_rank() == DRIVER_RANK  # vLLM builds the runner after its process groups
         self.core: ProposerCore | None = None  # the drafting core: TP rank 0 only
         self.drafting: SyncDrafting | ThreadDrafting | None = None  # the mode's calls (schedule mode: the hooks')
@@ -102,7 +105,7 @@ class SpecdecProposer:
             drafter = drafter or build_proposer_drafter(self.options, target_tokenizer=target_tokenizer)
             self.core = self._build_core(drafter, max_model_len=max_model_len, params=params)
             if isinstance(self.core, ThreadedProposerCore):
-                self.drafting = ThreadDrafting(self.core, hand_off=self.patches.on("thread hand-off"))
+                self.drafting = ThreadDrafting(self.core, hand_off=self.patches.on(Feature.THREAD_HAND_OFF))
             else:
                 self.drafting = SyncDrafting(self.core)
         logger.info(
@@ -130,6 +133,7 @@ class SpecdecProposer:
             inject_faults(drafter, faults, timeout_ms=opts.draft_timeout_ms) if faults else drafter,
             core_options,
             max_model_len=max_model_len,
+            internal=self.settings.internal,
             target_params=params,
         )
         if self.schedule_mode and opts.draft_slots == "adaptive":
@@ -225,25 +229,25 @@ class SpecdecProposer:
     def _build_scheduled(self, core: ProposerCore, runner: Any, k: int, *, share: Any) -> ScheduledDrafting:
         """The drafting rank's ``ScheduledDrafting``: its device wait, and its slot book (one GPU: attached to this
         engine's config, which its scheduler shares; TP > 1: notes sent to the scheduler's own book instead)."""
-        opts = self.options
+        opts, internal = self.options, self.settings.internal
         device_wait, why = None, "device_wait is off"
-        if opts.device_wait:  # reached only through the runner hooks, which release it
+        if internal.device_wait:  # reached only through the runner hooks, which release it
             device_wait, why = DeviceWait.create(
                 runner.device, timeout_ms=STALL_TIMEOUT_MS, grace_ms=opts.draft_timeout_ms
             )
         book, notes = None, None
         if opts.draft_slots == "adaptive":
-            ragged = opts.ragged_graphs and self.patches.on("ragged graphs")
-            narrow = bool(narrow_widths(opts)) and self.patches.on("narrow graphs")
+            ragged = opts.ragged_graphs and self.patches.on(Feature.RAGGED_GRAPHS)
+            narrow = bool(self.settings.narrow_widths) and self.patches.on(Feature.NARROW_GRAPHS)
             ragged_ready = self.graph_stats.ragged_ready if ragged else None
             low = core.backoff.low if core.backoff.enabled else None
             if share is None:
                 book = SlotBook.policy(
-                    k, narrow=narrow, prefill_cap=opts.prefill_step_slots, high_ragged=ragged_ready, low_batch=low
+                    k, narrow=narrow, prefill_cap=internal.prefill_step_slots, high_ragged=ragged_ready, low_batch=low
                 )
                 attach_book(self.vllm_config, book)  # this engine's scheduler trims each request's slots to it
             else:
-                notes = NoteMaker(k, narrow, opts.prefill_step_slots, ragged_ready, low)
+                notes = NoteMaker(k, narrow, internal.prefill_step_slots, ragged_ready, low)
         scheduled = ScheduledDrafting(
             core,
             k=k,
@@ -251,11 +255,11 @@ class SpecdecProposer:
             device=runner.device,
             device_wait=device_wait,
             slot_book=book,
-            matrix_step=opts.matrix_step,
             graph_stats=self.graph_stats,
             share=share,
             notes=notes,
         )
+        scheduled.observer = self.observer
         logger.info(
             "specdec: drafting under vLLM's async scheduling (k=%d, up to %d rows; %s%s)",
             k,
@@ -264,6 +268,12 @@ class SpecdecProposer:
             "; drafts broadcast to the other TP ranks" if share is not None else "",
         )
         return scheduled
+
+    def observe(self, observer: DraftingObserver | None) -> None:
+        """Timing hook (``observe.observe``): schedule mode's drafting tells ``observer`` each phase's wall time."""
+        self.observer = observer
+        if isinstance(self.scheduled, ScheduledDrafting):
+            self.scheduled.observer = observer
 
     def collect_deferred(self) -> list[list[int]] | None:
         """Drafts of the step submitted by the last ``propose`` (thread mode), or None if none is pending. Never raises

@@ -1,9 +1,10 @@
 """``EngineSettings``: one engine's options resolved once (the mode, k, the CUDA-graph widths, what the drafting core
-runs with), made on first use and kept on the engine's vLLM config, so the proposer and the patches read one
-resolution instead of each parsing ``additional_config["specdec"]`` again. Never imports vLLM.
+runs with, the internal settings), made on first use and kept on the engine's vLLM config, so the proposer, the modes
+and the patches read one resolution instead of each parsing ``additional_config["specdec"]`` again. Never imports
+vLLM.
 
-(``patches.async_sched.wants_schedule`` still reads the raw options: it runs inside ``VllmConfig.__post_init__``,
-before the config is final.)
+(``patches.async_sched.wants_schedule`` runs inside ``VllmConfig.__post_init__``, before the config is final: it
+asks the same parser and the same mode decision, ``options.schedule_mode_for``, without keeping the result.)
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from specdec.vllm_plugin.entry.options import (
     async_mode_for,
     options_from_vllm_config,
     resolve_lane_threads,
+    schedule_mode_for,
 )
+from specdec.vllm_plugin.internal import InternalSettings
 from specdec.vllm_plugin.modes.slots import narrow_widths
 from specdec.vllm_plugin.patches.async_sched import is_our_config
 
@@ -30,9 +33,11 @@ PLAIN_GRAPHS = True  # such steps get the one-token FULL graphs no speculation r
 class EngineSettings:
     """One engine's resolved options (see the module docstring)."""
 
-    options: SpecdecOptions  # the user's options and the internal settings, async_mode resolved
+    options: SpecdecOptions  # the user's options, async_mode resolved
+    internal: InternalSettings  # the internal settings (fixed in code; tests vary them through ``resolve``)
     schedule: bool  # drafting under vLLM's async scheduling ("schedule" mode)
     threaded: bool  # thread mode
+    narrow_widths: tuple[int, ...]  # the widths a narrow step of these options may have (modes.slots.narrow_widths)
     graph_widths: tuple[int, ...]  # widths of the uniform FULL graphs added: plain, then schedule mode's narrow ones
     ragged_prefill_tokens: int  # the prefill-carrying ragged family's P (0: none; -1: no ragged graphs)
 
@@ -51,21 +56,26 @@ class EngineSettings:
         return core
 
 
-def resolve(vllm_config: Any) -> EngineSettings:
-    """``EngineSettings`` of a vLLM config that runs our proposer (raises a ``ConfigError`` on bad options)."""
+def resolve(vllm_config: Any, *, internal: InternalSettings | None = None) -> EngineSettings:
+    """``EngineSettings`` of a vLLM config that runs our proposer (raises a ``ConfigError`` on bad options);
+    ``internal``: other internal settings than the defaults (tests, benchmarks)."""
+    internal = InternalSettings() if internal is None else internal
     opts = options_from_vllm_config(vllm_config)
     if opts.async_mode == "auto":
         opts = opts.replace(async_mode=async_mode_for("auto", vllm_config))
-    schedule = opts.async_drafting and opts.async_mode == "schedule"
+    schedule = schedule_mode_for(opts, vllm_config)
     plain = (PLAIN_WIDTH,) if PLAIN_GRAPHS else ()
+    narrow = narrow_widths(opts)
     ragged = -1
     if schedule and opts.ragged_graphs:
-        ragged = 0 if getattr(vllm_config, "lora_config", None) else opts.ragged_prefill_tokens
+        ragged = 0 if getattr(vllm_config, "lora_config", None) else internal.ragged_prefill_tokens
     return EngineSettings(
         options=opts,
+        internal=internal,
         schedule=schedule,
         threaded=opts.async_drafting and opts.async_mode == "thread",
-        graph_widths=plain + (narrow_widths(opts) if schedule else ()),
+        narrow_widths=narrow,
+        graph_widths=plain + (narrow if schedule else ()),
         ragged_prefill_tokens=ragged,
     )
 

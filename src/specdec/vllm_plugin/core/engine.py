@@ -44,7 +44,7 @@ class StepHost(Protocol):
     max_model_len: int
     stats: Any  # its ProposerStats (state.py): the engines count accepted tokens, starts, resyncs, skips
     guard: Any  # the drafter behind its error guard (the Python engine's jobs)
-    options: Any  # its SpecdecOptions (deadline_mode)
+    internal: Any  # its InternalSettings (deadline_mode)
     adaptive: Any  # its AdaptiveController (the confidence cut)
 
     def lane_decisions(self, plan: StepPlan) -> LaneDecisions:

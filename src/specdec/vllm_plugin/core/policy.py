@@ -19,7 +19,8 @@ from specdec.drafters.suffix_lane import LaneDecisions
 from specdec.vllm_plugin.core.adaptive import AdaptiveController, StepCostModel, bucket_of
 from specdec.vllm_plugin.core.backoff import BackOff
 from specdec.vllm_plugin.core.engine import StepPlan
-from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.core.user_options import CoreOptions
+from specdec.vllm_plugin.internal import InternalSettings
 
 ASSUMED_GPU_FLOPS = 1e15  # dense bf16 of an H100/H200 class GPU, for pad_drafts="auto"'s compute estimate
 PAD_MAX_STEP_SHARE = 0.1  # pad_drafts="auto": pad while the padded tokens' compute is under this share of a step
@@ -30,14 +31,15 @@ PERIOD_EMA = 0.9  # decay of the step-period average
 class DraftingPolicy:
     """One engine's drafting decisions (see the module docstring)."""
 
-    def __init__(self, options: SpecdecOptions, *, target_params: float = 0.0) -> None:
-        """``target_params``: the served model's parameter count (pad_drafts="auto" estimates the compute of
-        padded tokens as 2 x params FLOPs each; 0 = unknown, then "auto" never pads)."""
+    def __init__(self, options: CoreOptions, *, internal: InternalSettings, target_params: float = 0.0) -> None:
+        """``internal``: the confidence floor (``min_path_prob``, ``min_path_prob_per_seq``); ``target_params``: the
+        served model's parameter count (pad_drafts="auto" estimates the compute of padded tokens as 2 x params FLOPs
+        each; 0 = unknown, then "auto" never pads)."""
         self.pad_mode = options.pad_mode
         self.adaptive = AdaptiveController(
             enabled=options.adaptive,
-            min_path_prob=options.min_path_prob,
-            min_path_prob_per_seq=options.min_path_prob_per_seq,
+            min_path_prob=internal.min_path_prob,
+            min_path_prob_per_seq=internal.min_path_prob_per_seq,
         )
         self.backoff = BackOff(enabled=options.adaptive)
         self.costs: dict[int, StepCostModel] = {}  # one step-cost fit per batch-size bucket

@@ -31,7 +31,8 @@ from specdec.vllm_plugin.core.policy import DraftingPolicy
 from specdec.vllm_plugin.core.python_engine import PythonEngine, chain_draft
 from specdec.vllm_plugin.core.reporting import ProposerReporting
 from specdec.vllm_plugin.core.state import ProposerStats, RequestState
-from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.core.user_options import CoreOptions
+from specdec.vllm_plugin.internal import InternalSettings
 
 
 class ProposerCore(ProposerReporting):
@@ -40,20 +41,25 @@ class ProposerCore(ProposerReporting):
     def __init__(
         self,
         drafter: Drafter,
-        options: SpecdecOptions,
+        options: CoreOptions,
         *,
         max_model_len: int,
+        internal: InternalSettings | None = None,
         target_params: float = 0.0,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        """``target_params``: the served model's parameter count (``DraftingPolicy``'s padding estimate)."""
+        """``options``: the user's (``SpecdecOptions``, lane threads resolved); ``internal``: the internal settings
+        (``EngineSettings.internal``; None: the defaults); ``target_params``: the served model's parameter count
+        (``DraftingPolicy``'s padding estimate)."""
         self.options = options
+        self.internal = InternalSettings() if internal is None else internal
         self.k = options.num_speculative_tokens
         self.max_model_len = max_model_len
         self.guard = DraftGuard(drafter, strict=options.strict)
         self.stats = ProposerStats()
         self.clock = clock
-        self.policy = DraftingPolicy(options, target_params=target_params)  # every drafting decision
+        # every drafting decision
+        self.policy = DraftingPolicy(options, internal=self.internal, target_params=target_params)
         self.adaptive, self.backoff = self.policy.adaptive, self.policy.backoff  # (the policy's: read by the engines)
         self._last_t: float | None = None
         self._last_verified = 0
@@ -66,7 +72,7 @@ class ProposerCore(ProposerReporting):
         self.python = PythonEngine(self)  # any drafter; the fallback of the lane
         self.engine: StepEngine = self.python
         # the drafter's one-call step (native suffix), inline: only where deadlines may be checked after the fact
-        lane = find_lane(drafter) if options.native_step and options.deadline_mode == "auto" else None
+        lane = find_lane(drafter) if self.internal.native_step and self.internal.deadline_mode == "auto" else None
         if lane is not None:
             self.engine = LaneEngine(self, lane)
             if options.lane_threads > 1:  # 0 ("auto", resolved by the proposer) -> 1

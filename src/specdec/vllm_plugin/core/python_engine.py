@@ -200,7 +200,7 @@ class PythonEngine:
         self.max_job_s = max(self.max_job_s, seconds)
         self._slow_jobs += seconds >= AUTO_INLINE_FRACTION * self.core.timeout_s
         if (
-            self.core.options.deadline_mode == "auto"
+            self.core.internal.deadline_mode == "auto"
             and not self.inline_banned
             and self._job_count >= AUTO_PROBE_JOBS
             and self._slow_jobs <= AUTO_SLOW_JOBS_TOLERATED

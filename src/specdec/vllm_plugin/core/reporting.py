@@ -18,7 +18,7 @@ from specdec.vllm_plugin.core.lane import Lane
 from specdec.vllm_plugin.core.policy import DraftingPolicy
 from specdec.vllm_plugin.core.python_engine import PythonEngine
 from specdec.vllm_plugin.core.state import ProposerStats
-from specdec.vllm_plugin.entry.options import SpecdecOptions
+from specdec.vllm_plugin.core.user_options import CoreOptions
 from specdec.vllm_plugin.faults import FaultyDrafter
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.metrics.drafter import SAMPLE_PERIOD_S, drafter_gauges
@@ -29,7 +29,7 @@ logger = logging.getLogger(LOGGER_NAME)
 class ProposerReporting:
     """The reporting of ``ProposerCore`` (see the module docstring)."""
 
-    options: SpecdecOptions
+    options: CoreOptions
     stats: ProposerStats
     guard: DraftGuard
     clock: Callable[[], float]

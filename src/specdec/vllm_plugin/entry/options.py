@@ -60,13 +60,9 @@ DEFAULT_METRICS_HOST = "127.0.0.1"
 
 @dataclass(frozen=True)
 class SpecdecOptions(ConfigBase):
-    """Options of the specdec proposer inside vLLM (snake_case keys of the speculative config).
+    """The user's options of the specdec proposer inside vLLM (snake_case keys of the speculative config;
+    docs/options.md), nothing else: the internal settings, fixed in code, are ``internal.InternalSettings``."""
 
-    The first ``len(USER_KEYS)`` fields are the user's (docs/options.md); the rest are internal settings, fixed in
-    code: users cannot set them (``split_speculative_config`` and ``options_from_vllm_config`` reject them), tests
-    and benchmarks vary them to compare paths that must draft the same."""
-
-    # ----------------------------------------------------------------- user options (USER_KEYS)
     drafter: Any = rng("suffix", doc="drafter: 'suffix', 'ngram', 'model', {'name': ..., **options} or a list of them")
     drafter_options: dict = rng({}, doc="per-drafter option dicts, e.g. {'suffix': {'max_depth': 32}}")
     draft_model: str = rng("", doc="the draft model folder for drafter 'model' (same tokenizer as the served model)")
@@ -125,41 +121,6 @@ class SpecdecOptions(ConfigBase):
         DEFAULT_METRICS_HOST,
         doc="address the metrics endpoint binds: loopback by default, '0.0.0.0' for every interface",
     )
-    # ----------------------------------------------------------------- internal settings (not user options)
-    deadline_mode: str = rng(
-        "auto",
-        choices=("auto", "thread"),
-        doc="'thread': every draft runs on a worker thread under the deadline; 'auto': "
-        "inline once AUTO_PROBE_JOBS jobs proved fast (an overrun goes back for good)",
-    )
-    native_step: bool = rng(True, doc="a drafter with a native one-call step runs it (same drafts as Python)")
-    thread_spin_us: float = rng(
-        3000.0,
-        lo=0.0,
-        hi=100_000.0,
-        doc="thread mode: the drafter's thread and the engine thread spin this long before sleeping between steps",
-    )
-    device_wait: bool = rng(
-        True,
-        doc="schedule mode: the GPU, not the host, waits for a step's drafts (a stream "
-        "wait on a pinned word; falls back to host fills by itself)",
-    )
-    matrix_step: bool = rng(True, doc="schedule mode: the drafting reads the captured token matrix in one call")
-    early_refresh: bool = rng(True, doc="schedule mode: stale global-cache fronts are rebuilt while the GPU runs")
-    prefill_step_slots: int = rng(
-        0,
-        lo=-1,
-        hi=MAX_SPEC_LEN,
-        doc="adaptive slots: draft slots per decoding request on a heavy prefill step (compute-bound; -1: no cap)",
-    )
-    ragged_prefill_tokens: int = rng(
-        256,
-        lo=0,
-        hi=1 << 14,
-        doc="ragged graphs: prompt chunks of at most this many tokens ride in them too (a second family; 0: off)",
-    )
-    min_path_prob: float = rng(0.0, lo=0.0, hi=1.0, doc="drop draft tokens of a lower path probability")
-    min_path_prob_per_seq: float = rng(0.0, lo=0.0, hi=1.0, doc="that floor grows by this much per running request")
 
     def resolved_drafter_options(self, target_tokenizer: str = "") -> dict[str, dict[str, Any]]:
         """``drafter_options`` with ``draft_model`` and the served model's tokenizer filled into the model's, and the
@@ -184,8 +145,8 @@ class SpecdecOptions(ConfigBase):
         return {True: "on", False: "off"}.get(self.pad_drafts, self.pad_drafts)  # type: ignore[arg-type]
 
     def user_dict(self) -> dict[str, Any]:
-        """The user options (``USER_KEYS``) as a plain dict: what travels in ``additional_config``."""
-        return {k: v for k, v in self.to_dict().items() if k in USER_KEYS}
+        """The user options as a plain dict: what travels in ``additional_config``."""
+        return self.to_dict()
 
     def validate(self, *, where: str = "") -> None:
         super().validate(where=where)
@@ -236,9 +197,9 @@ def check_drafter_options_shape(opts: Mapping[str, Any], *, where: str = "") -> 
             raise ConfigError(f"{where}drafter_options[{name!r}] has key {bad[0]!r}: option names are strings")
 
 
-USER_OPTION_COUNT = 18  # at most 20 user options
-USER_KEYS = frozenset(list(SpecdecOptions.__dataclass_fields__)[:USER_OPTION_COUNT])  # the user options, in order
-assert len(USER_KEYS) == USER_OPTION_COUNT and "metrics_host" in USER_KEYS and "deadline_mode" not in USER_KEYS
+MAX_USER_OPTIONS = 20  # the house rule: at most ~20 user options
+USER_KEYS = frozenset(SpecdecOptions.__dataclass_fields__)  # the user options
+assert len(USER_KEYS) <= MAX_USER_OPTIONS
 
 
 def estimate_params(hf_config: Any) -> float:
@@ -288,6 +249,12 @@ def async_mode_for(mode: str, vllm_config: Any) -> str:
     return resolve_async_mode(
         mode, params=params, tp=getattr(par, "tensor_parallel_size", 1), pp=getattr(par, "pipeline_parallel_size", 1)
     )
+
+
+def schedule_mode_for(options: SpecdecOptions, vllm_config: Any) -> bool:
+    """The options draft under vLLM's async scheduling ("schedule" mode) on this config: ``async_drafting`` on and
+    ``async_mode`` "schedule", or "auto" that ``async_mode_for`` resolves so."""
+    return options.async_drafting and async_mode_for(options.async_mode, vllm_config) == "schedule"
 
 
 def normalise_keys(data: Mapping[str, Any]) -> dict[str, Any]:

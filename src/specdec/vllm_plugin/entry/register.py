@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 
 from specdec.vllm_plugin.logs import LOGGER_NAME
+from specdec.vllm_plugin.patches.features import Feature
 from specdec.vllm_plugin.patches.table import PatchReport, apply_patches
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -22,7 +23,7 @@ logger = logging.getLogger(LOGGER_NAME)
 def register() -> PatchReport:
     """vLLM general-plugin entry point: idempotent, no CUDA initialisation. Returns the report of its rows."""
     report = apply_patches("register")
-    why = report.rows.get("speculative config")
+    why = report.features().get(Feature.METHOD)
     if why:
         logger.warning("specdec: method='specdec' unavailable (%s); use the custom_class form", why)
     return report

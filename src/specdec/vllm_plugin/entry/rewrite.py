@@ -1,7 +1,7 @@
 """Rewrite ``{"method": "specdec", ...}`` into vLLM's ``custom_class`` form, inside vLLM's engine-args path.
 
 vLLM's ``SpeculativeConfig.method`` is a closed Literal and unknown keys are forbidden, so the plugin wraps
-``EngineArgs.create_speculative_config`` (``patch_engine_args``, row "speculative config" of ``patches.table``):
+``EngineArgs.create_speculative_config`` (``wrap_create``, a row of ``patches.table``):
 
     {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "draft_timeout_ms": 20}
 becomes
@@ -19,7 +19,6 @@ speculative method stops the first step of the other stages (measured with vLLM 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import logging
 from typing import Any
@@ -146,23 +145,20 @@ def raise_cudagraph_capture(engine_args: Any, setting: int, k: int) -> int | Non
     return setting
 
 
-def patch_engine_args(engine_args_cls: Any) -> bool:
-    """Wrap ``engine_args_cls.create_speculative_config`` and, where it has one, ``add_cli_args`` (``patch_cli_args``)
-    (idempotent). Returns True if ``create_speculative_config`` is wrapped now."""
-    patch_cli_args(engine_args_cls)
-    orig = getattr(engine_args_cls, "create_speculative_config", None)
-    if orig is None:
-        return False
-    if is_wrapped(orig, "speculative config"):
-        return True
+def create_problem(engine_args_cls: Any) -> str:
+    """'' if ``engine_args_cls`` has ``create_speculative_config``, else the reason."""
+    fn = getattr(engine_args_cls, "create_speculative_config", None)
+    return "" if callable(fn) else "no create_speculative_config"
 
-    @functools.wraps(orig)
+
+def wrap_create(orig: Any, engine_args_cls: Any) -> Any:
+    """``create_speculative_config`` (start): ``rewrite_engine_args`` first."""
+
     def create_speculative_config(self: Any, *args: Any, **kwargs: Any) -> Any:
         rewrite_engine_args(self)
         return orig(self, *args, **kwargs)
 
-    engine_args_cls.create_speculative_config = mark(create_speculative_config, "speculative config")
-    return True
+    return create_speculative_config
 
 
 def check_speculative_json(text: str, value: Any) -> None:
@@ -186,18 +182,17 @@ def check_speculative_json(text: str, value: Any) -> None:
     validate_for_serving(options)
 
 
-def patch_cli_args(engine_args_cls: Any) -> bool:
-    """Wrap ``engine_args_cls.add_cli_args`` (a staticmethod) so that the ``--speculative-config`` argument it adds
-    runs ``check_speculative_json`` as it is parsed: a bad option ends ``vllm serve`` in argparse's one error line
-    (exit 2) instead of a traceback once the engine starts. vLLM loads general plugins (this one) just before it
-    builds its parser. Returns True if wrapped."""
-    orig = getattr(engine_args_cls, "add_cli_args", None)
-    if orig is None:
-        return False
-    if is_wrapped(orig, "speculative config (cli)"):
-        return True
+def cli_args_problem(engine_args_cls: Any) -> str:
+    """'' if ``engine_args_cls`` has ``add_cli_args``, else the reason."""
+    return "" if callable(getattr(engine_args_cls, "add_cli_args", None)) else "no add_cli_args"
 
-    @functools.wraps(orig)
+
+def wrap_cli_args(orig: Any, engine_args_cls: Any) -> Any:
+    """``add_cli_args`` (a staticmethod; end): the ``--speculative-config`` argument it adds runs
+    ``check_speculative_json`` as it is parsed: a bad option ends ``vllm serve`` in argparse's one error line (exit 2)
+    instead of a traceback once the engine starts. vLLM loads general plugins (this one) just before it builds its
+    parser."""
+
     def add_cli_args(parser: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig(parser, *args, **kwargs)
         for action in getattr(out if out is not None else parser, "_actions", []):
@@ -205,8 +200,7 @@ def patch_cli_args(engine_args_cls: Any) -> bool:
                 action.type = _checked_type(action.type)
         return out
 
-    engine_args_cls.add_cli_args = staticmethod(mark(add_cli_args, "speculative config (cli)"))
-    return True
+    return add_cli_args
 
 
 def _checked_type(parse: Any) -> Any:

@@ -9,15 +9,17 @@ The same hook hands vLLM the per-row valid counts its async path needs (``counts
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from specdec.vllm_plugin.core.gil import quick_reacquire
 from specdec.vllm_plugin.modes.feed import TokenFeed, valid_counts
+from specdec.vllm_plugin.modes.phases import PHASE_CAPTURE, PHASE_TOKENS, DraftingObserver
 
+T = TypeVar("T")
 RING_SLOTS = 4  # pinned buffers for sampled tokens; a slot is reused only after its step was read
 
 
@@ -65,6 +67,7 @@ class CaptureRing:
         self.last_req_ids: set[str] = set()
         self.next_slot = 0
         self.feed = TokenFeed()
+        self.observer: DraftingObserver | None = None  # timing hook (``observe.py``): told each phase's wall time
 
     # ----------------------------------------------------------------- 1. capture (every step)
     def counts(self, sampled: Any, discard: dict[int, int], discard_mask: Any) -> tuple[Any, Any]:
@@ -74,6 +77,20 @@ class CaptureRing:
 
     def capture(self, sampled: Any, req_ids: Sequence[str], discard: set[int], *, requests: dict[str, Any]) -> None:
         """Start the copy of ``sampled`` [rows, w] (w <= k+1) and note the step's rows (runner: after sampling)."""
+        if self.observer is None:
+            return self._capture(sampled, req_ids, discard, requests=requests)
+        return self._observed(PHASE_CAPTURE, self._capture, sampled, req_ids, discard, requests=requests)
+
+    def _observed(self, phase: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)``, its wall time told to the observer (``observe.py``) whether it returns or raises."""
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if self.observer is not None:
+                self.observer.drafting_phase(phase, time.perf_counter() - t0)
+
+    def _capture(self, sampled: Any, req_ids: Sequence[str], discard: set[int], *, requests: dict[str, Any]) -> None:
         import torch
 
         t0 = time.perf_counter()
@@ -125,6 +142,11 @@ class CaptureRing:
 
     def _tokens(self, cap: Capture) -> np.ndarray:
         """A captured step's sampled tokens [rows, width] int32 (-1 = rejected), once its copy is done."""
+        if self.observer is None:
+            return self._read_tokens(cap)
+        return self._observed(PHASE_TOKENS, self._read_tokens, cap)
+
+    def _read_tokens(self, cap: Capture) -> np.ndarray:
         if cap.event is not None:
             t0 = time.perf_counter()
             with quick_reacquire():  # the drafting (and the GPU) must not wait a switch interval for the GIL after it

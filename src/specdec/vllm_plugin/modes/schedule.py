@@ -56,6 +56,7 @@ from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.capture import CaptureRing
 from specdec.vllm_plugin.modes.feed import leading_counts, pad_rows
+from specdec.vllm_plugin.modes.phases import PHASE_FILL, PHASE_FINISH, PHASE_WAIT
 from specdec.vllm_plugin.modes.slots import UNKNOWN
 from specdec.vllm_plugin.modes.tp import NoteMaker, SlotNote
 from specdec.vllm_plugin.patches.graph_stats import GraphStats
@@ -91,7 +92,6 @@ class ScheduledDrafting(CaptureRing):
         device: Any,
         device_wait: Any = None,
         slot_book: Any = None,
-        matrix_step: bool = True,
         graph_stats: GraphStats | None = None,
         share: Callable[[Any], None] | None = None,
         notes: NoteMaker | None = None,
@@ -114,7 +114,6 @@ class ScheduledDrafting(CaptureRing):
         pin = self.device.type == "cuda"
         self.host_drafts = [torch.zeros((max_rows, k), dtype=torch.int32, pin_memory=pin) for _ in range(2)]
         self.fills = 0
-        self.matrix_step = matrix_step  # the drafting reads the captured matrix itself (_draft_from_matrix)
         self.gpu_drafts = torch.zeros((max_rows, k), dtype=torch.int32, device=self.device)
         self.job: tuple[list[str], int | None, Any] | None = None  # (req ids, k of the step, the tensor handed out)
         self.job_out: Any = None  # the tensor of the latest job filled (TP > 1: broadcast after the fill)
@@ -140,6 +139,12 @@ class ScheduledDrafting(CaptureRing):
         and nothing is copied: the drafting (its bookkeeping, the back-off's shadow checks and the next step's slots)
         runs after the forward's launch (``finish`` at the end of ``execute_model``).
         With ``share`` the buffer then goes to the other TP ranks, enqueued after its copy (not on a late fill)."""
+        if self.observer is None:
+            return self._fill_and_share(current, defer=defer, verified=verified, width=width, needed=needed)
+        kwargs = {"defer": defer, "verified": verified, "width": width, "needed": needed}
+        return self._observed(PHASE_FILL, self._fill_and_share, current, **kwargs)
+
+    def _fill_and_share(self, current: Any, *, defer: bool, verified: int, width: int, needed: bool) -> bool:
         filled = self._fill(current, defer=defer and needed, verified=verified, width=width, late=not needed)
         if filled and self.share is not None and needed:  # the followers skip the same steps (same schedule)
             self.share(self.job_out)
@@ -192,7 +197,10 @@ class ScheduledDrafting(CaptureRing):
         job, self.deferred = self.deferred, None
         if job is None:
             return
-        self._finish_job(job)
+        if self.observer is None:
+            self._finish_job(job)
+        else:
+            self._observed(PHASE_FINISH, self._finish_job, job)
 
     def _finish_job(self, job: tuple[list[str], int | None, Any, int, int]) -> None:
         req_ids, k, host, seq, verified = job
@@ -219,7 +227,9 @@ class ScheduledDrafting(CaptureRing):
         if self.device_wait is None or not self.device_wait.usable(out):
             return None
         try:
-            return self.device_wait.enqueue_copy(out, host)
+            if self.observer is None:
+                return self.device_wait.enqueue_copy(out, host)
+            return self._observed(PHASE_WAIT, self.device_wait.enqueue_copy, out, host)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             logger.warning("specdec: the GPU's wait for drafts failed (%r); filling drafts from the host", exc)
             self.device_wait = None
@@ -243,7 +253,7 @@ class ScheduledDrafting(CaptureRing):
                 known = len(hist) - len(feed.pending[rid])  # tokens already handed to the drafter's rows
                 p = feed.prompt_len[rid]
                 self.core.start_early(rid, hist[:p], hist[p:known])
-            if self.core.options.early_refresh:
+            if self.core.internal.early_refresh:
                 self.core.refresh_early()  # the stops above made every request's global-cache front stale
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             if getattr(self.core.options, "strict", False):
@@ -294,7 +304,7 @@ class ScheduledDrafting(CaptureRing):
         rows, none discarded, every request known with nothing pending. The lane reads the captured tokens in
         place and writes the padded drafts into ``host``; the feed records the tokens after the GPU's release
         (``_note``). None: not that case (the general path runs). Same buffer, drafts and statistics."""
-        if not self.matrix_step or self.core.lane is None or len(self.queue) != 1:
+        if not self.core.internal.matrix_step or self.core.lane is None or len(self.queue) != 1:
             return None
         cap = self.queue[0]
         if cap.discard or cap.req_ids != req_ids:

@@ -49,7 +49,7 @@ class ThreadedProposerCore(ProposerCore):
         self.stats_collect_seconds = 0.0  # engine-thread time spent waiting in collect
         self.timing: dict[int, list[float]] = {}  # bucket -> [steps, wake, run, window, wait] (us sums)
         if self.lane is not None:
-            self.lane.lane_spin(self.options.thread_spin_us)
+            self.lane.lane_spin(self.internal.thread_spin_us)
         else:
             logger.info(
                 "specdec: async_mode='thread' needs the suffix drafter's native step; drafting "
@@ -148,7 +148,7 @@ class ThreadedProposerCore(ProposerCore):
         d = super().stats_dict()
         d["async_mode"] = "thread"
         d["collect_wait_ms_per_step"] = 1e3 * self.stats_collect_seconds / max(self.stats.steps, 1)
-        d["thread_spin_us"] = self.options.thread_spin_us
+        d["thread_spin_us"] = self.internal.thread_spin_us
         d["lane_threads"] = max(1, self.options.lane_threads)
         d["thread_timing_us"] = {  # per batch-size bucket, means per collected step
             str(b): {"steps": int(v[0]), **{k: v[i] / v[0] for i, k in enumerate(TIMING_KEYS, 1)}}

@@ -1,13 +1,13 @@
 """vLLM patches of ``async_mode="schedule"`` (see ``scheduled.py``): the async-scheduling whitelist, runner hooks.
 
-1. ``patch_vllm_config``: ``VllmConfig.__post_init__`` refuses async scheduling for ``custom_class`` methods. For
+1. ``wrap_post_init``: ``VllmConfig.__post_init__`` refuses async scheduling for ``custom_class`` methods. For
    our proposer only, with ``"async": true, "async_mode": "schedule"``, PP = 1, and only when the method's
    source still contains the whitelist test this patch was written against, ``custom_class`` is added to the
    whitelist's ``NgramGPUTypes`` for the duration of that call (the module global is restored right after).
    vLLM then applies the side effects it applies to every async speculative method (cascade attention off).
    Anything unexpected: logged once, synchronous scheduling stays.
-2. ``patch_async_runner``: three ``GPUModelRunner`` methods, each a pass-through unless the runner's drafter is
-   our proposer in schedule mode and the runner really uses async scheduling:
+2. ``wrap_*``: five ``GPUModelRunner`` methods (one row each in ``patches.table``), each a pass-through unless the
+   runner's drafter is our proposer in schedule mode and the runner really uses async scheduling:
    - ``_bookkeeping_sync`` (start): the valid-token counts vLLM's async path needs
      (``_copy_valid_sampled_token_count``, which must run before the bookkeeping, as for vLLM's GPU drafters)
      and the capture of the sampled tokens;
@@ -20,8 +20,7 @@
      of ``execute_model`` may block on the stream (vLLM 0.26's logits GEMM did), so not later;
    - ``execute_model`` (end, always): drafts a late fill, and drafts and releases if the step never reached the
      forward (an error, an early return).
-3. ``patch_async_scheduler`` (``draft_slots="adaptive"``): the slot patches of ``AsyncScheduler``, in
-   ``async_slots.py``.
+3. ``draft_slots="adaptive"``: the slot patches of ``AsyncScheduler``, in ``async_slots.py``.
 """
 
 from __future__ import annotations
@@ -36,13 +35,12 @@ import numpy as np
 from specdec.vllm_plugin.entry.options import (
     ADDITIONAL_CONFIG_KEY,
     PROPOSER_PATH,
-    SpecdecOptions,
-    async_mode_for,
-    normalise_keys,
+    options_from_vllm_config,
+    schedule_mode_for,
 )
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.tp import schedule_width
-from specdec.vllm_plugin.patches.common import is_ours, is_wrapped, mark, signature_problem, source_has
+from specdec.vllm_plugin.patches.common import is_ours, signature_problem, source_has
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -57,16 +55,16 @@ RUNNER_SIGNATURES = {  # method -> leading parameters this patch relies on
 RUNNER_METHODS = ("_copy_valid_sampled_token_count",)  # called by the capture hook
 
 
-def wants_schedule(additional_config: Any, vllm_config: Any = None) -> bool:
-    """True if our options (``additional_config["specdec"]``) ask for async_mode='schedule', or for 'auto' and
-    ``vllm_config`` (its target's size, TP, PP) resolves it so (``options.async_mode_for``)."""
-    ours = additional_config.get(ADDITIONAL_CONFIG_KEY) if isinstance(additional_config, dict) else None
+def wants_schedule(vllm_config: Any) -> bool:
+    """True if the options of ``vllm_config`` (``additional_config["specdec"]``) ask for async_mode='schedule', or
+    for 'auto' and the config (its target's size, TP, PP) resolves it so (``options.schedule_mode_for``, as
+    ``EngineSettings`` decides). Runs inside ``VllmConfig.__post_init__``, before the config is final, so it reads
+    the options through the one parser (``options_from_vllm_config``) without keeping an ``EngineSettings``."""
+    extra = getattr(vllm_config, "additional_config", None)
+    ours = extra.get(ADDITIONAL_CONFIG_KEY) if isinstance(extra, dict) else None
     if not isinstance(ours, dict):
         return False
-    ours = normalise_keys(ours)
-    if not ours.get("async_drafting", SpecdecOptions.async_drafting):
-        return False
-    return async_mode_for(ours.get("async_mode", SpecdecOptions.async_mode), vllm_config) == "schedule"
+    return schedule_mode_for(options_from_vllm_config(vllm_config), vllm_config)
 
 
 def is_our_config(config: Any) -> bool:
@@ -81,7 +79,7 @@ def is_our_config(config: Any) -> bool:
 
 def is_schedule_config(config: Any) -> bool:
     """``config`` (a ``VllmConfig``) runs our proposer and asks for schedule mode."""
-    return is_our_config(config) and wants_schedule(getattr(config, "additional_config", None), config)
+    return is_our_config(config) and wants_schedule(config)
 
 
 def whitelist_problem(module: Any) -> str:
@@ -93,20 +91,17 @@ def whitelist_problem(module: Any) -> str:
 
 
 def wrap_post_init(
-    module: Any, *, hooks_problem: Callable[[], str] = lambda: "", tp_problem: Callable[[], str] = lambda: ""
-) -> bool:
-    """Wrap ``VllmConfig.__post_init__`` of ``module`` (idempotent). Returns True if wrapped. ``hooks_problem``: the
-    reason the runner hooks schedule mode needs cannot apply in this vLLM ('' if they can); ``tp_problem``: the
-    same for the slot notes of TP > 1 (``tp_notes.py``). Asked only for our configurations, so no whitelist is
-    lifted without its hooks."""
-    if whitelist_problem(module):
-        return False
-    cls = module.VllmConfig
-    orig = cls.__post_init__
-    if is_wrapped(orig, "whitelist"):
-        return True
+    orig: Callable[..., Any],
+    module: Any,
+    *,
+    hooks_problem: Callable[[], str] = lambda: "",
+    tp_problem: Callable[[], str] = lambda: "",
+) -> Callable[..., Any]:
+    """The wrapper of ``module.VllmConfig.__post_init__`` (``orig``; item 1). ``hooks_problem``: the reason the
+    runner hooks schedule mode needs cannot apply in this vLLM ('' if they can); ``tp_problem``: the same for the
+    slot notes of TP > 1 (``tp_notes.py``). Asked only for our configurations, so no whitelist is lifted without
+    its hooks."""
 
-    @functools.wraps(orig)
     def __post_init__(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not is_schedule_config(self):
             return orig(self, *args, **kwargs)
@@ -127,8 +122,7 @@ def wrap_post_init(
         finally:
             module.NgramGPUTypes = saved
 
-    cls.__post_init__ = mark(__post_init__, "whitelist")
-    return True
+    return __post_init__
 
 
 def drafts_in_schedule_mode(runner: Any) -> bool:
@@ -181,7 +175,7 @@ def async_runner_problem(runner_cls: Any) -> str:
     return f"{', '.join(missing)} missing" if missing else ""
 
 
-def _wrap_bookkeeping(orig_book: Callable[..., Any]) -> Callable[..., Any]:
+def wrap_bookkeeping(orig_book: Callable[..., Any], runner_cls: Any) -> Callable[..., Any]:
     @functools.wraps(orig_book)
     def _bookkeeping_sync(self: Any, scheduler_output: Any, sampler_output: Any, *args: Any, **kwargs: Any) -> Any:
         sched = _scheduled(self)
@@ -193,7 +187,7 @@ def _wrap_bookkeeping(orig_book: Callable[..., Any]) -> Callable[..., Any]:
     return _bookkeeping_sync
 
 
-def _wrap_propose(orig_prop: Callable[..., Any]) -> Callable[..., Any]:
+def wrap_propose(orig_prop: Callable[..., Any], runner_cls: Any) -> Callable[..., Any]:
     @functools.wraps(orig_prop)
     def propose_draft_token_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         sched = _scheduled(self)
@@ -210,7 +204,7 @@ def _wrap_propose(orig_prop: Callable[..., Any]) -> Callable[..., Any]:
     return propose_draft_token_ids
 
 
-def _wrap_prepare(orig_prep: Callable[..., Any]) -> Callable[..., Any]:
+def wrap_prepare(orig_prep: Callable[..., Any], runner_cls: Any) -> Callable[..., Any]:
     @functools.wraps(orig_prep)
     def _prepare_input_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         sched = _scheduled(self)
@@ -231,7 +225,7 @@ def _wrap_prepare(orig_prep: Callable[..., Any]) -> Callable[..., Any]:
     return _prepare_input_ids
 
 
-def _wrap_execute(orig_exec: Callable[..., Any]) -> Callable[..., Any]:
+def wrap_execute(orig_exec: Callable[..., Any], runner_cls: Any) -> Callable[..., Any]:
     @functools.wraps(orig_exec)
     def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -242,31 +236,10 @@ def _wrap_execute(orig_exec: Callable[..., Any]) -> Callable[..., Any]:
     return execute_model
 
 
-def _wrap_forward(orig_fwd: Callable[..., Any]) -> Callable[..., Any]:
+def wrap_forward(orig_fwd: Callable[..., Any], runner_cls: Any) -> Callable[..., Any]:
     @functools.wraps(orig_fwd)
     def _model_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         _finish_deferred(self, late=False)  # inputs enqueued: draft now, let the stream go on, then the forward
         return orig_fwd(self, *args, **kwargs)
 
     return _model_forward
-
-
-RUNNER_HOOKS = (  # runner method -> the maker of its wrapper (item 2 of the module docstring), in patching order
-    ("_bookkeeping_sync", _wrap_bookkeeping),
-    ("propose_draft_token_ids", _wrap_propose),
-    ("_prepare_input_ids", _wrap_prepare),
-    ("execute_model", _wrap_execute),
-    ("_model_forward", _wrap_forward),
-)
-
-
-def patch_async_runner(runner_cls: Any) -> bool:
-    """Wrap the runner methods of ``RUNNER_HOOKS`` (idempotent). Returns True if patched."""
-    if async_runner_problem(runner_cls):
-        return False
-    if is_wrapped(runner_cls._bookkeeping_sync, "async_runner"):
-        return True
-    wrapped = [(name, wrap(getattr(runner_cls, name))) for name, wrap in RUNNER_HOOKS]  # every original read first
-    for name, fn in wrapped:
-        setattr(runner_cls, name, mark(fn, "async_runner"))
-    return True

@@ -1,17 +1,16 @@
 """vLLM patches of ``draft_slots="adaptive"`` in schedule mode (``async_sched.py``): each request's draft slots.
 
-``patch_async_scheduler``: ``AsyncScheduler.schedule`` (start) gives each running decoding request, instead of the
+``wrap_schedule``: ``AsyncScheduler.schedule`` (start) gives each running decoding request, instead of the
 ``k`` draft placeholders vLLM reserved at the end of the previous schedule, the slots of its latest draft
 (``slots.SlotBook``, ``regrant_placeholders``), and with the book's ``prefill_cap`` (``prefill_step_slots``) caps
 them when the step about to be scheduled will carry a prefill (``cap_prefill_steps``); a pass-through while no slot
 book is registered (another method, uniform slots). Where ``schedule`` is not the one this patch was written
-against, ``_update_after_schedule`` (end) trims the placeholders as vLLM hands them out instead
-(``trim_placeholders``: one drafting round older, no cap).
+against, ``wrap_update``: ``_update_after_schedule`` (end) trims the placeholders as vLLM hands them
+out instead (``trim_placeholders``: one drafting round older, no cap).
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 from typing import Any
@@ -19,7 +18,8 @@ from typing import Any
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.slots import PLACEHOLDER, book_of
 from specdec.vllm_plugin.modes.tp import send_width
-from specdec.vllm_plugin.patches.common import is_wrapped, mark, signature_problem, source_has
+from specdec.vllm_plugin.patches.common import is_wrapped, signature_problem, source_has
+from specdec.vllm_plugin.patches.features import Feature
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -42,19 +42,22 @@ def scheduler_problem(scheduler_cls: Any) -> str:
     return "" if source_has(orig, SCHEDULER_SOURCE) else "_update_after_schedule is not the one patched"
 
 
-def patch_async_scheduler(scheduler_cls: Any) -> bool:
-    """Wrap ``scheduler_cls._update_after_schedule`` (idempotent; see the module docstring). Returns
-    True if wrapped; False when the method is not the one this patch was written against. The slot book comes
-    from the scheduler's own ``vllm_config`` (``slots.book_of``): the proposer of the same engine attached it."""
-    if scheduler_problem(scheduler_cls):
-        return False
-    orig = scheduler_cls._update_after_schedule
-    if is_wrapped(orig, "slots"):
-        return True
-    logged: list[bool] = []
-    regrants = _wrap_schedule(scheduler_cls, logged)  # True: the start of `schedule` sets every step's final slots
+def schedule_problem(scheduler_cls: Any) -> str:
+    """'' if ``scheduler_cls.schedule`` is the one the slot re-grant and ``prefill_step_slots`` were written for."""
+    orig = getattr(scheduler_cls, "schedule", None)
+    if orig is None or not source_has(orig, SCHEDULE_SOURCE):
+        return "schedule is not the one the slot re-grant and prefill_step_slots were written for"
+    return ""
 
-    @functools.wraps(orig)
+
+def wrap_update(orig: Any, scheduler_cls: Any) -> Any:
+    """``_update_after_schedule`` (end): where ``schedule`` is not wrapped (``wrap_schedule``), each request's
+    placeholders trimmed as vLLM hands them out (``trim_placeholders``). The slot book comes from the scheduler's
+    own ``vllm_config`` (``slots.book_of``): the proposer of the same engine attached it."""
+    logged: list[bool] = []
+    # True: the start of `schedule` sets every step's final slots (its row applies before this one)
+    regrants = is_wrapped(getattr(scheduler_cls, "schedule", None), Feature.SLOT_REGRANT.label)
+
     def _update_after_schedule(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig(self, scheduler_output, *args, **kwargs)
         book = book_of(getattr(self, "vllm_config", None))
@@ -69,25 +72,15 @@ def patch_async_scheduler(scheduler_cls: Any) -> bool:
                     )
         return out
 
-    scheduler_cls._update_after_schedule = mark(_update_after_schedule, "slots")
-    return True
+    return _update_after_schedule
 
 
-def _wrap_schedule(scheduler_cls: Any, logged: list[bool]) -> bool:
+def wrap_schedule(orig_schedule: Any, scheduler_cls: Any) -> Any:
     """``schedule`` (start): every running request's slots from the latest drafts (``regrant_placeholders``), then
-    the prefill steps' cap (``cap_prefill_steps``) if the book has one. Left alone when vLLM's ``schedule`` is not
-    the one it was written against (logged; slots are then trimmed when vLLM reserves them, and no cap applies).
-    Returns True if wrapped."""
-    orig_schedule = getattr(scheduler_cls, "schedule", None)
-    if orig_schedule is None or not source_has(orig_schedule, SCHEDULE_SOURCE):
-        logger.info(
-            "specdec: %s.schedule is not the one the slot re-grant and prefill_step_slots were written for; "
-            "slots follow older drafts, no prefill cap",
-            scheduler_cls.__name__,
-        )
-        return False
+    the prefill steps' cap (``cap_prefill_steps``) if the book has one; (end) the width the book chose goes to the
+    ranks under TP > 1."""
+    logged: list[bool] = []
 
-    @functools.wraps(orig_schedule)
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         book = book_of(getattr(self, "vllm_config", None))
         if book is not None:
@@ -105,8 +98,7 @@ def _wrap_schedule(scheduler_cls: Any, logged: list[bool]) -> bool:
             send_width(out, book)  # TP > 1: the driver drafts to the width the book chose (modes/tp.py)
         return out
 
-    scheduler_cls.schedule = mark(schedule, "slots")
-    return True
+    return schedule
 
 
 def prefill_tokens_pending(waiting: Any, running: Any, *, enough: int) -> int:

@@ -27,17 +27,24 @@ def mark(fn: Any, name: str) -> Any:
 
 
 def wrap_method(
-    cls: Any, attr: str, name: str, make: Callable[[Any], Callable[..., Any]], *, problem: Callable[[Any], str]
+    cls: Any,
+    attr: str,
+    name: str,
+    make: Callable[[Any], Callable[..., Any]],
+    *,
+    problem: Callable[[Any], str] | None = None,
+    static: bool = False,
 ) -> bool:
-    """The one apply-and-mark of a one-method patch: unless ``problem(cls)`` names a reason it does not fit,
-    replace ``cls.attr`` by ``make(original)`` (with the original's name and docstring), marked as patch ``name``.
-    Idempotent. Returns True if the method is (now) wrapped."""
-    if problem(cls):
+    """The one apply-and-mark of every patch: unless ``problem(cls)`` names a reason it does not fit, replace
+    ``cls.attr`` by ``make(original)`` (with the original's name and docstring), marked as patch ``name``;
+    ``static``: the method is a staticmethod and stays one. Idempotent. Returns True if the method is (now) wrapped."""
+    if problem is not None and problem(cls):
         return False
     orig = getattr(cls, attr)
     if is_wrapped(orig, name):
         return True
-    setattr(cls, attr, mark(functools.wraps(orig)(make(orig)), name))
+    fn = mark(functools.wraps(orig)(make(orig)), name)
+    setattr(cls, attr, staticmethod(fn) if static else fn)
     return True
 
 
@@ -53,6 +60,14 @@ def source_has(fn: Any, text: str) -> bool:
         return text in inspect.getsource(fn)
     except (OSError, TypeError):
         return False
+
+
+def sources_problem(cls: Any, wanted: dict[str, str]) -> str:
+    """'' if the source of every method of ``cls`` in ``wanted`` contains the given text, else the reason."""
+    for name, text in wanted.items():
+        if not source_has(getattr(cls, name, None), text):
+            return f"{getattr(cls, '__name__', cls)}.{name} is not the one this patch was written for"
+    return ""
 
 
 def leading_params(fn: Any) -> list[str]:

@@ -22,12 +22,10 @@ come back, nothing else changes).
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from typing import Any
 
-from specdec.vllm_plugin.attrs import WRAPPED
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.feed import VALID_COUNT_DTYPE
 from specdec.vllm_plugin.patches import async_sched as async_patch
@@ -96,17 +94,16 @@ def _twin(buffer: Any) -> Any:
         return torch.zeros_like(buffer)
 
 
-def patch_worker_warmup(worker_cls: Any) -> bool:
-    """Wrap ``worker_cls.compile_or_warm_up_model`` (idempotent): after vLLM's warm-up, a worker whose runner drafts
-    with our proposer under async scheduling compiles the correction's classes (``warm_batch_change``). Returns True
-    if patched."""
-    orig = getattr(worker_cls, "compile_or_warm_up_model", None)
-    if orig is None:
-        return False
-    if getattr(orig, WRAPPED, False):
-        return True
+def worker_problem(worker_cls: Any) -> str:
+    """'' if ``worker_cls`` has ``compile_or_warm_up_model``, else the reason."""
+    fn = getattr(worker_cls, "compile_or_warm_up_model", None)
+    return "" if callable(fn) else "Worker.compile_or_warm_up_model is missing"
 
-    @functools.wraps(orig)
+
+def wrap_warmup(orig: Any, worker_cls: Any) -> Any:
+    """``compile_or_warm_up_model`` (end): a worker whose runner drafts with our proposer under async scheduling
+    compiles the correction's classes (``warm_batch_change``) after vLLM's warm-up."""
+
     def compile_or_warm_up_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig(self, *args, **kwargs)
         runner = getattr(self, "model_runner", None)
@@ -125,6 +122,4 @@ def patch_worker_warmup(worker_cls: Any) -> bool:
                     logger.info("specdec: compiled %s ahead for %d batch-size classes", FUNCTION_NAME, calls)
         return out
 
-    setattr(compile_or_warm_up_model, WRAPPED, True)
-    worker_cls.compile_or_warm_up_model = compile_or_warm_up_model
-    return True
+    return compile_or_warm_up_model

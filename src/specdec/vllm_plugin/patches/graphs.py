@@ -28,8 +28,8 @@ The graphs are captured and replayed exactly as vLLM's own uniform ones, with a 
 FlashAttention 3's scheduler metadata depends on (requests, max query length) is the same at capture and replay.
 (vLLM's ``cudagraph_mode=FULL`` instead replays *mixed* batches from graphs captured for other shapes, whose scheduler
 metadata then differs from the replayed batch's and can change outputs.) Version-checked by the source of the methods
-wrapped; anything unexpected: logged once, narrow batches run piecewise (correct, only slower). Never imported by
-``drafters/``; imports vLLM only inside the patch.
+wrapped (one row of ``patches.table`` per wrapper); anything unexpected: the start-up line says so, narrow batches run
+piecewise (correct, only slower). Never imported by ``drafters/``; imports vLLM only inside the wrappers' makers.
 
 The narrow keys and their dispatch rule (items 1-3): ``specdec.vllm_plugin.patches.narrow_keys``. Ragged batches
 (requests of different lengths in one FULL graph): ``specdec.vllm_plugin.patches.ragged_keys``; the wrappers here
@@ -40,8 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import inspect
 import logging
 import time
 from collections.abc import Iterator
@@ -56,9 +54,9 @@ from specdec.vllm_plugin.attrs import (
     RAGGED_OK,
     RAGGED_PREFILL,
     RAGGED_Q,
-    WRAPPED,
 )
 from specdec.vllm_plugin.logs import LOGGER_NAME
+from specdec.vllm_plugin.patches.common import sources_problem
 from specdec.vllm_plugin.patches.graph_stats import GraphStats, dispatcher_stats
 from specdec.vllm_plugin.patches.narrow_keys import (
     add_narrow_keys,
@@ -67,7 +65,6 @@ from specdec.vllm_plugin.patches.narrow_keys import (
     narrow_widths,
 )
 from specdec.vllm_plugin.patches.ragged_keys import (
-    RAGGED_SOURCE,
     add_ragged_keys,
     has_field,
     is_prefill_key,
@@ -76,7 +73,6 @@ from specdec.vllm_plugin.patches.ragged_keys import (
     ragged_family,
     ragged_key,
     ragged_prefill_tokens,
-    ragged_runner_wrappers,
 )
 from specdec.vllm_plugin.settings import PLAIN_WIDTH
 
@@ -105,36 +101,34 @@ def _dispatching(dispatcher: Any, flag: str, value: Any) -> Iterator[None]:
         setattr(dispatcher, flag, None)
 
 
-def _sources_ok(cls: Any, wanted: dict[str, str]) -> str:
-    for name, text in wanted.items():
-        fn = getattr(cls, name, None)
-        try:
-            ok = fn is not None and text in inspect.getsource(fn)
-        except (OSError, TypeError):
-            ok = False
-        if not ok:
-            return f"{cls.__name__}.{name} is not the one this patch was written for"
+def dispatcher_problem(dispatcher_cls: Any) -> str:
+    """'' if the dispatcher's methods are the ones the wrappers were written for and vLLM's graph types import."""
+    problem = sources_problem(dispatcher_cls, DISPATCHER_SOURCE)
+    if problem:
+        return problem
+    try:
+        vllm_graph_types()
+    except Exception as exc:  # noqa: BLE001 - another vLLM layout: no narrow graphs
+        return f"vLLM's CUDAGraphMode or BatchDescriptor is not importable ({type(exc).__name__})"
     return ""
 
 
-def patch_narrow_graphs(runner_cls: Any, dispatcher_cls: Any) -> bool:
-    """Install the wrappers (idempotent). Returns True if installed; False (logged) if vLLM's code differs. The
-    ragged-batch wrappers need two more runner methods; where those differ only narrow graphs are installed."""
-    problem = _sources_ok(dispatcher_cls, DISPATCHER_SOURCE) or _sources_ok(runner_cls, RUNNER_SOURCE)
-    if problem:
-        logger.warning("specdec: narrow_slots run without full CUDA graphs (%s)", problem)
-        return False
-    if getattr(dispatcher_cls.dispatch, WRAPPED, False):
-        return True
+def runner_problem(runner_cls: Any) -> str:
+    """'' if the runner's methods are the ones the narrow-graph wrappers were written for, else the reason."""
+    return sources_problem(runner_cls, RUNNER_SOURCE)
+
+
+def capture_problem(runner_cls: Any) -> str:
+    """'' if the runner has ``capture_model`` (after which the added graphs' cost is logged)."""
+    return "" if callable(getattr(runner_cls, "capture_model", None)) else "capture_model is missing"
+
+
+def vllm_graph_types() -> tuple[Any, Any]:
+    """vLLM's ``CUDAGraphMode`` and ``BatchDescriptor``."""
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import BatchDescriptor
 
-    ragged_problem = _sources_ok(runner_cls, RAGGED_SOURCE)
-    if ragged_problem:
-        logger.warning("specdec: ragged verify batches run without full CUDA graphs (%s)", ragged_problem)
-    _wrap_dispatcher(dispatcher_cls, CUDAGraphMode, BatchDescriptor)
-    _wrap_runner(runner_cls, ragged=not ragged_problem)
-    return True
+    return CUDAGraphMode, BatchDescriptor
 
 
 def _allowed_full(modes: Any, kwargs: dict[str, Any], has_lora: bool) -> bool:
@@ -192,10 +186,10 @@ def _add_keys(dispatcher: Any, cudagraph_mode: Any, q: int, *, modes: Any, descr
         )
 
 
-def _wrap_dispatcher(cls: Any, modes: Any, descriptor: Any) -> None:
-    orig_init, orig_dispatch = cls.initialize_cudagraph_keys, cls.dispatch
+def wrap_initialize_keys(orig_init: Any, dispatcher_cls: Any) -> Any:
+    """``initialize_cudagraph_keys`` (end): our keys beside vLLM's (item 1)."""
+    modes, descriptor = vllm_graph_types()
 
-    @functools.wraps(orig_init)
     def initialize_cudagraph_keys(
         self: Any, cudagraph_mode: Any, uniform_decode_query_len: int = 1, *args: Any, **kwargs: Any
     ) -> Any:
@@ -203,7 +197,13 @@ def _wrap_dispatcher(cls: Any, modes: Any, descriptor: Any) -> None:
         _add_keys(self, cudagraph_mode, int(uniform_decode_query_len), modes=modes, descriptor=descriptor)
         return out
 
-    @functools.wraps(orig_dispatch)
+    return initialize_cudagraph_keys
+
+
+def wrap_dispatch(orig_dispatch: Any, dispatcher_cls: Any) -> Any:
+    """``dispatch``: a narrow or ragged batch gets its FULL key where one was captured (item 2)."""
+    modes, descriptor = vllm_graph_types()
+
     def dispatch(
         self: Any, num_tokens: int, uniform_decode: bool = False, has_lora: bool = False, *args: Any, **kwargs: Any
     ) -> Any:
@@ -238,9 +238,7 @@ def _wrap_dispatcher(cls: Any, modes: Any, descriptor: Any) -> None:
             stats.narrow_piecewise += 1
         return orig_dispatch(self, num_tokens, False, has_lora, *args, **kwargs)  # vLLM's mixed-batch graphs
 
-    for fn in (initialize_cudagraph_keys, dispatch):
-        setattr(fn, WRAPPED, True)
-    cls.initialize_cudagraph_keys, cls.dispatch = initialize_cudagraph_keys, dispatch
+    return dispatch
 
 
 def _classify(runner: Any, orig: Any, num_tokens: int, num_reqs: int, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -318,10 +316,10 @@ def _query_len(runner: Any, q: int) -> Iterator[None]:
         runner.uniform_decode_query_len = saved
 
 
-def _wrap_runner(cls: Any, *, ragged: bool = True) -> None:
-    orig_determine, orig_capture = cls._determine_batch_execution_and_padding, cls._warmup_and_capture
+def wrap_determine(orig_determine: Any, runner_cls: Any) -> Any:
+    """``_determine_batch_execution_and_padding``: a narrow batch dispatched as uniform, a ragged one to its key
+    (item 3); the runner keeps the max query length its attention metadata must state."""
 
-    @functools.wraps(orig_determine)
     def _determine_batch_execution_and_padding(
         self: Any, num_tokens: int, num_reqs: int, *args: Any, **kwargs: Any
     ) -> Any:
@@ -331,15 +329,24 @@ def _wrap_runner(cls: Any, *, ragged: bool = True) -> None:
         setattr(self, RAGGED_Q, getattr(dispatcher, RAGGED_HIT, None))  # what the attention metadata must state
         return out
 
-    orig_capture_model = getattr(cls, "capture_model", None)  # (the log line only: optional)
+    return _determine_batch_execution_and_padding
 
-    @functools.wraps(orig_capture_model or _wrap_runner)
+
+def wrap_capture_model(orig_capture_model: Any, runner_cls: Any) -> Any:
+    """``capture_model`` (end): the added graphs' cost, logged once per engine (``log_added_graphs``)."""
+
     def capture_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig_capture_model(self, *args, **kwargs)
         log_added_graphs(dispatcher_stats(self.cudagraph_dispatcher))
         return out
 
-    @functools.wraps(orig_capture)
+    return capture_model
+
+
+def wrap_warmup_and_capture(orig_capture: Any, runner_cls: Any) -> Any:
+    """``_warmup_and_capture``: a key of ours is captured from vLLM's dummy batch at its query length (item 3),
+    its cost measured."""
+
     def _warmup_and_capture(self: Any, desc: Any, *args: Any, **kwargs: Any) -> Any:
         if not _is_ours(self.cudagraph_dispatcher, desc):
             return _capture_ours(self, desc, args, kwargs)
@@ -362,14 +369,4 @@ def _wrap_runner(cls: Any, *, ragged: bool = True) -> None:
         with _query_len(self, q), _dispatching(dispatcher, NARROW_Q, q):  # dummy: num_reqs requests of q tokens
             return orig_capture(self, desc, *args, **kwargs)
 
-    wrapped = [
-        ("_determine_batch_execution_and_padding", _determine_batch_execution_and_padding),
-        ("_warmup_and_capture", _warmup_and_capture),
-    ]
-    if orig_capture_model is not None:
-        wrapped.append(("capture_model", capture_model))
-    if ragged:
-        wrapped += ragged_runner_wrappers(cls)
-    for name, fn in wrapped:
-        setattr(fn, WRAPPED, True)
-        setattr(cls, name, fn)
+    return _warmup_and_capture

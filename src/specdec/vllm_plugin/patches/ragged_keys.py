@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import functools
 import logging
 from typing import Any
 
 from specdec.vllm_plugin.attrs import RAGGED_KEYS, RAGGED_OK, RAGGED_PREFILL, RAGGED_Q
 from specdec.vllm_plugin.logs import LOGGER_NAME
+from specdec.vllm_plugin.patches.common import sources_problem
 from specdec.vllm_plugin.settings import engine_settings
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -158,19 +158,28 @@ def ragged_family(dispatcher: Any, desc: Any) -> tuple[int, int, list[int]] | No
     return family if family and desc.num_reqs == family[1] else None
 
 
-def ragged_runner_wrappers(cls: Any) -> list[tuple[str, Any]]:
-    """The attention metadata of a ragged FULL replay states the captured max query length; the dispatcher learns
-    whether every attention backend supports full graphs of any batch before it makes its keys."""
-    orig_build, orig_check = cls._build_attention_metadata, cls._check_and_update_cudagraph_mode
+def ragged_problem(runner_cls: Any) -> str:
+    """'' if the two runner methods the ragged wrappers need are the ones they were written for, else the reason."""
+    return sources_problem(runner_cls, RAGGED_SOURCE)
 
-    @functools.wraps(orig_build)
+
+def wrap_build_metadata(orig_build: Any, runner_cls: Any) -> Any:
+    """``_build_attention_metadata``: the attention metadata of a ragged FULL replay states the captured max query
+    length."""
+
     def _build_attention_metadata(self: Any, *args: Any, **kwargs: Any) -> Any:
         q = getattr(self, RAGGED_Q, None)
         if q is not None and "max_query_len" in kwargs:
             kwargs["max_query_len"] = max(int(kwargs["max_query_len"]), q)
         return orig_build(self, *args, **kwargs)
 
-    @functools.wraps(orig_check)
+    return _build_attention_metadata
+
+
+def wrap_check_mode(orig_check: Any, runner_cls: Any) -> Any:
+    """``_check_and_update_cudagraph_mode``: the dispatcher learns whether every attention backend supports full
+    graphs of any batch before it makes its keys."""
+
     def _check_and_update_cudagraph_mode(
         self: Any, attention_backends: Any, kv_cache_groups: Any, *args: Any, **kwargs: Any
     ) -> Any:
@@ -182,7 +191,4 @@ def ragged_runner_wrappers(cls: Any) -> list[tuple[str, Any]]:
         setattr(self.cudagraph_dispatcher, RAGGED_OK, support == FULL_SUPPORT)
         return orig_check(self, attention_backends, kv_cache_groups, *args, **kwargs)
 
-    return [
-        ("_build_attention_metadata", _build_attention_metadata),
-        ("_check_and_update_cudagraph_mode", _check_and_update_cudagraph_mode),
-    ]
+    return _check_and_update_cudagraph_mode

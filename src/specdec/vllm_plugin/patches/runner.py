@@ -10,14 +10,15 @@
   requests stop, new ones start while the GPU runs: ``SpecdecProposer.prepare_step``). Without it they start and
   stop when the step drafts.
 
-Each wrapper is a pass-through for any drafter that is not ours. Never imports vLLM.
+Each wrapper (``wrap_*``: original method, the runner class -> wrapper; ``patches.table`` applies them) is a
+pass-through for any drafter that is not ours. Never imports vLLM.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from specdec.vllm_plugin.patches.common import is_ours, leading_params, wrap_method
+from specdec.vllm_plugin.patches.common import is_ours, leading_params
 
 BIND_PARAMS = ["self", "scheduler_output"]  # leading parameters of propose_draft_token_ids and execute_model
 
@@ -49,48 +50,39 @@ def execute_problem(runner_cls: Any) -> str:
     return "" if params[:2] == BIND_PARAMS else f"execute_model{params} has an unexpected signature"
 
 
-def patch_bind(runner_cls: Any) -> bool:
-    """Wrap ``runner_cls.propose_draft_token_ids`` (idempotent). Returns True if wrapped."""
+def wrap_bind(orig: Any, runner_cls: Any) -> Any:
+    """``propose_draft_token_ids``: hands our proposer the step's input batch first."""
 
-    def make(orig: Any) -> Any:
-        def propose_draft_token_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-            drafter = getattr(self, "drafter", None)
-            if is_ours(drafter):
-                drafter.bind_step(self.input_batch, scheduler_output)
-            return orig(self, scheduler_output, *args, **kwargs)
+    def propose_draft_token_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        drafter = getattr(self, "drafter", None)
+        if is_ours(drafter):
+            drafter.bind_step(self.input_batch, scheduler_output)
+        return orig(self, scheduler_output, *args, **kwargs)
 
-        return propose_draft_token_ids
-
-    return wrap_method(runner_cls, "propose_draft_token_ids", "bind", make, problem=bind_problem)
+    return propose_draft_token_ids
 
 
-def patch_take(runner_cls: Any) -> bool:
-    """Wrap ``runner_cls.take_draft_token_ids`` (idempotent). Returns True if wrapped."""
+def wrap_take(orig: Any, runner_cls: Any) -> Any:
+    """``take_draft_token_ids``: thread mode's drafts collected first."""
 
-    def make(orig: Any) -> Any:
-        def take_draft_token_ids(self: Any) -> Any:
-            drafter = getattr(self, "drafter", None)
-            if is_ours(drafter):
-                drafts = drafter.collect_deferred()
-                if drafts is not None and isinstance(getattr(self, "_draft_token_ids", None), list):
-                    self._draft_token_ids = drafts
-            return orig(self)
+    def take_draft_token_ids(self: Any) -> Any:
+        drafter = getattr(self, "drafter", None)
+        if is_ours(drafter):
+            drafts = drafter.collect_deferred()
+            if drafts is not None and isinstance(getattr(self, "_draft_token_ids", None), list):
+                self._draft_token_ids = drafts
+        return orig(self)
 
-        return take_draft_token_ids
-
-    return wrap_method(runner_cls, "take_draft_token_ids", "take", make, problem=take_problem)
+    return take_draft_token_ids
 
 
-def patch_execute(runner_cls: Any) -> bool:
-    """Wrap ``runner_cls.execute_model`` (idempotent). Returns True if wrapped."""
+def wrap_execute(orig: Any, runner_cls: Any) -> Any:
+    """``execute_model``: thread mode sees the step's scheduler output first."""
 
-    def make(orig: Any) -> Any:
-        def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-            drafter = getattr(self, "drafter", None)
-            if is_ours(drafter):
-                drafter.prepare_step(scheduler_output)
-            return orig(self, scheduler_output, *args, **kwargs)
+    def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        drafter = getattr(self, "drafter", None)
+        if is_ours(drafter):
+            drafter.prepare_step(scheduler_output)
+        return orig(self, scheduler_output, *args, **kwargs)
 
-        return execute_model
-
-    return wrap_method(runner_cls, "execute_model", "execute", make, problem=execute_problem)
+    return execute_model

@@ -17,7 +17,7 @@ from typing import Any
 from specdec.vllm_plugin.attrs import SLOT_NOTE_ATTR, WRAPPED_OUTPUT
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.tp import scheduler_book
-from specdec.vllm_plugin.patches.common import is_ours, signature_problem, wrap_method
+from specdec.vllm_plugin.patches.common import is_ours, signature_problem
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -26,10 +26,12 @@ SCHEDULER_SIGNATURES = {"update_from_output": ["self", "scheduler_output", "mode
 
 
 def runner_problem(runner_cls: Any) -> str:
+    """'' if ``sample_tokens`` has the leading parameters (self, grammar_output), else the reason."""
     return signature_problem(runner_cls, RUNNER_SIGNATURES)
 
 
 def scheduler_problem(scheduler_cls: Any) -> str:
+    """'' if ``update_from_output`` has the leading parameters (self, scheduler_output, model_runner_output)."""
     return signature_problem(scheduler_cls, SCHEDULER_SIGNATURES)
 
 
@@ -52,39 +54,31 @@ def attach_note(runner: Any, output: Any) -> bool:
     return True
 
 
-def patch_runner(runner_cls: Any) -> bool:
-    """Wrap ``sample_tokens`` (idempotent). Returns True if patched."""
+def wrap_sample_tokens(orig: Any, runner_cls: Any) -> Any:
+    """``sample_tokens`` (end): the drafting's latest note onto the step's output (item 1)."""
 
-    def make(orig: Any) -> Any:
-        def sample_tokens(self: Any, *args: Any, **kwargs: Any) -> Any:
-            out = orig(self, *args, **kwargs)
-            if out is not None:
-                attach_note(self, out)
-            return out
+    def sample_tokens(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(self, *args, **kwargs)
+        if out is not None:
+            attach_note(self, out)
+        return out
 
-        return sample_tokens
-
-    return wrap_method(runner_cls, "sample_tokens", "tp_notes", make, problem=runner_problem)
+    return sample_tokens
 
 
-def patch_scheduler(scheduler_cls: Any) -> bool:
-    """Wrap ``update_from_output`` (idempotent). Returns True if patched."""
+def wrap_update_from_output(orig: Any, scheduler_cls: Any) -> Any:
+    """``update_from_output`` (start): a note on the output feeds the scheduler's slot book (item 2)."""
     logged: list[bool] = []
 
-    def make(orig: Any) -> Any:
-        def update_from_output(
-            self: Any, scheduler_output: Any, model_runner_output: Any, *args: Any, **kw: Any
-        ) -> Any:
-            note = getattr(model_runner_output, SLOT_NOTE_ATTR, None)
-            if note is not None:
-                try:
-                    scheduler_book(getattr(self, "vllm_config", None), note)
-                except Exception as exc:  # noqa: BLE001 - scheduling must never fail because of drafting
-                    if not logged:
-                        logged.append(True)
-                        logger.warning("specdec: a slot note could not be read (%r); slots follow older notes", exc)
-            return orig(self, scheduler_output, model_runner_output, *args, **kw)
+    def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any, *args: Any, **kw: Any) -> Any:
+        note = getattr(model_runner_output, SLOT_NOTE_ATTR, None)
+        if note is not None:
+            try:
+                scheduler_book(getattr(self, "vllm_config", None), note)
+            except Exception as exc:  # noqa: BLE001 - scheduling must never fail because of drafting
+                if not logged:
+                    logged.append(True)
+                    logger.warning("specdec: a slot note could not be read (%r); slots follow older notes", exc)
+        return orig(self, scheduler_output, model_runner_output, *args, **kw)
 
-        return update_from_output
-
-    return wrap_method(scheduler_cls, "update_from_output", "tp_notes", make, problem=scheduler_problem)
+    return update_from_output
