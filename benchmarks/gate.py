@@ -52,7 +52,15 @@ SHAPE = "llama-8b"
 SERVE_CHECKS = ("tpot-53m", "tpot-8b", "start-8b-tp2")  # gate_serve's (named here: checked before it is imported)
 # the servers of a TPOT check: nospec and specdec make its verdict; the others are references beside them (no
 # speculation on vLLM's V1 model runner, the base commit, specdec in schedule mode whatever the target's size)
-SERVE_METHODS = ("nospec", "specdec", "nospec-v1", "specdec-before", "specdec-schedule", "specdec-log")
+SERVE_METHODS = (
+    "nospec",
+    "specdec",
+    "nospec-v1",
+    "specdec-before",
+    "specdec-schedule",
+    "specdec-log",
+    "specdec-nodraft",
+)  # gate_serve.SERVE_SPECS's keys (tests/test_gate_flow.py holds them equal)
 
 
 def main(argv: list[str] | None = None) -> None:

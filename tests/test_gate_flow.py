@@ -347,3 +347,11 @@ def test_the_no_draft_server_runs_the_defaults_with_drafts_of_depth_zero():
     drafter.start("a", [1, 2, 3] * 8)  # a loop any suffix drafter would continue
     chains = drafter.draft_chains([DraftRequest("a", 16), DraftRequest("a", 16, free=True)])
     assert [list(tokens) for tokens, _ in chains] == [[], []]
+
+
+def test_every_serve_server_the_gate_accepts_is_one_gate_serve_can_start():
+    """``gate.SERVE_METHODS`` (checked at the command line, before gate_serve is imported) names SERVE_SPECS's keys."""
+    from benchmarks.gate import SERVE_METHODS
+    from benchmarks.gate_serve import SERVE_SPECS
+
+    assert tuple(SERVE_SPECS) == SERVE_METHODS
