@@ -44,16 +44,22 @@ def cell_row(key: str, engines: dict[str, Any]) -> dict[str, Any]:
             "tps": speed(first, temperature),
             "x_nospec": rules.ratio(speed(first, temperature), ref),
             "x_rerun": rules.ratio(speed(rerun, temperature) if rerun else None, ref),
+            "rerun_steps": (engine_steps(first), engine_steps(rerun)) if rerun else None,
             "emit": first.get("emitted_per_step"),
             "mismatch": mismatches(nos.get("digests", []), cell.get("digests", [])) if nos and greedy else None,
         }
     for m in (CANDIDATE, BEFORE):
         if m in row:
-            row[m]["vs_nospec"] = rules.vs_nospec(row[m]["x_nospec"], row[m]["x_rerun"])
+            row[m]["vs_nospec"] = rules.vs_nospec(row[m]["x_nospec"], row[m]["x_rerun"], row[m]["rerun_steps"])
     if CANDIDATE in row and PEER in row:
         row[CANDIDATE]["x_suffix"] = rules.ratio(row[CANDIDATE]["tps"], row[PEER]["tps"])
         row[CANDIDATE]["vs_suffix"] = rules.vs_suffix(row[CANDIDATE]["x_suffix"])
     return row
+
+
+def engine_steps(run: dict[str, Any]) -> float:
+    """The engine steps of a run as the plugin counted them (its drafting rank's stats; 0 when it has none)."""
+    return float(next((p["steps"] for p in run.get("plugin") or [] if "steps" in p), 0.0))
 
 
 def engine_rows(engines: dict[str, Any]) -> list[dict[str, Any]]:
@@ -146,7 +152,9 @@ def _vn(m: dict[str, Any] | None) -> str:
     if not m or "vs_nospec" not in m:
         return "-"
     verdict, _ = m["vs_nospec"]
-    return verdict if m.get("x_rerun") is None else f"{verdict} r{m['x_rerun']:.2f}"
+    if m.get("x_rerun") is None:
+        return verdict
+    return f"{verdict} r{m['x_rerun']:.2f}{'' if rules.rerun_counts(m.get('rerun_steps')) else '*'}"
 
 
 def render_cells(rows: list[dict[str, Any]]) -> list[str]:
@@ -252,10 +260,10 @@ RULES_LINE = (
 )
 LEGEND = (
     "nospec: output tok/s (mean of 2 repeats); Δrep: their difference; rep4: share of repeated 4-grams in nospec's "
-    "outputs; specdec/before/suffix: × nospec (r: the re-run's ratio); ×suf: specdec ÷ suffix; emit: emitted "
-    "tokens per drafted step (vLLM counters); mism: bf16 outputs differing from nospec (greedy cells); sampled cells "
-    "(s8): nospec and the ratios are the requests' own decode rate (their tokens over first to last token), not "
-    "output tokens over the wall"
+    "outputs; specdec/before/suffix: × nospec (r: the re-run's ratio; r*: not counted, it took fewer engine steps: "
+    "the cache helped); ×suf: specdec ÷ suffix; emit: emitted tokens per drafted step (vLLM counters); mism: bf16 "
+    "outputs differing from nospec (greedy cells); sampled cells (s8): nospec and the ratios are the requests' own "
+    "decode rate (their tokens over first to last token), not output tokens over the wall"
 )
 
 

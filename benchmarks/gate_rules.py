@@ -1,7 +1,9 @@
 """The GPU gate's verdict rules (issue 41), one function per rule, each with its named constants.
 
 * vs no speculation: a cell at >= ``NOSPEC_PASS`` x passes; a cell under it is re-run once in the same engine and
-  passes if the mean of the two ratios is >= ``RERUN_MEAN_PASS``, else fails.
+  passes if the mean of the two ratios is >= ``RERUN_MEAN_PASS``, else fails. The re-run repeats the cell's prompts,
+  whose outputs the drafter's global cache then holds: it counts only if the engine took about as many steps for it
+  as for the first run (``RERUN_STEPS_MIN`` of them); fewer steps say the cache, not the run's noise, made it faster.
 * vs vLLM ``suffix``: >= ``SUFFIX_PASS`` x PASS, ``SUFFIX_WARN``-``SUFFIX_PASS`` x WARN, under ``SUFFIX_WARN`` x FAIL.
 * engine start <= ``START_MAX`` x no speculation's; KV-cache tokens >= ``KV_MIN`` of no speculation's.
 * low-acceptance serving: median TPOT <= ``TPOT_MAX`` x no speculation's.
@@ -19,6 +21,7 @@ PASS, WARN, FAIL, VOID = "PASS", "WARN", "FAIL", "VOID"
 NONE = "-"  # no verdict (a reference is missing)
 NOSPEC_PASS = 1.0
 RERUN_MEAN_PASS = 0.99
+RERUN_STEPS_MIN = 0.9  # a re-run taking fewer engine steps than this share of the first run's does not count
 SUFFIX_PASS = 1.5
 SUFFIX_WARN = 1.3
 START_MAX = 1.25
@@ -47,17 +50,30 @@ def repeats_void(a: float, b: float) -> bool:
     return repeat_diff(a, b) > REPEAT_MAX_DIFF + EPS
 
 
-def vs_nospec(first: float | None, rerun: float | None = None) -> tuple[str, str]:
-    """(verdict, note) of a cell's ratio to no speculation, given its re-run's ratio where it was re-run."""
+def vs_nospec(
+    first: float | None, rerun: float | None = None, steps: tuple[float, float] | None = None
+) -> tuple[str, str]:
+    """(verdict, note) of a cell's ratio to no speculation, given its re-run's ratio where it was re-run and the
+    engine steps of (first run, re-run) where the plugin counted them."""
     if first is None:
         return NONE, "no reference"
     if first >= NOSPEC_PASS - EPS:
         return PASS, ""
     if rerun is None:
         return FAIL, "not re-run"
+    if not rerun_counts(steps):
+        return FAIL, f"re-run in {steps[1]:.0f} steps against {steps[0]:.0f}: helped by the cache, not counted"
     mean = (first + rerun) / 2
     verdict = PASS if mean >= RERUN_MEAN_PASS - EPS else FAIL
     return verdict, f"re-run mean {mean:.3f}"
+
+
+def rerun_counts(steps: tuple[float, float] | None) -> bool:
+    """A re-run counts unless it took fewer than ``RERUN_STEPS_MIN`` of the first run's engine steps (unknown: it
+    counts)."""
+    if not steps or not steps[0]:
+        return True
+    return steps[1] >= RERUN_STEPS_MIN * steps[0] - EPS
 
 
 def vs_suffix(r: float | None) -> str:

@@ -40,6 +40,20 @@ def test_vs_nospec_rerun_mean(first, rerun, verdict):
 
 
 @pytest.mark.parametrize(
+    ("steps", "verdict"),
+    [
+        ((202.0, 50.0), F),  # the cache cut the re-run's steps: the first run (0.96) decides
+        ((200.0, 180.0), P),  # 90% of the steps: noise, the mean counts
+        ((200.0, 179.0), F),
+        ((0.0, 50.0), P),  # steps unknown (no plugin stats): the mean counts
+        (None, P),
+    ],
+)
+def test_a_rerun_the_cache_made_faster_does_not_count(steps, verdict):
+    assert rules.vs_nospec(0.96, 1.5, steps)[0] == verdict
+
+
+@pytest.mark.parametrize(
     ("r", "verdict"), [(1.5, P), (2.0, P), (1.4999, W), (1.3, W), (1.2999, F), (0.8, F), (None, N)]
 )
 def test_vs_suffix_bands(r, verdict):
