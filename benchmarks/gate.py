@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import gate_report as report
-from benchmarks.gate_env import device_info, gpu_names, prepare_model, versions
+from benchmarks.gate_env import device_info, gpu_names, load_inputs, prepare_model, versions
 from benchmarks.gate_metrics import log_phases
 from benchmarks.gate_worker import METHODS, REFERENCE_METHOD
 
@@ -169,7 +169,7 @@ class CellsRun:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.inputs = json.loads(Path(args.inputs).read_text())
+        self.inputs = load_inputs(args.inputs, args.before_path)
         self.work = Path(args.work_dir) / f"tp{args.tp}"
         self.work.mkdir(parents=True, exist_ok=True)
         self.engines: dict[str, Any] = {}

@@ -4,6 +4,7 @@ the device label of the results' names, the installed versions, the model every 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -38,6 +39,17 @@ def device_info(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "label": base + (f"x{n}" if n > 1 else ""),
     }
+
+
+def load_inputs(path: str, before_path: str) -> dict[str, Any]:
+    """The gate's inputs (``gate_prompts``'s file; empty if there is none), the base commit taken from the tree
+    installed at ``before_path`` (its ``GATE_COMMIT`` stamp), which is what the specdec-before engine runs, where
+    there is one (the inputs name the tree exported with them)."""
+    inputs = json.loads(Path(path).read_text()) if Path(path).exists() else {}
+    stamp = Path(before_path) / "GATE_COMMIT"
+    if stamp.exists():
+        inputs["before"] = {**(inputs.get("before") or {}), "commit": stamp.read_text().strip()}
+    return inputs
 
 
 def versions(inputs: dict[str, Any]) -> dict[str, Any]:

@@ -364,7 +364,7 @@ def write(doc: dict[str, Any], out_dir: Path, name: str) -> Path:
         stored["verdicts"]["serve"] = serve_rows(doc["serve"])
     path = out_dir / f"{name}.json"
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(stored, indent=1))
+    tmp.write_text(json.dumps(stored, separators=(",", ":")))
     tmp.replace(path)
     (out_dir / f"{name}.md").write_text(markdown(doc))
     return path

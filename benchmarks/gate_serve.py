@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import gate_report as report
-from benchmarks.gate_env import device_info, gpu_names, prepare_model, versions
+from benchmarks.gate_env import device_info, gpu_names, load_inputs, prepare_model, versions
 from benchmarks.gate_metrics import read_bench
 from benchmarks.serve_common import HOST, VLLM_CLI_ENV, ServeError, Server, free_port, scrape, spec_delta
 
@@ -80,7 +80,7 @@ class ServeRun:
         self.work = Path(args.work_dir) / "serve"
         self.work.mkdir(parents=True, exist_ok=True)
         self.gpus = args.gpus or len(gpu_names(args.fake)) or 1
-        inputs = json.loads(Path(args.inputs).read_text()) if Path(args.inputs).exists() else {}
+        inputs = load_inputs(args.inputs, args.before_path)
         shape = args.shape
         args.shape = ""
         self.models = {"53m": prepare_model(args)}

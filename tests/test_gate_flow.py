@@ -355,3 +355,17 @@ def test_every_serve_server_the_gate_accepts_is_one_gate_serve_can_start():
     from benchmarks.gate_serve import SERVE_SPECS
 
     assert tuple(SERVE_SPECS) == SERVE_METHODS
+
+
+def test_the_base_commit_is_the_installed_tree_s(tmp_path):
+    """The results name the base tree the specdec-before engine ran (its GATE_COMMIT stamp), not the one the inputs
+    were exported with, where the two differ (a tree swapped in for one call)."""
+    from benchmarks.gate_env import load_inputs
+
+    inputs = tmp_path / "gate_inputs.json"
+    inputs.write_text(json.dumps({"commit": "a" * 40, "before": {"commit": "b" * 40}}))
+    assert load_inputs(str(inputs), str(tmp_path / "none"))["before"]["commit"] == "b" * 40
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "GATE_COMMIT").write_text("c" * 40 + "\n")
+    assert load_inputs(str(inputs), str(tmp_path / "tree"))["before"]["commit"] == "c" * 40
+    assert load_inputs(str(tmp_path / "missing.json"), str(tmp_path / "tree")) == {"before": {"commit": "c" * 40}}
