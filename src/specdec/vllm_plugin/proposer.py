@@ -111,7 +111,7 @@ class SpecdecProposer:
         logger.info(
             "specdec: drafter=%s k=%d pad_drafts=%s (target ~%.0fM parameters) async=%s",
             self.options.drafter,
-            self.options.num_speculative_tokens,
+            self.settings.k,
             self.options.pad_mode,
             params / 1e6,
             self.options.async_mode if self.options.async_drafting else "off",
@@ -214,7 +214,7 @@ class SpecdecProposer:
         if not self.schedule_mode:
             return None
         if self.scheduled is None:
-            k = int(getattr(runner, "num_spec_tokens", 0) or self.options.num_speculative_tokens)
+            k = self.settings.k  # vLLM's speculative config's (the runner's num_spec_tokens is the same number)
             tp = int(getattr(getattr(self.vllm_config, "parallel_config", None), "tensor_parallel_size", 1) or 1)
             share = tp_broadcast(runner.device) if tp > 1 else None
             if share is not None and self.core is None:
