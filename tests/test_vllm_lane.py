@@ -341,10 +341,12 @@ def test_force_resync_and_reset_restart_requests_from_their_context():
     assert [c.stats.started - s for c, s in zip(cores, started)] == [len(eng.reqs)] * 2
 
 
-def lane_core(clock: FakeClock, **opts) -> ProposerCore:
+def lane_core(clock: FakeClock, cls: type = ProposerCore, **opts) -> ProposerCore:
+    """A core of ``cls`` over the native suffix drafter, k = 8, no deadline, with ``opts`` (user options and internal
+    settings)."""
     user, internal = InternalSettings.split({"num_speculative_tokens": 8, "draft_timeout_ms": 0, **opts})
     options = SpecdecOptions.from_dict(user)
-    return ProposerCore(
+    return cls(
         SuffixDrafter(backend="native"),
         options,
         max_model_len=MAX_LEN,

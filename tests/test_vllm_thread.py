@@ -21,12 +21,11 @@ from specdec.drafters.suffix import SuffixDrafter, native_available
 from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
-from specdec.vllm_plugin.internal import InternalSettings
 from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
 from specdec.vllm_plugin.patches.features import Feature
 from specdec.vllm_plugin.patches.table import PatchReport
 from specdec.vllm_plugin.proposer import SpecdecProposer
-from test_vllm_lane import MAX_LEN, STAT_KEYS, FakeClock, FakeEngine
+from test_vllm_lane import MAX_LEN, STAT_KEYS, FakeClock, FakeEngine, lane_core
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="native suffix core not built")
 
@@ -64,16 +63,7 @@ class Prepared(Submitted):
 
 
 def make(cls: type, clock: FakeClock, **opts) -> ProposerCore:
-    user, internal = InternalSettings.split({"num_speculative_tokens": 8, "draft_timeout_ms": 0, **opts})
-    options = SpecdecOptions.from_dict(user)
-    return cls(
-        SuffixDrafter(backend="native"),
-        options,
-        max_model_len=MAX_LEN,
-        internal=internal,
-        target_params=5e7,
-        clock=clock,
-    )
+    return lane_core(clock, cls, **opts)
 
 
 def run(eng: FakeEngine, cores: list, steps: int) -> None:
