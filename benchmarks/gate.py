@@ -41,7 +41,8 @@ SETS = ("agentic", "chat", "code")
 DEFAULT_MAX_WALL_S = 540.0  # a device call runs at most ~9.5 minutes
 FINISH_MARGIN_S = 40.0  # kept from the budget: the last engine's kill grace, the results, the logs
 KILL_GRACE_S = 20.0  # a worker still running this long past the deadline is killed (its finished cells kept)
-ENGINE_START_EST_S = 150.0  # an 8B-shaped engine under vLLM's defaults starts in ~2-2.5 min
+ENGINE_START_EST_S = 150.0  # an 8B-shaped engine under vLLM's defaults starts in ~2-2.5 min (a cold machine)
+START_EST_MARGIN = 1.25  # an engine started earlier on this machine (compile cache warm): its start x this
 MIN_CELLS_S = 30.0  # an engine is started only if this much cell time would be left after its start
 MAX_LANES = 4  # engines at once (4 GPUs at TP=1: one per method; at TP=2: two lanes of two)
 WORK_DIR = Path("/tmp/specdec_gate")  # worker files and logs (kept while the machine is warm)
@@ -238,7 +239,7 @@ class CellsRun:
         for m in lane["methods"]:
             res = None
             try:
-                if time.time() + ENGINE_START_EST_S + MIN_CELLS_S > self.args.deadline:
+                if time.time() + self.start_estimate() + MIN_CELLS_S > self.args.deadline:
                     print(f"gate: {m} not started: it would not finish within --max-wall-s", flush=True)
                 else:
                     res = self._engine(m, lane)
@@ -251,6 +252,18 @@ class CellsRun:
                     else:
                         self.skipped.append(m)
                     self.write()
+
+    def start_estimate(self) -> float:
+        """Seconds an engine start is budgeted: ``START_EST_MARGIN`` x the slowest start of the engines this machine
+        ran before (their worker files under the work dir, either TP size: vLLM's compile cache is warm then), else
+        ``ENGINE_START_EST_S``."""
+        starts = []
+        for path in Path(self.args.work_dir).glob("tp*/*.json"):
+            try:
+                starts.append(float(json.loads(path.read_text())["start_s"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return min(ENGINE_START_EST_S, START_EST_MARGIN * max(starts)) if starts else ENGINE_START_EST_S
 
     def _close_reference(self) -> None:
         """Mark no speculation's worker file final (written empty if its engine left none)."""

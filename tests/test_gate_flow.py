@@ -369,3 +369,19 @@ def test_the_base_commit_is_the_installed_tree_s(tmp_path):
     (tmp_path / "tree" / "GATE_COMMIT").write_text("c" * 40 + "\n")
     assert load_inputs(str(inputs), str(tmp_path / "tree"))["before"]["commit"] == "c" * 40
     assert load_inputs(str(tmp_path / "missing.json"), str(tmp_path / "tree")) == {"before": {"commit": "c" * 40}}
+
+
+def test_an_engine_is_budgeted_by_the_starts_this_machine_already_saw(tmp_path):
+    """A warm machine (engines started before, vLLM's compile cache filled) budgets an engine start at
+    START_EST_MARGIN x the slowest start it saw, never more than ENGINE_START_EST_S; a cold one at the latter."""
+    from types import SimpleNamespace as NS
+
+    run = NS(args=NS(work_dir=str(tmp_path)))
+    assert gate.CellsRun.start_estimate(run) == gate.ENGINE_START_EST_S
+    (tmp_path / "tp2").mkdir()
+    (tmp_path / "tp2" / "specdec.json").write_text(json.dumps({"start_s": 59.0}))
+    (tmp_path / "tp2" / "nospec.json").write_text(json.dumps({"start_s": 76.0}))
+    (tmp_path / "tp2" / "broken.json").write_text("{")
+    assert gate.CellsRun.start_estimate(run) == pytest.approx(gate.START_EST_MARGIN * 76.0)
+    (tmp_path / "tp2" / "slow.json").write_text(json.dumps({"start_s": 400.0}))
+    assert gate.CellsRun.start_estimate(run) == gate.ENGINE_START_EST_S
