@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -28,7 +27,16 @@ from typing import Any
 from benchmarks import gate_report as report
 from benchmarks.gate_env import device_info, gpu_names, load_inputs, prepare_model, versions
 from benchmarks.gate_metrics import read_bench
-from benchmarks.serve_common import HOST, VLLM_CLI_ENV, ServeError, Server, free_port, scrape, spec_delta
+from benchmarks.serve_common import (
+    HOST,
+    VLLM_CLI_ENV,
+    ServeError,
+    Server,
+    free_port,
+    pinned,
+    scrape,
+    spec_delta,
+)
 
 SPECDEC = {"method": "specdec"}
 NO_DRAFT_SUFFIX = {"max_spec_factor": 0.0, "free_spec_factor": 0.0}  # draft depth <= match length x 0: no draft
@@ -63,13 +71,6 @@ def cli_base(fake: bool) -> str:
     if fake:
         return f"{sys.executable} -m benchmarks.serve_fake"
     return os.environ.get(VLLM_CLI_ENV) or f"{sys.executable} -m vllm.entrypoints.cli.main"
-
-
-def pinned(cli: str, cpus: list[int]) -> str:
-    """``cli`` run on ``cpus`` (taskset) where there is a share to pin to and taskset exists."""
-    if not cpus or not shutil.which("taskset"):
-        return cli
-    return f"taskset -c {','.join(map(str, cpus))} {cli}"
 
 
 class ServeRun:

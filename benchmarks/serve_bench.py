@@ -10,7 +10,8 @@ Per method: start the server on loopback, wait for /health, warm it up on a slic
 and rate run `vllm bench serve` on a slice no earlier rate of that server used (``--fresh-server-per-rate``: a new
 server for every rate), scrape /metrics before and after for vLLM's spec-decode counters, and stop the server with
 SIGINT to its process group. Rates: ``0.25R,0.5R,0.75R,inf`` (``R`` from ``--saturation-rate``,
-``--saturation-file`` or ``auto``: found first in the same call) or plain numbers. ``--time-budget-s`` stops
+``--saturation-file`` or ``auto``: found first in the same call) or plain numbers. ``--lanes N``: N methods at
+once, each on its own GPU and share of the cores (``method_lanes``). ``--time-budget-s`` stops
 starting new work in time to write results inside one device call. Writes serve_bench-<tag>.{json,md,png}.
 """
 
@@ -20,7 +21,9 @@ import argparse
 import importlib.util
 import json
 import os
+import shlex
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +43,8 @@ from benchmarks.serve_common import (
     ServeError,
     device_name,
     parse_methods,
+    pinned,
+    vllm_cli,
 )
 from benchmarks.serve_report import write_outputs
 from specdec.eval.results import installed_versions
@@ -107,12 +112,55 @@ def run(args: argparse.Namespace, *, find_only: bool) -> dict[str, Any]:
         with serving(args, "nospec", "saturation") as server:
             doc["saturation"] = find_saturation(args, server, budget)
     if not find_only:
-        for method in args.methods:
-            try:
-                run_method(args, method, doc, budget)
-            except ServeError as exc:  # a method that does not start (e.g. the hybrid): recorded, others go on
-                doc["errors"].append({"method": method, "error": str(exc)})
+        lanes = method_lanes(args)
+        parts = [{"runs": [], "errors": [], "skipped": [], "saturation": doc["saturation"]} for _ in lanes]
+        threads = [
+            threading.Thread(target=_run_lane, args=(lane_args, methods, part, budget))
+            for (lane_args, methods), part in zip(lanes, parts)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for part in parts:  # lane by lane: each lane's methods in their order
+            for key in ("runs", "errors", "skipped"):
+                doc[key] += part[key]
+        doc["settings"]["lanes"] = [
+            {
+                "methods": methods,
+                "gpu": (getattr(a, "lane_env", None) or {}).get("CUDA_VISIBLE_DEVICES"),
+                "cli": a.vllm_cli,
+            }
+            for a, methods in lanes
+        ]
     return doc
+
+
+def _run_lane(args: argparse.Namespace, methods: list[str], doc: dict[str, Any], budget: Budget) -> None:
+    for method in methods:
+        try:
+            run_method(args, method, doc, budget)
+        except ServeError as exc:  # a method that does not start (e.g. the hybrid): recorded, others go on
+            doc["errors"].append({"method": method, "error": str(exc)})
+
+
+def method_lanes(args: argparse.Namespace) -> list[tuple[argparse.Namespace, list[str]]]:
+    """The methods dealt to ``--lanes`` lanes run at once (lane i takes every n-th method from the i-th): each lane
+    its own GPU (``CUDA_VISIBLE_DEVICES`` = i) and an equal share of this process's cores, its servers and its
+    `vllm bench serve` clients pinned to them (taskset). One lane: as before, this process's GPUs and cores."""
+    n = max(1, min(int(getattr(args, "lanes", 1) or 1), len(args.methods)))
+    if n == 1:
+        return [(args, list(args.methods))]
+    cores = sorted(os.sched_getaffinity(0))
+    share = len(cores) // n
+    base = shlex.join(vllm_cli(args.vllm_cli))
+    out = []
+    for i in range(n):
+        lane = argparse.Namespace(**vars(args))
+        lane.vllm_cli = pinned(base, cores[i * share : (i + 1) * share] if share else [])
+        lane.lane_env = {"CUDA_VISIBLE_DEVICES": str(i)}
+        out.append((lane, list(args.methods[i::n])))
+    return out
 
 
 def load_saturation(args: argparse.Namespace) -> dict[str, Any]:
@@ -179,6 +227,12 @@ def _parser() -> argparse.ArgumentParser:
     run_p.add_argument("--methods", default="nospec,ngram,suffix,specdec,hybrid")
     run_p.add_argument("--rates", default="0.25R,0.5R,0.75R,inf")
     run_p.add_argument("--fresh-server-per-rate", action="store_true")
+    run_p.add_argument(
+        "--lanes",
+        type=int,
+        default=1,
+        help="methods run at once, each lane on its own GPU and share of the cores (lane i: every n-th method)",
+    )
     return ap
 
 

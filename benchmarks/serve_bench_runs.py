@@ -205,6 +205,7 @@ def serving(args: argparse.Namespace, method: str, tag: str) -> Iterator[Server]
         spec=spec,
         server_args=args.server_args,
         cli=args.vllm_cli,
+        env=getattr(args, "lane_env", None),  # a lane's GPU (serve_bench --lanes)
     )
     try:
         server.start(args.health_timeout_s)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -74,6 +75,13 @@ def vllm_cli(override: str = "") -> list[str]:
     console script is absent when vLLM comes through PYTHONPATH, as on the GPU machine)."""
     text = override or os.environ.get(VLLM_CLI_ENV, "")
     return shlex.split(text) if text else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+
+
+def pinned(cli: str, cpus: list[int]) -> str:
+    """``cli`` run on ``cpus`` (taskset) where there is a share to pin to and taskset exists."""
+    if not cpus or not shutil.which("taskset"):
+        return cli
+    return f"taskset -c {','.join(map(str, cpus))} {cli}"
 
 
 def free_port() -> int:

@@ -3,7 +3,10 @@ the `vllm` CLI (an OpenAI-compatible HTTP server on 127.0.0.1, an ephemeral port
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import shutil
 import sys
 import urllib.request
 from pathlib import Path
@@ -166,6 +169,23 @@ def test_serve_bench_end_to_end(fake_cli: str, pools_file: Path, tmp_path: Path)
         for f in sorted((out / "work").glob(f"{port}-code-*.jsonl")):
             seen += [json.loads(line)["prompt"] for line in f.read_text().splitlines()]
         assert len(seen) == len(set(seen))
+
+
+def test_serve_bench_lanes_run_methods_at_once_each_on_its_gpu(fake_cli: str, pools_file: Path, tmp_path: Path) -> None:
+    """--lanes 2: the two methods' servers run at once, each with its own CUDA_VISIBLE_DEVICES and, where taskset
+    exists, its own half of the cores; the results are the same runs as one after another, lane by lane."""
+    out = tmp_path / "out"
+    argv = ["run", "--methods", "nospec,specdec", "--datasets", "code", "--prompts", str(pools_file)]
+    argv += ["--num-prompts", "3", "--warmup-prompts", "0", "--rates", "inf", "--out-dir", str(out), "--lanes", "2"]
+    assert serve_bench.main(argv) == 0
+    doc = json.loads((out / "serve_bench-nospec-specdec.json").read_text())
+    assert [r["method"] for r in doc["runs"]] == ["nospec", "specdec"] and not doc["errors"]
+    lanes = doc["settings"]["lanes"]
+    assert [(ln["methods"], ln["gpu"]) for ln in lanes] == [(["nospec"], "0"), (["specdec"], "1")]
+    if shutil.which("taskset") and len(os.sched_getaffinity(0)) >= 2:
+        assert all(ln["cli"].startswith("taskset -c ") for ln in lanes)
+    one = serve_bench.method_lanes(argparse.Namespace(methods=["nospec", "specdec"], lanes=1, vllm_cli=""))
+    assert [m for _, m in one] == [["nospec", "specdec"]]
 
 
 def test_serve_bench_saturation_then_report(fake_cli: str, pools_file: Path, tmp_path: Path) -> None:
