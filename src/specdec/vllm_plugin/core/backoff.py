@@ -96,18 +96,20 @@ class BackOff:
     """The low-acceptance policy (see the module docstring). ``enabled`` False: never backs off."""
 
     enabled: bool = True
-    strict: bool | None = None  # strict recovery (module docstring); None: STRICT_RECOVERY
-    recover_accepted: float = field(init=False)  # the EMA a backed-off request recovers at
-    probation_steps: int = field(init=False)  # a recovered request's probation (0: none)
+    strict: bool = field(default_factory=lambda: STRICT_RECOVERY)  # strict recovery (module docstring)
     rows: dict[str, RowBackOff] = field(default_factory=dict)  # request id -> its state
     last: dict[str, int] = field(default_factory=dict)  # request id -> draft tokens (> 0) handed to vLLM last step
     stats: BackOffStats = field(default_factory=BackOffStats)
 
-    def __post_init__(self) -> None:
-        if self.strict is None:
-            self.strict = STRICT_RECOVERY
-        self.recover_accepted = STRICT_RECOVER_ACCEPTED if self.strict else RECOVER_ACCEPTED
-        self.probation_steps = PROBATION_STEPS if self.strict else 0
+    @property
+    def recover_accepted(self) -> float:
+        """The EMA a backed-off request recovers at."""
+        return STRICT_RECOVER_ACCEPTED if self.strict else RECOVER_ACCEPTED
+
+    @property
+    def probation_steps(self) -> int:
+        """A recovered request's probation (0: none)."""
+        return PROBATION_STEPS if self.strict else 0
 
     @property
     def requests_off(self) -> int:

@@ -77,12 +77,13 @@ class CaptureRing:
 
     def capture(self, sampled: Any, req_ids: Sequence[str], discard: set[int], *, requests: dict[str, Any]) -> None:
         """Start the copy of ``sampled`` [rows, w] (w <= k+1) and note the step's rows (runner: after sampling)."""
-        if self.observer is None:
-            return self._capture(sampled, req_ids, discard, requests=requests)
         return self._observed(PHASE_CAPTURE, self._capture, sampled, req_ids, discard, requests=requests)
 
     def _observed(self, phase: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``fn(*args, **kwargs)``, its wall time told to the observer (``observe.py``) whether it returns or raises."""
+        """``fn(*args, **kwargs)``; with an observer (``observe.py``), its wall time told to it whether it returns or
+        raises."""
+        if self.observer is None:
+            return fn(*args, **kwargs)
         t0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)
@@ -142,8 +143,6 @@ class CaptureRing:
 
     def _tokens(self, cap: Capture) -> np.ndarray:
         """A captured step's sampled tokens [rows, width] int32 (-1 = rejected), once its copy is done."""
-        if self.observer is None:
-            return self._read_tokens(cap)
         return self._observed(PHASE_TOKENS, self._read_tokens, cap)
 
     def _read_tokens(self, cap: Capture) -> np.ndarray:

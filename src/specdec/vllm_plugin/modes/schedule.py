@@ -139,10 +139,9 @@ class ScheduledDrafting(CaptureRing):
         and nothing is copied: the drafting (its bookkeeping, the back-off's shadow checks and the next step's slots)
         runs after the forward's launch (``finish`` at the end of ``execute_model``).
         With ``share`` the buffer then goes to the other TP ranks, enqueued after its copy (not on a late fill)."""
-        if self.observer is None:
-            return self._fill_and_share(current, defer=defer, verified=verified, width=width, needed=needed)
-        kwargs = {"defer": defer, "verified": verified, "width": width, "needed": needed}
-        return self._observed(PHASE_FILL, self._fill_and_share, current, **kwargs)
+        return self._observed(
+            PHASE_FILL, self._fill_and_share, current, defer=defer, verified=verified, width=width, needed=needed
+        )
 
     def _fill_and_share(self, current: Any, *, defer: bool, verified: int, width: int, needed: bool) -> bool:
         filled = self._fill(current, defer=defer and needed, verified=verified, width=width, late=not needed)
@@ -197,10 +196,7 @@ class ScheduledDrafting(CaptureRing):
         job, self.deferred = self.deferred, None
         if job is None:
             return
-        if self.observer is None:
-            self._finish_job(job)
-        else:
-            self._observed(PHASE_FINISH, self._finish_job, job)
+        self._observed(PHASE_FINISH, self._finish_job, job)
 
     def _finish_job(self, job: tuple[list[str], int | None, Any, int, int]) -> None:
         req_ids, k, host, seq, verified = job
@@ -227,8 +223,6 @@ class ScheduledDrafting(CaptureRing):
         if self.device_wait is None or not self.device_wait.usable(out):
             return None
         try:
-            if self.observer is None:
-                return self.device_wait.enqueue_copy(out, host)
             return self._observed(PHASE_WAIT, self.device_wait.enqueue_copy, out, host)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             logger.warning("specdec: the GPU's wait for drafts failed (%r); filling drafts from the host", exc)
