@@ -44,7 +44,7 @@ def test_narrow_widths_are_off_where_they_cannot_apply() -> None:
     assert narrow_widths(SpecdecOptions(num_speculative_tokens=6)) == (4,)  # not narrower than k
     assert narrow_widths(SpecdecOptions(draft_slots="uniform")) == ()  # vLLM's k slots for every request
     book = SlotBook.policy(K)
-    assert (book.narrow, book.high_width, book.large_width, book.narrow_from, book.narrow_below) == (6, 8, 4, 16, 48)
+    assert (book.narrow, book.high_width, book.large_width, book.narrow_rows) == (6, 8, 4, (16, 48))
     off = SlotBook.policy(K, narrow=False)
     assert (off.narrow, off.high_width, off.large_width) == (0, 0, 0) and off.growth == 1.0
 
