@@ -24,12 +24,13 @@ from specdec.vllm_plugin.core.backoff import (
     BackOff,
 )
 from specdec.vllm_plugin.core.batch import StepBatch
+from specdec.vllm_plugin.core.policy import LOW_MAT, NARROW_FROM_ROWS, NARROW_WIDTH
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.internal import InternalSettings
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
-from specdec.vllm_plugin.modes.slots import NARROW_FROM_ROWS, NARROW_WIDTH, SlotBook
+from specdec.vllm_plugin.modes.slots import SlotBook
 from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="native suffix core not built")
@@ -348,7 +349,7 @@ def test_a_verified_accepted_token_of_a_backed_off_request_feeds_the_same_ema():
 def test_slot_book_of_a_low_batch_grants_each_request_its_draft_and_nothing_without_one():
     low = [False]
     book = SlotBook.policy(K, low_batch=lambda: low[0])
-    book.note(["a", "b"], [3, 0], emitted=[1, 1])
+    book.note(["a", "b"], [3, 0], emitted=[LOW_MAT + 1, LOW_MAT + 1])  # a MAT above LOW_MAT: the usual width
     rows = NARROW_FROM_ROWS + 1  # a mid-size schedule: narrow
     book.begin_schedule(rows)
     assert book.width == NARROW_WIDTH and [book.slots(r, K) for r in "abc"] == [NARROW_WIDTH] * 3
@@ -408,7 +409,7 @@ def test_schedule_mode_below_the_narrow_rows_stops_granting_slots_on_a_zero_acce
     targets = {f"r{i}": [rng.randrange(3 * SMALL_VOCAB) for _ in range(900)] for i in range(ROWS)}
     clock = SimpleNamespace(t=0.0)
     core = make_core("matrix", lambda: clock.t, pad_drafts="auto")
-    core.policy.pad_below_rows = NARROW_FROM_ROWS  # as the proposer sets it for adaptive slots
+    core.policy.use_adaptive_slots()  # as the proposer does for adaptive slots
     book = SlotBook.policy(K, low_batch=core.backoff.low)
     sched = ScheduledDrafting(core, k=K, max_rows=ROWS, device="cpu", slot_book=book)
     seq, slots_per_step = drive_schedule(sched, targets, clock, steps=200, seed=3)

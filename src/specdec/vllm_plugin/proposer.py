@@ -40,7 +40,7 @@ from specdec.vllm_plugin.metrics.server import start_exporter
 from specdec.vllm_plugin.modes.device_wait import STALL_TIMEOUT_MS, DeviceWait
 from specdec.vllm_plugin.modes.phases import DraftingObserver
 from specdec.vllm_plugin.modes.schedule import ScheduledDrafting
-from specdec.vllm_plugin.modes.slots import NARROW_FROM_ROWS, SlotBook, attach_book, book_of
+from specdec.vllm_plugin.modes.slots import SlotBook, attach_book, book_of
 from specdec.vllm_plugin.modes.sync import SyncDrafting
 from specdec.vllm_plugin.modes.thread import ThreadDrafting, ThreadedProposerCore
 from specdec.vllm_plugin.modes.tp import DRIVER_RANK, NoteMaker, TpFollower, tp_broadcast
@@ -137,7 +137,7 @@ class SpecdecProposer:
             target_params=params,
         )
         if self.schedule_mode and opts.draft_slots == "adaptive":
-            core.policy.pad_below_rows = NARROW_FROM_ROWS
+            core.policy.use_adaptive_slots()
         return core
 
     # ----------------------------------------------------------------- runner binding

@@ -10,10 +10,16 @@ engine; what gets drafted, how far and how it is padded is decided here, from th
 - **padding** (``should_pad``): every row to k for a uniform batch (FULL CUDA graphs) while the padded tokens' compute
   is a small share of the step, never for a batch whose drafts are not accepted.
 
-Schedule mode's slot widths (``modes/slots.py``) read the same low-acceptance flag (``backoff.low``) and token price.
+- **slot widths** (``SlotWidths``, schedule mode): the uniform width a schedule's requests get, or per-request slots,
+  from the running requests, the tokens a request gets per step (MAT) and the low-acceptance flag; and the growth of
+  per-request slots while the extra slots pay (``growth_pays``). The slot book (``modes/slots.py``) holds their state
+  in the scheduler's process (its own under TP > 1) and asks these.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from specdec.drafters.suffix_lane import LaneDecisions
 from specdec.vllm_plugin.core.adaptive import AdaptiveController, StepCostModel, bucket_of
@@ -26,6 +32,24 @@ ASSUMED_GPU_FLOPS = 1e15  # dense bf16 of an H100/H200 class GPU, for pad_drafts
 PAD_MAX_STEP_SHARE = 0.1  # pad_drafts="auto": pad while the padded tokens' compute is under this share of a step
 PAD_DEFAULT_PERIOD_S = 1e-3  # step period assumed before any is measured
 PERIOD_EMA = 0.9  # decay of the step-period average
+
+# The slot widths (schedule mode, adaptive slots). A verify batch that is uniform (every request the same number of
+# tokens) runs as one FULL CUDA graph; a ragged one as piecewise graphs whose launches keep the host busy, unless the
+# ragged graphs are captured. Where drafts are often accepted (a high MAT: tokens a request gets per step, a moving
+# average) long per-request slots pay; where they seldom are, a uniform narrow width pays more in launches saved
+# than its filler costs in verification. Measured on an 8B-shaped target on H100/H200 (docs/results.md):
+NARROW_FROM_ROWS = 16  # below this many running requests every row keeps k slots, padded (vLLM's own full graphs)
+NARROW_BELOW_ROWS = 48  # from NARROW_FROM_ROWS up to this, steps are narrow (launch-bound mid-size batches)
+NARROW_WIDTH = 6  # the mid-size narrow width
+HIGH_MAT_WIDTH = 8  # ... while the MAT is at least HIGH_MAT (long accepted drafts pay for a wider batch)
+HIGH_MAT = 4.0
+LARGE_BATCH_WIDTH = 4  # from NARROW_BELOW_ROWS on (GPU-bound): narrow only while the MAT is at most LOW_MAT
+LOW_MAT = 3.0
+# mid-size steps whose MAT is at most LOW_MAT take LARGE_BATCH_WIDTH too (no new graphs): on the gate's agentic batch
+# 32 (MAT ~2.3, width 6) specdec verified 7.1-7.4 draft tokens per accepted one (chat and code: 1.5-1.7)
+MID_LOW_MAT_NARROW = True
+SLOT_GROWTH = 1.0  # a request's next step gets L + ceil(SLOT_GROWTH * L) slots for a latest draft of L tokens ...
+SLOT_GROWTH_MIN_SHARE = 0.15  # ... while at least this share of the extra slots held an accepted token
 
 
 class DraftingPolicy:
@@ -46,6 +70,11 @@ class DraftingPolicy:
         self.token_s = 2.0 * target_params / ASSUMED_GPU_FLOPS  # GPU seconds per verified token (estimate)
         self.period_s = PAD_DEFAULT_PERIOD_S  # the step period, a moving average
         self.pad_below_rows = 0  # pad_drafts="auto" also pads below this many running requests (schedule mode)
+
+    def use_adaptive_slots(self) -> None:
+        """Schedule mode with adaptive slots: below ``NARROW_FROM_ROWS`` requests every row keeps k slots, so
+        pad_drafts="auto" pads there too (vLLM's own uniform graphs)."""
+        self.pad_below_rows = NARROW_FROM_ROWS
 
     def cost_model(self, running: int) -> StepCostModel:
         """The step-cost fit of batches of ``running`` requests."""
@@ -90,3 +119,87 @@ class DraftingPolicy:
             floor=self.adaptive.cut(plan.running) if enabled else self.adaptive.min_path_prob,
             value=self.cost_model(plan.running).token_cost() if enabled else 0.0,
         )
+
+
+def usable_width(width: int, k: int) -> int:
+    """A narrow step's slots per request, or 0 (off) where ``width`` is not in 1..k-1 (k itself is vLLM's own
+    uniform batch)."""
+    return width if 0 < width < k else 0
+
+
+def policy_widths(k: int) -> tuple[int, ...]:
+    """The narrow widths the policy may choose at draft length ``k`` (each needs its own FULL CUDA graphs)."""
+    return tuple(sorted({w for w in (NARROW_WIDTH, HIGH_MAT_WIDTH, LARGE_BATCH_WIDTH) if usable_width(w, k)}))
+
+
+def growth_pays(paid: float | None, *, token_cost: float, min_share: float, probe: bool) -> bool:
+    """Per-request slots grow past the latest draft while the share of the extra slots that held an accepted token
+    (``paid``; None before any settled) reaches the token's price and ``min_share``, or on a probe note."""
+    return probe or paid is None or paid >= max(token_cost, min_share)
+
+
+@dataclass(frozen=True)
+class SlotWidths:
+    """Which uniform width a schedule gives every decoding request (0: per-request slots). ``narrow`` for
+    ``narrow_rows`` = [from, below) running requests, widened to ``high`` = (width, min MAT) while the MAT is at
+    least that, narrowed to ``low_mat`` = (width, max MAT) while it is at most that; ``large`` = (width, max MAT)
+    from ``below`` requests on while the MAT is at most that. A width must be in 1..k-1 to be used
+    (``usable_width``)."""
+
+    k: int
+    narrow: int = 0
+    narrow_rows: tuple[int, int] = (0, 0)
+    large: tuple[int, float] = (0, 0.0)
+    high: tuple[int, float] = (0, 0.0)
+    low_mat: tuple[int, float] = (0, 0.0)
+
+    @classmethod
+    def policy(cls, k: int, *, narrow: bool = True) -> SlotWidths:
+        """The module constants' widths; ``narrow`` False: per-request slots only (no narrow graphs)."""
+        return cls(
+            k,
+            narrow=NARROW_WIDTH if narrow else 0,
+            narrow_rows=(NARROW_FROM_ROWS, NARROW_BELOW_ROWS),
+            large=(LARGE_BATCH_WIDTH if narrow else 0, LOW_MAT),
+            high=(HIGH_MAT_WIDTH, HIGH_MAT),
+            low_mat=(LARGE_BATCH_WIDTH if MID_LOW_MAT_NARROW else 0, LOW_MAT),
+        )
+
+    @property
+    def narrow_width(self) -> int:
+        return usable_width(self.narrow, self.k)
+
+    @property
+    def large_width(self) -> int:
+        return usable_width(self.large[0], self.k)
+
+    @property
+    def high_width(self) -> int:
+        return usable_width(self.high[0], self.k) if self.narrow_width else 0
+
+    @property
+    def low_mat_width(self) -> int:
+        return usable_width(self.low_mat[0], self.k) if self.narrow_width else 0
+
+    def choose(
+        self, running: int, mat: float | None, *, low: bool, ragged_ready: Callable[[], bool] | None = None
+    ) -> tuple[int, bool]:
+        """(width, per-request for a high MAT) of a schedule of ``running`` requests: 0 on a ``low`` batch (drafts
+        not accepted: no filler width); a mid-size schedule is narrow (wider at a high MAT, narrower at a low one),
+        unless the MAT is high and ``ragged_ready()`` says the ragged graphs are captured, when each request keeps its
+        own slots (True); a large one is narrow while the MAT is low."""
+        lo, below = self.narrow_rows
+        if low:
+            return 0, False
+        if self.narrow_width and lo <= running < below:
+            high = mat is not None and mat >= self.high[1]
+            if high and ragged_ready is not None and ragged_ready():
+                return 0, True
+            if high and self.high_width:
+                return self.high_width, False
+            if mat is not None and self.low_mat_width and mat <= self.low_mat[1]:
+                return self.low_mat_width, False
+            return self.narrow_width, False
+        if running < max(below, lo) or mat is None:
+            return 0, False
+        return (self.large_width if self.large_width and mat <= self.large[1] else 0), False

@@ -37,7 +37,9 @@ Such a step runs as piecewise graphs whatever its slots (the prefill makes the b
 schedule of ``from <= running < below`` requests gives every decoding request exactly ``narrow`` slots (``width``); from
 ``below`` requests on, ``large`` = (width, max MAT) (``LARGE_BATCH_WIDTH``, ``LOW_MAT``) does so with its own width
 while the tokens a request got per step (``mat``, a moving average over notes) stay at most that MAT; ``high`` = (width,
-min MAT) (``HIGH_MAT_WIDTH``, ``HIGH_MAT``) widens the mid-size narrow steps while ``mat`` is at least that MAT. The
+min MAT) (``HIGH_MAT_WIDTH``, ``HIGH_MAT``) widens the mid-size narrow steps while ``mat`` is at least that MAT, and
+``low_mat`` = (width, max MAT) (``MID_LOW_MAT_NARROW``: the large batches' pair) narrows them while it is at most that.
+These rules and their constants are the drafting policy's (``core/policy.py``: ``SlotWidths``). The
 step's drafting pads each row to the width: the verify batch is uniform with ``width + 1`` tokens per request, which
 vLLM runs as one FULL CUDA graph once ``graphs.py`` has captured that length (vLLM captures only ``k + 1``). Mid-size
 batches are bound by the host's launches of the piecewise graphs a mixed batch gets; large ones by the GPU, where
@@ -56,6 +58,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from specdec.vllm_plugin.attrs import ENGINE_BOOK
+from specdec.vllm_plugin.core.policy import SLOT_GROWTH, SLOT_GROWTH_MIN_SHARE, SlotWidths, growth_pays, policy_widths
 
 PLACEHOLDER = -1  # vLLM's draft-slot placeholder id under async scheduling (also its rejected-token id)
 UNKNOWN = -1  # ``SlotBook.note``: a row without a draft length (no new token yet): its request gets k
@@ -64,39 +67,12 @@ MAT_EMA = 0.9  # decay per note of the moving average of tokens per request per 
 GROWTH_PROBE_EVERY = 8  # while growth does not pay, every 8th note still grows (keeps the share measured)
 
 
-# The slot policy (schedule mode, adaptive slots). A verify batch that is uniform (every request the same number of
-# tokens) runs as one FULL CUDA graph; a ragged one as piecewise graphs whose launches keep the host busy, unless the
-# ragged graphs are captured. Where drafts are often accepted (a high MAT: tokens a request gets per step, a moving
-# average) long per-request slots pay; where they seldom are, a uniform narrow width pays more in launches saved
-# than its filler costs in verification. Measured on an 8B-shaped target on H100/H200 (docs/results.md):
-NARROW_FROM_ROWS = 16  # below this many running requests every row keeps k slots, padded (vLLM's own full graphs)
-NARROW_BELOW_ROWS = 48  # from NARROW_FROM_ROWS up to this, steps are narrow (launch-bound mid-size batches)
-NARROW_WIDTH = 6  # the mid-size narrow width
-HIGH_MAT_WIDTH = 8  # ... while the MAT is at least HIGH_MAT (long accepted drafts pay for a wider batch)
-HIGH_MAT = 4.0
-LARGE_BATCH_WIDTH = 4  # from NARROW_BELOW_ROWS on (GPU-bound): narrow only while the MAT is at most LOW_MAT
-LOW_MAT = 3.0
-SLOT_GROWTH = 1.0  # a request's next step gets L + ceil(SLOT_GROWTH * L) slots for a latest draft of L tokens ...
-SLOT_GROWTH_MIN_SHARE = 0.15  # ... while at least this share of the extra slots held an accepted token
-
-
-def policy_widths(k: int) -> tuple[int, ...]:
-    """The narrow widths the policy may choose at draft length ``k`` (each needs its own FULL CUDA graphs)."""
-    return tuple(sorted({w for w in (NARROW_WIDTH, HIGH_MAT_WIDTH, LARGE_BATCH_WIDTH) if usable_width(w, k)}))
-
-
 def narrow_widths(options: Any) -> tuple[int, ...]:
     """Every width a narrow step of an engine with these ``SpecdecOptions`` may have (each gets its own FULL CUDA
     graphs: ``patches/graphs.py``); () where narrow steps are off (uniform slots, or ``narrow_graphs`` off)."""
     if options.draft_slots != "adaptive" or not options.narrow_graphs:
         return ()
     return policy_widths(options.num_speculative_tokens)
-
-
-def usable_width(width: int, k: int) -> int:
-    """A narrow step's slots per request, or 0 (off) where ``width`` is not in 1..k-1 (k itself is vLLM's own
-    uniform batch)."""
-    return width if 0 < width < k else 0
 
 
 class SlotBook:
@@ -116,6 +92,7 @@ class SlotBook:
         narrow_rows: tuple[int, int] = (0, 0),
         large: tuple[int, float] = (0, 0.0),
         high: tuple[int, float] = (0, 0.0),
+        low_mat: tuple[int, float] = (0, 0.0),
         high_ragged: Callable[[], bool] | None = None,
         low_batch: Callable[[], bool] | None = None,
     ) -> None:
@@ -135,13 +112,8 @@ class SlotBook:
         self.granted = 0  # slots handed out (statistics)
         self.offered = 0  # slots vLLM would have reserved (k per decoding request)
         self.growing = self.growth > 0
-        self.narrow = usable_width(narrow, k)  # slots of every request on a narrow step (0: off)
-        self.narrow_from, self.narrow_below = narrow_rows  # running requests of narrow steps: [from, below)
-        self.large_width = usable_width(large[0], k)  # narrow slots from narrow_below requests on
-        self.large_max_mat = float(large[1])  # ... while ``mat`` is at most this
-        self.high_width = usable_width(high[0], k) if self.narrow else 0  # mid-size narrow slots while ...
-        self.high_min_mat = float(high[1])  # ... ``mat`` is at least this
-        self.high_ragged = high_ragged  # while mat >= high_min_mat: per-request slots if this says ragged graphs
+        self.widths = SlotWidths(k, narrow=narrow, narrow_rows=narrow_rows, large=large, high=high, low_mat=low_mat)
+        self.high_ragged = high_ragged  # while the MAT is high: per-request slots if this says ragged graphs
         self.ragged_high_steps = 0  # mid-size schedules that took per-request slots for that (statistics)
         self.low_batch = low_batch  # True: the batch's drafts are not accepted (the proposer's back-off, backoff.py)
         self.low = False  # this schedule's: no narrow width, no k slots for requests without a draft length
@@ -171,15 +143,17 @@ class SlotBook:
         ragged graphs are captured; ``growth`` 0: slots = the latest draft's length (a book fed a round late);
         ``low_batch``: the proposer's back-off says the batch's drafts are not accepted (then every request gets
         the slots of its latest draft, 0 without one)."""
+        widths = SlotWidths.policy(k, narrow=narrow)
         return cls(
             k,
             prefill_cap=prefill_cap,
             growth=growth,
             min_share=SLOT_GROWTH_MIN_SHARE,
-            narrow=NARROW_WIDTH if narrow else 0,
-            narrow_rows=(NARROW_FROM_ROWS, NARROW_BELOW_ROWS),
-            large=(LARGE_BATCH_WIDTH if narrow else 0, LOW_MAT),
-            high=(HIGH_MAT_WIDTH, HIGH_MAT),
+            narrow=widths.narrow,
+            narrow_rows=widths.narrow_rows,
+            large=widths.large,
+            high=widths.high,
+            low_mat=widths.low_mat,
             high_ragged=high_ragged,
             low_batch=low_batch,
         )
@@ -201,8 +175,8 @@ class SlotBook:
             self._settle(req_ids, emitted)
             self._observe_mat(emitted)
         probe = self.notes % GROWTH_PROBE_EVERY == 0
-        pays = self.paid is None or self.paid >= max(token_cost, self.min_share)
-        self.growing = self.growth > 0 and (pays or probe)
+        pays = growth_pays(self.paid, token_cost=token_cost, min_share=self.min_share, probe=probe)
+        self.growing = self.growth > 0 and pays
         self.growth_notes += self.growing
         k = self.k
         self.lengths = {rid: min(k, n) for rid, n in zip(req_ids, map(int, draft_lengths)) if n >= 0}
@@ -243,33 +217,31 @@ class SlotBook:
 
     def begin_schedule(self, running: int = 0) -> None:
         """A new schedule of ``running`` requests starts granting (``async_slots.regrant_placeholders``): it is
-        narrow (``width`` > 0) if ``narrow_from <= running < narrow_below``."""
+        narrow (``width`` > 0) as the policy's ``SlotWidths.choose`` says."""
         self._grants_before, self._grants = self._grants, {}
         self.low = self.low_batch is not None and self.low_batch()
-        if self.low:  # drafts are not accepted: no uniform width of filler, each request what its draft holds
-            self.width = 0
-            self.low_steps += 1
-            return
-        if self.narrow and self.narrow_from <= running < self.narrow_below:
-            high = self.mat is not None and self.mat >= self.high_min_mat
-            if high and self.high_ragged is not None and self.high_ragged():
-                self.width = 0  # long accepted drafts: each request its own slots, one ragged full graph
-                self.ragged_high_steps += 1
-            else:
-                self.width = self.high_width if high and self.high_width else self.narrow
-        else:
-            self.width = self._large_width(running)
+        self.low_steps += self.low
+        self.width, ragged = self.widths.choose(running, self.mat, low=self.low, ragged_ready=self.high_ragged)
+        self.ragged_high_steps += ragged
         if self.width:
             self.width_steps[self.width] = self.width_steps.get(self.width, 0) + 1
 
-    def _large_width(self, running: int) -> int:
-        """A schedule of at least ``narrow_below`` requests: ``large_width`` while ``mat`` is at most
-        ``large_max_mat``, else 0 (per-request slots)."""
-        if running < max(self.narrow_below, self.narrow_from) or self.mat is None:
-            return 0
-        if self.large_width and self.mat <= self.large_max_mat:
-            return self.large_width
-        return 0
+    @property
+    def narrow(self) -> int:
+        """The mid-size narrow width (0: off), as the policy's ``SlotWidths`` has it; so the next three."""
+        return self.widths.narrow_width
+
+    @property
+    def narrow_rows(self) -> tuple[int, int]:
+        return self.widths.narrow_rows
+
+    @property
+    def large_width(self) -> int:
+        return self.widths.large_width
+
+    @property
+    def high_width(self) -> int:
+        return self.widths.high_width
 
     @property
     def narrow_steps(self) -> int:
@@ -327,6 +299,7 @@ class SlotBook:
             "narrow_steps": self.narrow_steps,
             "large_batch_narrow_slots": self.large_width,
             "high_mat_narrow_slots": self.high_width,
+            "low_mat_narrow_slots": self.widths.low_mat_width,
             "mat": self.mat,
             "ragged_high_mat_steps": self.ragged_high_steps,
             "low_batch_schedules": self.low_steps,
