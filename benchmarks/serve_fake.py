@@ -8,9 +8,9 @@
 ``max_tokens``; "tokens" are words chosen from the prompt's hash, or at random with temperature > 0) and /metrics
 (vLLM's spec-decode counter names when a speculative config is given). A specdec config with ``metrics_port`` also
 gets the plugin's own endpoint there (the plugin's ``MetricsServer``, fed fake statistics that follow the traffic).
-It stops by itself after IDLE_EXIT_S without a request, or on SIGINT. ``bench serve`` reads the flags the drivers
-pass to `vllm bench serve`, sends the dataset's requests (streaming) and writes a result JSON with the keys vLLM
-0.26's `vllm bench serve` writes.
+It stops by itself after IDLE_EXIT_S without a request, when the process that started it exits, or on SIGINT.
+``bench serve`` reads the flags the drivers pass to `vllm bench serve`, sends the dataset's requests (streaming) and
+writes a result JSON with the keys vLLM 0.26's `vllm bench serve` writes.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import concurrent.futures as cf
 import contextlib
 import hashlib
 import json
+import os
 import random
 import sys
 import threading
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-IDLE_EXIT_S = 60.0  # the fake server exits after this long without a request
+IDLE_EXIT_S = 900.0  # the fake server exits after this long without a request (a round's servers wait their turn)
 WORDS = ("alpha", "beta", "gamma", "delta", "omega", "\n", "sigma", "tau")
 DRAFT_K = 4  # fake drafting: per generated token one draft of DRAFT_K tokens, half accepted
 BENCH_THREADS = 8
@@ -209,8 +210,10 @@ def serve(argv: list[str]) -> int:
     server.daemon_threads = True
     plugin = _plugin_endpoint(json.loads(args.speculative_config or "{}"), Handler.state)
 
-    def watchdog() -> None:
-        while time.monotonic() - Handler.state.last_request < IDLE_EXIT_S:
+    parent = os.getppid()
+
+    def watchdog() -> None:  # a server its driver left behind (the driver died) does not outlive it
+        while time.monotonic() - Handler.state.last_request < IDLE_EXIT_S and os.getppid() == parent:
             time.sleep(0.5)
         server.shutdown()
 
