@@ -24,7 +24,7 @@ from specdec.vllm_plugin.core.backoff import (
     BackOff,
 )
 from specdec.vllm_plugin.core.batch import StepBatch
-from specdec.vllm_plugin.core.policy import LOW_MAT, NARROW_FROM_ROWS, NARROW_WIDTH
+from specdec.vllm_plugin.core.policy import NARROW_FROM_ROWS, NARROW_WIDTH
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.internal import InternalSettings
@@ -350,7 +350,7 @@ def test_a_verified_accepted_token_of_a_backed_off_request_feeds_the_same_ema():
 def test_slot_book_of_a_low_batch_grants_each_request_its_draft_and_nothing_without_one():
     low = [False]
     book = SlotBook.policy(K, low_batch=lambda: low[0])
-    book.note(["a", "b"], [3, 0], emitted=[LOW_MAT + 1, LOW_MAT + 1])  # a MAT above LOW_MAT: the usual width
+    book.note(["a", "b"], [3, 0], emitted=[1, 1])
     rows = NARROW_FROM_ROWS + 1  # a mid-size schedule: narrow
     book.begin_schedule(rows)
     assert book.width == NARROW_WIDTH and [book.slots(r, K) for r in "abc"] == [NARROW_WIDTH] * 3

@@ -17,7 +17,6 @@ import torch
 from patch_support import wrap_unchecked
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.vllm_plugin.core.batch import StepBatch
-from specdec.vllm_plugin.core.policy import MID_LOW_MAT_NARROW
 from specdec.vllm_plugin.core.proposer_core import ProposerCore
 from specdec.vllm_plugin.entry.options import SpecdecOptions
 from specdec.vllm_plugin.internal import InternalSettings
@@ -106,27 +105,6 @@ def test_mid_size_narrow_steps_widen_while_drafts_are_often_accepted() -> None:
     assert (d["narrow_steps"], d["narrow_steps_w6"], d["narrow_steps_w8"]) == (3, 2, 1)
     assert SlotBook(K, high=(8, 4.0)).high_width == 0  # no mid-size narrow steps: nothing to widen
     assert SlotBook(K, narrow=WIDTH, high=(16, 4.0)).high_width == 0  # k: vLLM's own graphs
-
-
-def test_mid_size_narrow_steps_narrow_further_while_drafts_are_seldom_accepted() -> None:
-    """``low_mat`` = (4, 3.0): a mid-size schedule whose MAT is at most 3 gets width 4 (the large batches' width: no
-    graphs of its own), the usual width above it; the policy's book has it (``MID_LOW_MAT_NARROW``)."""
-    book = SlotBook(K, narrow=WIDTH, narrow_rows=(16, 48), high=(8, 4.0), low_mat=(4, 3.0))
-    book.begin_schedule(running=32)
-    assert book.width == WIDTH  # no MAT measured yet
-    for _ in range(30):
-        book.note(["a", "b"], [6, 6], emitted=[2, 3])  # MAT ~2.5: few accepted tokens past the fourth slot
-    book.begin_schedule(running=32)
-    assert (book.width, book.slots("a", K)) == (4, 4)
-    book.begin_schedule(running=8)
-    assert book.width == 0  # small batches keep per-request slots
-    for _ in range(30):
-        book.note(["a", "b"], [6, 6], emitted=[3, 4])  # MAT 3.5: the usual width
-    book.begin_schedule(running=32)
-    assert book.width == WIDTH and book.as_dict()["low_mat_narrow_slots"] == 4
-    policy = SlotBook.policy(K)
-    assert policy.widths.low_mat_width == (4 if MID_LOW_MAT_NARROW else 0)
-    assert SlotBook(K, low_mat=(4, 3.0)).widths.low_mat_width == 0  # no mid-size narrow steps: nothing to narrow
 
 
 def test_large_batches_are_narrow_while_drafts_are_seldom_accepted() -> None:

@@ -45,9 +45,6 @@ HIGH_MAT_WIDTH = 8  # ... while the MAT is at least HIGH_MAT (long accepted draf
 HIGH_MAT = 4.0
 LARGE_BATCH_WIDTH = 4  # from NARROW_BELOW_ROWS on (GPU-bound): narrow only while the MAT is at most LOW_MAT
 LOW_MAT = 3.0
-# mid-size steps whose MAT is at most LOW_MAT take LARGE_BATCH_WIDTH too (no new graphs): on the gate's agentic batch
-# 32 (MAT ~2.3, width 6) specdec verified 7.1-7.4 draft tokens per accepted one (chat and code: 1.5-1.7)
-MID_LOW_MAT_NARROW = True
 SLOT_GROWTH = 1.0  # a request's next step gets L + ceil(SLOT_GROWTH * L) slots for a latest draft of L tokens ...
 SLOT_GROWTH_MIN_SHARE = 0.15  # ... while at least this share of the extra slots held an accepted token
 
@@ -141,17 +138,15 @@ def growth_pays(paid: float | None, *, token_cost: float, min_share: float, prob
 @dataclass(frozen=True)
 class SlotWidths:
     """Which uniform width a schedule gives every decoding request (0: per-request slots). ``narrow`` for
-    ``narrow_rows`` = [from, below) running requests, widened to ``high`` = (width, min MAT) while the MAT is at
-    least that, narrowed to ``low_mat`` = (width, max MAT) while it is at most that; ``large`` = (width, max MAT)
-    from ``below`` requests on while the MAT is at most that. A width must be in 1..k-1 to be used
-    (``usable_width``)."""
+    ``narrow_rows`` = [from, below) running requests, widened to ``high`` = (width, min MAT) while the MAT is at least
+    that; ``large`` = (width, max MAT) from ``below`` requests on while the MAT is at most that. A width must be in
+    1..k-1 to be used (``usable_width``)."""
 
     k: int
     narrow: int = 0
     narrow_rows: tuple[int, int] = (0, 0)
     large: tuple[int, float] = (0, 0.0)
     high: tuple[int, float] = (0, 0.0)
-    low_mat: tuple[int, float] = (0, 0.0)
 
     @classmethod
     def policy(cls, k: int, *, narrow: bool = True) -> SlotWidths:
@@ -162,7 +157,6 @@ class SlotWidths:
             narrow_rows=(NARROW_FROM_ROWS, NARROW_BELOW_ROWS),
             large=(LARGE_BATCH_WIDTH if narrow else 0, LOW_MAT),
             high=(HIGH_MAT_WIDTH, HIGH_MAT),
-            low_mat=(LARGE_BATCH_WIDTH if MID_LOW_MAT_NARROW else 0, LOW_MAT),
         )
 
     @property
@@ -177,17 +171,13 @@ class SlotWidths:
     def high_width(self) -> int:
         return usable_width(self.high[0], self.k) if self.narrow_width else 0
 
-    @property
-    def low_mat_width(self) -> int:
-        return usable_width(self.low_mat[0], self.k) if self.narrow_width else 0
-
     def choose(
         self, running: int, mat: float | None, *, low: bool, ragged_ready: Callable[[], bool] | None = None
     ) -> tuple[int, bool]:
         """(width, per-request for a high MAT) of a schedule of ``running`` requests: 0 on a ``low`` batch (drafts
-        not accepted: no filler width); a mid-size schedule is narrow (wider at a high MAT, narrower at a low one),
-        unless the MAT is high and ``ragged_ready()`` says the ragged graphs are captured, when each request keeps its
-        own slots (True); a large one is narrow while the MAT is low."""
+        not accepted: no filler width); a mid-size schedule is narrow, unless the MAT is high and ``ragged_ready()``
+        says the ragged graphs are captured, when each request keeps its own slots (True); a large one is narrow
+        while the MAT is low."""
         lo, below = self.narrow_rows
         if low:
             return 0, False
@@ -195,11 +185,7 @@ class SlotWidths:
             high = mat is not None and mat >= self.high[1]
             if high and ragged_ready is not None and ragged_ready():
                 return 0, True
-            if high and self.high_width:
-                return self.high_width, False
-            if mat is not None and self.low_mat_width and mat <= self.low_mat[1]:
-                return self.low_mat_width, False
-            return self.narrow_width, False
+            return (self.high_width if high and self.high_width else self.narrow_width), False
         if running < max(below, lo) or mat is None:
             return 0, False
         return (self.large_width if self.large_width and mat <= self.large[1] else 0), False

@@ -37,9 +37,7 @@ Such a step runs as piecewise graphs whatever its slots (the prefill makes the b
 schedule of ``from <= running < below`` requests gives every decoding request exactly ``narrow`` slots (``width``); from
 ``below`` requests on, ``large`` = (width, max MAT) (``LARGE_BATCH_WIDTH``, ``LOW_MAT``) does so with its own width
 while the tokens a request got per step (``mat``, a moving average over notes) stay at most that MAT; ``high`` = (width,
-min MAT) (``HIGH_MAT_WIDTH``, ``HIGH_MAT``) widens the mid-size narrow steps while ``mat`` is at least that MAT, and
-``low_mat`` = (width, max MAT) (``MID_LOW_MAT_NARROW``: the large batches' pair) narrows them while it is at most that.
-These rules and their constants are the drafting policy's (``core/policy.py``: ``SlotWidths``). The
+min MAT) (``HIGH_MAT_WIDTH``, ``HIGH_MAT``) widens the mid-size narrow steps while ``mat`` is at least that MAT. The
 step's drafting pads each row to the width: the verify batch is uniform with ``width + 1`` tokens per request, which
 vLLM runs as one FULL CUDA graph once ``graphs.py`` has captured that length (vLLM captures only ``k + 1``). Mid-size
 batches are bound by the host's launches of the piecewise graphs a mixed batch gets; large ones by the GPU, where
@@ -92,7 +90,6 @@ class SlotBook:
         narrow_rows: tuple[int, int] = (0, 0),
         large: tuple[int, float] = (0, 0.0),
         high: tuple[int, float] = (0, 0.0),
-        low_mat: tuple[int, float] = (0, 0.0),
         high_ragged: Callable[[], bool] | None = None,
         low_batch: Callable[[], bool] | None = None,
     ) -> None:
@@ -112,7 +109,7 @@ class SlotBook:
         self.granted = 0  # slots handed out (statistics)
         self.offered = 0  # slots vLLM would have reserved (k per decoding request)
         self.growing = self.growth > 0
-        self.widths = SlotWidths(k, narrow=narrow, narrow_rows=narrow_rows, large=large, high=high, low_mat=low_mat)
+        self.widths = SlotWidths(k, narrow=narrow, narrow_rows=narrow_rows, large=large, high=high)  # the policy's
         self.high_ragged = high_ragged  # while the MAT is high: per-request slots if this says ragged graphs
         self.ragged_high_steps = 0  # mid-size schedules that took per-request slots for that (statistics)
         self.low_batch = low_batch  # True: the batch's drafts are not accepted (the proposer's back-off, backoff.py)
@@ -153,7 +150,6 @@ class SlotBook:
             narrow_rows=widths.narrow_rows,
             large=widths.large,
             high=widths.high,
-            low_mat=widths.low_mat,
             high_ragged=high_ragged,
             low_batch=low_batch,
         )
@@ -299,7 +295,6 @@ class SlotBook:
             "narrow_steps": self.narrow_steps,
             "large_batch_narrow_slots": self.large_width,
             "high_mat_narrow_slots": self.high_width,
-            "low_mat_narrow_slots": self.widths.low_mat_width,
             "mat": self.mat,
             "ragged_high_mat_steps": self.ragged_high_steps,
             "low_batch_schedules": self.low_steps,
