@@ -17,10 +17,8 @@ from specdec.drafters.suffix import SuffixDrafter, native_available
 from specdec.vllm_plugin.core.backoff import (
     MIN_STEPS,
     PAD_MIN_ACCEPTED,
-    PROBATION_STEPS,
     PROBE_FIRST_AFTER,
     RECOVER_ACCEPTED,
-    STRICT_RECOVER_ACCEPTED,
     BackOff,
 )
 from specdec.vllm_plugin.core.batch import StepBatch
@@ -301,8 +299,7 @@ def low_batch(bo: BackOff, ids: list[str]) -> None:
 
 
 def test_shadow_checks_by_hand():
-    """The lenient recovery (``strict=False``): a two-token shadow reaches RECOVER_ACCEPTED."""
-    bo = BackOff(strict=False)
+    bo = BackOff()
     low_batch(bo, ["a", "b"])
     assert bo.requests_off == 2 and bo.low() and bo.rows["a"].ema == 0.0
     drafts = [[5, 6, 7], [8, 9]]
@@ -422,38 +419,3 @@ def test_schedule_mode_below_the_narrow_rows_stops_granting_slots_on_a_zero_acce
     assert sum(late) <= ROWS * K  # about one return (a chance match of its shadow) per request at most
     st = sched.stats()
     assert st["backoff_requests_off"] == ROWS and st["schedule"]["low_batch_schedules"] > 150
-
-
-def test_strict_recovery_needs_three_matched_shadow_tokens():
-    """Strict recovery (STRICT_RECOVER_ACCEPTED): a two-token shadow match no longer brings a request back."""
-    bo = BackOff(strict=True)
-    low_batch(bo, ["a"])
-    a = bo.rows["a"]
-    a.shadow = [5, 6, 7]
-    bo.record(["a"], [0])  # withheld: nothing handed to vLLM
-    for t, back in ((5, False), (6, False), (7, True)):
-        bo.observe(["a"], [1], lambda i, t=t: [t])
-        assert a.off is not back
-    assert a.ema == pytest.approx(0.25 * 3) and a.ema >= STRICT_RECOVER_ACCEPTED > RECOVER_ACCEPTED
-    assert a.probation == PROBATION_STEPS and bo.stats.recoveries == 1
-
-
-def test_a_strictly_recovered_request_whose_first_verified_drafts_fail_backs_off_at_once():
-    """Probation: PROBATION_STEPS verified steps of a recovered request that accept nothing send it back (not
-    MIN_STEPS of drafted steps); one that accepts keeps it drafting under the usual rule. Off: no probation."""
-    for strict in (True, False):
-        bo = BackOff(strict=strict)
-        low_batch(bo, ["a", "b"])
-        for rid, ok in (("a", False), ("b", True)):
-            st = bo.rows[rid]
-            st.shadow = [1, 2, 3]
-            bo.record([rid], [0])
-            for t in (1, 2, 3):
-                bo.observe([rid], [1], lambda i, t=t: [t])
-            assert not st.off and st.probation == (PROBATION_STEPS if strict else 0)
-            for _ in range(PROBATION_STEPS):
-                assert not st.off
-                bo.record([rid], [3])
-                bo.observe([rid], [2 if ok else 1], lambda i, ok=ok: [9, 9] if ok else [9])
-            assert st.off is (strict and not ok) and not st.probation
-        assert bo.stats.requests_backed_off == 2 + strict  # two in low_batch, a again when strict

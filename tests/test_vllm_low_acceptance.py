@@ -32,7 +32,6 @@ import torch
 
 from core_support import LLAMA_8B_HF
 from specdec.drafters.suffix import native_available
-from specdec.vllm_plugin.core import backoff
 from specdec.vllm_plugin.core.backoff import PROBE_FIRST_AFTER
 
 pytestmark = [
@@ -336,13 +335,9 @@ def serve_scenario(engine: Engine, seed: int = 0) -> dict[str, Req]:
     return {rid: r for rid, r in engine.reqs.items() if r.accept_from is not None}
 
 
-@pytest.mark.parametrize("strict", [False, True], ids=["default", "strict"])
 @pytest.mark.parametrize("schedule", [False, True], ids=["thread", "schedule"])
-def test_requests_whose_drafts_would_be_accepted_draft_within_the_bound_in_a_long_lived_engine(
-    schedule, strict, monkeypatch
-):
-    """As the module docstring says, with the back-off's recovery as it ships and strict (``STRICT_RECOVERY``)."""
-    monkeypatch.setattr(backoff, "STRICT_RECOVERY", strict)
+def test_requests_whose_drafts_would_be_accepted_draft_within_the_bound_in_a_long_lived_engine(schedule):
+    """As the module docstring says."""
     engine = Engine(schedule=schedule)
     try:
         high = serve_scenario(engine)

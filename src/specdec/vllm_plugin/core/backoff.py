@@ -20,12 +20,6 @@ matched, so a request whose drafts would be accepted is back within ``PROBE_FIRS
 two tokens, plus schedule mode's one round of slot lag). Any verified accepted token of a backed-off request (a
 padded step's draft) feeds the same EMA.
 
-*Strict recovery* (``strict``, default ``STRICT_RECOVERY``: off until measured at TP = 2): a request recovers only at
-``STRICT_RECOVER_ACCEPTED`` (a shadow checked by three tokens, still within ``PROBE_FIRST_AFTER``), and is then on
-probation: if its first ``PROBATION_STEPS`` verified steps accept nothing it backs off again at once. Without it, on
-random-token traffic a lucky two-token shadow buys ``MIN_STEPS`` drafted steps, each of which makes the whole batch a
-drafted step (the GPU waits for its drafting).
-
 **Per batch** (``low``): derived on each call from the requests of the current batch, never stored: the batch is low
 while the mean EMA of its requests past ``MIN_STEPS`` verified steps (or backed off) is under ``PAD_MIN_ACCEPTED``.
 A low batch is not padded (``pad_drafts="auto"``; schedule mode's slot book drops its narrow widths and its k slots
@@ -50,13 +44,6 @@ EMA_ALPHA = 0.25  # weight of the newest outcome (verified or shadow) in a reque
 MIN_STEPS = 4  # verified steps before a request may back off (a new request's drafts get a chance)
 MIN_ACCEPTED = 0.25  # a request accepting fewer tokens per drafted step (EMA) backs off
 RECOVER_ACCEPTED = 0.5  # ... and drafts again once its EMA (shadow outcomes included) reaches this (hysteresis)
-# strict recovery: on the gate's low-acceptance serve check (one lease of two H200, the 8B shape) it cut specdec's
-# drafted request-steps 642 -> 294 and its median TPOT from 1.034x to 1.005x no speculation's, the TP = 1 cells
-# unchanged (geomean 1.005x, batches of one aside); off until the TP = 2 cells are measured with it
-STRICT_RECOVERY = False
-STRICT_RECOVER_ACCEPTED = 0.75
-# two: schedule mode grants a recovered request's slots a round late, so its first verified step verifies none
-PROBATION_STEPS = 2
 PROBE_FIRST_AFTER = 4  # a backed-off request whose drafts would be accepted hands vLLM a draft within this many steps
 # Padding makes every row verify k tokens; a padded step of a small target costs about 1.5x a plain one, so padding
 # pays only where a row gets at least about half a token accepted per step.
@@ -72,7 +59,6 @@ class RowBackOff:
     off: bool = False  # backed off: its drafts are withheld (and checked in shadow)
     shadow: list[int] = field(default_factory=list)  # the withheld draft being checked (empty: none)
     matched: int = 0  # its leading tokens the target has emitted so far
-    probation: int = 0  # recovered (strict): verified steps left in which accepting nothing backs it off at once
 
 
 @dataclass
@@ -96,20 +82,9 @@ class BackOff:
     """The low-acceptance policy (see the module docstring). ``enabled`` False: never backs off."""
 
     enabled: bool = True
-    strict: bool = field(default_factory=lambda: STRICT_RECOVERY)  # strict recovery (module docstring)
     rows: dict[str, RowBackOff] = field(default_factory=dict)  # request id -> its state
     last: dict[str, int] = field(default_factory=dict)  # request id -> draft tokens (> 0) handed to vLLM last step
     stats: BackOffStats = field(default_factory=BackOffStats)
-
-    @property
-    def recover_accepted(self) -> float:
-        """The EMA a backed-off request recovers at."""
-        return STRICT_RECOVER_ACCEPTED if self.strict else RECOVER_ACCEPTED
-
-    @property
-    def probation_steps(self) -> int:
-        """A recovered request's probation (0: none)."""
-        return PROBATION_STEPS if self.strict else 0
 
     @property
     def requests_off(self) -> int:
@@ -155,7 +130,7 @@ class BackOff:
                 break
         settled = settled or m >= len(shadow)
         st.matched = m
-        if settled or self._blend(st.ema, m) >= self.recover_accepted:
+        if settled or self._blend(st.ema, m) >= RECOVER_ACCEPTED:
             st.shadow, st.matched = [], 0
             self.stats.shadow_checks += 1
             self._outcome(st, m, verified=False)
@@ -168,18 +143,13 @@ class BackOff:
         """One outcome of the request's drafts: the EMA moves, then the request backs off or recovers."""
         st.ema = float(accepted) if (verified and st.seen == 0 and not st.off) else self._blend(st.ema, accepted)
         if st.off:
-            if st.ema >= self.recover_accepted:
+            if st.ema >= RECOVER_ACCEPTED:
                 st.off, st.seen, st.shadow, st.matched = False, 0, [], 0
-                st.probation = self.probation_steps
                 self.stats.recoveries += 1
             return
-        relapse = False
         if verified:
             st.seen += 1
-            if st.probation:
-                st.probation = 0 if accepted else st.probation - 1
-                relapse = not accepted and not st.probation
-        if relapse or (st.seen >= MIN_STEPS and st.ema < MIN_ACCEPTED):
+        if st.seen >= MIN_STEPS and st.ema < MIN_ACCEPTED:
             st.off = True
             self.stats.requests_backed_off += 1
 
