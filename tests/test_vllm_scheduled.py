@@ -987,10 +987,12 @@ def test_regrant_gives_running_requests_the_slots_of_their_latest_draft():
     assert regrant_placeholders(sch, book) == 0  # vLLM reserved nothing (no speculative step)
 
 
-def test_a_step_that_verifies_no_draft_waits_for_nothing_and_drafts_after_the_forwards_launch(monkeypatch):
+@pytest.mark.parametrize("with_wait", [True, False], ids=["device-wait", "host-fills"])
+def test_a_step_that_verifies_no_draft_waits_for_nothing_and_drafts_after_the_forwards_launch(with_wait, monkeypatch):
     """No request has a slot this step (a backed-off batch): the fill enqueues no wait and no copy; the drafting
     (bookkeeping, shadow checks, the next step's slots) runs at ``finish``, which the forward's start leaves to the
-    end of ``execute_model``. The next step drafts from every token all the same."""
+    end of ``execute_model``. The next step drafts from every token all the same. Without a device wait (host fills:
+    none could be made, or the watchdog switched it off) the same, where ``finish`` used to raise."""
     from specdec.vllm_plugin.patches import async_sched
 
     monkeypatch.setattr(async_sched, "drafts_in_schedule_mode", lambda runner: True)
@@ -998,7 +1000,9 @@ def test_a_step_that_verifies_no_draft_waits_for_nothing_and_drafts_after_the_fo
     eng = AsyncEngine(seed=3)
     twin = make_core(lambda: clock.t)
     dw = FakeDeviceWait()
-    sched = ScheduledDrafting(make_core(lambda: clock.t), k=K, max_rows=MAX_ROWS, device="cpu", device_wait=dw)
+    sched = ScheduledDrafting(
+        make_core(lambda: clock.t), k=K, max_rows=MAX_ROWS, device="cpu", device_wait=dw if with_wait else None
+    )
     runner = SimpleNamespace(drafter=SimpleNamespace(scheduled=sched))
     out = eng.run_step(sched, 0)
     before = out.clone()
@@ -1010,7 +1014,7 @@ def test_a_step_that_verifies_no_draft_waits_for_nothing_and_drafts_after_the_fo
     assert sched.deferred is None and dw.released == [] and sched.stats()["schedule"]["late_fills"] == 1
     eng.twin_step(twin, eng.order)  # the twin saw the same tokens
     out = eng.run_step(sched, 1)
-    assert sched.fill(out) and sched.gpu_waits  # a step with slots waits again
+    assert sched.fill(out) and sched.gpu_waits is with_wait  # a step with slots waits again (host fill: drafted now)
     sched.finish()
     drafts = eng.twin_step(twin, eng.order)
     assert out.numpy().tolist() == eng.expected_buffer(drafts, out.shape[0])

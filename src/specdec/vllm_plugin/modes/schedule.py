@@ -256,7 +256,10 @@ class ScheduledDrafting(CaptureRing):
 
     def _check_watchdog(self) -> None:
         """Steps released by the watchdog (drafting past the deadline, or a stream blocked before ``finish``):
-        counted; after ``WATCHDOG_LIMIT`` of them the device wait is switched off (host fills from then on)."""
+        counted; after ``WATCHDOG_LIMIT`` of them the device wait is switched off (host fills from then on). None
+        to check without a device wait (a late fill of host fills)."""
+        if self.device_wait is None:
+            return
         fired = self.device_wait.fired()
         if fired == self._watchdog_seen:
             return
