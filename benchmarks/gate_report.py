@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import gate_rules as rules
+from benchmarks.gate_compare import compare, render_compare
 from benchmarks.gate_metrics import cell_speeds, mean_speed, mismatches, speed
 
 KIND = "specdec-gate"
@@ -293,6 +294,7 @@ def render(doc: dict[str, Any]) -> str:
         rows = serve_rows(doc["serve"])
         verdicts += [r["verdict"] for r in rows]
         out += ["", "== low-acceptance serving ==", *render_serve(rows)]
+    out += render_compare(compare(doc))
     out += ["", f"GATE: {rules.overall(verdicts)}", _wrap(RULES_LINE), _wrap(LEGEND)]
     return "\n".join(out)
 
@@ -362,6 +364,7 @@ def write(doc: dict[str, Any], out_dir: Path, name: str) -> Path:
     stored = {**doc, "verdicts": {tp: _summary(gate_verdicts(g)) for tp, g in doc.get("gates", {}).items()}}
     if doc.get("serve"):
         stored["verdicts"]["serve"] = serve_rows(doc["serve"])
+    stored["verdicts"]["before_after"] = compare(doc)
     path = out_dir / f"{name}.json"
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(stored, separators=(",", ":")))

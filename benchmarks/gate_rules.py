@@ -8,6 +8,10 @@
 * engine start <= ``START_MAX`` x no speculation's; KV-cache tokens >= ``KV_MIN`` of no speculation's.
 * low-acceptance serving: median TPOT <= ``TPOT_MAX`` x no speculation's.
 * the run is VOID when no speculation's two repeats of a cell differ by more than ``REPEAT_MAX_DIFF``.
+* before/after (``gate_compare``): a cell counts when both engines' outputs repeat like no speculation's (their
+  shares of repeated 4-grams within ``REP4_SHIFT_MAX`` of its); KEEP when the counted cells' geometric mean of
+  candidate over before is >= ``KEEP_GEOMEAN_MIN``, none is under ``KEEP_CELL_FLOOR`` and the serve check's TPOT
+  ratio is at most before's + ``KEEP_SERVE_SLACK``; else DROP.
 
 Every boundary is inclusive on the passing side; ``EPS`` keeps a ratio that is the boundary up to float rounding
 (0.98 and 1.00 average to 0.99) on that side.
@@ -28,6 +32,10 @@ START_MAX = 1.25
 KV_MIN = 0.97
 TPOT_MAX = 1.03
 REPEAT_MAX_DIFF = 0.02
+REP4_SHIFT_MAX = 0.05  # an engine's share of repeated 4-grams may differ from no speculation's by this much
+KEEP_GEOMEAN_MIN = 1.0  # the counted cells' geometric mean, candidate / before
+KEEP_CELL_FLOOR = 0.9  # ... and no counted cell under this (the same commit's engines differ up to 9% per cell)
+KEEP_SERVE_SLACK = 0.01  # the candidate's serve TPOT ratio may exceed before's by this much (call noise ~1%)
 EPS = 1e-9
 SEVERITY = {NONE: 0, PASS: 1, WARN: 2, FAIL: 3, VOID: 4}  # the overall verdict is the most severe one
 
@@ -109,3 +117,27 @@ def tpot_verdict(r: float | None) -> str:
 def overall(verdicts: Iterable[str]) -> str:
     """The most severe of ``verdicts`` (VOID > FAIL > WARN > PASS); NONE when there is none."""
     return max(verdicts, key=SEVERITY.__getitem__, default=NONE)
+
+
+def rep4_comparable(nospec: float | None, *engines: float | None) -> bool:
+    """True when every engine's share of repeated 4-grams is within ``REP4_SHIFT_MAX`` of no speculation's (an
+    unknown share does not exclude the cell)."""
+    if nospec is None:
+        return True
+    return all(e is None or abs(e - nospec) <= REP4_SHIFT_MAX + EPS for e in engines)
+
+
+def before_after(geomean: float | None, worst: float | None) -> str:
+    """PASS (keep) when the counted cells' geometric mean of candidate / before is >= ``KEEP_GEOMEAN_MIN`` and the
+    worst is >= ``KEEP_CELL_FLOOR``; FAIL (drop) otherwise; NONE without counted cells."""
+    if geomean is None or worst is None:
+        return NONE
+    ok = geomean >= KEEP_GEOMEAN_MIN - EPS and worst >= KEEP_CELL_FLOOR - EPS
+    return PASS if ok else FAIL
+
+
+def before_after_serve(candidate: float | None, before: float | None) -> str:
+    """PASS when the candidate's serve TPOT ratio is at most before's + ``KEEP_SERVE_SLACK``."""
+    if candidate is None or before is None:
+        return NONE
+    return PASS if candidate <= before + KEEP_SERVE_SLACK + EPS else FAIL

@@ -1,0 +1,123 @@
+"""The gate's before/after verdict (issue 41): does the candidate's default path (``specdec``) beat the base commit's
+(``specdec-before``), both measured against the same no-speculation engine in one lease?
+
+Per cell the two engines' ratios to no speculation are divided (candidate over before). A cell counts only where
+both engines' outputs repeat like no speculation's: the 53M target loops on some prompts, and an engine whose bf16
+outputs drift into a loop (greedy) or whose samples happen to loop more (sampled) drafts that loop well, which
+speeds it up for reasons the change did not cause. Measured: the same base commit's sampled code cell ran 1.19-1.55x
+no speculation when its outputs' repeated 4-grams were 0.43 against no speculation's 0.36, and the candidate 0.91x
+at 0.18. Such a cell is shown and marked ``~``, not counted (``gate_rules.rep4_comparable``).
+
+Over the counted cells of each TP: their geometric mean and worst cell; with the serve check's two TPOT ratios,
+``gate_rules.before_after`` gives KEEP (the change may land as the default) or DROP.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from benchmarks import gate_rules as rules
+from benchmarks.gate_metrics import mean_speed, speed
+
+CANDIDATE, BEFORE, REFERENCE = "specdec", "specdec-before", "nospec"
+
+
+def cell_pairs(gate: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per cell both engines measured: ``ratio`` (candidate / before speed, each over no speculation's),
+    ``emit`` (the same for emitted tokens per drafted step), the three engines' ``rep4`` and ``comparable``."""
+    engines = gate.get("engines", {})
+    nos, cand, base = (engines.get(m, {}).get("cells", {}) for m in (REFERENCE, CANDIDATE, BEFORE))
+    rows = []
+    for key, c in cand.items():
+        b, n = base.get(key), nos.get(key)
+        if not (b and n and c.get("runs") and b.get("runs")):
+            continue
+        temperature = c.get("temperature", 0.0)
+        ref = mean_speed(n)
+        rc, rb = (rules.ratio(speed(x["runs"][0], temperature), ref) for x in (c, b))
+        ec, eb = (x["runs"][0].get("emitted_per_step") for x in (c, b))
+        rep4 = {m: x.get("repeat4") for m, x in ((REFERENCE, n), (CANDIDATE, c), (BEFORE, b))}
+        rows.append(
+            {
+                "key": key,
+                "candidate": rc,
+                "before": rb,
+                "ratio": rules.ratio(rc, rb),
+                "emit": rules.ratio(ec, eb),
+                "rep4": rep4,
+                "comparable": rules.rep4_comparable(rep4[REFERENCE], rep4[CANDIDATE], rep4[BEFORE]),
+            }
+        )
+    return rows
+
+
+def geomean(values: list[float]) -> float | None:
+    """Geometric mean of positive ``values`` (None when there are none)."""
+    vals = [v for v in values if v and v > 0]
+    return math.exp(sum(map(math.log, vals)) / len(vals)) if vals else None
+
+
+def serve_ratios(serve: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(candidate, before) median-TPOT ratios to no speculation from the first TPOT check that served both."""
+    for check in serve.values():
+        servers = check.get("servers", {})
+        if check.get("kind") != "tpot" or BEFORE not in servers:
+            continue
+        none = servers.get(REFERENCE, {}).get("bench", {}).get("median_tpot_ms")
+        cand, base = (servers.get(m, {}).get("bench", {}).get("median_tpot_ms") for m in (CANDIDATE, BEFORE))
+        return rules.ratio(cand, none), rules.ratio(base, none)
+    return None, None
+
+
+def compare(doc: dict[str, Any]) -> dict[str, Any]:
+    """The before/after summary of a results document: per TP its cell rows, geometric mean and worst counted cell;
+    the serve ratios; the verdict (``rules.NONE`` when the document has no before engine)."""
+    tps = {}
+    for tp, gate in sorted(doc.get("gates", {}).items()):
+        rows = cell_pairs(gate)
+        counted = [r["ratio"] for r in rows if r["comparable"] and r["ratio"]]
+        if rows:
+            tps[tp] = {"cells": rows, "geomean": geomean(counted), "worst": min(counted, default=None)}
+    serve = serve_ratios(doc.get("serve", {}))
+    verdicts = [rules.before_after(t["geomean"], t["worst"]) for t in tps.values()]
+    if serve[0] is not None:
+        verdicts.append(rules.before_after_serve(*serve))
+    return {"tps": tps, "serve": serve, "verdict": rules.overall(verdicts) if verdicts else rules.NONE}
+
+
+def _f(v: float | None, fmt: str = ".2f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _abbr(key: str) -> str:
+    """``agentic/b32`` -> ``ag32``, ``code/s8`` -> ``co-s8``: a column label."""
+    name, cell = key.split("/", 1)
+    return name[:2] + (cell[1:] if cell.startswith("b") else f"-{cell}")
+
+
+def render_compare(result: dict[str, Any]) -> list[str]:
+    """The before/after section of the gate's report (nothing when no before engine ran): per TP the geometric mean,
+    the worst counted cell and every cell's candidate / before (``~``: not counted, its outputs repeat unlike no
+    speculation's)."""
+    if not result["tps"] and result["serve"][0] is None:
+        return []
+    out = ["", "== specdec / before (same run; ~: outputs repeat unlike nospec's, not counted) =="]
+    keys = list(dict.fromkeys(r["key"] for t in result["tps"].values() for r in t["cells"]))
+    head = f"{'':<5}{'geomean':>8}{'worst':>6} |" + "".join(f"{_abbr(k):>7}" for k in keys)
+    out += [head, "-" * len(head)] if keys else []
+    for tp, t in result["tps"].items():
+        by = {r["key"]: r for r in t["cells"]}
+        cells = "".join(
+            f"{_f(by[k]['ratio']) + ('' if by[k]['comparable'] else '~'):>7}" if k in by else f"{'-':>7}" for k in keys
+        )
+        out.append(f"{tp:<5}{_f(t['geomean'], '.3f'):>8}{_f(t['worst']):>6} |{cells}")
+    cand, base = result["serve"]
+    if cand is not None:
+        out.append(f"serve median TPOT x nospec: specdec {_f(cand, '.3f')}, before {_f(base, '.3f')}")
+    verdict = {rules.PASS: "KEEP", rules.FAIL: "DROP"}.get(result["verdict"], result["verdict"])
+    out.append(
+        f"before/after: {verdict} (KEEP: geomean >= {rules.KEEP_GEOMEAN_MIN}, no cell < {rules.KEEP_CELL_FLOOR}, "
+        f"serve <= before + {rules.KEEP_SERVE_SLACK})"
+    )
+    return out

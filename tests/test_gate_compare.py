@@ -1,0 +1,122 @@
+"""The gate's before/after verdict (benchmarks.gate_compare): hand-built results documents, hand-checked ratios."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from benchmarks import gate_rules as rules
+from benchmarks.gate_compare import cell_pairs, compare, geomean, render_compare
+from benchmarks.gate_report import render
+
+
+def _cell(tps: float, *, rep4: float, emit: float | None = 2.0, temperature: float = 0.0) -> dict:
+    run = {"tokens_per_s": tps, "emitted_per_step": emit}
+    if temperature:
+        run["request_tokens_per_s"] = tps
+    return {"runs": [run], "repeat4": rep4, "temperature": temperature}
+
+
+def _gate(cells: dict[str, tuple[float, float, float, float, float, float]]) -> dict:
+    """cells: key -> (nospec tps, nospec rep4, candidate tps, candidate rep4, before tps, before rep4)."""
+    eng: dict[str, dict] = {m: {"cells": {}} for m in ("nospec", "specdec", "specdec-before")}
+    for key, (n, nr, c, cr, b, br) in cells.items():
+        t = 0.8 if key.endswith("s8") else 0.0
+        eng["nospec"]["cells"][key] = {**_cell(n, rep4=nr, temperature=t), "runs": [{"tokens_per_s": n}] * 2}
+        if t:
+            eng["nospec"]["cells"][key]["runs"] = [{"tokens_per_s": n * 3, "request_tokens_per_s": n}] * 2
+        eng["specdec"]["cells"][key] = _cell(c, rep4=cr, temperature=t)
+        eng["specdec-before"]["cells"][key] = _cell(b, rep4=br, temperature=t)
+    return {"engines": eng}
+
+
+def _serve(none: float, cand: float, before: float | None) -> dict:
+    servers = {"nospec": {"bench": {"median_tpot_ms": none}}, "specdec": {"bench": {"median_tpot_ms": cand}}}
+    if before is not None:
+        servers["specdec-before"] = {"bench": {"median_tpot_ms": before}}
+    return {"tpot-8b": {"kind": "tpot", "servers": servers}}
+
+
+def test_cell_ratio_is_candidate_over_before_each_against_nospec():
+    rows = cell_pairs(_gate({"code/b8": (100.0, 0.80, 300.0, 0.80, 250.0, 0.82)}))
+    assert len(rows) == 1
+    r = rows[0]
+    assert r["candidate"] == pytest.approx(3.0) and r["before"] == pytest.approx(2.5)
+    assert r["ratio"] == pytest.approx(1.2) and r["emit"] == pytest.approx(1.0)
+    assert r["comparable"]
+
+
+def test_a_sampled_cell_is_judged_on_the_requests_own_rate():
+    (r,) = cell_pairs(_gate({"code/s8": (100.0, 0.36, 120.0, 0.36, 150.0, 0.37)}))
+    assert r["candidate"] == pytest.approx(1.2) and r["before"] == pytest.approx(1.5)  # not over 300 tok/s
+    assert r["ratio"] == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize(
+    ("cand", "before", "comparable"),
+    [
+        (0.36, 0.43, False),  # the measured case: before's samples looped more (0.43 against 0.36)
+        (0.18, 0.36, False),  # the candidate's looped less
+        (0.41, 0.31, True),  # both within 0.05 of 0.36
+        (0.31, 0.41, True),
+        (None, 0.36, True),  # unknown: not excluded
+    ],
+)
+def test_a_cell_counts_only_where_both_engines_repeat_like_nospec(cand, before, comparable):
+    assert rules.rep4_comparable(0.36, cand, before) is comparable
+
+
+def test_geomean_and_the_keep_rule_over_counted_cells_only():
+    g = _gate(
+        {
+            "chat/b8": (100.0, 0.88, 210.0, 0.88, 200.0, 0.88),  # 1.05
+            "code/b8": (100.0, 0.80, 190.0, 0.80, 200.0, 0.80),  # 0.95
+            "code/s8": (100.0, 0.36, 50.0, 0.18, 150.0, 0.43),  # 0.33, not counted
+        }
+    )
+    out = compare({"gates": {"tp1": g}})
+    t = out["tps"]["tp1"]
+    assert t["geomean"] == pytest.approx(math.sqrt(1.05 * 0.95))  # 0.9987: under 1.0
+    assert t["worst"] == pytest.approx(0.95)
+    assert out["verdict"] == rules.FAIL
+    g["engines"]["specdec"]["cells"]["code/b8"]["runs"][0]["tokens_per_s"] = 200.0  # now 1.05 and 1.0
+    assert compare({"gates": {"tp1": g}})["verdict"] == rules.PASS
+
+
+@pytest.mark.parametrize(
+    ("geo", "worst", "verdict"),
+    [(1.0, 0.9, rules.PASS), (1.05, 0.8999, rules.FAIL), (0.9999, 1.0, rules.FAIL), (None, None, rules.NONE)],
+)
+def test_before_after_bounds(geo, worst, verdict):
+    assert rules.before_after(geo, worst) == verdict
+
+
+def test_serve_check_keeps_within_slack_of_before():
+    assert rules.before_after_serve(1.10, 1.09) == rules.PASS  # 0.01 over: inside the slack
+    assert rules.before_after_serve(1.1001 + 0.01, 1.09) == rules.FAIL
+    assert rules.before_after_serve(1.13, None) == rules.NONE
+    g = _gate({"chat/b8": (100.0, 0.88, 210.0, 0.88, 200.0, 0.88)})
+    out = compare({"gates": {"tp1": g}, "serve": _serve(4.9, 5.53, 5.35)})  # the measured granted-alone serve
+    assert out["serve"] == (pytest.approx(5.53 / 4.9), pytest.approx(5.35 / 4.9))
+    assert out["verdict"] == rules.FAIL  # cells keep, serving drops
+
+
+def test_no_before_engine_no_section():
+    g = _gate({"chat/b8": (100.0, 0.88, 210.0, 0.88, 200.0, 0.88)})
+    del g["engines"]["specdec-before"]
+    out = compare({"gates": {"tp1": g}, "serve": _serve(4.9, 5.0, None)})
+    assert out == {"tps": {}, "serve": (None, None), "verdict": rules.NONE}
+    assert render_compare(out) == []
+    assert geomean([]) is None
+
+
+def test_the_report_draws_the_section_within_its_width():
+    g = _gate({"agentic/b32": (100.0, 0.57, 103.0, 0.56, 102.0, 0.57), "code/s8": (100.0, 0.37, 1.0, 0.1, 2.0, 0.4)})
+    text = render({"kind": "specdec-gate", "gates": {"tp1": g}, "serve": _serve(4.9, 5.33, 5.35), "sources": []})
+    lines = text.splitlines()
+    i = next(i for i, line in enumerate(lines) if line.startswith("== specdec / before"))
+    assert lines[i + 1].split()[2:] == ["|", "ag32", "co-s8"]
+    assert lines[i + 3].split() == ["tp1", "1.010", "1.01", "|", "1.01", "0.50~"]
+    assert "before/after: KEEP" in text
+    assert max(map(len, lines)) <= 120
