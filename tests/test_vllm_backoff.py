@@ -187,7 +187,10 @@ def test_the_periodic_log_line_counts_back_offs_recoveries_and_newcomers(plugin_
     core = make_core("python", batch.clock, log_every_s=0.05)
     handed(batch, core, "python", range(200), never)
     lines = [r.getMessage() for r in plugin_log() if "requests backed off" in r.getMessage()]
-    want = f"{ROWS} requests backed off (low acceptance; {ROWS} back-offs, 0 recoveries, 0 newcomers held so far)"
+    want = (
+        f"{ROWS} requests backed off (low acceptance; {ROWS} back-offs, 0 recoveries, 0 newcomers held so far; "
+        f"verified drafted steps {ROWS * MIN_STEPS} before any back-off, 0 after a recovery)"
+    )
     assert lines and want in lines[-1]
     assert lines[-1].endswith(", batch not padded")
     core.close()
@@ -316,6 +319,10 @@ def test_shadow_checks_by_hand():
     assert bo.stats.recoveries == 1 and bo.requests_off == 1
     drafts = [[6, 7], [4]]
     assert bo.withhold(["a", "b"], drafts) == [(1, 1)] and drafts == [[6, 7], []]  # a drafts again, b in shadow
+    assert (bo.stats.outcomes_first, bo.stats.outcomes_recovered) == (2 * MIN_STEPS, 0)
+    bo.record(["a", "b"], [2, 0])
+    bo.observe(["a", "b"], [1, 1], lambda i: [9])  # a's draft verified, nothing accepted; b still in shadow
+    assert (bo.stats.outcomes_first, bo.stats.outcomes_recovered) == (2 * MIN_STEPS, 1)
 
 
 def test_the_batch_is_low_only_while_its_low_requests_are_there():

@@ -59,6 +59,7 @@ class RowBackOff:
     off: bool = False  # backed off: its drafts are withheld (and checked in shadow)
     shadow: list[int] = field(default_factory=list)  # the withheld draft being checked (empty: none)
     matched: int = 0  # its leading tokens the target has emitted so far
+    recovered: bool = False  # it has backed off and recovered at least once
 
 
 @dataclass
@@ -72,6 +73,10 @@ class BackOffStats:
     withheld_rows: int = 0  # rows whose draft was withheld
     withheld_tokens: int = 0  # draft tokens withheld
     unpadded_steps: int = 0  # steps pad_drafts="auto" would have padded but the low batch did not
+    # verified outcomes of drafting requests (not backed off), split by whether the request had recovered before:
+    # on low-acceptance traffic, which of the two rules lets drafts through (the newcomer's first steps or recovery)
+    outcomes_first: int = 0
+    outcomes_recovered: int = 0
 
     def as_dict(self, prefix: str = "backoff_") -> dict[str, int]:
         return {prefix + k: v for k, v in self.__dict__.items()}
@@ -144,11 +149,15 @@ class BackOff:
         st.ema = float(accepted) if (verified and st.seen == 0 and not st.off) else self._blend(st.ema, accepted)
         if st.off:
             if st.ema >= RECOVER_ACCEPTED:
-                st.off, st.seen, st.shadow, st.matched = False, 0, [], 0
+                st.off, st.seen, st.shadow, st.matched, st.recovered = False, 0, [], 0, True
                 self.stats.recoveries += 1
             return
         if verified:
             st.seen += 1
+            if st.recovered:
+                self.stats.outcomes_recovered += 1
+            else:
+                self.stats.outcomes_first += 1
         if st.seen >= MIN_STEPS and st.ema < MIN_ACCEPTED:
             st.off = True
             self.stats.requests_backed_off += 1

@@ -104,7 +104,8 @@ class ProposerReporting:
             logger.info(
                 "specdec: %d steps (%d with drafts), drafted %d, accepted %d (%.1f%%), %.3f ms/step in propose, "
                 "%d timeouts, %d errors, %d plain steps, %d requests backed off (low acceptance; %d back-offs, "
-                "%d recoveries, %d newcomers held so far)%s",
+                "%d recoveries, %d newcomers held so far; verified drafted steps %d before any back-off, "
+                "%d after a recovery)%s",
                 s.steps,
                 s.drafted_steps,
                 s.drafted_tokens,
@@ -118,5 +119,7 @@ class ProposerReporting:
                 self.backoff.stats.requests_backed_off,
                 self.backoff.stats.recoveries,
                 self.backoff.stats.newcomers_held,
+                self.backoff.stats.outcomes_first,
+                self.backoff.stats.outcomes_recovered,
                 ", batch not padded" if self.backoff.low() else "",
             )
