@@ -38,6 +38,13 @@ LOG_PHASES = {
 }
 LOG_GRAPH_COUNTS = r"Profiling CUDA graph memory: ([^\n]+)"  # "PIECEWISE=64 (largest=1088), FULL=160 (...)"
 LOG_CACHE_HIT = r"Directly load the compiled graph"
+# the plugin's statistics line (core/reporting.py), the last one in a server's log (its final one at shutdown)
+PLUGIN_LINE = re.compile(
+    r"specdec(?:: final)?: (?P<steps>\d+) steps \((?P<drafted_steps>\d+) with drafts\), drafted (?P<drafted>\d+), "
+    r"accepted (?P<accepted>\d+) .*?\((?:low acceptance; )?(?P<back_offs>\d+) back-offs, (?P<recoveries>\d+) "
+    r"recoveries, (?P<newcomers_held>\d+) newcomers held so far(?:; verified drafted steps (?P<outcomes_first>\d+) "
+    r"before any back-off, (?P<outcomes_recovered>\d+) after a recovery)?\)"
+)
 
 
 def spec_counts(metrics: Iterable[Any]) -> dict[str, float]:
@@ -187,3 +194,13 @@ def plugin_delta(before: list[Any] | None, after: list[Any] | None) -> list[dict
         fb, fa = flat_numbers(b), flat_numbers(a)
         out.append({k: round(v - fb.get(k, 0.0), 6) for k, v in fa.items() if v != fb.get(k, 0.0)})
     return out
+
+
+def plugin_line(text: str) -> dict[str, int] | None:
+    """The numbers of the last statistics line the plugin logged in ``text`` (a server's log; its totals since the
+    server started, warm-up included): steps, steps with drafts, draft tokens, accepted, back-offs, recoveries,
+    newcomers held and, where logged, the verified drafted steps before any back-off and after a recovery."""
+    found = list(PLUGIN_LINE.finditer(text))
+    if not found:
+        return None
+    return {k: int(v) for k, v in found[-1].groupdict().items() if v is not None}

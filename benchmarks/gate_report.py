@@ -142,7 +142,19 @@ def serve_rows(serve: dict[str, Any]) -> list[dict[str, Any]]:
                 out.append(
                     {"check": f"{name} {label} serves", "verdict": rules.PASS if ok else rules.FAIL, "note": note}
                 )
+                if srv.get("plugin"):  # the plugin's totals since start: steps, of them with drafts (why)
+                    note = _plugin_note(srv["plugin"])
+                    out.append({"check": f"{name} {label} drafting", "verdict": "-", "note": note})
     return out
+
+
+def _plugin_note(p: dict[str, int]) -> str:
+    """``2104 steps, 451 drafted, 380/71``: the server's steps, those that verified a draft, and the verified
+    drafted steps of requests before any back-off / after a recovery (at most 33 characters)."""
+    note = f"{p.get('steps', 0)} steps, {p.get('drafted_steps', 0)} drafted"
+    if "outcomes_first" in p:
+        note += f", {p['outcomes_first']}/{p.get('outcomes_recovered', 0)}"
+    return note[:33]
 
 
 def _f(v: Any, fmt: str, width: int) -> str:
@@ -264,7 +276,9 @@ LEGEND = (
     "outputs; specdec/before/suffix: × nospec (r: the re-run's ratio; r*: not counted, it took fewer engine steps: "
     "the cache helped); ×suf: specdec ÷ suffix; emit: emitted tokens per drafted step (vLLM counters); mism: bf16 "
     "outputs differing from nospec (greedy cells); sampled cells (s8): nospec and the ratios are the requests' own "
-    "decode rate (their tokens over first to last token), not output tokens over the wall"
+    "decode rate (their tokens over first to last token), not output tokens over the wall; serve 'drafting': the "
+    "plugin's totals since the server started (steps, steps with drafts, verified drafted steps of requests before "
+    "any back-off / after a recovery)"
 )
 
 

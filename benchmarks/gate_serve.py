@@ -26,7 +26,7 @@ from typing import Any
 
 from benchmarks import gate_report as report
 from benchmarks.gate_env import device_info, gpu_names, load_inputs, prepare_model, versions
-from benchmarks.gate_metrics import read_bench
+from benchmarks.gate_metrics import plugin_line, read_bench
 from benchmarks.serve_common import (
     HOST,
     VLLM_CLI_ENV,
@@ -218,6 +218,9 @@ class ServeRun:
             rec["error"] = str(exc)[:300]
         finally:
             server.stop()
+            totals = plugin_line(server.log.read_text(errors="replace")) if server.log.exists() else None
+            if totals:  # the plugin's own totals, logged as the server stopped
+                rec["plugin"] = totals
 
     def write(self) -> dict[str, Any]:
         partial = any("skipped" in c or "error" in json.dumps(c) for c in self.checks.values())

@@ -243,3 +243,43 @@ def test_sampled_cells_are_judged_on_the_requests_decode_rate():
     assert speed(specdec, 0.0) / speed(nospec, 0.0) == pytest.approx((1728 / 1.18) / (2048 / 1.2))  # greedy: tok/s
     assert speed({"tokens_per_s": 5.0}, 0.8) == 5.0  # no timestamps recorded: tok/s
     assert speed(None, 0.8) is None
+
+
+OLD_LINE = (  # vLLM 0.26 server log, the plugin at 49d32a6 (before the verified-step split)
+    "(EngineCore pid=4594) INFO 11-28 14:09:37 [reporting.py:104] specdec: 299 steps (35 with drafts), drafted 141, "
+    "accepted 4 (2.8%), 0.124 ms/step in propose, 0 timeouts, 0 errors, 0 plain steps, 1 requests backed off (low "
+    "acceptance; 8 back-offs, 8 recoveries, 19 newcomers held so far), batch not padded"
+)
+FINAL_LINE = (
+    "(EngineCore pid=7) INFO 11-28 15:40:01 [reporting.py:130] specdec: final: 2104 steps (451 with drafts), drafted "
+    "1757, accepted 202 (11.5%), 0.131 ms/step in propose, 0 timeouts, 0 errors, 3 plain steps, 2 requests backed "
+    "off (low acceptance; 150 back-offs, 149 recoveries, 120 newcomers held so far; verified drafted steps 380 before "
+    "any back-off, 211 after a recovery)"
+)
+
+
+def test_the_plugins_statistics_line_is_read_back_from_a_server_log():
+    from benchmarks.gate_metrics import plugin_line
+
+    assert plugin_line("no plugin here\n") is None
+    old = plugin_line(OLD_LINE)
+    assert old == {
+        "steps": 299, "drafted_steps": 35, "drafted": 141, "accepted": 4,
+        "back_offs": 8, "recoveries": 8, "newcomers_held": 19,
+    }  # fmt: skip
+    got = plugin_line(f"{OLD_LINE}\nother\n{FINAL_LINE}\n")  # the last line: the totals at shutdown
+    keys = ("steps", "drafted_steps", "outcomes_first", "outcomes_recovered")
+    assert tuple(got[k] for k in keys) == (2104, 451, 380, 211)
+
+
+def test_the_serve_table_shows_the_plugins_totals():
+    from benchmarks.gate_metrics import plugin_line
+    from benchmarks.gate_report import serve_rows
+
+    servers = {
+        "nospec": {"bench": {"median_tpot_ms": 4.9}, "answered": True},
+        "specdec": {"bench": {"median_tpot_ms": 5.3}, "answered": True, "plugin": plugin_line(FINAL_LINE)},
+    }
+    rows = serve_rows({"tpot-8b": {"kind": "tpot", "servers": servers}})
+    (row,) = [r for r in rows if r["check"] == "tpot-8b specdec drafting"]
+    assert row["note"] == "2104 steps, 451 drafted, 380/211"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import random
+import weakref
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -194,6 +195,36 @@ def test_the_periodic_log_line_counts_back_offs_recoveries_and_newcomers(plugin_
     assert lines and want in lines[-1]
     assert lines[-1].endswith(", batch not padded")
     core.close()
+
+
+def test_the_statistics_line_once_more_with_the_totals_at_close_or_exit(plugin_log, caplog):
+    """A run shorter than ``log_every_s`` (a benchmark, a short server) still leaves its totals in the log: one final
+    line when the core closes or the process exits, whichever comes first; none with ``log_every_s`` 0."""
+    from benchmarks.gate_metrics import plugin_line
+    from specdec.vllm_plugin.core.reporting import _log_final_if_alive
+
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
+    batch = Batch()
+    core = make_core("python", batch.clock)  # log_every_s 60: no periodic line in these 200 steps of 1 ms
+    handed(batch, core, "python", range(200), never)
+    steps = core.stats.steps
+    assert not [r for r in plugin_log() if "requests backed off" in r.getMessage()]
+    _log_final_if_alive(weakref.WeakMethod(core.log_final))  # what the exit hook runs
+    core.close()  # after the exit hook: not again
+    lines = [r.getMessage() for r in plugin_log() if "requests backed off" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith(f"specdec: final: {steps} steps (")
+    assert f"{ROWS} back-offs" in lines[0]
+    got = plugin_line(lines[0])  # what the GPU gate reads back from a server's log
+    want = {"steps": steps, "drafted_steps": core.stats.drafted_steps, "drafted": core.stats.drafted_tokens}
+    want |= {"back_offs": ROWS, "outcomes_first": core.backoff.stats.outcomes_first, "outcomes_recovered": 0}
+    assert got is not None and {k: got[k] for k in want} == want
+    quiet = make_core("python", batch.clock, log_every_s=0.0)
+    handed(batch, quiet, "python", range(200, 210), never)
+    quiet.close()
+    dead = weakref.WeakMethod(quiet.log_final)
+    del quiet
+    _log_final_if_alive(dead)  # the core is gone: nothing to log, nothing raised
+    assert len([r for r in plugin_log() if "requests backed off" in r.getMessage()]) == 1
 
 
 @pytest.mark.parametrize("path", PATHS)

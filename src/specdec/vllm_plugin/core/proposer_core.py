@@ -309,6 +309,7 @@ class ProposerCore(ProposerReporting):
     _chain = staticmethod(chain_draft)  # (tests and benchmarks cut chains as a step does)
 
     def close(self) -> None:
+        self.log_final()
         self.engine.close()
         if self.engine is not self.python:
             self.python.close()

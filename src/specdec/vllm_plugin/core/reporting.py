@@ -1,5 +1,7 @@
-"""What ``ProposerCore`` reports: its statistics (``stats_dict``), the periodic log line, the drafter's size gauges
-sampled between steps (``metrics.drafter``) and the one-time warning on a drafting timeout.
+"""What ``ProposerCore`` reports: its statistics (``stats_dict``), the periodic log line (and the same line once more
+when the drafting process exits or the core closes, so a run shorter than ``log_every_s`` leaves its totals in the
+log), the drafter's size gauges sampled between steps (``metrics.drafter``) and the one-time warning on a drafting
+timeout.
 
 ``ProposerReporting`` is a mixin of ``ProposerCore`` (``core/proposer_core.py``): it reads the core's statistics,
 guard, engines, step-cost fits and back-off, and keeps its own state (``_init_reporting``).
@@ -7,7 +9,11 @@ guard, engines, step-cost fits and back-off, and keeps its own state (``_init_re
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
+import multiprocessing.util
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +30,7 @@ from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.metrics.drafter import SAMPLE_PERIOD_S, drafter_gauges
 
 logger = logging.getLogger(LOGGER_NAME)
+FINAL_LOG_PRIORITY = 10  # multiprocessing's exit finalizers run highest first: before logging's own shutdown
 
 
 class ProposerReporting:
@@ -46,6 +53,12 @@ class ProposerReporting:
         self.drafter_state: dict[str, int] = {}  # the drafter's size gauges, last sample (metrics.drafter)
         self._sampled_at = -float("inf")
         self._sample_failed = False
+        self._final_logged = False
+        # exit hooks: atexit for the main process and spawned ones; a forked process (vLLM's engine core by default)
+        # leaves by os._exit after multiprocessing's own exit finalizers, so one of those too
+        final = weakref.WeakMethod(self.log_final)
+        atexit.register(_log_final_if_alive, final)
+        multiprocessing.util.Finalize(None, _log_final_if_alive, args=(final,), exitpriority=FINAL_LOG_PRIORITY)
 
     def on_timeout(self, n: int) -> None:
         self.stats.timeouts += 1
@@ -100,26 +113,52 @@ class ProposerReporting:
         now = self.clock()
         if every > 0 and now - self._last_log >= every:
             self._last_log = now
-            s = self.stats
-            logger.info(
-                "specdec: %d steps (%d with drafts), drafted %d, accepted %d (%.1f%%), %.3f ms/step in propose, "
-                "%d timeouts, %d errors, %d plain steps, %d requests backed off (low acceptance; %d back-offs, "
-                "%d recoveries, %d newcomers held so far; verified drafted steps %d before any back-off, "
-                "%d after a recovery)%s",
-                s.steps,
-                s.drafted_steps,
-                s.drafted_tokens,
-                s.accepted_tokens,
-                100 * s.accepted_tokens / max(s.drafted_tokens, 1),
-                1e3 * s.propose_seconds / s.steps,
-                s.timeouts,
-                self.guard.stats.errors,
-                s.plain_steps,
-                self.backoff.requests_off,
-                self.backoff.stats.requests_backed_off,
-                self.backoff.stats.recoveries,
-                self.backoff.stats.newcomers_held,
-                self.backoff.stats.outcomes_first,
-                self.backoff.stats.outcomes_recovered,
-                ", batch not padded" if self.backoff.low() else "",
-            )
+            self._log_line("specdec")
+
+    def log_final(self) -> None:
+        """The statistics line once more, with the totals (``log_every_s`` 0: never; nothing drafted: nothing),
+        when the drafting process exits or the core closes, whichever comes first."""
+        if self._final_logged or self.options.log_every_s <= 0 or not self.stats.steps:
+            return
+        self._final_logged = True
+        self._log_line("specdec: final")
+
+    def _log_line(self, prefix: str) -> None:
+        s = self.stats
+        logger.info(
+            "%s: %d steps (%d with drafts), drafted %d, accepted %d (%.1f%%), %.3f ms/step in propose, "
+            "%d timeouts, %d errors, %d plain steps, %d requests backed off (low acceptance; %d back-offs, "
+            "%d recoveries, %d newcomers held so far; verified drafted steps %d before any back-off, "
+            "%d after a recovery)%s",
+            prefix,
+            s.steps,
+            s.drafted_steps,
+            s.drafted_tokens,
+            s.accepted_tokens,
+            100 * s.accepted_tokens / max(s.drafted_tokens, 1),
+            1e3 * s.propose_seconds / s.steps,
+            s.timeouts,
+            self.guard.stats.errors,
+            s.plain_steps,
+            self.backoff.requests_off,
+            self.backoff.stats.requests_backed_off,
+            self.backoff.stats.recoveries,
+            self.backoff.stats.newcomers_held,
+            self.backoff.stats.outcomes_first,
+            self.backoff.stats.outcomes_recovered,
+            ", batch not padded" if self.backoff.low() else "",
+        )
+
+
+def _log_final_if_alive(method: weakref.WeakMethod) -> None:
+    """At the drafting process's exit: the core's final statistics line, if the core still exists."""
+    log_final = method()
+    if log_final is None:
+        return
+    raise_exceptions = logging.raiseExceptions
+    logging.raiseExceptions = False  # a handler whose stream closed before the exit hooks ran stays silent
+    try:
+        with contextlib.suppress(Exception):  # the process is exiting: a statistics line must not fail that
+            log_final()
+    finally:
+        logging.raiseExceptions = raise_exceptions

@@ -109,7 +109,9 @@ class SpecdecOptions(ConfigBase):
     adaptive: bool = rng(True, doc="shorten drafts where they cannot pay (step-cost model, per-request acceptance)")
     lane_threads: int = rng(0, lo=0, hi=64, doc="threads drafting one step's rows (0: 4 in schedule mode, else 1)")
     strict: bool = rng(False, doc="re-raise drafter errors (debugging: a drafter failure then fails the engine)")
-    log_every_s: float = rng(60.0, lo=0.0, hi=86_400.0, doc="log drafting statistics this often (0: never)")
+    log_every_s: float = rng(
+        60.0, lo=0.0, hi=86_400.0, doc="log drafting statistics this often, and their totals once at exit (0: never)"
+    )
     metrics_port: int = rng(
         0,
         lo=0,
