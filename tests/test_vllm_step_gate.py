@@ -69,6 +69,28 @@ def test_a_withheld_draft_still_matching_counts_as_far_as_it_matched():
     assert cut == [(0, 3)]
 
 
+def test_the_shadow_that_brings_a_request_back_stays_the_gates_evidence():
+    """Backed off, its withheld draft matches two tokens (EMA 0.5: back); it goes on being checked, a third match
+    makes its draft pay for the batch, and when it settles it is no second outcome."""
+    bo = BackOff(gate=True)
+    ids = ["r", *(f"off{i}" for i in range(ROWS - 1))]
+    bo.rows = {r: RowBackOff(ema=0.0, seen=4, off=True, known=True) for r in ids}
+    bo.rows["r"].shadow = [5, 6, 7, 8]
+    quiet = lambda i: [0]  # noqa: E731 - the other rows' tokens match nothing
+    for token in (5, 6):
+        bo.observe(ids, [1] * ROWS, lambda i, t=token: [t] if i == 0 else quiet(i))
+    st = bo.rows["r"]
+    assert not st.off and st.ema == pytest.approx(0.5)
+    assert (st.shadow, st.matched, st.evidence_only) == ([5, 6, 7, 8], 2, True)
+    lists = [[7, 8, 9]] + [[1] for _ in ids[1:]]
+    assert bo.withhold(ids, lists)[0] == (0, 3)  # 2 matched < 2.2: gated
+    bo.observe(ids, [1] * ROWS, lambda i: [7] if i == 0 else quiet(i))
+    lists = [[8, 9]] + [[1] for _ in ids[1:]]
+    assert [i for i, _ in bo.withhold(ids, lists)] == list(range(1, ROWS)) and lists[0] == [8, 9]  # 3 >= 2.2
+    bo.observe(ids, [1] * ROWS, lambda i: [4] if i == 0 else quiet(i))  # it settles: no second outcome
+    assert st.ema == pytest.approx(0.5) and not st.shadow and not st.evidence_only and bo.stats.recoveries == 1
+
+
 def test_rows_without_an_outcome_count_the_prior():
     bo = BackOff(gate=True)
     ids = [f"new{i}" for i in range(8)]  # a fresh batch: 8 x NEW_ROW_PRIOR >= 0.2 x 8
@@ -80,8 +102,9 @@ def test_rows_without_an_outcome_count_the_prior():
 @pytest.mark.parametrize("schedule", [False, True], ids=["thread", "schedule"])
 def test_requests_whose_drafts_would_be_accepted_draft_soon_with_the_gate(schedule, monkeypatch):
     """The long-lived engine of ``test_vllm_low_acceptance`` with the gate on: lossless, and a request whose drafts
-    would be accepted drafts within ``PROBE_FIRST_AFTER`` steps in thread mode and two more in schedule mode (its
-    evidence must cover a dozen rows' penalty, then the slot book grants a round late)."""
+    would be accepted drafts within ``PROBE_FIRST_AFTER`` steps in thread mode and one more in schedule mode (its
+    evidence must cover a dozen rows' penalty, then the slot book grants a round late). Measured: 3 and 5 steps at
+    most (4 and 6 when a recovery restarted the evidence from a new shadow)."""
     monkeypatch.setattr(backoff, "BATCH_GATE", True)
     engine = Engine(schedule=schedule)
     try:
@@ -91,7 +114,7 @@ def test_requests_whose_drafts_would_be_accepted_draft_soon_with_the_gate(schedu
     for rid, r in engine.reqs.items():
         assert r.ctx == r.target[: len(r.ctx)] and len(r.ctx) >= r.prompt + r.max_tokens, rid
     late = {rid: late_steps(r) for rid, r in high.items()}
-    assert max(late.values()) <= PROBE_FIRST_AFTER + (2 if schedule else 0), late
+    assert max(late.values()) <= PROBE_FIRST_AFTER + (1 if schedule else 0), late
 
 
 def markov_target(rng: random.Random, predictable: float, n: int) -> list[int]:

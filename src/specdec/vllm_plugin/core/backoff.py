@@ -37,8 +37,9 @@ current: the step drafts again as soon as its rows' drafts would pay. On low-acc
 ``AsyncScheduler``, a dozen rows) held newcomers that recover on a lucky two-token shadow otherwise make most steps
 drafted ones. A batch of one drafts while its request's EMA is at least 0.2, near its back-off's ``MIN_ACCEPTED``
 but without the back-off's ``MIN_STEPS`` of grace. The price: a request
-whose drafts would be accepted needs about ``DRAFT_STEP_PENALTY`` x rows tokens of shadow evidence first, up to
-two steps past ``PROBE_FIRST_AFTER`` in a batch of a dozen (``tests/test_vllm_step_gate.py``).
+whose drafts would be accepted needs about ``DRAFT_STEP_PENALTY`` x rows tokens of shadow evidence first (the
+shadow that brought it back goes on being checked as that evidence), up to one step past ``PROBE_FIRST_AFTER`` in
+schedule mode in a batch of a dozen (``tests/test_vllm_step_gate.py``).
 
 While a batch pads, every row is padded as before (a backed-off row's k tokens are the price of the uniform batch the
 others need, and its draft is verified: a real outcome). Drafts only drop here: what vLLM emits does not change (the
@@ -80,6 +81,7 @@ class RowBackOff:
     matched: int = 0  # its leading tokens the target has emitted so far
     recovered: bool = False  # it has backed off and recovered at least once
     known: bool = False  # it has had an outcome (verified or shadow)
+    evidence_only: bool = False  # the shadow brought it back (its outcome counted) and stays the gate's evidence
 
 
 @dataclass
@@ -157,9 +159,16 @@ class BackOff:
                 break
         settled = settled or m >= len(shadow)
         st.matched = m
+        if st.evidence_only:  # its outcome was counted when it brought the request back
+            if settled:
+                st.shadow, st.matched, st.evidence_only = [], 0, False
+            return
         early = st.off and self._blend(st.ema, m) >= RECOVER_ACCEPTED  # enough to bring a backed-off request back
         if settled or early:
-            st.shadow, st.matched = [], 0
+            # with the per-step gate a draft still matching stays the gate's evidence (the request need not start a
+            # new shadow from nothing before its drafts pay)
+            keep = self.gate and not settled
+            st.shadow, st.matched, st.evidence_only = (st.shadow, m, True) if keep else ([], 0, False)
             self.stats.shadow_checks += 1
             self._outcome(st, m, verified=False)
 
@@ -173,7 +182,9 @@ class BackOff:
         st.known = True
         if st.off:
             if st.ema >= RECOVER_ACCEPTED:
-                st.off, st.seen, st.shadow, st.matched, st.recovered = False, 0, [], 0, True
+                st.off, st.seen, st.recovered = False, 0, True
+                if not st.evidence_only:
+                    st.shadow, st.matched = [], 0
                 self.stats.recoveries += 1
             return
         if verified:
