@@ -9,7 +9,8 @@ no speculation when its outputs' repeated 4-grams were 0.43 against no speculati
 at 0.18. Such a cell is shown and marked ``~``, not counted (``gate_rules.rep4_comparable``).
 
 Over the counted cells of each TP: their geometric mean and worst cell; with the serve check's two TPOT ratios,
-``gate_rules.before_after`` gives KEEP (the change may land as the default) or DROP.
+``gate_rules`` gives KEEP (the change may land as the default: it loses nothing past the noise and wins something)
+or DROP.
 """
 
 from __future__ import annotations
@@ -83,7 +84,12 @@ def compare(doc: dict[str, Any]) -> dict[str, Any]:
     verdicts = [rules.before_after(t["geomean"], t["worst"]) for t in tps.values()]
     if serve[0] is not None:
         verdicts.append(rules.before_after_serve(*serve))
-    return {"tps": tps, "serve": serve, "verdict": rules.overall(verdicts) if verdicts else rules.NONE}
+    verdict = rules.overall(verdicts) if verdicts else rules.NONE
+    win = rules.wins([t["geomean"] for t in tps.values()], serve)
+    reason = "a loss" if verdict == rules.FAIL else ("a win" if win else "no win")
+    if verdict == rules.PASS and not win:
+        verdict = rules.FAIL  # loses nothing, wins nothing: not worth a change to the default
+    return {"tps": tps, "serve": serve, "win": win, "reason": reason, "verdict": verdict}
 
 
 def _f(v: float | None, fmt: str = ".2f") -> str:
@@ -116,8 +122,10 @@ def render_compare(result: dict[str, Any]) -> list[str]:
     if cand is not None:
         out.append(f"serve median TPOT x nospec: specdec {_f(cand, '.3f')}, before {_f(base, '.3f')}")
     verdict = {rules.PASS: "KEEP", rules.FAIL: "DROP"}.get(result["verdict"], result["verdict"])
-    out.append(
-        f"before/after: {verdict} (KEEP: geomean >= {rules.KEEP_GEOMEAN_MIN}, no cell < {rules.KEEP_CELL_FLOOR}, "
-        f"serve <= before + {rules.KEEP_SERVE_SLACK})"
-    )
+    out += [
+        f"before/after: {verdict} ({result.get('reason', '-')})",
+        f"KEEP: no loss (geomean >= {rules.KEEP_GEOMEAN_MIN} at every TP, no cell < {rules.KEEP_CELL_FLOOR}, "
+        f"serve <= before + {rules.KEEP_SERVE_SLACK})",
+        f"      and a win (a TP's geomean >= {rules.WIN_GEOMEAN}, or serve <= before - {rules.WIN_SERVE})",
+    ]
     return out

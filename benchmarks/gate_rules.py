@@ -9,9 +9,10 @@
 * low-acceptance serving: median TPOT <= ``TPOT_MAX`` x no speculation's.
 * the run is VOID when no speculation's two repeats of a cell differ by more than ``REPEAT_MAX_DIFF``.
 * before/after (``gate_compare``): a cell counts when both engines' outputs repeat like no speculation's (their
-  shares of repeated 4-grams within ``REP4_SHIFT_MAX`` of its); KEEP when the counted cells' geometric mean of
-  candidate over before is >= ``KEEP_GEOMEAN_MIN``, none is under ``KEEP_CELL_FLOOR`` and the serve check's TPOT
-  ratio is at most before's + ``KEEP_SERVE_SLACK``; else DROP.
+  shares of repeated 4-grams within ``REP4_SHIFT_MAX`` of its). KEEP when the change loses nothing beyond the
+  noise (at every TP the counted cells' geometric mean of candidate over before >= ``KEEP_GEOMEAN_MIN``, none under
+  ``KEEP_CELL_FLOOR``; the serve check's TPOT ratio at most before's + ``KEEP_SERVE_SLACK``) and wins something (a
+  TP's geometric mean >= ``WIN_GEOMEAN``, or the serve TPOT ratio at least ``WIN_SERVE`` under before's); else DROP.
 
 Every boundary is inclusive on the passing side; ``EPS`` keeps a ratio that is the boundary up to float rounding
 (0.98 and 1.00 average to 0.99) on that side.
@@ -33,9 +34,12 @@ KV_MIN = 0.97
 TPOT_MAX = 1.03
 REPEAT_MAX_DIFF = 0.02
 REP4_SHIFT_MAX = 0.05  # an engine's share of repeated 4-grams may differ from no speculation's by this much
-KEEP_GEOMEAN_MIN = 1.0  # the counted cells' geometric mean, candidate / before
-KEEP_CELL_FLOOR = 0.9  # ... and no counted cell under this (the same commit's engines differ up to 9% per cell)
+# before/after: two engines of one commit differ by up to 9% per greedy cell, about 2% over a TP's geometric mean
+KEEP_GEOMEAN_MIN = 0.98  # the counted cells' geometric mean, candidate / before, at every TP (no loss past noise)
+KEEP_CELL_FLOOR = 0.9  # ... and no counted cell under this
 KEEP_SERVE_SLACK = 0.01  # the candidate's serve TPOT ratio may exceed before's by this much (call noise ~1%)
+WIN_GEOMEAN = 1.02  # a win: a TP's geometric mean at least this
+WIN_SERVE = 0.01  # ... or the serve TPOT ratio at least this much under before's
 EPS = 1e-9
 SEVERITY = {NONE: 0, PASS: 1, WARN: 2, FAIL: 3, VOID: 4}  # the overall verdict is the most severe one
 
@@ -128,8 +132,8 @@ def rep4_comparable(nospec: float | None, *engines: float | None) -> bool:
 
 
 def before_after(geomean: float | None, worst: float | None) -> str:
-    """PASS (keep) when the counted cells' geometric mean of candidate / before is >= ``KEEP_GEOMEAN_MIN`` and the
-    worst is >= ``KEEP_CELL_FLOOR``; FAIL (drop) otherwise; NONE without counted cells."""
+    """PASS (no loss past the noise) when a TP's counted cells' geometric mean of candidate / before is >=
+    ``KEEP_GEOMEAN_MIN`` and the worst is >= ``KEEP_CELL_FLOOR``; FAIL otherwise; NONE without counted cells."""
     if geomean is None or worst is None:
         return NONE
     ok = geomean >= KEEP_GEOMEAN_MIN - EPS and worst >= KEEP_CELL_FLOOR - EPS
@@ -141,3 +145,12 @@ def before_after_serve(candidate: float | None, before: float | None) -> str:
     if candidate is None or before is None:
         return NONE
     return PASS if candidate <= before + KEEP_SERVE_SLACK + EPS else FAIL
+
+
+def wins(geomeans: list[float | None], serve: tuple[float | None, float | None]) -> bool:
+    """The change wins something: a TP's geometric mean >= ``WIN_GEOMEAN``, or the serve TPOT ratio at least
+    ``WIN_SERVE`` under before's."""
+    if any(g is not None and g >= WIN_GEOMEAN - EPS for g in geomeans):
+        return True
+    cand, base = serve
+    return cand is not None and base is not None and cand <= base - WIN_SERVE + EPS

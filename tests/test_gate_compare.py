@@ -77,19 +77,35 @@ def test_geomean_and_the_keep_rule_over_counted_cells_only():
     )
     out = compare({"gates": {"tp1": g}})
     t = out["tps"]["tp1"]
-    assert t["geomean"] == pytest.approx(math.sqrt(1.05 * 0.95))  # 0.9987: under 1.0
+    assert t["geomean"] == pytest.approx(math.sqrt(1.05 * 0.95))  # 0.9987: no loss, and no win
     assert t["worst"] == pytest.approx(0.95)
-    assert out["verdict"] == rules.FAIL
-    g["engines"]["specdec"]["cells"]["code/b8"]["runs"][0]["tokens_per_s"] = 200.0  # now 1.05 and 1.0
+    assert (out["win"], out["reason"], out["verdict"]) == (False, "no win", rules.FAIL)
+    g["engines"]["specdec"]["cells"]["code/b8"]["runs"][0]["tokens_per_s"] = 200.0  # now 1.05 and 1.0: 1.0247
     assert compare({"gates": {"tp1": g}})["verdict"] == rules.PASS
+    g["engines"]["specdec"]["cells"]["code/b8"]["runs"][0]["tokens_per_s"] = 178.0  # 1.05 and 0.89: a cell lost
+    lost = compare({"gates": {"tp1": g}, "serve": _serve(4.9, 4.9, 5.35)})
+    assert (lost["win"], lost["reason"], lost["verdict"]) == (True, "a loss", rules.FAIL)
 
 
 @pytest.mark.parametrize(
     ("geo", "worst", "verdict"),
-    [(1.0, 0.9, rules.PASS), (1.05, 0.8999, rules.FAIL), (0.9999, 1.0, rules.FAIL), (None, None, rules.NONE)],
+    [(0.98, 0.9, rules.PASS), (1.05, 0.8999, rules.FAIL), (0.9799, 1.0, rules.FAIL), (None, None, rules.NONE)],
 )
 def test_before_after_bounds(geo, worst, verdict):
     assert rules.before_after(geo, worst) == verdict
+
+
+@pytest.mark.parametrize(
+    ("geomeans", "serve", "win"),
+    [
+        ([1.02], (None, None), True),
+        ([1.0, 1.019], (1.08, 1.09), True),  # serving 0.01 under before's
+        ([1.0, 1.019], (1.085, 1.09), False),  # the measured strict-recovery case: 1.089 against 1.092
+        ([None], (1.08, None), False),
+    ],
+)
+def test_a_change_must_win_something(geomeans, serve, win):
+    assert rules.wins(geomeans, serve) is win
 
 
 def test_serve_check_keeps_within_slack_of_before():
@@ -106,17 +122,17 @@ def test_no_before_engine_no_section():
     g = _gate({"chat/b8": (100.0, 0.88, 210.0, 0.88, 200.0, 0.88)})
     del g["engines"]["specdec-before"]
     out = compare({"gates": {"tp1": g}, "serve": _serve(4.9, 5.0, None)})
-    assert out == {"tps": {}, "serve": (None, None), "verdict": rules.NONE}
+    assert out == {"tps": {}, "serve": (None, None), "win": False, "reason": "no win", "verdict": rules.NONE}
     assert render_compare(out) == []
     assert geomean([]) is None
 
 
 def test_the_report_draws_the_section_within_its_width():
     g = _gate({"agentic/b32": (100.0, 0.57, 103.0, 0.56, 102.0, 0.57), "code/s8": (100.0, 0.37, 1.0, 0.1, 2.0, 0.4)})
-    text = render({"kind": "specdec-gate", "gates": {"tp1": g}, "serve": _serve(4.9, 5.33, 5.35), "sources": []})
+    text = render({"kind": "specdec-gate", "gates": {"tp1": g}, "serve": _serve(4.9, 5.2, 5.35), "sources": []})
     lines = text.splitlines()
     i = next(i for i, line in enumerate(lines) if line.startswith("== specdec / before"))
     assert lines[i + 1].split()[2:] == ["|", "ag32", "co-s8"]
     assert lines[i + 3].split() == ["tp1", "1.010", "1.01", "|", "1.01", "0.50~"]
-    assert "before/after: KEEP" in text
+    assert "before/after: KEEP (a win)" in text  # serving 1.061 against 1.092
     assert max(map(len, lines)) <= 120
