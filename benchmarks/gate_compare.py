@@ -19,33 +19,27 @@ import math
 from typing import Any
 
 from benchmarks import gate_rules as rules
-from benchmarks.gate_metrics import mean_speed, speed
 
 CANDIDATE, BEFORE, REFERENCE = "specdec", "specdec-before", "nospec"
 
 
-def cell_pairs(gate: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per cell both engines measured: ``ratio`` (candidate / before speed, each over no speculation's),
-    ``emit`` (the same for emitted tokens per drafted step), the three engines' ``rep4`` and ``comparable``."""
-    engines = gate.get("engines", {})
-    nos, cand, base = (engines.get(m, {}).get("cells", {}) for m in (REFERENCE, CANDIDATE, BEFORE))
+def cell_pairs(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per cell both engines measured against no speculation (``cells``: ``gate_report.cell_row``'s rows):
+    ``ratio`` (candidate / before, each over no speculation's speed), ``emit`` (the same for emitted tokens per
+    drafted step), the three engines' ``rep4`` and ``comparable``."""
     rows = []
-    for key, c in cand.items():
-        b, n = base.get(key), nos.get(key)
-        if not (b and n and c.get("runs") and b.get("runs")):
+    for r in cells:
+        c, b = r.get(CANDIDATE), r.get(BEFORE)
+        if not (c and b) or r.get("nospec_tps") is None:
             continue
-        temperature = c.get("temperature", 0.0)
-        ref = mean_speed(n)
-        rc, rb = (rules.ratio(speed(x["runs"][0], temperature), ref) for x in (c, b))
-        ec, eb = (x["runs"][0].get("emitted_per_step") for x in (c, b))
-        rep4 = {m: x.get("repeat4") for m, x in ((REFERENCE, n), (CANDIDATE, c), (BEFORE, b))}
+        rep4 = {REFERENCE: r.get("repeat4"), CANDIDATE: c.get("repeat4"), BEFORE: b.get("repeat4")}
         rows.append(
             {
-                "key": key,
-                "candidate": rc,
-                "before": rb,
-                "ratio": rules.ratio(rc, rb),
-                "emit": rules.ratio(ec, eb),
+                "key": r["key"],
+                "candidate": c["x_nospec"],
+                "before": b["x_nospec"],
+                "ratio": rules.ratio(c["x_nospec"], b["x_nospec"]),
+                "emit": rules.ratio(c["emit"], b["emit"]),
                 "rep4": rep4,
                 "comparable": rules.rep4_comparable(rep4[REFERENCE], rep4[CANDIDATE], rep4[BEFORE]),
             }
@@ -71,16 +65,17 @@ def serve_ratios(serve: dict[str, Any]) -> tuple[float | None, float | None]:
     return None, None
 
 
-def compare(doc: dict[str, Any]) -> dict[str, Any]:
-    """The before/after summary of a results document: per TP its cell rows, geometric mean and worst counted cell;
-    the serve ratios; the verdict (``rules.NONE`` when the document has no before engine)."""
+def compare(cells: dict[str, list[dict[str, Any]]], serve_checks: dict[str, Any]) -> dict[str, Any]:
+    """The before/after summary: per TP (``cells``: TP -> ``gate_report.cell_row``'s rows) the cell pairs, their
+    geometric mean and worst counted cell; the serve ratios (``serve_checks``: a results document's ``serve``); the
+    verdict (``rules.NONE`` when no before engine ran)."""
     tps = {}
-    for tp, gate in sorted(doc.get("gates", {}).items()):
-        rows = cell_pairs(gate)
+    for tp, tp_cells in sorted(cells.items()):
+        rows = cell_pairs(tp_cells)
         counted = [r["ratio"] for r in rows if r["comparable"] and r["ratio"]]
         if rows:
             tps[tp] = {"cells": rows, "geomean": geomean(counted), "worst": min(counted, default=None)}
-    serve = serve_ratios(doc.get("serve", {}))
+    serve = serve_ratios(serve_checks)
     verdicts = [rules.before_after(t["geomean"], t["worst"]) for t in tps.values()]
     if serve[0] is not None:
         verdicts.append(rules.before_after_serve(*serve))

@@ -48,6 +48,7 @@ def cell_row(key: str, engines: dict[str, Any]) -> dict[str, Any]:
             "rerun_steps": (engine_steps(first), engine_steps(rerun)) if rerun else None,
             "emit": first.get("emitted_per_step"),
             "mismatch": mismatches(nos.get("digests", []), cell.get("digests", [])) if nos and greedy else None,
+            "repeat4": cell.get("repeat4"),  # its own outputs' (gate_compare: does the cell count)
         }
     for m in (CANDIDATE, BEFORE):
         if m in row:
@@ -294,8 +295,9 @@ def render(doc: dict[str, Any]) -> str:
             + (" PARTIAL" if src.get("partial") else "")
         )
     verdicts = []
+    evs = {tp: gate_verdicts(gate) for tp, gate in sorted(doc.get("gates", {}).items())}
     for tp, gate in sorted(doc.get("gates", {}).items()):
-        ev = gate_verdicts(gate)
+        ev = evs[tp]
         verdicts.append(ev["overall"])
         out += ["", f"== cells {tp} ({gate.get('model', '')}) ==", *render_cells(ev["cells"]), ""]
         out += render_references(ev["cells"])
@@ -308,7 +310,7 @@ def render(doc: dict[str, Any]) -> str:
         rows = serve_rows(doc["serve"])
         verdicts += [r["verdict"] for r in rows]
         out += ["", "== low-acceptance serving ==", *render_serve(rows)]
-    out += render_compare(compare(doc))
+    out += render_compare(compare({tp: ev["cells"] for tp, ev in evs.items()}, doc.get("serve", {})))
     out += ["", f"GATE: {rules.overall(verdicts)}", _wrap(RULES_LINE), _wrap(LEGEND)]
     return "\n".join(out)
 
@@ -375,10 +377,11 @@ def results_name(doc: dict[str, Any], part: str) -> str:
 def write(doc: dict[str, Any], out_dir: Path, name: str) -> Path:
     """The results JSON (with the verdicts as drawn) and its markdown twin; returns the JSON's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    stored = {**doc, "verdicts": {tp: _summary(gate_verdicts(g)) for tp, g in doc.get("gates", {}).items()}}
+    evs = {tp: gate_verdicts(g) for tp, g in doc.get("gates", {}).items()}
+    stored = {**doc, "verdicts": {tp: _summary(ev) for tp, ev in evs.items()}}
     if doc.get("serve"):
         stored["verdicts"]["serve"] = serve_rows(doc["serve"])
-    stored["verdicts"]["before_after"] = compare(doc)
+    stored["verdicts"]["before_after"] = compare({tp: ev["cells"] for tp, ev in evs.items()}, doc.get("serve", {}))
     path = out_dir / f"{name}.json"
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(stored, separators=(",", ":")))

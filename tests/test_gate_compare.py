@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import gate_rules as rules
 from benchmarks.gate_compare import cell_pairs, compare, geomean, render_compare
-from benchmarks.gate_report import render
+from benchmarks.gate_report import gate_verdicts, render
 
 
 def _cell(tps: float, *, rep4: float, emit: float | None = 2.0, temperature: float = 0.0) -> dict:
@@ -38,8 +38,18 @@ def _serve(none: float, cand: float, before: float | None) -> dict:
     return {"tpot-8b": {"kind": "tpot", "servers": servers}}
 
 
+def before_after(doc: dict) -> dict:
+    """``compare`` over a document's cells as the report draws them."""
+    cells = {tp: gate_verdicts(g)["cells"] for tp, g in doc["gates"].items()}
+    return compare(cells, doc.get("serve", {}))
+
+
+def pairs(gate: dict) -> list[dict]:
+    return cell_pairs(gate_verdicts(gate)["cells"])
+
+
 def test_cell_ratio_is_candidate_over_before_each_against_nospec():
-    rows = cell_pairs(_gate({"code/b8": (100.0, 0.80, 300.0, 0.80, 250.0, 0.82)}))
+    rows = pairs(_gate({"code/b8": (100.0, 0.80, 300.0, 0.80, 250.0, 0.82)}))
     assert len(rows) == 1
     r = rows[0]
     assert r["candidate"] == pytest.approx(3.0) and r["before"] == pytest.approx(2.5)
@@ -48,7 +58,7 @@ def test_cell_ratio_is_candidate_over_before_each_against_nospec():
 
 
 def test_a_sampled_cell_is_judged_on_the_requests_own_rate():
-    (r,) = cell_pairs(_gate({"code/s8": (100.0, 0.36, 120.0, 0.36, 150.0, 0.37)}))
+    (r,) = pairs(_gate({"code/s8": (100.0, 0.36, 120.0, 0.36, 150.0, 0.37)}))
     assert r["candidate"] == pytest.approx(1.2) and r["before"] == pytest.approx(1.5)  # not over 300 tok/s
     assert r["ratio"] == pytest.approx(0.8)
 
@@ -75,15 +85,15 @@ def test_geomean_and_the_keep_rule_over_counted_cells_only():
             "code/s8": (100.0, 0.36, 50.0, 0.18, 150.0, 0.43),  # 0.33, not counted
         }
     )
-    out = compare({"gates": {"tp1": g}})
+    out = before_after({"gates": {"tp1": g}})
     t = out["tps"]["tp1"]
     assert t["geomean"] == pytest.approx(math.sqrt(1.05 * 0.95))  # 0.9987: no loss, and no win
     assert t["worst"] == pytest.approx(0.95)
     assert (out["win"], out["reason"], out["verdict"]) == (False, "no win", rules.FAIL)
     g["engines"]["specdec"]["cells"]["code/b8"]["runs"][0]["tokens_per_s"] = 200.0  # now 1.05 and 1.0: 1.0247
-    assert compare({"gates": {"tp1": g}})["verdict"] == rules.PASS
+    assert before_after({"gates": {"tp1": g}})["verdict"] == rules.PASS
     g["engines"]["specdec"]["cells"]["code/b8"]["runs"][0]["tokens_per_s"] = 178.0  # 1.05 and 0.89: a cell lost
-    lost = compare({"gates": {"tp1": g}, "serve": _serve(4.9, 4.9, 5.35)})
+    lost = before_after({"gates": {"tp1": g}, "serve": _serve(4.9, 4.9, 5.35)})
     assert (lost["win"], lost["reason"], lost["verdict"]) == (True, "a loss", rules.FAIL)
 
 
@@ -113,7 +123,7 @@ def test_serve_check_keeps_within_slack_of_before():
     assert rules.before_after_serve(1.1001 + 0.01, 1.09) == rules.FAIL
     assert rules.before_after_serve(1.13, None) == rules.NONE
     g = _gate({"chat/b8": (100.0, 0.88, 210.0, 0.88, 200.0, 0.88)})
-    out = compare({"gates": {"tp1": g}, "serve": _serve(4.9, 5.53, 5.35)})  # the measured granted-alone serve
+    out = before_after({"gates": {"tp1": g}, "serve": _serve(4.9, 5.53, 5.35)})  # the measured granted-alone serve
     assert out["serve"] == (pytest.approx(5.53 / 4.9), pytest.approx(5.35 / 4.9))
     assert out["verdict"] == rules.FAIL  # cells keep, serving drops
 
@@ -121,7 +131,7 @@ def test_serve_check_keeps_within_slack_of_before():
 def test_no_before_engine_no_section():
     g = _gate({"chat/b8": (100.0, 0.88, 210.0, 0.88, 200.0, 0.88)})
     del g["engines"]["specdec-before"]
-    out = compare({"gates": {"tp1": g}, "serve": _serve(4.9, 5.0, None)})
+    out = before_after({"gates": {"tp1": g}, "serve": _serve(4.9, 5.0, None)})
     assert out == {"tps": {}, "serve": (None, None), "win": False, "reason": "no win", "verdict": rules.NONE}
     assert render_compare(out) == []
     assert geomean([]) is None

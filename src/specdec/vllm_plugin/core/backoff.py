@@ -243,9 +243,13 @@ class BackOff:
                 if low:
                     st = self.rows[rid] = RowBackOff(off=True)
                     self.stats.newcomers_held += 1
-            if length(i) > 0:
-                (off if st is not None and st.off else drafting).append(i)
-        if drafting and self.gate and not self._pays([req_ids[i] for i in drafting], rows=len(req_ids)):
+            if length(i) <= 0:
+                continue
+            if st is not None and st.off:
+                off.append(i)
+            elif self.gate:  # the per-step gate weighs the others
+                drafting.append(i)
+        if drafting and not self._pays([req_ids[i] for i in drafting], rows=len(req_ids)):
             self.stats.gated_steps += 1
             for i in drafting:
                 self.rows.setdefault(req_ids[i], RowBackOff())
