@@ -38,12 +38,14 @@ LOG_PHASES = {
 }
 LOG_GRAPH_COUNTS = r"Profiling CUDA graph memory: ([^\n]+)"  # "PIECEWISE=64 (largest=1088), FULL=160 (...)"
 LOG_CACHE_HIT = r"Directly load the compiled graph"
-# the plugin's statistics line (core/reporting.py), the last one in a server's log (its final one at shutdown)
+# the plugin's statistics line (core/reporting.py): periodic, "idle:" (the totals whenever the engine goes idle) or
+# "final:" (at exit, where the process gets to run its exit hooks); the last one in a server's log
 PLUGIN_LINE = re.compile(
-    r"specdec(?:: final)?: (?P<steps>\d+) steps \((?P<drafted_steps>\d+) with drafts\), drafted (?P<drafted>\d+), "
-    r"accepted (?P<accepted>\d+) .*?\((?:low acceptance; )?(?P<back_offs>\d+) back-offs, (?P<recoveries>\d+) "
-    r"recoveries, (?P<newcomers_held>\d+) newcomers held so far(?:; verified drafted steps (?P<outcomes_first>\d+) "
-    r"before any back-off, (?P<outcomes_recovered>\d+) after a recovery)?\)"
+    r"specdec(?:: final|: idle)?: (?P<steps>\d+) steps \((?P<drafted_steps>\d+) with drafts\), "
+    r"drafted (?P<drafted>\d+), accepted (?P<accepted>\d+) .*?\((?:low acceptance; )?(?P<back_offs>\d+) back-offs, "
+    r"(?P<recoveries>\d+) recoveries, (?P<newcomers_held>\d+) newcomers held so far"
+    r"(?:; verified drafted steps (?P<outcomes_first>\d+) before any back-off, (?P<outcomes_recovered>\d+) after a "
+    r"recovery)?\)"
 )
 
 

@@ -219,7 +219,7 @@ class ServeRun:
         finally:
             server.stop()
             totals = plugin_line(server.log.read_text(errors="replace")) if server.log.exists() else None
-            if totals:  # the plugin's own totals, logged as the server stopped
+            if totals:  # the plugin's totals: its last line (engine idle after the answer, or exit)
                 rec["plugin"] = totals
 
     def write(self) -> dict[str, Any]:

@@ -257,6 +257,13 @@ FINAL_LINE = (
     "any back-off, 211 after a recovery)"
 )
 
+IDLE_LINE = (  # the totals the plugin logs when the engine goes idle (vLLM 0.26 force-kills it at shutdown)
+    "(EngineCore pid=7) INFO 11-28 15:39:58 [reporting.py:128] specdec: idle: 2101 steps (450 with drafts), drafted "
+    "1755, accepted 201 (11.5%), 0.131 ms/step in propose, 0 timeouts, 0 errors, 3 plain steps, 2 requests backed "
+    "off (low acceptance; 150 back-offs, 149 recoveries, 120 newcomers held so far; verified drafted steps 379 before "
+    "any back-off, 211 after a recovery)"
+)
+
 
 def test_the_plugins_statistics_line_is_read_back_from_a_server_log():
     from benchmarks.gate_metrics import plugin_line
@@ -270,6 +277,19 @@ def test_the_plugins_statistics_line_is_read_back_from_a_server_log():
     got = plugin_line(f"{OLD_LINE}\nother\n{FINAL_LINE}\n")  # the last line: the totals at shutdown
     keys = ("steps", "drafted_steps", "outcomes_first", "outcomes_recovered")
     assert tuple(got[k] for k in keys) == (2104, 451, 380, 211)
+
+
+def test_the_idle_line_is_read_back_and_the_last_line_wins():
+    """A server whose engine is force-killed at shutdown leaves no final line: its last idle line has the totals."""
+    from benchmarks.gate_metrics import plugin_line
+
+    idle = plugin_line(f"{OLD_LINE}\nother\n{IDLE_LINE}\n(APIServer) [shutdown] force killing\n")
+    assert idle == {
+        "steps": 2101, "drafted_steps": 450, "drafted": 1755, "accepted": 201, "back_offs": 150, "recoveries": 149,
+        "newcomers_held": 120, "outcomes_first": 379, "outcomes_recovered": 211,
+    }  # fmt: skip
+    assert plugin_line(f"{IDLE_LINE}\n{FINAL_LINE}\n")["steps"] == 2104  # a final line after it: the final's
+    assert plugin_line(f"{FINAL_LINE}\n{IDLE_LINE}\n")["steps"] == 2101  # whichever came last
 
 
 def test_the_serve_table_shows_the_plugins_totals():

@@ -119,6 +119,7 @@ class SpecdecProposer:
         self._input_batch: Any = None
         self._scheduler_output: Any = None
         self._warned_unbound = False
+        self._idle_failed = False
         INSTANCES.add(self)
         self.exporter = start_exporter(self.options, self.stats, vllm_config=vllm_config, tp_rank=_tp_rank)
 
@@ -202,6 +203,21 @@ class SpecdecProposer:
             self.drafting.prepare(scheduler_output)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
             self._drafting_failed(exc, [])
+
+    def note_idle(self, scheduler_output: Any) -> None:
+        """Called by the runner patches as vLLM starts executing a step: a step that schedules no token (vLLM's engine
+        core runs one after its last requests finish, to send their ids) means the engine goes idle, and the drafting
+        core logs its statistics line with the totals (``ProposerReporting.log_idle``: only if there were steps since
+        the last line, so a second call for the same step logs nothing). A TP rank without a core logs nothing. Never
+        raises (a statistics line must never fail a step; a failure is logged once)."""
+        if self.core is None or getattr(scheduler_output, "total_num_scheduled_tokens", None) != 0:
+            return
+        try:
+            self.core.log_idle()
+        except Exception as exc:  # noqa: BLE001 - a statistics line must never fail a step
+            if not self._idle_failed:
+                self._idle_failed = True
+                logger.warning("specdec: the idle statistics line failed (%r); later failures are not logged", exc)
 
     @property
     def graph_stats(self) -> GraphStats:

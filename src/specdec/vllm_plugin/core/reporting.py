@@ -1,7 +1,8 @@
-"""What ``ProposerCore`` reports: its statistics (``stats_dict``), the periodic log line (and the same line once more
-when the drafting process exits or the core closes, so a run shorter than ``log_every_s`` leaves its totals in the
-log), the drafter's size gauges sampled between steps (``metrics.drafter``) and the one-time warning on a drafting
-timeout.
+"""What ``ProposerCore`` reports: its statistics (``stats_dict``), the periodic log line (and the same line with the
+totals when the engine goes idle, ``log_idle``, and once more when the drafting process exits or the core closes,
+``log_final``, so a run shorter than ``log_every_s`` leaves its totals in the log; a line never repeats the totals
+of the line before it), the drafter's size gauges sampled between steps (``metrics.drafter``) and the one-time
+warning on a drafting timeout.
 
 ``ProposerReporting`` is a mixin of ``ProposerCore`` (``core/proposer_core.py``): it reads the core's statistics,
 guard, engines, step-cost fits and back-off, and keeps its own state (``_init_reporting``).
@@ -53,7 +54,7 @@ class ProposerReporting:
         self.drafter_state: dict[str, int] = {}  # the drafter's size gauges, last sample (metrics.drafter)
         self._sampled_at = -float("inf")
         self._sample_failed = False
-        self._final_logged = False
+        self._logged_steps = 0  # the step count of the last statistics line logged (periodic, idle or final)
         # exit hooks: atexit for the main process and spawned ones; a forked process (vLLM's engine core by default)
         # leaves by os._exit after multiprocessing's own exit finalizers, so one of those too
         final = weakref.WeakMethod(self.log_final)
@@ -115,16 +116,29 @@ class ProposerReporting:
             self._last_log = now
             self._log_line("specdec")
 
+    def log_idle(self) -> bool:
+        """The statistics line with the totals when the engine goes idle (its last requests finished), so a server
+        leaves its totals in the log whenever traffic stops. Only when there were steps since the last line
+        (``log_every_s`` 0: never). True if logged. The periodic line then counts ``log_every_s`` from here."""
+        if not self._steps_unlogged():
+            return False
+        self._last_log = self.clock()
+        self._log_line("specdec: idle")
+        return True
+
     def log_final(self) -> None:
-        """The statistics line once more, with the totals (``log_every_s`` 0: never; nothing drafted: nothing),
-        when the drafting process exits or the core closes, whichever comes first."""
-        if self._final_logged or self.options.log_every_s <= 0 or not self.stats.steps:
-            return
-        self._final_logged = True
-        self._log_line("specdec: final")
+        """The statistics line once more, with the totals, when the drafting process exits or the core closes,
+        whichever comes first: only when there were steps since the last line (``log_every_s`` 0: never)."""
+        if self._steps_unlogged():
+            self._log_line("specdec: final")
+
+    def _steps_unlogged(self) -> bool:
+        """Whether the totals have steps no statistics line showed yet (always False with ``log_every_s`` 0)."""
+        return self.options.log_every_s > 0 and self.stats.steps != self._logged_steps
 
     def _log_line(self, prefix: str) -> None:
         s = self.stats
+        self._logged_steps = s.steps
         logger.info(
             "%s: %d steps (%d with drafts), drafted %d, accepted %d (%.1f%%), %.3f ms/step in propose, "
             "%d timeouts, %d errors, %d plain steps, %d requests backed off (low acceptance; %d back-offs, "

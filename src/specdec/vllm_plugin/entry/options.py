@@ -110,7 +110,10 @@ class SpecdecOptions(ConfigBase):
     lane_threads: int = rng(0, lo=0, hi=64, doc="threads drafting one step's rows (0: 4 in schedule mode, else 1)")
     strict: bool = rng(False, doc="re-raise drafter errors (debugging: a drafter failure then fails the engine)")
     log_every_s: float = rng(
-        60.0, lo=0.0, hi=86_400.0, doc="log drafting statistics this often, and their totals once at exit (0: never)"
+        60.0,
+        lo=0.0,
+        hi=86_400.0,
+        doc="log drafting statistics this often, their totals when the engine goes idle and once at exit (0: never)",
     )
     metrics_port: int = rng(
         0,

@@ -19,7 +19,9 @@
      every input of the step is enqueued by then, and the forward's launch is the next thing; later host work
      of ``execute_model`` may block on the stream (vLLM 0.26's logits GEMM did), so not later;
    - ``execute_model`` (end, always): drafts a late fill, and drafts and releases if the step never reached the
-     forward (an error, an early return).
+     forward (an error, an early return). At its start, for our proposer in any mode: a step that schedules no
+     token (the engine goes idle) logs the statistics line with the totals (``SpecdecProposer.note_idle``; the
+     thread hand-off's ``execute_model`` hook calls it too, and the second call of a step logs nothing).
 3. ``draft_slots="adaptive"``: the slot patches of ``AsyncScheduler``, in ``async_slots.py``.
 """
 
@@ -228,6 +230,9 @@ def wrap_prepare(orig_prep: Callable[..., Any], runner_cls: Any) -> Callable[...
 def wrap_execute(orig_exec: Callable[..., Any], runner_cls: Any) -> Callable[..., Any]:
     @functools.wraps(orig_exec)
     def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        drafter = getattr(self, "drafter", None)
+        if is_ours(drafter):
+            drafter.note_idle(scheduler_output)  # an idle step: the statistics line with the totals
         try:
             return orig_exec(self, scheduler_output, *args, **kwargs)
         finally:  # whatever happened: a stream waiting for this step's drafts is released here

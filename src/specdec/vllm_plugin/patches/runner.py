@@ -8,7 +8,9 @@
   in ``_draft_token_ids``. Without it thread mode collects in ``propose``.
 - ``execute_model`` (start): thread mode sees each step's scheduler output as vLLM starts executing it (finished
   requests stop, new ones start while the GPU runs: ``SpecdecProposer.prepare_step``). Without it they start and
-  stop when the step drafts.
+  stop when the step drafts. In every mode a step that schedules no token (the engine goes idle) logs the statistics
+  line with the totals (``SpecdecProposer.note_idle``; schedule mode's ``execute_model`` hook does too, so that it
+  does without this row: the second call of a step logs nothing).
 
 Each wrapper (``wrap_*``: original method, the runner class -> wrapper; ``patches.table`` applies them) is a
 pass-through for any drafter that is not ours. Never imports vLLM.
@@ -77,11 +79,12 @@ def wrap_take(orig: Any, runner_cls: Any) -> Any:
 
 
 def wrap_execute(orig: Any, runner_cls: Any) -> Any:
-    """``execute_model``: thread mode sees the step's scheduler output first."""
+    """``execute_model``: an idle step logs the totals, then thread mode sees the step's scheduler output."""
 
     def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         drafter = getattr(self, "drafter", None)
         if is_ours(drafter):
+            drafter.note_idle(scheduler_output)
             drafter.prepare_step(scheduler_output)
         return orig(self, scheduler_output, *args, **kwargs)
 
