@@ -109,7 +109,8 @@ class FakeEngine:
             self.add()
 
 
-def twins(clock: FakeClock | None = None, **opts) -> list[ProposerCore]:
+def twins(clock: FakeClock | None = None, *, suffix: dict | None = None, **opts) -> list[ProposerCore]:
+    """The Python-path core and the lane core over native suffix drafters (``suffix``: their options)."""
     cores = []
     for native in (False, True):
         user, internal = InternalSettings.split(  # no deadline unless asked: the thread's waits use the real clock
@@ -117,7 +118,7 @@ def twins(clock: FakeClock | None = None, **opts) -> list[ProposerCore]:
         )
         cores.append(
             ProposerCore(
-                SuffixDrafter(backend="native"),
+                SuffixDrafter(backend="native", **(suffix or {})),
                 SpecdecOptions.from_dict(user),
                 max_model_len=MAX_LEN,
                 internal=internal,
@@ -341,13 +342,13 @@ def test_force_resync_and_reset_restart_requests_from_their_context():
     assert [c.stats.started - s for c, s in zip(cores, started)] == [len(eng.reqs)] * 2
 
 
-def lane_core(clock: FakeClock, cls: type = ProposerCore, **opts) -> ProposerCore:
-    """A core of ``cls`` over the native suffix drafter, k = 8, no deadline, with ``opts`` (user options and internal
-    settings)."""
+def lane_core(clock: FakeClock, cls: type = ProposerCore, *, suffix: dict | None = None, **opts) -> ProposerCore:
+    """A core of ``cls`` over the native suffix drafter (``suffix``: its options), k = 8, no deadline, with ``opts``
+    (user options and internal settings)."""
     user, internal = InternalSettings.split({"num_speculative_tokens": 8, "draft_timeout_ms": 0, **opts})
     options = SpecdecOptions.from_dict(user)
     return cls(
-        SuffixDrafter(backend="native"),
+        SuffixDrafter(backend="native", **(suffix or {})),
         options,
         max_model_len=MAX_LEN,
         internal=internal,
