@@ -622,7 +622,10 @@ struct LaneConfig {
     double max_cut = 0.9;           // the confidence threshold never exceeds this
     double factor = 8.0, offset = 0.0, min_prob = 0.1, leaf_prior = 0.0;  // draft parameters (SuffixConfig)
     double pad_factor = 8.0;  // the factor of padded steps (verification free: SuffixConfig.free_spec_factor)
+    double min_confidence = 0.0;  // > 0: calibrated chains (Calibration), cut below it instead of min_prob
     bool use_local = true, use_global = true;
+
+    bool calibrated() const { return min_confidence > 0; }
 };
 
 struct LaneStep {  // one lane call's per-step decisions
@@ -683,6 +686,7 @@ constexpr size_t CACHE_LINES = 128;  // alignment of per-worker data: no two wor
 struct alignas(CACHE_LINES) Scratch {
     std::vector<Cursor> front;
     Draft best, tmp;
+    Calibration learned;  // a lane worker's observations of one step, absorbed into Engine::calib after its extends
 };
 
 // A per-worker count of a lane job.
@@ -744,7 +748,8 @@ struct Engine {
     WorkerPool workers;            // the lane thread's helpers (destroyed after the lane thread is joined)
     JobThread lane_thread;         // declared last: destroyed (joined) first; runs `job`
 
-    Calibration calib;             // learned by extend_learning (the library's extend), read by calibrated drafts
+    Calibration calib;             // learned by extend_learning (the library's extend, the calibrated lane's rows),
+                                   // read by calibrated drafts
 
     Engine(int d, int64_t mr, int64_t mt) : depth(d), max_requests(mr), max_tokens(mt), global(d) {}
 
@@ -777,26 +782,30 @@ struct Engine {
 
     // The library's extend (main thread only): before each token, the calibration learns whether each trie's top
     // continuation of its longest match was that token; then the token is appended.
-    void extend_learning(Request& r, const int32_t* toks, size_t n) {
-        refresh_global(r, scratch);
+    void extend_learning(Request& r, const int32_t* toks, size_t n) { extend_learning(r, toks, n, scratch, calib); }
+
+    // The same, observations into `into` (a lane worker's own table, absorbed into `calib` after the step's extends)
+    // with scratch `s`: several rows' requests at once, each on its own thread (see refresh_global).
+    void extend_learning(Request& r, const int32_t* toks, size_t n, Scratch& s, Calibration& into) {
+        refresh_global(r, s);
         for (size_t i = 0; i < n; ++i) {
-            observe(r, toks[i]);
-            extend(r, toks + i, 1, scratch);
+            observe(r, toks[i], into);
+            extend(r, toks + i, 1, s);
         }
     }
 
-    void observe(const Request& r, int32_t tok) {
+    void observe(const Request& r, int32_t tok, Calibration& into) const {
         int32_t t, count, total;
         Cursor next;
         for (size_t m = r.local_front.size(); m-- > 1;) {
             if (top_child(*r.local, Cursor{r.local_front[m], 0}, t, count, total, next)) {
-                calib.observe(0, static_cast<int>(m), count, total, t == tok);
+                into.observe(0, static_cast<int>(m), count, total, t == tok);
                 break;
             }
         }
         for (size_t m = r.global_front.size(); m-- > 1;) {
             if (top_child(global, r.global_front[m], t, count, total, next)) {
-                calib.observe(1, static_cast<int>(m), count, total, t == tok);
+                into.observe(1, static_cast<int>(m), count, total, t == tok);
                 break;
             }
         }

@@ -109,7 +109,8 @@ class FakeEngine:
             self.add()
 
 
-def twins(clock: FakeClock | None = None, **opts) -> list[ProposerCore]:
+def twins(clock: FakeClock | None = None, *, suffix: dict | None = None, **opts) -> list[ProposerCore]:
+    """The Python-path core and the lane core over native suffix drafters (``suffix``: their options)."""
     cores = []
     for native in (False, True):
         user, internal = InternalSettings.split(  # no deadline unless asked: the thread's waits use the real clock
@@ -117,7 +118,7 @@ def twins(clock: FakeClock | None = None, **opts) -> list[ProposerCore]:
         )
         cores.append(
             ProposerCore(
-                SuffixDrafter(backend="native"),
+                SuffixDrafter(backend="native", **(suffix or {})),
                 SpecdecOptions.from_dict(user),
                 max_model_len=MAX_LEN,
                 internal=internal,
@@ -277,14 +278,49 @@ def test_lane_is_off_for_thread_deadlines_and_non_native_drafters():
     assert ProposerCore(SuffixDrafter(backend="python"), python, max_model_len=MAX_LEN).lane is None
 
 
-def test_calibrated_chains_draft_on_the_python_path_which_honours_them():
-    """The lane drafts count / total chains; with ``min_confidence`` > 0 the proposer drafts through the drafter's
-    own calibrated chains (the Python path) instead of silently ignoring the option."""
+def test_calibrated_chains_draft_on_the_native_lane():
+    """With ``min_confidence`` > 0 the proposer keeps the native lane, which drafts calibrated chains: its drafts
+    differ from the count / total lane's over the same steps (tests/test_suffix_lane_calib.py checks them against
+    the library's)."""
     options = SpecdecOptions.from_dict({})
-    assert ProposerCore(SuffixDrafter(backend="native"), options, max_model_len=MAX_LEN).lane is not None
     calibrated = SuffixDrafter(backend="native", min_confidence=0.06)
     core = ProposerCore(calibrated, options, max_model_len=MAX_LEN)
-    assert core.lane is None and isinstance(core.engine, PythonEngine)
+    assert core.lane is calibrated and isinstance(core.engine, LaneEngine)
+    digests = []
+    for suffix in ({"min_confidence": 0.06}, {}):
+        eng = RepeatingEngine(seed=5)
+        core = lane_core(eng.clock, suffix=suffix)
+        assert isinstance(core.engine, LaneEngine)
+        drafts: dict[str, list[int]] = {}
+        steps = []
+        for step in range(60):
+            eng.churn(step)
+            drafts = eng.step([core], drafts)
+            steps.append(sorted(drafts.items()))
+        assert core.stats.accepted_tokens > 100
+        digests.append(steps)
+    assert digests[0] != digests[1]
+
+
+@pytest.mark.parametrize("opts", [{}, {"pad_drafts": "on", "lane_threads": 3}, {"adaptive": False}])
+def test_calibrated_lane_equals_the_python_path_without_resyncs(opts):
+    """Calibrated chains (``min_confidence`` 0.06) on both paths: same drafts and statistics while no request
+    resyncs. (A resync's stop caches the old response in the global trie, which the calibration's global cells
+    observe: the lane restarts rows before the others extend, the Python path takes rows in order, so a resync can
+    make the two learn slightly differently; the lane's drafts are checked against the library's after its own order
+    of appends in tests/test_suffix_lane_calib.py.)"""
+    for engine_cls in (FakeEngine, RepeatingEngine):
+        eng = engine_cls(seed=1)
+        cores = twins(eng.clock, suffix={"min_confidence": 0.06}, **opts)
+        assert isinstance(cores[1].engine, LaneEngine)
+        drafts: dict[str, list[int]] = {}
+        for step in range(120):
+            eng.churn(step)
+            drafts = eng.step(cores, drafts)
+        a, b = (c.stats_dict() for c in cores)
+        for key in STAT_KEYS:
+            assert a[key] == b[key], key
+        assert a["resyncs"] == 0 and a["stopped"] > 5 and a["accepted_tokens"] > 50
 
 
 def test_lane_overruns_drop_their_steps_and_the_third_hands_over_to_the_python_path(monkeypatch):
@@ -341,13 +377,13 @@ def test_force_resync_and_reset_restart_requests_from_their_context():
     assert [c.stats.started - s for c, s in zip(cores, started)] == [len(eng.reqs)] * 2
 
 
-def lane_core(clock: FakeClock, cls: type = ProposerCore, **opts) -> ProposerCore:
-    """A core of ``cls`` over the native suffix drafter, k = 8, no deadline, with ``opts`` (user options and internal
-    settings)."""
+def lane_core(clock: FakeClock, cls: type = ProposerCore, *, suffix: dict | None = None, **opts) -> ProposerCore:
+    """A core of ``cls`` over the native suffix drafter (``suffix``: its options), k = 8, no deadline, with ``opts``
+    (user options and internal settings)."""
     user, internal = InternalSettings.split({"num_speculative_tokens": 8, "draft_timeout_ms": 0, **opts})
     options = SpecdecOptions.from_dict(user)
     return cls(
-        SuffixDrafter(backend="native"),
+        SuffixDrafter(backend="native", **(suffix or {})),
         options,
         max_model_len=MAX_LEN,
         internal=internal,

@@ -86,6 +86,8 @@ def run(eng: FakeEngine, cores: list, steps: int) -> None:
         {"thread_spin_us": 2000.0},  # the drafter's thread and the collecting caller spin instead of sleeping
         {"lane_threads": 4},  # the drafter's thread and 3 helpers share the rows
         {"lane_threads": 8, "pad_drafts": "on", "thread_spin_us": 500.0},  # about as many threads as rows
+        {"suffix": {"min_confidence": 0.06}},  # calibrated chains: the lane thread learns as the inline lane does
+        {"suffix": {"min_confidence": 0.06}, "lane_threads": 4, "pad_drafts": "on"},
     ],
 )
 def test_threaded_drafts_and_stats_equal_the_synchronous_native_step(opts):
@@ -106,7 +108,14 @@ def test_threaded_drafts_and_stats_equal_the_synchronous_native_step(opts):
     assert all(t["run_us"] > 0 and min(t["wait_us"], t["window_us"], t["wake_us"]) >= 0 for t in timing.values())
 
 
-@pytest.mark.parametrize("opts", [{}, {"pad_drafts": "on", "thread_spin_us": 500.0, "lane_threads": 3}])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        {"pad_drafts": "on", "thread_spin_us": 500.0, "lane_threads": 3},
+        {"suffix": {"min_confidence": 0.06}, "lane_threads": 3},
+    ],
+)
 def test_early_stops_and_starts_leave_drafts_and_stats_unchanged(opts):
     eng = FakeEngine(seed=7)
     sync = make(ProposerCore, eng.clock, **opts)

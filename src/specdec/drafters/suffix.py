@@ -19,7 +19,6 @@ The native backend also offers the vLLM proposer's one-call step (``suffix_lane.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -33,8 +32,6 @@ from specdec.drafters.base import MAX_TOKEN_ID, Chain, Drafter, DraftRequest, re
 from specdec.drafters.suffix_lane import SuffixLane
 from specdec.drafters.suffix_ref import RefEngine
 from specdec.tree import TokenTree
-
-logger = logging.getLogger("specdec.drafters")
 
 try:  # the optional native core (setup.py ext_modules)
     from specdec.drafters._suffix_native import Engine as NativeEngine
@@ -213,17 +210,9 @@ class SuffixDrafter(SuffixLane, Drafter):
 
     # ----------------------------------------------------------------- one-call proposer step (native only)
     def native_lane(self) -> SuffixDrafter | None:
-        """This drafter if it offers the one-call proposer step (``lane_step``: native backend), else None. Calibrated
-        chains (``min_confidence`` > 0) draft on the proposer's Python path: the lane drafts count / total."""
-        if self.backend != "native":
-            return None
-        if self.config.min_confidence > 0:
-            logger.info(
-                "suffix: min_confidence %g: calibrated chains, drafted without the native one-call step",
-                self.config.min_confidence,
-            )
-            return None
-        return self
+        """This drafter if it offers the one-call proposer step (``lane_step``: native backend), else None. The lane
+        drafts the chains ``draft_chains`` would: calibrated ones with ``min_confidence`` > 0 (``lane_config``)."""
+        return self if self.backend == "native" else None
 
     @property
     def request_ids(self) -> dict[str, int]:

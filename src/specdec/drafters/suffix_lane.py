@@ -58,7 +58,9 @@ class SuffixLane:
         max_calib: float,
         max_cut: float,
     ) -> None:
-        """The proposer's constants for ``lane_step`` (see specdec/vllm_plugin/core.py)."""
+        """The proposer's constants for ``lane_step`` (see specdec/vllm_plugin/core/lane.py), with the drafter's own
+        (``SuffixConfig``: the one source of the lane's draft parameters). ``min_confidence`` > 0: the lane learns the
+        calibration from every row's tokens and drafts calibrated chains, as the library's extend and draft do."""
         c = self.config
         self._lane_args = (
             calib_decay,
@@ -71,6 +73,7 @@ class SuffixLane:
             c.min_token_prob,
             c.leaf_prior,
             self._factor(True),
+            c.min_confidence,
             c.use_local,
             c.use_global,
         )

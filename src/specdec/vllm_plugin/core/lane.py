@@ -10,6 +10,10 @@ Same drafts, same statistics as the Python path (``tests/test_vllm_lane.py`` run
 moving rows, finished requests, resyncs and padding). Switched by the ``native_step`` option (default on); used
 with ``deadline_mode="auto"`` only (a step runs inline: one that overruns ``draft_timeout_ms`` is dropped and
 counted; after ``LANE_MAX_OVERRUNS`` of them the proposer falls back to the threaded Python path for good).
+Calibrated chains (the suffix drafter's ``min_confidence`` > 0) draft on the lane too: it learns the calibration
+from every row's tokens as the library's extend does, the library's drafts after the same appends
+(``tests/test_suffix_lane_calib.py``; the Python path's too while no request resyncs: a resync's stop is ordered
+differently relative to the other rows' extends there).
 """
 
 from __future__ import annotations
