@@ -44,6 +44,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "own_ema": {"BATCH_GATE": True, "GATE_OWN_EMA": True},
     "low_own": {"BATCH_GATE": True, "GATE_ONLY_LOW": True, "GATE_OWN_EMA": True},
     "pen0.1": {"BATCH_GATE": True, "DRAFT_STEP_PENALTY": 0.1},
+    "pen0.15": {"BATCH_GATE": True, "DRAFT_STEP_PENALTY": 0.15},
+    "low_pen0.15": {"BATCH_GATE": True, "GATE_ONLY_LOW": True, "DRAFT_STEP_PENALTY": 0.15},
 }
 COUNTERS = {  # column -> the proposer's flattened statistics key
     "steps": "steps",
@@ -132,7 +134,7 @@ def counters(engine: Any) -> dict[str, float]:
 
 def replay(steps: list[tuple[str, str, list[dict[str, Any]]]], outs: list[list[list[int]]]) -> dict[str, Any]:
     """One engine through every cell: cell -> the plugin's counters over it (and the outputs' check)."""
-    from benchmarks.gate_worker import BATCH
+    from benchmarks.gate_prompts import BATCH
     from benchmarks.vllm_cpu_engine import Engine, Req
 
     engine = Engine(
