@@ -41,9 +41,16 @@ def load_prompt_set(path: str | Path, dataset: str, name: str, limit: int | None
 
 
 def greedy_outputs(
-    model: Any, prompts: Sequence[Sequence[int]], *, max_tokens: int, batch: int, progress: bool = True
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_tokens: int,
+    batch: int,
+    progress: bool = True,
+    eos: int | None = None,
 ) -> list[list[int]]:
-    """Each prompt's greedy continuation of exactly ``max_tokens`` tokens (EOS ignored), ``batch`` at a time."""
+    """Each prompt's greedy continuation of exactly ``max_tokens`` tokens (EOS ignored), ``batch`` at a time; with
+    ``eos``, of at most ``max_tokens``, up to and including the first ``eos`` (EOS respected, as vLLM's outputs)."""
     import torch
     from tqdm import tqdm
 
@@ -62,13 +69,18 @@ def greedy_outputs(
                 input_ids=ids,
                 attention_mask=mask,
                 max_new_tokens=max_tokens,
-                min_new_tokens=max_tokens,
+                min_new_tokens=max_tokens if eos is None else 0,
                 do_sample=False,
-                eos_token_id=None,
+                eos_token_id=eos,
                 pad_token_id=PAD_ID,
             )
-        out.extend(gen[row, width:].tolist() for row in range(len(chunk)))
+        out.extend(_until(gen[row, width:].tolist(), eos) for row in range(len(chunk)))
     return out
+
+
+def _until(tokens: list[int], eos: int | None) -> list[int]:
+    """``tokens`` up to and including the first ``eos`` (all of them without one)."""
+    return tokens[: tokens.index(eos) + 1] if eos is not None and eos in tokens else tokens
 
 
 def write_jsonl(

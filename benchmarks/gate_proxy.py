@@ -1,0 +1,207 @@
+"""A CPU proxy of the GPU gate for the low-acceptance back-off: the gate's own prompts (``device_inputs/
+gate_inputs.json``, ``benchmarks.gate_prompts``) replayed through vLLM 0.26's real ``AsyncScheduler`` and the plugin's
+real proposer in schedule mode (``benchmarks.vllm_cpu_engine``: a fake runner verifies drafts, a step late, against
+the target's real greedy outputs), once per back-off variant (the per-step gate off, on, ...).
+
+    python -m benchmarks.gate_proxy [--sets agentic,chat,code] [--cells b1,b8] [--variants off,on] [--out F]
+
+As ``gate_worker`` runs one engine: every asked set's warm-up prompts in one batch (``WARMUP_MAX_TOKENS``), then per
+set its cells in ``CELL_ORDER`` (b1: one prompt after another; bN: closed batches of N) in one long-lived engine (the
+suffix drafter's global cache carries over); sampled cells are skipped. The target's outputs are the shared 53M
+target's (what the GPU's inflated 8B-shaped target computes), greedy, float32, EOS respected, each prompt's
+``max_tokens``: generated once with Hugging Face on the CPU and cached (git-ignored, ``--targets``), keyed by each
+cell's inputs. Per cell and variant: the plugin's counters (engine steps, steps with drafts, drafted and accepted
+tokens, back-offs, withheld tokens, gated steps, slot schedules of a low batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from benchmarks.gate_metrics import flat_numbers
+from benchmarks.gate_worker import CELL_ORDER, WARMUP_MAX_TOKENS
+from specdec.paths import REPO_ROOT, TARGET_MODEL, model_path
+
+DEFAULT_INPUTS = REPO_ROOT / "device_inputs" / "gate_inputs.json"
+DEFAULT_TARGETS = REPO_ROOT / "device_inputs" / "gate_proxy_targets.json"
+MAX_LEN = 2048  # agentic prompts (1,536 tokens) and their outputs (<= 256) with drafts past them
+MAX_SEQS = 64  # the largest cell's batch
+MAX_BATCHED = 16384  # vLLM's default for the LLM class on an H100/H200 (the gate's engines)
+GEN_BATCH = 8  # prompts per Hugging Face generate call
+EOS = 0  # the shared target's EOS id (its generation_config)
+FILLER_TOKENS = 40  # past a request's end: drafts running over it are checked against EOS, as vLLM stops
+# the back-off's module constants each variant sets (in-process; the engine is built after)
+VARIANTS: dict[str, dict[str, Any]] = {
+    "off": {"BATCH_GATE": False},
+    "on": {"BATCH_GATE": True},
+    "only_low": {"BATCH_GATE": True, "GATE_ONLY_LOW": True},
+    "own_ema": {"BATCH_GATE": True, "GATE_OWN_EMA": True},
+    "low_own": {"BATCH_GATE": True, "GATE_ONLY_LOW": True, "GATE_OWN_EMA": True},
+    "pen0.1": {"BATCH_GATE": True, "DRAFT_STEP_PENALTY": 0.1},
+    "pen0.15": {"BATCH_GATE": True, "DRAFT_STEP_PENALTY": 0.15},
+    "low_pen0.15": {"BATCH_GATE": True, "GATE_ONLY_LOW": True, "DRAFT_STEP_PENALTY": 0.15},
+}
+COUNTERS = {  # column -> the proposer's flattened statistics key
+    "steps": "steps",
+    "drafted_steps": "drafted_steps",
+    "drafted": "drafted_tokens",
+    "accepted": "accepted_tokens",
+    "back_offs": "backoff_requests_backed_off",
+    "recoveries": "backoff_recoveries",
+    "withheld": "backoff_withheld_tokens",
+    "gated": "backoff_gated_steps",
+    "low_sched": "schedule.low_batch_schedules",
+}
+
+
+def cell_key(items: list[dict[str, Any]], max_tokens: list[int]) -> str:
+    doc = {"model": TARGET_MODEL, "eos": EOS, "prompts": [[it["ids"], m] for it, m in zip(items, max_tokens)]}
+    return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()[:24]
+
+
+def generate(prompts: list[list[int]], max_tokens: list[int], *, desc: str) -> list[list[int]]:
+    """Greedy outputs of the shared target (float32, CPU, EOS respected), each at most its ``max_tokens``."""
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM
+
+    from benchmarks.target_outputs import greedy_outputs
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_path(TARGET_MODEL)), dtype=torch.float32).eval()
+    order = sorted(range(len(prompts)), key=lambda i: max_tokens[i])  # similar lengths share a generate call
+    out: dict[int, list[int]] = {}
+    for s in tqdm(range(0, len(order), GEN_BATCH), desc=desc, unit="batch"):
+        idx = order[s : s + GEN_BATCH]
+        chunk = [prompts[i] for i in idx]
+        most = max(max_tokens[i] for i in idx)
+        gen = greedy_outputs(model, chunk, max_tokens=most, batch=len(idx), progress=False, eos=EOS)
+        for i, g in zip(idx, gen):
+            out[i] = g[: max_tokens[i]]
+    return [out[i] for i in range(len(prompts))]
+
+
+def plan(inputs: dict[str, Any], sets: list[str], cells: list[str]) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """(set, cell, prompts with their ``max_tokens``) in the order one gate engine runs them: every set's warm-up
+    in one batch (``set`` "all"), then per set its cells in ``CELL_ORDER``."""
+    warm = [{**it, "max_tokens": WARMUP_MAX_TOKENS} for name in sets for it in inputs["sets"][name].get("warmup", [])]
+    out = [("all", "warmup", warm)] if warm else []
+    for name in sets:
+        have = inputs["sets"][name]
+        out += [(name, c, have[c]) for c in CELL_ORDER if c in cells and c in have and not c.startswith("s")]
+    return out
+
+
+def targets(steps: list[tuple[str, str, list[dict[str, Any]]]], path: Path) -> list[list[list[int]]]:
+    """Each cell's outputs (per prompt), from the cache at ``path`` or generated (then cached)."""
+    cache = json.loads(path.read_text()) if path.exists() else {}
+    out = []
+    for name, cell, items in steps:
+        mts = [int(it["max_tokens"]) for it in items]
+        key = cell_key(items, mts)
+        if key not in cache:
+            cache[key] = generate([it["ids"] for it in items], mts, desc=f"target {name}/{cell}")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(cache, separators=(",", ":")))
+        out.append(cache[key])
+    return out
+
+
+@contextmanager
+def variant(settings: dict[str, Any]) -> Iterator[None]:
+    """The back-off's module constants set to ``settings`` while the block runs (restored after)."""
+    from specdec.vllm_plugin.core import backoff
+
+    saved = {k: getattr(backoff, k) for k in settings}
+    for k, v in settings.items():
+        setattr(backoff, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(backoff, k, v)
+
+
+def counters(engine: Any) -> dict[str, float]:
+    flat = flat_numbers(engine.proposer.stats())
+    return {col: flat.get(key, 0.0) for col, key in COUNTERS.items()}
+
+
+def replay(steps: list[tuple[str, str, list[dict[str, Any]]]], outs: list[list[list[int]]]) -> dict[str, Any]:
+    """One engine through every cell: cell -> the plugin's counters over it (and the outputs' check)."""
+    from benchmarks.gate_prompts import BATCH
+    from benchmarks.vllm_cpu_engine import Engine, Req
+
+    engine = Engine(
+        str(model_path(TARGET_MODEL)), schedule=True, max_len=MAX_LEN, max_seqs=MAX_SEQS, max_batched=MAX_BATCHED
+    )
+    res: dict[str, Any] = {}
+    try:
+        for (name, cell, items), cell_outs in zip(steps, outs):
+            before = counters(engine)
+            batch = len(items) if cell == "warmup" else BATCH[cell]
+            reqs = [
+                Req([*it["ids"], *o, *[EOS] * FILLER_TOKENS], len(it["ids"]), len(o), None)
+                for it, o in zip(items, cell_outs)
+            ]
+            for s in range(0, len(reqs), batch):
+                for i in range(s, min(s + batch, len(reqs))):
+                    engine.add(f"{name}/{cell}/{i}", reqs[i])
+                engine.run()
+            after = counters(engine)
+            res[f"{name}/{cell}"] = {k: after[k] - before[k] for k in after}
+            assert all(r.ctx[r.prompt :][: r.max_tokens] == o for r, o in zip(reqs, cell_outs)), "outputs differ"
+    finally:
+        engine.close()
+    return res
+
+
+def table(results: dict[str, dict[str, Any]], names: list[str]) -> str:
+    """Per cell, each variant's counters and its steps / accepted against the first variant's."""
+    cols = list(COUNTERS)
+    head = f"{'cell':<14} {'variant':<10} " + " ".join(f"{c:>9}" for c in cols) + f" {'steps/x':>8} {'acc/x':>7}"
+    lines = [head, "-" * len(head)]
+    for cell in results[names[0]]:
+        base = results[names[0]][cell]
+        for v in names:
+            row = results[v][cell]
+            ratio = [row[k] / base[k] if base[k] else float("nan") for k in ("steps", "accepted")]
+            nums = " ".join(f"{row[c]:>9.0f}" for c in cols)
+            lines.append(f"{cell:<14} {v:<10} {nums} {ratio[0]:>8.3f} {ratio[1]:>7.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--inputs", default=str(DEFAULT_INPUTS), help="benchmarks.gate_prompts' file")
+    ap.add_argument("--targets", default=str(DEFAULT_TARGETS), help="the target's outputs (cache, git-ignored)")
+    ap.add_argument("--sets", default="agentic,chat,code")
+    ap.add_argument("--cells", default="b1,b8")
+    ap.add_argument("--variants", default="off,on", help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--out", default="", help="JSON to write")
+    args = ap.parse_args(argv)
+    names = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        ap.error(f"--variants: unknown {unknown}; valid: {', '.join(VARIANTS)}")
+    inputs = json.loads(Path(args.inputs).read_text())
+    steps = plan(inputs, [s for s in args.sets.split(",") if s], [c for c in args.cells.split(",") if c])
+    outs = targets(steps, Path(args.targets))
+    results = {}
+    for v in names:
+        with variant(VARIANTS[v]):
+            results[v] = replay(steps, outs)
+        print(f"[{v}] done", flush=True)
+    print(table(results, names))
+    if args.out:
+        doc = {"sets": args.sets, "cells": args.cells, "variants": {v: VARIANTS[v] for v in names}, "cells_by": results}
+        Path(args.out).write_text(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+"""One vLLM engine on the CPU without a model: vLLM 0.26's real schedulers and the plugin's real proposer, and a fake
+model runner that verifies drafts against each request's fixed target sequence (greedy: the accepted prefix, then
+the target's next token), drafts verified a step late as on the GPU:
+
+- thread mode (the default for small targets): vLLM's synchronous ``Scheduler``; the drafts are taken after
+  ``update_from_output`` and scheduled with the next step;
+- schedule mode (the default for 8B-sized targets): vLLM's ``AsyncScheduler`` with the plugin's slot patch and the
+  slot book attached; each step is scheduled before the output of the step before is processed, and its drafts are
+  filled into the buffer that step handed out.
+
+Used by the low-acceptance tests (``tests/test_vllm_low_acceptance.py``, ``tests/test_vllm_step_gate.py``) and by
+the CPU proxy of the GPU gate (``benchmarks.gate_proxy``). Needs vLLM (``/opt/specdec-vllm-0.26.0``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+K = 16  # the plugin's default num_speculative_tokens
+MAX_LEN = 1024
+MAX_SEQS = 16
+MAX_BATCHED_TOKENS = 4096
+KV_BLOCKS = 4000
+BLOCK = 16
+STEP_S = 1e-3  # the proposer's clock advances this much per step (its step-cost fit sees no cost per token)
+# Llama-3-8B's shape: the plugin sizes itself as for an 8B target (schedule mode)
+LLAMA_8B_HF = SimpleNamespace(
+    hidden_size=4096,
+    num_hidden_layers=32,
+    intermediate_size=14336,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+)
+
+
+@dataclass
+class Req:
+    """One request: its target (prompt, then what the target model emits) and what the engine records."""
+
+    target: list[int]
+    prompt: int
+    max_tokens: int
+    accept_from: int | None  # context length from which its drafts would be accepted (None: never / unknown)
+    ctx: list[int] = field(default_factory=list)
+    steps: list[tuple[int, int, int]] = field(default_factory=list)  # per decoding step: (index, context, accepted)
+
+    def emit(self, draft: list[int]) -> list[int]:
+        """Greedy verification: the draft's prefix the target agrees with, then the target's next token."""
+        out = []
+        for d in [*draft, None]:
+            want = self.target[len(self.ctx)]
+            out.append(want)
+            self.ctx.append(want)
+            if d != want:
+                break
+        return out
+
+
+def vllm_config(
+    model: str, *, max_len: int = MAX_LEN, max_seqs: int = MAX_SEQS, max_batched: int = MAX_BATCHED_TOKENS
+) -> Any:
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
+
+    cache = CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=False)
+    cache.num_gpu_blocks = KV_BLOCKS
+    return VllmConfig(
+        model_config=ModelConfig(model=model, max_model_len=max_len, seed=0),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=max_seqs,
+            max_num_batched_tokens=max(max_batched, max_len),
+            max_model_len=max_len,
+            is_encoder_decoder=False,
+        ),
+        cache_config=cache,
+        device_config=DeviceConfig("cpu"),
+        speculative_config=SpeculativeConfig(
+            method="ngram", num_speculative_tokens=K, prompt_lookup_max=3, prompt_lookup_min=2
+        ),
+    )
+
+
+def scheduler(config: Any, *, async_scheduling: bool) -> Any:
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from specdec.vllm_plugin.patches.features import Feature
+    from specdec.vllm_plugin.patches.table import TABLE, apply_patches
+    from specdec.vllm_plugin.versions import TESTED_VLLM_VERSIONS
+
+    kv = KVCacheConfig(
+        num_blocks=config.cache_config.num_gpu_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float32)
+            )
+        ],
+    )
+    cls: Any = Scheduler
+    if async_scheduling:
+
+        class Patched(AsyncScheduler):
+            pass
+
+        rows = tuple(r for r in TABLE if r.feature in (Feature.SLOT_REGRANT, Feature.ADAPTIVE_SLOTS))
+        report = apply_patches("all", version=TESTED_VLLM_VERSIONS[0], resolver=lambda name: Patched, table=rows)
+        assert report.on(Feature.SLOT_REGRANT)
+        cls = Patched
+    return cls(
+        vllm_config=config,
+        kv_cache_config=kv,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=BLOCK,
+    )
+
+
+def plugin_proposer(config: Any, *, schedule: bool) -> Any:
+    """The plugin's proposer at its defaults (schedule mode for an 8B-shaped target, thread mode for a small one)."""
+    from specdec.vllm_plugin.proposer import SpecdecProposer
+
+    cfg = SimpleNamespace(
+        additional_config={"specdec": {}},
+        speculative_config=SimpleNamespace(num_speculative_tokens=K),
+        model_config=SimpleNamespace(
+            max_model_len=config.model_config.max_model_len, hf_config=LLAMA_8B_HF if schedule else None
+        ),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1),
+        scheduler_config=config.scheduler_config,
+    )
+    proposer = SpecdecProposer(cfg, patch_runner=False)
+    assert proposer.schedule_mode == schedule and proposer.threaded == (not schedule)
+    clock = SimpleNamespace(t=0.0)
+    proposer.core.clock = lambda: clock.t
+    proposer.clock = clock
+    return proposer
+
+
+class Engine:
+    """One engine over vLLM's scheduler and the plugin's proposer (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        schedule: bool,
+        max_len: int = MAX_LEN,
+        max_seqs: int = MAX_SEQS,
+        max_batched: int = MAX_BATCHED_TOKENS,
+    ) -> None:
+        self.config = vllm_config(model, max_len=max_len, max_seqs=max_seqs, max_batched=max_batched)
+        self.schedule, self.max_len = schedule, max_len
+        self.sch = scheduler(self.config, async_scheduling=schedule)
+        self.proposer = plugin_proposer(self.config, schedule=schedule)
+        self.reqs: dict[str, Req] = {}
+        self.queue: deque = deque()  # schedule mode: scheduled steps whose output the scheduler has not seen
+        self.buffer: Any = None  # schedule mode: the draft buffer the last step handed out
+        self.prev_rows: dict[str, int] = {}
+        self.runner_state: dict[str, SimpleNamespace] = {}
+        self.sched: Any = None
+        if schedule:
+            runner = SimpleNamespace(device=torch.device("cpu"), max_num_reqs=max_seqs, num_spec_tokens=K)
+            self.sched = self.proposer.scheduled_for(runner)
+            assert self.sched.slot_book is not None  # adaptive slots, attached to this engine's config
+            self.proposer.vllm_config = self.config  # the scheduler reads the book from its config
+            from specdec.vllm_plugin.modes.slots import attach_book
+
+            attach_book(self.config, self.sched.slot_book)
+
+    def add(self, rid: str, req: Req) -> None:
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request
+
+        req.ctx = list(req.target[: req.prompt])
+        self.reqs[rid] = req
+        self.runner_state[rid] = SimpleNamespace(prompt_token_ids=list(req.ctx), output_token_ids=[])
+        params = SamplingParams(temperature=0.0, max_tokens=req.max_tokens, ignore_eos=True)
+        self.sch.add_request(
+            Request(request_id=rid, prompt_token_ids=list(req.ctx), sampling_params=params, pooling_params=None)
+        )
+
+    def run(self, max_steps: int = 10_000) -> None:
+        """Step until every request finished."""
+        for _ in range(max_steps):
+            if not self.step():
+                return
+        raise AssertionError("the engine did not finish its requests")
+
+    def step(self) -> bool:
+        self.proposer.clock.t += STEP_S
+        return self._async_step() if self.schedule else self._sync_step()
+
+    # ----------------------------------------------------------------- thread mode: vLLM's synchronous loop
+    def _sync_step(self) -> bool:
+        from vllm.v1.outputs import DraftTokenIds
+
+        if not self.sch.has_unfinished_requests():
+            return False
+        so = self.sch.schedule()
+        rows = list(so.num_scheduled_tokens)
+        if not rows:
+            return True
+        sampled = [self._verify(rid, list(so.scheduled_spec_decode_tokens.get(rid, []))) for rid in rows]
+        drafts = self._propose(rows, sampled, so)
+        self.sch.update_from_output(so, self._output(rows, sampled))
+        collected = self.proposer.collect_deferred()
+        self.sch.update_draft_token_ids(DraftTokenIds(rows, collected if collected is not None else drafts))
+        return True
+
+    def _propose(self, rows: list[str], sampled: list[list[int]], so: Any) -> list[list[int]]:
+        n = len(rows)
+        tokens = np.zeros((n, self.max_len), np.int32)  # [rows, max_model_len] like vLLM's token_ids_cpu
+        lengths, prompts = np.zeros(n, np.int32), np.zeros(n, np.int32)
+        for i, rid in enumerate(rows):
+            r = self.reqs[rid]
+            tokens[i, : len(r.ctx)] = r.ctx
+            lengths[i], prompts[i] = len(r.ctx), r.prompt
+        self.proposer.bind_step(SimpleNamespace(req_ids=rows, num_prompt_tokens=prompts), so)
+        return self.proposer.propose(sampled, lengths, tokens)
+
+    # ----------------------------------------------------------------- schedule mode: vLLM's async loop
+    def _async_step(self) -> bool:
+        scheduled = False
+        if self.sch.has_unfinished_requests():
+            so = self.sch.schedule()
+            if so.num_scheduled_tokens:
+                self.queue.append((so, self._execute(so)))
+                scheduled = True
+        if self.queue and (len(self.queue) >= 2 or not scheduled):
+            so0, out0 = self.queue.popleft()
+            self.sch.update_from_output(so0, out0)
+        return scheduled or bool(self.queue) or self.sch.has_unfinished_requests()
+
+    def _execute(self, so: Any) -> Any:
+        rows = list(so.num_scheduled_tokens)
+        if self.buffer is not None:
+            assert self.sched.fill(self.buffer)  # this step's drafts, from the tokens of the step before
+        sampled = torch.full((len(rows), K + 1), -1, dtype=torch.int32)  # [rows, k+1], -1: rejected
+        emitted = []
+        for row, rid in enumerate(rows):
+            slots = len(so.scheduled_spec_decode_tokens.get(rid, ()))
+            prev = self.prev_rows.get(rid)
+            draft = self.buffer[prev].tolist()[:slots] if (prev is not None and slots) else []
+            out = self._verify(rid, draft)
+            sampled[row, : len(out)] = torch.tensor(out, dtype=torch.int32)
+            emitted.append(out)
+        self.sched.capture(sampled, rows, set(), requests=self.runner_state)
+        for rid in rows:
+            self.runner_state[rid].output_token_ids.append(-1)
+        self.buffer = self.sched.submit(rows, k=None, eager=False)
+        self.prev_rows = {rid: i for i, rid in enumerate(rows)}
+        return self._output(rows, emitted)
+
+    # ----------------------------------------------------------------- shared
+    def _verify(self, rid: str, draft: list[int]) -> list[int]:
+        r = self.reqs[rid]
+        before = len(r.ctx)
+        out = r.emit(draft)
+        if before > r.prompt:  # a decoding row (a prefill's first token verifies nothing)
+            r.steps.append((len(r.steps), before, len(out) - 1))
+        return out
+
+    @staticmethod
+    def _output(rows: list[str], sampled: list[list[int]]) -> Any:
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        return ModelRunnerOutput(
+            req_ids=rows, req_id_to_index={r: i for i, r in enumerate(rows)}, sampled_token_ids=sampled
+        )
+
+    def close(self) -> None:
+        from specdec.vllm_plugin.modes.slots import attach_book
+
+        attach_book(self.config, None)
+        self.proposer.close()

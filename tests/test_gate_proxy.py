@@ -1,0 +1,83 @@
+"""The CPU proxy of the GPU gate (``benchmarks.gate_proxy``): the gate engine's order of cells, the back-off
+variants set in-process and restored, and (vLLM) one engine replaying cells against given target outputs."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+
+import pytest
+
+from benchmarks import gate_proxy as gp
+from specdec.vllm_plugin.core import backoff
+
+
+def inputs() -> dict:
+    rng = random.Random(0)
+
+    def items(n: int, max_tokens: int) -> list[dict]:
+        return [{"ids": [0, *(rng.randrange(20, 400) for _ in range(40))], "max_tokens": max_tokens} for _ in range(n)]
+
+    return {
+        "sets": {
+            "agentic": {"warmup": items(2, 64), "b8": items(8, 48), "b1": items(2, 40)},
+            "code": {"warmup": items(2, 64), "b1": items(2, 40), "s8": items(8, 48)},
+        }
+    }
+
+
+def test_the_plan_follows_a_gate_engine_warm_up_first_then_each_sets_cells_in_order():
+    doc = inputs()
+    steps = gp.plan(doc, ["agentic", "code"], ["b1", "b8", "s8"])
+    assert [(s, c) for s, c, _ in steps] == [("all", "warmup"), ("agentic", "b1"), ("agentic", "b8"), ("code", "b1")]
+    warm = steps[0][2]
+    assert len(warm) == 4 and {it["max_tokens"] for it in warm} == {gp.WARMUP_MAX_TOKENS}  # sampled cell skipped
+    assert [(s, c) for s, c, _ in gp.plan(doc, ["agentic"], ["b8"])] == [("all", "warmup"), ("agentic", "b8")]
+
+
+def test_cell_keys_follow_the_prompts_and_their_max_tokens():
+    items = inputs()["sets"]["agentic"]["b1"]
+    key = gp.cell_key(items, [40, 40])
+    assert key == gp.cell_key([dict(it) for it in items], [40, 40])
+    assert key != gp.cell_key(items, [40, 41]) and key != gp.cell_key(items[::-1], [40, 40])
+
+
+def test_a_variant_sets_the_back_offs_constants_and_restores_them():
+    before = backoff.BATCH_GATE
+    with gp.variant({"BATCH_GATE": not before}):
+        assert backoff.BATCH_GATE is (not before) and backoff.BackOff().gate is (not before)
+    assert backoff.BATCH_GATE is before
+    with pytest.raises(RuntimeError), gp.variant({"BATCH_GATE": not before}):
+        raise RuntimeError
+    assert backoff.BATCH_GATE is before
+    assert set(gp.VARIANTS) >= {"off", "on"}
+
+
+def test_the_table_has_a_row_per_cell_and_variant_with_ratios_to_the_first():
+    row = dict.fromkeys(gp.COUNTERS, 10.0)
+    results = {"off": {"agentic/b1": row}, "on": {"agentic/b1": {**row, "steps": 12.0, "accepted": 5.0}}}
+    lines = gp.table(results, ["off", "on"]).splitlines()
+    assert len(lines) == 4 and lines[3].split()[1] == "on"
+    assert lines[3].split()[-2:] == ["1.200", "0.500"]
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable (scripts/test.sh has it)")
+def test_one_engine_replays_the_cells_against_the_targets_outputs():
+    from specdec.drafters.suffix import native_available
+    from specdec.paths import TARGET_MODEL, model_path
+
+    if not native_available() or not model_path(TARGET_MODEL).is_dir():
+        pytest.skip("native suffix core or shared target model missing")
+    steps = gp.plan(inputs(), ["agentic", "code"], ["b1", "b8"])
+    rng = random.Random(1)
+    seg = [rng.randrange(500, 900) for _ in range(12)]
+    # repetitive outputs (drafts accepted), each ending at EOS before its max_tokens or cut at it
+    outs = [[(seg * 8)[: it["max_tokens"] - 3] + [gp.EOS] for it in items] for _, _, items in steps]
+    for name in ("off", "on"):
+        with gp.variant(gp.VARIANTS[name]):
+            res = gp.replay(steps, outs)  # asserts every output is the target's
+        assert list(res) == ["all/warmup", "agentic/b1", "agentic/b8", "code/b1"]
+        b8 = res["agentic/b8"]
+        assert b8["accepted"] > 0 and 0 < b8["drafted_steps"] <= b8["steps"]
+        assert all(c["steps"] > 0 for c in res.values())
