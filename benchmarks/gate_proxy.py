@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any
 
 from benchmarks.gate_metrics import flat_numbers
 from benchmarks.gate_worker import CELL_ORDER, WARMUP_MAX_TOKENS
+from specdec.eval.results import device_label, versions
 from specdec.paths import REPO_ROOT, TARGET_MODEL, model_path
 
 DEFAULT_INPUTS = REPO_ROOT / "device_inputs" / "gate_inputs.json"
@@ -40,12 +42,8 @@ FILLER_TOKENS = 40  # past a request's end: drafts running over it are checked a
 VARIANTS: dict[str, dict[str, Any]] = {
     "off": {"BATCH_GATE": False},
     "on": {"BATCH_GATE": True},
-    "only_low": {"BATCH_GATE": True, "GATE_ONLY_LOW": True},
-    "own_ema": {"BATCH_GATE": True, "GATE_OWN_EMA": True},
-    "low_own": {"BATCH_GATE": True, "GATE_ONLY_LOW": True, "GATE_OWN_EMA": True},
     "pen0.1": {"BATCH_GATE": True, "DRAFT_STEP_PENALTY": 0.1},
     "pen0.15": {"BATCH_GATE": True, "DRAFT_STEP_PENALTY": 0.15},
-    "low_pen0.15": {"BATCH_GATE": True, "GATE_ONLY_LOW": True, "DRAFT_STEP_PENALTY": 0.15},
 }
 COUNTERS = {  # column -> the proposer's flattened statistics key
     "steps": "steps",
@@ -199,7 +197,15 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[{v}] done", flush=True)
     print(table(results, names))
     if args.out:
-        doc = {"sets": args.sets, "cells": args.cells, "variants": {v: VARIANTS[v] for v in names}, "cells_by": results}
+        doc = {
+            "command": "python -m benchmarks.gate_proxy " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "device": device_label(),
+            "versions": versions(),
+            "sets": args.sets,
+            "cells": args.cells,
+            "variants": {v: VARIANTS[v] for v in names},
+            "cells_by": results,
+        }
         Path(args.out).write_text(json.dumps(doc, indent=1))
 
 

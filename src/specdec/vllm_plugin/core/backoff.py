@@ -65,9 +65,6 @@ PROBE_FIRST_AFTER = 4  # a backed-off request whose drafts would be accepted han
 BATCH_GATE = False
 DRAFT_STEP_PENALTY = 0.2
 NEW_ROW_PRIOR = 1.0  # expected accepted tokens per drafted step of a row without any outcome yet
-# variants of the gate (candidates measured by benchmarks.gate_proxy; off: the gate as above)
-GATE_ONLY_LOW = False  # True: the gate weighs a step only while the batch is low (``low``)
-GATE_OWN_EMA = False  # True: a gated row's shadow outcomes move only its gate estimate, not its back-off EMA
 # Padding makes every row verify k tokens; a padded step of a small target costs about 1.5x a plain one, so padding
 # pays only where a row gets at least about half a token accepted per step.
 PAD_MIN_ACCEPTED = 0.5
@@ -85,7 +82,6 @@ class RowBackOff:
     recovered: bool = False  # it has backed off and recovered at least once
     known: bool = False  # it has had an outcome (verified or shadow)
     evidence_only: bool = False  # the shadow brought it back (its outcome counted) and stays the gate's evidence
-    gate_ema: float | None = None  # ``GATE_OWN_EMA``: its EMA with its shadow outcomes while gated (None: not gated)
 
 
 @dataclass
@@ -167,11 +163,6 @@ class BackOff:
             if settled:
                 st.shadow, st.matched, st.evidence_only = [], 0, False
             return
-        if settled and not st.off and GATE_OWN_EMA:  # a gated row's shadow: the gate's estimate only
-            base = st.ema if st.gate_ema is None else st.gate_ema
-            st.shadow, st.matched, st.gate_ema, st.known = [], 0, self._blend(base, m), True
-            self.stats.shadow_checks += 1
-            return
         early = st.off and self._blend(st.ema, m) >= RECOVER_ACCEPTED  # enough to bring a backed-off request back
         if settled or early:
             # with the per-step gate a draft still matching stays the gate's evidence (the request need not start a
@@ -188,8 +179,6 @@ class BackOff:
     def _outcome(self, st: RowBackOff, accepted: int, *, verified: bool) -> None:
         """One outcome of the request's drafts: the EMA moves, then the request backs off or recovers."""
         st.ema = float(accepted) if (verified and st.seen == 0 and not st.off) else self._blend(st.ema, accepted)
-        if verified:
-            st.gate_ema = None
         st.known = True
         if st.off:
             if st.ema >= RECOVER_ACCEPTED:
@@ -260,8 +249,6 @@ class BackOff:
                 off.append(i)
             elif self.gate:  # the per-step gate weighs the others
                 drafting.append(i)
-        if drafting and GATE_ONLY_LOW:
-            drafting = drafting if (low if low is not None else self.low()) else []
         if drafting and not self._pays([req_ids[i] for i in drafting], rows=len(req_ids)):
             self.stats.gated_steps += 1
             for i in drafting:
@@ -278,8 +265,7 @@ class BackOff:
             if st is None or not st.known:
                 gain += NEW_ROW_PRIOR
             else:  # a withheld draft still matching has shown at least what it matched so far
-                ema = st.ema if st.gate_ema is None else st.gate_ema
-                gain += max(ema, float(st.matched) if st.shadow else 0.0)
+                gain += max(st.ema, float(st.matched) if st.shadow else 0.0)
         return gain >= DRAFT_STEP_PENALTY * rows
 
     def _keep_shadow(self, rid: str, draft: list[int]) -> None:
