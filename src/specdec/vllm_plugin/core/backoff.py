@@ -27,7 +27,8 @@ for requests without a draft length, ``SlotBook.low_batch``), and a request new 
 in shadow from its first step and joins as soon as its drafts would be accepted). Once the low requests leave, the
 batch is not low: no state outlives the requests it was measured on.
 
-**Per step** (``gate``, default ``BATCH_GATE``; a candidate, off until the GPU gate measures it): a step that
+**Per step** (``gate``, default ``BATCH_GATE``, off: gated on the GPU at 0.2, it served low-acceptance traffic at
+0.997x no speculation's TPOT against 1.307x, but lost 6-12% on agentic batches of 1 and 8; docs/results.md): a step that
 verifies any draft costs more than a plain step whatever its drafts are worth (other graphs, the GPU waiting for the
 drafts; ``DRAFT_STEP_PENALTY`` plain steps), and every row of the batch pays it. So a step that does not pad hands
 vLLM its drafts only where the drafting rows' expected accepted tokens add up to at least ``DRAFT_STEP_PENALTY`` x
@@ -59,7 +60,8 @@ MIN_STEPS = 4  # verified steps before a request may back off (a new request's d
 MIN_ACCEPTED = 0.25  # a request accepting fewer tokens per drafted step (EMA) backs off
 RECOVER_ACCEPTED = 0.5  # ... and drafts again once its EMA (shadow outcomes included) reaches this (hysteresis)
 PROBE_FIRST_AFTER = 4  # a backed-off request whose drafts would be accepted hands vLLM a draft within this many steps
-# the per-step gate (candidate, off until gated on the GPU): a step verifying any draft costs this many plain steps
+# the per-step gate (off: its GPU gate at 0.2 said DROP, a loss on agentic batch 8 at TP = 2; 0.15 is the next
+# candidate, benchmarks.gate_proxy): a step verifying any draft costs this many plain steps
 # more (the step-cost curve's 8B shape at batch 1: 0.23, eval/results/2026-11-26_h100_step_cost_curve.md; serving
 # 606 drafted request-steps cost 9% TPOT against 1% without drafts)
 BATCH_GATE = False
