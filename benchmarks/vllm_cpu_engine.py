@@ -278,6 +278,8 @@ class Engine:
 
     def close(self) -> None:
         from specdec.vllm_plugin.modes.slots import attach_book
+        from specdec.vllm_plugin.proposer import INSTANCES
 
         attach_book(self.config, None)
         self.proposer.close()
+        INSTANCES.discard(self.proposer)  # a closed engine's slot book is no process's live one (engine_timer)
