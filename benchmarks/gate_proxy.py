@@ -44,7 +44,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "on": {"BATCH_GATE": True},
     "pen0.1": {"BATCH_GATE": True, "DRAFT_STEP_PENALTY": 0.1},
     "pen0.15": {"BATCH_GATE": True, "DRAFT_STEP_PENALTY": 0.15},
+    # calibrated suffix chains (#42): "options" are the plugin's own (the speculative config's specdec keys)
+    "calib0.06": {"options": {"drafter_options": {"suffix": {"min_confidence": 0.06}}}},
 }
+OPTIONS = "options"  # a variant's key holding plugin options, not back-off constants
 COUNTERS = {  # column -> the proposer's flattened statistics key
     "steps": "steps",
     "drafted_steps": "drafted_steps",
@@ -112,11 +115,13 @@ def targets(steps: list[tuple[str, str, list[dict[str, Any]]]], path: Path) -> l
 
 @contextmanager
 def variant(settings: dict[str, Any]) -> Iterator[None]:
-    """The back-off's module constants set to ``settings`` while the block runs (restored after)."""
+    """The back-off's module constants set to ``settings`` (but its ``OPTIONS``) while the block runs (restored
+    after)."""
     from specdec.vllm_plugin.core import backoff
 
-    saved = {k: getattr(backoff, k) for k in settings}
-    for k, v in settings.items():
+    constants = {k: v for k, v in settings.items() if k != OPTIONS}
+    saved = {k: getattr(backoff, k) for k in constants}
+    for k, v in constants.items():
         setattr(backoff, k, v)
     try:
         yield
@@ -130,13 +135,23 @@ def counters(engine: Any) -> dict[str, float]:
     return {col: flat.get(key, 0.0) for col, key in COUNTERS.items()}
 
 
-def replay(steps: list[tuple[str, str, list[dict[str, Any]]]], outs: list[list[list[int]]]) -> dict[str, Any]:
-    """One engine through every cell: cell -> the plugin's counters over it (and the outputs' check)."""
+def replay(
+    steps: list[tuple[str, str, list[dict[str, Any]]]],
+    outs: list[list[list[int]]],
+    options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One engine (the plugin with ``options``) through every cell: cell -> the plugin's counters over it (and the
+    outputs' check)."""
     from benchmarks.gate_prompts import BATCH
     from benchmarks.vllm_cpu_engine import Engine, Req
 
     engine = Engine(
-        str(model_path(TARGET_MODEL)), schedule=True, max_len=MAX_LEN, max_seqs=MAX_SEQS, max_batched=MAX_BATCHED
+        str(model_path(TARGET_MODEL)),
+        schedule=True,
+        max_len=MAX_LEN,
+        max_seqs=MAX_SEQS,
+        max_batched=MAX_BATCHED,
+        options=options,
     )
     res: dict[str, Any] = {}
     try:
@@ -193,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     results = {}
     for v in names:
         with variant(VARIANTS[v]):
-            results[v] = replay(steps, outs)
+            results[v] = replay(steps, outs, VARIANTS[v].get(OPTIONS))
         print(f"[{v}] done", flush=True)
     print(table(results, names))
     if args.out:

@@ -123,12 +123,13 @@ def scheduler(config: Any, *, async_scheduling: bool) -> Any:
     )
 
 
-def plugin_proposer(config: Any, *, schedule: bool) -> Any:
-    """The plugin's proposer at its defaults (schedule mode for an 8B-shaped target, thread mode for a small one)."""
+def plugin_proposer(config: Any, *, schedule: bool, options: dict[str, Any] | None = None) -> Any:
+    """The plugin's proposer at its defaults, or with ``options`` (the speculative config's specdec keys): schedule
+    mode for an 8B-shaped target, thread mode for a small one."""
     from specdec.vllm_plugin.proposer import SpecdecProposer
 
     cfg = SimpleNamespace(
-        additional_config={"specdec": {}},
+        additional_config={"specdec": dict(options or {})},
         speculative_config=SimpleNamespace(num_speculative_tokens=K),
         model_config=SimpleNamespace(
             max_model_len=config.model_config.max_model_len, hf_config=LLAMA_8B_HF if schedule else None
@@ -155,11 +156,12 @@ class Engine:
         max_len: int = MAX_LEN,
         max_seqs: int = MAX_SEQS,
         max_batched: int = MAX_BATCHED_TOKENS,
+        options: dict[str, Any] | None = None,
     ) -> None:
         self.config = vllm_config(model, max_len=max_len, max_seqs=max_seqs, max_batched=max_batched)
         self.schedule, self.max_len = schedule, max_len
         self.sch = scheduler(self.config, async_scheduling=schedule)
-        self.proposer = plugin_proposer(self.config, schedule=schedule)
+        self.proposer = plugin_proposer(self.config, schedule=schedule, options=options)
         self.reqs: dict[str, Req] = {}
         self.queue: deque = deque()  # schedule mode: scheduled steps whose output the scheduler has not seen
         self.buffer: Any = None  # schedule mode: the draft buffer the last step handed out

@@ -81,3 +81,27 @@ def test_one_engine_replays_the_cells_against_the_targets_outputs():
         b8 = res["agentic/b8"]
         assert b8["accepted"] > 0 and 0 < b8["drafted_steps"] <= b8["steps"]
         assert all(c["steps"] > 0 for c in res.values())
+
+
+def test_a_variants_plugin_options_are_not_back_off_constants():
+    settings = gp.VARIANTS["calib0.06"]
+    assert settings[gp.OPTIONS] == {"drafter_options": {"suffix": {"min_confidence": 0.06}}}
+    with gp.variant(settings):  # no back-off constant named "options" is set
+        assert not hasattr(backoff, gp.OPTIONS)
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable (scripts/test.sh has it)")
+def test_the_engine_builds_the_plugin_with_a_variants_options():
+    from benchmarks.vllm_cpu_engine import Engine
+    from specdec.drafters.suffix import native_available
+    from specdec.paths import TARGET_MODEL, model_path
+
+    if not native_available() or not model_path(TARGET_MODEL).is_dir():
+        pytest.skip("native suffix core or shared target model missing")
+    for options, want in ((None, 0.0), (gp.VARIANTS["calib0.06"][gp.OPTIONS], 0.06)):
+        engine = Engine(str(model_path(TARGET_MODEL)), schedule=True, options=options)
+        try:
+            assert engine.proposer.core.guard.drafter.config.min_confidence == want
+        finally:
+            engine.close()
