@@ -54,6 +54,9 @@ VLLM_SUFFIX_FREE_SPEC_FACTOR = 8.0
 # suffix tries half as deep as the library's 64 beside vLLM: the engine thread's stops and the drafting the GPU waits
 # for cost about a quarter less at batch 64, for a negligible loss of accepted tokens
 VLLM_SUFFIX_MAX_DEPTH = 32
+# calibrated suffix chains beside vLLM (#42; the native lane drafts them): 0, count / total chains, until the GPU gate
+# measures them (branch h42-calib: 0.06; eval/results/2026-11-28_cpu-2core_gate_proxy.json)
+VLLM_SUFFIX_MIN_CONFIDENCE = 0.0
 MAX_PORT = 65_535
 DEFAULT_METRICS_HOST = "127.0.0.1"
 
@@ -130,7 +133,8 @@ class SpecdecOptions(ConfigBase):
     def resolved_drafter_options(self, target_tokenizer: str = "") -> dict[str, dict[str, Any]]:
         """``drafter_options`` with ``draft_model`` and the served model's tokenizer filled into the model's, and the
         suffix drafter's depth caps and trie depth for vLLM (``VLLM_SUFFIX_SPEC_FACTOR``,
-        ``VLLM_SUFFIX_FREE_SPEC_FACTOR``, ``VLLM_SUFFIX_MAX_DEPTH``) unless given."""
+        ``VLLM_SUFFIX_FREE_SPEC_FACTOR``, ``VLLM_SUFFIX_MAX_DEPTH``, ``VLLM_SUFFIX_MIN_CONFIDENCE`` where > 0) unless
+        given."""
         opts = {k: dict(v) for k, v in self.drafter_options.items()}
         model = opts.setdefault("model", {})
         if self.draft_model:
@@ -142,6 +146,8 @@ class SpecdecOptions(ConfigBase):
         suffix.setdefault("max_spec_factor", VLLM_SUFFIX_SPEC_FACTOR)
         suffix.setdefault("free_spec_factor", VLLM_SUFFIX_FREE_SPEC_FACTOR)
         suffix.setdefault("max_depth", VLLM_SUFFIX_MAX_DEPTH)
+        if VLLM_SUFFIX_MIN_CONFIDENCE > 0:
+            suffix.setdefault("min_confidence", VLLM_SUFFIX_MIN_CONFIDENCE)
         return opts
 
     @property
