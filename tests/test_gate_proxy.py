@@ -96,10 +96,11 @@ def test_the_engine_builds_the_plugin_with_a_variants_options():
     from benchmarks.vllm_cpu_engine import Engine
     from specdec.drafters.suffix import native_available
     from specdec.paths import TARGET_MODEL, model_path
+    from specdec.vllm_plugin.entry.options import VLLM_SUFFIX_MIN_CONFIDENCE
 
     if not native_available() or not model_path(TARGET_MODEL).is_dir():
         pytest.skip("native suffix core or shared target model missing")
-    for options, want in ((None, 0.0), (gp.VARIANTS["calib0.06"][gp.OPTIONS], 0.06)):
+    for options, want in ((None, VLLM_SUFFIX_MIN_CONFIDENCE), (gp.VARIANTS["calib0.06"][gp.OPTIONS], 0.06)):
         engine = Engine(str(model_path(TARGET_MODEL)), schedule=True, options=options)
         try:
             assert engine.proposer.core.guard.drafter.config.min_confidence == want

@@ -463,18 +463,23 @@ def test_suffix_depth_caps_default_for_vllm_and_user_values_win():
     from specdec.vllm_plugin.entry.options import (
         VLLM_SUFFIX_FREE_SPEC_FACTOR,
         VLLM_SUFFIX_MAX_DEPTH,
+        VLLM_SUFFIX_MIN_CONFIDENCE,
         VLLM_SUFFIX_SPEC_FACTOR,
     )
     from specdec.vllm_plugin.proposer import build_proposer_drafter
 
     opts = SpecdecOptions.from_dict({})
-    assert opts.resolved_drafter_options()["suffix"] == {
+    want = {
         "max_spec_factor": VLLM_SUFFIX_SPEC_FACTOR,
         "free_spec_factor": VLLM_SUFFIX_FREE_SPEC_FACTOR,
         "max_depth": VLLM_SUFFIX_MAX_DEPTH,
     }
+    if VLLM_SUFFIX_MIN_CONFIDENCE > 0:  # calibrated chains: only where the constant turns them on
+        want["min_confidence"] = VLLM_SUFFIX_MIN_CONFIDENCE
+    assert opts.resolved_drafter_options()["suffix"] == want
     drafter = build_proposer_drafter(opts)
     assert (drafter.config.max_spec_factor, drafter.config.free_spec_factor, drafter.config.max_depth) == (1.0, 8.0, 32)
+    assert drafter.config.min_confidence == VLLM_SUFFIX_MIN_CONFIDENCE
     mine = SpecdecOptions.from_dict({"drafter_options": {"suffix": {"max_spec_factor": 4.0, "max_depth": 64}}})
     assert build_proposer_drafter(mine).config.max_spec_factor == 4.0
     assert build_proposer_drafter(mine).config.max_depth == 64
