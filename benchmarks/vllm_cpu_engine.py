@@ -29,7 +29,7 @@ MAX_BATCHED_TOKENS = 4096
 KV_BLOCKS = 4000
 BLOCK = 16
 STEP_S = 1e-3  # the proposer's clock advances this much per step (its step-cost fit sees no cost per token)
-# Llama-3-8B's shape: the plugin sizes itself as for an 8B target (schedule mode)
+# The hf_config fields of a Llama 3 8B (what the plugin reads to estimate a served model's size: schedule mode)
 LLAMA_8B_HF = SimpleNamespace(
     hidden_size=4096,
     num_hidden_layers=32,

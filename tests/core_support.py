@@ -6,7 +6,6 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,15 +17,6 @@ from specdec.tree import ROOT, TokenTree
 if TYPE_CHECKING:
     from transformers import LlamaConfig
 
-# The hf_config fields of a Llama 3 8B (what the plugin reads to estimate a served model's size)
-LLAMA_8B_HF = SimpleNamespace(
-    hidden_size=4096,
-    num_hidden_layers=32,
-    intermediate_size=14336,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    vocab_size=128256,
-)
 TINY_VOCAB = 96
 # A large init spread gives peaked next-token distributions: greedy argmax margins far above float noise.
 TINY_INIT_RANGE = 0.3

@@ -10,7 +10,7 @@ from unittest.mock import ANY
 import numpy as np
 import pytest
 
-from core_support import LLAMA_8B_HF
+from benchmarks.vllm_cpu_engine import LLAMA_8B_HF
 from specdec.drafters.base import Drafter
 from specdec.tree import TokenTree, best_chain
 from specdec.vllm_plugin.core.adaptive import AdaptiveController

@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from benchmarks.bench_schedule_cpu import HostWait
-from core_support import LLAMA_8B_HF, target_sequence
+from benchmarks.vllm_cpu_engine import LLAMA_8B_HF
+from core_support import target_sequence
 from patch_support import patch
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.vllm_plugin.core.batch import StepBatch
