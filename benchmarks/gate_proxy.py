@@ -66,15 +66,20 @@ def cell_key(items: list[dict[str, Any]], max_tokens: list[int]) -> str:
     return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()[:24]
 
 
-def generate(prompts: list[list[int]], max_tokens: list[int], *, desc: str) -> list[list[int]]:
-    """Greedy outputs of the shared target (float32, CPU, EOS respected), each at most its ``max_tokens``."""
+def load_target() -> Any:
+    """The shared target in float32 on the CPU (Hugging Face)."""
     import torch
-    from tqdm import tqdm
     from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model_path(TARGET_MODEL)), dtype=torch.float32).eval()
+
+
+def generate(model: Any, prompts: list[list[int]], max_tokens: list[int], *, desc: str) -> list[list[int]]:
+    """Greedy outputs of the target ``model`` (EOS respected), each at most its ``max_tokens``."""
+    from tqdm import tqdm
 
     from benchmarks.target_outputs import greedy_outputs
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_path(TARGET_MODEL)), dtype=torch.float32).eval()
     order = sorted(range(len(prompts)), key=lambda i: max_tokens[i])  # similar lengths share a generate call
     out: dict[int, list[int]] = {}
     for s in tqdm(range(0, len(order), GEN_BATCH), desc=desc, unit="batch"):
@@ -102,11 +107,14 @@ def targets(steps: list[tuple[str, str, list[dict[str, Any]]]], path: Path) -> l
     """Each cell's outputs (per prompt), from the cache at ``path`` or generated (then cached)."""
     cache = json.loads(path.read_text()) if path.exists() else {}
     out = []
+    model = None  # loaded once, for the first cell the cache misses
     for name, cell, items in steps:
         mts = [int(it["max_tokens"]) for it in items]
         key = cell_key(items, mts)
         if key not in cache:
-            cache[key] = generate([it["ids"] for it in items], mts, desc=f"target {name}/{cell}")
+            if model is None:
+                model = load_target()
+            cache[key] = generate(model, [it["ids"] for it in items], mts, desc=f"target {name}/{cell}")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(cache, separators=(",", ":")))
         out.append(cache[key])
