@@ -45,7 +45,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "pen0.1": {"BATCH_GATE": True, "DRAFT_STEP_PENALTY": 0.1},
     "pen0.15": {"BATCH_GATE": True, "DRAFT_STEP_PENALTY": 0.15},
     # calibrated suffix chains (#42): "options" are the plugin's own (the speculative config's specdec keys)
+    "calib0.02": {"options": {"drafter_options": {"suffix": {"min_confidence": 0.02}}}},
     "calib0.06": {"options": {"drafter_options": {"suffix": {"min_confidence": 0.06}}}},
+    "pen0.15+calib0.06": {  # the candidate gated at 6b866a2 (both)
+        "BATCH_GATE": True,
+        "DRAFT_STEP_PENALTY": 0.15,
+        "options": {"drafter_options": {"suffix": {"min_confidence": 0.06}}},
+    },
 }
 OPTIONS = "options"  # a variant's key holding plugin options, not back-off constants
 COUNTERS = {  # column -> the proposer's flattened statistics key
