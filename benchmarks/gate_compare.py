@@ -8,7 +8,8 @@ speeds it up for reasons the change did not cause. Measured: the same base commi
 no speculation when its outputs' repeated 4-grams were 0.43 against no speculation's 0.36, and the candidate 0.91x
 at 0.18. Such a cell is shown and marked ``~``, not counted (``gate_rules.rep4_comparable``).
 
-Over the counted cells of each TP: their geometric mean and worst cell; with the serve check's two TPOT ratios,
+Over the counted cells of each TP: their geometric mean, each prompt set's, and the worst cell; with the serve
+check's two TPOT ratios,
 ``gate_rules`` gives KEEP (the change may land as the default: it loses nothing past the noise and wins something)
 or DROP.
 """
@@ -67,16 +68,23 @@ def serve_ratios(serve: dict[str, Any]) -> tuple[float | None, float | None]:
 
 def compare(cells: dict[str, list[dict[str, Any]]], serve_checks: dict[str, Any]) -> dict[str, Any]:
     """The before/after summary: per TP (``cells``: TP -> ``gate_report.cell_row``'s rows) the cell pairs, their
-    geometric mean and worst counted cell; the serve ratios (``serve_checks``: a results document's ``serve``); the
-    verdict (``rules.NONE`` when no before engine ran)."""
+    geometric mean, each prompt set's (``sets``) and the worst counted cell; the serve ratios (``serve_checks``: a
+    results document's ``serve``); the verdict (``rules.NONE`` when no before engine ran)."""
     tps = {}
     for tp, tp_cells in sorted(cells.items()):
         rows = cell_pairs(tp_cells)
-        counted = [r["ratio"] for r in rows if r["comparable"] and r["ratio"]]
+        counted = [r for r in rows if r["comparable"] and r["ratio"]]
         if rows:
-            tps[tp] = {"cells": rows, "geomean": geomean(counted), "worst": min(counted, default=None)}
+            ratios = [r["ratio"] for r in counted]
+            sets = {
+                name: geomean([r["ratio"] for r in counted if r["key"].split("/")[0] == name])
+                for name in dict.fromkeys(r["key"].split("/")[0] for r in counted)
+            }
+            tps[tp] = {"cells": rows, "geomean": geomean(ratios), "worst": min(ratios, default=None), "sets": sets}
     serve = serve_ratios(serve_checks)
-    verdicts = [rules.before_after(t["geomean"], t["worst"]) for t in tps.values()]
+    verdicts = [
+        rules.before_after(t["geomean"], t["worst"], min(t["sets"].values(), default=None)) for t in tps.values()
+    ]
     if serve[0] is not None:
         verdicts.append(rules.before_after_serve(*serve))
     verdict = rules.overall(verdicts) if verdicts else rules.NONE
@@ -113,14 +121,17 @@ def render_compare(result: dict[str, Any]) -> list[str]:
             f"{_f(by[k]['ratio']) + ('' if by[k]['comparable'] else '~'):>7}" if k in by else f"{'-':>7}" for k in keys
         )
         out.append(f"{tp:<5}{_f(t['geomean'], '.3f'):>8}{_f(t['worst']):>6} |{cells}")
+        sets = ", ".join(f"{name} {_f(g, '.3f')}" for name, g in t.get("sets", {}).items())
+        if sets:
+            out.append(f"{'':<5}sets: {sets}")
     cand, base = result["serve"]
     if cand is not None:
         out.append(f"serve median TPOT x nospec: specdec {_f(cand, '.3f')}, before {_f(base, '.3f')}")
     verdict = {rules.PASS: "KEEP", rules.FAIL: "DROP"}.get(result["verdict"], result["verdict"])
     out += [
         f"before/after: {verdict} ({result.get('reason', '-')})",
-        f"KEEP: no loss (geomean >= {rules.KEEP_GEOMEAN_MIN} at every TP, no cell < {rules.KEEP_CELL_FLOOR}, "
-        f"serve <= before + {rules.KEEP_SERVE_SLACK})",
+        f"KEEP: no loss (geomean >= {rules.KEEP_GEOMEAN_MIN} at every TP, each set's >= "
+        f"{rules.KEEP_SET_GEOMEAN_MIN}, no cell < {rules.KEEP_CELL_FLOOR}, serve <= before + {rules.KEEP_SERVE_SLACK})",
         f"      and a win (a TP's geomean >= {rules.WIN_GEOMEAN}, or serve <= before - {rules.WIN_SERVE})",
     ]
     return out

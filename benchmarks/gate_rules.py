@@ -10,8 +10,9 @@
 * the run is VOID when no speculation's two repeats of a cell differ by more than ``REPEAT_MAX_DIFF``.
 * before/after (``gate_compare``): a cell counts when both engines' outputs repeat like no speculation's (their
   shares of repeated 4-grams within ``REP4_SHIFT_MAX`` of its). KEEP when the change loses nothing beyond the
-  noise (at every TP the counted cells' geometric mean of candidate over before >= ``KEEP_GEOMEAN_MIN``, none under
-  ``KEEP_CELL_FLOOR``; the serve check's TPOT ratio at most before's + ``KEEP_SERVE_SLACK``) and wins something (a
+  noise (at every TP the counted cells' geometric mean of candidate over before >= ``KEEP_GEOMEAN_MIN``, each
+  prompt set's >= ``KEEP_SET_GEOMEAN_MIN``, no cell under ``KEEP_CELL_FLOOR``; the serve check's TPOT ratio at most
+  before's + ``KEEP_SERVE_SLACK``) and wins something (a
   TP's geometric mean >= ``WIN_GEOMEAN``, or the serve TPOT ratio at least ``WIN_SERVE`` under before's); else DROP.
 
 Every boundary is inclusive on the passing side; ``EPS`` keeps a ratio that is the boundary up to float rounding
@@ -34,9 +35,13 @@ KV_MIN = 0.97
 TPOT_MAX = 1.03
 REPEAT_MAX_DIFF = 0.02
 REP4_SHIFT_MAX = 0.05  # an engine's share of repeated 4-grams may differ from no speculation's by this much
-# before/after: two engines of one commit differ by up to 9% per greedy cell, about 2% over a TP's geometric mean
+# before/after noise, measured on the cells where the per-step gate of 4a14c9b never fired (its drafts were the base's):
+# one cell's candidate / before ran 0.887-1.185 (TP=2 chat b1 1.185 with the same outputs and engine steps; agentic
+# b1 0.887 with 5 of 8 bf16 outputs different and 15% more steps), so one cell under 0.9 is what two engines of one
+# policy show in most runs of 26 cells; a set's four greedy cells pool it, a TP's geometric mean more
 KEEP_GEOMEAN_MIN = 0.98  # the counted cells' geometric mean, candidate / before, at every TP (no loss past noise)
-KEEP_CELL_FLOOR = 0.9  # ... and no counted cell under this
+KEEP_SET_GEOMEAN_MIN = 0.95  # ... each prompt set's counted cells' geometric mean at every TP
+KEEP_CELL_FLOOR = 0.8  # ... and no counted cell under this
 KEEP_SERVE_SLACK = 0.01  # the candidate's serve TPOT ratio may exceed before's by this much (call noise ~1%)
 WIN_GEOMEAN = 1.02  # a win: a TP's geometric mean at least this
 WIN_SERVE = 0.01  # ... or the serve TPOT ratio at least this much under before's
@@ -131,12 +136,14 @@ def rep4_comparable(nospec: float | None, *engines: float | None) -> bool:
     return all(e is None or abs(e - nospec) <= REP4_SHIFT_MAX + EPS for e in engines)
 
 
-def before_after(geomean: float | None, worst: float | None) -> str:
+def before_after(geomean: float | None, worst: float | None, worst_set: float | None = None) -> str:
     """PASS (no loss past the noise) when a TP's counted cells' geometric mean of candidate / before is >=
-    ``KEEP_GEOMEAN_MIN`` and the worst is >= ``KEEP_CELL_FLOOR``; FAIL otherwise; NONE without counted cells."""
+    ``KEEP_GEOMEAN_MIN``, its worst prompt set's geometric mean (``worst_set``; None: not judged) >=
+    ``KEEP_SET_GEOMEAN_MIN`` and its worst cell >= ``KEEP_CELL_FLOOR``; FAIL otherwise; NONE without counted cells."""
     if geomean is None or worst is None:
         return NONE
     ok = geomean >= KEEP_GEOMEAN_MIN - EPS and worst >= KEEP_CELL_FLOOR - EPS
+    ok = ok and (worst_set is None or worst_set >= KEEP_SET_GEOMEAN_MIN - EPS)
     return PASS if ok else FAIL
 
 

@@ -99,10 +99,42 @@ def test_geomean_and_the_keep_rule_over_counted_cells_only():
 
 @pytest.mark.parametrize(
     ("geo", "worst", "verdict"),
-    [(0.98, 0.9, rules.PASS), (1.05, 0.8999, rules.FAIL), (0.9799, 1.0, rules.FAIL), (None, None, rules.NONE)],
+    [(0.98, 0.8, rules.PASS), (1.05, 0.7999, rules.FAIL), (0.9799, 1.0, rules.FAIL), (None, None, rules.NONE)],
 )
 def test_before_after_bounds(geo, worst, verdict):
     assert rules.before_after(geo, worst) == verdict
+
+
+@pytest.mark.parametrize(("worst_set", "verdict"), [(0.95, rules.PASS), (0.9499, rules.FAIL), (None, rules.PASS)])
+def test_before_after_set_bound(worst_set, verdict):
+    assert rules.before_after(1.0, 0.9, worst_set) == verdict
+
+
+def test_one_noisy_cell_is_pooled_by_its_set_a_set_that_loses_is_not():
+    # the measured noise: one cell of two engines of one policy at 0.887 (TP=2 agentic b1 of 4a14c9b, never gated)
+    cells = {
+        "agentic/b1": (100.0, 0.31, 177.4, 0.31, 200.0, 0.31),  # 0.887
+        "agentic/b8": (100.0, 0.64, 210.0, 0.64, 200.0, 0.64),  # 1.05
+        "agentic/b32": (100.0, 0.57, 206.0, 0.57, 200.0, 0.57),  # 1.03
+        "agentic/b64": (100.0, 0.51, 200.0, 0.51, 200.0, 0.51),  # 1.0
+        "chat/b8": (100.0, 0.88, 204.0, 0.88, 200.0, 0.88),  # 1.02
+    }
+    serving_win = _serve(4.9, 4.9, 5.35)  # the candidate 1.0x no speculation's TPOT, before 1.09x
+    out = before_after({"gates": {"tp1": _gate(cells)}, "serve": serving_win})
+    t = out["tps"]["tp1"]
+    assert t["sets"]["agentic"] == pytest.approx((0.887 * 1.05 * 1.03 * 1.0) ** 0.25)  # 0.990
+    assert t["sets"]["chat"] == pytest.approx(1.02)
+    assert t["worst"] == pytest.approx(0.887)
+    assert (out["reason"], out["verdict"]) == ("a win", rules.PASS)
+    # the whole agentic set 6% down, the TP's mean held up by chat: the set says loss
+    lost = {
+        k: (n, r, 188.0 if k.startswith("agentic") else 240.0, r, b, rb) for k, (n, r, _, _, b, rb) in cells.items()
+    }
+    out = before_after({"gates": {"tp1": _gate(lost)}, "serve": serving_win})
+    t = out["tps"]["tp1"]
+    assert t["sets"]["agentic"] == pytest.approx(0.94) and t["geomean"] == pytest.approx((0.94**4 * 1.2) ** 0.2)
+    assert t["geomean"] >= rules.KEEP_GEOMEAN_MIN and t["worst"] >= rules.KEEP_CELL_FLOOR
+    assert (out["reason"], out["verdict"]) == ("a loss", rules.FAIL)
 
 
 @pytest.mark.parametrize(
