@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,6 +54,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "options": {"drafter_options": {"suffix": {"min_confidence": 0.06}}},
     },
 }
+SETS = ("agentic", "chat", "code")  # the gate's prompt sets (warm-up cells are not measured)
+VARIANT_WIDTH = 18
 OPTIONS = "options"  # a variant's key holding plugin options, not back-off constants
 COUNTERS = {  # column -> the proposer's flattened statistics key
     "steps": "steps",
@@ -191,7 +194,11 @@ def replay(
 def table(results: dict[str, dict[str, Any]], names: list[str]) -> str:
     """Per cell, each variant's counters and its steps / accepted against the first variant's."""
     cols = list(COUNTERS)
-    head = f"{'cell':<14} {'variant':<10} " + " ".join(f"{c:>9}" for c in cols) + f" {'steps/x':>8} {'acc/x':>7}"
+    head = (
+        f"{'cell':<14} {'variant':<{VARIANT_WIDTH}} "
+        + " ".join(f"{c:>9}" for c in cols)
+        + f" {'steps/x':>8} {'acc/x':>7}"
+    )
     lines = [head, "-" * len(head)]
     for cell in results[names[0]]:
         base = results[names[0]][cell]
@@ -199,8 +206,33 @@ def table(results: dict[str, dict[str, Any]], names: list[str]) -> str:
             row = results[v][cell]
             ratio = [row[k] / base[k] if base[k] else float("nan") for k in ("steps", "accepted")]
             nums = " ".join(f"{row[c]:>9.0f}" for c in cols)
-            lines.append(f"{cell:<14} {v:<10} {nums} {ratio[0]:>8.3f} {ratio[1]:>7.3f}")
+            lines.append(f"{cell:<14} {v:<{VARIANT_WIDTH}} {nums} {ratio[0]:>8.3f} {ratio[1]:>7.3f}")
     return "\n".join(lines)
+
+
+def set_steps(results: dict[str, dict[str, Any]], names: list[str]) -> dict[str, dict[str, float]]:
+    """Per variant and prompt set, the geometric mean of its measured cells' engine steps over the first variant's:
+    the gate's pooled view (``gate_rules.KEEP_SET_GEOMEAN_MIN``), read as steps, not speed."""
+    base = results[names[0]]
+    out: dict[str, dict[str, float]] = {}
+    for v in names:
+        logs: dict[str, list[float]] = {}
+        for cell, row in results[v].items():
+            name = cell.split("/")[0]
+            if name in SETS and base[cell]["steps"] and row["steps"]:
+                logs.setdefault(name, []).append(math.log(row["steps"] / base[cell]["steps"]))
+        out[v] = {name: math.exp(sum(ls) / len(ls)) for name, ls in logs.items()}
+    return out
+
+
+def set_table(by_set: dict[str, dict[str, float]]) -> str:
+    names = list(dict.fromkeys(n for row in by_set.values() for n in row))
+    head = f"{'steps/x by set':<{VARIANT_WIDTH}} " + " ".join(f"{n:>8}" for n in names)
+    rows = [
+        f"{v:<{VARIANT_WIDTH}} " + " ".join(f"{row.get(n, float('nan')):>8.3f}" for n in names)
+        for v, row in by_set.items()
+    ]
+    return "\n".join([head, "-" * len(head), *rows])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -225,6 +257,8 @@ def main(argv: list[str] | None = None) -> None:
             results[v] = replay(steps, outs, VARIANTS[v].get(OPTIONS))
         print(f"[{v}] done", flush=True)
     print(table(results, names))
+    by_set = set_steps(results, names)
+    print(set_table(by_set))
     if args.out:
         doc = {
             "command": "python -m benchmarks.gate_proxy " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -234,6 +268,7 @@ def main(argv: list[str] | None = None) -> None:
             "cells": args.cells,
             "variants": {v: VARIANTS[v] for v in names},
             "cells_by": results,
+            "steps_by_set": by_set,
         }
         Path(args.out).write_text(json.dumps(doc, indent=1))
 

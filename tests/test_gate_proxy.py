@@ -61,6 +61,19 @@ def test_the_table_has_a_row_per_cell_and_variant_with_ratios_to_the_first():
     assert lines[3].split()[-2:] == ["1.200", "0.500"]
 
 
+def test_steps_by_set_pool_the_measured_cells_geometrically_without_warm_up():
+    def row(steps: float) -> dict:
+        return {**dict.fromkeys(gp.COUNTERS, 1.0), "steps": steps}
+
+    off = {"all/warmup": row(10), "agentic/b1": row(100), "agentic/b8": row(50), "code/b1": row(40)}
+    on = {"all/warmup": row(99), "agentic/b1": row(200), "agentic/b8": row(25), "code/b1": row(30)}
+    by_set = gp.set_steps({"off": off, "on": on}, ["off", "on"])
+    assert by_set["off"] == {"agentic": 1.0, "code": 1.0}
+    assert by_set["on"] == {"agentic": pytest.approx(1.0), "code": pytest.approx(0.75)}  # sqrt(2 * 0.5); 30 / 40
+    lines = gp.set_table(by_set).splitlines()
+    assert lines[0].split()[-2:] == ["agentic", "code"] and lines[3].split() == ["on", "1.000", "0.750"]
+
+
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable (scripts/test.sh has it)")
 def test_one_engine_replays_the_cells_against_the_targets_outputs():
