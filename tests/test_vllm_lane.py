@@ -100,6 +100,14 @@ class FakeEngine:
         assert all(r == results[0] for r in results)
         return dict(zip(order, results[0]))
 
+    def run(self, cores: list, steps: int) -> dict[str, list[int]]:
+        """``steps`` steps from the start, requests churning before each; the last step's drafts."""
+        drafts: dict[str, list[int]] = {}
+        for step in range(steps):
+            self.churn(step)
+            drafts = self.step(cores, drafts)
+        return drafts
+
     def churn(self, step: int) -> None:
         for rid in [r for r, v in self.reqs.items() if len(v["seq"]) > len(v["target"]) - 40]:
             del self.reqs[rid]  # finished
@@ -260,10 +268,7 @@ def test_early_stops_and_front_refreshes_keep_the_drafts(threads):
         return plain_step(batch)
 
     early.step = step  # type: ignore[method-assign]
-    drafts: dict[str, list[int]] = {}
-    for i in range(120):
-        eng.churn(i)
-        drafts = eng.step(cores, drafts)
+    eng.run(cores, 120)
     a, b = (c.stats_dict() for c in cores)
     for key in STAT_KEYS:
         assert a[key] == b[key], key
@@ -313,10 +318,7 @@ def test_calibrated_lane_equals_the_python_path_without_resyncs(opts):
         eng = engine_cls(seed=1)
         cores = twins(eng.clock, suffix={"min_confidence": 0.06}, **opts)
         assert isinstance(cores[1].engine, LaneEngine)
-        drafts: dict[str, list[int]] = {}
-        for step in range(120):
-            eng.churn(step)
-            drafts = eng.step(cores, drafts)
+        eng.run(cores, 120)
         a, b = (c.stats_dict() for c in cores)
         for key in STAT_KEYS:
             assert a[key] == b[key], key
@@ -360,10 +362,7 @@ def test_lane_overruns_drop_their_steps_and_the_third_hands_over_to_the_python_p
 def test_force_resync_and_reset_restart_requests_from_their_context():
     eng = FakeEngine(seed=3)
     cores = twins(eng.clock)
-    drafts: dict[str, list[int]] = {}
-    for step in range(20):
-        eng.churn(step)
-        drafts = eng.step(cores, drafts)
+    drafts = eng.run(cores, 20)
     rid = next(iter(eng.reqs))
     for core in cores:
         core.force_resync(rid)
