@@ -76,10 +76,10 @@ def compare(cells: dict[str, list[dict[str, Any]]], serve_checks: dict[str, Any]
         counted = [r for r in rows if r["comparable"] and r["ratio"]]
         if rows:
             ratios = [r["ratio"] for r in counted]
-            sets = {
-                name: geomean([r["ratio"] for r in counted if r["key"].split("/")[0] == name])
-                for name in dict.fromkeys(r["key"].split("/")[0] for r in counted)
-            }
+            by_set: dict[str, list[float]] = {}
+            for r in counted:
+                by_set.setdefault(r["key"].split("/")[0], []).append(r["ratio"])
+            sets = {name: geomean(values) for name, values in by_set.items()}
             tps[tp] = {"cells": rows, "geomean": geomean(ratios), "worst": min(ratios, default=None), "sets": sets}
     serve = serve_ratios(serve_checks)
     verdicts = [

@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from benchmarks.gate_compare import geomean
 from benchmarks.gate_metrics import flat_numbers
 from benchmarks.gate_worker import CELL_ORDER, WARMUP_MAX_TOKENS
 from specdec.eval.results import device_label, versions
@@ -216,12 +216,12 @@ def set_steps(results: dict[str, dict[str, Any]], names: list[str]) -> dict[str,
     base = results[names[0]]
     out: dict[str, dict[str, float]] = {}
     for v in names:
-        logs: dict[str, list[float]] = {}
+        by_set: dict[str, list[float]] = {}
         for cell, row in results[v].items():
             name = cell.split("/")[0]
-            if name in SETS and base[cell]["steps"] and row["steps"]:
-                logs.setdefault(name, []).append(math.log(row["steps"] / base[cell]["steps"]))
-        out[v] = {name: math.exp(sum(ls) / len(ls)) for name, ls in logs.items()}
+            if name in SETS and base[cell]["steps"]:
+                by_set.setdefault(name, []).append(row["steps"] / base[cell]["steps"])
+        out[v] = {name: g for name, ratios in by_set.items() if (g := geomean(ratios)) is not None}
     return out
 
 
