@@ -54,8 +54,9 @@ VLLM_SUFFIX_FREE_SPEC_FACTOR = 8.0
 # suffix tries half as deep as the library's 64 beside vLLM: the engine thread's stops and the drafting the GPU waits
 # for cost about a quarter less at batch 64, for a negligible loss of accepted tokens
 VLLM_SUFFIX_MAX_DEPTH = 32
-# calibrated suffix chains beside vLLM (#42; the native lane drafts them): 0, count / total chains, until the GPU gate
-# measures them (branch h42-calib: 0.06; eval/results/2026-11-28_cpu-2core_gate_proxy.json)
+# calibrated suffix chains beside vLLM (#42; the native lane drafts them): 0, count / total chains. Gated at 0.06 with
+# the per-step gate (6b866a2, eval/results/2026-11-28_h200x2_gate_6b866a2.json): fewer steps on agentic batches 8-32,
+# more on code batches 1-8 and chat; off (branch h42-calib holds 0.06)
 VLLM_SUFFIX_MIN_CONFIDENCE = 0.0
 MAX_PORT = 65_535
 DEFAULT_METRICS_HOST = "127.0.0.1"
