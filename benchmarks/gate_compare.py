@@ -8,6 +8,10 @@ speeds it up for reasons the change did not cause. Measured: the same base commi
 no speculation when its outputs' repeated 4-grams were 0.43 against no speculation's 0.36, and the candidate 0.91x
 at 0.18. Such a cell is shown and marked ``~``, not counted (``gate_rules.rep4_comparable``).
 
+Beside it, the run's own noise floor: the cells where both engines did the same work (identical outputs, the same
+drafted and accepted tokens) ran at candidate / before = 1 but for the noise between two engines; their spread is
+what one run can resolve (docs/gate.md, "What one run resolves").
+
 Over the counted cells of each TP: their geometric mean, each prompt set's, and the worst cell; with the serve
 check's two TPOT ratios,
 ``gate_rules`` gives KEEP (the change may land as the default: it loses nothing past the noise and wins something)
@@ -43,6 +47,7 @@ def cell_pairs(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "emit": rules.ratio(c["emit"], b["emit"]),
                 "rep4": rep4,
                 "comparable": rules.rep4_comparable(rep4[REFERENCE], rep4[CANDIDATE], rep4[BEFORE]),
+                "same_work": rules.same_work(c, b),
             }
         )
     return rows
@@ -52,6 +57,19 @@ def geomean(values: list[float]) -> float | None:
     """Geometric mean of positive ``values`` (None when there are none)."""
     vals = [v for v in values if v and v > 0]
     return math.exp(sum(map(math.log, vals)) / len(vals)) if vals else None
+
+
+def noise_floor(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's noise between the two engines: over the cells where both did the same work (``rules.same_work``:
+    identical outputs, drafted and accepted tokens within a few percent) the count, geometric mean, lowest and
+    highest candidate / before. Shown beside the verdict; the verdict does not use it."""
+    ratios = [r["ratio"] for r in rows if r.get("same_work") and r["ratio"]]
+    return {
+        "cells": len(ratios),
+        "geomean": geomean(ratios),
+        "low": min(ratios, default=None),
+        "high": max(ratios, default=None),
+    }
 
 
 def serve_ratios(serve: dict[str, Any]) -> tuple[float | None, float | None]:
@@ -80,7 +98,13 @@ def compare(cells: dict[str, list[dict[str, Any]]], serve_checks: dict[str, Any]
             for r in counted:
                 by_set.setdefault(r["key"].split("/")[0], []).append(r["ratio"])
             sets = {name: geomean(values) for name, values in by_set.items()}
-            tps[tp] = {"cells": rows, "geomean": geomean(ratios), "worst": min(ratios, default=None), "sets": sets}
+            tps[tp] = {
+                "cells": rows,
+                "geomean": geomean(ratios),
+                "worst": min(ratios, default=None),
+                "sets": sets,
+                "same_work": noise_floor(rows),
+            }
     serve = serve_ratios(serve_checks)
     verdicts = [
         rules.before_after(t["geomean"], t["worst"], min(t["sets"].values(), default=None)) for t in tps.values()
@@ -124,6 +148,12 @@ def render_compare(result: dict[str, Any]) -> list[str]:
         sets = ", ".join(f"{name} {_f(g, '.3f')}" for name, g in t.get("sets", {}).items())
         if sets:
             out.append(f"{'':<5}sets: {sets}")
+        same = t.get("same_work") or {}
+        if same.get("cells"):
+            out.append(
+                f"{'':<5}same work (outputs identical, drafted and accepted within {rules.SAME_WORK_TOL:.0%}): "
+                f"{same['cells']} cells, geomean {_f(same['geomean'], '.3f')}, {_f(same['low'])}-{_f(same['high'])}"
+            )
     cand, base = result["serve"]
     if cand is not None:
         out.append(f"serve median TPOT x nospec: specdec {_f(cand, '.3f')}, before {_f(base, '.3f')}")

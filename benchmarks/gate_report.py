@@ -49,6 +49,10 @@ def cell_row(key: str, engines: dict[str, Any]) -> dict[str, Any]:
             "emit": first.get("emitted_per_step"),
             "mismatch": mismatches(nos.get("digests", []), cell.get("digests", [])) if nos and greedy else None,
             "repeat4": cell.get("repeat4"),  # its own outputs' (gate_compare: does the cell count)
+            # what the engine did (gate_compare's same-work cells: the run's noise between two engines)
+            "digests": cell.get("digests") if greedy else None,
+            "drafted": first.get("draft_tokens"),
+            "accepted": first.get("accepted_tokens"),
         }
     for m in (CANDIDATE, BEFORE):
         if m in row:

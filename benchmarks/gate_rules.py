@@ -8,6 +8,8 @@
 * engine start <= ``START_MAX`` x no speculation's; KV-cache tokens >= ``KV_MIN`` of no speculation's.
 * low-acceptance serving: median TPOT <= ``TPOT_MAX`` x no speculation's.
 * the run is VOID when no speculation's two repeats of a cell differ by more than ``REPEAT_MAX_DIFF``.
+* same work (``gate_compare``'s noise floor): on a greedy cell both engines returned the same outputs with drafted
+  and accepted tokens within ``SAME_WORK_TOL``; their ratio is the run's noise between the two engines, not the change.
 * before/after (``gate_compare``): a cell counts when both engines' outputs repeat like no speculation's (their
   shares of repeated 4-grams within ``REP4_SHIFT_MAX`` of its). KEEP when the change loses nothing beyond the
   noise (at every TP the counted cells' geometric mean of candidate over before >= ``KEEP_GEOMEAN_MIN``, each
@@ -22,6 +24,7 @@ Every boundary is inclusive on the passing side; ``EPS`` keeps a ratio that is t
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 PASS, WARN, FAIL, VOID = "PASS", "WARN", "FAIL", "VOID"
 NONE = "-"  # no verdict (a reference is missing)
@@ -45,6 +48,9 @@ KEEP_CELL_FLOOR = 0.8  # ... and no counted cell under this
 KEEP_SERVE_SLACK = 0.01  # the candidate's serve TPOT ratio may exceed before's by this much (call noise ~1%)
 WIN_GEOMEAN = 1.02  # a win: a TP's geometric mean at least this
 WIN_SERVE = 0.01  # ... or the serve TPOT ratio at least this much under before's
+# two engines did the same work on a greedy cell when their outputs are identical and their drafted and accepted
+# tokens (vLLM's counters) within this share of each other: their ratio is the run's noise between the engines
+SAME_WORK_TOL = 0.03
 EPS = 1e-9
 SEVERITY = {NONE: 0, PASS: 1, WARN: 2, FAIL: 3, VOID: 4}  # the overall verdict is the most severe one
 
@@ -134,6 +140,18 @@ def rep4_comparable(nospec: float | None, *engines: float | None) -> bool:
     if nospec is None:
         return True
     return all(e is None or abs(e - nospec) <= REP4_SHIFT_MAX + EPS for e in engines)
+
+
+def same_work(candidate: dict[str, Any], before: dict[str, Any]) -> bool:
+    """Whether two engines did the same work on a greedy cell (``SAME_WORK_TOL``): identical output digests (not
+    none) and drafted and accepted tokens within the tolerance. Each: ``{"digests", "drafted", "accepted"}``."""
+    if not candidate.get("digests") or candidate.get("digests") != before.get("digests"):
+        return False
+    for key in ("drafted", "accepted"):
+        a, b = candidate.get(key), before.get(key)
+        if a is None or b is None or abs(a - b) > SAME_WORK_TOL * max(a, b, 1):
+            return False
+    return True
 
 
 def before_after(geomean: float | None, worst: float | None, worst_set: float | None = None) -> str:

@@ -178,3 +178,51 @@ def test_the_report_draws_the_section_within_its_width():
     assert lines[i + 3].split() == ["tp1", "1.010", "1.01", "|", "1.01", "0.50~"]
     assert "before/after: KEEP (a win)" in text  # serving 1.061 against 1.092
     assert max(map(len, lines)) <= 120
+
+
+def _work(gate: dict, key: str, method: str, *, digests: list[str], drafted: float, accepted: float) -> None:
+    gate["engines"][method]["cells"][key]["digests"] = digests
+    gate["engines"][method]["cells"][key]["runs"][0].update(draft_tokens=drafted, accepted_tokens=accepted)
+
+
+@pytest.mark.parametrize(
+    ("cand", "before", "same"),
+    [
+        ((["a", "b"], 1000.0, 800.0), (["a", "b"], 1000.0, 800.0), True),
+        ((["a", "b"], 1029.0, 800.0), (["a", "b"], 1000.0, 800.0), True),  # 2.8% more drafted: within 3%
+        ((["a", "b"], 1040.0, 800.0), (["a", "b"], 1000.0, 800.0), False),  # 3.8%: other work
+        ((["a", "b"], 1000.0, 760.0), (["a", "b"], 1000.0, 800.0), False),  # 5% fewer accepted
+        ((["a", "c"], 1000.0, 800.0), (["a", "b"], 1000.0, 800.0), False),  # one output differs
+        (([], 1000.0, 800.0), ([], 1000.0, 800.0), False),  # no digests: unknown
+    ],
+)
+def test_same_work_needs_identical_outputs_and_drafted_and_accepted_within_tolerance(cand, before, same):
+    assert rules.SAME_WORK_TOL == 0.03
+    c = dict(zip(("digests", "drafted", "accepted"), cand))
+    b = dict(zip(("digests", "drafted", "accepted"), before))
+    assert rules.same_work(c, b) is same
+
+
+def test_the_noise_floor_is_the_same_work_cells_ratio_and_does_not_change_the_verdict():
+    g = _gate(
+        {
+            "chat/b1": (100.0, 0.9, 600.0, 0.9, 500.0, 0.9),  # same work: 1.2
+            "chat/b8": (100.0, 0.9, 200.0, 0.9, 250.0, 0.9),  # same work: 0.8
+            "code/b8": (100.0, 0.8, 300.0, 0.8, 300.0, 0.8),  # other outputs: counted, not same work
+            "code/s8": (100.0, 0.37, 1.0, 0.37, 1.0, 0.37),  # sampled: never same work
+        }
+    )
+    for key in ("chat/b1", "chat/b8"):
+        for m in ("specdec", "specdec-before"):
+            _work(g, key, m, digests=["x", "y"], drafted=100.0, accepted=90.0)
+    _work(g, "code/b8", "specdec", digests=["x"], drafted=100.0, accepted=90.0)
+    _work(g, "code/b8", "specdec-before", digests=["z"], drafted=100.0, accepted=90.0)
+    for m in ("specdec", "specdec-before"):
+        _work(g, "code/s8", m, digests=["s"], drafted=100.0, accepted=90.0)
+    out = before_after({"gates": {"tp1": g}})
+    same = out["tps"]["tp1"]["same_work"]
+    assert same["cells"] == 2 and same["geomean"] == pytest.approx(math.sqrt(1.2 * 0.8))
+    assert (same["low"], same["high"]) == (pytest.approx(0.8), pytest.approx(1.2))
+    assert out["tps"]["tp1"]["geomean"] == pytest.approx((1.2 * 0.8 * 1.0 * 1.0) ** 0.25)  # the verdict's: all four
+    text = "\n".join(render_compare(out))
+    assert "same work (outputs identical, drafted and accepted within 3%): 2 cells, geomean 0.980, 0.80-1.20" in text
