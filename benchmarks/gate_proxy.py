@@ -1,9 +1,10 @@
 """A CPU proxy of the GPU gate for the low-acceptance back-off: the gate's own prompts (``device_inputs/
 gate_inputs.json``, ``benchmarks.gate_prompts``) replayed through vLLM 0.26's real ``AsyncScheduler`` and the plugin's
 real proposer in schedule mode (``benchmarks.vllm_cpu_engine``: a fake runner verifies drafts, a step late, against
-the target's real greedy outputs), once per back-off variant (the per-step gate off, on, ...).
+the target's real greedy outputs), once per variant (the default ``off``; back-off constants or the plugin's options:
+calibrated chains, ...).
 
-    python -m benchmarks.gate_proxy [--sets agentic,chat,code] [--cells b1,b8] [--variants off,on] [--out F]
+    python -m benchmarks.gate_proxy [--sets agentic,chat,code] [--cells b1,b8] [--variants off,calib0.06] [--out F]
 
 As ``gate_worker`` runs one engine: every asked set's warm-up prompts in one batch (``WARMUP_MAX_TOKENS``), then per
 set its cells in ``CELL_ORDER`` (b1: one prompt after another; bN: closed batches of N) in one long-lived engine (the
@@ -11,7 +12,8 @@ suffix drafter's global cache carries over); sampled cells are skipped. The targ
 target's (what the GPU's inflated 8B-shaped target computes), greedy, float32, EOS respected, each prompt's
 ``max_tokens``: generated once with Hugging Face on the CPU and cached (git-ignored, ``--targets``), keyed by each
 cell's inputs. Per cell and variant: the plugin's counters (engine steps, steps with drafts, drafted and accepted
-tokens, back-offs, withheld tokens, gated steps, slot schedules of a low batch).
+tokens, back-offs, withheld tokens, slot schedules of a low batch). The per-step gate's variants left with it (tag
+``h41-step-gate-v2-g10``).
 """
 
 from __future__ import annotations
@@ -41,18 +43,10 @@ EOS = 0  # the shared target's EOS id (its generation_config)
 FILLER_TOKENS = 40  # past a request's end: drafts running over it are checked against EOS, as vLLM stops
 # the back-off's module constants each variant sets (in-process; the engine is built after)
 VARIANTS: dict[str, dict[str, Any]] = {
-    "off": {"BATCH_GATE": False},
-    "on": {"BATCH_GATE": True},
-    "pen0.1": {"BATCH_GATE": True, "DRAFT_STEP_PENALTY": 0.1},
-    "pen0.15": {"BATCH_GATE": True, "DRAFT_STEP_PENALTY": 0.15},
+    "off": {},  # the default path
     # calibrated suffix chains (#42): "options" are the plugin's own (the speculative config's specdec keys)
     "calib0.02": {"options": {"drafter_options": {"suffix": {"min_confidence": 0.02}}}},
     "calib0.06": {"options": {"drafter_options": {"suffix": {"min_confidence": 0.06}}}},
-    "pen0.15+calib0.06": {  # the candidate gated at 6b866a2 (both)
-        "BATCH_GATE": True,
-        "DRAFT_STEP_PENALTY": 0.15,
-        "options": {"drafter_options": {"suffix": {"min_confidence": 0.06}}},
-    },
 }
 SETS = ("agentic", "chat", "code")  # the gate's prompt sets (warm-up cells are not measured)
 VARIANT_WIDTH = 18
@@ -65,7 +59,6 @@ COUNTERS = {  # column -> the proposer's flattened statistics key
     "back_offs": "backoff_requests_backed_off",
     "recoveries": "backoff_recoveries",
     "withheld": "backoff_withheld_tokens",
-    "gated": "backoff_gated_steps",
     "low_sched": "schedule.low_batch_schedules",
 }
 
@@ -241,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--targets", default=str(DEFAULT_TARGETS), help="the target's outputs (cache, git-ignored)")
     ap.add_argument("--sets", default="agentic,chat,code")
     ap.add_argument("--cells", default="b1,b8")
-    ap.add_argument("--variants", default="off,on", help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default="off,calib0.06", help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--out", default="", help="JSON to write")
     args = ap.parse_args(argv)
     names = [v for v in args.variants.split(",") if v]

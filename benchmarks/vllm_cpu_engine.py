@@ -8,7 +8,7 @@ the target's next token), drafts verified a step late as on the GPU:
   slot book attached; each step is scheduled before the output of the step before is processed, and its drafts are
   filled into the buffer that step handed out.
 
-Used by the low-acceptance tests (``tests/test_vllm_low_acceptance.py``, ``tests/test_vllm_step_gate.py``) and by
+Used by the low-acceptance tests (``tests/test_vllm_low_acceptance.py``) and by
 the CPU proxy of the GPU gate (``benchmarks.gate_proxy``). Needs vLLM (``/opt/specdec-vllm-0.26.0``).
 """
 

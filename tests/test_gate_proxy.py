@@ -43,14 +43,19 @@ def test_cell_keys_follow_the_prompts_and_their_max_tokens():
 
 
 def test_a_variant_sets_the_back_offs_constants_and_restores_them():
-    before = backoff.BATCH_GATE
-    with gp.variant({"BATCH_GATE": not before}):
-        assert backoff.BATCH_GATE is (not before) and backoff.BackOff().gate is (not before)
-    assert backoff.BATCH_GATE is before
-    with pytest.raises(RuntimeError), gp.variant({"BATCH_GATE": not before}):
+    before = backoff.MIN_STEPS
+    with gp.variant({"MIN_STEPS": 2}):  # a request may back off after two verified steps, not four
+        assert backoff.MIN_STEPS == 2
+        bo = backoff.BackOff()
+        for token in (5, 6):  # two verified drafted steps, nothing accepted: it backs off at the second
+            bo.record(["r"], [3])
+            bo.observe(["r"], [1], lambda i, t=token: [t])
+        assert bo.rows["r"].off and bo.stats.requests_backed_off == 1
+    assert backoff.MIN_STEPS == before == 4
+    with pytest.raises(RuntimeError), gp.variant({"MIN_STEPS": 1}):
         raise RuntimeError
-    assert backoff.BATCH_GATE is before
-    assert set(gp.VARIANTS) >= {"off", "on"}
+    assert before == backoff.MIN_STEPS
+    assert gp.VARIANTS["off"] == {} and "on" not in gp.VARIANTS
 
 
 def test_the_table_has_a_row_per_cell_and_variant_with_ratios_to_the_first():
@@ -87,8 +92,8 @@ def test_one_engine_replays_the_cells_against_the_targets_outputs():
     seg = [rng.randrange(500, 900) for _ in range(12)]
     # repetitive outputs (drafts accepted), each ending at EOS before its max_tokens or cut at it
     outs = [[(seg * 8)[: it["max_tokens"] - 3] + [gp.EOS] for it in items] for _, _, items in steps]
-    for name in ("off", "on"):
-        with gp.variant(gp.VARIANTS[name]):
+    for settings in (gp.VARIANTS["off"], {"MIN_STEPS": 2}):
+        with gp.variant(settings):
             res = gp.replay(steps, outs)  # asserts every output is the target's
         assert list(res) == ["all/warmup", "agentic/b1", "agentic/b8", "code/b1"]
         b8 = res["agentic/b8"]

@@ -27,20 +27,9 @@ for requests without a draft length, ``SlotBook.low_batch``), and a request new 
 in shadow from its first step and joins as soon as its drafts would be accepted). Once the low requests leave, the
 batch is not low: no state outlives the requests it was measured on.
 
-**Per step** (``gate``, default ``BATCH_GATE``, off: gated on the GPU at 0.2, it served low-acceptance traffic at
-0.997x no speculation's TPOT against 1.307x, but lost 6-12% on agentic batches of 1 and 8; docs/results.md): a step that
-verifies any draft costs more than a plain step whatever its drafts are worth (other graphs, the GPU waiting for the
-drafts; ``DRAFT_STEP_PENALTY`` plain steps), and every row of the batch pays it. So a step that does not pad hands
-vLLM its drafts only where the drafting rows' expected accepted tokens add up to at least ``DRAFT_STEP_PENALTY`` x
-the batch's rows: a row's EMA, or what its withheld draft has matched so far where that is more (``NEW_ROW_PRIOR``
-for a row without any outcome yet). Otherwise every draft is withheld and checked in shadow, which keeps the EMAs
-current: the step drafts again as soon as its rows' drafts would pay. On low-acceptance arrivals (CPU, vLLM's
-``AsyncScheduler``, a dozen rows) held newcomers that recover on a lucky two-token shadow otherwise make most steps
-drafted ones. A batch of one drafts while its request's EMA is at least 0.2, near its back-off's ``MIN_ACCEPTED``
-but without the back-off's ``MIN_STEPS`` of grace. The price: a request
-whose drafts would be accepted needs about ``DRAFT_STEP_PENALTY`` x rows tokens of shadow evidence first (the
-shadow that brought it back goes on being checked as that evidence), up to one step past ``PROBE_FIRST_AFTER`` in
-schedule mode in a batch of a dozen (``tests/test_vllm_step_gate.py``).
+A per-step gate (a step hands vLLM its drafts only where the drafting rows' expected accepted tokens cover a drafted
+step's extra cost) was measured on the GPU twice and removed: it served low-acceptance traffic at 0.975-0.997x no
+speculation's TPOT, but cost agentic batches accepted tokens (tag ``h41-step-gate-v2-g10``, docs/results.md).
 
 While a batch pads, every row is padded as before (a backed-off row's k tokens are the price of the uniform batch the
 others need, and its draft is verified: a real outcome). Drafts only drop here: what vLLM emits does not change (the
@@ -60,13 +49,6 @@ MIN_STEPS = 4  # verified steps before a request may back off (a new request's d
 MIN_ACCEPTED = 0.25  # a request accepting fewer tokens per drafted step (EMA) backs off
 RECOVER_ACCEPTED = 0.5  # ... and drafts again once its EMA (shadow outcomes included) reaches this (hysteresis)
 PROBE_FIRST_AFTER = 4  # a backed-off request whose drafts would be accepted hands vLLM a draft within this many steps
-# the per-step gate (off: its GPU gate at 0.2 said DROP, a loss on agentic batch 8 at TP = 2; 0.15 is the next
-# candidate, benchmarks.gate_proxy): a step verifying any draft costs this many plain steps
-# more (the step-cost curve's 8B shape at batch 1: 0.23, eval/results/2026-11-26_h100_step_cost_curve.md; serving
-# 606 drafted request-steps cost 9% TPOT against 1% without drafts)
-BATCH_GATE = False
-DRAFT_STEP_PENALTY = 0.2
-NEW_ROW_PRIOR = 1.0  # expected accepted tokens per drafted step of a row without any outcome yet
 # Padding makes every row verify k tokens; a padded step of a small target costs about 1.5x a plain one, so padding
 # pays only where a row gets at least about half a token accepted per step.
 PAD_MIN_ACCEPTED = 0.5
@@ -82,8 +64,6 @@ class RowBackOff:
     shadow: list[int] = field(default_factory=list)  # the withheld draft being checked (empty: none)
     matched: int = 0  # its leading tokens the target has emitted so far
     recovered: bool = False  # it has backed off and recovered at least once
-    known: bool = False  # it has had an outcome (verified or shadow)
-    evidence_only: bool = False  # the shadow brought it back (its outcome counted) and stays the gate's evidence
 
 
 @dataclass
@@ -101,7 +81,6 @@ class BackOffStats:
     # on low-acceptance traffic, which of the two rules lets drafts through (the newcomer's first steps or recovery)
     outcomes_first: int = 0
     outcomes_recovered: int = 0
-    gated_steps: int = 0  # steps whose drafts the per-step gate withheld (they would not have paid)
 
     def as_dict(self, prefix: str = "backoff_") -> dict[str, int]:
         return {prefix + k: v for k, v in self.__dict__.items()}
@@ -112,7 +91,6 @@ class BackOff:
     """The low-acceptance policy (see the module docstring). ``enabled`` False: never backs off."""
 
     enabled: bool = True
-    gate: bool = field(default_factory=lambda: BATCH_GATE)  # the per-step gate (module docstring)
     rows: dict[str, RowBackOff] = field(default_factory=dict)  # request id -> its state
     last: dict[str, int] = field(default_factory=dict)  # request id -> draft tokens (> 0) handed to vLLM last step
     stats: BackOffStats = field(default_factory=BackOffStats)
@@ -161,16 +139,9 @@ class BackOff:
                 break
         settled = settled or m >= len(shadow)
         st.matched = m
-        if st.evidence_only:  # its outcome was counted when it brought the request back
-            if settled:
-                st.shadow, st.matched, st.evidence_only = [], 0, False
-            return
         early = st.off and self._blend(st.ema, m) >= RECOVER_ACCEPTED  # enough to bring a backed-off request back
         if settled or early:
-            # with the per-step gate a draft still matching stays the gate's evidence (the request need not start a
-            # new shadow from nothing before its drafts pay)
-            keep = self.gate and not settled
-            st.shadow, st.matched, st.evidence_only = (st.shadow, m, True) if keep else ([], 0, False)
+            st.shadow, st.matched = [], 0
             self.stats.shadow_checks += 1
             self._outcome(st, m, verified=False)
 
@@ -181,12 +152,10 @@ class BackOff:
     def _outcome(self, st: RowBackOff, accepted: int, *, verified: bool) -> None:
         """One outcome of the request's drafts: the EMA moves, then the request backs off or recovers."""
         st.ema = float(accepted) if (verified and st.seen == 0 and not st.off) else self._blend(st.ema, accepted)
-        st.known = True
         if st.off:
             if st.ema >= RECOVER_ACCEPTED:
                 st.off, st.seen, st.recovered = False, 0, True
-                if not st.evidence_only:
-                    st.shadow, st.matched = [], 0
+                st.shadow, st.matched = [], 0
                 self.stats.recoveries += 1
             return
         if verified:
@@ -232,11 +201,11 @@ class BackOff:
 
     def _off_rows(self, req_ids: Sequence[str], length: Callable[[int], int]) -> Iterator[int]:
         """The rows that hold a draft and hand vLLM none: backed-off requests' (a request new to a low batch starts
-        backed off), and with the per-step gate every drafting row's when their drafts would not pay."""
+        backed off)."""
         if not self.enabled:
             return
         low = None
-        off, drafting = [], []
+        off = []  # every row decided before the caller withholds any
         for i, rid in enumerate(req_ids):
             st = self.rows.get(rid)
             if st is None:
@@ -245,30 +214,9 @@ class BackOff:
                 if low:
                     st = self.rows[rid] = RowBackOff(off=True)
                     self.stats.newcomers_held += 1
-            if length(i) <= 0:
-                continue
-            if st is not None and st.off:
+            if st is not None and st.off and length(i) > 0:
                 off.append(i)
-            elif self.gate:  # the per-step gate weighs the others
-                drafting.append(i)
-        if drafting and not self._pays([req_ids[i] for i in drafting], rows=len(req_ids)):
-            self.stats.gated_steps += 1
-            for i in drafting:
-                self.rows.setdefault(req_ids[i], RowBackOff())
-            off = sorted(off + drafting)
         yield from off
-
-    def _pays(self, drafting: Sequence[str], *, rows: int) -> bool:
-        """The per-step gate: the drafting requests' expected accepted tokens cover a drafted step's extra cost,
-        ``DRAFT_STEP_PENALTY`` plain steps of ``rows`` rows."""
-        gain = 0.0
-        for rid in drafting:
-            st = self.rows.get(rid)
-            if st is None or not st.known:
-                gain += NEW_ROW_PRIOR
-            else:  # a withheld draft still matching has shown at least what it matched so far
-                gain += max(st.ema, float(st.matched) if st.shadow else 0.0)
-        return gain >= DRAFT_STEP_PENALTY * rows
 
     def _keep_shadow(self, rid: str, draft: list[int]) -> None:
         st = self.rows[rid]
