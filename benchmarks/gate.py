@@ -34,7 +34,7 @@ from typing import Any
 from benchmarks import gate_report as report
 from benchmarks.gate_env import device_info, gpu_names, load_inputs, prepare_model, versions
 from benchmarks.gate_metrics import log_phases
-from benchmarks.gate_worker import METHODS, REFERENCE_METHOD
+from benchmarks.gate_worker import METHODS, REFERENCE_METHOD, base_method, known_method
 
 DEFAULT_METHODS = ("nospec", "suffix", "specdec", "specdec-before")
 SETS = ("agentic", "chat", "code")
@@ -116,8 +116,10 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     args.methods = [m for m in (args.methods or ",".join(DEFAULT_METHODS)).split(",") if m]
     args.sets = [s for s in args.sets.split(",") if s]
     for m in args.methods:
-        if m not in METHODS:
-            ap.error(f"--methods: {m!r} is unknown; valid: {', '.join(METHODS)}")
+        if not known_method(m):
+            ap.error(f"--methods: {m!r} is unknown; valid: {', '.join(METHODS)} (a second engine of one: <method>.2)")
+    if len(set(args.methods)) < len(args.methods):
+        ap.error(f"--methods: {','.join(args.methods)} names an engine twice; a second engine is <method>.2")
     for s in args.sets:
         if s not in SETS:
             ap.error(f"--sets: {s!r} is unknown; valid: {', '.join(SETS)}")
@@ -133,14 +135,15 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     has_before = (Path(args.before_path) / "specdec" / "__init__.py").exists()
     if args.part == "serve" and "specdec-before" in args.serve_methods and not has_before and not args.fake:
         ap.error(f"--serve-methods specdec-before: no base tree at {args.before_path} (gpu_gate.sh installs it)")
-    if args.part == "cells" and "specdec-before" in args.methods and not has_before:
+    befores = [m for m in args.methods if base_method(m) == "specdec-before"]
+    if args.part == "cells" and befores and not has_before:
         if explicit:
             ap.error(
-                f"--methods specdec-before: no installed base tree at {args.before_path}; export one with "
+                f"--methods {befores[0]}: no installed base tree at {args.before_path}; export one with "
                 "python -m benchmarks.gate_prompts --before-commit SHA (gpu_gate.sh installs it)"
             )
-        print(f"gate: no base tree at {args.before_path}: specdec-before left out", flush=True)
-        args.methods.remove("specdec-before")
+        print(f"gate: no base tree at {args.before_path}: {', '.join(befores)} left out", flush=True)
+        args.methods = [m for m in args.methods if m not in befores]
     if args.part == "cells" and not Path(args.inputs).exists():
         ap.error(f"--inputs {args.inputs} not found: run python -m benchmarks.gate_prompts on the CPU first")
     args.t0 = float(os.environ.get(START_ENV) or time.time())
@@ -280,7 +283,7 @@ class CellsRun:
         if method != REFERENCE_METHOD:
             out.unlink(missing_ok=True)
         # the installed specdec (the before engine: its own tree first), never ./specdec of the working directory
-        paths = [self.args.before_path] if method == "specdec-before" else []
+        paths = [self.args.before_path] if base_method(method) == "specdec-before" else []
         paths += [self.path, os.environ.get("PYTHONPATH", "")]
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": lane["gpus"], "PYTHONSAFEPATH": "1"}
         env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)

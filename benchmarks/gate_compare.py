@@ -24,30 +24,45 @@ import math
 from typing import Any
 
 from benchmarks import gate_rules as rules
+from benchmarks.gate_worker import REPLICA_SEP
 
 CANDIDATE, BEFORE, REFERENCE = "specdec", "specdec-before", "nospec"
 
 
+def pair_suffixes(row: dict[str, Any]) -> list[str]:
+    """The before/after engine pairs of a cell's row: ``""`` for (specdec, specdec-before), ``".2"`` for
+    (specdec.2, specdec-before.2), ... (replicas: a second pair in the same call, its GPUs swapped)."""
+    found = [m[len(CANDIDATE) :] for m in row if m == CANDIDATE or m.startswith(CANDIDATE + REPLICA_SEP)]
+    return sorted((x for x in found if isinstance(row.get(BEFORE + x), dict)), key=lambda x: (len(x), x))
+
+
 def cell_pairs(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per cell both engines measured against no speculation (``cells``: ``gate_report.cell_row``'s rows):
-    ``ratio`` (candidate / before, each over no speculation's speed), ``emit`` (the same for emitted tokens per
-    drafted step), the three engines' ``rep4`` and ``comparable``."""
+    """One row per cell both engines of at least one pair measured against no speculation (``cells``:
+    ``gate_report.cell_row``'s rows): ``ratio`` (candidate / before, each over no speculation's speed; with several
+    pairs the geometric mean of theirs, ``pairs``), ``emit`` (the same for emitted tokens per drafted step), every
+    engine's ``rep4`` and ``comparable`` (all of them), and the pairs that did the same work (``same_work``: their
+    ratios)."""
     rows = []
     for r in cells:
-        c, b = r.get(CANDIDATE), r.get(BEFORE)
-        if not (c and b) or r.get("nospec_tps") is None:
+        suffixes = pair_suffixes(r) if r.get("nospec_tps") is not None else []
+        if not suffixes:
             continue
-        rep4 = {REFERENCE: r.get("repeat4"), CANDIDATE: c.get("repeat4"), BEFORE: b.get("repeat4")}
+        pairs = [(r[CANDIDATE + x], r[BEFORE + x]) for x in suffixes]
+        ratios = [rules.ratio(c["x_nospec"], b["x_nospec"]) for c, b in pairs]
+        rep4 = {REFERENCE: r.get("repeat4")}
+        rep4.update({m + x: r[m + x].get("repeat4") for x in suffixes for m in (CANDIDATE, BEFORE)})
+        c, b = pairs[0]
         rows.append(
             {
                 "key": r["key"],
                 "candidate": c["x_nospec"],
                 "before": b["x_nospec"],
-                "ratio": rules.ratio(c["x_nospec"], b["x_nospec"]),
-                "emit": rules.ratio(c["emit"], b["emit"]),
+                "ratio": geomean(ratios) if all(ratios) else None,
+                "pairs": ratios,
+                "emit": geomean([rules.ratio(c["emit"], b["emit"]) for c, b in pairs]),
                 "rep4": rep4,
-                "comparable": rules.rep4_comparable(rep4[REFERENCE], rep4[CANDIDATE], rep4[BEFORE]),
-                "same_work": rules.same_work(c, b),
+                "comparable": rules.rep4_comparable(rep4[REFERENCE], *(v for k, v in rep4.items() if k != REFERENCE)),
+                "same_work": [q for q, (c, b) in zip(ratios, pairs) if q and rules.same_work(c, b)],
             }
         )
     return rows
@@ -60,10 +75,10 @@ def geomean(values: list[float]) -> float | None:
 
 
 def noise_floor(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run's noise between the two engines: over the cells where both did the same work (``rules.same_work``:
-    identical outputs, drafted and accepted tokens within a few percent) the count, geometric mean, lowest and
-    highest candidate / before. Shown beside the verdict; the verdict does not use it."""
-    ratios = [r["ratio"] for r in rows if r.get("same_work") and r["ratio"]]
+    """The run's noise between two engines: over the cells (and pairs) where both did the same work
+    (``rules.same_work``: identical outputs, drafted and accepted tokens within a few percent) the count, geometric
+    mean, lowest and highest candidate / before. Shown beside the verdict; the verdict does not use it."""
+    ratios = [q for r in rows for q in r.get("same_work", [])]
     return {
         "cells": len(ratios),
         "geomean": geomean(ratios),
@@ -92,6 +107,7 @@ def compare(cells: dict[str, list[dict[str, Any]]], serve_checks: dict[str, Any]
     for tp, tp_cells in sorted(cells.items()):
         rows = cell_pairs(tp_cells)
         counted = [r for r in rows if r["comparable"] and r["ratio"]]
+        n_pairs = max((len(r["pairs"]) for r in rows), default=0)
         if rows:
             ratios = [r["ratio"] for r in counted]
             by_set: dict[str, list[float]] = {}
@@ -104,6 +120,7 @@ def compare(cells: dict[str, list[dict[str, Any]]], serve_checks: dict[str, Any]
                 "worst": min(ratios, default=None),
                 "sets": sets,
                 "same_work": noise_floor(rows),
+                "pairs": [geomean([r["pairs"][i] for r in counted if len(r["pairs"]) > i]) for i in range(n_pairs)],
             }
     serve = serve_ratios(serve_checks)
     verdicts = [
@@ -148,6 +165,10 @@ def render_compare(result: dict[str, Any]) -> list[str]:
         sets = ", ".join(f"{name} {_f(g, '.3f')}" for name, g in t.get("sets", {}).items())
         if sets:
             out.append(f"{'':<5}sets: {sets}")
+        if len(t.get("pairs", [])) > 1:
+            out.append(
+                f"{'':<5}pairs (each a geomean; the cell is theirs): " + ", ".join(_f(g, ".3f") for g in t["pairs"])
+            )
         same = t.get("same_work") or {}
         if same.get("cells"):
             out.append(

@@ -43,9 +43,13 @@ def same_work_runs(docs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     runs = []
     for name, doc in docs.items():
         for tp, gate in sorted(doc.get("gates", {}).items()):
-            rows = [r for r in cell_pairs(gate_verdicts(gate)["cells"]) if r["same_work"] and r["ratio"]]
-            if rows:
-                runs.append({"file": name, "tp": tp, "cells": {r["key"]: math.log(r["ratio"]) for r in rows}})
+            cells = {
+                r["key"] + (f".{i + 1}" if i else ""): math.log(q)  # a replica pair's cell: "chat/b1.2"
+                for r in cell_pairs(gate_verdicts(gate)["cells"])
+                for i, q in enumerate(r["same_work"])
+            }
+            if cells:
+                runs.append({"file": name, "tp": tp, "cells": cells})
     return runs
 
 

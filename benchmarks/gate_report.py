@@ -19,6 +19,7 @@ from typing import Any
 from benchmarks import gate_rules as rules
 from benchmarks.gate_compare import compare, render_compare
 from benchmarks.gate_metrics import cell_speeds, mean_speed, mismatches, speed
+from benchmarks.gate_worker import base_method
 
 KIND = "specdec-gate"
 CANDIDATE, BEFORE, PEER, REFERENCE = "specdec", "specdec-before", "suffix", "nospec"
@@ -330,7 +331,7 @@ def origin_notes(gate: dict[str, Any], sources: list[dict[str, Any]]) -> list[st
         files = {w.get("file") for w in origin.get("engine", [])} - {mine.get("file")}
         if files:
             notes.append(f"note: {m}'s engine workers import specdec from {', '.join(map(str, files))}")
-        if m == BEFORE and mine.get("commit") not in wanted:
+        if base_method(m) == BEFORE and mine.get("commit") not in wanted:
             notes.append(f"note: {m} ran {mine.get('file')} (commit {mine.get('commit')}), not {', '.join(wanted)}")
         if m.startswith(CANDIDATE) and not mine.get("native_suffix", True):
             notes.append(f"note: {m} ran without the native suffix core ({mine.get('import_error', '')[:60]})")

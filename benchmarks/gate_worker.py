@@ -44,6 +44,7 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "specdec-sync": {"method": "specdec", "async": False},
     "specdec-schedule": {"method": "specdec", "async_mode": "schedule"},  # schedule mode whatever the target's size
 }
+REPLICA_SEP = "."  # "specdec.2": a second engine of a method in the same call (the before/after's crossed pairs)
 METHOD_ENV = {"nospec-v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"}}
 REPEATS = {"nospec": 2, "nospec-v1": 2}  # runs per cell (the run is void if no speculation's two differ > 2%)
 RERUN_METHODS = ("specdec", "specdec-before")  # a cell under 1.0x no speculation is re-run once
@@ -58,13 +59,31 @@ REFERENCE_POLL_S = 5.0
 ALLOW_PICKLE_ENV = "VLLM_ALLOW_INSECURE_SERIALIZATION"  # collective_rpc of the origin check (a function)
 
 
+def base_method(name: str) -> str:
+    """The method an engine runs: ``specdec.2`` (a replica) -> ``specdec``."""
+    return name.split(REPLICA_SEP, 1)[0]
+
+
+def known_method(name: str) -> bool:
+    """A method of ``METHODS``, or a replica of one: ``<method>.<n>``, n >= 2."""
+    base, _, n = name.partition(REPLICA_SEP)
+    return base in METHODS and (not n or (n.isdigit() and int(n) >= 2))
+
+
+def _method_arg(name: str) -> str:
+    if not known_method(name):
+        raise argparse.ArgumentTypeError(f"{name!r} is unknown; valid: {', '.join(METHODS)} (or <method>.2, ...)")
+    return name
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if args.cpus:
         os.sched_setaffinity(0, [int(c) for c in args.cpus.split(",")])
-    os.environ.update(METHOD_ENV.get(args.method, {}))
+    method = base_method(args.method)
+    os.environ.update(METHOD_ENV.get(method, {}))
     inputs = json.loads(Path(args.inputs).read_text())
-    spec = METHODS[args.method]
+    spec = METHODS[method]
     llm, params, start_s = make_engine(args, spec)
     res: dict[str, Any] = {
         "method": args.method,
@@ -84,16 +103,14 @@ def main(argv: list[str] | None = None) -> None:
     run = CellRunner(llm, params, clock=clock, plugin=(spec or {}).get("method") == "specdec")
     for name in args.sets:
         for cell in [c for c in CELL_ORDER if c in inputs["sets"][name]]:
-            if not _fits(args.deadline, run.estimate(cell) * REPEATS.get(args.method, 1)):
+            if not _fits(args.deadline, run.estimate(cell) * REPEATS.get(method, 1)):
                 res.setdefault("skipped", []).append(f"{name}/{cell}")
                 continue
             items = inputs["sets"][name][cell]
-            res["cells"][f"{name}/{cell}"] = run.cell(
-                name, cell, items, inputs["batch"][cell], REPEATS.get(args.method, 1)
-            )
+            res["cells"][f"{name}/{cell}"] = run.cell(name, cell, items, inputs["batch"][cell], REPEATS.get(method, 1))
             print(f"[{args.method}] {name}/{cell}: {_brief(res['cells'][f'{name}/{cell}'])}", flush=True)
             _write(out, res)
-    if args.method in RERUN_METHODS and args.reference:
+    if args.method in RERUN_METHODS and args.reference:  # not a replica: the verdicts are the first engine's
         _reruns(run, res, inputs, args, out)
     res["partial"] = bool(res.get("skipped"))
     _write(out, res)
@@ -102,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--inputs", required=True)
-    ap.add_argument("--method", required=True, choices=tuple(METHODS))
+    ap.add_argument("--method", required=True, type=_method_arg, help=f"of {', '.join(METHODS)}, or <method>.2, ...")
     ap.add_argument("--sets", required=True, type=lambda s: [x for x in s.split(",") if x])
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="")
@@ -119,7 +136,7 @@ def make_engine(args: argparse.Namespace, spec: dict[str, Any] | None) -> tuple[
     if args.fake:
         from benchmarks.gate_fake import FakeLLM, fake_params
 
-        llm = FakeLLM(args.method, tp=args.tp, spec=spec)
+        llm = FakeLLM(base_method(args.method), tp=args.tp, spec=spec)
         return llm, fake_params, llm.fake_start_s
     os.environ.setdefault(ALLOW_PICKLE_ENV, "1")  # before LLM(): the engine's processes inherit it
     from vllm import LLM, SamplingParams

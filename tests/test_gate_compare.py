@@ -226,3 +226,21 @@ def test_the_noise_floor_is_the_same_work_cells_ratio_and_does_not_change_the_ve
     assert out["tps"]["tp1"]["geomean"] == pytest.approx((1.2 * 0.8 * 1.0 * 1.0) ** 0.25)  # the verdict's: all four
     text = "\n".join(render_compare(out))
     assert "same work (outputs identical, drafted and accepted within 3%): 2 cells, geomean 0.980, 0.80-1.20" in text
+
+
+def test_two_pairs_give_each_cell_the_geometric_mean_of_their_ratios():
+    g = _gate({"chat/b8": (100.0, 0.88, 220.0, 0.88, 200.0, 0.88), "code/b8": (100.0, 0.8, 300.0, 0.8, 300.0, 0.8)})
+    eng = g["engines"]
+    eng["specdec.2"] = {"cells": {"chat/b8": _cell(180.0, rep4=0.88), "code/b8": _cell(330.0, rep4=0.8)}}
+    eng["specdec-before.2"] = {"cells": {"chat/b8": _cell(200.0, rep4=0.88), "code/b8": _cell(300.0, rep4=0.8)}}
+    rows = {r["key"]: r for r in pairs(g)}
+    assert rows["chat/b8"]["pairs"] == [pytest.approx(1.1), pytest.approx(0.9)]
+    assert rows["chat/b8"]["ratio"] == pytest.approx(math.sqrt(1.1 * 0.9))
+    assert rows["code/b8"]["ratio"] == pytest.approx(math.sqrt(1.0 * 1.1))
+    out = before_after({"gates": {"tp1": g}})
+    t = out["tps"]["tp1"]
+    assert t["pairs"] == [pytest.approx(math.sqrt(1.1 * 1.0)), pytest.approx(math.sqrt(0.9 * 1.1))]
+    assert t["geomean"] == pytest.approx((1.1 * 0.9 * 1.0 * 1.1) ** 0.25)
+    eng["specdec-before.2"]["cells"]["code/b8"]["repeat4"] = 0.9  # one engine of one pair loops: not counted
+    assert not {r["key"]: r for r in pairs(g)}["code/b8"]["comparable"]
+    assert "pairs (each a geomean; the cell is theirs): 1.049, 0.995" in "\n".join(render_compare(out))

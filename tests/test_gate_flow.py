@@ -385,3 +385,46 @@ def test_an_engine_is_budgeted_by_the_starts_this_machine_already_saw(tmp_path):
     assert gate.CellsRun.start_estimate(run) == pytest.approx(gate.START_EST_MARGIN * 76.0)
     (tmp_path / "tp2" / "slow.json").write_text(json.dumps({"start_s": 400.0}))
     assert gate.CellsRun.start_estimate(run) == gate.ENGINE_START_EST_S
+
+
+def test_a_crossed_before_after_call_runs_two_pairs_on_swapped_gpus(tmp_path):
+    """``specdec.2`` / ``specdec-before.2``: a second engine pair in the same call. On two GPUs the lanes cross
+    them (GPU 0: nospec, specdec, specdec-before.2; GPU 1: suffix, specdec-before, specdec.2), so each pair compares
+    engines at the same place in their lanes and the two pairs sit on opposite GPUs; a cell's before/after ratio is
+    the geometric mean of the pairs'."""
+    inputs = _inputs(tmp_path / "inputs.json")
+    methods = "nospec,suffix,specdec,specdec-before,specdec-before.2,specdec.2"
+    argv = ["--fake", "--gpus", "2", "--inputs", str(inputs), "--out-dir", str(tmp_path / "out")]
+    gate.main([*argv, "--work-dir", str(tmp_path / "w"), "--before-path", str(_before(tmp_path)), "--methods", methods])
+    (path,) = (tmp_path / "out").glob("*_gate_tp1_*.json")
+    doc = json.loads(path.read_text())
+    engines = doc["gates"]["tp1"]["engines"]
+    assert {m: e["gpus"] for m, e in engines.items() if m.startswith("specdec")} == {
+        "specdec": "0",
+        "specdec-before": "1",
+        "specdec-before.2": "0",
+        "specdec.2": "1",
+    }
+    before_tree = str(tmp_path / "before" / "specdec" / "__init__.py")
+    assert engines["specdec-before.2"]["origin"]["worker"]["file"] == before_tree
+    assert engines["specdec.2"]["origin"]["worker"]["file"] != before_tree
+    assert engines["specdec.2"]["resolved_speculative_config"]["method"] == "specdec"
+    assert "rerun" not in json.dumps(engines["specdec.2"]["cells"])  # a replica is never re-run
+    tp1 = doc["verdicts"]["before_after"]["tps"]["tp1"]
+    assert len(tp1["pairs"]) == 2
+    text = path.with_suffix(".md").read_text()
+    assert "pairs (each a geomean; the cell is theirs):" in text and "specdec.2 ×nospec" in text
+
+
+def test_replica_methods_are_named_and_checked_before_anything_starts(tmp_path, capsys):
+    assert gate_worker.base_method("specdec-before.2") == "specdec-before" and gate_worker.known_method("specdec.3")
+    assert not gate_worker.known_method("specdec.1") and not gate_worker.known_method("eagle.2")
+    inputs = str(_inputs(tmp_path / "inputs.json"))
+    for methods, msg in (
+        ("nospec,specdec.1", "--methods: 'specdec.1' is unknown"),
+        ("nospec,specdec,specdec", "names an engine twice; a second engine is <method>.2"),
+        ("nospec,specdec-before.2", "--methods specdec-before.2: no installed base tree at"),
+    ):
+        with pytest.raises(SystemExit):
+            gate.main(["--fake", "--inputs", inputs, "--before-path", str(tmp_path / "none"), "--methods", methods])
+        assert msg in capsys.readouterr().err
