@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 from benchmarks import gate_rules as rules
-from benchmarks.gate_worker import REPLICA_SEP
+from benchmarks.gate_worker import base_method
 
 CANDIDATE, BEFORE, REFERENCE = "specdec", "specdec-before", "nospec"
 
@@ -32,7 +32,7 @@ CANDIDATE, BEFORE, REFERENCE = "specdec", "specdec-before", "nospec"
 def pair_suffixes(row: dict[str, Any]) -> list[str]:
     """The before/after engine pairs of a cell's row: ``""`` for (specdec, specdec-before), ``".2"`` for
     (specdec.2, specdec-before.2), ... (replicas: a second pair in the same call, its GPUs swapped)."""
-    found = [m[len(CANDIDATE) :] for m in row if m == CANDIDATE or m.startswith(CANDIDATE + REPLICA_SEP)]
+    found = [m[len(CANDIDATE) :] for m in row if base_method(m) == CANDIDATE]
     return sorted((x for x in found if isinstance(row.get(BEFORE + x), dict)), key=lambda x: (len(x), x))
 
 

@@ -44,7 +44,7 @@ def same_work_runs(docs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     for name, doc in docs.items():
         for tp, gate in sorted(doc.get("gates", {}).items()):
             cells = {
-                r["key"] + (f".{i + 1}" if i else ""): math.log(q)  # a replica pair's cell: "chat/b1.2"
+                r["key"] + (f"#{i + 1}" if i else ""): math.log(q)  # one entry per same-work pair of the cell
                 for r in cell_pairs(gate_verdicts(gate)["cells"])
                 for i, q in enumerate(r["same_work"])
             }
