@@ -119,7 +119,7 @@ def run(
         "stopped": stats["stopped"],
         "fallbacks": {
             "timeouts": stats["timeouts"],
-            "errors": sched.feed.stats.errors + stats.get("errors", 0),
+            "errors": sched.core.guard.stats.errors,
             "resyncs": stats["resyncs"],
             "watchdog": sched.feed.stats.watchdog_releases,
         },

@@ -20,6 +20,7 @@ import concurrent.futures as cf
 import contextlib
 import hashlib
 import json
+import math
 import os
 import random
 import sys
@@ -32,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from specdec.vllm_plugin.faults import FAULTS_ENV, Faults
+
 IDLE_EXIT_S = 900.0  # the fake server exits after this long without a request (a round's servers wait their turn)
 WORDS = ("alpha", "beta", "gamma", "delta", "omega", "\n", "sigma", "tau")
 DRAFT_K = 4  # fake drafting: per generated token one draft of DRAFT_K tokens, half accepted
@@ -39,48 +42,79 @@ BENCH_THREADS = 8
 GREEDY_TOP_P = 1e-6  # top_p below this keeps one candidate: greedy
 FAKE_CACHE_CAP = (64, 4096)  # the fake drafter's global cache caps: responses, tokens
 FAKE_BYTES_PER_TOKEN = 1024
+FAKE_STEP_S = 0.004  # the inter-token latency the fake reports for every decoding step
+FAKE_ITL_EDGES = ("0.01", "0.025", "0.05", "0.075", "0.1")  # vLLM's first inter-token latency bucket edges
+FAKE_WEIGHTS = (0.5, 0.2, 0.12, 0.08, 0.05, 0.03, 0.015, 0.005)  # sampled words' probabilities, reported as logprobs
 
 
 class FakeState:
-    def __init__(self, model: str, spec: bool) -> None:
+    def __init__(self, model: str, spec: bool, *, cache_requests: int = FAKE_CACHE_CAP[0], faults: Any = None) -> None:
+        """``faults``: the plugin's ``Faults`` (SPECDEC_TEST_FAULTS): every n-th fake drafting call (one per request
+        that drafts) fails or runs late, counted and logged once per kind as the plugin does."""
         self.model, self.spec = model, spec
+        self.cache_requests, self.faults = cache_requests, faults
+        self.handled = {"draft_errors": 0, "draft_timeouts": 0}
+        self.steps = 0  # decoding steps (a token after each choice's first): the inter-token latency observations
         self.lock = threading.Lock()
         self.counters = {
             "generation_tokens": 0,
             "spec_decode_num_drafts": 0,
             "spec_decode_num_draft_tokens": 0,
             "spec_decode_num_accepted_tokens": 0,
+            "spec_decode_num_accepted_tokens_per_pos": [0] * (DRAFT_K // 2),
             "request_success": 0,
             "num_preemptions": 0,
         }
         self.running = 0
         self.last_request = time.monotonic()
 
-    def count(self, tokens: int) -> None:
+    def count(self, tokens: int, *, drafted: int) -> None:
+        """``tokens`` generated, ``drafted`` of them by a decoding step (the first of each choice is prefill's)."""
         with self.lock:
             self.counters["generation_tokens"] += tokens
-            if self.spec:
+            self.steps += drafted
+            if self.spec and drafted and self.faults is not None:
+                self._fault()
+            if self.spec and drafted:
+                tokens = drafted
                 self.counters["spec_decode_num_drafts"] += tokens
                 self.counters["spec_decode_num_draft_tokens"] += DRAFT_K * tokens
                 self.counters["spec_decode_num_accepted_tokens"] += DRAFT_K // 2 * tokens
+                self.counters["spec_decode_num_accepted_tokens_per_pos"] = [
+                    v + tokens for v in self.counters["spec_decode_num_accepted_tokens_per_pos"]
+                ]
+
+    def _fault(self) -> None:
+        """One fake drafting call: a due fault (the plugin's ``Faults.due``) counted as handled and logged once per
+        kind, as the plugin does (no sleep)."""
+        fault = self.faults.due()
+        if fault == "raise":
+            self.handled["draft_errors"] += 1
+            if self.faults.raised == 1:
+                print(f"drafter fake failed for request(s) r{self.faults.calls}: InjectedFault()", flush=True)
+        elif fault == "sleep":
+            self.handled["draft_timeouts"] += 1
+            if self.faults.slept == 1:
+                print("specdec: drafting 1 request(s) took longer than draft_timeout_ms=50.0", flush=True)
 
     def plugin_stats(self) -> dict[str, Any]:
         """Statistics shaped like the proposer's (``SpecdecProposer.stats``), following the traffic."""
         with self.lock:
             c = dict(self.counters)
-        requests, tokens = min(c["request_success"], FAKE_CACHE_CAP[0]), min(c["generation_tokens"], FAKE_CACHE_CAP[1])
+        requests = min(c["request_success"], self.cache_requests)
+        tokens = min(c["generation_tokens"], FAKE_CACHE_CAP[1])
         return {
             "steps": c["spec_decode_num_drafts"],
             "drafted_tokens": c["spec_decode_num_draft_tokens"],
             "accepted_tokens": c["spec_decode_num_accepted_tokens"],
-            "draft_timeouts": 0,
-            "draft_errors": 0,
+            **self.handled,
+            **(self.faults.as_dict() if self.faults is not None else {}),
             "resyncs": 0,
             "drafter_state": {
                 "memory_bytes": FAKE_BYTES_PER_TOKEN * tokens,
                 "global_cache_requests": requests,
                 "global_cache_tokens": tokens,
-                "global_cache_max_requests": FAKE_CACHE_CAP[0],
+                "global_cache_max_requests": self.cache_requests,
                 "global_cache_max_tokens": FAKE_CACHE_CAP[1],
             },
         }
@@ -90,8 +124,15 @@ class FakeState:
         for name, value in self.counters.items():
             if name.startswith("spec_decode") and not self.spec:
                 continue
-            lines += [f"# TYPE vllm:{name}_total counter", f'vllm:{name}_total{{model_name="{self.model}"}} {value}.0']
+            lines.append(f"# TYPE vllm:{name}_total counter")
+            for pos, v in enumerate(value) if isinstance(value, list) else [(None, value)]:
+                label = f'model_name="{self.model}"' + (f',position="{pos}"' if pos is not None else "")
+                lines.append(f"vllm:{name}_total{{{label}}} {v}.0")
         lines.append(f'vllm:num_requests_running{{model_name="{self.model}"}} {self.running}.0')
+        lines.append("# TYPE vllm:inter_token_latency_seconds histogram")  # every fake step takes FAKE_STEP_S
+        for edge in (*FAKE_ITL_EDGES, "+Inf"):
+            count = self.steps if edge == "+Inf" or float(edge) >= FAKE_STEP_S else 0
+            lines.append(f'vllm:inter_token_latency_seconds_bucket{{le="{edge}",model_name="{self.model}"}} {count}.0')
         return "\n".join(lines) + "\n"
 
 
@@ -101,8 +142,9 @@ def _words(body: dict[str, Any]) -> list[str]:
     greedy = not body.get("temperature", 1.0) or body.get("top_k") == 1 or body.get("top_p", 1.0) < GREEDY_TOP_P
     rng = random.Random(seed if greedy else None)  # greedy: every choice the same
     out, text = [], ""
-    for _ in range(int(body.get("max_tokens", 16))):
-        out.append(rng.choice(WORDS) + " ")
+    first = random.Random(seed).choice(WORDS)  # the first token is the prompt's: sampled or not (as a near-certain one)
+    for i in range(int(body.get("max_tokens", 16))):
+        out.append((first if i == 0 else rng.choice(WORDS) if greedy else rng.choices(WORDS, FAKE_WEIGHTS)[0]) + " ")
         text += out[-1]
         if any(s and s in text for s in body.get("stop") or []):
             break
@@ -112,14 +154,20 @@ def _words(body: dict[str, Any]) -> list[str]:
 def _choice(words: list[str], index: int, body: dict[str, Any]) -> dict[str, Any]:
     done = "length" if len(words) == int(body.get("max_tokens", 16)) else "stop"
     logprobs = None
+    ids = [WORDS.index(w[:-1]) for w in words]
+    name = (lambda i: f"token_id:{i}") if body.get("return_tokens_as_token_ids") else (lambda i: WORDS[i] + " ")
     if body.get("logprobs") is not None:
+        top = sorted(range(len(WORDS)), key=lambda i: -FAKE_WEIGHTS[i])[: int(body["logprobs"])]
         logprobs = {
-            "tokens": words,
-            "token_logprobs": [-0.5] * len(words),
-            "top_logprobs": [{w: -0.5} for w in words],
+            "tokens": [name(i) for i in ids],
+            "token_logprobs": [math.log(FAKE_WEIGHTS[i]) for i in ids],
+            "top_logprobs": [{name(i): math.log(FAKE_WEIGHTS[i]) for i in top} for _ in ids],
             "text_offset": list(range(len(words))),
         }
-    return {"index": index, "text": "".join(words), "finish_reason": done, "logprobs": logprobs}
+    out = {"index": index, "text": "".join(words), "finish_reason": done, "logprobs": logprobs}
+    if body.get("return_token_ids"):
+        out["token_ids"] = ids
+    return out
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -156,6 +204,8 @@ class Handler(BaseHTTPRequestHandler):
         choices = [_words(body) for _ in range(int(body.get("n", 1)))]
         with self.state.lock:
             self.state.running += 1
+        # counted before answering, as a server counts its steps even for a client that goes away midway
+        self.state.count(sum(map(len, choices)), drafted=sum(max(0, len(c) - 1) for c in choices))
         try:
             if body.get("stream"):
                 self._stream(choices, body)
@@ -174,7 +224,6 @@ class Handler(BaseHTTPRequestHandler):
                         }
                     ),
                 )
-            self.state.count(sum(map(len, choices)))
             with self.state.lock:
                 self.state.counters["request_success"] += 1
         except (BrokenPipeError, ConnectionResetError):  # a client that cancelled midway
@@ -205,10 +254,13 @@ def serve(argv: list[str]) -> int:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--speculative-config", default="")
     args, _ = ap.parse_known_args(argv)
-    Handler.state = FakeState(args.model, spec=bool(args.speculative_config))
+    spec = json.loads(args.speculative_config or "{}")
+    cap = spec.get("drafter_options", {}).get("suffix", {}).get("max_cached_requests", FAKE_CACHE_CAP[0])
+    faults = Faults.parse(os.environ.get(FAULTS_ENV, ""), timeout_ms=50.0) if spec else None
+    Handler.state = FakeState(args.model, spec=bool(spec), cache_requests=cap, faults=faults)
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
-    plugin = _plugin_endpoint(json.loads(args.speculative_config or "{}"), Handler.state)
+    plugin = _plugin_endpoint(spec, Handler.state)
 
     parent = os.getppid()
 

@@ -1,6 +1,10 @@
-"""The features serve_features checks, one function each (``FEATURES``): the same greedy requests to the
-no-speculation server ``ref`` and to ``spec`` must give identical outputs, while CARRIERS greedy requests keep
-``spec`` drafting (``with_carriers``); ``sampling`` compares the two servers' sample distributions instead.
+"""The features serve_features checks, one function each (``FEATURES``), run on one spec server (a mode) with
+nothing else on it: its requests are the feature's own, and vLLM's spec-decode counters over the feature's window
+(``solo``) say whether drafts were accepted on them. Greedy features send their requests to the no-speculation
+server ``ref`` once and to ``spec`` PASSES times (the second pass meets its own first answer in the drafter's cache)
+and require identical outputs and accepted draft tokens; ``max_tokens_1`` has no decoding step to draft for, so it
+requires that nothing was drafted instead. ``sampling`` tests the target's distribution at an output position where
+drafts are accepted (``sampling_test``).
 """
 
 from __future__ import annotations
@@ -9,24 +13,18 @@ import concurrent.futures as cf
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from benchmarks.serve_common import ServeError, scrape, spec_delta
-from benchmarks.serve_stats import biased, chi_square_two_sample
+from benchmarks.serve_sampling import sampling_test
 
 MAX_MODEL_LEN = 2048
 PREEMPT_REQUESTS = 64
 PREEMPT_TOKENS = 256
-CARRIERS = 8
-CARRIER_TOKENS = 128
 MAX_TOKENS = 96
-SAMPLES = 2000
-SAMPLES_PER_REQUEST = 50  # n of each sampling request
-SAMPLE_TOKENS = 3
-SAMPLE_PROMPTS = 3
-P_MIN = 1e-3
-BIAS_FRACTION = 0.15
+PASSES = 2
+FEATURE_PROMPTS = 4
 LOGPROB_ATOL = 1e-2  # float32: verifying k + 1 positions at once sums in another order than one-token decoding
 IDLE_WAIT_S = 60.0
 JSON_SCHEMA = {
@@ -47,8 +45,9 @@ class Ctx:
     spec_url: str
     prompts: list[str]
     long_ids: list[int] = field(default_factory=list)
-    preempt: Any = None
-    preempt_url: str = ""
+    sampling: list[list[int]] = field(default_factory=list)  # token ids of the sampling prompts
+    peer: Any = None  # vLLM's own ngram server: a feature that fails on spec is re-run there (attribution)
+    peer_url: str = ""
 
 
 def client(base_url: str) -> Any:
@@ -65,82 +64,118 @@ def texts(resp: Any) -> list[str]:
     return [ch.text for ch in sorted(resp.choices, key=lambda ch: ch.index)]
 
 
-def with_carriers(ctx: Ctx, body: Callable[[], dict[str, Any]], *, url: str = "", c: Any = None) -> dict[str, Any]:
-    """Run ``body`` while CARRIERS greedy requests go to the spec server; add the spec-decode delta over the window,
-    whether the carriers matched ``ref``, and ok = body ok, carriers identical and tokens accepted."""
-    url, c = url or ctx.spec_url, c or ctx.spec
-    carrier_prompts = ctx.prompts[:CARRIERS]
+def feature_prompts(ctx: Ctx, count: int = FEATURE_PROMPTS) -> list[str]:
+    return ctx.prompts[:count]
+
+
+def solo(url: str, body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run ``body`` (the only traffic on the server at ``url``) and add vLLM's spec-decode delta over it; ok also
+    needs accepted draft tokens, or, where ``body`` says its requests have no step to draft for (``draft_step``
+    False), nothing drafted."""
     before = scrape(url)
-    with cf.ThreadPoolExecutor(CARRIERS) as pool:
-        futs = [pool.submit(complete, c, ctx.model, p, max_tokens=CARRIER_TOKENS) for p in carrier_prompts]
-        out = body()
-        got = [texts(f.result())[0] for f in futs]
-    delta = spec_delta(before, scrape(url))
-    want = [texts(complete(ctx.ref, ctx.model, p, max_tokens=CARRIER_TOKENS))[0] for p in carrier_prompts]
-    out["carriers_identical"] = sum(a == b for a, b in zip(got, want))
-    out["spec"] = delta
-    out["ok"] = bool(out.get("ok")) and out["carriers_identical"] == len(want) and delta["accepted_tokens"] > 0
+    out = body()
+    out["spec"] = delta = spec_delta(before, scrape(url))
+    drafted_ok = delta["accepted_tokens"] > 0 if out.get("draft_step", True) else delta["draft_tokens"] == 0
+    out["ok"] = bool(out.get("ok")) and drafted_ok
     return out
 
 
-def _same(ctx: Ctx, prompts: list[Any], **kw: Any) -> dict[str, Any]:
-    """Greedy requests to both servers; identical texts and finish reasons required."""
-    a = [complete(ctx.ref, ctx.model, p, **kw) for p in prompts]
-    b = [complete(ctx.spec, ctx.model, p, **kw) for p in prompts]
-    same = sum(
-        texts(x) == texts(y) and [c.finish_reason for c in x.choices] == [c.finish_reason for c in y.choices]
-        for x, y in zip(a, b)
-    )
-    return {"ok": same == len(prompts), "identical": same, "compared": len(prompts)}
+def _same(ctx: Ctx, prompts: list[Any], passes: int = PASSES, **kw: Any) -> dict[str, Any]:
+    """Greedy requests to ``ref`` once and to ``spec`` ``passes`` times; identical texts and finish reasons
+    required on every pass."""
+    want = [complete(ctx.ref, ctx.model, p, **kw) for p in prompts]
+    same, first = 0, None
+    for k in range(passes):
+        got = [complete(ctx.spec, ctx.model, p, **kw) for p in prompts]
+        for i, (x, y) in enumerate(zip(want, got)):
+            if texts(x) == texts(y) and [c.finish_reason for c in x.choices] == [c.finish_reason for c in y.choices]:
+                same += 1
+            elif first is None:
+                first = mismatch(k, i, texts(x), texts(y))
+    out = {"ok": same == passes * len(prompts), "identical": same, "compared": passes * len(prompts)}
+    return {**out, "first_mismatch": first} if first else out
+
+
+def mismatch(passed: int, index: int, want: list[str], got: list[str]) -> dict[str, Any]:
+    """Where a comparison first differs: the pass, the prompt, the character and both texts from just before it."""
+    a, b = "\x1e".join(want), "\x1e".join(got)  # choices joined by a record separator
+    at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return {"pass": passed, "prompt": index, "char": at, "ref": a[max(0, at - 20) : at + 60],
+            "spec": b[max(0, at - 20) : at + 60]}  # fmt: skip
 
 
 def f_streaming(ctx: Ctx) -> dict[str, Any]:
-    prompts = ctx.prompts[CARRIERS : CARRIERS + 4]
+    prompts = feature_prompts(ctx)
     want = [texts(complete(ctx.ref, ctx.model, p))[0] for p in prompts]
-    got = [
-        "".join(ch.choices[0].text for ch in complete(ctx.spec, ctx.model, p, stream=True) if ch.choices)
-        for p in prompts
-    ]
-    same = sum(a == b for a, b in zip(got, want))
-    return {"ok": same == len(prompts), "identical": same, "compared": len(prompts)}
+    same = 0
+    for _ in range(PASSES):
+        got = [
+            "".join(ch.choices[0].text for ch in complete(ctx.spec, ctx.model, p, stream=True) if ch.choices)
+            for p in prompts
+        ]
+        same += sum(a == b for a, b in zip(got, want))
+    return {"ok": same == PASSES * len(prompts), "identical": same, "compared": PASSES * len(prompts)}
 
 
 def f_stop(ctx: Ctx) -> dict[str, Any]:
-    return _same(ctx, ctx.prompts[CARRIERS : CARRIERS + 4], stop=["\n\n", "return "])
+    return _same(ctx, feature_prompts(ctx), stop=["\n\n", "return "])
 
 
 def f_max_tokens_1(ctx: Ctx) -> dict[str, Any]:
-    return _same(ctx, ctx.prompts[CARRIERS : CARRIERS + 4], max_tokens=1)
+    """One token comes from the prefill step: there is no decoding step to draft for (``draft_step`` False)."""
+    return {**_same(ctx, feature_prompts(ctx), max_tokens=1), "draft_step": False}
 
 
-def f_top_p_top_k(ctx: Ctx) -> dict[str, Any]:
-    """Sampling parameters that leave one candidate (top_k 1; a tiny top_p) must give the greedy text."""
-    prompts = ctx.prompts[CARRIERS : CARRIERS + 3]
+def f_top_k_1(ctx: Ctx) -> dict[str, Any]:
+    """Sampling at temperature 1 with top_k 1 keeps one candidate: the greedy text."""
+    return _one_candidate(ctx, extra_body={"top_k": 1})
+
+
+def f_top_p_tiny(ctx: Ctx) -> dict[str, Any]:
+    """Sampling at temperature 1 with a tiny top_p keeps one candidate: the greedy text."""
+    return _one_candidate(ctx, top_p=1e-9)
+
+
+def _one_candidate(ctx: Ctx, **kw: Any) -> dict[str, Any]:
+    prompts = feature_prompts(ctx, 3)
     want = [texts(complete(ctx.ref, ctx.model, p))[0] for p in prompts]
-    got_k = [texts(complete(ctx.spec, ctx.model, p, temperature=1.0, extra_body={"top_k": 1}))[0] for p in prompts]
-    got_p = [texts(complete(ctx.spec, ctx.model, p, temperature=1.0, top_p=1e-9))[0] for p in prompts]
-    same = sum(a == w for a, w in zip(got_k, want)) + sum(a == w for a, w in zip(got_p, want))
-    return {"ok": same == 2 * len(prompts), "identical": same, "compared": 2 * len(prompts)}
+    same, first = 0, None
+    for k in range(PASSES):
+        for i, p in enumerate(prompts):
+            got = texts(complete(ctx.spec, ctx.model, p, temperature=1.0, **kw))[0]
+            same += got == want[i]
+            first = first or (mismatch(k, i, [want[i]], [got]) if got != want[i] else None)
+    out = {"ok": same == PASSES * len(prompts), "identical": same, "compared": PASSES * len(prompts)}
+    return {**out, "first_mismatch": first} if first else out
 
 
 def f_logprobs(ctx: Ctx) -> dict[str, Any]:
-    prompts = ctx.prompts[CARRIERS : CARRIERS + 3]
+    prompts = feature_prompts(ctx, 3)
     worst, same = 0.0, 0
     for p in prompts:
-        a, b = (complete(c, ctx.model, p, logprobs=5).choices[0].logprobs for c in (ctx.ref, ctx.spec))
-        same += a.tokens == b.tokens and [set(x) for x in a.top_logprobs] == [set(x) for x in b.top_logprobs]
-        if a.tokens == b.tokens:
-            worst = max([worst, *(abs(x - y) for x, y in zip(a.token_logprobs, b.token_logprobs))])
-    return {
-        "ok": same == len(prompts) and worst <= LOGPROB_ATOL,
-        "identical": same,
-        "compared": len(prompts),
-        "max_logprob_diff": worst,
-    }
+        a = complete(ctx.ref, ctx.model, p, logprobs=5).choices[0].logprobs
+        for _ in range(PASSES):
+            b = complete(ctx.spec, ctx.model, p, logprobs=5).choices[0].logprobs
+            same += a.tokens == b.tokens and [set(x) for x in a.top_logprobs] == [set(x) for x in b.top_logprobs]
+            if a.tokens == b.tokens:
+                worst = max([worst, *(abs(x - y) for x, y in zip(a.token_logprobs, b.token_logprobs))])
+    compared = PASSES * len(prompts)
+    return {"ok": same == compared and worst <= LOGPROB_ATOL, "identical": same, "compared": compared,
+            "max_logprob_diff": worst}  # fmt: skip
 
 
 def f_n2(ctx: Ctx) -> dict[str, Any]:
-    return _same(ctx, ctx.prompts[CARRIERS : CARRIERS + 3], n=2)
+    """n=2 (vLLM refuses n > 1 at temperature 0): temperature 1 with top_k 1, both choices the greedy text."""
+    prompts = feature_prompts(ctx, 3)
+    want = [texts(complete(ctx.ref, ctx.model, p))[0] for p in prompts]
+    same, first = 0, None
+    for k in range(PASSES):
+        for i, p in enumerate(prompts):
+            got = texts(complete(ctx.spec, ctx.model, p, temperature=1.0, n=2, extra_body={"top_k": 1}))
+            same += got == [want[i]] * 2
+            first = first or (mismatch(k, i, [want[i]] * 2, got) if got != [want[i]] * 2 else None)
+    out = {"ok": same == PASSES * len(prompts), "identical": same, "compared": PASSES * len(prompts)}
+    return {**out, "first_mismatch": first} if first else out
 
 
 def f_long_prompt(ctx: Ctx) -> dict[str, Any]:
@@ -149,13 +184,14 @@ def f_long_prompt(ctx: Ctx) -> dict[str, Any]:
         raise ServeError("feature 'long_prompt' needs token ids (the tokenizer of --model)")
     out = _same(ctx, [ctx.long_ids[-(MAX_MODEL_LEN - 1) :]], max_tokens=1)
     out8 = _same(ctx, [ctx.long_ids[-(MAX_MODEL_LEN - 8) :]], max_tokens=7)
-    return {"ok": out["ok"] and out8["ok"], "identical": out["identical"] + out8["identical"], "compared": 2}
+    return {"ok": out["ok"] and out8["ok"], "identical": out["identical"] + out8["identical"],
+            "compared": out["compared"] + out8["compared"]}  # fmt: skip
 
 
 def f_json_schema(ctx: Ctx) -> dict[str, Any]:
     import openai
 
-    prompts = [p + "\n# the result as JSON:\n" for p in ctx.prompts[CARRIERS : CARRIERS + 2]]
+    prompts = [p + "\n# the result as JSON:\n" for p in feature_prompts(ctx, 2)]
     kw = {"max_tokens": 64, "extra_body": {"structured_outputs": {"json": JSON_SCHEMA}}}
     try:
         out = _same(ctx, prompts, **kw)
@@ -168,22 +204,30 @@ def f_json_schema(ctx: Ctx) -> dict[str, Any]:
             parsed += 1
         except json.JSONDecodeError:
             pass
-    return {**out, "valid_json": parsed}
+    return {**out, "valid_json": parsed}  # ref's texts are the same: a 64-token cut may leave both unclosed
 
 
 def f_cancel_stream(ctx: Ctx) -> dict[str, Any]:
     """A streaming request closed after a few chunks: the server drops it (no request left running) and answers
-    the next request exactly."""
-    stream = complete(
-        ctx.spec, ctx.model, ctx.prompts[CARRIERS], stream=True, max_tokens=512, extra_body={"ignore_eos": True}
-    )
-    got = 0
-    for _ in stream:
-        got += 1
-        if got >= 5:
-            break
-    stream.close()
-    return {"chunks_read": got, **_same(ctx, ctx.prompts[CARRIERS + 1 : CARRIERS + 2])}
+    the next request exactly. The window holds the cancelled stream only: the same prompt was answered in full
+    just before it, so its drafts come from the cache."""
+    prompt, kw = ctx.prompts[0], {"max_tokens": 512, "extra_body": {"ignore_eos": True}}
+    complete(ctx.spec, ctx.model, prompt, **kw)
+
+    def cancelled() -> dict[str, Any]:
+        got = 0
+        stream = complete(ctx.spec, ctx.model, prompt, stream=True, **kw)
+        for _ in stream:
+            got += 1
+            if got >= 5:
+                break
+        stream.close()
+        return {"ok": True, "chunks_read": got, "idle_after_s": wait_idle(ctx.spec_url)}
+
+    out = solo(ctx.spec_url, cancelled)
+    after = _same(ctx, ctx.prompts[1:2], passes=1)
+    out["ok"] = out["ok"] and out["idle_after_s"] < IDLE_WAIT_S and after["ok"]
+    return {**out, "next_request": after}
 
 
 def wait_idle(url: str, timeout_s: float = IDLE_WAIT_S) -> float:
@@ -197,16 +241,14 @@ def wait_idle(url: str, timeout_s: float = IDLE_WAIT_S) -> float:
 
 
 def f_preemption(ctx: Ctx) -> dict[str, Any]:
-    """PREEMPT_REQUESTS concurrent long requests on the small-KV server: preempted (vLLM's counter rises),
-    outputs identical to ``ref``."""
-    if ctx.preempt is None:
-        raise ServeError("feature 'preemption' needs the preempt server")
+    """PREEMPT_REQUESTS concurrent long requests on the spec server, whose KV cache is small (serve_features'
+    PREEMPT_BLOCKS): preempted (vLLM's counter rises), outputs identical to ``ref``."""
     prompts = [ctx.prompts[i % len(ctx.prompts)] for i in range(PREEMPT_REQUESTS)]
     kw = {"max_tokens": PREEMPT_TOKENS, "extra_body": {"ignore_eos": True}}
-    before = scrape(ctx.preempt_url)
+    before = scrape(ctx.spec_url)
     with cf.ThreadPoolExecutor(PREEMPT_REQUESTS) as pool:
-        got = list(pool.map(lambda p: texts(complete(ctx.preempt, ctx.model, p, **kw))[0], prompts))
-    after = scrape(ctx.preempt_url)
+        got = list(pool.map(lambda p: texts(complete(ctx.spec, ctx.model, p, **kw))[0], prompts))
+    after = scrape(ctx.spec_url)
     want = [texts(complete(ctx.ref, ctx.model, p, **kw))[0] for p in prompts]
     same = sum(a == b for a, b in zip(got, want))
     pre = after.get("vllm:num_preemptions_total", 0.0) - before.get("vllm:num_preemptions_total", 0.0)
@@ -220,53 +262,34 @@ def f_preemption(ctx: Ctx) -> dict[str, Any]:
     }
 
 
-def draw(c: Any, model: str, prompt: str, samples: int) -> list[str]:
-    """``samples`` completions of SAMPLE_TOKENS tokens at temperature 1 (n per request: SAMPLES_PER_REQUEST)."""
-    reqs = -(-samples // SAMPLES_PER_REQUEST)
-    with cf.ThreadPoolExecutor(16) as pool:
-        outs = pool.map(
-            lambda _: texts(
-                complete(c, model, prompt, temperature=1.0, max_tokens=SAMPLE_TOKENS, n=SAMPLES_PER_REQUEST)
-            ),
-            range(reqs),
-        )
-        return [t for o in outs for t in o][:samples]
-
-
-def f_sampling(ctx: Ctx, samples: int = SAMPLES) -> dict[str, Any]:
-    per_prompt = []
-    for p in ctx.prompts[CARRIERS : CARRIERS + SAMPLE_PROMPTS]:
-        a, b = draw(ctx.ref, ctx.model, p, samples), draw(ctx.spec, ctx.model, p, samples)
-        stat, dof, pval = chi_square_two_sample(a, b)
-        _, _, p_biased = chi_square_two_sample(a, biased(b, fraction=BIAS_FRACTION))
-        per_prompt.append({"samples": [len(a), len(b)], "chi2": stat, "dof": dof, "p": pval, "p_biased": p_biased})
-    ok = all(r["p"] > P_MIN and r["p_biased"] <= P_MIN for r in per_prompt)
-    return {"ok": ok, "per_prompt": per_prompt}
-
-
 FEATURES: dict[str, Callable[[Ctx], dict[str, Any]]] = {
     "streaming": f_streaming,
     "stop": f_stop,
     "max_tokens_1": f_max_tokens_1,
-    "top_p_top_k": f_top_p_top_k,
+    "top_k_1": f_top_k_1,
+    "top_p_tiny": f_top_p_tiny,
     "logprobs": f_logprobs,
     "n2": f_n2,
     "long_prompt": f_long_prompt,
     "json_schema": f_json_schema,
     "cancel_stream": f_cancel_stream,
     "preemption": f_preemption,
-    "sampling": f_sampling,
+    "sampling": lambda ctx: sampling_test(
+        ctx.ref, ctx.spec, spec_url=ctx.spec_url, model=ctx.model, prompts=ctx.sampling
+    ),
 }
-OWN_WINDOW = ("preemption",)  # features that measure acceptance on their own server
+OWN_WINDOW = ("preemption", "cancel_stream", "sampling")  # features that measure their own window
 
 
 def run_feature(ctx: Ctx, name: str) -> dict[str, Any]:
+    """The feature on ``ctx.spec``; a greedy feature whose outputs differ from ``ref`` runs again on the peer
+    (vLLM ngram): ``peer`` says whether vLLM's own speculation differs the same way."""
     if name not in FEATURES:
         raise ServeError(f"unknown feature {name!r}: use one of {', '.join(FEATURES)}")
     if name in OWN_WINDOW:
         return FEATURES[name](ctx)
-    out = with_carriers(ctx, lambda: FEATURES[name](ctx))
-    if name == "cancel_stream":
-        out["idle_after_s"] = wait_idle(ctx.spec_url)
-        out["ok"] = out["ok"] and out["idle_after_s"] < IDLE_WAIT_S
+    out = solo(ctx.spec_url, lambda: FEATURES[name](ctx))
+    if out.get("identical", 0) < out.get("compared", 0) and ctx.peer is not None:
+        peer = FEATURES[name](replace(ctx, spec=ctx.peer, spec_url=ctx.peer_url))
+        out["peer"] = {k: peer[k] for k in ("identical", "compared", "first_mismatch") if k in peer}
     return out

@@ -1,16 +1,17 @@
 """Feature parity through the `openai` client: `vllm serve` with specdec against a no-speculation server.
 
-    python -m benchmarks.serve_features --out-dir $OUT                      # GPU: every feature, JSON + log files
-    python -m benchmarks.serve_features --features streaming,stop --out-dir $OUT
+    python -m benchmarks.serve_features --out-dir $OUT                      # GPU: every feature, both modes
+    python -m benchmarks.serve_features --features streaming,stop --modes schedule --out-dir $OUT
 
-Three servers on loopback (float32, the shared 53M target, started one after another so memory profiling does not
-see the others): ``ref`` (no speculation), ``spec`` (``--spec``, default ``{"method": "specdec"}``) and
-``preempt`` (the same spec with only PREEMPT_BLOCKS KV blocks, so PREEMPT_REQUESTS long requests overflow the KV
-cache). Each feature sends the same greedy requests to ``ref`` and to ``spec`` and requires identical outputs;
-while it runs, CARRIERS greedy code requests go to ``spec`` too (outputs checked the same way) and the feature
-passes only if vLLM's accepted-token counter rose during it: a feature that passes because nothing was drafted
-proves nothing. ``sampling``: temperature 1, the first SAMPLE_TOKENS tokens of >= SAMPLES samples per prompt on
-each server, two-sample chi-square p > P_MIN; a deliberately biased copy of the spec samples must fail it.
+Servers on loopback (float32, the shared 53M target, started one after another so memory profiling does not see
+the others): ``ref`` (no speculation) and ``peer`` (vLLM ngram, ``--peer``: a greedy feature that differs from
+``ref`` runs again there, to tell vLLM's own differences from the plugin's) for the whole run, then per mode
+(``--modes``: the plugin's ``async_mode``, thread and schedule) ``spec`` (``--spec`` with that mode and only
+PREEMPT_BLOCKS KV blocks, so the preemption feature's PREEMPT_REQUESTS long requests overflow it), stopped before
+the next mode's start. Every feature runs on a spec server with nothing else on it, so
+vLLM's spec-decode counters over its window count its own requests: greedy features must match ``ref`` and have
+drafts accepted (serve_feature_checks), ``sampling`` tests the target's distribution where drafts are accepted
+(serve_sampling).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.serve_common import (
+    METHODS,
     ServeError,
     Server,
     check_reachable,
@@ -29,23 +31,15 @@ from benchmarks.serve_common import (
     free_port,
     write_json,
 )
-from benchmarks.serve_feature_checks import (
-    CARRIERS,
-    FEATURES,
-    MAX_MODEL_LEN,
-    P_MIN,
-    SAMPLES,
-    Ctx,
-    client,
-    run_feature,
-)
+from benchmarks.serve_feature_checks import FEATURES, MAX_MODEL_LEN, Ctx, client, run_feature
+from benchmarks.serve_sampling import P_MIN, SAMPLES, load_sampling_prompts
 from specdec.eval.results import installed_versions
 
-# this driver's public names; CARRIERS, P_MIN and SAMPLES are re-exported for the tests that read them here
+# this driver's public names; P_MIN and SAMPLES are re-exported for the tests that read them here
 __all__ = [
-    "CARRIERS",
     "FEATURES",
     "MAX_MODEL_LEN",
+    "MODES",
     "P_MIN",
     "PREEMPT_BLOCKS",
     "SAMPLES",
@@ -57,7 +51,7 @@ __all__ = [
     "make_ctx",
     "run_all",
     "run_feature",
-    "start_servers",
+    "start_server",
 ]
 
 SERVER_ARGS = [
@@ -70,49 +64,51 @@ SERVER_ARGS = [
     "--seed",
     "0",
 ]
-PREEMPT_BLOCKS = 256  # 4,096 tokens of KV cache (block size 16): far below PREEMPT_REQUESTS long requests
+PREEMPT_BLOCKS = 256  # the spec servers' KV cache: 4,096 tokens (block size 16), far below PREEMPT_REQUESTS long
+# requests, enough for one max_model_len request and for the sampling requests (SAMPLE_THREADS x n, prefix shared)
+# the peer verifies as many draft tokens as the plugin's default k, so a failure tied to the verified width (vLLM
+# samples 8+ rows with another top-k/top-p kernel than fewer) shows on both
+PEER_WIDTH = {"num_speculative_tokens": 16}
+BOS = 0  # the shared tokenizer's <|endoftext|>, which the serve prompts start with
+MODES = ("thread", "schedule")  # the plugin's async_mode values a spec server runs
 
 
 # --------------------------------------------------------------------------- CLI
 def long_prompt_ids(model: str, prompts: list[str]) -> list[int]:
-    """At least MAX_MODEL_LEN token ids (BOS first) from the prompts, tokenized with the model's tokenizer."""
+    """MAX_MODEL_LEN token ids (BOS first): the first prompt's tokens (its BOS dropped) repeated, cut in the middle
+    of a copy, so the target continues the copy and the drafter's proposals from the prompt are accepted near
+    max_model_len."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
-    ids: list[int] = []
-    for p in prompts:
-        ids += tok.encode(p, add_special_tokens=False).ids
-        if len(ids) > MAX_MODEL_LEN:
-            break
-    if len(ids) <= MAX_MODEL_LEN:
-        raise ServeError(f"the prompts give {len(ids)} tokens; the long-prompt feature needs {MAX_MODEL_LEN + 1}")
-    return [0, *ids[-(MAX_MODEL_LEN - 1) :]]
+    unit = [t for t in tok.encode(prompts[0], add_special_tokens=False).ids if t != BOS] if prompts else []
+    if len(unit) < 2:
+        raise ServeError("the long-prompt feature needs a prompt of 2+ tokens (the code pool's first is not)")
+    body = MAX_MODEL_LEN - 1
+    ids = unit * (body // len(unit) + 2)
+    end = (body // len(unit) + 1) * len(unit) + len(unit) // 2  # half-way through a copy
+    return [BOS, *ids[end - body : end]]
 
 
-def start_servers(args: argparse.Namespace, stack: list[Server]) -> dict[str, Server]:
-    """ref, spec (and preempt) one after another; each appended to ``stack`` as soon as it exists."""
-    extra = SERVER_ARGS + args.server_args
-    plan = {"ref": (None, extra), "spec": (args.spec, extra)}
-    if "preemption" in args.features:
-        plan["preempt"] = (args.spec, [*extra, "--num-gpu-blocks-override", str(PREEMPT_BLOCKS)])
-    out = {}
-    for name, (spec, sargs) in plan.items():
-        srv = Server(
-            args.model,
-            port=free_port(),
-            log=Path(args.out_dir) / f"features-{name}.log",
-            spec=spec,
-            server_args=sargs,
-            cli=args.vllm_cli,
-        )
-        stack.append(srv)
-        out[name] = srv.start(args.health_timeout_s)
-    return out
+def start_server(args: argparse.Namespace, stack: list[Server], name: str, spec: Any, extra: list[str]) -> Server:
+    """One server, appended to ``stack`` as soon as it exists (so it is stopped whatever happens), started."""
+    srv = Server(
+        args.model,
+        port=free_port(),
+        log=Path(args.out_dir) / f"features-{name}.log",
+        spec=spec,
+        server_args=SERVER_ARGS + args.server_args + extra,
+        cli=args.vllm_cli,
+    )
+    stack.append(srv)
+    srv.start(args.health_timeout_s)
+    check_reachable(srv.base_url)
+    return srv
 
 
 def make_ctx(args: argparse.Namespace, servers: dict[str, Server], prompts: list[str]) -> Ctx:
     ids = long_prompt_ids(args.model, prompts) if "long_prompt" in args.features else []
-    pre = servers.get("preempt")
+    peer = servers.get("peer")
     return Ctx(
         model=args.model,
         ref=client(servers["ref"].base_url),
@@ -120,8 +116,9 @@ def make_ctx(args: argparse.Namespace, servers: dict[str, Server], prompts: list
         spec_url=servers["spec"].base_url,
         prompts=prompts,
         long_ids=ids,
-        preempt=client(pre.base_url) if pre else None,
-        preempt_url=pre.base_url if pre else "",
+        sampling=load_sampling_prompts() if "sampling" in args.features else [],
+        peer=client(peer.base_url) if peer else None,
+        peer_url=peer.base_url if peer else "",
     )
 
 
@@ -134,6 +131,29 @@ def load_prompts(path: Path, pool: str = "code") -> list[str]:
     return [r["prompt"] for r in pools[pool]]
 
 
+def run_mode(
+    args: argparse.Namespace, base: dict[str, Server], mode: str, prompts: list[str], results: dict[str, Any]
+) -> dict[str, Any]:
+    """The spec server of one mode, every feature on it (into ``results`` as each ends, saved by ``args.save``),
+    the server stopped."""
+    spec = {**args.spec, "async_mode": mode}
+    stack: list[Server] = []
+    try:
+        blocks = ["--num-gpu-blocks-override", str(PREEMPT_BLOCKS)]
+        servers = {**base, "spec": start_server(args, stack, f"spec-{mode}", spec, blocks)}
+        ctx = make_ctx(args, servers, prompts)
+        for name in args.features:
+            try:
+                results[name] = run_feature(ctx, name)
+            except Exception as exc:  # noqa: BLE001 - one feature's failure is a result, the others still run
+                results[name] = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            print(f"{mode} {name}: {'ok' if results[name]['ok'] else 'FAILED'}", flush=True)
+            args.save()
+    finally:
+        results["exit_codes"] = {srv.log.stem: srv.stop() for srv in stack}
+    return results
+
+
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     prompts = load_prompts(Path(args.prompts))
     doc: dict[str, Any] = {
@@ -142,24 +162,30 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         "versions": installed_versions(),
         "spec": args.spec,
         "server_args": SERVER_ARGS + args.server_args,
-        "features": {},
+        "modes": {},
     }
     stack: list[Server] = []
     try:
-        servers = start_servers(args, stack)
-        for srv in servers.values():
-            check_reachable(srv.base_url)
-        ctx = make_ctx(args, servers, prompts)
-        for name in args.features:
-            try:
-                doc["features"][name] = run_feature(ctx, name)
-            except Exception as exc:  # noqa: BLE001 - one feature's failure is a result, the others still run
-                doc["features"][name] = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-            print(f"{name}: {'ok' if doc['features'][name]['ok'] else 'FAILED'}", flush=True)
+        base = {"ref": start_server(args, stack, "ref", None, [])}
+        if args.peer:
+            base["peer"] = start_server(args, stack, "peer", {**METHODS[args.peer], **PEER_WIDTH}, [])
+        args.save = lambda: write_json(Path(args.out_dir) / "serve_features.json", {**doc, "partial": True})
+        for mode in args.modes:
+            run_mode(args, base, mode, prompts, doc["modes"].setdefault(mode, {}))
     finally:
         doc["exit_codes"] = {srv.log.stem: srv.stop() for srv in stack}
-    doc["ok"] = all(f["ok"] for f in doc["features"].values()) and len(doc["features"]) == len(args.features)
+    doc["ok"] = len(doc["modes"]) == len(args.modes) and all(
+        name in res and res[name]["ok"] for res in doc["modes"].values() for name in args.features
+    )
     return doc
+
+
+def _modes(text: str) -> list[str]:
+    names = [m for m in text.split(",") if m]
+    for m in names:
+        if m not in MODES:
+            raise ServeError(f"unknown mode {m!r}: use one of {', '.join(MODES)}")
+    return names
 
 
 def _features(text: str) -> list[str]:
@@ -178,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=str(model_path(TARGET_MODEL)))
     ap.add_argument("--spec", default='{"method": "specdec"}', type=json.loads)
     ap.add_argument("--features", default=",".join(FEATURES))
+    ap.add_argument("--modes", default=",".join(MODES), help="the plugin's async_mode per spec server")
+    ap.add_argument(
+        "--peer", default="ngram", choices=["ngram", ""], help="vLLM's method that failing features rerun on"
+    )
     ap.add_argument("--server-args", default="", type=lambda s: s.split(), help="added to every server")
     ap.add_argument("--health-timeout-s", type=float, default=600.0)
     ap.add_argument("--vllm-cli", default="")
@@ -185,12 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         args.features = _features(args.features)
+        args.modes = _modes(args.modes)
         doc = run_all(args)
     except ServeError as exc:
         print(f"serve_features: {exc}", file=sys.stderr)
         return 2
     write_json(Path(args.out_dir) / "serve_features.json", doc)
-    print(json.dumps({k: v["ok"] for k, v in doc["features"].items()}))
+    print(json.dumps({m: {k: v["ok"] for k, v in res.items() if k in FEATURES} for m, res in doc["modes"].items()}))
     return 0 if doc["ok"] else 1
 
 

@@ -1,17 +1,22 @@
-"""Soak: many requests through `vllm serve` with the plugin, memory sampled over time.
+"""Soak: many requests through `vllm serve` with the plugin in each mode, memory sampled over time, faults injected.
 
-    python -m benchmarks.serve_soak --out-dir $OUT                          # GPU: 10,000 requests, concurrency 64
-    python -m benchmarks.serve_soak --base-url http://127.0.0.1:8000 ...    # against a running server
+    python -m benchmarks.serve_soak --faults raise:100,sleep:100 --out-dir $OUT   # GPU: both modes, one call
+    python -m benchmarks.serve_soak --base-url http://127.0.0.1:8000 ...          # against a running server
 
-Requests (``openai`` AsyncOpenAI, at most ``--concurrency`` in flight): prompts cycled from the code, agentic and
+Per mode (``--modes``: the plugin's ``async_mode``, thread and schedule; one server each, started one after
+another, then soaked at the same time; the suffix cache capped at ``--max-cached-requests``): ``--requests``
+requests (``openai`` AsyncOpenAI, at most ``--concurrency`` in flight), prompts cycled from the code, agentic and
 chat pools, max_tokens drawn from SOAK_LENGTHS, STREAM_SHARE of them streamed and ``--cancel-share`` streamed and
-closed after CANCEL_AFTER chunks. Every ``--sample-s`` the host RSS of the server's process group and the GPU's used
-memory (nvidia-smi) are recorded. /metrics is scraped before and after (vLLM's spec-decode counters, preemptions), and
-so is the plugin's own endpoint (``metrics_port``, added to a specdec ``--spec`` on a free port unless it names one;
-``--metrics-port``): its counters at the end and over the run, its drafter's size. Passes with zero failed requests,
-host RSS growing less than RSS_GROWTH_MAX between 20% and 100% of the run, GPU memory not growing over that span and
-the suffix drafter's global cache within its caps (where the endpoint reports it). Bounded: ``--requests`` and
-``--time-limit-s`` (no new request past it).
+closed after CANCEL_AFTER chunks.
+Every ``--sample-s`` the host RSS of the server's process group, the GPU's used memory (nvidia-smi) and the
+plugin's cache gauges are recorded. /metrics is scraped before and after (vLLM's counters), and so is the plugin's
+own endpoint (``metrics_port``, added to a specdec ``--spec`` on a free port unless it names one;
+``--metrics-port``). Then ``--compare`` greedy requests go to the same server. A mode passes with zero failed
+requests, every request sent, the cache's cap reached, host RSS growing less than RSS_GROWTH_MAX and GPU memory
+less than GPU_GROWTH_MAX after that, the cache within its caps, vLLM's inter-token latencies (its histogram) within
+the drafting deadline plus two median steps, and, with faults, the plugin's counts equal to the injected faults
+(serve_soak_checks). At the end no-speculation and vLLM ngram servers answer the same greedy requests: specdec's
+mismatches must be no more than ngram's. Bounded: ``--requests`` per mode, ``--time-limit-s`` (none sent after).
 
 ``--faults raise:100`` / ``sleep:100`` (test only) starts the server with ``SPECDEC_TEST_FAULTS`` set: the plugin's
 drafter then raises, or sleeps past the drafting deadline, on every 100th drafting call
@@ -22,28 +27,41 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures as cf
 import json
 import random
 import sys
-import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.serve_common import (
+    METHODS,
     ServeError,
     Server,
     check_reachable,
     device_name,
     free_port,
-    gpu_memory_mib,
+    http_get,
+    parse_metrics,
     plugin_counters,
-    rss_mib,
-    scrape,
     scrape_plugin,
     spec_delta,
     with_metrics_port,
     write_json,
+)
+from benchmarks.serve_soak_checks import (
+    Sampler,
+    cap_reached_at,
+    compare_verdict,
+    fault_check,
+    fault_kinds,
+    growth_after,
+    itl_check,
+    mismatches,
+    plot,
 )
 from specdec.config import ConfigError
 from specdec.eval.results import installed_versions
@@ -53,7 +71,11 @@ SOAK_LENGTHS = (16, 32, 64, 128, 256, 512)
 STREAM_SHARE = 0.3
 CANCEL_AFTER = 4  # chunks read before a cancelled stream is closed
 RSS_GROWTH_MAX = 0.05
-WINDOW = (0.2, 1.0)  # the part of the run (by time) whose growth is judged: start-up and warm-up excluded
+GPU_GROWTH_MAX = 0.01  # the whole GPU's used memory (every server on it): the caching allocator settles late
+MODES = ("thread", "schedule")  # the plugin's async_mode, one soak server each
+COMPARE_TOKENS = 128
+DEFAULT_TIMEOUT_MS = 50.0  # the plugin's draft_timeout_ms default (entry/options.py)
+DEFAULT_GPU_UTIL = 0.9  # vLLM's default gpu_memory_utilization, shared by soak servers running at once
 POOLS = ("code", "agentic", "chat")
 CACHE_PREFIX = "specdec_global_cache_"  # the suffix drafter's global cache gauges on the plugin's endpoint
 DRAFTER_MEMORY = "specdec_drafter_memory_bytes"
@@ -118,59 +140,25 @@ async def drive(
         await c.close()
 
 
-class Sampler(threading.Thread):
-    """Every ``every_s``: (seconds, requests done, host RSS MiB of ``pids()``, GPU used MiB)."""
+async def greedy_texts(base_url: str, model: str, prompts: list[str], *, concurrency: int) -> list[str]:
+    """COMPARE_TOKENS greedy tokens for each prompt (texts in order; a failure's text names it)."""
+    import openai
 
-    def __init__(self, pids: Any, every_s: float, progress: dict[str, int]) -> None:
-        super().__init__(daemon=True)
-        self.pids, self.every_s, self.progress = pids, every_s, progress
-        self.samples: list[tuple[float, int, float, float | None]] = []
-        self.halt = threading.Event()
-        self.t0 = time.monotonic()
+    c = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0, timeout=600)
+    sem = asyncio.Semaphore(concurrency)
 
-    def take(self) -> None:
-        self.samples.append((time.monotonic() - self.t0, self.progress["done"], rss_mib(self.pids()), gpu_memory_mib()))
+    async def task(prompt: str) -> str:
+        async with sem:
+            try:
+                r = await c.completions.create(model=model, prompt=prompt, max_tokens=COMPARE_TOKENS, temperature=0.0)
+                return r.choices[0].text
+            except Exception as exc:  # noqa: BLE001 - a failed request is a mismatch, named
+                return f"\x00failed: {type(exc).__name__}"
 
-    def run(self) -> None:
-        while not self.halt.is_set():
-            self.take()
-            self.halt.wait(self.every_s)
-
-
-def growth(samples: list[tuple[float, int, float, float | None]], col: int) -> float | None:
-    """Relative growth of column ``col`` from the first sample at WINDOW[0] of the run to the window's maximum."""
-    vals = [(s[0], s[col]) for s in samples if s[col] is not None]
-    if len(vals) < 2:
-        return None
-    span = vals[-1][0]
-    window = [v for t, v in vals if WINDOW[0] * span <= t <= WINDOW[1] * span]
-    if not window or not window[0]:
-        return None
-    return (max(window) - window[0]) / window[0]
-
-
-def plot(samples: list[tuple[float, int, float, float | None]], path: Path) -> str:
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "PNG skipped: matplotlib missing (the samples are in the JSON)"
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
-    t = [s[0] for s in samples]
-    axes[0].plot(t, [s[2] for s in samples])
-    axes[0].set_title("server host RSS (MiB)")
-    axes[1].plot(t, [s[3] if s[3] is not None else float("nan") for s in samples])
-    axes[1].set_title("GPU memory used (MiB)")
-    for ax in axes:
-        ax.set_xlabel("seconds")
-        ax.grid(alpha=0.3)
-        ax.axvspan(WINDOW[0] * t[-1], t[-1], alpha=0.08)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+        return list(await asyncio.gather(*(task(p) for p in prompts)))
+    finally:
+        await c.close()
 
 
 def plugin_report(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
@@ -193,8 +181,12 @@ def plugin_report(before: dict[str, float], after: dict[str, float]) -> dict[str
 def summarize(
     outcomes: list[str], sampler: Sampler, before: dict[str, float], after: dict[str, float]
 ) -> dict[str, Any]:
+    """Outcomes, spec-decode counters and the plugin's, memory growth from the moment the drafter's cache first
+    held its maximum of requests (``cap_reached_s``; never reached fails the run)."""
     failed = [o for o in outcomes if o.startswith("failed")]
-    rss_g, gpu_g = growth(sampler.samples, 2), growth(sampler.samples, 3)
+    cap_s = cap_reached_at(sampler.plugin_samples)
+    start = cap_s if cap_s is not None else float("inf")
+    rss_g, gpu_g = growth_after(sampler.samples, 2, start), growth_after(sampler.samples, 3, start)
     out = {
         "requests": len(outcomes),
         "ok": outcomes.count("ok"),
@@ -202,18 +194,22 @@ def summarize(
         "not_sent": outcomes.count("not sent"),
         "failed": len(failed),
         "failures": failed[:20],
+        "cap_reached_s": cap_s,
         "rss_growth": rss_g,
         "gpu_growth": gpu_g,
         "spec": spec_delta(before, after),
+        "vllm_counters": {k: v for k, v in after.items() if k.startswith("vllm:") and k.endswith("_total")},
         "preemptions": after.get("vllm:num_preemptions_total", 0.0) - before.get("vllm:num_preemptions_total", 0.0),
         **plugin_report(before, after),
         "samples": sampler.samples,
+        "plugin_samples": sampler.plugin_samples,
     }
     out["pass"] = (
         not failed
         and out["not_sent"] == 0
+        and cap_s is not None
         and (rss_g is None or rss_g < RSS_GROWTH_MAX)
-        and (gpu_g is None or gpu_g <= 0)
+        and (gpu_g is None or gpu_g < GPU_GROWTH_MAX)
         and out["cache_within_cap"] is not False
     )
     return out
@@ -242,65 +238,160 @@ def check_faults(spec: str, *, base_url: str) -> None:
         raise ServeError(f"--faults: {exc}") from None
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    reqs = plan(soak_prompts(Path(args.prompts)), args.requests, cancel_share=args.cancel_share)
-    progress = {"done": 0}
+def mode_spec(args: argparse.Namespace, mode: str) -> tuple[dict[str, Any] | None, int]:
+    """The speculative config of ``mode``'s server (None: no speculation) and its plugin metrics port: ``--spec``
+    with ``async_mode`` and the suffix cache's ``max_cached_requests`` set for a specdec config."""
+    spec = json.loads(args.spec) if args.spec else None
+    if spec is not None and spec.get("method") == "specdec":
+        if mode in MODES:
+            spec["async_mode"] = mode
+        if args.max_cached_requests:
+            opts = spec.setdefault("drafter_options", {})
+            opts["suffix"] = {**opts.get("suffix", {}), "max_cached_requests": args.max_cached_requests}
+    return with_metrics_port(spec, args.metrics_port)
+
+
+@dataclass
+class Target:
+    """A soak's server: its mode, speculative config, URLs and the process ids whose RSS is sampled."""
+
+    mode: str
+    spec: dict[str, Any] | None
+    base_url: str
+    pids: Callable[[], list[int]]
+    plugin_url: str
+    server: Server | None = None
+
+
+def shared_gpu_args(args: argparse.Namespace, servers: int) -> list[str]:
+    """``--server-args`` for one of ``servers`` soak servers on one GPU: each takes an equal share of vLLM's
+    default memory utilization unless the arguments set one."""
+    if servers < 2 or "--gpu-memory-utilization" in args.server_args:
+        return list(args.server_args)
+    return [*args.server_args, "--gpu-memory-utilization", f"{DEFAULT_GPU_UTIL / servers:.2f}"]
+
+
+def open_target(args: argparse.Namespace, mode: str, stack: list[Server], *, servers: int = 1) -> Target:
+    """``mode``'s server started (appended to ``stack`` first, so it is stopped whatever happens; one of
+    ``servers`` sharing the GPU), or ``--base-url``."""
+    spec, plugin_port = mode_spec(args, mode)
     server = None
     if args.base_url:
         check_reachable(args.base_url)
         base_url, pids, plugin_port = args.base_url, (list), max(args.metrics_port, 0)
     else:
-        spec, plugin_port = with_metrics_port(json.loads(args.spec) if args.spec else None, args.metrics_port)
         server = Server(
-            args.model,
-            port=free_port(),
-            log=Path(args.out_dir) / "soak-server.log",
-            spec=spec,
-            server_args=args.server_args,
-            cli=args.vllm_cli,
+            args.model, port=free_port(), log=Path(args.out_dir) / f"soak-{mode}.log", spec=spec,
+            server_args=shared_gpu_args(args, servers), cli=args.vllm_cli,
             env={FAULTS_ENV: args.faults} if args.faults else None,
-        )
+        )  # fmt: skip
+        stack.append(server)
         server.start(args.health_timeout_s)
         base_url, pids = server.base_url, server.pids
     plugin_url = f"{base_url.rsplit(':', 1)[0]}:{plugin_port}/metrics" if plugin_port else ""
-    sampler = Sampler(pids, args.sample_s, progress)
+    return Target(mode, spec, base_url, pids, plugin_url, server)
+
+
+def soak_on(args: argparse.Namespace, t: Target, reqs: list[dict[str, Any]], compare: list[str]) -> dict[str, Any]:
+    """The soak's requests through one server, then the greedy comparison requests on it; its checks."""
+    progress = {"done": 0}
+    sampler = Sampler(t.pids, args.sample_s, progress, lambda: scrape_plugin(t.plugin_url)[0])
     try:
-        before = scrape(base_url)
-        plugin_before, _ = scrape_plugin(plugin_url)
+        text_before, (plugin_before, _) = http_get(f"{t.base_url}/metrics")[1], scrape_plugin(t.plugin_url)
         sampler.start()
         t0 = time.monotonic()
         outcomes = asyncio.run(
-            drive(
-                base_url,
-                args.model,
-                reqs,
-                concurrency=args.concurrency,
-                time_limit_s=args.time_limit_s,
-                progress=progress,
-            )
-        )
+            drive(t.base_url, args.model, reqs, concurrency=args.concurrency, time_limit_s=args.time_limit_s,
+                  progress=progress)
+        )  # fmt: skip
         wall = time.monotonic() - t0
         sampler.halt.set()
         sampler.join()
         sampler.take()
-        after = scrape(base_url)
-        plugin_after, plugin_error = scrape_plugin(plugin_url)
+        text_after, (plugin_after, plugin_error) = http_get(f"{t.base_url}/metrics")[1], scrape_plugin(t.plugin_url)
+        texts = asyncio.run(greedy_texts(t.base_url, args.model, compare, concurrency=args.concurrency))
     finally:
         sampler.halt.set()
-        exit_code = server.stop() if server else None
-    doc = {
-        "command": sys.argv,
-        "device": device_name(),
-        "versions": installed_versions(),
-        "spec": args.spec,
-        "settings": {k: v for k, v in vars(args).items()},
-        "wall_s": wall,
-        "server_exit_code": exit_code,
-        "plugin_metrics_url": plugin_url,
-        "plugin_metrics_error": plugin_error,
-        **summarize(outcomes, sampler, {**before, **plugin_before}, {**after, **plugin_after}),
-    }
+    doc = {"mode": t.mode, "speculative_config": t.spec, "wall_s": wall, "plugin_metrics_url": t.plugin_url,
+           "plugin_metrics_error": plugin_error,
+           **summarize(outcomes, sampler, {**parse_metrics(text_before), **plugin_before},
+                       {**parse_metrics(text_after), **plugin_after})}  # fmt: skip
+    timeout_ms = float((t.spec or {}).get("draft_timeout_ms", DEFAULT_TIMEOUT_MS))
+    doc["itl"] = itl_check(text_before, text_after, timeout_ms=timeout_ms)
+    if args.faults and t.server is not None:
+        log = t.server.log.read_text(errors="replace")
+        doc["faults"] = fault_check(fault_kinds(args.faults), plugin_before, plugin_after, log)
+    doc["pass"] = doc["pass"] and doc["itl"]["ok"] and doc.get("faults", {"ok": True})["ok"]
+    doc["greedy"] = texts
     return doc
+
+
+def soak_all(args: argparse.Namespace, modes: list[str], reqs: list[dict[str, Any]], compare: list[str]) -> dict:
+    """Every mode's server started one after another (memory profiling sees no other start; each with its share of
+    the GPU's memory, ``shared_gpu_args``), then all soaked at once (one call holds both modes), then stopped."""
+    stack: list[Server] = []
+    try:
+        targets = [open_target(args, m, stack, servers=len(modes)) for m in modes]
+        with cf.ThreadPoolExecutor(len(targets)) as pool:
+            docs = list(pool.map(lambda t: soak_on(args, t, reqs, compare), targets))
+    finally:
+        codes = {srv.log.stem: srv.stop() for srv in stack}
+    for d in docs:
+        d["server_exit_code"] = codes.get(f"soak-{d['mode']}")
+        print(f"soak {d['mode']}: {'pass' if d['pass'] else 'FAIL'}", flush=True)
+    return {d["mode"]: d for d in docs}
+
+
+def reference_texts(args: argparse.Namespace, method: str, compare: list[str]) -> list[str]:
+    """The comparison prompts' greedy texts from a fresh server of ``method`` (nospec or ngram)."""
+    server = Server(
+        args.model, port=free_port(), log=Path(args.out_dir) / f"soak-{method}.log",
+        spec=METHODS[method], server_args=args.server_args, cli=args.vllm_cli,
+    )  # fmt: skip
+    try:
+        server.start(args.health_timeout_s)
+        return asyncio.run(greedy_texts(server.base_url, args.model, compare, concurrency=args.concurrency))
+    finally:
+        server.stop()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    prompts = soak_prompts(Path(args.prompts))
+    reqs = plan(prompts, args.requests, cancel_share=args.cancel_share)
+    compare = prompts[: args.compare]
+    modes = ["external"] if args.base_url else args.modes
+    doc: dict[str, Any] = {"command": sys.argv, "device": device_name(), "versions": installed_versions(),
+                           "spec": args.spec, "settings": dict(vars(args)), "modes": {}}  # fmt: skip
+    doc["modes"] = soak_all(args, modes, reqs, compare)
+    if compare and not args.base_url:
+        ref = reference_texts(args, "nospec", compare)
+        results = {f"specdec-{m}": mismatches(d.pop("greedy"), ref) for m, d in doc["modes"].items()}
+        results["ngram"] = mismatches(reference_texts(args, "ngram", compare), ref)
+        doc["greedy_vs_nospec"] = {"methods": results, **compare_verdict(results)}
+    doc["pass"] = all(d["pass"] for d in doc["modes"].values()) and doc.get("greedy_vs_nospec", {"ok": True})["ok"]
+    return doc
+
+
+def check_args(args: argparse.Namespace) -> None:
+    if args.requests < 1 or args.concurrency < 1:
+        raise ServeError(f"--requests {args.requests} / --concurrency {args.concurrency}: both must be >= 1")
+    check_faults(args.faults, base_url=args.base_url)
+    for m in args.modes:
+        if m not in MODES:
+            raise ServeError(f"--modes: unknown mode {m!r}: use one of {', '.join(MODES)}")
+    if args.spec:
+        try:
+            json.loads(args.spec)
+        except json.JSONDecodeError as exc:
+            example = '\'{"method": "specdec"}\''
+            raise ServeError(f"--spec {args.spec!r} is not JSON ({exc.msg}): e.g. {example}") from None
+
+
+def brief(doc: dict[str, Any]) -> dict[str, Any]:
+    keys = ("requests", "ok", "cancelled", "failed", "not_sent", "cap_reached_s", "rss_growth", "gpu_growth", "spec",
+            "itl", "faults", "plugin_cache", "cache_within_cap", "plugin_metrics_error", "pass")  # fmt: skip
+    out = {m: {k: d[k] for k in keys if k in d} for m, d in doc["modes"].items()}
+    return {"modes": out, "greedy_vs_nospec": doc.get("greedy_vs_nospec"), "pass": doc["pass"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,12 +401,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", default="device_inputs/serve_prompts.json", help="from `serve_bench prepare`")
     ap.add_argument("--model", default=str(model_path(TARGET_MODEL)))
     ap.add_argument("--spec", default='{"method": "specdec"}', help="speculative config JSON ('' for none)")
+    ap.add_argument("--modes", default=",".join(MODES), type=lambda s: [m for m in s.split(",") if m],
+                    help="the plugin's async_mode, one server each, soaked at once")  # fmt: skip
     ap.add_argument("--base-url", default="", help="drive this running server instead of starting one")
-    ap.add_argument("--requests", type=int, default=10_000)
+    ap.add_argument("--requests", type=int, default=10_000, help="per mode")
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--cancel-share", type=float, default=0.05)
+    ap.add_argument("--max-cached-requests", type=int, default=1_000, help="the suffix cache's cap (0: the default)")
+    ap.add_argument("--compare", type=int, default=200, help="greedy requests compared with nospec and ngram servers")
     ap.add_argument("--sample-s", type=float, default=2.0)
-    ap.add_argument("--time-limit-s", type=float, default=420.0, help="no new request past this")
+    ap.add_argument("--time-limit-s", type=float, default=300.0, help="no new request past this")
     ap.add_argument(
         "--metrics-port",
         type=int,
@@ -330,46 +425,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--faults", default="", help="test only: drafter faults for the server, e.g. 'raise:100'")
     args = ap.parse_args(argv)
     try:
-        if args.requests < 1 or args.concurrency < 1:
-            raise ServeError(f"--requests {args.requests} / --concurrency {args.concurrency}: both must be >= 1")
-        check_faults(args.faults, base_url=args.base_url)
-        if args.spec:
-            try:
-                json.loads(args.spec)
-            except json.JSONDecodeError as exc:
-                raise ServeError(
-                    f'--spec {args.spec!r} is not JSON ({exc.msg}): e.g. \'{{"method": "specdec"}}\''
-                ) from None
+        check_args(args)
         doc = run(args)
     except ServeError as exc:
         print(f"serve_soak: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out_dir)
-    doc["png"] = plot(doc["samples"], out / "serve_soak.png") if doc["samples"] else "no samples"
+    for mode, d in doc["modes"].items():
+        start = d["cap_reached_s"] if d["cap_reached_s"] is not None else 0.0
+        d["png"] = plot(d["samples"], out / f"serve_soak-{mode}.png", judged_from=start) if d["samples"] else ""
     write_json(out / "serve_soak.json", doc)
-    print(
-        json.dumps(
-            {
-                k: doc[k]
-                for k in (
-                    "requests",
-                    "ok",
-                    "cancelled",
-                    "failed",
-                    "not_sent",
-                    "rss_growth",
-                    "gpu_growth",
-                    "spec",
-                    "plugin_delta",
-                    "plugin_cache",
-                    "cache_within_cap",
-                    "plugin_metrics_error",
-                    "pass",
-                )
-            },
-            indent=1,
-        )
-    )
+    print(json.dumps(brief(doc), indent=1))
     return 0 if doc["pass"] else 1
 
 

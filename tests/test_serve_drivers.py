@@ -124,7 +124,7 @@ def test_fake_server_endpoints(fake_cli: str, tmp_path: Path) -> None:
         assert stream.rstrip().endswith("data: [DONE]")
         with urllib.request.urlopen(f"{srv.base_url}/metrics") as r:
             m = parse_metrics(r.read().decode())
-        assert m["vllm:spec_decode_num_drafts_total"] == 10.0  # one fake draft per generated token
+        assert m["vllm:spec_decode_num_drafts_total"] == 8.0  # one fake draft per token after the first (prefill's)
     finally:
         assert srv.stop() == 0  # SIGINT to the process group: a clean exit
 
@@ -291,16 +291,21 @@ def test_dataset_file_without_prompts(tmp_path: Path, capsys: pytest.CaptureFixt
 # --------------------------------------------------------------------------- serve_features, serve_soak
 def test_serve_features_against_fakes(fake_cli: str, pools_file: Path, tmp_path: Path) -> None:
     pytest.importorskip("openai")
-    feats = "streaming,stop,max_tokens_1,top_p_top_k,n2,logprobs,cancel_stream"
+    feats = "streaming,stop,max_tokens_1,top_k_1,top_p_tiny,n2,logprobs,long_prompt,json_schema,cancel_stream,sampling"
     rc = serve_features.main(["--prompts", str(pools_file), "--features", feats, "--out-dir", str(tmp_path)])
     doc = json.loads((tmp_path / "serve_features.json").read_text())
     assert rc == 0, doc
-    assert list(doc["features"]) == feats.split(",")
-    assert all(
-        f["spec"]["accepted_tokens"] > 0 and f["carriers_identical"] == serve_features.CARRIERS
-        for f in doc["features"].values()
-    )
-    assert doc["exit_codes"] == {"features-ref": 0, "features-spec": 0}
+    assert list(doc["modes"]) == list(serve_features.MODES)
+    for mode, res in doc["modes"].items():
+        assert [k for k in res if k != "exit_codes"] == feats.split(",")
+        own = {k: v for k, v in res.items() if k not in ("exit_codes", "max_tokens_1", "sampling")}
+        assert all(f["spec"]["accepted_tokens"] > 0 and f["ok"] for f in own.values()), own
+        assert res["max_tokens_1"]["draft_step"] is False and res["max_tokens_1"]["ok"]
+        assert res["exit_codes"] == {f"features-spec-{mode}": 0}
+        for r in res["sampling"]["per_prompt"]:  # the fake samples words from fixed weights, its logprobs say them
+            assert r["p"] > serve_features.P_MIN and r["p_control"] > serve_features.P_MIN, r
+            assert r["p_biased"] <= serve_features.P_MIN and r["power"] >= 0.99 and r["accepted_share"] >= 0.3, r
+    assert doc["exit_codes"] == {"features-ref": 0, "features-peer": 0}
 
 
 def test_serve_features_unknown_feature(capsys: pytest.CaptureFixture) -> None:
@@ -308,37 +313,46 @@ def test_serve_features_unknown_feature(capsys: pytest.CaptureFixture) -> None:
     assert "unknown feature 'telepathy'" in capsys.readouterr().err
 
 
+# the fake streams at once: a deadline of a minute keeps the ITL check off the machine's timing
+SOAK_SPEC = '{"method": "specdec", "draft_timeout_ms": 60000}'
+
+
 def test_serve_soak_against_fake(fake_cli: str, pools_file: Path, tmp_path: Path) -> None:
     pytest.importorskip("openai")
-    rc = serve_soak.main(
-        [
-            "--prompts",
-            str(pools_file),
-            "--requests",
-            "120",
-            "--concurrency",
-            "8",
-            "--sample-s",
-            "0.1",
-            "--out-dir",
-            str(tmp_path),
-        ]
-    )
+    argv = ["--prompts", str(pools_file), "--spec", SOAK_SPEC, "--requests", "120", "--concurrency", "8"]
+    argv += ["--sample-s", "0.05", "--max-cached-requests", "30", "--compare", "12", "--out-dir", str(tmp_path)]
+    rc = serve_soak.main([*argv, "--faults", "raise:10,sleep:7"])
     doc = json.loads((tmp_path / "serve_soak.json").read_text())
-    assert rc == 0 and doc["pass"]
+    assert rc == 0 and doc["pass"], doc
+    assert list(doc["modes"]) == list(serve_soak.MODES)
     planned = sum(r["mode"] == "cancel" for r in serve_soak.plan(["x"], 120, cancel_share=0.05))
-    assert (doc["failed"], doc["cancelled"], doc["ok"]) == (0, planned, 120 - planned)
-    assert doc["spec"]["accepted_tokens"] > 0 and doc["server_exit_code"] == 0
-    assert len(doc["samples"]) >= 2
-    # the plugin's own endpoint (metrics_port on a free port, added to the spec): the fake's statistics follow vLLM's
-    # spec-decode counters, so the run's growth of each must match
-    assert doc["plugin_metrics_url"].startswith("http://127.0.0.1:") and doc["plugin_metrics_error"] == ""
-    delta = doc["plugin_delta"]
-    assert delta["specdec_drafted_tokens_total"] == doc["spec"]["draft_tokens"] > 0
-    assert delta["specdec_accepted_tokens_total"] == doc["spec"]["accepted_tokens"]
-    assert delta["specdec_deadline_misses_total"] == 0 and delta["specdec_drafter_errors_total"] == 0
-    assert doc["plugin_counters"]["specdec_steps_total"] >= delta["specdec_steps_total"] > 0
-    assert doc["cache_within_cap"] is True and doc["plugin_cache"]["specdec_global_cache_max_requests"] == 64
+    for mode, d in doc["modes"].items():
+        config = d["speculative_config"]
+        assert config["async_mode"] == mode and config["drafter_options"]["suffix"]["max_cached_requests"] == 30
+        assert (d["failed"], d["cancelled"], d["ok"]) == (0, planned, 120 - planned)
+        assert d["spec"]["accepted_tokens"] > 0 and d["server_exit_code"] == 0
+        assert d["cap_reached_s"] is not None and d["plugin_cache"]["specdec_global_cache_max_requests"] == 30
+        assert len(d["samples"]) >= 2 and d["itl"]["gaps"] > 0 and d["itl"]["ok"]
+        # the fake's statistics follow vLLM's spec-decode counters: the run's growth of each must match
+        assert d["plugin_metrics_url"].startswith("http://127.0.0.1:") and d["plugin_metrics_error"] == ""
+        delta = d["plugin_delta"]
+        assert delta["specdec_drafted_tokens_total"] > 0 and delta["specdec_accepted_tokens_total"] > 0
+        # injected faults: every one handled, one log line per kind
+        for kind in ("raise", "sleep"):
+            f = d["faults"][kind]
+            assert f["injected"] > 0 and f["handled"] == f["injected"] and f["log_lines"] == 1, f
+    greedy = doc["greedy_vs_nospec"]
+    assert greedy["ok"] and set(greedy["methods"]) == {"specdec-thread", "specdec-schedule", "ngram"}
+    assert all(r["compared"] == 12 and r["differ"] == 0 for r in greedy["methods"].values())
+
+
+def test_serve_soak_fails_when_the_cap_is_never_reached(fake_cli: str, pools_file: Path, tmp_path: Path) -> None:
+    pytest.importorskip("openai")
+    argv = ["--prompts", str(pools_file), "--spec", SOAK_SPEC, "--requests", "20", "--concurrency", "4"]
+    argv += ["--modes", "thread", "--compare", "0", "--sample-s", "0.05", "--out-dir", str(tmp_path)]
+    assert serve_soak.main(argv) == 1  # the cap of 1,000 responses is far above 20 requests
+    d = json.loads((tmp_path / "serve_soak.json").read_text())["modes"]["thread"]
+    assert d["cap_reached_s"] is None and not d["pass"] and d["failed"] == 0
 
 
 def test_with_metrics_port_only_for_specdec_configs() -> None:
@@ -394,7 +408,8 @@ def test_serve_soak_faults_start_the_server_with_the_fault_variable(
 
     monkeypatch.setattr(serve_soak, "Server", Recording)
     base = ["--prompts", str(pools_file), "--requests", "20", "--concurrency", "4", "--sample-s", "0.1"]
-    assert serve_soak.main([*base, "--out-dir", str(tmp_path), "--faults", "raise:100"]) == 0
+    base += ["--modes", "thread", "--compare", "0", "--max-cached-requests", "5", "--spec", SOAK_SPEC]
+    assert serve_soak.main([*base, "--out-dir", str(tmp_path), "--faults", "raise:100"]) in (0, 1)
     assert envs == [{FAULTS_ENV: "raise:100"}]
     assert json.loads((tmp_path / "serve_soak.json").read_text())["settings"]["faults"] == "raise:100"
     assert serve_soak.main([*base, "--faults", "explode:3"]) == 2

@@ -1,26 +1,15 @@
-"""The two-sample chi-square test of serve_features' sampling check, and its negative control (a biased sampler)."""
+"""The goodness-of-fit test of serve_features' sampling check: cells, statistic, p-values, power, the biased
+sampler it must catch."""
 
 from __future__ import annotations
 
-import numpy as np
+import math
+import random
+
 import pytest
 
-from benchmarks.serve_stats import biased, chi_square_p, chi_square_two_sample
-
-SAMPLES = 2000
-P_MIN = 1e-3
-PROBS = np.array([0.4, 0.25, 0.15, 0.1, 0.05, 0.03, 0.02])  # a first-token distribution
-
-
-def _draw(rng: np.random.Generator, probs: np.ndarray, n: int) -> list[str]:
-    return [f"t{i}" for i in rng.choice(len(probs), size=n, p=probs)]
-
-
-def test_statistic_by_hand() -> None:
-    # a: 30 x, 10 y; b: 10 x, 30 y; expected 20 in every cell: 4 * 10^2 / 20 = 20, 1 degree of freedom
-    stat, dof, p = chi_square_two_sample(["x"] * 30 + ["y"] * 10, ["x"] * 10 + ["y"] * 30)
-    assert (stat, dof) == (pytest.approx(20.0), 1)
-    assert p == pytest.approx(7.744e-6, rel=1e-3)  # P(chi2_1 >= 20) = erfc(sqrt(10))
+from benchmarks import serve_stats
+from benchmarks.serve_stats import chi_square_p
 
 
 def test_p_value_matches_scipy() -> None:
@@ -29,27 +18,51 @@ def test_p_value_matches_scipy() -> None:
         assert chi_square_p(stat, dof) == pytest.approx(stats.chi2.sf(stat, dof), rel=1e-9)
 
 
-def test_same_distribution_passes() -> None:
-    rng = np.random.default_rng(0)
-    ps = [chi_square_two_sample(_draw(rng, PROBS, SAMPLES), _draw(rng, PROBS, SAMPLES))[2] for _ in range(20)]
-    assert min(ps) > P_MIN
-    assert 0.2 < float(np.mean(ps)) < 0.8  # p-values of a true null are uniform
+# --------------------------------------------------------------------------- goodness of fit (sampling check)
+def test_pooled_cells_keeps_the_likely_and_pools_the_rest() -> None:
+    probs = {"a": 0.6, "b": 0.2, "c": 0.1, "d": 0.05, "e": 0.001}  # 0.049 left out
+    cells, cell_of = serve_stats.pooled_cells(1000, probs)
+    assert set(cells) == {"a", "b", "c", serve_stats.OTHER}  # MAX_CELLS 4: three kept, one pooled
+    assert cells[serve_stats.OTHER] == pytest.approx(0.05 + 0.001 + 0.049)
+    assert serve_stats.where(cell_of, "e") == serve_stats.OTHER == serve_stats.where(cell_of, "never-seen")
+    cells, cell_of = serve_stats.pooled_cells(200, {"a": 0.9, "b": 0.08})  # other expected 4 < 5: folded into b
+    assert cells == pytest.approx({"a": 0.9, "b": 0.1}) and serve_stats.where(cell_of, "zz") == "b"
 
 
-def test_biased_sampler_fails() -> None:
-    rng = np.random.default_rng(1)
-    for _ in range(10):
-        a, b = _draw(rng, PROBS, SAMPLES), _draw(rng, PROBS, SAMPLES)
-        assert chi_square_two_sample(a, biased(b, fraction=0.15))[2] < P_MIN
+def test_chi_square_fit_by_hand() -> None:
+    probs = {"x": 0.5, "y": 0.3}  # other 0.2
+    samples = ["x"] * 60 + ["y"] * 20 + ["z"] * 20  # expected 50 / 30 / 20
+    stat, dof, p = serve_stats.chi_square_fit([(samples, probs)])
+    assert stat == pytest.approx(100 / 50 + 100 / 30) and dof == 2
+    assert p == pytest.approx(math.exp(-stat / 2))  # chi-square(2)'s tail
+    stat2, dof2, _ = serve_stats.chi_square_fit([(samples, probs), (samples, probs)])  # groups add
+    assert stat2 == pytest.approx(2 * stat) and dof2 == 4
 
 
-def test_rare_categories_are_pooled() -> None:
-    a = ["x"] * 50 + ["y"] * 50 + [f"r{i}" for i in range(5)]
-    b = ["x"] * 50 + ["y"] * 50 + [f"s{i}" for i in range(5)]
-    _, dof, p = chi_square_two_sample(a, b)
-    assert dof == 2 and p > 0.9  # x, y and one pooled "other": identical counts
+def test_shift_samples_moves_that_share_to_the_mode() -> None:
+    samples = ["a"] * 50 + ["b"] * 30 + ["c"] * 20
+    out = serve_stats.shift_samples(samples, share=0.03)
+    assert out.count("a") == 53 and out.count("b") + out.count("c") == 47
+    assert serve_stats.shifted({"a": 0.5, "b": 0.3}, share=0.1) == pytest.approx({"a": 0.6, "b": 0.24})
 
 
-def test_biased_moves_mass_to_the_mode() -> None:
-    out = biased(["a"] * 6 + ["b", "c", "d", "e"], fraction=0.5)
-    assert out.count("a") == 8 and len(out) == 10
+def test_fit_power_is_the_size_without_bias_and_matches_simulation() -> None:
+    probs = {"a": 0.6, "b": 0.25, "c": 0.1}  # other 0.05
+    assert serve_stats.fit_power([(5000, probs)], share=0.0, p_min=0.01) == pytest.approx(0.01, rel=1e-3)
+    predicted = serve_stats.fit_power([(3000, probs)], share=0.03, p_min=0.01)
+    rng = random.Random(1)
+    moved = serve_stats.shifted(probs, share=0.03)
+    cats, weights = [*moved, "z"], [*moved.values(), 1 - sum(moved.values())]
+    trials = 200
+    rejected = sum(
+        serve_stats.chi_square_fit([(rng.choices(cats, weights, k=3000), probs)])[2] <= 0.01 for _ in range(trials)
+    )
+    assert 0.5 < predicted < 0.95  # a regime where the check means something
+    assert abs(rejected / trials - predicted) < 0.1
+
+
+def test_noncentral_tail_matches_scipy() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    for x, dof, lam in ((16.3, 3, 40.0), (5.0, 1, 0.5), (45.0, 20, 30.0)):
+        assert serve_stats.noncentral_tail(x, dof, lam) == pytest.approx(stats.ncx2.sf(x, dof, lam), rel=1e-6)
+    assert serve_stats.chi_square_quantile(0.999, 3) == pytest.approx(16.266, rel=1e-3)

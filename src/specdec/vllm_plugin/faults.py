@@ -4,7 +4,8 @@ The soak (``benchmarks/serve_soak.py --faults``) checks that a real ``vllm serve
 drafter fails: ``SPECDEC_TEST_FAULTS="raise:100"`` makes every 100th drafting call raise, ``"sleep:100"`` makes every
 100th one sleep past the drafting deadline (``draft_timeout_ms``), ``"raise:100,sleep:50"`` both. The proposer reads
 the variable once, where it builds its drafter (``proposer.SpecdecProposer``), wraps the drafter in
-``FaultyDrafter`` and logs once that faults are injected.
+``FaultyDrafter`` and logs once that faults are injected. Sleeps are counted from half a period, so
+"raise:100,sleep:100" raises on calls 100, 200, ... and sleeps on calls 50, 150, ...
 
 A drafting call is one of the drafter's ``draft_batch`` / ``draft_chains`` (the Python engine), or one step of its
 native lane (``lane_step``, ``lane_step_tokens``, thread mode's ``lane_collect``): the wrapper also wraps the lane, so
@@ -68,14 +69,24 @@ class Faults:
         sleep_s = SLEEP_OVER_DEADLINE * timeout_ms / 1e3 if timeout_ms > 0 else SLEEP_WITHOUT_DEADLINE_S
         return cls(raise_every=every.get("raise", 0), sleep_every=every.get("sleep", 0), sleep_s=sleep_s)
 
-    def hit(self, where: str) -> bool:
-        """Count a drafting call; raise or sleep if it is due. True if it slept (the call is late)."""
+    def due(self) -> str:
+        """Count a drafting call; the fault due on it: "raise" on every ``raise_every``-th call, "sleep" on every
+        ``sleep_every``-th counted from half a period (so equal periods never collide), else ""."""
         self.calls += 1
         if self.raise_every and self.calls % self.raise_every == 0:
             self.raised += 1
-            raise InjectedFault(f"{FAULTS_ENV}: injected failure of drafting call {self.calls} ({where})")
-        if self.sleep_every and self.calls % self.sleep_every == 0:
+            return "raise"
+        if self.sleep_every and self.calls % self.sleep_every == self.sleep_every // 2:
             self.slept += 1
+            return "sleep"
+        return ""
+
+    def hit(self, where: str) -> bool:
+        """Count a drafting call; raise or sleep if it is due. True if it slept (the call is late)."""
+        fault = self.due()
+        if fault == "raise":
+            raise InjectedFault(f"{FAULTS_ENV}: injected failure of drafting call {self.calls} ({where})")
+        if fault == "sleep":
             time.sleep(self.sleep_s)
             return True
         return False

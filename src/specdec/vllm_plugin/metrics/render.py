@@ -120,12 +120,6 @@ METRICS: tuple[Metric, ...] = (
         "Schedule mode: steps whose draft buffer vLLM replaced (rows near max_model_len); no drafts.",
     ),
     Metric(
-        "fill_errors_total",
-        "schedule.errors",
-        COUNTER,
-        "Schedule mode: drafting steps that failed; they got filler drafts (no speculation in effect).",
-    ),
-    Metric(
         "watchdog_releases_total",
         "schedule.watchdog_releases",
         COUNTER,

@@ -21,7 +21,6 @@ class FeedStats:
     eager_fills: int = 0
     skipped_fills: int = 0  # vLLM replaced our buffer (e.g. a row too close to max_model_len): nothing to fill
     blind_requests: int = 0
-    errors: int = 0
     deferred_fills: int = 0  # device wait: the GPU waited for the drafts, drafted as the forward was launched
     late_fills: int = 0  # steps that verify no draft (no slots): drafted after the forward's launch, nothing waited
     matrix_steps: int = 0  # drafted straight from the captured token matrix (matrix_step)

@@ -337,10 +337,11 @@ class ScheduledDrafting(CaptureRing):
         return Drafted(req_ids, lengths, emitted, verified, handed=(cap.req_ids, tokens, cap.discard))
 
     def _drafting_failed(self, exc: Exception) -> None:
-        """A step's drafting raised: counted, logged once, the core reset (re-raised under ``strict``)."""
+        """A step's drafting raised: counted as a drafter error (``draft_errors``, as in thread mode), logged once,
+        the core reset (re-raised under ``strict``)."""
         if getattr(self.core.options, "strict", False):
             raise exc
-        self.feed.stats.errors += 1
+        self.core.guard.stats.errors += 1
         if not self._error_logged:
             self._error_logged = True
             logger.warning(
