@@ -291,7 +291,7 @@ def test_dataset_file_without_prompts(tmp_path: Path, capsys: pytest.CaptureFixt
 # --------------------------------------------------------------------------- serve_features, serve_soak
 def test_serve_features_against_fakes(fake_cli: str, pools_file: Path, tmp_path: Path) -> None:
     pytest.importorskip("openai")
-    feats = "streaming,stop,max_tokens_1,top_k_1,top_p_tiny,n2,logprobs,long_prompt,json_schema,cancel_stream,sampling"
+    feats = "streaming,stop,max_tokens_1,top_k_1,top_p_small,n2,logprobs,long_prompt,json_schema,cancel_stream,sampling"
     rc = serve_features.main(["--prompts", str(pools_file), "--features", feats, "--out-dir", str(tmp_path)])
     doc = json.loads((tmp_path / "serve_features.json").read_text())
     assert rc == 0, doc
