@@ -119,7 +119,7 @@ def run(
         "stopped": stats["stopped"],
         "fallbacks": {
             "timeouts": stats["timeouts"],
-            "errors": sched.core.guard.stats.errors,
+            "errors": stats["draft_errors"],
             "resyncs": stats["resyncs"],
             "watchdog": sched.feed.stats.watchdog_releases,
         },

@@ -41,6 +41,9 @@ METHODS: dict[str, dict[str, Any] | None] = {
 }
 
 
+MODES = ("thread", "schedule")  # the plugin's async_mode values the serving drivers run, one server each
+
+
 class ServeError(RuntimeError):
     """A one-line, user-fixable failure of a served-path driver."""
 
@@ -68,6 +71,15 @@ def parse_methods(text: str) -> list[str]:
     for m in methods:
         spec_config(m, draft_model="-")
     return methods
+
+
+def parse_names(text: str, valid: Any, *, what: str) -> list[str]:
+    """A comma-separated list of names (features, modes), each checked against ``valid`` before anything starts."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    for n in names:
+        if n not in valid:
+            raise ServeError(f"unknown {what} {n!r}: use one of {', '.join(valid)}")
+    return names
 
 
 def vllm_cli(override: str = "") -> list[str]:

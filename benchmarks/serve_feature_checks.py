@@ -139,15 +139,16 @@ def f_top_p_small(ctx: Ctx) -> dict[str, Any]:
     return _one_candidate(ctx, top_p=TOP_P_ONE)
 
 
-def _one_candidate(ctx: Ctx, **kw: Any) -> dict[str, Any]:
+def _one_candidate(ctx: Ctx, n: int = 1, **kw: Any) -> dict[str, Any]:
+    """Requests at temperature 1 whose ``kw`` leave one candidate: each of the ``n`` choices the greedy text."""
     prompts = feature_prompts(ctx, 3)
-    want = [texts(complete(ctx.ref, ctx.model, p))[0] for p in prompts]
+    want = [[texts(complete(ctx.ref, ctx.model, p))[0]] * n for p in prompts]
     same, first = 0, None
     for k in range(PASSES):
         for i, p in enumerate(prompts):
-            got = texts(complete(ctx.spec, ctx.model, p, temperature=1.0, **kw))[0]
+            got = texts(complete(ctx.spec, ctx.model, p, temperature=1.0, n=n, **kw))
             same += got == want[i]
-            first = first or (mismatch(k, i, [want[i]], [got]) if got != want[i] else None)
+            first = first or (mismatch(k, i, want[i], got) if got != want[i] else None)
     out = {"ok": same == PASSES * len(prompts), "identical": same, "compared": PASSES * len(prompts)}
     return {**out, "first_mismatch": first} if first else out
 
@@ -169,16 +170,7 @@ def f_logprobs(ctx: Ctx) -> dict[str, Any]:
 
 def f_n2(ctx: Ctx) -> dict[str, Any]:
     """n=2 (vLLM refuses n > 1 at temperature 0): temperature 1 with top_k 1, both choices the greedy text."""
-    prompts = feature_prompts(ctx, 3)
-    want = [texts(complete(ctx.ref, ctx.model, p))[0] for p in prompts]
-    same, first = 0, None
-    for k in range(PASSES):
-        for i, p in enumerate(prompts):
-            got = texts(complete(ctx.spec, ctx.model, p, temperature=1.0, n=2, extra_body={"top_k": 1}))
-            same += got == [want[i]] * 2
-            first = first or (mismatch(k, i, [want[i]] * 2, got) if got != [want[i]] * 2 else None)
-    out = {"ok": same == PASSES * len(prompts), "identical": same, "compared": PASSES * len(prompts)}
-    return {**out, "first_mismatch": first} if first else out
+    return _one_candidate(ctx, n=2, extra_body={"top_k": 1})
 
 
 def f_long_prompt(ctx: Ctx) -> dict[str, Any]:

@@ -24,11 +24,13 @@ from typing import Any
 
 from benchmarks.serve_common import (
     METHODS,
+    MODES,
     ServeError,
     Server,
     check_reachable,
     device_name,
     free_port,
+    parse_names,
     write_json,
 )
 from benchmarks.serve_feature_checks import FEATURES, MAX_MODEL_LEN, Ctx, client, run_feature
@@ -70,7 +72,6 @@ PREEMPT_BLOCKS = 256  # the spec servers' KV cache: 4,096 tokens (block size 16)
 # samples 8+ rows with another top-k/top-p kernel than fewer) shows on both
 PEER_WIDTH = {"num_speculative_tokens": 16}
 BOS = 0  # the shared tokenizer's <|endoftext|>, which the serve prompts start with
-MODES = ("thread", "schedule")  # the plugin's async_mode values a spec server runs
 
 
 # --------------------------------------------------------------------------- CLI
@@ -133,7 +134,7 @@ def load_prompts(path: Path, pool: str = "code") -> list[str]:
 
 def run_mode(
     args: argparse.Namespace, base: dict[str, Server], mode: str, prompts: list[str], results: dict[str, Any]
-) -> dict[str, Any]:
+) -> None:
     """The spec server of one mode, every feature on it (into ``results`` as each ends, saved by ``args.save``),
     the server stopped."""
     spec = {**args.spec, "async_mode": mode}
@@ -151,7 +152,6 @@ def run_mode(
             args.save()
     finally:
         results["exit_codes"] = {srv.log.stem: srv.stop() for srv in stack}
-    return results
 
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
@@ -180,22 +180,6 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
-def _modes(text: str) -> list[str]:
-    names = [m for m in text.split(",") if m]
-    for m in names:
-        if m not in MODES:
-            raise ServeError(f"unknown mode {m!r}: use one of {', '.join(MODES)}")
-    return names
-
-
-def _features(text: str) -> list[str]:
-    names = [f for f in text.split(",") if f]
-    for f in names:
-        if f not in FEATURES:
-            raise ServeError(f"unknown feature {f!r}: use one of {', '.join(FEATURES)}")
-    return names
-
-
 def main(argv: list[str] | None = None) -> int:
     from specdec.paths import TARGET_MODEL, model_path
 
@@ -214,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", default="eval/results/serve")
     args = ap.parse_args(argv)
     try:
-        args.features = _features(args.features)
-        args.modes = _modes(args.modes)
+        args.features = parse_names(args.features, FEATURES, what="feature")
+        args.modes = parse_names(args.modes, MODES, what="mode")
         doc = run_all(args)
     except ServeError as exc:
         print(f"serve_features: {exc}", file=sys.stderr)

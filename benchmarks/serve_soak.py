@@ -39,6 +39,7 @@ from typing import Any
 
 from benchmarks.serve_common import (
     METHODS,
+    MODES,
     ServeError,
     Server,
     check_reachable,
@@ -46,6 +47,7 @@ from benchmarks.serve_common import (
     free_port,
     http_get,
     parse_metrics,
+    parse_names,
     plugin_counters,
     scrape_plugin,
     spec_delta,
@@ -72,7 +74,6 @@ STREAM_SHARE = 0.3
 CANCEL_AFTER = 4  # chunks read before a cancelled stream is closed
 RSS_GROWTH_MAX = 0.05
 GPU_GROWTH_MAX = 0.01  # the whole GPU's used memory (every server on it): the caching allocator settles late
-MODES = ("thread", "schedule")  # the plugin's async_mode, one soak server each
 COMPARE_TOKENS = 128
 DEFAULT_TIMEOUT_MS = 50.0  # the plugin's draft_timeout_ms default (entry/options.py)
 DEFAULT_GPU_UTIL = 0.9  # vLLM's default gpu_memory_utilization, shared by soak servers running at once
@@ -376,9 +377,7 @@ def check_args(args: argparse.Namespace) -> None:
     if args.requests < 1 or args.concurrency < 1:
         raise ServeError(f"--requests {args.requests} / --concurrency {args.concurrency}: both must be >= 1")
     check_faults(args.faults, base_url=args.base_url)
-    for m in args.modes:
-        if m not in MODES:
-            raise ServeError(f"--modes: unknown mode {m!r}: use one of {', '.join(MODES)}")
+    args.modes = parse_names(args.modes, MODES, what="mode")
     if args.spec:
         try:
             json.loads(args.spec)
@@ -401,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", default="device_inputs/serve_prompts.json", help="from `serve_bench prepare`")
     ap.add_argument("--model", default=str(model_path(TARGET_MODEL)))
     ap.add_argument("--spec", default='{"method": "specdec"}', help="speculative config JSON ('' for none)")
-    ap.add_argument("--modes", default=",".join(MODES), type=lambda s: [m for m in s.split(",") if m],
+    ap.add_argument("--modes", default=",".join(MODES),
                     help="the plugin's async_mode, one server each, soaked at once")  # fmt: skip
     ap.add_argument("--base-url", default="", help="drive this running server instead of starting one")
     ap.add_argument("--requests", type=int, default=10_000, help="per mode")

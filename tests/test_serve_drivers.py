@@ -311,6 +311,10 @@ def test_serve_features_against_fakes(fake_cli: str, pools_file: Path, tmp_path:
 def test_serve_features_unknown_feature(capsys: pytest.CaptureFixture) -> None:
     assert serve_features.main(["--features", "streaming,telepathy"]) == 2
     assert "unknown feature 'telepathy'" in capsys.readouterr().err
+    assert serve_features.main(["--modes", "thread,warp"]) == 2
+    assert "unknown mode 'warp': use one of thread, schedule" in capsys.readouterr().err
+    assert serve_soak.main(["--modes", "warp"]) == 2  # the same check, before any server starts
+    assert "unknown mode 'warp'" in capsys.readouterr().err
 
 
 # the fake streams at once: a deadline of a minute keeps the ITL check off the machine's timing
