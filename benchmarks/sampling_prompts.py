@@ -1,15 +1,17 @@
-"""Pick the prompts of serve_features' sampling check on the CPU: code prompts cut where the target's next token is
-near-certain (the first output token, never drafted) and the one after is uncertain but predicted by the prompt
-itself, so a suffix drafter proposes it and about half the samples accept a draft there.
+"""Pick the prompts of serve_features' sampling check on the CPU: code prompts cut where the target's next
+tokens are near-certain (the output before the tested position) and the one at the tested position is uncertain but
+predicted by the prompt itself, so a suffix drafter proposes it and about half the samples accept a draft there.
 
     python -m benchmarks.sampling_prompts            # writes benchmarks/sampling_prompts.json (token ids)
 
-For every cut i of the first SCAN_PROMPTS code prompts (one float32 forward pass of the shared 53M target per
-prompt): t1 = the prompt's own token i must be the target's mode with probability >= MIN_FIRST; the draft d = the
-token after the latest earlier occurrence of the longest suffix (MIN_MATCH to MAX_MATCH tokens) of prompt[:i] + t1;
-d must be the mode at position 2 with probability in SECOND_RANGE. Expected acceptance at position 2 (a one-token
-draft accepted with the target's probability) = p(t1) x p(d). The PROMPTS best by that, from distinct prompts, are
-written with their measured probabilities.
+Per tested output position P in POSITIONS (serve_sampling.TESTED_POSITION: 2 in thread mode, 3 in schedule mode,
+whose first decoding step rarely has draft slots), for every cut i of the first SCAN_PROMPTS code prompts (one
+float32 forward pass of the shared 53M target per prompt): the output tokens before P = the prompt's own tokens
+i .. i+P-2, each the target's mode with probability >= MIN_PREFIX; the draft d = the token after the latest earlier
+occurrence of the longest suffix (MIN_MATCH to MAX_MATCH tokens) of prompt[:i] + those tokens; d must be the mode at
+position P with probability in SECOND_RANGE. Expected acceptance at P (a one-token draft accepted with the target's
+probability) = p(prefix) x p(d). Per position the PROMPTS best by that, from distinct prompts, are written with
+their measured probabilities.
 """
 
 from __future__ import annotations
@@ -19,13 +21,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 SCAN_PROMPTS = 200
 MAX_PROMPT_TOKENS = 400
 MIN_CUT = 20
-MIN_FIRST = 0.98
+MIN_PREFIX = 0.98
 SECOND_RANGE = (0.45, 0.65)  # p(mode) at position 2: uncertain enough that a 3% bias moves it, likely enough to accept
 MIN_MATCH, MAX_MATCH = 4, 16
 PROMPTS = 2
+POSITIONS = (2, 3)  # serve_sampling.TESTED_POSITION's values
 OUT = Path(__file__).with_name("sampling_prompts.json")
 
 
@@ -40,31 +45,46 @@ def prompt_draft(ids: list[int]) -> tuple[int | None, int]:
     return None, 0
 
 
-def scan(model: Any, tok: Any, prompts: list[str]) -> list[dict[str, Any]]:
+def scan(model: Any, tok: Any, prompts: list[str], *, position: int) -> list[dict[str, Any]]:
     import torch
 
     found = []
+    before = position - 1  # output tokens before the tested one, taken from the prompt itself
     for index, text in enumerate(prompts[:SCAN_PROMPTS]):
         ids = tok.encode(text, add_special_tokens=False).ids
         if len(ids) > MAX_PROMPT_TOKENS:
             continue
         with torch.no_grad():
             probs = torch.softmax(model(torch.tensor([ids])).logits[0].float(), -1)  # [T, V]
-        for i in range(MIN_CUT, len(ids) - 1):
-            t1 = ids[i]
-            p1 = float(probs[i - 1, t1])
-            if int(probs[i - 1].argmax()) != t1 or p1 < MIN_FIRST:
+        for i in range(MIN_CUT, len(ids) - before):
+            prefix = ids[i : i + before]
+            p_prefix = [float(probs[i - 1 + j, t]) for j, t in enumerate(prefix)]
+            modes = [int(probs[i - 1 + j].argmax()) for j in range(before)]
+            if modes != prefix or min(p_prefix) < MIN_PREFIX:
                 continue
-            d, match = prompt_draft(ids[: i + 1])
-            if d is None or int(probs[i].argmax()) != d:
+            d, match = prompt_draft(ids[: i + before])
+            last = i + before - 1  # the row of probs that predicts the tested position
+            if d is None or int(probs[last].argmax()) != d:
                 continue
-            p2 = float(probs[i, d])
+            p2 = float(probs[last, d])
             if SECOND_RANGE[0] <= p2 <= SECOND_RANGE[1]:
                 found.append(
-                    {"source": index, "cut": i, "ids": ids[:i], "first": t1, "p_first": p1, "draft": d,
-                     "p_draft": p2, "match": match, "expected_acceptance": p1 * p2}
+                    {"source": index, "cut": i, "position": position, "ids": ids[:i], "prefix": prefix,
+                     "p_prefix": p_prefix, "draft": d, "p_draft": p2, "match": match,
+                     "expected_acceptance": float(np.prod(p_prefix)) * p2}
                 )  # fmt: skip
     return found
+
+
+def best(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The PROMPTS rows best by expected acceptance, from distinct prompts."""
+    chosen: list[dict[str, Any]] = []
+    for row in sorted(found, key=lambda r: -r["expected_acceptance"]):
+        if row["source"] not in {c["source"] for c in chosen}:
+            chosen.append(row)
+        if len(chosen) == PROMPTS:
+            break
+    return chosen
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,18 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     path = model_path(TARGET_MODEL)
     tok = Tokenizer.from_file(str(path / "tokenizer.json"))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    found = sorted(scan(model, tok, load_prompts(Path(args.prompts))), key=lambda r: -r["expected_acceptance"])
-    chosen: list[dict[str, Any]] = []
-    for row in found:
-        if row["source"] not in {c["source"] for c in chosen}:
-            chosen.append(row)
-        if len(chosen) == PROMPTS:
-            break
+    pool = load_prompts(Path(args.prompts))
+    chosen = [row for position in POSITIONS for row in best(scan(model, tok, pool, position=position))]
     doc = {"command": "python -m benchmarks.sampling_prompts", "model": TARGET_MODEL, "dtype": "float32",
            "pool": "code", "prompts": chosen}  # fmt: skip
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     for c in chosen:
-        print(f"code prompt {c['source']} cut at {c['cut']}: p(first) {c['p_first']:.3f}, p(draft) {c['p_draft']:.3f}")
+        print(
+            f"position {c['position']}: code prompt {c['source']} cut at {c['cut']}: "
+            f"p(prefix) {min(c['p_prefix']):.3f}, p(draft) {c['p_draft']:.3f}"
+        )
     return 0
 
 

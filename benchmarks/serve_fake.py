@@ -44,6 +44,7 @@ FAKE_CACHE_CAP = (64, 4096)  # the fake drafter's global cache caps: responses, 
 FAKE_BYTES_PER_TOKEN = 1024
 FAKE_STEP_S = 0.004  # the inter-token latency the fake reports for every decoding step
 FAKE_ITL_EDGES = ("0.01", "0.025", "0.05", "0.075", "0.1")  # vLLM's first inter-token latency bucket edges
+FAKE_SURE_UP_TO = 3  # completions of at most this many tokens (the sampling check's) are the prompt's but the last
 FAKE_WEIGHTS = (0.5, 0.2, 0.12, 0.08, 0.05, 0.03, 0.015, 0.005)  # sampled words' probabilities, reported as logprobs
 
 
@@ -142,9 +143,13 @@ def _words(body: dict[str, Any]) -> list[str]:
     greedy = not body.get("temperature", 1.0) or body.get("top_k") == 1 or body.get("top_p", 1.0) < GREEDY_TOP_P
     rng = random.Random(seed if greedy else None)  # greedy: every choice the same
     out, text = [], ""
-    first = random.Random(seed).choice(WORDS)  # the first token is the prompt's: sampled or not (as a near-certain one)
-    for i in range(int(body.get("max_tokens", 16))):
-        out.append((first if i == 0 else rng.choice(WORDS) if greedy else rng.choices(WORDS, FAKE_WEIGHTS)[0]) + " ")
+    # the first token is the prompt's, sampled or not (a near-certain one); so are all but the last of a completion
+    # as short as the sampling check's (its prompts are picked so: near-certain up to the tested position)
+    limit = int(body.get("max_tokens", 16))
+    sure = random.Random(seed).choices(WORDS, k=limit - 1 if limit <= FAKE_SURE_UP_TO else 1)
+    for i in range(limit):
+        word = sure[i] if i < len(sure) else rng.choice(WORDS) if greedy else rng.choices(WORDS, FAKE_WEIGHTS)[0]
+        out.append(word + " ")
         text += out[-1]
         if any(s and s in text for s in body.get("stop") or []):
             break

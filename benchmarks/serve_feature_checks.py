@@ -19,7 +19,7 @@ from typing import Any
 from benchmarks.serve_common import ServeError, scrape, spec_delta
 from benchmarks.serve_sampling import sampling_test
 
-MAX_MODEL_LEN = 2048
+MAX_MODEL_LEN = 1024  # the shared target's training length: past ~1,200 tokens it no longer continues a copy
 PREEMPT_REQUESTS = 64
 PREEMPT_TOKENS = 256
 MAX_TOKENS = 96
@@ -46,7 +46,8 @@ class Ctx:
     spec_url: str
     prompts: list[str]
     long_ids: list[int] = field(default_factory=list)
-    sampling: list[list[int]] = field(default_factory=list)  # token ids of the sampling prompts
+    sampling: list[list[int]] = field(default_factory=list)  # token ids of the sampling prompts for this position
+    sampling_position: int = 2  # the output position the sampling check tests (serve_sampling.TESTED_POSITION)
     peer: Any = None  # vLLM's own ngram server: a feature that fails on spec is re-run there (attribution)
     peer_url: str = ""
 
@@ -248,13 +249,15 @@ def f_preemption(ctx: Ctx) -> dict[str, Any]:
     same = sum(a == b for a, b in zip(got, want))
     pre = after.get("vllm:num_preemptions_total", 0.0) - before.get("vllm:num_preemptions_total", 0.0)
     delta = spec_delta(before, after)
-    return {
+    out = {
         "ok": same == len(prompts) and pre > 0 and delta["accepted_tokens"] > 0,
         "identical": same,
         "compared": len(prompts),
         "preemptions": pre,
         "spec": delta,
     }
+    differ = [i for i, (a, b) in enumerate(zip(want, got)) if a != b]
+    return {**out, "first_mismatch": mismatch(0, differ[0], [want[differ[0]]], [got[differ[0]]])} if differ else out
 
 
 FEATURES: dict[str, Callable[[Ctx], dict[str, Any]]] = {
@@ -270,7 +273,7 @@ FEATURES: dict[str, Callable[[Ctx], dict[str, Any]]] = {
     "cancel_stream": f_cancel_stream,
     "preemption": f_preemption,
     "sampling": lambda ctx: sampling_test(
-        ctx.ref, ctx.spec, spec_url=ctx.spec_url, model=ctx.model, prompts=ctx.sampling
+        ctx.ref, ctx.spec, spec_url=ctx.spec_url, model=ctx.model, prompts=ctx.sampling, position=ctx.sampling_position
     ),
 }
 OWN_WINDOW = ("preemption", "cancel_stream", "sampling")  # features that measure their own window

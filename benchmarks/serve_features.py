@@ -34,7 +34,7 @@ from benchmarks.serve_common import (
     write_json,
 )
 from benchmarks.serve_feature_checks import FEATURES, MAX_MODEL_LEN, Ctx, client, run_feature
-from benchmarks.serve_sampling import P_MIN, SAMPLES, load_sampling_prompts
+from benchmarks.serve_sampling import P_MIN, SAMPLES, TESTED_POSITION, load_sampling_prompts
 from specdec.eval.results import installed_versions
 
 # this driver's public names; P_MIN and SAMPLES are re-exported for the tests that read them here
@@ -48,7 +48,9 @@ __all__ = [
     "SERVER_ARGS",
     "Ctx",
     "load_prompts",
+    "copy_unit",
     "long_prompt_ids",
+    "long_prompt_offset",
     "main",
     "make_ctx",
     "run_all",
@@ -72,22 +74,35 @@ PREEMPT_BLOCKS = 256  # the spec servers' KV cache: 4,096 tokens (block size 16)
 # samples 8+ rows with another top-k/top-p kernel than fewer) shows on both
 PEER_WIDTH = {"num_speculative_tokens": 16}
 BOS = 0  # the shared tokenizer's <|endoftext|>, which the serve prompts start with
+LONG_PROMPT_FILE = Path(__file__).with_name("long_prompt.json")  # where the long prompt ends (benchmarks.long_prompt)
 
 
 # --------------------------------------------------------------------------- CLI
-def long_prompt_ids(model: str, prompts: list[str]) -> list[int]:
-    """MAX_MODEL_LEN token ids (BOS first): the first prompt's tokens (its BOS dropped) repeated, cut in the middle
-    of a copy, so the target continues the copy and the drafter's proposals from the prompt are accepted near
-    max_model_len."""
+def copy_unit(model: str, prompts: list[str]) -> list[int]:
+    """The token ids the long prompt repeats: the code pool's first prompt, its BOS dropped."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
     unit = [t for t in tok.encode(prompts[0], add_special_tokens=False).ids if t != BOS] if prompts else []
     if len(unit) < 2:
         raise ServeError("the long-prompt feature needs a prompt of 2+ tokens (the code pool's first is not)")
+    return unit
+
+
+def long_prompt_offset(path: Path = LONG_PROMPT_FILE) -> int:
+    if not path.exists():
+        raise ServeError(f"{path} missing: pick the long prompt's end with `python -m benchmarks.long_prompt`")
+    return int(json.loads(path.read_text())["offset"])
+
+
+def long_prompt_ids(model: str, prompts: list[str], *, offset: int) -> list[int]:
+    """MAX_MODEL_LEN token ids (BOS first): ``copy_unit`` repeated, ending ``offset`` tokens into a copy, so the
+    drafter proposes the rest of that copy (``benchmarks.long_prompt`` picks an offset where the target follows
+    it near max_model_len)."""
+    unit = copy_unit(model, prompts)
     body = MAX_MODEL_LEN - 1
     ids = unit * (body // len(unit) + 2)
-    end = (body // len(unit) + 1) * len(unit) + len(unit) // 2  # half-way through a copy
+    end = (body // len(unit) + 1) * len(unit) + offset % len(unit)
     return [BOS, *ids[end - body : end]]
 
 
@@ -107,8 +122,9 @@ def start_server(args: argparse.Namespace, stack: list[Server], name: str, spec:
     return srv
 
 
-def make_ctx(args: argparse.Namespace, servers: dict[str, Server], prompts: list[str]) -> Ctx:
-    ids = long_prompt_ids(args.model, prompts) if "long_prompt" in args.features else []
+def make_ctx(args: argparse.Namespace, servers: dict[str, Server], prompts: list[str], *, mode: str) -> Ctx:
+    ids = long_prompt_ids(args.model, prompts, offset=long_prompt_offset()) if "long_prompt" in args.features else []
+    position = TESTED_POSITION[mode]
     peer = servers.get("peer")
     return Ctx(
         model=args.model,
@@ -117,7 +133,8 @@ def make_ctx(args: argparse.Namespace, servers: dict[str, Server], prompts: list
         spec_url=servers["spec"].base_url,
         prompts=prompts,
         long_ids=ids,
-        sampling=load_sampling_prompts() if "sampling" in args.features else [],
+        sampling=load_sampling_prompts(position) if "sampling" in args.features else [],
+        sampling_position=position,
         peer=client(peer.base_url) if peer else None,
         peer_url=peer.base_url if peer else "",
     )
@@ -142,7 +159,7 @@ def run_mode(
     try:
         blocks = ["--num-gpu-blocks-override", str(PREEMPT_BLOCKS)]
         servers = {**base, "spec": start_server(args, stack, f"spec-{mode}", spec, blocks)}
-        ctx = make_ctx(args, servers, prompts)
+        ctx = make_ctx(args, servers, prompts, mode=mode)
         for name in args.features:
             try:
                 results[name] = run_feature(ctx, name)

@@ -17,6 +17,9 @@ less than GPU_GROWTH_MAX after that, the cache within its caps, vLLM's inter-tok
 the drafting deadline plus two median steps, and, with faults, the plugin's counts equal to the injected faults
 (serve_soak_checks). At the end no-speculation and vLLM ngram servers answer the same greedy requests: specdec's
 mismatches must be no more than ngram's. Bounded: ``--requests`` per mode, ``--time-limit-s`` (none sent after).
+``--baseline`` soaks a no-speculation server beside them with the same requests (it then answers the greedy
+requests as the reference): its inter-token latencies past each mode's bound say what vLLM itself does under this
+load (``with_baseline``: a mode whose share of such gaps is no larger than the baseline's passes the ITL check).
 
 ``--faults raise:100`` / ``sleep:100`` (test only) starts the server with ``SPECDEC_TEST_FAULTS`` set: the plugin's
 drafter then raises, or sleeps past the drafting deadline, on every 100th drafting call
@@ -55,6 +58,7 @@ from benchmarks.serve_common import (
     write_json,
 )
 from benchmarks.serve_soak_checks import (
+    BASELINE,
     Sampler,
     cap_reached_at,
     compare_verdict,
@@ -64,6 +68,7 @@ from benchmarks.serve_soak_checks import (
     itl_check,
     mismatches,
     plot,
+    with_baseline,
 )
 from specdec.config import ConfigError
 from specdec.eval.results import installed_versions
@@ -242,7 +247,7 @@ def check_faults(spec: str, *, base_url: str) -> None:
 def mode_spec(args: argparse.Namespace, mode: str) -> tuple[dict[str, Any] | None, int]:
     """The speculative config of ``mode``'s server (None: no speculation) and its plugin metrics port: ``--spec``
     with ``async_mode`` and the suffix cache's ``max_cached_requests`` set for a specdec config."""
-    spec = json.loads(args.spec) if args.spec else None
+    spec = json.loads(args.spec) if args.spec and mode != BASELINE else None
     if spec is not None and spec.get("method") == "specdec":
         if mode in MODES:
             spec["async_mode"] = mode
@@ -319,6 +324,9 @@ def soak_on(args: argparse.Namespace, t: Target, reqs: list[dict[str, Any]], com
                        {**parse_metrics(text_after), **plugin_after})}  # fmt: skip
     timeout_ms = float((t.spec or {}).get("draft_timeout_ms", DEFAULT_TIMEOUT_MS))
     doc["itl"] = itl_check(text_before, text_after, timeout_ms=timeout_ms)
+    doc["itl_histogram"] = (text_before, text_after)  # for the baseline's count at each mode's bound (popped)
+    if t.mode == BASELINE:
+        return {**doc, "pass": True, "greedy": texts}  # a reference: its cache and memory checks do not apply
     if args.faults and t.server is not None:
         log = t.server.log.read_text(errors="replace")
         doc["faults"] = fault_check(fault_kinds(args.faults), plugin_before, plugin_after, log)
@@ -337,7 +345,13 @@ def soak_all(args: argparse.Namespace, modes: list[str], reqs: list[dict[str, An
             docs = list(pool.map(lambda t: soak_on(args, t, reqs, compare), targets))
     finally:
         codes = {srv.log.stem: srv.stop() for srv in stack}
+    base = next((d for d in docs if d["mode"] == BASELINE), None)
     for d in docs:
+        if base is not None and d is not base:
+            d["itl"] = with_baseline(d["itl"], *base["itl_histogram"])
+            d["pass"] = d["pass"] and d["itl"]["ok"]
+    for d in docs:
+        d.pop("itl_histogram")
         d["server_exit_code"] = codes.get(f"soak-{d['mode']}")
         print(f"soak {d['mode']}: {'pass' if d['pass'] else 'FAIL'}", flush=True)
     return {d["mode"]: d for d in docs}
@@ -360,13 +374,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     prompts = soak_prompts(Path(args.prompts))
     reqs = plan(prompts, args.requests, cancel_share=args.cancel_share)
     compare = prompts[: args.compare]
-    modes = ["external"] if args.base_url else args.modes
+    modes = ["external"] if args.base_url else [*args.modes, *([BASELINE] if args.baseline else [])]
     doc: dict[str, Any] = {"command": sys.argv, "device": device_name(), "versions": installed_versions(),
                            "spec": args.spec, "settings": dict(vars(args)), "modes": {}}  # fmt: skip
     doc["modes"] = soak_all(args, modes, reqs, compare)
     if compare and not args.base_url:
-        ref = reference_texts(args, "nospec", compare)
-        results = {f"specdec-{m}": mismatches(d.pop("greedy"), ref) for m, d in doc["modes"].items()}
+        greedy = {m: d.pop("greedy") for m, d in doc["modes"].items()}
+        ref = greedy.get(BASELINE) or reference_texts(args, "nospec", compare)  # the baseline soak is one
+        results = {f"specdec-{m}": mismatches(g, ref) for m, g in greedy.items() if m != BASELINE}
         results["ngram"] = mismatches(reference_texts(args, "ngram", compare), ref)
         doc["greedy_vs_nospec"] = {"methods": results, **compare_verdict(results)}
     doc["pass"] = all(d["pass"] for d in doc["modes"].values()) and doc.get("greedy_vs_nospec", {"ok": True})["ok"]
@@ -408,6 +423,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cancel-share", type=float, default=0.05)
     ap.add_argument("--max-cached-requests", type=int, default=1_000, help="the suffix cache's cap (0: the default)")
     ap.add_argument("--compare", type=int, default=200, help="greedy requests compared with nospec and ngram servers")
+    ap.add_argument(
+        "--baseline",
+        action="store_true",
+        help="also soak a no-speculation server at the same time: vLLM's own inter-token latency tail",
+    )
     ap.add_argument("--sample-s", type=float, default=2.0)
     ap.add_argument("--time-limit-s", type=float, default=300.0, help="no new request past this")
     ap.add_argument(

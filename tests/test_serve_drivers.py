@@ -317,6 +317,24 @@ def test_serve_features_unknown_feature(capsys: pytest.CaptureFixture) -> None:
     assert "unknown mode 'warp'" in capsys.readouterr().err
 
 
+def test_serve_soak_baseline_soaks_no_speculation_beside_and_answers_the_comparison(
+    fake_cli: str, pools_file: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("openai")
+    argv = ["--prompts", str(pools_file), "--spec", SOAK_SPEC, "--modes", "thread", "--baseline"]
+    argv += ["--requests", "40", "--concurrency", "4", "--sample-s", "0.05", "--max-cached-requests", "10"]
+    rc = serve_soak.main([*argv, "--compare", "6", "--out-dir", str(tmp_path)])
+    doc = json.loads((tmp_path / "serve_soak.json").read_text())
+    assert rc == 0 and list(doc["modes"]) == ["thread", "nospec"], doc
+    base = doc["modes"]["nospec"]
+    assert base["speculative_config"] is None and base["spec"]["draft_tokens"] == 0 and base["failed"] == 0
+    itl = doc["modes"]["thread"]["itl"]
+    assert itl["ok"] and itl["ok_absolute"] and itl["baseline_gaps"] > 0
+    # the baseline answered the greedy requests as the reference (no row of its own)
+    assert set(doc["greedy_vs_nospec"]["methods"]) == {"specdec-thread", "ngram"}
+    assert doc["greedy_vs_nospec"]["methods"]["specdec-thread"]["differ"] == 0
+
+
 # the fake streams at once: a deadline of a minute keeps the ITL check off the machine's timing
 SOAK_SPEC = '{"method": "specdec", "draft_timeout_ms": 60000}'
 

@@ -63,7 +63,7 @@ def ctx(request: pytest.FixtureRequest, ref: tuple[argparse.Namespace, Server]) 
     try:
         blocks = ["--num-gpu-blocks-override", str(sf.PREEMPT_BLOCKS)]
         servers = {"ref": ref_server, "spec": sf.start_server(args, stack, f"spec-{request.param}", spec, blocks)}
-        yield sf.make_ctx(args, servers, sf.load_prompts(PROMPTS))
+        yield sf.make_ctx(args, servers, sf.load_prompts(PROMPTS), mode=request.param)
     finally:
         _stop(stack)
 

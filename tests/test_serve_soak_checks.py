@@ -46,6 +46,21 @@ def test_itl_check_reads_vllms_histogram() -> None:
     assert not sc.itl_check(before, before, timeout_ms=50.0)["ok"]  # nothing observed
 
 
+def test_itl_against_a_no_speculation_baseline() -> None:
+    before = _itl({"0.01": 0, "0.025": 0, "0.05": 0, "0.075": 0, "0.1": 0, "+Inf": 0})
+    spec = sc.itl_check(before, _itl({"0.01": 50, "0.025": 98, "0.05": 100, "0.075": 100, "0.1": 100, "+Inf": 101}),
+                        timeout_ms=50.0)  # fmt: skip  # 1 of 101 gaps past the 75 ms edge
+    assert not spec["ok"] and spec["bound_edge_ms"] == pytest.approx(75.0)
+    # the baseline: 3 of 200 gaps past 75 ms (2 between 75 and 100, 1 past 100): vLLM's own tail is the larger
+    base = _itl({"0.01": 150, "0.025": 195, "0.05": 197, "0.075": 197, "0.1": 199, "+Inf": 200})
+    out = sc.with_baseline(spec, before, base)
+    assert out["ok"] and not out["ok_absolute"]
+    assert (out["baseline_gaps"], out["baseline_over_bound_edge"]) == (200, 3)
+    # a baseline with no such gap: the plugin's one stays a failure
+    clean = _itl({"0.01": 150, "0.025": 195, "0.05": 200, "0.075": 200, "0.1": 200, "+Inf": 200})
+    assert not sc.with_baseline(spec, before, clean)["ok"]
+
+
 def test_growth_counts_only_after_the_cap_is_reached() -> None:
     plugin = [(0.0, {sc.CACHE_REQUESTS: 10.0, sc.CACHE_MAX_REQUESTS: 100.0}),
               (2.0, {sc.CACHE_REQUESTS: 100.0, sc.CACHE_MAX_REQUESTS: 100.0})]  # fmt: skip

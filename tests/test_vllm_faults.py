@@ -4,6 +4,7 @@ tokens are those of a run without faults (drafts only drop), on every proposer p
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from types import SimpleNamespace
@@ -149,7 +150,8 @@ def test_a_faulty_drafter_never_fails_a_step_and_the_outputs_are_those_without_f
 
 
 @pytest.mark.parametrize("kind", ["raise", "sleep"])
-def test_schedule_mode_with_a_faulty_drafter_stays_lossless_and_counts_the_faults(kind):
+def test_schedule_mode_with_a_faulty_drafter_stays_lossless_and_counts_the_faults(kind, caplog):
+    caplog.set_level(logging.WARNING)
     clock = SimpleNamespace(t=0.0)
     targets = {f"r{i}": target_sequence(40 + i, 1500) for i in range(ROWS)}
     core = make_core("matrix", lambda: clock.t, draft_timeout_ms=TIMEOUT_MS)
@@ -174,8 +176,12 @@ def test_schedule_mode_with_a_faulty_drafter_stays_lossless_and_counts_the_fault
     st = sched.stats()
     sched.close()
     assert st["test_fault_calls"] >= 3 * EVERY
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     if kind == "raise":
         assert st["test_faults_raised"] >= 5 and st["draft_errors"] == st["test_faults_raised"]
+        # one line for the kind, the drafter guard's, whichever drafting path raised (as in thread mode)
+        assert sum("failed for request(s)" in m for m in warned) == 1, warned
     else:
         assert st["test_faults_slept"] >= 3 and st["draft_timeouts"] >= 3
+        assert sum("took longer than draft_timeout_ms" in m for m in warned) == 1, warned
     assert st["accepted_tokens"] >= 20

@@ -117,7 +117,6 @@ class ScheduledDrafting(CaptureRing):
         self.gpu_drafts = torch.zeros((max_rows, k), dtype=torch.int32, device=self.device)
         self.job: tuple[list[str], int | None, Any] | None = None  # (req ids, k of the step, the tensor handed out)
         self.job_out: Any = None  # the tensor of the latest job filled (TP > 1: broadcast after the fill)
-        self._error_logged = False
 
     # ----------------------------------------------------------------- 2. submit (instead of propose)
     def submit(self, req_ids: Sequence[str], *, k: int | None, eager: bool) -> Any:
@@ -289,7 +288,7 @@ class ScheduledDrafting(CaptureRing):
             batch = StepBatch(rows.req_ids, rows.sampled, rows.lengths, rows.contexts, rows.prompt_lens, k)
             drafts = self.core.step(batch, pad=pad)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
-            self._drafting_failed(exc)
+            self._drafting_failed(exc, list(req_ids))
             drafts, verified = [[] for _ in range(n)], 0
         pad_rows(drafts, host.numpy(), rows.fillers)
         return Drafted(req_ids, list(map(len, drafts)), list(map(len, rows.sampled)), verified)
@@ -326,7 +325,7 @@ class ScheduledDrafting(CaptureRing):
                 req_ids, tokens, emitted, known, fillers, out, context=context, k=k, pad=pad
             )
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
-            self._drafting_failed(exc)
+            self._drafting_failed(exc, list(req_ids))
             lengths, verified = None, 0
         n = len(req_ids)
         self.feed.stats.matrix_steps += 1
@@ -336,19 +335,12 @@ class ScheduledDrafting(CaptureRing):
             lengths = [0] * n
         return Drafted(req_ids, lengths, emitted, verified, handed=(cap.req_ids, tokens, cap.discard))
 
-    def _drafting_failed(self, exc: Exception) -> None:
-        """A step's drafting raised: counted as a drafter error (``draft_errors``, as in thread mode), logged once,
-        the core reset (re-raised under ``strict``)."""
+    def _drafting_failed(self, exc: Exception, req_ids: list[str]) -> None:
+        """A step's drafting raised: counted and logged by the drafter guard as in thread mode (``draft_errors``,
+        one log line per error type whichever path raised), the core reset (re-raised under ``strict``)."""
         if getattr(self.core.options, "strict", False):
             raise exc
-        self.core.guard.stats.errors += 1
-        if not self._error_logged:
-            self._error_logged = True
-            logger.warning(
-                "specdec: drafting failed under async scheduling (%r); that step gets no draft "
-                "(logged once, counted in stats)",
-                exc,
-            )
+        self.core.guard.record_error(exc, req_ids)
         self.core.reset()
 
     def _note(self, done: Drafted) -> None:
@@ -368,7 +360,7 @@ class ScheduledDrafting(CaptureRing):
             if self.slot_book is not None:
                 self.slot_book.note(done.req_ids, lengths, emitted=emitted, token_cost=cost)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
-            self._drafting_failed(exc)
+            self._drafting_failed(exc, list(done.req_ids))
 
     def stats(self) -> dict[str, Any]:
         out = {"schedule": self.feed.stats.as_dict(), **self.core.stats_dict()}
