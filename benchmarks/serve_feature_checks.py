@@ -281,12 +281,11 @@ OWN_WINDOW = ("preemption", "cancel_stream", "sampling")  # features that measur
 
 def run_feature(ctx: Ctx, name: str) -> dict[str, Any]:
     """The feature on ``ctx.spec``; a greedy feature whose outputs differ from ``ref`` runs again on the peer
-    (vLLM ngram): ``peer`` says whether vLLM's own speculation differs the same way."""
+    (vLLM ngram, with the spec servers' small KV cache, so it preempts too): ``peer`` says whether vLLM's own
+    speculation differs the same way."""
     if name not in FEATURES:
         raise ServeError(f"unknown feature {name!r}: use one of {', '.join(FEATURES)}")
-    if name in OWN_WINDOW:
-        return FEATURES[name](ctx)
-    out = solo(ctx.spec_url, lambda: FEATURES[name](ctx))
+    out = FEATURES[name](ctx) if name in OWN_WINDOW else solo(ctx.spec_url, lambda: FEATURES[name](ctx))
     if out.get("identical", 0) < out.get("compared", 0) and ctx.peer is not None:
         peer = FEATURES[name](replace(ctx, spec=ctx.peer, spec_url=ctx.peer_url))
         out["peer"] = {k: peer[k] for k in ("identical", "compared", "first_mismatch") if k in peer}

@@ -185,7 +185,8 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     try:
         base = {"ref": start_server(args, stack, "ref", None, [])}
         if args.peer:
-            base["peer"] = start_server(args, stack, "peer", {**METHODS[args.peer], **PEER_WIDTH}, [])
+            blocks = ["--num-gpu-blocks-override", str(PREEMPT_BLOCKS)]  # preempts as the spec servers do
+            base["peer"] = start_server(args, stack, "peer", {**METHODS[args.peer], **PEER_WIDTH}, blocks)
         args.save = lambda: write_json(Path(args.out_dir) / "serve_features.json", {**doc, "partial": True})
         for mode in args.modes:
             run_mode(args, base, mode, prompts, doc["modes"].setdefault(mode, {}))
