@@ -9,7 +9,7 @@
 Per method: start the server on loopback, wait for /health, warm it up on a slice of its own, then per dataset
 and rate run `vllm bench serve` on a slice no earlier rate of that server used (``--fresh-server-per-rate``: a new
 server for every rate), scrape /metrics before and after for vLLM's spec-decode counters, and stop the server with
-SIGINT to its process group. Rates: ``0.25R,0.5R,0.75R,inf`` (``R`` from ``--saturation-rate``,
+SIGINT to its process group. Rates: ``0.25R,0.5R,0.75R,R,inf`` (``R`` from ``--saturation-rate``,
 ``--saturation-file`` or ``auto``: found first in the same call) or plain numbers. ``--lanes N``: N methods at
 once, each on its own GPU and share of the cores (``method_lanes``). ``--time-budget-s`` stops
 starting new work in time to write results inside one device call. Writes serve_bench-<tag>.{json,md,png}.
@@ -31,6 +31,7 @@ from benchmarks import serve_inputs as inputs
 from benchmarks.serve_bench_runs import (
     SATURATION_LADDER,
     Budget,
+    arrivals_capped,
     bench_once,
     find_saturation,
     parse_rates,
@@ -92,7 +93,15 @@ def run_method(args: argparse.Namespace, method: str, doc: dict[str, Any], budge
                     dataset,
                     label,
                     rate,
-                    bench_once(args, server, dataset=dataset, slice_index=i + 1, rate=rate, budget=budget),
+                    bench_once(
+                        args,
+                        server,
+                        dataset=dataset,
+                        slice_index=i + 1,
+                        rate=rate,
+                        budget=budget,
+                        num=arrivals_capped(args, rate),
+                    ),
                 )
 
 
@@ -195,8 +204,11 @@ def _common(ap: argparse.ArgumentParser) -> None:
         "specdec.eval.inflate_model: same outputs, an 8B forward pass), built once under /tmp",
     )
     ap.add_argument("--draft-model", default=str(model_path(DRAFT_MODEL)), help="for method 'hybrid'")
-    ap.add_argument("--datasets", default="code,agentic,random", type=lambda s: [x for x in s.split(",") if x])
+    ap.add_argument("--datasets", default="agentic,chat,code,random", type=lambda s: [x for x in s.split(",") if x])
     ap.add_argument("--num-prompts", type=int, default=200, help="requests per rate")
+    ap.add_argument(
+        "--max-arrival-s", type=float, default=60.0, help="a finite rate sends at most this many seconds of requests"
+    )
     ap.add_argument("--warmup-prompts", type=int, default=32, help="all-at-once requests before the first rate")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--ignore-eos", action="store_true")
@@ -224,8 +236,8 @@ def _parser() -> argparse.ArgumentParser:
     _common(sat)
     run_p = sub.add_parser("run", help="methods x datasets x rates")
     _common(run_p)
-    run_p.add_argument("--methods", default="nospec,ngram,suffix,specdec,hybrid")
-    run_p.add_argument("--rates", default="0.25R,0.5R,0.75R,inf")
+    run_p.add_argument("--methods", default="nospec,suffix,specdec")
+    run_p.add_argument("--rates", default="0.25R,0.5R,0.75R,R,inf")
     run_p.add_argument("--fresh-server-per-rate", action="store_true")
     run_p.add_argument(
         "--lanes",

@@ -65,6 +65,14 @@ def parse_rates(text: str, saturation: dict[str, float] | None, dataset: str) ->
     return out
 
 
+def arrivals_capped(args: argparse.Namespace, rate: float | str) -> int:
+    """The requests of one rate: ``--num-prompts``, at a finite rate at most ``--max-arrival-s`` seconds of
+    arrivals (at least one)."""
+    if rate == "inf" or not args.max_arrival_s:
+        return args.num_prompts
+    return max(1, min(args.num_prompts, round(float(rate) * args.max_arrival_s)))
+
+
 def bench_cmd(
     args: argparse.Namespace,
     *,

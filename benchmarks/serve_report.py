@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.serve_common import ServeError, write_json
+from benchmarks.serve_goals import goals, goals_markdown
 
 INF_X_FACTOR = 1.25  # where "inf" sits on the rate axis, relative to the largest finite rate
 COLUMNS = (
@@ -63,6 +64,7 @@ def markdown(doc: dict[str, Any]) -> str:
             ]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+    lines += goals_markdown(goals(doc))
     for err in doc.get("errors", []):
         lines.append(f"- {err['method']}: {err['error']}")
     return "\n".join(lines) + "\n"
@@ -113,6 +115,7 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, stem: str) -> dict[str, st
     """``stem``.json, .md and .png under ``out_dir``."""
     paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md", "png": out_dir / f"{stem}.png"}
     doc["png"] = plot(doc, paths["png"])
+    doc["goals"] = goals(doc)
     write_json(paths["json"], doc)
     paths["md"].write_text(markdown(doc))
     return {k: str(v) for k, v in paths.items()}

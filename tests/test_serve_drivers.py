@@ -93,6 +93,18 @@ def test_methods_and_rates() -> None:
     assert serve_bench.parse_rates("0.25R,inf,3", sat, "code") == [("0.25R", 2.0), ("inf", "inf"), ("3", 3.0)]
     with pytest.raises(ServeError, match="needs the saturation rate"):
         serve_bench.parse_rates("0.5R", {}, "code")
+    assert serve_bench.parse_rates("R", sat, "code") == [("R", 8.0)]
+
+
+def test_a_finite_rate_sends_at_most_max_arrival_s_of_requests() -> None:
+    from benchmarks.serve_bench_runs import arrivals_capped
+
+    args = argparse.Namespace(num_prompts=200, max_arrival_s=60.0)
+    assert arrivals_capped(args, 2.5) == 150  # 60 s at 2.5 requests/s
+    assert arrivals_capped(args, 20.0) == 200  # --num-prompts bounds it
+    assert arrivals_capped(args, 0.001) == 1  # at least one
+    assert arrivals_capped(args, "inf") == 200  # all at once: every prompt
+    assert arrivals_capped(argparse.Namespace(num_prompts=200, max_arrival_s=0.0), 2.5) == 200  # 0: no cap
 
 
 def test_rate_slices_are_disjoint_and_bounded() -> None:
@@ -439,3 +451,32 @@ def test_serve_soak_faults_start_the_server_with_the_fault_variable(
     assert len(err) == 1 and "--faults" in err[0] and "'explode:3'" in err[0]
     assert serve_soak.main([*base, "--faults", "sleep:5", "--base-url", "http://127.0.0.1:1"]) == 2
     assert "with --base-url" in capsys.readouterr().err and len(envs) == 1  # no server started for either
+
+
+def test_serving_goals_judge_specdec_against_nospec_and_suffix_in_the_same_run() -> None:
+    from benchmarks.serve_goals import goals, goals_markdown
+
+    def run(method: str, dataset: str, label: str, tpot: float, tput: float) -> dict:
+        bench = {"p50_tpot_ms": tpot, "p99_ttft_ms": 100.0, "p99_itl_ms": 20.0, "output_throughput": tput}
+        return {"method": method, "dataset": dataset, "rate_label": label, "rate": 1.0, "bench": bench}
+
+    runs = [
+        run("nospec", "code", "0.5R", 10.0, 100.0), run("suffix", "code", "0.5R", 12.0, 100.0),
+        run("specdec", "code", "0.5R", 8.0, 100.0),  # 8 / 12 = 0.667 of suffix's, 0.8 of nospec's: both pass
+        run("nospec", "code", "inf", 10.0, 1000.0), run("suffix", "code", "inf", 9.0, 1200.0),
+        run("specdec", "code", "inf", 8.0, 1100.0),  # above nospec's throughput, under suffix's: one fails
+        run("nospec", "chat", "R", 10.0, 500.0), run("specdec", "chat", "R", 10.4, 490.0),  # 1.04 > 1.03: fails
+        run("nospec", "random", "inf", 10.0, 500.0),  # specdec not measured there
+    ]  # fmt: skip
+    rows = {(r["dataset"], r["rate"], r["goal"]): r for r in goals({"runs": runs})}
+    assert rows[("code", "0.5R", "TPOT p50 x suffix")]["verdict"] == "PASS"
+    assert rows[("code", "0.5R", "TPOT p50 x suffix")]["ratio"] == pytest.approx(8 / 12)
+    assert rows[("code", "0.5R", "TPOT p50 x nospec")]["verdict"] == "PASS"
+    assert rows[("code", "0.5R", "ITL p99 x nospec")]["ratio"] == pytest.approx(1.0)
+    assert rows[("code", "inf", "out tok/s x nospec")]["verdict"] == "PASS"
+    assert rows[("code", "inf", "out tok/s x suffix")]["verdict"] == "FAIL"
+    assert rows[("chat", "R", "TPOT p50 x nospec")]["verdict"] == "FAIL"
+    assert rows[("chat", "R", "out tok/s x nospec")]["verdict"] == "PASS"  # 0.98 >= 0.97
+    assert rows[("random", "inf", "TPOT p50 x nospec")]["verdict"] == "MISSING"  # never a pass without the run
+    table = "\n".join(goals_markdown(list(rows.values())))
+    assert "| code | inf | out tok/s x suffix | 0.917 | >= 1.00 | FAIL |" in table and "6 of 10 goals pass." in table

@@ -1,0 +1,97 @@
+"""The serving table's goals (#44 item 1), checked on serve_bench's runs: specdec's default against no speculation
+and vLLM ``suffix`` in the same document, per dataset and rate.
+
+- speculation's datasets (SPEC_DATASETS: agentic, code), at every rate below saturation (LOADED_RATES):
+  TPOT p50 <= SUFFIX_TPOT_MAX x suffix's and <= no speculation's; TTFT p99 and ITL p99 <= TAIL_MAX x no
+  speculation's;
+- the same datasets at ``inf``: output tokens/s >= no speculation's and >= suffix's;
+- the low-acceptance datasets (PLAIN_DATASETS: chat, random), at every rate: TPOT p50 <= (1 + PLAIN_TOL) x no
+  speculation's and output tokens/s >= (1 - PLAIN_TOL) x its.
+
+A goal whose runs are missing (a method or rate not measured) is reported as such, never as a pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CANDIDATE, PLAIN, PEER = "specdec", "nospec", "suffix"
+SPEC_DATASETS = ("agentic", "code")
+PLAIN_DATASETS = ("chat", "random")
+LOADED_RATES = ("0.25R", "0.5R", "0.75R")
+SUFFIX_TPOT_MAX = 0.75
+TAIL_MAX = 1.1
+PLAIN_TOL = 0.03
+
+
+def _bench(runs: list[dict[str, Any]], method: str, dataset: str, label: str) -> dict[str, Any] | None:
+    for r in runs:
+        if (r["method"], r["dataset"], r["rate_label"]) == (method, dataset, label) and r.get("bench"):
+            return r["bench"]
+    return None
+
+
+def _row(dataset: str, label: str, goal: str, ratio: float | None, *, limit: float, at_most: bool) -> dict[str, Any]:
+    if ratio is None:
+        verdict = "MISSING"
+    else:
+        verdict = "PASS" if (ratio <= limit if at_most else ratio >= limit) else "FAIL"
+    return {"dataset": dataset, "rate": label, "goal": goal, "ratio": ratio, "limit": limit,
+            "at_most": at_most, "verdict": verdict}  # fmt: skip
+
+
+def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, key: str) -> float | None:
+    if a is None or b is None or not b.get(key) or a.get(key) is None:
+        return None
+    return float(a[key]) / float(b[key])
+
+
+def goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per goal, dataset and rate present in ``doc`` (serve_bench's or serve_report's merged JSON)."""
+    runs = doc.get("runs", [])
+    rows: list[dict[str, Any]] = []
+    present = list(dict.fromkeys(r["dataset"] for r in runs))
+    for dataset in present:
+        labels = list(dict.fromkeys(r["rate_label"] for r in runs if r["dataset"] == dataset))
+        for label in labels:
+            spec, plain, peer = (_bench(runs, m, dataset, label) for m in (CANDIDATE, PLAIN, PEER))
+            if dataset in SPEC_DATASETS and label in LOADED_RATES:
+                rows += [
+                    _row(dataset, label, "TPOT p50 x suffix", _ratio(spec, peer, "p50_tpot_ms"),
+                         limit=SUFFIX_TPOT_MAX, at_most=True),
+                    _row(dataset, label, "TPOT p50 x nospec", _ratio(spec, plain, "p50_tpot_ms"),
+                         limit=1.0, at_most=True),
+                    _row(dataset, label, "TTFT p99 x nospec", _ratio(spec, plain, "p99_ttft_ms"),
+                         limit=TAIL_MAX, at_most=True),
+                    _row(dataset, label, "ITL p99 x nospec", _ratio(spec, plain, "p99_itl_ms"),
+                         limit=TAIL_MAX, at_most=True),
+                ]  # fmt: skip
+            elif dataset in SPEC_DATASETS and label == "inf":
+                rows += [
+                    _row(dataset, label, "out tok/s x nospec", _ratio(spec, plain, "output_throughput"),
+                         limit=1.0, at_most=False),
+                    _row(dataset, label, "out tok/s x suffix", _ratio(spec, peer, "output_throughput"),
+                         limit=1.0, at_most=False),
+                ]  # fmt: skip
+            elif dataset in PLAIN_DATASETS:
+                rows += [
+                    _row(dataset, label, "TPOT p50 x nospec", _ratio(spec, plain, "p50_tpot_ms"),
+                         limit=1 + PLAIN_TOL, at_most=True),
+                    _row(dataset, label, "out tok/s x nospec", _ratio(spec, plain, "output_throughput"),
+                         limit=1 - PLAIN_TOL, at_most=False),
+                ]  # fmt: skip
+    return rows
+
+
+def goals_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """The goals as a table (empty when no run can be judged)."""
+    if not rows:
+        return []
+    lines = ["## Goals (specdec in the same run)", "", "| dataset | rate | goal | ratio | limit | verdict |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        limit = f"{'<=' if r['at_most'] else '>='} {r['limit']:.2f}"
+        lines.append(f"| {r['dataset']} | {r['rate']} | {r['goal']} | {ratio} | {limit} | {r['verdict']} |")
+    passed = sum(r["verdict"] == "PASS" for r in rows)
+    return [*lines, "", f"{passed} of {len(rows)} goals pass.", ""]
