@@ -7,7 +7,7 @@ Per mode (``--modes``: the plugin's ``async_mode``, thread and schedule; one ser
 another, then soaked at the same time; the suffix cache capped at ``--max-cached-requests``): ``--requests``
 requests (``openai`` AsyncOpenAI, at most ``--concurrency`` in flight), prompts cycled from the code, agentic and
 chat pools, max_tokens drawn from SOAK_LENGTHS, STREAM_SHARE of them streamed and ``--cancel-share`` streamed and
-closed after CANCEL_AFTER chunks.
+closed after CANCEL_AFTER chunks (serve_soak_load).
 Every ``--sample-s`` the host RSS of the server's process group, the GPU's used memory (nvidia-smi) and the
 plugin's cache gauges are recorded. /metrics is scraped before and after (vLLM's counters), and so is the plugin's
 own endpoint (``metrics_port``, added to a specdec ``--spec`` on a free port unless it names one;
@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import concurrent.futures as cf
 import json
-import random
 import sys
 import time
 from collections.abc import Callable
@@ -70,101 +69,17 @@ from benchmarks.serve_soak_checks import (
     plot,
     with_baseline,
 )
+from benchmarks.serve_soak_load import drive, greedy_texts, plan, soak_prompts
 from specdec.config import ConfigError
 from specdec.eval.results import installed_versions
 from specdec.vllm_plugin.faults import FAULTS_ENV, Faults
 
-SOAK_LENGTHS = (16, 32, 64, 128, 256, 512)
-STREAM_SHARE = 0.3
-CANCEL_AFTER = 4  # chunks read before a cancelled stream is closed
 RSS_GROWTH_MAX = 0.05
 GPU_GROWTH_MAX = 0.01  # the whole GPU's used memory (every server on it): the caching allocator settles late
-COMPARE_TOKENS = 128
 DEFAULT_TIMEOUT_MS = 50.0  # the plugin's draft_timeout_ms default (entry/options.py)
 DEFAULT_GPU_UTIL = 0.9  # vLLM's default gpu_memory_utilization, shared by soak servers running at once
-POOLS = ("code", "agentic", "chat")
 CACHE_PREFIX = "specdec_global_cache_"  # the suffix drafter's global cache gauges on the plugin's endpoint
 DRAFTER_MEMORY = "specdec_drafter_memory_bytes"
-
-
-def plan(prompts: list[str], n: int, *, cancel_share: float, seed: int = 0) -> list[dict[str, Any]]:
-    """n requests: prompt, max_tokens, mode ("plain", "stream", "cancel"), seeded."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        u = rng.random()
-        mode = "cancel" if u < cancel_share else "stream" if u < cancel_share + STREAM_SHARE else "plain"
-        out.append({"prompt": prompts[i % len(prompts)], "max_tokens": rng.choice(SOAK_LENGTHS), "mode": mode})
-    return out
-
-
-async def one(c: Any, model: str, req: dict[str, Any]) -> str:
-    """'ok', 'cancelled' or 'failed: ...'."""
-    try:
-        kw = {"model": model, "prompt": req["prompt"], "max_tokens": req["max_tokens"], "temperature": 0.0}
-        if req["mode"] == "plain":
-            resp = await c.completions.create(**kw)
-            return "ok" if resp.choices else "failed: no choices"
-        stream = await c.completions.create(stream=True, **kw)
-        chunks = 0
-        async for _ in stream:
-            chunks += 1
-            if req["mode"] == "cancel" and chunks >= CANCEL_AFTER:
-                await stream.close()
-                return "cancelled"
-        return "ok"
-    except Exception as exc:  # noqa: BLE001 - every failure is counted and reported
-        return f"failed: {type(exc).__name__}: {str(exc)[:200]}"
-
-
-async def drive(
-    base_url: str,
-    model: str,
-    reqs: list[dict[str, Any]],
-    *,
-    concurrency: int,
-    time_limit_s: float,
-    progress: dict[str, int],
-) -> list[str]:
-    import openai
-
-    c = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0, timeout=600)
-    sem = asyncio.Semaphore(concurrency)
-    end = time.monotonic() + time_limit_s
-
-    async def task(req: dict[str, Any]) -> str:
-        async with sem:
-            if time.monotonic() > end:
-                return "not sent"
-            out = await one(c, model, req)
-            progress["done"] += 1
-            return out
-
-    try:
-        return list(await asyncio.gather(*(task(r) for r in reqs)))
-    finally:
-        await c.close()
-
-
-async def greedy_texts(base_url: str, model: str, prompts: list[str], *, concurrency: int) -> list[str]:
-    """COMPARE_TOKENS greedy tokens for each prompt (texts in order; a failure's text names it)."""
-    import openai
-
-    c = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0, timeout=600)
-    sem = asyncio.Semaphore(concurrency)
-
-    async def task(prompt: str) -> str:
-        async with sem:
-            try:
-                r = await c.completions.create(model=model, prompt=prompt, max_tokens=COMPARE_TOKENS, temperature=0.0)
-                return r.choices[0].text
-            except Exception as exc:  # noqa: BLE001 - a failed request is a mismatch, named
-                return f"\x00failed: {type(exc).__name__}"
-
-    try:
-        return list(await asyncio.gather(*(task(p) for p in prompts)))
-    finally:
-        await c.close()
 
 
 def plugin_report(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
@@ -219,17 +134,6 @@ def summarize(
         and out["cache_within_cap"] is not False
     )
     return out
-
-
-def soak_prompts(path: Path) -> list[str]:
-    """The pools' prompts interleaved (code, agentic, chat, code, ...)."""
-    from benchmarks.serve_inputs import load_pools
-
-    pools = load_pools(path)
-    lists = [[r["prompt"] for r in pools[p]] for p in POOLS if p in pools] or [
-        [r["prompt"] for r in v] for v in pools.values()
-    ]
-    return [lst[i] for i in range(max(map(len, lists))) for lst in lists if i < len(lst)]
 
 
 def check_faults(spec: str, *, base_url: str) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import serve_bench, serve_features, serve_inputs, serve_soak
+from benchmarks import serve_bench, serve_features, serve_inputs, serve_soak, serve_soak_load
 from benchmarks.serve_common import (
     VLLM_CLI_ENV,
     ServeError,
@@ -116,10 +116,10 @@ def test_rate_slices_are_disjoint_and_bounded() -> None:
 
 
 def test_soak_plan_mixes_modes() -> None:
-    reqs = serve_soak.plan(["a", "b"], 2000, cancel_share=0.05)
+    reqs = serve_soak_load.plan(["a", "b"], 2000, cancel_share=0.05)
     cancels = sum(r["mode"] == "cancel" for r in reqs)
     assert 50 < cancels < 150  # 5% of 2,000, seeded
-    assert {r["max_tokens"] for r in reqs} == set(serve_soak.SOAK_LENGTHS)
+    assert {r["max_tokens"] for r in reqs} == set(serve_soak_load.SOAK_LENGTHS)
 
 
 # --------------------------------------------------------------------------- the fake server
@@ -359,7 +359,7 @@ def test_serve_soak_against_fake(fake_cli: str, pools_file: Path, tmp_path: Path
     doc = json.loads((tmp_path / "serve_soak.json").read_text())
     assert rc == 0 and doc["pass"], doc
     assert list(doc["modes"]) == list(serve_soak.MODES)
-    planned = sum(r["mode"] == "cancel" for r in serve_soak.plan(["x"], 120, cancel_share=0.05))
+    planned = sum(r["mode"] == "cancel" for r in serve_soak_load.plan(["x"], 120, cancel_share=0.05))
     for mode, d in doc["modes"].items():
         config = d["speculative_config"]
         assert config["async_mode"] == mode and config["drafter_options"]["suffix"]["max_cached_requests"] == 30
