@@ -186,13 +186,12 @@ class SpecdecProposer:
             return [[] for _ in range(n)]
 
     def _drafting_failed(self, exc: Exception, req_ids: list[str]) -> None:
-        """Count and log (once per error type) a failed proposer step, forget all drafter state (every request
-        restarts from its full context); ``strict`` re-raises instead."""
+        """``ProposerCore.drafting_failed`` (``strict`` re-raises here too: a rank without a core has nothing to
+        count)."""
         if self.options.strict:
             raise exc
         assert self.core is not None  # only a drafting rank drafts
-        self.core.guard.record_error(exc, req_ids)
-        self.core.reset()
+        self.core.drafting_failed(exc, req_ids)
 
     def prepare_step(self, scheduler_output: Any) -> None:
         """Called by the runner patch as vLLM starts executing a step (thread mode: finished requests stop and new

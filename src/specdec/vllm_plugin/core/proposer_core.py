@@ -255,6 +255,15 @@ class ProposerCore(ProposerReporting):
         """Forget all per-request state (after a bookkeeping failure): every request restarts from its context."""
         self.engine.stop_all()
 
+    def drafting_failed(self, exc: Exception, req_ids: list[str]) -> None:
+        """A failed proposer step, in any mode: counted and logged by the guard (``draft_errors``, one line per
+        error type), all drafter state forgotten (every request restarts from its full context); ``strict``
+        re-raises instead."""
+        if self.options.strict:
+            raise exc
+        self.guard.record_error(exc, req_ids)
+        self.reset()
+
     def force_resync(self, request_id: str) -> None:
         """The request's next row restarts it from its full context (the caller is resending it)."""
         self.engine.invalidate(request_id)

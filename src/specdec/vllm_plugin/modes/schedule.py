@@ -288,7 +288,7 @@ class ScheduledDrafting(CaptureRing):
             batch = StepBatch(rows.req_ids, rows.sampled, rows.lengths, rows.contexts, rows.prompt_lens, k)
             drafts = self.core.step(batch, pad=pad)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
-            self._drafting_failed(exc, list(req_ids))
+            self.core.drafting_failed(exc, list(req_ids))
             drafts, verified = [[] for _ in range(n)], 0
         pad_rows(drafts, host.numpy(), rows.fillers)
         return Drafted(req_ids, list(map(len, drafts)), list(map(len, rows.sampled)), verified)
@@ -325,7 +325,7 @@ class ScheduledDrafting(CaptureRing):
                 req_ids, tokens, emitted, known, fillers, out, context=context, k=k, pad=pad
             )
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
-            self._drafting_failed(exc, list(req_ids))
+            self.core.drafting_failed(exc, list(req_ids))
             lengths, verified = None, 0
         n = len(req_ids)
         self.feed.stats.matrix_steps += 1
@@ -334,14 +334,6 @@ class ScheduledDrafting(CaptureRing):
             out[:n] = np.where(new > 0, tokens[rows, np.maximum(new - 1, 0)], fillers)[:, None]
             lengths = [0] * n
         return Drafted(req_ids, lengths, emitted, verified, handed=(cap.req_ids, tokens, cap.discard))
-
-    def _drafting_failed(self, exc: Exception, req_ids: list[str]) -> None:
-        """A step's drafting raised: counted and logged by the drafter guard as in thread mode (``draft_errors``,
-        one log line per error type whichever path raised), the core reset (re-raised under ``strict``)."""
-        if getattr(self.core.options, "strict", False):
-            raise exc
-        self.core.guard.record_error(exc, req_ids)
-        self.core.reset()
 
     def _note(self, done: Drafted) -> None:
         """After the drafts of a step went out (the GPU no longer waits): the proposer's cost fit and the slot
@@ -360,7 +352,7 @@ class ScheduledDrafting(CaptureRing):
             if self.slot_book is not None:
                 self.slot_book.note(done.req_ids, lengths, emitted=emitted, token_cost=cost)
         except Exception as exc:  # noqa: BLE001 - a request must never fail because of drafting
-            self._drafting_failed(exc, list(done.req_ids))
+            self.core.drafting_failed(exc, list(done.req_ids))
 
     def stats(self) -> dict[str, Any]:
         out = {"schedule": self.feed.stats.as_dict(), **self.core.stats_dict()}
