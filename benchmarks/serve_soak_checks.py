@@ -27,6 +27,10 @@ ITL_METRIC = "vllm:inter_token_latency_seconds"
 BASELINE = "nospec"  # --baseline: a no-speculation server soaked beside the spec modes (its ITL tail for reference)
 _LE = re.compile(r'le="([^"]+)"')
 CACHE_REQUESTS, CACHE_MAX_REQUESTS = "specdec_global_cache_requests", "specdec_global_cache_max_requests"
+# sampled over time: the cache gauges (when the cap is reached) and the counters of late steps (when they happen:
+# an inter-token gap past the bound during warm-up or under load)
+SAMPLED_PLUGIN = (CACHE_REQUESTS, CACHE_MAX_REQUESTS, "specdec_deadline_misses_total",
+                  "specdec_watchdog_releases_total", "specdec_drafter_errors_total")  # fmt: skip
 
 
 def fault_check(kinds: list[str], before: dict[str, float], after: dict[str, float], log: str) -> dict[str, Any]:
@@ -88,6 +92,12 @@ def itl_check(before: str, after: str, *, timeout_ms: float) -> dict[str, Any]:
         "over_bound_edge": over,
         "over_deadline_edge": total - dict(cum).get(lower, 0.0),
         "deadline_edge_ms": 1e3 * lower,
+        # the tail's shape: gaps per bucket above the bound's edge ({upper edge in ms: count}; "inf" past the last)
+        "tail": {
+            ("inf" if e == float("inf") else f"{1e3 * e:g}"): c - p
+            for (e, c), (_, p) in zip(cum[1:], cum)
+            if e > upper and c > p
+        },  # fmt: skip
     }
 
 
@@ -153,7 +163,7 @@ def compare_verdict(results: dict[str, dict[str, Any]], *, baseline: str = "ngra
 
 class Sampler(threading.Thread):
     """Every ``every_s``: (seconds, requests done, host RSS MiB of ``pids()``, GPU used MiB) in ``samples``, and
-    (seconds, the plugin's cache gauges from ``plugin()``) in ``plugin_samples``."""
+    (seconds, the plugin's SAMPLED_PLUGIN metrics from ``plugin()``) in ``plugin_samples``."""
 
     def __init__(
         self, pids: Any, every_s: float, progress: dict[str, int], plugin: Callable[[], dict[str, float]]
@@ -168,7 +178,7 @@ class Sampler(threading.Thread):
     def take(self) -> None:
         t = time.monotonic() - self.t0
         self.samples.append((t, self.progress["done"], rss_mib(self.pids()), gpu_memory_mib()))
-        gauges = {k: v for k, v in self.plugin().items() if k in (CACHE_REQUESTS, CACHE_MAX_REQUESTS)}
+        gauges = {k: v for k, v in self.plugin().items() if k in SAMPLED_PLUGIN}
         if gauges:
             self.plugin_samples.append((t, gauges))
 

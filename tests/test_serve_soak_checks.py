@@ -42,7 +42,9 @@ def test_itl_check_reads_vllms_histogram() -> None:
     assert out["ok"] and out["over_bound_edge"] == 0 and out["over_deadline_edge"] == 0
     late = _itl({"0.01": 60, "0.025": 108, "0.05": 110, "0.075": 110, "0.1": 111, "+Inf": 111})
     out = sc.itl_check(before, late, timeout_ms=50.0)  # one gap between 75 and 100 ms
-    assert not out["ok"] and out["over_bound_edge"] == 1
+    assert not out["ok"] and out["over_bound_edge"] == 1 and out["tail"] == {"100": 1.0}  # by its upper edge
+    stall = _itl({"0.01": 60, "0.025": 108, "0.05": 110, "0.075": 110, "0.1": 111, "+Inf": 113})
+    assert sc.itl_check(before, stall, timeout_ms=50.0)["tail"] == {"100": 1.0, "inf": 2.0}  # two past the last
     assert not sc.itl_check(before, before, timeout_ms=50.0)["ok"]  # nothing observed
 
 
