@@ -62,6 +62,9 @@ class HostWait:
         dst, src = self.pending.pop(seq)
         dst.copy_(src)
 
+    def stalls(self) -> int:
+        return 0
+
     def fired(self) -> int:
         return 0
 

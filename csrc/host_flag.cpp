@@ -44,6 +44,7 @@ struct State {
     bool pending = false;  // a deadline is set
     bool closing = false;
     uint64_t fired = 0;  // deadlines that had to store their value
+    uint64_t stalled = 0;  // of those, the long ones: a value never released in time (not the GPU's grace)
     std::thread thread;
 
     // Store max(word, v) (cyclic); true if this call raised the word.
@@ -81,7 +82,10 @@ struct State {
             if (seen && arrived_for == armed) until = std::min(until, arrived + std::chrono::microseconds(grace_us));
             if (now >= until) {
                 pending = false;
-                if (store_max(armed)) ++fired;
+                if (store_max(armed)) {
+                    ++fired;
+                    if (until == deadline) ++stalled;  // not the grace: the owner never came
+                }
                 continue;
             }
             if (grace_us > 0 && reached != nullptr && !(seen && arrived_for == armed)) {
@@ -168,7 +172,8 @@ PyObject* Flag_arm(Flag* self, PyObject* args) {
     {
         std::lock_guard<std::mutex> lock(st->mu);
         if (st->pending && cyclic_less(st->armed, static_cast<uint32_t>(value)) && st->store_max(st->armed)) {
-            ++st->fired;  // the previous step was never released: do it now (counted like a deadline)
+            ++st->fired;  // the previous step was never released: do it now (counted like a deadline, a stall)
+            ++st->stalled;
         }
         st->armed = static_cast<uint32_t>(value);
         st->deadline = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(timeout_us));
@@ -192,6 +197,13 @@ PyObject* Flag_fired(Flag* self, PyObject*) {
     return PyLong_FromUnsignedLongLong(st->fired);
 }
 
+PyObject* Flag_stalls(Flag* self, PyObject*) {
+    State* st = live(self);
+    if (st == nullptr) return nullptr;
+    std::lock_guard<std::mutex> lock(st->mu);
+    return PyLong_FromUnsignedLongLong(st->stalled);
+}
+
 PyObject* Flag_close(Flag* self, PyObject*) {
     Py_BEGIN_ALLOW_THREADS
     close_state(self);
@@ -208,6 +220,8 @@ PyMethodDef Flag_methods[] = {
      "is stored at once)"},
     {"value", reinterpret_cast<PyCFunction>(Flag_value), METH_NOARGS, "the word"},
     {"fired", reinterpret_cast<PyCFunction>(Flag_fired), METH_NOARGS, "deadlines that stored their value"},
+    {"stalls", reinterpret_cast<PyCFunction>(Flag_stalls), METH_NOARGS,
+     "of those, the long deadlines (a value never released), not the grace after the reached word"},
     {"close", reinterpret_cast<PyCFunction>(Flag_close), METH_NOARGS, "stop the watchdog thread"},
     {nullptr, nullptr, 0, nullptr},
 };

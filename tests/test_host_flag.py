@@ -50,6 +50,7 @@ def test_the_watchdog_stores_the_armed_value_at_the_deadline_unless_released():
     flag.arm(9, LONG_US)
     flag.arm(10, LONG_US)  # 9 was never released: stored now, counted like a deadline
     assert word[0].item() == 9 and flag.fired() == 2
+    assert flag.stalls() == 2  # both were the long deadline (no reached word here): stalls
     flag.close()
 
 
@@ -76,6 +77,7 @@ def test_grace_runs_from_the_gpu_reaching_the_wait():
     assert word.item() == 0 and flag.fired() == 0
     reached[0] = 1  # the stream arrives at the wait
     assert _wait_for(lambda: word.item() == 1) and flag.fired() == 1
+    assert flag.stalls() == 0  # the grace stored it: drafting was late, the stream was not stuck
     flag.arm(2, LONG_US, IN_TIME_US)
     reached[0] = 2
     flag.release(2)  # the owner in time: nothing stored by the watchdog

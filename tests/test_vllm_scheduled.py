@@ -208,6 +208,7 @@ class FakeDeviceWait(HostWait):
     def __init__(self) -> None:
         super().__init__()
         self.fires = 0
+        self.stall_count = 0
         self.released: list[int] = []
 
     def release(self, seq: int) -> None:
@@ -216,6 +217,9 @@ class FakeDeviceWait(HostWait):
 
     def fired(self) -> int:
         return self.fires
+
+    def stalls(self) -> int:
+        return self.stall_count
 
 
 @pytest.mark.parametrize(
@@ -1069,3 +1073,38 @@ def test_observe_gives_every_live_proposer_the_observer():
         assert observe(None) >= 1 and prop.observer is None
     finally:
         prop.close()
+
+
+@pytest.mark.parametrize("grace_counts", [True, False])
+def test_late_drafting_switches_the_device_wait_off_only_where_grace_releases_count(grace_counts, monkeypatch):
+    """Three grace releases (drafting still running draft_timeout_ms after the GPU reached its wait) switch the
+    device wait off under WATCHDOG_GRACE_COUNTS (the gated default); counting stalls only, it stays on until the
+    host leaves three waits unreleased (stalls)."""
+    import specdec.vllm_plugin.modes.schedule as schedule_mode
+
+    monkeypatch.setattr(schedule_mode, "WATCHDOG_GRACE_COUNTS", grace_counts)
+    clock = SimpleNamespace(t=0.0)
+    eng = AsyncEngine(seed=9)
+    dw = FakeDeviceWait()
+    sched = ScheduledDrafting(make_core(lambda: clock.t, strict=False), k=K, max_rows=MAX_ROWS, device="cpu",
+                              device_wait=dw)  # fmt: skip
+    eng.churn(0)
+
+    def step(fires: int, stalls: int) -> None:
+        dw.fires, dw.stall_count = fires, stalls
+        order, sampled, discard, _ = eng.verify()
+        sched.capture(sampled, order, discard, requests=eng.state)
+        assert sched.fill(sched.submit(order, k=None, eager=False))
+        sched.finish()
+
+    for fires in (1, 2, 3):  # three late drafting steps, the stream never stuck
+        step(fires, 0)
+    assert sched.stats()["schedule"]["watchdog_releases"] == 3
+    assert (sched.device_wait is None) == grace_counts
+    if not grace_counts:
+        step(4, 1)
+        step(5, 2)
+        assert sched.device_wait is not None  # two stalls so far
+        step(6, 3)  # the third stall
+        st = sched.stats()["schedule"]
+        assert st["watchdog_releases"] == 6 and st["watchdog_stalls"] == 3 and sched.device_wait is None

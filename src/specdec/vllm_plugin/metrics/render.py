@@ -125,6 +125,12 @@ METRICS: tuple[Metric, ...] = (
         COUNTER,
         "Schedule mode: steps whose GPU wait for drafts the watchdog released; after 3 the host waits instead.",
     ),
+    Metric(
+        "watchdog_stalls_total",
+        "schedule.watchdog_stalls",
+        COUNTER,
+        "Schedule mode: of the watchdog's releases, waits the host never released in time (not late drafting).",
+    ),
     # ----------------------------------------------------------------- drafter state (sampled about once a second)
     Metric(
         "drafter_memory_bytes",

@@ -181,7 +181,13 @@ class DeviceWait:
         self.flag.release(seq & 0xFFFFFFFF)
 
     def fired(self) -> int:
+        """Waits the watchdog released: drafting past the grace (``draft_timeout_ms`` after the GPU arrived) or a
+        stall (``stalls``)."""
         return int(self.flag.fired())
+
+    def stalls(self) -> int:
+        """Of ``fired``, the waits never released by the host within STALL_TIMEOUT_MS (a blocked stream)."""
+        return int(self.flag.stalls())
 
     def close(self) -> None:
         self.flag.release(self.seq & 0xFFFFFFFF)

@@ -25,6 +25,7 @@ class FeedStats:
     late_fills: int = 0  # steps that verify no draft (no slots): drafted after the forward's launch, nothing waited
     matrix_steps: int = 0  # drafted straight from the captured token matrix (matrix_step)
     watchdog_releases: int = 0  # device wait: steps whose wait the watchdog released (stale drafts verified)
+    watchdog_stalls: int = 0  # of those, waits the host never released in time (not drafting past the grace)
     wait_seconds: float = 0.0  # fill: waiting for a step's sampled tokens (the GPU still running it)
     draft_seconds: float = 0.0  # fill (device wait: finish): the whole call, waiting included
     capture_seconds: float = 0.0  # capture: counts, copy and bookkeeping on the engine thread

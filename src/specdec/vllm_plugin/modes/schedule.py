@@ -64,6 +64,11 @@ from specdec.vllm_plugin.patches.graph_stats import GraphStats
 logger = logging.getLogger(LOGGER_NAME)
 
 WATCHDOG_LIMIT = 3  # device wait: watchdog releases after which the host fills instead
+# whether a grace release (drafting still running draft_timeout_ms after the GPU reached its wait: a late step, as a
+# deadline miss) counts toward WATCHDOG_LIMIT, as on the GPU-gated default path. False counts stalls only (a wait
+# the host never released), so a drafter's few late steps do not switch the device wait off for the server's life
+# (three sleep faults did in the soak); not yet through the GPU gate
+WATCHDOG_GRACE_COUNTS = True
 _DEBUG_WAIT = os.environ.get("SPECDEC_DEBUG_DEVICE_WAIT") == "1"  # stacks of a step whose finish() is late
 DEBUG_DUMP_S = 0.05  # SPECDEC_DEBUG_DEVICE_WAIT=1: dump every thread's stack when finish() comes this long after fill
 
@@ -259,12 +264,13 @@ class ScheduledDrafting(CaptureRing):
         to check without a device wait (a late fill of host fills)."""
         if self.device_wait is None:
             return
-        fired = self.device_wait.fired()
+        fired, stalls = self.device_wait.fired(), self.device_wait.stalls()
         if fired == self._watchdog_seen:
             return
         self.feed.stats.watchdog_releases += fired - self._watchdog_seen
+        self.feed.stats.watchdog_stalls = stalls
         self._watchdog_seen = fired
-        if fired >= WATCHDOG_LIMIT:
+        if (fired if WATCHDOG_GRACE_COUNTS else stalls) >= WATCHDOG_LIMIT:
             logger.warning(
                 "specdec: the GPU's wait for drafts was released by the watchdog %d times; filling "
                 "drafts from the host from now on",
