@@ -44,6 +44,7 @@ FAKE_CACHE_CAP = (64, 4096)  # the fake drafter's global cache caps: responses, 
 FAKE_BYTES_PER_TOKEN = 1024
 FAKE_STEP_S = 0.004  # the inter-token latency the fake reports for every decoding step
 FAKE_ITL_EDGES = ("0.01", "0.025", "0.05", "0.075", "0.1")  # vLLM's first inter-token latency bucket edges
+FAKE_SEED = 20261129  # the sampled words' generator (no-speculation fake: this; spec fake: this + 1)
 FAKE_SURE_UP_TO = 3  # completions of at most this many tokens (the sampling check's) are the prompt's but the last
 FAKE_WEIGHTS = (0.5, 0.2, 0.12, 0.08, 0.05, 0.03, 0.015, 0.005)  # sampled words' probabilities, reported as logprobs
 
@@ -68,6 +69,7 @@ class FakeState:
         }
         self.running = 0
         self.last_request = time.monotonic()
+        self.sampler = random.Random(FAKE_SEED + int(spec))  # sampled words: seeded, a fixed run of draws
 
     def count(self, tokens: int, *, drafted: int) -> None:
         """``tokens`` generated, ``drafted`` of them by a decoding step (the first of each choice is prefill's)."""
@@ -137,11 +139,13 @@ class FakeState:
         return "\n".join(lines) + "\n"
 
 
-def _words(body: dict[str, Any]) -> list[str]:
+def _words(body: dict[str, Any], sampler: random.Random) -> list[str]:
+    """One choice's words: greedy ones from the prompt alone (every choice the same), sampled ones from
+    ``sampler`` (the server's seeded generator: a run draws the same samples whatever the requests' order)."""
     prompt = body.get("prompt", "")
     seed = hashlib.sha256(json.dumps(prompt).encode()).digest()
     greedy = not body.get("temperature", 1.0) or body.get("top_k") == 1 or body.get("top_p", 1.0) < GREEDY_TOP_P
-    rng = random.Random(seed if greedy else None)  # greedy: every choice the same
+    rng = random.Random(seed) if greedy else sampler
     out, text = [], ""
     # the first token is the prompt's, sampled or not (a near-certain one); so are all but the last of a completion
     # as short as the sampling check's (its prompts are picked so: near-certain up to the tested position)
@@ -206,7 +210,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, json.dumps({"error": f"no route {self.path}"}))
             return
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-        choices = [_words(body) for _ in range(int(body.get("n", 1)))]
+        with self.state.lock:  # one request's choices at a time from the server's generator
+            choices = [_words(body, self.state.sampler) for _ in range(int(body.get("n", 1)))]
         with self.state.lock:
             self.state.running += 1
         # counted before answering, as a server counts its steps even for a client that goes away midway
