@@ -5,13 +5,13 @@ predicted by the prompt itself, so a suffix drafter proposes it and about half t
     python -m benchmarks.sampling_prompts            # writes benchmarks/sampling_prompts.json (token ids)
 
 Per tested output position P in POSITIONS (serve_sampling.TESTED_POSITION: 2 in thread mode, 3 in schedule mode,
-whose first decoding step rarely has draft slots), for every cut i of the first SCAN_PROMPTS code prompts (one
-float32 forward pass of the shared 53M target per prompt): the output tokens before P = the prompt's own tokens
-i .. i+P-2, each the target's mode with probability >= MIN_PREFIX; the draft d = the token after the latest earlier
-occurrence of the longest suffix (MIN_MATCH to MAX_MATCH tokens) of prompt[:i] + those tokens; d must be the mode at
-position P with probability in SECOND_RANGE. Expected acceptance at P (a one-token draft accepted with the target's
-probability) = p(prefix) x p(d). Per position the PROMPTS best by that, from distinct prompts, are written with
-their measured probabilities.
+where the samples' first decoding steps mostly meet prefill steps without draft slots), for every cut i of the first
+SCAN_PROMPTS code prompts (one float32 forward pass of the shared 53M target per prompt): the output tokens before P
+= the prompt's own tokens i .. i+P-2, each the target's mode with probability >= MIN_PREFIX; the draft d = the token
+after the latest earlier occurrence of the longest suffix (MIN_MATCH to MAX_MATCH tokens) of prompt[:i] + those
+tokens; d must be the mode at position P with probability in SECOND_RANGE. Expected acceptance at P (a one-token
+draft accepted with the target's probability) = p(prefix) x p(d). Per position the PROMPTS best by that, from
+distinct prompts, are written with their measured probabilities.
 """
 
 from __future__ import annotations

@@ -30,8 +30,9 @@ from benchmarks.serve_stats import chi_square_fit, fit_power, shift_samples
 SAMPLES = 12_000  # per prompt and server: power >= POWER_GOAL for the prompts' distributions (CPU-measured)
 SAMPLES_PER_REQUEST = 50  # n of each request
 SAMPLE_THREADS = 4  # requests in flight: their KV fits the spec server's small cache (serve_features)
-# the tested output position per async_mode (the first token comes from prefill, never drafted): in schedule mode a
-# request's first decoding step rarely has draft slots (they follow its latest draft, which it has not had yet)
+# the tested output position per async_mode (the first token comes from prefill, never drafted): in schedule mode
+# the samples' first decoding steps mostly share a step with the burst's other prefills, where decoding requests get
+# no draft slots (the plugin's prefill_step_slots 0 on compute-bound steps)
 TESTED_POSITION = {"thread": 2, "schedule": 3}
 MIN_GROUP = 500  # samples sharing a first token that make a goodness-of-fit group
 TOP_LOGPROBS = 20  # vLLM's default max_logprobs
