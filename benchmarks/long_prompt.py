@@ -13,8 +13,6 @@ tokens follow the copy; the first offset where at least MIN_FOLLOW do is written
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -54,26 +52,16 @@ def scan(model: Any, unit: list[int], ids_at: Any) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
-    from transformers import AutoModelForCausalLM
+    from benchmarks.sampling_prompts import picker, write_pick
+    from benchmarks.serve_features import copy_unit, long_prompt_ids
 
-    from benchmarks.serve_features import copy_unit, load_prompts, long_prompt_ids
-    from specdec.paths import TARGET_MODEL, model_path
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", default="device_inputs/serve_prompts.json", help="from `serve_bench prepare`")
-    ap.add_argument("--out", default=str(OUT))
-    args = ap.parse_args(argv)
-    path = str(model_path(TARGET_MODEL))
-    prompts = load_prompts(Path(args.prompts))
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    rows = scan(model, copy_unit(path, prompts), lambda offset: long_prompt_ids(path, prompts, offset=offset))
+    args, path, model, prompts = picker(argv, doc=__doc__, out=OUT)
+    model_dir = str(path)
+    rows = scan(model, copy_unit(model_dir, prompts), lambda offset: long_prompt_ids(model_dir, prompts, offset=offset))
     if rows[-1]["following"] < MIN_FOLLOW:
         print(f"no offset has {MIN_FOLLOW} output tokens continuing the copy; nothing written")
         return 1
-    doc = {"command": "python -m benchmarks.long_prompt", "model": TARGET_MODEL, "dtype": "float32",
-           "offset": rows[-1]["offset"], "scanned": rows}  # fmt: skip
-    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    write_pick(args, "python -m benchmarks.long_prompt", {"offset": rows[-1]["offset"], "scanned": rows})
     return 0
 
 

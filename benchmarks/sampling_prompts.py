@@ -87,26 +87,39 @@ def best(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return chosen
 
 
-def main(argv: list[str] | None = None) -> int:
+def picker(argv: list[str] | None, *, doc: str | None, out: Path) -> tuple[argparse.Namespace, Path, Any, list[str]]:
+    """What a CPU picker of serve_features' inputs starts from (this module's and ``long_prompt``'s): its
+    arguments (``--prompts``, ``--out``), the shared target's folder, the target in float32, the code pool."""
     import torch
-    from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
 
     from benchmarks.serve_features import load_prompts
     from specdec.paths import TARGET_MODEL, model_path
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", default="device_inputs/serve_prompts.json", help="from `serve_bench prepare`")
-    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--out", default=str(out))
     args = ap.parse_args(argv)
     path = model_path(TARGET_MODEL)
-    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    pool = load_prompts(Path(args.prompts))
-    chosen = [row for position in POSITIONS for row in best(scan(model, tok, pool, position=position))]
-    doc = {"command": "python -m benchmarks.sampling_prompts", "model": TARGET_MODEL, "dtype": "float32",
-           "pool": "code", "prompts": chosen}  # fmt: skip
+    return args, path, model, load_prompts(Path(args.prompts))
+
+
+def write_pick(args: argparse.Namespace, command: str, fields: dict[str, Any]) -> None:
+    """A picker's JSON at ``--out``: its command, the model and dtype, then ``fields``."""
+    from specdec.paths import TARGET_MODEL
+
+    doc = {"command": command, "model": TARGET_MODEL, "dtype": "float32", **fields}
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tokenizers import Tokenizer
+
+    args, path, model, pool = picker(argv, doc=__doc__, out=OUT)
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    chosen = [row for position in POSITIONS for row in best(scan(model, tok, pool, position=position))]
+    write_pick(args, "python -m benchmarks.sampling_prompts", {"pool": "code", "prompts": chosen})
     for c in chosen:
         print(
             f"position {c['position']}: code prompt {c['source']} cut at {c['cut']}: "
