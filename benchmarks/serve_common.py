@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -278,6 +279,19 @@ def parse_metrics(text: str) -> dict[str, float]:
             out[name] = out.get(name, 0.0) + float(value)
         except ValueError:
             continue
+    return out
+
+
+def by_label(text: str, metric: str, label: str) -> dict[str, float]:
+    """Prometheus text -> {value of ``label``: ``metric`` summed over its other label sets} (lines of ``metric``
+    without that label skipped)."""
+    pattern = re.compile(rf'(?:^|[{{,]){re.escape(label)}="([^"]*)"')
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(metric + "{"):
+            found = pattern.search(line.partition("{")[2])
+            if found:
+                out[found.group(1)] = out.get(found.group(1), 0.0) + float(line.rpartition(" ")[2])
     return out
 
 

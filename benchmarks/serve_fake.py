@@ -212,7 +212,6 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         with self.state.lock:  # one request's choices at a time from the server's generator
             choices = [_words(body, self.state.sampler) for _ in range(int(body.get("n", 1)))]
-        with self.state.lock:
             self.state.running += 1
         # counted before answering, as a server counts its steps even for a client that goes away midway
         self.state.count(sum(map(len, choices)), drafted=sum(max(0, len(c) - 1) for c in choices))

@@ -94,7 +94,12 @@ def _same(ctx: Ctx, prompts: list[Any], passes: int = PASSES, **kw: Any) -> dict
                 same += 1
             elif first is None:
                 first = mismatch(k, i, texts(x), texts(y))
-    out = {"ok": same == passes * len(prompts), "identical": same, "compared": passes * len(prompts)}
+    return tally(same, passes * len(prompts), first)
+
+
+def tally(same: int, compared: int, first: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A comparison's result: ok when every output was identical; where one was not, its ``first_mismatch``."""
+    out = {"ok": same == compared, "identical": same, "compared": compared}
     return {**out, "first_mismatch": first} if first else out
 
 
@@ -116,7 +121,7 @@ def f_streaming(ctx: Ctx) -> dict[str, Any]:
             for p in prompts
         ]
         same += sum(a == b for a, b in zip(got, want))
-    return {"ok": same == PASSES * len(prompts), "identical": same, "compared": PASSES * len(prompts)}
+    return tally(same, PASSES * len(prompts))
 
 
 def f_stop(ctx: Ctx) -> dict[str, Any]:
@@ -150,8 +155,7 @@ def _one_candidate(ctx: Ctx, n: int = 1, **kw: Any) -> dict[str, Any]:
             got = texts(complete(ctx.spec, ctx.model, p, temperature=1.0, n=n, **kw))
             same += got == want[i]
             first = first or (mismatch(k, i, want[i], got) if got != want[i] else None)
-    out = {"ok": same == PASSES * len(prompts), "identical": same, "compared": PASSES * len(prompts)}
-    return {**out, "first_mismatch": first} if first else out
+    return tally(same, PASSES * len(prompts), first)
 
 
 def f_logprobs(ctx: Ctx) -> dict[str, Any]:
@@ -246,18 +250,12 @@ def f_preemption(ctx: Ctx) -> dict[str, Any]:
         got = list(pool.map(lambda p: texts(complete(ctx.spec, ctx.model, p, **kw))[0], prompts))
     after = scrape(ctx.spec_url)
     want = [texts(complete(ctx.ref, ctx.model, p, **kw))[0] for p in prompts]
-    same = sum(a == b for a, b in zip(got, want))
+    differ = [i for i, (a, b) in enumerate(zip(want, got)) if a != b]
+    first = mismatch(0, differ[0], [want[differ[0]]], [got[differ[0]]]) if differ else None
+    out = tally(len(prompts) - len(differ), len(prompts), first)
     pre = after.get("vllm:num_preemptions_total", 0.0) - before.get("vllm:num_preemptions_total", 0.0)
     delta = spec_delta(before, after)
-    out = {
-        "ok": same == len(prompts) and pre > 0 and delta["accepted_tokens"] > 0,
-        "identical": same,
-        "compared": len(prompts),
-        "preemptions": pre,
-        "spec": delta,
-    }
-    differ = [i for i, (a, b) in enumerate(zip(want, got)) if a != b]
-    return {**out, "first_mismatch": mismatch(0, differ[0], [want[differ[0]]], [got[differ[0]]])} if differ else out
+    return {**out, "ok": out["ok"] and pre > 0 and delta["accepted_tokens"] > 0, "preemptions": pre, "spec": delta}
 
 
 FEATURES: dict[str, Callable[[Ctx], dict[str, Any]]] = {

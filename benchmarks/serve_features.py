@@ -73,6 +73,7 @@ PREEMPT_BLOCKS = 256  # the spec servers' KV cache: 4,096 tokens (block size 16)
 # the peer verifies as many draft tokens as the plugin's default k, so a failure tied to the verified width (vLLM
 # samples 8+ rows with another top-k/top-p kernel than fewer) shows on both
 PEER_WIDTH = {"num_speculative_tokens": 16}
+SMALL_KV = ["--num-gpu-blocks-override", str(PREEMPT_BLOCKS)]  # the spec servers' and the peer's KV cache
 BOS = 0  # the shared tokenizer's <|endoftext|>, which the serve prompts start with
 LONG_PROMPT_FILE = Path(__file__).with_name("long_prompt.json")  # where the long prompt ends (benchmarks.long_prompt)
 
@@ -157,8 +158,7 @@ def run_mode(
     spec = {**args.spec, "async_mode": mode}
     stack: list[Server] = []
     try:
-        blocks = ["--num-gpu-blocks-override", str(PREEMPT_BLOCKS)]
-        servers = {**base, "spec": start_server(args, stack, f"spec-{mode}", spec, blocks)}
+        servers = {**base, "spec": start_server(args, stack, f"spec-{mode}", spec, SMALL_KV)}
         ctx = make_ctx(args, servers, prompts, mode=mode)
         for name in args.features:
             try:
@@ -185,8 +185,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     try:
         base = {"ref": start_server(args, stack, "ref", None, [])}
         if args.peer:
-            blocks = ["--num-gpu-blocks-override", str(PREEMPT_BLOCKS)]  # preempts as the spec servers do
-            base["peer"] = start_server(args, stack, "peer", {**METHODS[args.peer], **PEER_WIDTH}, blocks)
+            base["peer"] = start_server(args, stack, "peer", {**METHODS[args.peer], **PEER_WIDTH}, SMALL_KV)
         args.save = lambda: write_json(Path(args.out_dir) / "serve_features.json", {**doc, "partial": True})
         for mode in args.modes:
             run_mode(args, base, mode, prompts, doc["modes"].setdefault(mode, {}))

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from benchmarks.gate_rules import ratio
+
 CANDIDATE, PLAIN, PEER = "specdec", "nospec", "suffix"
 SPEC_DATASETS = ("agentic", "code")
 PLAIN_DATASETS = ("chat", "random")
@@ -41,9 +43,7 @@ def _row(dataset: str, label: str, goal: str, ratio: float | None, *, limit: flo
 
 
 def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, key: str) -> float | None:
-    if a is None or b is None or not b.get(key) or a.get(key) is None:
-        return None
-    return float(a[key]) / float(b[key])
+    return ratio((a or {}).get(key), (b or {}).get(key))
 
 
 def goals(doc: dict[str, Any]) -> list[dict[str, Any]]:

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.serve_common import http_get
+from benchmarks.serve_common import by_label, http_get, parse_metrics
 from benchmarks.serve_stats import chi_square_fit, fit_power, shift_samples
 
 SAMPLES = 12_000  # per prompt and server: power >= POWER_GOAL for the prompts' distributions (CPU-measured)
@@ -34,7 +33,7 @@ SAMPLE_THREADS = 4  # requests in flight: their KV fits the spec server's small 
 # the samples' first decoding steps mostly share a step with the burst's other prefills, where decoding requests get
 # no draft slots (the plugin's prefill_step_slots 0 on compute-bound steps)
 TESTED_POSITION = {"thread": 2, "schedule": 3}
-MIN_GROUP = 500  # samples sharing a first token that make a goodness-of-fit group
+MIN_GROUP = 500  # samples sharing a prefix (the tokens before the tested one) that make a goodness-of-fit group
 TOP_LOGPROBS = 20  # vLLM's default max_logprobs
 BIAS_SHARE = 0.03
 POWER_GOAL = 0.99
@@ -43,7 +42,6 @@ P_MIN = 1e-3
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 STEPS = "vllm:inter_token_latency_seconds_count"  # one observation per decoding step of a request
 PROMPTS_FILE = Path(__file__).with_name("sampling_prompts.json")
-_POSITION = re.compile(r'position="(\d+)"')
 
 
 def load_sampling_prompts(position: int, path: Path = PROMPTS_FILE) -> list[list[int]]:
@@ -55,16 +53,9 @@ def load_sampling_prompts(position: int, path: Path = PROMPTS_FILE) -> list[list
 def window_counts(url: str) -> tuple[dict[int, float], float]:
     """(vLLM's accepted draft tokens by draft position, its decoding steps) from ``url``/metrics, summed over
     engines and label sets."""
-    per_pos: dict[int, float] = defaultdict(float)
-    steps = 0.0
-    for line in http_get(f"{url}/metrics")[1].splitlines():
-        if line.startswith(PER_POS + "{"):
-            pos = _POSITION.search(line)
-            if pos:
-                per_pos[int(pos.group(1))] += float(line.rpartition(" ")[2])
-        elif line.startswith((STEPS + "{", STEPS + " ")):
-            steps += float(line.rpartition(" ")[2])
-    return per_pos, steps
+    text = http_get(f"{url}/metrics")[1]
+    per_pos = {int(pos): n for pos, n in by_label(text, PER_POS, "position").items()}
+    return per_pos, parse_metrics(text).get(STEPS, 0.0)
 
 
 def accepted_at(position: int, *, samples: int, accepted: dict[int, float], steps: float) -> float:

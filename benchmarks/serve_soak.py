@@ -64,7 +64,8 @@ from benchmarks.serve_soak_checks import (
     fault_check,
     fault_kinds,
     growth_after,
-    itl_check,
+    itl_verdict,
+    itl_window,
     mismatches,
     plot,
     with_baseline,
@@ -227,8 +228,9 @@ def soak_on(args: argparse.Namespace, t: Target, reqs: list[dict[str, Any]], com
            **summarize(outcomes, sampler, {**parse_metrics(text_before), **plugin_before},
                        {**parse_metrics(text_after), **plugin_after})}  # fmt: skip
     timeout_ms = float((t.spec or {}).get("draft_timeout_ms", DEFAULT_TIMEOUT_MS))
-    doc["itl"] = itl_check(text_before, text_after, timeout_ms=timeout_ms)
-    doc["itl_histogram"] = (text_before, text_after)  # for the baseline's count at each mode's bound (popped)
+    window = itl_window(text_before, text_after)
+    doc["itl"] = itl_verdict(window, timeout_ms=timeout_ms)
+    doc["itl_window"] = window  # for the baseline's count at each mode's bound (popped)
     if t.mode == BASELINE:
         return {**doc, "pass": True, "greedy": texts}  # a reference: its cache and memory checks do not apply
     if args.faults and t.server is not None:
@@ -252,10 +254,10 @@ def soak_all(args: argparse.Namespace, modes: list[str], reqs: list[dict[str, An
     base = next((d for d in docs if d["mode"] == BASELINE), None)
     for d in docs:
         if base is not None and d is not base:
-            d["itl"] = with_baseline(d["itl"], *base["itl_histogram"])
+            d["itl"] = with_baseline(d["itl"], base["itl_window"])
             d["pass"] = d["pass"] and d["itl"]["ok"]
     for d in docs:
-        d.pop("itl_histogram")
+        d.pop("itl_window")
         d["server_exit_code"] = codes.get(f"soak-{d['mode']}")
         print(f"soak {d['mode']}: {'pass' if d['pass'] else 'FAIL'}", flush=True)
     return {d["mode"]: d for d in docs}

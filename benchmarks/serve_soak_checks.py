@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.serve_common import gpu_memory_mib, rss_mib
+from benchmarks.serve_common import by_label, gpu_memory_mib, rss_mib
 
 FAULT_COUNTERS = {  # fault kind: (the plugin's count of what it injected, the plugin's count of what it handled)
     "raise": ("specdec_test_faults_raised", "specdec_drafter_errors_total"),
@@ -25,7 +25,6 @@ COUNT_TOLERANCE = 0.01  # handled faults within 1% of the injected ones (at leas
 ITL_STEPS = 2  # the longest gap between a request's outputs: at most the drafting deadline plus this many steps
 ITL_METRIC = "vllm:inter_token_latency_seconds"
 BASELINE = "nospec"  # --baseline: a no-speculation server soaked beside the spec modes (its ITL tail for reference)
-_LE = re.compile(r'le="([^"]+)"')
 CACHE_REQUESTS, CACHE_MAX_REQUESTS = "specdec_global_cache_requests", "specdec_global_cache_max_requests"
 # sampled over time: the cache gauges (when the cap is reached) and the counters of late steps (when they happen:
 # an inter-token gap past the bound during warm-up or under load)
@@ -56,24 +55,21 @@ def fault_kinds(spec: str) -> list[str]:
 def histogram(text: str, name: str) -> dict[float, float]:
     """Cumulative counts by upper edge (``le``) of the Prometheus histogram ``name`` in ``text``, summed over
     its other labels."""
-    out: dict[float, float] = {}
-    for line in text.splitlines():
-        if line.startswith(f"{name}_bucket{{"):
-            le = _LE.search(line)
-            if le:
-                edge = float("inf") if le.group(1) == "+Inf" else float(le.group(1))
-                out[edge] = out.get(edge, 0.0) + float(line.rpartition(" ")[2])
-    return out
+    return {float(le.replace("+Inf", "inf")): n for le, n in by_label(text, f"{name}_bucket", "le").items()}
 
 
-def itl_check(before: str, after: str, *, timeout_ms: float) -> dict[str, Any]:
-    """vLLM's inter-token latency histogram (engine timestamps of a request's successive outputs: one per step)
-    over the run: its median step, and no gap past the drafting deadline plus ITL_STEPS median steps, read at the
-    first bucket edge at or above that bound (``bound_edge_ms``; gaps between the bound and that edge are not
-    seen). ``over_bound_edge`` counts the gaps past it; ``over_deadline_edge`` those past the last edge at or below
-    the bound, for scale."""
+def itl_window(before: str, after: str) -> list[tuple[float, float]]:
+    """vLLM's inter-token latency histogram over a run, from /metrics texts before and after it: [(bucket edge in
+    s, cumulative count)], ascending (engine timestamps of a request's successive outputs: one gap per step)."""
     b, a = histogram(before, ITL_METRIC), histogram(after, ITL_METRIC)
-    cum = sorted((edge, a[edge] - b.get(edge, 0.0)) for edge in a)  # [(edge, cumulative count)]
+    return sorted((edge, a[edge] - b.get(edge, 0.0)) for edge in a)
+
+
+def itl_verdict(cum: list[tuple[float, float]], *, timeout_ms: float) -> dict[str, Any]:
+    """An ``itl_window``: its median step, and no gap past the drafting deadline plus ITL_STEPS median steps, read
+    at the first bucket edge at or above that bound (``bound_edge_ms``; gaps between the bound and that edge are
+    not seen). ``over_bound_edge`` counts the gaps past it; ``over_deadline_edge`` those past the last edge at or
+    below the bound, for scale."""
     total = cum[-1][1] if cum else 0.0
     if not total:
         return {"ok": False, "gaps": 0, "why": f"no {ITL_METRIC} observations"}
@@ -101,14 +97,13 @@ def itl_check(before: str, after: str, *, timeout_ms: float) -> dict[str, Any]:
     }
 
 
-def with_baseline(itl: dict[str, Any], before: str, after: str) -> dict[str, Any]:
-    """A spec mode's ``itl_check`` beside a no-speculation server soaked at the same time (BASELINE): its gaps
-    past the mode's bound edge. ``ok_absolute`` is the check alone; ``ok`` also holds when the mode's share of
-    such gaps is no larger than the baseline's (the stalls are vLLM's own under this load, not the plugin's)."""
+def with_baseline(itl: dict[str, Any], baseline: list[tuple[float, float]]) -> dict[str, Any]:
+    """A spec mode's ``itl_verdict`` beside the ``itl_window`` of a no-speculation server soaked at the same time
+    (BASELINE): its gaps past the mode's bound edge. ``ok_absolute`` is the check alone; ``ok`` also holds when the
+    mode's share of such gaps is no larger than the baseline's (the stalls are vLLM's own under this load)."""
     if "bound_edge_ms" not in itl:
         return itl
-    b, a = histogram(before, ITL_METRIC), histogram(after, ITL_METRIC)
-    cum = {edge: a[edge] - b.get(edge, 0.0) for edge in a}
+    cum = dict(baseline)
     total = max(cum.values(), default=0.0)
     upper = min((e for e in cum if 1e3 * e >= itl["bound_edge_ms"] - 1e-9), default=None)
     over = total - cum[upper] if upper is not None else 0.0

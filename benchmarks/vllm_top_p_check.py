@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.serve_common import METHODS, Server, device_name, free_port
-from benchmarks.serve_inputs import load_pools
+from benchmarks.serve_common import METHODS, Server, device_name, free_port, write_json
+from benchmarks.serve_features import load_prompts
 from specdec.eval.results import installed_versions
 
 TOP_P = 1e-9
@@ -55,7 +55,7 @@ def main() -> int:
 
     out_dir = Path(os.environ.get("OUT", "eval/results/serve"))
     model = str(model_path(TARGET_MODEL))
-    prompts = [r["prompt"] for r in load_pools(Path("device_inputs/serve_prompts.json"))["code"][:PROMPTS]]
+    prompts = load_prompts(Path("device_inputs/serve_prompts.json"))[:PROMPTS]
     doc: dict[str, Any] = {"command": "python -m benchmarks.vllm_top_p_check", "device": device_name(),
                            "versions": installed_versions(), "top_p": TOP_P, "server_args": SERVER_ARGS}  # fmt: skip
     for name, spec in CONFIGS.items():
@@ -66,8 +66,7 @@ def main() -> int:
             print(name, json.dumps(doc[name]), flush=True)
         finally:
             srv.stop()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "vllm_top_p_check.json").write_text(json.dumps(doc, indent=1))
+    write_json(out_dir / "vllm_top_p_check.json", doc)
     return 0
 
 

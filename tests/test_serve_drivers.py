@@ -69,6 +69,19 @@ def test_parse_metrics_sums_label_sets_and_skips_comments() -> None:
     assert not any(k.startswith("#") for k in m)
 
 
+def test_by_label_sums_a_metric_per_label_value() -> None:
+    from benchmarks.serve_common import by_label
+
+    text = METRICS_TEXT + (
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",position="0"} 5.0\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="1",engine="0"} 7.0\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m"} 99.0\n'  # no position: skipped
+    )
+    assert by_label(text, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "position") == {"0": 20.0, "1": 7.0}
+    assert by_label(text, "vllm:spec_decode_num_drafts_total", "engine") == {"0": 10.0, "1": 10.0}
+    assert by_label(text, "vllm:spec_decode_num_drafts_total", "gine") == {}  # a label name, not a suffix of one
+
+
 def test_spec_delta_by_hand() -> None:
     before = parse_metrics(METRICS_TEXT)
     after = {

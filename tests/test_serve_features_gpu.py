@@ -61,8 +61,7 @@ def ctx(request: pytest.FixtureRequest, ref: tuple[argparse.Namespace, Server]) 
     spec = {**args.spec, "async_mode": request.param}
     stack: list[Server] = []
     try:
-        blocks = ["--num-gpu-blocks-override", str(sf.PREEMPT_BLOCKS)]
-        servers = {"ref": ref_server, "spec": sf.start_server(args, stack, f"spec-{request.param}", spec, blocks)}
+        servers = {"ref": ref_server, "spec": sf.start_server(args, stack, f"spec-{request.param}", spec, sf.SMALL_KV)}
         yield sf.make_ctx(args, servers, sf.load_prompts(PROMPTS), mode=request.param)
     finally:
         _stop(stack)

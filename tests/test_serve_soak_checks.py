@@ -33,34 +33,38 @@ def _itl(counts: dict[str, float]) -> str:
     return "\n".join(f'vllm:inter_token_latency_seconds_bucket{{engine="0",le="{le}"}} {c}' for le, c in counts.items())
 
 
+def _check(before: str, after: str, *, timeout_ms: float) -> dict:
+    return sc.itl_verdict(sc.itl_window(before, after), timeout_ms=timeout_ms)
+
+
 def test_itl_check_reads_vllms_histogram() -> None:
     before = _itl({"0.01": 10, "0.025": 10, "0.05": 10, "0.075": 10, "0.1": 10, "+Inf": 10})
     after = _itl({"0.01": 60, "0.025": 108, "0.05": 110, "0.075": 110, "0.1": 110, "+Inf": 110})
-    out = sc.itl_check(before, after, timeout_ms=50.0)  # 100 gaps: 50 under 10 ms, 48 under 25, 2 under 50
+    out = _check(before, after, timeout_ms=50.0)  # 100 gaps: 50 under 10 ms, 48 under 25, 2 under 50
     assert out["gaps"] == 100 and out["p50_ms"] == pytest.approx(10.0)
     assert out["bound_ms"] == pytest.approx(70.0) and out["bound_edge_ms"] == pytest.approx(75.0)
     assert out["ok"] and out["over_bound_edge"] == 0 and out["over_deadline_edge"] == 0
     late = _itl({"0.01": 60, "0.025": 108, "0.05": 110, "0.075": 110, "0.1": 111, "+Inf": 111})
-    out = sc.itl_check(before, late, timeout_ms=50.0)  # one gap between 75 and 100 ms
+    out = _check(before, late, timeout_ms=50.0)  # one gap between 75 and 100 ms
     assert not out["ok"] and out["over_bound_edge"] == 1 and out["tail"] == {"100": 1.0}  # by its upper edge
     stall = _itl({"0.01": 60, "0.025": 108, "0.05": 110, "0.075": 110, "0.1": 111, "+Inf": 113})
-    assert sc.itl_check(before, stall, timeout_ms=50.0)["tail"] == {"100": 1.0, "inf": 2.0}  # two past the last
-    assert not sc.itl_check(before, before, timeout_ms=50.0)["ok"]  # nothing observed
+    assert _check(before, stall, timeout_ms=50.0)["tail"] == {"100": 1.0, "inf": 2.0}  # two past the last
+    assert not _check(before, before, timeout_ms=50.0)["ok"]  # nothing observed
 
 
 def test_itl_against_a_no_speculation_baseline() -> None:
     before = _itl({"0.01": 0, "0.025": 0, "0.05": 0, "0.075": 0, "0.1": 0, "+Inf": 0})
-    spec = sc.itl_check(before, _itl({"0.01": 50, "0.025": 98, "0.05": 100, "0.075": 100, "0.1": 100, "+Inf": 101}),
+    spec = _check(before, _itl({"0.01": 50, "0.025": 98, "0.05": 100, "0.075": 100, "0.1": 100, "+Inf": 101}),
                         timeout_ms=50.0)  # fmt: skip  # 1 of 101 gaps past the 75 ms edge
     assert not spec["ok"] and spec["bound_edge_ms"] == pytest.approx(75.0)
     # the baseline: 3 of 200 gaps past 75 ms (2 between 75 and 100, 1 past 100): vLLM's own tail is the larger
     base = _itl({"0.01": 150, "0.025": 195, "0.05": 197, "0.075": 197, "0.1": 199, "+Inf": 200})
-    out = sc.with_baseline(spec, before, base)
+    out = sc.with_baseline(spec, sc.itl_window(before, base))
     assert out["ok"] and not out["ok_absolute"]
     assert (out["baseline_gaps"], out["baseline_over_bound_edge"]) == (200, 3)
     # a baseline with no such gap: the plugin's one stays a failure
     clean = _itl({"0.01": 150, "0.025": 195, "0.05": 200, "0.075": 200, "0.1": 200, "+Inf": 200})
-    assert not sc.with_baseline(spec, before, clean)["ok"]
+    assert not sc.with_baseline(spec, sc.itl_window(before, clean))["ok"]
 
 
 def test_growth_counts_only_after_the_cap_is_reached() -> None:

@@ -186,10 +186,7 @@ class SpecdecProposer:
             return [[] for _ in range(n)]
 
     def _drafting_failed(self, exc: Exception, req_ids: list[str]) -> None:
-        """``ProposerCore.drafting_failed`` (``strict`` re-raises here too: a rank without a core has nothing to
-        count)."""
-        if self.options.strict:
-            raise exc
+        """``ProposerCore.drafting_failed`` (the core's options are these: ``strict`` re-raises there)."""
         assert self.core is not None  # only a drafting rank drafts
         self.core.drafting_failed(exc, req_ids)
 

@@ -115,7 +115,6 @@ class ScheduledDrafting(CaptureRing):
         self.graph_stats = graph_stats  # the engine's added CUDA graphs (reported beside the slot book's counts)
         self.device_wait = device_wait  # DeviceWait: the GPU waits for the drafts, the host does not (fill/finish)
         self.deferred: tuple[list[str], int | None, Any, int, int] | None = None  # (req ids, k, host, seq, verified)
-        self._watchdog_seen = 0
         pin = self.device.type == "cuda"
         self.host_drafts = [torch.zeros((max_rows, k), dtype=torch.int32, pin_memory=pin) for _ in range(2)]
         self.fills = 0
@@ -264,13 +263,12 @@ class ScheduledDrafting(CaptureRing):
         to check without a device wait (a late fill of host fills)."""
         if self.device_wait is None:
             return
-        fired, stalls = self.device_wait.fired(), self.device_wait.stalls()
-        if fired == self._watchdog_seen:
+        stats = self.feed.stats
+        fired = self.device_wait.fired()
+        if fired == stats.watchdog_releases:
             return
-        self.feed.stats.watchdog_releases += fired - self._watchdog_seen
-        self.feed.stats.watchdog_stalls = stalls
-        self._watchdog_seen = fired
-        if (fired if WATCHDOG_GRACE_COUNTS else stalls) >= WATCHDOG_LIMIT:
+        stats.watchdog_releases, stats.watchdog_stalls = fired, self.device_wait.stalls()
+        if (fired if WATCHDOG_GRACE_COUNTS else stats.watchdog_stalls) >= WATCHDOG_LIMIT:
             logger.warning(
                 "specdec: the GPU's wait for drafts was released by the watchdog %d times; filling "
                 "drafts from the host from now on",
