@@ -18,18 +18,22 @@ starting new work in time to write results inside one device call. Writes serve_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
 import shlex
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from benchmarks import serve_inputs as inputs
+from benchmarks.serve_bench_client import BenchClient
 from benchmarks.serve_bench_runs import (
     SATURATION_LADDER,
+    SATURATION_SLICES,
     Budget,
     arrivals_capped,
     bench_once,
@@ -42,6 +46,7 @@ from benchmarks.serve_common import (
     HEALTH_TIMEOUT_S,
     VLLM_CLI_ENV,
     ServeError,
+    Server,
     device_name,
     parse_methods,
     pinned,
@@ -50,9 +55,11 @@ from benchmarks.serve_common import (
 from benchmarks.serve_report import write_outputs
 from specdec.eval.results import installed_versions
 
-# this driver's public names; SATURATION_LADDER and saturation_rate are re-exported for the tests that read them here
+# this driver's public names; SATURATION_LADDER, SATURATION_SLICES and saturation_rate are re-exported for the
+# tests that read them here
 __all__ = [
     "SATURATION_LADDER",
+    "SATURATION_SLICES",
     "Budget",
     "bench_once",
     "find_saturation",
@@ -70,19 +77,30 @@ def _record(doc: dict[str, Any], method: str, dataset: str, label: str, rate: fl
     doc["runs"].append({"method": method, "dataset": dataset, "rate_label": label, "rate": rate, **res})
 
 
-def run_method(args: argparse.Namespace, method: str, doc: dict[str, Any], budget: Budget) -> None:
-    """Every dataset and rate of one method: one server, or one per rate with --fresh-server-per-rate."""
-    cells = [
-        (d, i, label, rate)
-        for d in args.datasets
-        for i, (label, rate) in enumerate(parse_rates(args.rates, doc["saturation"], d))
-    ]
-    groups = [[c] for c in cells] if args.fresh_server_per_rate else [cells]
+def run_method(
+    args: argparse.Namespace,
+    method: str,
+    doc: dict[str, Any],
+    budget: Budget,
+    *,
+    server: Server | None = None,
+) -> None:
+    """Every dataset and rate of one method: one server (``server``, already warm, if given), or one per rate with
+    --fresh-server-per-rate."""
+    cells = []
+    for d in args.datasets:
+        try:
+            rates = parse_rates(args.rates, doc["saturation"], d)
+        except ServeError as exc:  # e.g. R not found for this dataset: its cells are left out, the others run
+            doc["errors"].append({"method": method, "dataset": d, "error": str(exc)})
+            continue
+        cells += [(d, i, label, rate) for i, (label, rate) in enumerate(rates)]
+    groups = [[c] for c in cells] if args.fresh_server_per_rate else [cells] if cells else []
     for group in groups:
         if budget.left() <= 0:
             doc["skipped"] += [f"{method}/{d}/{label}" for d, _, label, _ in group]
             continue
-        with serving(args, method, f"{group[0][0]}-{group[0][1]}") as server:
+        with _reused(server) if server else serving(args, method, f"{group[0][0]}-{group[0][1]}") as srv:
             for dataset, i, label, rate in group:
                 if budget.left() <= 0:
                     doc["skipped"].append(f"{method}/{dataset}/{label}")
@@ -95,7 +113,7 @@ def run_method(args: argparse.Namespace, method: str, doc: dict[str, Any], budge
                     rate,
                     bench_once(
                         args,
-                        server,
+                        srv,
                         dataset=dataset,
                         slice_index=i + 1,
                         rate=rate,
@@ -106,6 +124,20 @@ def run_method(args: argparse.Namespace, method: str, doc: dict[str, Any], budge
 
 
 def run(args: argparse.Namespace, *, find_only: bool) -> dict[str, Any]:
+    """The saturation search and, unless ``find_only``, every method's runs; with vLLM's own CLI on one lane, one
+    in-process `vllm bench serve` worker (serve_bench_client) makes every run."""
+    in_process = not (args.vllm_cli or os.environ.get(VLLM_CLI_ENV)) and int(getattr(args, "lanes", 1) or 1) == 1
+    client = args.bench_client = BenchClient() if in_process else None
+    try:
+        doc = _run(args, find_only=find_only)
+    finally:
+        if client is not None:
+            client.close()
+    doc["settings"]["bench_in_process"] = in_process
+    return doc
+
+
+def _run(args: argparse.Namespace, *, find_only: bool) -> dict[str, Any]:
     budget = Budget(args.time_budget_s)
     doc: dict[str, Any] = {
         "command": sys.argv,
@@ -115,13 +147,18 @@ def run(args: argparse.Namespace, *, find_only: bool) -> dict[str, Any]:
         "errors": [],
         "skipped": [],
         "saturation": load_saturation(args),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("pools", "func")},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("pools", "func", "bench_client")},
     }
+    rest = argparse.Namespace(**vars(args))  # the methods still to run after the saturation search
     if find_only or args.saturation_rate == "auto":
         with serving(args, "nospec", "saturation") as server:
             doc["saturation"] = find_saturation(args, server, budget)
-    if not find_only:
-        lanes = method_lanes(args)
+            if not find_only and "nospec" in args.methods and not args.fresh_server_per_rate:
+                # no speculation's rates on the server that found R (warm; the search used slices no rate uses)
+                _run_lane(args, ["nospec"], doc, budget, server=server)
+                rest.methods = [m for m in args.methods if m != "nospec"]
+    if not find_only and rest.methods:
+        lanes = method_lanes(rest)
         parts = [{"runs": [], "errors": [], "skipped": [], "saturation": doc["saturation"]} for _ in lanes]
         threads = [
             threading.Thread(target=_run_lane, args=(lane_args, methods, part, budget))
@@ -145,12 +182,24 @@ def run(args: argparse.Namespace, *, find_only: bool) -> dict[str, Any]:
     return doc
 
 
-def _run_lane(args: argparse.Namespace, methods: list[str], doc: dict[str, Any], budget: Budget) -> None:
+def _run_lane(
+    args: argparse.Namespace,
+    methods: list[str],
+    doc: dict[str, Any],
+    budget: Budget,
+    *,
+    server: Server | None = None,
+) -> None:
     for method in methods:
         try:
-            run_method(args, method, doc, budget)
+            run_method(args, method, doc, budget, server=server)
         except ServeError as exc:  # a method that does not start (e.g. the hybrid): recorded, others go on
             doc["errors"].append({"method": method, "error": str(exc)})
+
+
+@contextlib.contextmanager
+def _reused(server: Server) -> Iterator[Server]:
+    yield server  # its owner stops it
 
 
 def method_lanes(args: argparse.Namespace) -> list[tuple[argparse.Namespace, list[str]]]:
@@ -168,6 +217,7 @@ def method_lanes(args: argparse.Namespace) -> list[tuple[argparse.Namespace, lis
         lane = argparse.Namespace(**vars(args))
         lane.vllm_cli = pinned(base, cores[i * share : (i + 1) * share] if share else [])
         lane.lane_env = {"CUDA_VISIBLE_DEVICES": str(i)}
+        lane.bench_client = None  # a lane's runs go through its pinned CLI
         out.append((lane, list(args.methods[i::n])))
     return out
 
@@ -205,12 +255,14 @@ def _common(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument("--draft-model", default=str(model_path(DRAFT_MODEL)), help="for method 'hybrid'")
     ap.add_argument("--datasets", default="agentic,chat,code,random", type=lambda s: [x for x in s.split(",") if x])
-    ap.add_argument("--num-prompts", type=int, default=200, help="requests per rate")
+    ap.add_argument("--num-prompts", type=int, default=100, help="requests per rate (8 slices of it fit the 805-prompt chat pool)")
     ap.add_argument(
         "--max-arrival-s", type=float, default=60.0, help="a finite rate sends at most this many seconds of requests"
     )
     ap.add_argument("--warmup-prompts", type=int, default=32, help="all-at-once requests before the first rate")
-    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument(
+        "--temperature", type=float, default=0.0, help="of the pools' requests (random: the server's default)"
+    )
     ap.add_argument("--ignore-eos", action="store_true")
     ap.add_argument("--server-args", default="", type=lambda s: s.split(), help="extra `vllm serve` arguments")
     ap.add_argument("--port", type=int, default=0, help="0: a free port")
@@ -253,7 +305,7 @@ def _prepare(args: argparse.Namespace) -> int:
         "per_pool": args.per_pool,
         "max_code_tokens": args.max_code_tokens,
         "max_agentic_tokens": args.max_agentic_tokens,
-        "output_lengths": list(inputs.OUTPUT_LENGTHS),
+        "output_tokens": f"recorded responses, within [{inputs.MIN_OUTPUT_TOKENS}, {inputs.MAX_OUTPUT_TOKENS}]",
     }
     pools = inputs.build_pools(
         per_pool=args.per_pool, max_code_tokens=args.max_code_tokens, max_agentic_tokens=args.max_agentic_tokens

@@ -26,13 +26,17 @@ from benchmarks.serve_common import (
     vllm_cli,
 )
 
-RANDOM_INPUT_LEN, RANDOM_OUTPUT_LEN = 256, 128  # the low-acceptance random traffic of the issue
+# the low-acceptance random traffic of the issue: vLLM's random prompts, sampled at the server's default temperature
+# (with --temperature 0 the 53M target repeats itself after a random prompt, and drafts of it are accepted)
+RANDOM_INPUT_LEN, RANDOM_OUTPUT_LEN = 256, 128
 WARMUP_SLICE = 0  # slice 0 of every pool warms a server up; rate k uses slice k + 1
+# the saturation search's prompts: the two slices after the default five rates' (1-5), so that no speculation's rates
+# can run on the server that found R without meeting a prompt it has seen (its prefix cache would answer it)
+SATURATION_SLICES = (6, 7)
 # rates (x capacity) measured from the top down, to show where output tokens/s stop rising: the ladder stops at the
 # first rate that falls short of the all-at-once throughput, so the slowest (lowest) rates run only where needed
 SATURATION_LADDER = (1.25, 1.0, 0.75, 0.5)
 BENCH_TIMEOUT_S = 600
-RATE_SLICES = 4  # slices the saturation ladder cycles through (one per default rate)
 MARGIN_S = 30.0  # kept from --time-budget-s for stopping the server and writing results
 
 
@@ -56,6 +60,9 @@ def parse_rates(text: str, saturation: dict[str, float] | None, dataset: str) ->
                     f"rate {tok!r} needs the saturation rate R of dataset {dataset!r}: pass "
                     "--saturation-rate, --saturation-file or --saturation-rate auto"
                 )
+            if "rate" not in saturation[dataset]:
+                why = saturation[dataset].get("error", "no rate")
+                raise ServeError(f"rate {tok!r}: the saturation search found no R for dataset {dataset!r} ({why})")
             out.append((tok, float(tok[:-1] or 1) * saturation[dataset]["rate"]))
         else:
             try:
@@ -105,8 +112,6 @@ def bench_cmd(
         str(rate),
         "--seed",
         str(seed),
-        "--temperature",
-        str(args.temperature),
         "--percentile-metrics",
         "ttft,tpot,itl,e2el",
         "--metric-percentiles",
@@ -119,6 +124,8 @@ def bench_cmd(
         result.name,
     ]
     cmd += _dataset_flags(dataset, rows_file)
+    if dataset != inputs.RANDOM_DATASET:  # random: the server's default sampling, as a user's first run has it
+        cmd += ["--temperature", str(args.temperature)]
     if args.ignore_eos:
         cmd.append("--ignore-eos")
     return cmd
@@ -181,17 +188,21 @@ def bench_once(
     )
     before = scrape(server.base_url)
     log = work / f"{tag}.bench.log"
-    with open(log, "w") as fh:
-        try:
-            rc = subprocess.run(
-                cmd,
-                check=False,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                timeout=max(1.0, min(BENCH_TIMEOUT_S, budget.left())),
-            ).returncode
-        except subprocess.TimeoutExpired:
-            raise ServeError(f"`vllm bench serve` ran past the time budget: see {log}") from None
+    timeout_s = max(1.0, min(BENCH_TIMEOUT_S, budget.left()))
+    client = getattr(args, "bench_client", None)
+    rc = 1
+    if client is not None:  # vLLM's benchmark in a worker that stays up (the same flags)
+        rc = client.run(cmd[len(vllm_cli(args.vllm_cli)) + 2 :], log=log, timeout_s=timeout_s)
+        if rc != 0:  # the worker's way failed: this run and the rest go through the CLI, the failure kept
+            log.rename(log.with_suffix(".in-process.log"))
+            args.bench_client = None
+            client.close()
+    if rc != 0:
+        with open(log, "w") as fh:
+            try:
+                rc = subprocess.run(cmd, check=False, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s).returncode
+            except subprocess.TimeoutExpired:
+                raise ServeError(f"`vllm bench serve` ran past the time budget: see {log}") from None
     if rc != 0 or not result.exists():
         raise ServeError(f"`vllm bench serve` exited with code {rc}: see {log}")
     bench = json.loads(result.read_text())
@@ -250,17 +261,17 @@ def find_saturation(args: argparse.Namespace, server: Server, budget: Budget) ->
 
 
 def _saturate(args: argparse.Namespace, server: Server, dataset: str, budget: Budget) -> dict[str, Any]:
-    top = bench_once(args, server, dataset=dataset, slice_index=1, rate="inf", budget=budget)
+    first, second = SATURATION_SLICES
+    top = bench_once(args, server, dataset=dataset, slice_index=first, rate="inf", budget=budget)
     cap, tput = top["bench"]["request_throughput"], top["bench"]["output_throughput"]
     floor = (1 - args.saturation_tol) * tput
     ladder = []
     for i, f in enumerate(SATURATION_LADDER):
         if budget.left() <= 0:
             break
-        # no speculation keeps no cache: the ladder may reuse the rate slices
-        run = bench_once(
-            args, server, dataset=dataset, slice_index=1 + (i + 1) % RATE_SLICES, rate=f * cap, budget=budget
-        )
+        # the ladder alternates between its two slices: it measures output tokens/s, which a prefix-cache hit on a
+        # prompt seen two runs earlier barely changes
+        run = bench_once(args, server, dataset=dataset, slice_index=(second, first)[i % 2], rate=f * cap, budget=budget)
         ladder.append({"rate": f * cap, "output_throughput": run["bench"]["output_throughput"]})
         if ladder[-1]["output_throughput"] < floor:
             break

@@ -8,20 +8,22 @@ starting with BOS ``<|endoftext|>`` as the shared models were trained):
 * ``agentic``: OpenHands SWE-bench trajectories (each LLM call = the conversation so far), grouped by instance so
   consecutive slices come from different trajectories, cut to ``max_agentic_tokens`` from the left;
 * ``chat``: AlpacaEval instructions as "user: ...\\nassistant: " (open-ended chat: low-acceptance traffic).
-Each prompt has its own ``output_tokens`` (seeded draw from OUTPUT_LENGTHS): varied output lengths.
+Each prompt's ``output_tokens`` is the length of its recorded response (HumanEval's canonical solution, the MBPP
+task's code, the OpenHands call's reply with its tool calls, GPT-4's AlpacaEval answer) in the shared tokenizer, kept
+within [MIN_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS]; `vllm bench serve --custom-output-len -1` sends it as ``max_tokens``
+and EOS ends a request earlier.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import random
 from pathlib import Path
 from typing import Any
 
 from benchmarks.serve_common import ServeError
 
-OUTPUT_LENGTHS = (32, 64, 128, 256, 512)
+MIN_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS = 16, 1024  # a response's length kept within these (the longest answers run on)
 BOS_TEXT = "<|endoftext|>"
 MAX_INPUT_BYTES = 5_000_000  # the pool file travels with every device call
 ALPACA_FILE = "alpaca_eval/gpt4_1106_preview.model_outputs.json.gz"
@@ -36,36 +38,46 @@ def _cut(tok: Any, text: str, max_tokens: int) -> str:
     return BOS_TEXT + tok.decode(ids, skip_special_tokens=False)
 
 
-def code_texts() -> list[str]:
+def code_texts() -> list[tuple[str, str]]:
+    """(prompt, recorded response): HumanEval with its canonical solution, then MBPP tasks with their code."""
     from benchmarks.prepare_prompts import _mbpp_header, _mbpp_prompt
     from specdec.paths import data_dir, require
 
     with gzip.open(require(data_dir() / "human_eval" / "HumanEval.jsonl.gz", "HumanEval"), "rt") as fh:
-        humaneval = [json.loads(line)["prompt"].rstrip() for line in fh if line.strip()]
+        humaneval = [json.loads(line) for line in fh if line.strip()]
     mbpp_text = require(data_dir() / "mbpp" / "mbpp.jsonl", "MBPP").read_text(encoding="utf-8")
     mbpp = [json.loads(line) for line in mbpp_text.splitlines() if line.strip()]
-    return list(dict.fromkeys(humaneval + [_mbpp_prompt(r) + _mbpp_header(r) for r in mbpp]))
+    return [(r["prompt"].rstrip(), r["canonical_solution"]) for r in humaneval] + [
+        (_mbpp_prompt(r) + _mbpp_header(r), r["code"]) for r in mbpp
+    ]
 
 
-def agentic_texts() -> list[str]:
-    from benchmarks.prepare_prompts import _agentic_text, _openhands_calls
+def agentic_texts() -> list[tuple[str, str]]:
+    """(the conversation so far, the reply the LLM gave with its tool calls) per OpenHands call."""
+    from benchmarks.prepare_prompts import _agentic_text, _message, _openhands_calls
 
     calls = _openhands_calls()
-    return list(dict.fromkeys(_agentic_text(c) for inst in sorted(calls) for c in calls[inst]))
+    return [(_agentic_text(c), _message(c["response"])) for inst in sorted(calls) for c in calls[inst]]
 
 
-def chat_texts() -> list[str]:
+def chat_texts() -> list[tuple[str, str]]:
+    """(an AlpacaEval instruction as a chat turn, GPT-4's recorded answer)."""
     from specdec.paths import data_dir, require
 
     with gzip.open(require(data_dir() / ALPACA_FILE, "AlpacaEval"), "rt") as fh:
         rows = json.load(fh)
-    return list(dict.fromkeys(f"user: {r['instruction']}\nassistant: " for r in rows))
+    return [(f"user: {r['instruction']}\nassistant: ", r["output"]) for r in rows]
 
 
-def build_pools(
-    *, per_pool: int, max_code_tokens: int, max_agentic_tokens: int, seed: int = 0
-) -> dict[str, list[dict[str, Any]]]:
-    """{pool: [{"prompt": text, "output_tokens": n}]}, at most ``per_pool`` distinct prompts each."""
+def output_tokens(tok: Any, response: str) -> int:
+    """A recorded response's length in tokens, kept within [MIN_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS]."""
+    n = len(tok.encode(response, add_special_tokens=False).ids)
+    return max(MIN_OUTPUT_TOKENS, min(MAX_OUTPUT_TOKENS, n))
+
+
+def build_pools(*, per_pool: int, max_code_tokens: int, max_agentic_tokens: int) -> dict[str, list[dict[str, Any]]]:
+    """{pool: [{"prompt": text, "output_tokens": n}]}, at most ``per_pool`` distinct prompts each (a prompt's first
+    recorded response sets its length)."""
     from benchmarks.prepare_prompts import _tokenizer
 
     tok = _tokenizer()
@@ -74,11 +86,13 @@ def build_pools(
         "agentic": (agentic_texts, max_agentic_tokens),
         "chat": (chat_texts, max_code_tokens),
     }
-    rng = random.Random(seed)
     pools = {}
     for name, (load, max_tokens) in sources.items():
-        texts = list(dict.fromkeys(_cut(tok, t, max_tokens) for t in load()))[:per_pool]
-        pools[name] = [{"prompt": t, "output_tokens": rng.choice(OUTPUT_LENGTHS)} for t in texts]
+        first: dict[str, str] = {}
+        for prompt, response in load():
+            first.setdefault(_cut(tok, prompt, max_tokens), response)
+        texts = list(first)[:per_pool]
+        pools[name] = [{"prompt": t, "output_tokens": output_tokens(tok, first[t])} for t in texts]
     return pools
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import serve_bench, serve_features, serve_inputs, serve_soak, serve_soak_load
+from benchmarks.serve_bench_client import BenchClient
+from benchmarks.serve_bench_runs import Budget, bench_cmd
 from benchmarks.serve_common import (
     VLLM_CLI_ENV,
     ServeError,
@@ -120,6 +122,17 @@ def test_a_finite_rate_sends_at_most_max_arrival_s_of_requests() -> None:
     assert arrivals_capped(argparse.Namespace(num_prompts=200, max_arrival_s=0.0), 2.5) == 200  # 0: no cap
 
 
+def test_random_traffic_samples_at_the_servers_default_temperature(tmp_path: Path) -> None:
+    """vLLM's random prompts go without --temperature (the server's default: low acceptance, as a user's first run);
+    the pools' prompts carry --temperature."""
+    args = argparse.Namespace(vllm_cli="", model="m", temperature=0.0, ignore_eos=False)
+    kw = {"port": 1, "num": 3, "rate": "inf", "seed": 1, "result": tmp_path / "r.json"}
+    rand = bench_cmd(args, dataset="random", rows_file=None, **kw)
+    code = bench_cmd(args, dataset="code", rows_file=tmp_path / "c.jsonl", **kw)
+    assert "--temperature" not in rand and "random" in rand
+    assert code[code.index("--temperature") + 1] == "0.0"
+
+
 def test_rate_slices_are_disjoint_and_bounded() -> None:
     rows = [{"prompt": str(i)} for i in range(10)]
     a, b = (serve_inputs.rate_slice(rows, k, 4, pool="p") for k in (0, 1))
@@ -155,6 +168,37 @@ def test_fake_server_endpoints(fake_cli: str, tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- serve_bench
+def test_bench_client_runs_every_rate_in_one_worker(fake_cli: str, pools_file: Path, tmp_path: Path) -> None:
+    """The in-process `vllm bench serve` (fake runner here): one worker makes several runs through bench_once with
+    the flags the subprocess would get; a run that fails answers rc 1 and the same worker makes the next one."""
+    srv = Server("m", port=free_port(), log=tmp_path / "s.log", spec={"method": "specdec"}).start(60)
+    client = BenchClient("fake")
+    args = argparse.Namespace(
+        vllm_cli="",
+        model="m",
+        out_dir=str(tmp_path),
+        pools=serve_inputs.load_pools(pools_file),
+        num_prompts=3,
+        temperature=0.0,
+        ignore_eos=False,
+        bench_client=client,
+    )
+    try:
+        runs = [
+            serve_bench.bench_once(args, srv, dataset="code", slice_index=i, rate="inf", budget=Budget(60))
+            for i in (1, 2)
+        ]
+        assert [r["bench"]["completed"] for r in runs] == [3, 3]
+        assert runs[0]["spec"]["drafts"] > 0  # the deltas of /metrics around the run, as with the subprocess
+        worker = client.proc
+        log = tmp_path / "bad.log"
+        assert client.run(["--port", str(free_port()), "--num-prompts", "1"], log=log, timeout_s=60) == 1
+        assert "Traceback" in log.read_text() and client.proc is worker and worker.poll() is None
+    finally:
+        client.close()
+        srv.stop()
+
+
 def test_serve_bench_end_to_end(fake_cli: str, pools_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     rc = serve_bench.main(
@@ -235,6 +279,29 @@ def test_serve_bench_saturation_then_report(fake_cli: str, pools_file: Path, tmp
     want = [f * sat["capacity_req_s"] for f in serve_bench.SATURATION_LADDER]
     assert len(ladder_rates) >= 1 and ladder_rates == pytest.approx(want[: len(ladder_rates)])  # from the top down
     assert sat["rate"] in ladder_rates or sat["rate"] == sat["capacity_req_s"]
+
+
+def test_serve_bench_auto_saturation_runs_nospec_on_the_search_server(
+    fake_cli: str, pools_file: Path, tmp_path: Path
+) -> None:
+    """--saturation-rate auto: no speculation's rates run on the server that found R (no second start), on prompts
+    the search never sent; the other methods get servers of their own."""
+    out = tmp_path / "out"
+    argv = ["run", "--methods", "nospec,specdec", "--datasets", "code", "--prompts", str(pools_file)]
+    argv += ["--num-prompts", "3", "--warmup-prompts", "2", "--rates", "0.5R,inf", "--saturation-rate", "auto"]
+    assert serve_bench.main([*argv, "--out-dir", str(out)]) == 0
+    doc = json.loads((out / "serve_bench-nospec-specdec.json").read_text())
+    assert [r["method"] for r in doc["runs"]] == ["nospec", "nospec", "specdec", "specdec"] and not doc["errors"]
+    assert doc["runs"][0]["rate"] == pytest.approx(0.5 * doc["saturation"]["code"]["rate"])
+    logs = sorted(p.name for p in out.glob("server-*.log"))
+    assert logs == ["server-nospec-saturation.log", "server-specdec-code-0.log"]
+    nospec_port = doc["runs"][0]["command"][doc["runs"][0]["command"].index("--port") + 1]
+    sent: dict[bool, list[str]] = {True: [], False: []}  # by "the search sent it": its slices, the others
+    for f in (out / "work").glob(f"{nospec_port}-code-*.jsonl"):
+        searched = int(f.stem.split("-")[-1]) in serve_bench.SATURATION_SLICES
+        sent[searched] += [json.loads(line)["prompt"] for line in f.read_text().splitlines()]
+    assert sent[True] and len(sent[False]) == 2 + 3 + 3  # warm-up, then both rates
+    assert len(set(sent[False])) == len(sent[False]) and not set(sent[False]) & set(sent[True])
 
 
 def test_saturation_is_the_smallest_rate_that_holds_the_throughput() -> None:
