@@ -255,7 +255,9 @@ def _common(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument("--draft-model", default=str(model_path(DRAFT_MODEL)), help="for method 'hybrid'")
     ap.add_argument("--datasets", default="agentic,chat,code,random", type=lambda s: [x for x in s.split(",") if x])
-    ap.add_argument("--num-prompts", type=int, default=100, help="requests per rate (8 slices of it fit the 805-prompt chat pool)")
+    ap.add_argument(
+        "--num-prompts", type=int, default=100, help="requests per rate (8 slices of it fit the 805-prompt chat pool)"
+    )
     ap.add_argument(
         "--max-arrival-s", type=float, default=60.0, help="a finite rate sends at most this many seconds of requests"
     )
