@@ -8,7 +8,8 @@ and vLLM ``suffix`` in the same document, per dataset and rate.
 - the low-acceptance datasets (PLAIN_DATASETS: chat, random), at every rate: TPOT p50 <= (1 + PLAIN_TOL) x no
   speculation's and output tokens/s >= (1 - PLAIN_TOL) x its.
 
-A goal whose runs are missing (a method or rate not measured) is reported as such, never as a pass.
+Every goal of the issue's table is judged, whichever datasets and rates a document holds: a goal whose runs are
+missing (a dataset, method or rate not measured) is reported as MISSING, never as a pass.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ CANDIDATE, PLAIN, PEER = "specdec", "nospec", "suffix"
 SPEC_DATASETS = ("agentic", "code")
 PLAIN_DATASETS = ("chat", "random")
 LOADED_RATES = ("0.25R", "0.5R", "0.75R")
+TABLE_RATES = (*LOADED_RATES, "R", "inf")  # the issue's rates (serve_bench's default --rates)
 SUFFIX_TPOT_MAX = 0.75
 TAIL_MAX = 1.1
 PLAIN_TOL = 0.03
@@ -47,13 +49,12 @@ def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, key: str) -> floa
 
 
 def goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per goal, dataset and rate present in ``doc`` (serve_bench's or serve_report's merged JSON)."""
+    """One row per goal of the issue's table (SPEC_DATASETS and PLAIN_DATASETS at TABLE_RATES) on ``doc``
+    (serve_bench's or serve_report's merged JSON)."""
     runs = doc.get("runs", [])
     rows: list[dict[str, Any]] = []
-    present = list(dict.fromkeys(r["dataset"] for r in runs))
-    for dataset in present:
-        labels = list(dict.fromkeys(r["rate_label"] for r in runs if r["dataset"] == dataset))
-        for label in labels:
+    for dataset in (*SPEC_DATASETS, *PLAIN_DATASETS):
+        for label in TABLE_RATES:
             spec, plain, peer = (_bench(runs, m, dataset, label) for m in (CANDIDATE, PLAIN, PEER))
             if dataset in SPEC_DATASETS and label in LOADED_RATES:
                 rows += [
@@ -84,7 +85,7 @@ def goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def goals_markdown(rows: list[dict[str, Any]]) -> list[str]:
-    """The goals as a table (empty when no run can be judged)."""
+    """The goals as a table with a count of each verdict."""
     if not rows:
         return []
     lines = ["## Goals (specdec in the same run)", "", "| dataset | rate | goal | ratio | limit | verdict |",
@@ -93,5 +94,6 @@ def goals_markdown(rows: list[dict[str, Any]]) -> list[str]:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
         limit = f"{'<=' if r['at_most'] else '>='} {r['limit']:.2f}"
         lines.append(f"| {r['dataset']} | {r['rate']} | {r['goal']} | {ratio} | {limit} | {r['verdict']} |")
-    passed = sum(r["verdict"] == "PASS" for r in rows)
-    return [*lines, "", f"{passed} of {len(rows)} goals pass.", ""]
+    n = {v: sum(r["verdict"] == v for r in rows) for v in ("PASS", "FAIL", "MISSING")}
+    summary = f"{n['PASS']} of {len(rows)} goals pass, {n['FAIL']} fail, {n['MISSING']} not measured."
+    return [*lines, "", summary, ""]
