@@ -121,3 +121,29 @@ def test_labelled_curves_sweep_one_drafter_twice(tmp_path) -> None:
     assert [r["curve"] for r in doc["results"]] == ["before", "before", "suffix", "suffix"]
     assert {r["options"]["suffix"].get("max_depth") for r in doc["results"][:2]} == {16}
     assert doc["results"][2]["options"]["suffix"] == {"min_confidence": 0.01}
+
+
+def test_composed_drafter_sweeps_name_their_part(tmp_path, capsys) -> None:
+    """A composed drafter (best draft per step) is swept by LABEL.PART.KEY; LABEL.KEY, which names no part, is one
+    line naming the parts and the form to use, and so is a composed drafter with no --grid."""
+    path = tmp_path / "t.jsonl"
+    with path.open("w") as fh:
+        for r in _records(seed=7, n=4):
+            fh.write(json.dumps({"id": r.id, "prompt_ids": r.prompt_list(), "response_ids": r.response_list()}) + "\n")
+    base = ["curve", str(path), "--tokenizer", "none", "--drafter", "sn=suffix+ngram", "--versus", "", "--no-plots"]
+    base += ["--no-progress", "--no-cache"]
+    out = tmp_path / "out"
+    argv = [*base, "--grid", "sn.suffix.min_confidence=0.01,0.3", "--option", "sn.ngram.max_candidates=2"]
+    assert main([*argv, "--grid", "sn.budget=4,8", "--out", str(out)]) == 0
+    doc = json.loads((out / "curve.json").read_text())
+    got = sorted((r["options"]["suffix"]["min_confidence"], r["budget"]) for r in doc["results"])
+    assert got == [(0.01, 4), (0.01, 8), (0.3, 4), (0.3, 8)]
+    assert all(r["options"]["ngram"] == {"max_candidates": 2} for r in doc["results"])
+    capsys.readouterr()
+    assert main([*base, "--grid", "sn.min_confidence=0.01", "--out", str(tmp_path / "o2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "composes suffix, ngram" in err[0] and "sn.suffix.min_confidence" in err[0]
+    assert main([*base, "--out", str(tmp_path / "o3")]) == 2
+    assert "--grid sn.suffix.KEY=V1,V2" in capsys.readouterr().err
+    assert main([*base, "--grid", "sn=4", "--out", str(tmp_path / "o4")]) == 2
+    assert "'sn=4': give sn.KEY=VALUE" in capsys.readouterr().err

@@ -103,21 +103,22 @@ def curve_settings(args: argparse.Namespace) -> list[tuple[str, Setting]]:
     --tree (options and grids of a labelled drafter are given as LABEL.KEY)."""
     labels = curve_labels(args.drafter)
     for item in [*args.option, *args.grid]:
-        label = item.split("=", 1)[0].split(".", 1)[0].strip()
+        label = _label(item)
         if label not in labels:
             raise ConfigError(f"{item!r}: drafter {label!r} is not among --drafter ({', '.join(labels)})")
     out: list[tuple[str, Setting]] = []
     for label, name in labels.items():
-        grid = [f"{name}.{g.split('.', 1)[1]}" for g in args.grid if g.split(".", 1)[0] == label]
+        grid = [_own_key(g, label, name) for g in args.grid if _label(g) == label]
         if not grid:
             if name not in CURVE_GRIDS:
-                raise ConfigError(f"drafter {name!r} has no default curve grid; sweep it with --grid {label}.KEY=V1,V2")
+                key = f"{label}.{name.split('+')[0]}.KEY" if "+" in name else f"{label}.KEY"
+                raise ConfigError(f"drafter {name!r} has no default curve grid; sweep it with --grid {key}=V1,V2")
             grid = [f"{name}.{k}={','.join(map(str, v))}" for k, v in CURVE_GRIDS[name].items()]
-        budgets = [g for g in grid if g.split("=", 1)[0] == f"{name}.budget"]
-        grid = [g for g in grid if g not in budgets] + [g.split(".", 1)[1] for g in budgets]
+        budgets = [g for g in grid if g.split("=", 1)[0] in ("budget", f"{name}.budget")]
+        grid = [g for g in grid if g not in budgets] + [f"budget={g.split('=', 1)[1]}" for g in budgets]
         settings = build_settings(
             drafters=[name],
-            options=[f"{name}.{o.split('.', 1)[1]}" for o in args.option if o.split(".", 1)[0] == label],
+            options=[_own_key(o, label, name) for o in args.option if _label(o) == label],
             # a grid that sweeps the budget sets it (with --budget as well: refused, naming both)
             budgets=[args.budget] if args.budget is not None else (None if budgets else [DEFAULT_BUDGET]),
             tree=args.tree,
@@ -125,6 +126,30 @@ def curve_settings(args: argparse.Namespace) -> list[tuple[str, Setting]]:
         )
         out += [(label, s) for s in settings]
     return out
+
+
+def _label(item: str) -> str:
+    """The curve label a ``LABEL.KEY=V`` entry names."""
+    return item.split("=", 1)[0].split(".", 1)[0].strip()
+
+
+def _own_key(item: str, label: str, name: str) -> str:
+    """``LABEL.KEY=V`` of a --grid or --option as the drafter's ``NAME.KEY=V`` (``budget=V`` for LABEL.budget); a
+    composed drafter's entries name their part: ``LABEL.PART.KEY=V`` -> ``PART.KEY=V``."""
+    if "." not in item.split("=", 1)[0] or "=" not in item:
+        raise ConfigError(f"{item!r}: give {label}.KEY=VALUE (e.g. {label}.max_depth=32)")
+    rest = item.split(".", 1)[1]
+    if rest.split("=", 1)[0] == "budget":
+        return rest
+    if "+" not in name:
+        return f"{name}.{rest}"
+    parts = name.split("+")
+    if rest.split(".", 1)[0] not in parts or "." not in rest.split("=", 1)[0]:
+        raise ConfigError(
+            f"{item!r}: drafter {name!r} composes {', '.join(parts)}; name the part, e.g. "
+            f"{label}.{parts[0]}.{rest or 'KEY=V'}"
+        )
+    return rest
 
 
 def run_curve(args: argparse.Namespace) -> int:
