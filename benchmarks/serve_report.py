@@ -14,9 +14,9 @@ from typing import Any
 
 from benchmarks.serve_common import ServeError, write_json
 from benchmarks.serve_goals import goals, goals_markdown
+from specdec.eval.report import save_png
 
 INF_X_FACTOR = 1.25  # where "inf" sits on the rate axis, relative to the largest finite rate
-PNG_DPI = 80  # a 3 x 2 grid of panels stays under ~150 KB (the kept results have a size budget)
 COLUMNS = (
     ("TTFT p50", "p50_ttft_ms"),
     ("TTFT p99", "p99_ttft_ms"),
@@ -107,7 +107,7 @@ def plot(doc: dict[str, Any], path: Path) -> str:
                 ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=PNG_DPI)
+    save_png(fig, path)
     plt.close(fig)
     return str(path)
 

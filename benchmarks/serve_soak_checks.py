@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.serve_common import by_label, gpu_memory_mib, rss_mib
+from specdec.eval.report import save_png
 
 FAULT_COUNTERS = {  # fault kind: (the plugin's count of what it injected, the plugin's count of what it handled)
     "raise": ("specdec_test_faults_raised", "specdec_drafter_errors_total"),
@@ -202,6 +203,6 @@ def plot(samples: list[tuple[float, int, float, float | None]], path: Path, *, j
         ax.grid(alpha=0.3)
         ax.axvspan(judged_from, t[-1], alpha=0.08)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path)
     plt.close(fig)
     return str(path)

@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from specdec.eval.report import save_png
+
 FREE_RATIO = 1.1  # a budget is free when its step takes at most this multiple of the one-token step
 KS = (0, 1, 2, 4, 8, 16, 32, 64)
 BATCHES = (1, 8)
@@ -227,7 +229,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     ax.set_title(f"8B-shaped target, {doc['device']}")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from specdec.eval.report import save_png
 from specdec.vllm_plugin.patches.async_slots import PREFILL_HEAVY_TOKENS
 
 WIDTH_EDGES = (1, 2, 4, 8, 16, 32, 48, 64, 128, 256)  # bucket upper bounds (requests per step)
@@ -209,5 +210,5 @@ def plot_traces(traces: dict[str, dict[str, list[Any]]], path: Path) -> None:
     axes[0, 0].legend(loc="upper right", fontsize=8)
     axes[-1, 0].set_xlabel("engine step")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path)
     plt.close(fig)

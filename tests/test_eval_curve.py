@@ -147,3 +147,23 @@ def test_composed_drafter_sweeps_name_their_part(tmp_path, capsys) -> None:
     assert "--grid sn.suffix.KEY=V1,V2" in capsys.readouterr().err
     assert main([*base, "--grid", "sn=4", "--out", str(tmp_path / "o4")]) == 2
     assert "'sn=4': give sn.KEY=VALUE" in capsys.readouterr().err
+
+
+def test_save_png_writes_a_palette_image_of_the_figure(tmp_path) -> None:
+    """The kept plots are palette PNGs: same pixel size as matplotlib's own PNG, each line's colour kept."""
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    from specdec.eval.report import PNG_COLORS, _pyplot, save_png
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot([0, 1], [0, 1], color="#ff0000", linewidth=4)
+    ax.plot([0, 1], [1, 0], color="#0000ff", linewidth=4)
+    fig.savefig(tmp_path / "rgba.png", dpi=50)
+    save_png(fig, tmp_path / "p.png", dpi=50)
+    plt.close(fig)
+    img, ref = Image.open(tmp_path / "p.png"), Image.open(tmp_path / "rgba.png")
+    assert img.mode == "P" and img.size == ref.size
+    colours = {c for _, c in img.convert("RGB").getcolors(PNG_COLORS)}
+    assert {(255, 0, 0), (0, 0, 255), (255, 255, 255)} <= colours

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from specdec.eval.report import FIG_DPI, _f, _pyplot, format_table, group_by_dataset
+from specdec.eval.report import _f, _pyplot, format_table, group_by_dataset, save_png
 
 Point = tuple[float, float]  # (drafted tokens per step, MAT)
 DEFAULT_AT = (2.0, 4.0, 8.0)
@@ -148,6 +148,6 @@ def plot_curves(
         ax.axis("off")
     fig.suptitle("MAT against drafted tokens per step (upper envelope of each drafter's settings)", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=FIG_DPI)
+    save_png(fig, path)
     plt.close(fig)
     return Path(path)

@@ -12,6 +12,7 @@ from typing import Any
 POSITIONS_SHOWN = 4  # per-position acceptance columns in the terminal table
 MAX_CURVE_POSITIONS = 32
 FIG_DPI = 110
+PNG_COLORS = 256  # save_png's palette
 MAX_WIDTH = 120  # terminal tables and their notes fit this many columns
 
 Row = Mapping[str, Any]
@@ -124,6 +125,19 @@ def _pyplot():
     return plt
 
 
+def save_png(fig: Any, path: Path | str, *, dpi: int = FIG_DPI) -> None:
+    """``fig`` as a PNG of at most PNG_COLORS colours (a palette image: a third of the bytes of the RGBA one for
+    line plots, whose few colours and their anti-aliasing fit the palette; kept results have a size budget)."""
+    import io
+
+    from PIL import Image  # matplotlib's own dependency
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    buf.seek(0)
+    Image.open(buf).convert("RGB").quantize(PNG_COLORS).save(path, format="PNG", optimize=True)
+
+
 def plot_per_position(
     results: Sequence[Row],
     path: str | os.PathLike[str],
@@ -161,7 +175,7 @@ def plot_per_position(
         ax.axis("off")
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=FIG_DPI)
+    save_png(fig, path)
     plt.close(fig)
     return Path(path)
 
@@ -202,6 +216,6 @@ def plot_mat(
     ax.grid(axis="y", alpha=0.3)
     ax.set_title(f"{ylabel.split(' (')[0]} per dataset and drafter", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=FIG_DPI)
+    save_png(fig, path)
     plt.close(fig)
     return Path(path)
