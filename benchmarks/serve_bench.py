@@ -124,9 +124,10 @@ def run_method(
 
 
 def run(args: argparse.Namespace, *, find_only: bool) -> dict[str, Any]:
-    """The saturation search and, unless ``find_only``, every method's runs; with vLLM's own CLI on one lane, one
-    in-process `vllm bench serve` worker (serve_bench_client) makes every run."""
-    in_process = not (args.vllm_cli or os.environ.get(VLLM_CLI_ENV)) and int(getattr(args, "lanes", 1) or 1) == 1
+    """The saturation search and, unless ``find_only``, every method's runs; with vLLM's own CLI, one in-process
+    `vllm bench serve` worker (serve_bench_client) makes the runs (but those of --lanes, each through its pinned
+    CLI)."""
+    in_process = not (args.vllm_cli or os.environ.get(VLLM_CLI_ENV))
     client = args.bench_client = BenchClient() if in_process else None
     try:
         doc = _run(args, find_only=find_only)

@@ -66,11 +66,17 @@ def serve_requests(runner: str) -> int:
 
 class BenchClient:
     """The driver's side: the worker started once, a run sent per rate, its answer awaited with a timeout (a worker
-    past it is killed and the run raises ServeError; the next run starts a new worker)."""
+    past it is killed and the run raises ServeError; the next run starts a new worker). ``retire()``: its runs go
+    through the CLI from then on (``usable`` False), for every copy of the driver's arguments that holds it."""
 
     def __init__(self, runner: str = "vllm") -> None:
         self.runner = runner
         self.proc: subprocess.Popen[str] | None = None
+        self.usable = True
+
+    def retire(self) -> None:
+        self.usable = False
+        self.close()
 
     def _start(self) -> subprocess.Popen[str]:
         if self.proc is None or self.proc.poll() is not None:

@@ -80,7 +80,7 @@ def arrivals_capped(args: argparse.Namespace, rate: float | str) -> int:
     return max(1, min(args.num_prompts, round(float(rate) * args.max_arrival_s)))
 
 
-def bench_cmd(
+def bench_flags(
     args: argparse.Namespace,
     *,
     port: int,
@@ -91,11 +91,9 @@ def bench_cmd(
     seed: int,
     result: Path,
 ) -> list[str]:
-    """The `vllm bench serve` command line of one rate (flags as in vLLM 0.26's benchmarks/serve.py)."""
+    """The flags of one rate's `vllm bench serve` (as in vLLM 0.26's benchmarks/serve.py), after `bench serve` on the
+    CLI's line; the in-process worker parses the same."""
     cmd = [
-        *vllm_cli(args.vllm_cli),
-        "bench",
-        "serve",
         "--backend",
         "vllm",
         "--model",
@@ -176,7 +174,7 @@ def bench_once(
         rows_file = inputs.write_jsonl(work / f"{tag}.jsonl", rows[:num])
     result = work / f"{tag}.result.json"
     result.unlink(missing_ok=True)
-    cmd = bench_cmd(
+    flags = bench_flags(
         args,
         port=server.port,
         dataset=dataset,
@@ -186,23 +184,10 @@ def bench_once(
         seed=slice_index,
         result=result,
     )
+    cmd = [*vllm_cli(args.vllm_cli), "bench", "serve", *flags]
     before = scrape(server.base_url)
     log = work / f"{tag}.bench.log"
-    timeout_s = max(1.0, min(BENCH_TIMEOUT_S, budget.left()))
-    client = getattr(args, "bench_client", None)
-    rc = 1
-    if client is not None:  # vLLM's benchmark in a worker that stays up (the same flags)
-        rc = client.run(cmd[len(vllm_cli(args.vllm_cli)) + 2 :], log=log, timeout_s=timeout_s)
-        if rc != 0:  # the worker's way failed: this run and the rest go through the CLI, the failure kept
-            log.rename(log.with_suffix(".in-process.log"))
-            args.bench_client = None
-            client.close()
-    if rc != 0:
-        with open(log, "w") as fh:
-            try:
-                rc = subprocess.run(cmd, check=False, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s).returncode
-            except subprocess.TimeoutExpired:
-                raise ServeError(f"`vllm bench serve` ran past the time budget: see {log}") from None
+    rc = _run_bench(args, cmd, flags, log=log, timeout_s=max(1.0, min(BENCH_TIMEOUT_S, budget.left())))
     if rc != 0 or not result.exists():
         raise ServeError(f"`vllm bench serve` exited with code {rc}: see {log}")
     bench = json.loads(result.read_text())
@@ -211,6 +196,23 @@ def bench_once(
         "spec": spec_delta(before, scrape(server.base_url)),
         "command": cmd,
     }
+
+
+def _run_bench(args: argparse.Namespace, cmd: list[str], flags: list[str], *, log: Path, timeout_s: float) -> int:
+    """One run's exit code: through the driver's in-process worker (``args.bench_client``, ``flags``) while it works,
+    else the CLI (``cmd``). A run the worker fails goes through the CLI, and so do the rest (the worker retired, its
+    log kept beside)."""
+    client = getattr(args, "bench_client", None)
+    if client is not None and client.usable:
+        if client.run(flags, log=log, timeout_s=timeout_s) == 0:
+            return 0
+        log.rename(log.with_suffix(".in-process.log"))
+        client.retire()
+    with open(log, "w") as fh:
+        try:
+            return subprocess.run(cmd, check=False, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            raise ServeError(f"`vllm bench serve` ran past the time budget: see {log}") from None
 
 
 @contextlib.contextmanager

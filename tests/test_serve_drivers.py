@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks import serve_bench, serve_features, serve_inputs, serve_soak, serve_soak_load
 from benchmarks.serve_bench_client import BenchClient
-from benchmarks.serve_bench_runs import Budget, bench_cmd
+from benchmarks.serve_bench_runs import Budget, bench_flags
 from benchmarks.serve_common import (
     VLLM_CLI_ENV,
     ServeError,
@@ -122,13 +122,41 @@ def test_a_finite_rate_sends_at_most_max_arrival_s_of_requests() -> None:
     assert arrivals_capped(argparse.Namespace(num_prompts=200, max_arrival_s=0.0), 2.5) == 200  # 0: no cap
 
 
+def test_a_run_the_worker_fails_goes_through_the_cli_and_so_do_the_rest(
+    fake_cli: str, pools_file: Path, tmp_path: Path
+) -> None:
+    """The worker answers rc 1: that run is made again by the CLI, its worker log kept beside; the client is retired
+    for every holder of it, so the next run goes straight to the CLI."""
+
+    class Failing(BenchClient):
+        def run(self, flags: list[str], *, log: Path, timeout_s: float) -> int:
+            self.calls = getattr(self, "calls", 0) + 1
+            log.write_text("in-process failure\n")
+            return 1
+
+    srv = Server("m", port=free_port(), log=tmp_path / "s.log", spec={"method": "specdec"}).start(60)
+    client = Failing("fake")
+    args = argparse.Namespace(vllm_cli="", model="m", out_dir=str(tmp_path), pools=serve_inputs.load_pools(pools_file))
+    args.__dict__.update(num_prompts=3, temperature=0.0, ignore_eos=False, bench_client=client)
+    copy = argparse.Namespace(**vars(args))  # as a lane or the methods after the search hold it
+    try:
+        first = serve_bench.bench_once(args, srv, dataset="code", slice_index=1, rate="inf", budget=Budget(60))
+        second = serve_bench.bench_once(copy, srv, dataset="code", slice_index=2, rate="inf", budget=Budget(60))
+    finally:
+        srv.stop()
+    assert [r["bench"]["completed"] for r in (first, second)] == [3, 3] and client.calls == 1
+    assert not client.usable and client.proc is None
+    kept = sorted(p.name for p in (tmp_path / "work").glob("*.in-process.log"))
+    assert kept == [f"{srv.port}-code-1.bench.in-process.log"]
+
+
 def test_random_traffic_samples_at_the_servers_default_temperature(tmp_path: Path) -> None:
     """vLLM's random prompts go without --temperature (the server's default: low acceptance, as a user's first run);
     the pools' prompts carry --temperature."""
-    args = argparse.Namespace(vllm_cli="", model="m", temperature=0.0, ignore_eos=False)
+    args = argparse.Namespace(model="m", temperature=0.0, ignore_eos=False)
     kw = {"port": 1, "num": 3, "rate": "inf", "seed": 1, "result": tmp_path / "r.json"}
-    rand = bench_cmd(args, dataset="random", rows_file=None, **kw)
-    code = bench_cmd(args, dataset="code", rows_file=tmp_path / "c.jsonl", **kw)
+    rand = bench_flags(args, dataset="random", rows_file=None, **kw)
+    code = bench_flags(args, dataset="code", rows_file=tmp_path / "c.jsonl", **kw)
     assert "--temperature" not in rand and "random" in rand
     assert code[code.index("--temperature") + 1] == "0.0"
 
