@@ -16,8 +16,7 @@ fi
 source /tmp/specdec-bundle/env.sh
 python -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v -i "root\|notice" | tail -3
 export PYTHONUNBUFFERED=1 OUT="${OUT:-/tmp/out}"
-BENCH_PATH="$(mktemp -d)"; ln -s "$PWD/benchmarks" "$BENCH_PATH/benchmarks"  # `python -m benchmarks.X` anywhere
-export PYTHONPATH="$BENCH_PATH:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source scripts/bench_path.sh  # ./benchmarks on the path
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 echo "device_call.sh: $(date -u +%T) running: $*"

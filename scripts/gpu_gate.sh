@@ -61,10 +61,7 @@ if [[ -d "$BEFORE_SRC" ]]; then
     cp "$BEFORE_SRC/GATE_COMMIT" "$BEFORE_DIR/" && echo "$stamp" > "$BEFORE_DIR/.gate_stamp"
   fi
 fi
-# the harness lives in ./benchmarks (not installed): a folder holding only a link to it goes on the path
-BENCH_PATH="$(mktemp -d)"
-ln -s "$PWD/benchmarks" "$BENCH_PATH/benchmarks"
-export PYTHONPATH="$BENCH_PATH${PYTHONPATH:+:$PYTHONPATH}"
+source scripts/bench_path.sh  # ./benchmarks on the path
 python -m benchmarks.gate --before-path "$BEFORE_DIR" --out-dir "$OUT" "${ARGS[@]}" 2>&1 \
   | grep --line-buffered -v "it/s\]" | tee -a "$OUT/gate_console.log"
 exit "${PIPESTATUS[0]}"

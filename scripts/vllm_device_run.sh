@@ -11,10 +11,7 @@ set -uo pipefail
 source /tmp/specdec-bundle/env.sh
 python -m pip install -q --no-deps --no-build-isolation . 2>&1 | grep -v -i "root" | tail -3  # `pip` on PATH may be another Python's
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1 OUT="${OUT:-/tmp/out}"  # SAFEPATH: only installed packages (the src layout keeps ./src off the path anyway)
-# The harnesses live in ./benchmarks (not installed): a folder holding only a link to it goes on the path, so
-# `python -m benchmarks.X` (and the workers bench_vllm starts) find them while `import specdec` stays the installed one.
-BENCH_PATH="$(mktemp -d)"; ln -s "$PWD/benchmarks" "$BENCH_PATH/benchmarks"
-export PYTHONPATH="$BENCH_PATH${PYTHONPATH:+:$PYTHONPATH}"
+source scripts/bench_path.sh  # ./benchmarks on the path
 mkdir -p "$OUT"
 SERVE=0; PYSPY=0; ARGS=()
 for a in "$@"; do

@@ -4,9 +4,7 @@
 set -uo pipefail
 source /tmp/specdec-bundle/env.sh
 export PYTHONSAFEPATH=1 OUT="${OUT:-/tmp/out}"
-# ./benchmarks is not installed: a folder holding only a link to it goes on the path (./specdec stays off it).
-BENCH_PATH="$(mktemp -d)"; ln -s "$PWD/benchmarks" "$BENCH_PATH/benchmarks"
-export PYTHONPATH="$BENCH_PATH${PYTHONPATH:+:$PYTHONPATH}"
+source scripts/bench_path.sh  # ./benchmarks on the path (./specdec stays off it)
 mkdir -p "$OUT"
 ARGS=(--threads 8 --affinity 0-7 --backends "${BACKENDS:-eager-hf,torch,onnx-int8,numpy}" --batches 1,8,32
       --steps 30 --agree-prompts 0 --draft-rounds 5 --device-name xeon-8t)
