@@ -10,9 +10,10 @@ Per method: start the server on loopback, wait for /health, warm it up on a slic
 and rate run `vllm bench serve` on a slice no earlier rate of that server used (``--fresh-server-per-rate``: a new
 server for every rate), scrape /metrics before and after for vLLM's spec-decode counters, and stop the server with
 SIGINT to its process group. Rates: ``0.25R,0.5R,0.75R,R,inf`` (``R`` from ``--saturation-rate``,
-``--saturation-file`` or ``auto``: found first in the same call) or plain numbers. ``--lanes N``: N methods at
-once, each on its own GPU and share of the cores (``method_lanes``). ``--time-budget-s`` stops
-starting new work in time to write results inside one device call. Writes serve_bench-<tag>.{json,md,png}.
+``--saturation-file`` or ``auto``: found first in the same call, for the datasets the file lacks) or plain numbers.
+``--lanes N``: N methods at once, each on its own GPU and share of the cores (``method_lanes``).
+``--time-budget-s`` stops starting new work in time to write results inside one device call. Writes
+serve_bench-<tag>.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from benchmarks.serve_bench_client import BenchClient
 from benchmarks.serve_bench_runs import (
     SATURATION_LADDER,
     SATURATION_SLICES,
-    Budget,
     arrivals_capped,
     bench_once,
     find_saturation,
@@ -45,6 +45,7 @@ from benchmarks.serve_bench_runs import (
 from benchmarks.serve_common import (
     HEALTH_TIMEOUT_S,
     VLLM_CLI_ENV,
+    Budget,
     ServeError,
     Server,
     device_name,
@@ -151,9 +152,13 @@ def _run(args: argparse.Namespace, *, find_only: bool) -> dict[str, Any]:
         "settings": {k: v for k, v in vars(args).items() if k not in ("pools", "func", "bench_client")},
     }
     rest = argparse.Namespace(**vars(args))  # the methods still to run after the saturation search
-    if find_only or args.saturation_rate == "auto":
+    # auto with --saturation-file: the file's rates stand (an earlier run on the same kind of GPU), the search finds
+    # the rest
+    known = {} if find_only else {d: v for d, v in doc["saturation"].items() if "rate" in v}
+    search = argparse.Namespace(**{**vars(args), "datasets": [d for d in args.datasets if d not in known]})
+    if find_only or (args.saturation_rate == "auto" and search.datasets):
         with serving(args, "nospec", "saturation") as server:
-            doc["saturation"] = find_saturation(args, server, budget)
+            doc["saturation"] = {**known, **find_saturation(search, server, budget)}
             if not find_only and "nospec" in args.methods and not args.fresh_server_per_rate:
                 # no speculation's rates on the server that found R (warm; the search used slices no rate uses)
                 _run_lane(args, ["nospec"], doc, budget, server=server)
@@ -274,7 +279,11 @@ def _common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--vllm-cli", default="", help="the vLLM command (default: this Python's vLLM CLI module)")
     ap.add_argument("--out-dir", default="eval/results/serve")
     ap.add_argument("--tag", default="", help="file name suffix (default: the methods)")
-    ap.add_argument("--saturation-rate", default="", help="R in requests/s, or 'auto' (found first, same call)")
+    ap.add_argument(
+        "--saturation-rate",
+        default="",
+        help="R in requests/s, or 'auto' (found first, same call; with --saturation-file: for datasets it lacks)",
+    )
     ap.add_argument("--saturation-file", default="", help="JSON from `serve_bench find-saturation`")
     ap.add_argument("--saturation-tol", type=float, default=0.05)
 

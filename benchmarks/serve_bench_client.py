@@ -54,11 +54,16 @@ def serve_requests(runner: str) -> int:
     for line in sys.stdin:
         req = json.loads(line)
         rc = 1
-        with open(req["log"], "w") as fh, contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
-            try:
-                rc = run(list(req["flags"]))
-            except (Exception, SystemExit):  # argparse exits on bad flags: a failed run, not a dead worker
-                traceback.print_exc(file=fh)
+        try:
+            fh = open(req["log"], "w")  # noqa: SIM115 - closed below; a log that cannot be opened fails the run only
+        except OSError:
+            traceback.print_exc(file=sys.stderr)
+        else:
+            with fh, contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
+                try:
+                    rc = run(list(req["flags"]))
+                except (Exception, SystemExit):  # argparse exits on bad flags: a failed run, not a dead worker
+                    traceback.print_exc(file=fh)
         answers.write(f"{ANSWER}{int(rc or 0)}\n")
         answers.flush()
     return 0

@@ -9,7 +9,6 @@ import argparse
 import contextlib
 import json
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from benchmarks import serve_inputs as inputs
 from benchmarks.serve_common import (
     HOST,
+    Budget,
     ServeError,
     Server,
     free_port,
@@ -37,15 +37,6 @@ SATURATION_SLICES = (6, 7)
 # first rate that falls short of the all-at-once throughput, so the slowest (lowest) rates run only where needed
 SATURATION_LADDER = (1.25, 1.0, 0.75, 0.5)
 BENCH_TIMEOUT_S = 600
-MARGIN_S = 30.0  # kept from --time-budget-s for stopping the server and writing results
-
-
-class Budget:
-    def __init__(self, seconds: float) -> None:
-        self.end = time.monotonic() + seconds
-
-    def left(self) -> float:
-        return self.end - time.monotonic() - MARGIN_S
 
 
 def parse_rates(text: str, saturation: dict[str, float] | None, dataset: str) -> list[tuple[str, float | str]]:
@@ -167,6 +158,7 @@ def bench_once(
     keys and the spec-decode deltas."""
     num = num or args.num_prompts
     work = Path(args.out_dir) / "work"
+    work.mkdir(parents=True, exist_ok=True)  # the random dataset writes no prompt file that would make it
     tag = f"{server.port}-{dataset}-{slice_index}"
     rows_file = None
     if dataset != inputs.RANDOM_DATASET:

@@ -31,6 +31,7 @@ HTTP_TIMEOUT_S = 10.0
 VLLM_CLI_ENV = "SPECDEC_VLLM_CLI"  # overrides the vLLM command line (the CPU tests point it at serve_fake)
 SPEC_PREFIX = "vllm:spec_decode_num_"
 SPECDEC_PREFIX = "specdec"  # the plugin's own metrics (its endpoint, metrics_port; vLLM's /metrics has none)
+MARGIN_S = 30.0  # kept from a driver's --time-budget-s for stopping its servers and writing results
 
 # method name -> vLLM speculative config (None: no speculation). "hybrid" gets draft_model filled in.
 METHODS: dict[str, dict[str, Any] | None] = {
@@ -47,6 +48,16 @@ MODES = ("thread", "schedule")  # the plugin's async_mode values the serving dri
 
 class ServeError(RuntimeError):
     """A one-line, user-fixable failure of a served-path driver."""
+
+
+class Budget:
+    """A driver's ``--time-budget-s``: what is left of it, less ``MARGIN_S`` (no new work once it is <= 0)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic() - MARGIN_S
 
 
 def spec_config(method: str, draft_model: str = "") -> dict[str, Any] | None:
@@ -203,13 +214,26 @@ class Server:
         self.stop()
 
 
+# an exception line of a dying server's log: "...ValueError: Free memory on device ..." (vLLM prefixes each line
+# with its process and logger fields)
+EXCEPTION_LINE = re.compile(r"\b(\w+(?:Error|Exception): .*)")
+WRAPPER_ERROR = "Engine core initialization failed"  # vLLM's API server re-raising its engine's error
+NOT_ERRORS = re.compile(r"\b(WARNING|INFO|DEBUG)\b")  # log lines that may quote an exception (vLLM's ulimit note)
+
+
 def last_line(path: Path) -> str:
-    """The log's last non-empty line (the error a dying server printed), cut to 200 characters."""
+    """What a dying server's log says went wrong, cut to 300 characters: the first exception line that is not
+    vLLM's wrapper of its engine core's failure (the root cause, e.g. too little free GPU memory), else the last
+    non-empty line."""
     try:
         lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return "no log"
-    return lines[-1].strip()[:200] if lines else "empty log"
+    for ln in lines:
+        m = EXCEPTION_LINE.search(ln)
+        if m and WRAPPER_ERROR not in ln and not NOT_ERRORS.search(ln):
+            return m.group(1).strip()[:300]
+    return lines[-1].strip()[:300] if lines else "empty log"
 
 
 def process_group(pgid: int) -> list[int]:

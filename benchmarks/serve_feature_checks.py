@@ -183,9 +183,13 @@ def f_long_prompt(ctx: Ctx) -> dict[str, Any]:
     if not ctx.long_ids:
         raise ServeError("feature 'long_prompt' needs token ids (the tokenizer of --model)")
     out = _same(ctx, [ctx.long_ids[-(MAX_MODEL_LEN - 1) :]], max_tokens=1)
-    out8 = _same(ctx, [ctx.long_ids[-(MAX_MODEL_LEN - 8) :]], max_tokens=7)
+    drafting = ctx.long_ids[-(MAX_MODEL_LEN - 8) :]
+    out8 = _same(ctx, [drafting], max_tokens=7)
+    # the target's own continuation (the copy's rest when it follows the copy, which the drafter proposes)
+    ref_ids = complete(ctx.ref, ctx.model, drafting, max_tokens=7, extra_body={"return_token_ids": True})
     return {"ok": out["ok"] and out8["ok"], "identical": out["identical"] + out8["identical"],
-            "compared": out["compared"] + out8["compared"]}  # fmt: skip
+            "compared": out["compared"] + out8["compared"], "ref_text": texts(ref_ids)[0],
+            "ref_token_ids": getattr(ref_ids.choices[0], "token_ids", None)}  # fmt: skip
 
 
 def f_json_schema(ctx: Ctx) -> dict[str, Any]:

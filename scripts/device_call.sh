@@ -14,6 +14,13 @@ if [[ ! -e /tmp/specdec-bundle/ready ]]; then
   bash "$LAST/stage.sh" || { echo "device_call.sh: staging $LAST failed"; exit 3; }
 fi
 source /tmp/specdec-bundle/env.sh
+# a call that ran out of time leaves its vLLM servers behind (each in a session of its own), holding GPU memory the
+# next server's start then lacks: stop them first
+if pgrep -f "vllm.entrypoints.cli.main serve|VLLM::" > /dev/null; then
+  echo "device_call.sh: stopping vLLM servers left by an earlier call"
+  pkill -INT -f "vllm.entrypoints.cli.main serve"; sleep 10
+  pkill -KILL -f "vllm.entrypoints.cli.main serve|VLLM::"; sleep 2
+fi
 python -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v -i "root\|notice" | tail -3
 export PYTHONUNBUFFERED=1 OUT="${OUT:-/tmp/out}"
 source scripts/bench_path.sh  # ./benchmarks on the path

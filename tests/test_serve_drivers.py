@@ -15,9 +15,10 @@ import pytest
 
 from benchmarks import serve_bench, serve_features, serve_inputs, serve_soak, serve_soak_load
 from benchmarks.serve_bench_client import BenchClient
-from benchmarks.serve_bench_runs import Budget, bench_flags
+from benchmarks.serve_bench_runs import bench_flags
 from benchmarks.serve_common import (
     VLLM_CLI_ENV,
+    Budget,
     ServeError,
     Server,
     free_port,
@@ -592,3 +593,59 @@ def test_serving_goals_judge_specdec_against_nospec_and_suffix_in_the_same_run()
     assert len(rows) == 2 * (3 * 4 + 2) + 2 * 5 * 2
     assert rows[("agentic", "0.25R", "TPOT p50 x suffix")]["verdict"] == "MISSING"
     assert "6 of 48 goals pass, 2 fail, 40 not measured." in table
+
+
+def test_auto_saturation_searches_only_what_the_file_lacks(fake_cli: str, pools_file: Path, tmp_path: Path) -> None:
+    """--saturation-rate auto with --saturation-file: the file's R stands for its datasets (no search run on them),
+    the others are searched in the same call."""
+    sat_file = tmp_path / "sat.json"
+    sat_file.write_text(json.dumps({"saturation": {"code": {"rate": 7.0}}}))
+    out = tmp_path / "out"
+    argv = ["run", "--methods", "nospec", "--datasets", "code,agentic", "--prompts", str(pools_file)]
+    argv += ["--num-prompts", "3", "--warmup-prompts", "0", "--rates", "0.5R", "--saturation-rate", "auto"]
+    assert serve_bench.main([*argv, "--saturation-file", str(sat_file), "--out-dir", str(out)]) == 0
+    doc = json.loads((out / "serve_bench-nospec.json").read_text())
+    assert doc["saturation"]["code"] == {"rate": 7.0}
+    assert "ladder" in doc["saturation"]["agentic"] and not doc["errors"]
+    rates = {r["dataset"]: r["rate"] for r in doc["runs"]}
+    assert rates == {"code": pytest.approx(3.5), "agentic": pytest.approx(0.5 * doc["saturation"]["agentic"]["rate"])}
+    port = doc["runs"][0]["command"][doc["runs"][0]["command"].index("--port") + 1]
+    searched = {
+        f.stem.split("-")[1]
+        for f in (out / "work").glob(f"{port}-*-*.jsonl")
+        if int(f.stem.split("-")[-1]) in serve_bench.SATURATION_SLICES
+    }
+    assert searched == {"agentic"}
+
+
+def test_serve_features_time_budget_skips_what_it_cannot_start(fake_cli: str, pools_file: Path, tmp_path: Path) -> None:
+    """Past --time-budget-s (less serve_common.MARGIN_S) no spec server starts: each mode's features are recorded as
+    not run, the reference servers stop, and the run is not ok."""
+    pytest.importorskip("openai")
+    argv = ["--prompts", str(pools_file), "--features", "streaming,stop", "--time-budget-s", "1"]
+    assert serve_features.main([*argv, "--out-dir", str(tmp_path)]) == 1
+    doc = json.loads((tmp_path / "serve_features.json").read_text())
+    assert not doc["ok"] and list(doc["modes"]) == list(serve_features.MODES)
+    for res in doc["modes"].values():
+        assert {k: v["skipped"] for k, v in res.items()} == dict.fromkeys(
+            ("streaming", "stop"), "not run: --time-budget-s ran out"
+        )
+    assert not list(tmp_path.glob("features-spec-*.log"))
+    assert doc["exit_codes"] == {"features-ref": 0, "features-peer": 0}
+
+
+def test_a_dying_servers_error_is_its_root_cause(tmp_path: Path) -> None:
+    """vLLM's API server re-raises its engine's failure last; the message names the engine's own error (here: GPU
+    memory another process holds), not the wrapper nor a warning that quotes an exception."""
+    from benchmarks.serve_common import last_line
+
+    log = tmp_path / "server.log"
+    log.write_text(
+        "(APIServer pid=1) WARNING [system_utils.py:299] can cause `OSError: [Errno 24] Too many open files`\n"
+        "(EngineCore pid=2) ERROR [core.py:1330] ValueError: Free memory on device cuda:0 (37.5/139.8 GiB) is less\n"
+        "(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause above.\n"
+    )
+    assert last_line(log) == "ValueError: Free memory on device cuda:0 (37.5/139.8 GiB) is less"
+    log.write_text("INFO starting\nKilled\n\n")
+    assert last_line(log) == "Killed"
+    assert last_line(tmp_path / "absent.log") == "no log"
