@@ -47,6 +47,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # calibrated suffix chains (#42): "options" are the plugin's own (the speculative config's specdec keys)
     "calib0.02": {"options": {"drafter_options": {"suffix": {"min_confidence": 0.02}}}},
     "calib0.06": {"options": {"drafter_options": {"suffix": {"min_confidence": 0.06}}}},
+    "stepgate": {"STEP_GATE_ON": True},  # the large-batch step gate (core/backoff.py)
 }
 SETS = ("agentic", "chat", "code")  # the gate's prompt sets (warm-up cells are not measured)
 VARIANT_WIDTH = 18
