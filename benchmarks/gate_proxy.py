@@ -47,7 +47,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # calibrated suffix chains (#42): "options" are the plugin's own (the speculative config's specdec keys)
     "calib0.02": {"options": {"drafter_options": {"suffix": {"min_confidence": 0.02}}}},
     "calib0.06": {"options": {"drafter_options": {"suffix": {"min_confidence": 0.06}}}},
-    "stepgate": {"STEP_GATE_ON": True},  # the large-batch step gate (core/backoff.py)
+    # the large-batch step gate (core/backoff.py) at its STEP_GATE_SHARE, and at a higher and a lower share
+    "stepgate": {"STEP_GATE_ON": True},
+    "stepgate0.2": {"STEP_GATE_ON": True, "STEP_GATE_SHARE": 0.2},
+    "stepgate0.05": {"STEP_GATE_ON": True, "STEP_GATE_SHARE": 0.05},
 }
 SETS = ("agentic", "chat", "code")  # the gate's prompt sets (warm-up cells are not measured)
 VARIANT_WIDTH = 18
@@ -61,6 +64,7 @@ COUNTERS = {  # column -> the proposer's flattened statistics key
     "recoveries": "backoff_recoveries",
     "withheld": "backoff_withheld_tokens",
     "low_sched": "schedule.low_batch_schedules",
+    "gated": "backoff_gated_steps",
 }
 
 
