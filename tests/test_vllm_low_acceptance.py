@@ -125,3 +125,23 @@ def test_requests_whose_drafts_would_be_accepted_draft_within_the_bound_in_a_lon
         assert sum(a > 0 for a in after) >= 0.8 * len(after), (rid, after)
     lows = [acc for rid, r in engine.reqs.items() if rid.startswith("low") for _, _, acc in r.steps[-40:]]
     assert sum(lows) <= 0.25 * len(lows)  # the low requests stayed low (the scenario is what it says)
+
+
+@pytest.mark.parametrize("schedule", [False, True], ids=["thread", "schedule"])
+def test_a_prompt_near_max_model_len_has_its_copy_drafted_and_accepted(schedule):
+    """serve_features' long prompt on the CPU: a prompt of max_model_len - 8 tokens repeating a 116-token unit, whose
+    target goes on with the copy: the first decoding step verifies a draft cut to the room left (6 tokens past the
+    prompt's first sampled token) and accepts all of it."""
+    rng = random.Random(1)
+    unit = random_tokens(rng, 116, HIGH_VOCAB)
+    engine = Engine(schedule=schedule)
+    plen = engine.max_len - 8
+    target = (unit * (engine.max_len // len(unit) + 2))[: engine.max_len + 2 * K]
+    try:
+        engine.add("long", Req(target, plen, 7, plen))
+        engine.run()
+    finally:
+        engine.close()
+    r = engine.reqs["long"]
+    assert r.ctx == target[: len(r.ctx)] and len(r.ctx) >= plen + 7  # the target's tokens (the fake runner's)
+    assert r.steps == [(0, plen + 1, 6)]
