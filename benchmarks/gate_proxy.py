@@ -51,6 +51,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "stepgate": {"STEP_GATE_ON": True},
     "stepgate0.2": {"STEP_GATE_ON": True, "STEP_GATE_SHARE": 0.2},
     "stepgate0.05": {"STEP_GATE_ON": True, "STEP_GATE_SHARE": 0.05},
+    "stepgate-all": {"STEP_GATE_ON": True, "STEP_GATE_FROM_ROWS": 1},  # every batch size, as the removed gate
 }
 SETS = ("agentic", "chat", "code")  # the gate's prompt sets (warm-up cells are not measured)
 VARIANT_WIDTH = 18

@@ -63,8 +63,8 @@ PAD_MIN_ACCEPTED = 0.5
 STEP_GATE_ON = False  # the large-batch step gate (docstring); off: not yet measured on the GPU
 STEP_GATE_FROM_ROWS = 16  # policy.NARROW_FROM_ROWS: smaller batches keep k slots (vLLM's own uniform graphs)
 # expected accepted tokens per row of the batch a drafted step must bring: on the CPU proxy of the gate's cells
-# (benchmarks.gate_proxy) 0.1 takes the default's engine steps in every cell with fewer drafted steps, 0.2 took
-# 10% more on code batch 32
+# (benchmarks.gate_proxy, docs/results.md) 0.1 keeps the default's engine steps within the proxy's noise with fewer
+# drafted steps; 0.2 took 10% more on code batch 32 in one run
 STEP_GATE_SHARE = 0.1
 
 
