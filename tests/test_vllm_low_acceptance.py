@@ -62,12 +62,12 @@ def turning_request(rng: random.Random, max_tokens: int) -> Req:
 class Engine(CpuEngine):
     """``benchmarks.vllm_cpu_engine``'s engine on the shared target's config (skipped where it is not here)."""
 
-    def __init__(self, *, schedule: bool) -> None:
+    def __init__(self, *, schedule: bool, **kw) -> None:
         from specdec.paths import TARGET_MODEL, model_path
 
         if not model_path(TARGET_MODEL).is_dir():
             pytest.skip("the shared target model is not here (SPECDEC_SHARED)")
-        super().__init__(str(model_path(TARGET_MODEL)), schedule=schedule)
+        super().__init__(str(model_path(TARGET_MODEL)), schedule=schedule, **kw)
 
 
 def late_steps(req: Req) -> int | None:
@@ -145,3 +145,40 @@ def test_a_prompt_near_max_model_len_has_its_copy_drafted_and_accepted(schedule)
     r = engine.reqs["long"]
     assert r.ctx == target[: len(r.ctx)] and len(r.ctx) >= plen + 7  # the target's tokens (the fake runner's)
     assert r.steps == [(0, plen + 1, 6)]
+
+
+def low_arrivals(engine: Engine, rng: random.Random) -> dict[str, int]:
+    """24 low-acceptance requests, then one more every 4 steps (up to 140): a batch of 24-64 running requests
+    whose drafts are seldom accepted, as random prompts at temperature 1 are under load. The proposer's counters."""
+    n = 0
+    for n in range(24):
+        engine.add(f"a{n}", low_request(rng, 128))
+    for step in range(600):
+        if step % 4 == 0 and n < 139:
+            n += 1
+            engine.add(f"a{n}", low_request(rng, 128))
+        if not engine.step():
+            break
+    engine.run()
+    return engine.proposer.core.stats_dict()
+
+
+@pytest.mark.parametrize("schedule", [False, True], ids=["thread", "schedule"])
+def test_the_step_gate_takes_a_large_low_batch_off_mixed_steps(schedule, monkeypatch):
+    """Without the gate, requests backed off keep coming back on chance shadow matches, and over half the steps
+    verify some draft (a mixed batch every row pays for); with it (``STEP_GATE_ON``), under a tenth as many do, and
+    every output is still the target's."""
+    from specdec.vllm_plugin.core import backoff
+
+    stats = {}
+    for gate in (False, True):
+        monkeypatch.setattr(backoff, "STEP_GATE_ON", gate)
+        engine = Engine(schedule=schedule, max_seqs=64)
+        try:
+            stats[gate] = low_arrivals(engine, random.Random(0))
+        finally:
+            engine.close()
+        assert all(r.ctx == r.target[: len(r.ctx)] for r in engine.reqs.values())
+    off, on = stats[False], stats[True]
+    assert off["drafted_steps"] > 0.5 * off["steps"] and off["backoff_gated_steps"] == 0
+    assert on["drafted_steps"] < 0.1 * off["drafted_steps"] and on["backoff_gated_steps"] > 0.5 * on["steps"]
