@@ -172,7 +172,7 @@ class Server:
             rc = self.proc.poll()
             if rc is not None:
                 raise ServeError(
-                    f"server exited with code {rc} before /health answered: see {self.log} ({last_line(self.log)})"
+                    f"server exited with code {rc} before /health answered: see {self.log} ({failure_line(self.log)})"
                 )
             try:
                 if http_get(f"{self.base_url}/health", timeout=HEALTH_POLL_S * 5)[0] == 200:
@@ -221,7 +221,7 @@ WRAPPER_ERROR = "Engine core initialization failed"  # vLLM's API server re-rais
 NOT_ERRORS = re.compile(r"\b(WARNING|INFO|DEBUG)\b")  # log lines that may quote an exception (vLLM's ulimit note)
 
 
-def last_line(path: Path) -> str:
+def failure_line(path: Path) -> str:
     """What a dying server's log says went wrong, cut to 300 characters: the first exception line that is not
     vLLM's wrapper of its engine core's failure (the root cause, e.g. too little free GPU memory), else the last
     non-empty line."""

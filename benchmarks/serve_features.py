@@ -77,6 +77,7 @@ PEER_WIDTH = {"num_speculative_tokens": 16}
 SMALL_KV = ["--num-gpu-blocks-override", str(PREEMPT_BLOCKS)]  # the spec servers' and the peer's KV cache
 BOS = 0  # the shared tokenizer's <|endoftext|>, which the serve prompts start with
 LONG_PROMPT_FILE = Path(__file__).with_name("long_prompt.json")  # where the long prompt ends (benchmarks.long_prompt)
+NOT_RUN = {"ok": False, "skipped": "not run: --time-budget-s ran out"}  # a feature past the time budget
 
 
 # --------------------------------------------------------------------------- CLI
@@ -163,7 +164,7 @@ def run_mode(
         ctx = make_ctx(args, servers, prompts, mode=mode)
         for name in args.features:
             if args.budget.left() <= 0:
-                results[name] = {"ok": False, "skipped": "not run: --time-budget-s ran out"}
+                results[name] = dict(NOT_RUN)
                 continue
             try:
                 results[name] = run_feature(ctx, name)
@@ -193,8 +194,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         args.save = lambda: write_json(Path(args.out_dir) / "serve_features.json", {**doc, "partial": True})
         for mode in args.modes:
             if args.budget.left() <= 0:  # no spec server started past the budget (its start alone takes minutes)
-                doc["modes"][mode] = {f: {"ok": False, "skipped": "not run: --time-budget-s ran out"}
-                                      for f in args.features}  # fmt: skip
+                doc["modes"][mode] = {f: dict(NOT_RUN) for f in args.features}
                 continue
             run_mode(args, base, mode, prompts, doc["modes"].setdefault(mode, {}))
     finally:

@@ -637,7 +637,7 @@ def test_serve_features_time_budget_skips_what_it_cannot_start(fake_cli: str, po
 def test_a_dying_servers_error_is_its_root_cause(tmp_path: Path) -> None:
     """vLLM's API server re-raises its engine's failure last; the message names the engine's own error (here: GPU
     memory another process holds), not the wrapper nor a warning that quotes an exception."""
-    from benchmarks.serve_common import last_line
+    from benchmarks.serve_common import failure_line
 
     log = tmp_path / "server.log"
     log.write_text(
@@ -645,7 +645,7 @@ def test_a_dying_servers_error_is_its_root_cause(tmp_path: Path) -> None:
         "(EngineCore pid=2) ERROR [core.py:1330] ValueError: Free memory on device cuda:0 (37.5/139.8 GiB) is less\n"
         "(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause above.\n"
     )
-    assert last_line(log) == "ValueError: Free memory on device cuda:0 (37.5/139.8 GiB) is less"
+    assert failure_line(log) == "ValueError: Free memory on device cuda:0 (37.5/139.8 GiB) is less"
     log.write_text("INFO starting\nKilled\n\n")
-    assert last_line(log) == "Killed"
-    assert last_line(tmp_path / "absent.log") == "no log"
+    assert failure_line(log) == "Killed"
+    assert failure_line(tmp_path / "absent.log") == "no log"
