@@ -60,7 +60,7 @@ PROBE_FIRST_AFTER = 4  # a backed-off request whose drafts would be accepted han
 # Padding makes every row verify k tokens; a padded step of a small target costs about 1.5x a plain one, so padding
 # pays only where a row gets at least about half a token accepted per step.
 PAD_MIN_ACCEPTED = 0.5
-STEP_GATE_ON = False  # the large-batch step gate (docstring); off: not yet measured on the GPU
+STEP_GATE_ON = True  # the large-batch step gate (docstring)
 STEP_GATE_FROM_ROWS = 16  # policy.NARROW_FROM_ROWS: smaller batches keep k slots (vLLM's own uniform graphs)
 # expected accepted tokens per row of the batch a drafted step must bring: on the CPU proxy of the gate's cells
 # (benchmarks.gate_proxy, docs/results.md) 0.1 keeps the default's engine steps within the proxy's noise with fewer
