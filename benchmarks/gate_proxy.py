@@ -13,7 +13,7 @@ target's (what the GPU's inflated 8B-shaped target computes), greedy, float32, E
 ``max_tokens``: generated once with Hugging Face on the CPU and cached (git-ignored, ``--targets``), keyed by each
 cell's inputs. Per cell and variant: the plugin's counters (engine steps, steps with drafts, drafted and accepted
 tokens, back-offs, withheld tokens, slot schedules of a low batch). The per-step gate's variants left with it (tag
-``h41-step-gate-v2-g10``).
+``h41-step-gate-v2-g10``), the large-batch step gate's with it (tag ``h44-step-gate``).
 """
 
 from __future__ import annotations
@@ -47,11 +47,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # calibrated suffix chains (#42): "options" are the plugin's own (the speculative config's specdec keys)
     "calib0.02": {"options": {"drafter_options": {"suffix": {"min_confidence": 0.02}}}},
     "calib0.06": {"options": {"drafter_options": {"suffix": {"min_confidence": 0.06}}}},
-    # the large-batch step gate (core/backoff.py) at its STEP_GATE_SHARE, and at a higher and a lower share
-    "stepgate": {"STEP_GATE_ON": True},
-    "stepgate0.2": {"STEP_GATE_ON": True, "STEP_GATE_SHARE": 0.2},
-    "stepgate0.05": {"STEP_GATE_ON": True, "STEP_GATE_SHARE": 0.05},
-    "stepgate-all": {"STEP_GATE_ON": True, "STEP_GATE_FROM_ROWS": 1},  # every batch size, as the removed gate
 }
 SETS = ("agentic", "chat", "code")  # the gate's prompt sets (warm-up cells are not measured)
 VARIANT_WIDTH = 18
@@ -65,7 +60,6 @@ COUNTERS = {  # column -> the proposer's flattened statistics key
     "recoveries": "backoff_recoveries",
     "withheld": "backoff_withheld_tokens",
     "low_sched": "schedule.low_batch_schedules",
-    "gated": "backoff_gated_steps",
 }
 
 

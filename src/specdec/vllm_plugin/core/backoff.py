@@ -27,17 +27,11 @@ for requests without a draft length, ``SlotBook.low_batch``), and a request new 
 in shadow from its first step and joins as soon as its drafts would be accepted). Once the low requests leave, the
 batch is not low: no state outlives the requests it was measured on.
 
-A per-step gate on every batch (a step hands vLLM its drafts only where the drafting rows' expected accepted tokens
-cover a drafted step's extra cost) was measured on the GPU twice and removed: it served low-acceptance traffic at
-0.975-0.997x no speculation's TPOT, but cost agentic batches of 1 and 8 accepted tokens (tag
-``h41-step-gate-v2-g10``, docs/results.md). **The large-batch step gate** (``STEP_GATE_ON``, off until the GPU gate
-has measured it) is that rule only where serving at load meets it: a *low* batch of at least ``STEP_GATE_FROM_ROWS``
-rows. There one drafting row makes the whole verify batch a drafted (ragged) step, which every row pays for
-(measured under `vllm bench serve` at temperature 1 on random prompts: 3% of request-steps drafted, 8% of their tokens
-accepted, median TPOT 1.47x no speculation's at the saturation rate); so the step's drafts go out only where the
-drafting rows' EMAs sum to ``STEP_GATE_SHARE`` accepted tokens per row of the batch. Gated drafts are kept in shadow
-as a backed-off request's are (their requests' state does not change), so a batch whose drafts would be accepted
-leaves the gate as soon as its EMAs say so.
+A per-step gate (a step hands vLLM its drafts only where the drafting rows' expected accepted tokens cover a drafted
+step's extra cost) was measured on the GPU twice and removed: it served low-acceptance traffic at 0.975-0.997x no
+speculation's TPOT, but cost agentic batches accepted tokens (tag ``h41-step-gate-v2-g10``, docs/results.md). The
+same rule only in low batches of 16 rows or more (tag ``h44-step-gate``) lost too: no gain on the low-acceptance
+serve check (1.059x no speculation's TPOT) and 0.982x the base on the gate's cells.
 
 While a batch pads, every row is padded as before (a backed-off row's k tokens are the price of the uniform batch the
 others need, and its draft is verified: a real outcome). Drafts only drop here: what vLLM emits does not change (the
@@ -60,12 +54,6 @@ PROBE_FIRST_AFTER = 4  # a backed-off request whose drafts would be accepted han
 # Padding makes every row verify k tokens; a padded step of a small target costs about 1.5x a plain one, so padding
 # pays only where a row gets at least about half a token accepted per step.
 PAD_MIN_ACCEPTED = 0.5
-STEP_GATE_ON = True  # the large-batch step gate (docstring)
-STEP_GATE_FROM_ROWS = 16  # policy.NARROW_FROM_ROWS: smaller batches keep k slots (vLLM's own uniform graphs)
-# expected accepted tokens per row of the batch a drafted step must bring: on the CPU proxy of the gate's cells
-# (benchmarks.gate_proxy, docs/results.md) 0.1 keeps the default's engine steps within the proxy's noise with fewer
-# drafted steps; 0.2 took 10% more on code batch 32 in one run
-STEP_GATE_SHARE = 0.1
 
 
 @dataclass
@@ -91,8 +79,6 @@ class BackOffStats:
     withheld_rows: int = 0  # rows whose draft was withheld
     withheld_tokens: int = 0  # draft tokens withheld
     unpadded_steps: int = 0  # steps pad_drafts="auto" would have padded but the low batch did not
-    gated_steps: int = 0  # steps the large-batch step gate withheld every draft of
-    gated_rows: int = 0  # rows (not backed off) whose drafts it withheld
     # verified outcomes of drafting requests (not backed off), split by whether the request had recovered before:
     # on low-acceptance traffic, which of the two rules lets drafts through (the newcomer's first steps or recovery)
     outcomes_first: int = 0
@@ -107,8 +93,6 @@ class BackOff:
     """The low-acceptance policy (see the module docstring). ``enabled`` False: never backs off."""
 
     enabled: bool = True
-    # the large-batch step gate: STEP_GATE_ON when the policy is made (a field, so tests and proxies can set it)
-    step_gate: bool = field(default_factory=lambda: STEP_GATE_ON)
     rows: dict[str, RowBackOff] = field(default_factory=dict)  # request id -> its state
     last: dict[str, int] = field(default_factory=dict)  # request id -> draft tokens (> 0) handed to vLLM last step
     stats: BackOffStats = field(default_factory=BackOffStats)
@@ -234,20 +218,7 @@ class BackOff:
                     self.stats.newcomers_held += 1
             if st is not None and st.off and length(i) > 0:
                 off.append(i)
-        if self.step_gate and len(req_ids) >= STEP_GATE_FROM_ROWS and (self.low() if low is None else low):
-            off += self._gated(req_ids, length, set(off))
-        yield from sorted(off)
-
-    def _gated(self, req_ids: Sequence[str], length: Callable[[int], int], off: set[int]) -> list[int]:
-        """A low batch's drafting rows (not backed off), all of them where their EMAs sum to less than
-        ``STEP_GATE_SHARE`` accepted tokens per row of the batch, else none."""
-        drafting = [i for i, rid in enumerate(req_ids) if i not in off and rid in self.rows and length(i) > 0]
-        expected = sum(self.rows[req_ids[i]].ema for i in drafting)
-        if not drafting or expected >= STEP_GATE_SHARE * len(req_ids):
-            return []
-        self.stats.gated_steps += 1
-        self.stats.gated_rows += len(drafting)
-        return drafting
+        yield from off
 
     def _keep_shadow(self, rid: str, draft: list[int]) -> None:
         st = self.rows[rid]
