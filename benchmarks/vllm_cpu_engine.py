@@ -8,6 +8,10 @@ the target's next token), drafts verified a step late as on the GPU:
   slot book attached; each step is scheduled before the output of the step before is processed, and its drafts are
   filled into the buffer that step handed out.
 
+In both modes the runner keeps vLLM's guard near ``max_model_len``: its own ``GPUModelRunner._input_fits_in_drafter``
+(with the plugin's table row for it applied, on or off as the plugin ships it), asked each step with the step's
+longest sequence; where it says no, no draft is made and the next step verifies zeros, as vLLM's runner does.
+
 Used by the low-acceptance tests (``tests/test_vllm_low_acceptance.py``) and by
 the CPU proxy of the GPU gate (``benchmarks.gate_proxy``). Needs vLLM (``/opt/specdec-vllm-0.26.0``).
 """
@@ -123,6 +127,26 @@ def scheduler(config: Any, *, async_scheduling: bool) -> Any:
     )
 
 
+def drafter_guard(proposer: Any, *, max_len: int) -> Any:
+    """vLLM's ``GPUModelRunner._input_fits_in_drafter`` on a stand-in runner whose drafter is ``proposer``, with the
+    plugin's patch row for it applied when the plugin ships it on (``patches.runner.NEAR_END_ON``)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from specdec.vllm_plugin.patches.features import Feature
+    from specdec.vllm_plugin.patches.table import TABLE, apply_patches
+    from specdec.vllm_plugin.versions import TESTED_VLLM_VERSIONS
+
+    class Guard:
+        _input_fits_in_drafter = GPUModelRunner._input_fits_in_drafter
+
+    rows = tuple(r for r in TABLE if r.feature is Feature.NEAR_END)
+    apply_patches("all", version=TESTED_VLLM_VERSIONS[0], resolver=lambda name: Guard, table=rows)
+    runner = Guard()
+    runner.drafter, runner.num_spec_tokens, runner.effective_drafter_max_model_len = proposer, K, max_len
+    runner.speculative_config = SimpleNamespace(use_dflash=lambda: False)
+    return runner
+
+
 def plugin_proposer(config: Any, *, schedule: bool, options: dict[str, Any] | None = None) -> Any:
     """The plugin's proposer at its defaults, or with ``options`` (the speculative config's specdec keys): schedule
     mode for an 8B-shaped target, thread mode for a small one."""
@@ -168,6 +192,9 @@ class Engine:
         self.prev_rows: dict[str, int] = {}
         self.runner_state: dict[str, SimpleNamespace] = {}
         self.sched: Any = None
+        self.guard = drafter_guard(self.proposer, max_len=max_len)
+        self.zeroed_steps = 0  # steps vLLM's guard near max_model_len ran no drafter in
+        self.zeros: Any = None  # schedule mode: vLLM's zeroed drafts, when the last step's guard said no
         if schedule:
             runner = SimpleNamespace(device=torch.device("cpu"), max_num_reqs=max_seqs, num_spec_tokens=K)
             self.sched = self.proposer.scheduled_for(runner)
@@ -210,12 +237,20 @@ class Engine:
         rows = list(so.num_scheduled_tokens)
         if not rows:
             return True
+        fits = self._fits(rows)
         sampled = [self._verify(rid, list(so.scheduled_spec_decode_tokens.get(rid, []))) for rid in rows]
-        drafts = self._propose(rows, sampled, so)
+        drafts = self._propose(rows, sampled, so) if fits else [[0] * K for _ in rows]  # vLLM's zeros
         self.sch.update_from_output(so, self._output(rows, sampled))
-        collected = self.proposer.collect_deferred()
-        self.sch.update_draft_token_ids(DraftTokenIds(rows, collected if collected is not None else drafts))
+        collected = self.proposer.collect_deferred()  # the plugin's take hook; vLLM keeps its zeros where no fit
+        self.sch.update_draft_token_ids(DraftTokenIds(rows, collected if collected is not None and fits else drafts))
         return True
+
+    def _fits(self, rows: list[str]) -> bool:
+        """vLLM's guard for the step just scheduled: its longest sequence (computed + scheduled tokens)."""
+        longest = max(self.sch.requests[rid].num_computed_tokens for rid in rows)
+        fits = bool(self.guard._input_fits_in_drafter(SimpleNamespace(max_seq_len=longest)))
+        self.zeroed_steps += not fits
+        return fits
 
     def _propose(self, rows: list[str], sampled: list[list[int]], so: Any) -> list[list[int]]:
         n = len(rows)
@@ -243,8 +278,9 @@ class Engine:
 
     def _execute(self, so: Any) -> Any:
         rows = list(so.num_scheduled_tokens)
-        if self.buffer is not None:
-            assert self.sched.fill(self.buffer)  # this step's drafts, from the tokens of the step before
+        fits = self._fits(rows)
+        if self.buffer is not None:  # this step's drafts, from the tokens of the step before (unless vLLM zeroed them)
+            assert self.sched.fill(self.buffer) == (self.buffer is not self.zeros)
         sampled = torch.full((len(rows), K + 1), -1, dtype=torch.int32)  # [rows, k+1], -1: rejected
         emitted = []
         for row, rid in enumerate(rows):
@@ -257,9 +293,14 @@ class Engine:
         self.sched.capture(sampled, rows, set(), requests=self.runner_state)
         for rid in rows:
             self.runner_state[rid].output_token_ids.append(-1)
-        self.buffer = self.sched.submit(rows, k=None, eager=False)
+        self.buffer = self.sched.submit(rows, k=None, eager=False) if fits else self.zeros_for(len(rows))
         self.prev_rows = {rid: i for i, rid in enumerate(rows)}
         return self._output(rows, emitted)
+
+    def zeros_for(self, rows: int) -> Any:
+        """vLLM's zeroed drafts (the guard said no): a buffer of its own, which the plugin's fill finds replaced."""
+        self.zeros = torch.zeros((rows, K), dtype=torch.int32)  # [rows, k]
+        return self.zeros
 
     # ----------------------------------------------------------------- shared
     def _verify(self, rid: str, draft: list[int]) -> list[int]:

@@ -128,10 +128,16 @@ def test_requests_whose_drafts_would_be_accepted_draft_within_the_bound_in_a_lon
 
 
 @pytest.mark.parametrize("schedule", [False, True], ids=["thread", "schedule"])
-def test_a_prompt_near_max_model_len_has_its_copy_drafted_and_accepted(schedule):
+@pytest.mark.parametrize("near_end", [False, True], ids=["vllm-guard", "near-end-row"])
+def test_a_prompt_near_max_model_len_has_its_copy_drafted_and_accepted(schedule, near_end, monkeypatch):
     """serve_features' long prompt on the CPU: a prompt of max_model_len - 8 tokens repeating a 116-token unit, whose
-    target goes on with the copy: the first decoding step verifies a draft cut to the room left (6 tokens past the
-    prompt's first sampled token) and accepts all of it."""
+    target goes on with the copy. vLLM's guard runs no drafter while a sequence is within k tokens of max_model_len
+    and verifies zeros: every decoding step of it, none accepted (the GPU's 0 of 42). With the plugin's row for the
+    guard (``NEAR_END_ON``) the first decoding step verifies a draft cut to the room left (6 tokens past the prompt's
+    first sampled token) and accepts all of it."""
+    from specdec.vllm_plugin.patches import runner
+
+    monkeypatch.setattr(runner, "NEAR_END_ON", near_end)
     rng = random.Random(1)
     unit = random_tokens(rng, 116, HIGH_VOCAB)
     engine = Engine(schedule=schedule)
@@ -144,4 +150,46 @@ def test_a_prompt_near_max_model_len_has_its_copy_drafted_and_accepted(schedule)
         engine.close()
     r = engine.reqs["long"]
     assert r.ctx == target[: len(r.ctx)] and len(r.ctx) >= plen + 7  # the target's tokens (the fake runner's)
-    assert r.steps == [(0, plen + 1, 6)]
+    if near_end:
+        assert r.steps == [(0, plen + 1, 6)] and engine.zeroed_steps == 0
+    else:
+        assert [acc for _, _, acc in r.steps] == [0] * 6 and engine.zeroed_steps >= 6
+
+
+@pytest.mark.parametrize("schedule", [False, True], ids=["thread", "schedule"])
+def test_a_request_reaching_max_model_len_leaves_the_batch_its_drafts(schedule, monkeypatch):
+    """Four requests whose drafts are accepted share the engine with one of random text that runs up to max_model_len
+    (as a request without max_tokens does). Under vLLM's guard the steps while that one is within k tokens of the end
+    (one token a step) verify zeros for every row: the four accept nothing there. With the plugin's row they go on
+    accepting."""
+    from specdec.vllm_plugin.patches import runner
+
+    idle, zeroed = {}, {}
+    for near_end in (False, True):
+        monkeypatch.setattr(runner, "NEAR_END_ON", near_end)
+        rng = random.Random(2)
+        engine = Engine(schedule=schedule)
+        long_prompt = engine.max_len - 3 * K
+        others = [high_request(rng, 900) for _ in range(4)]  # still running when the long one ends
+        try:
+            for i, req in enumerate(others):
+                engine.add(f"high{i}", req)
+            for _ in range(4):
+                engine.step()
+            long_req = Req(random_tokens(rng, engine.max_len + 2 * K, LOW_VOCAB), long_prompt, 3 * K - 1, None)
+            engine.add("long", long_req)
+            engine.run()
+        finally:
+            engine.close()
+        for r in engine.reqs.values():
+            assert r.ctx == r.target[: len(r.ctx)]
+        # decoding steps of the four, once their drafts are accepted, that accepted nothing
+        idle[near_end] = sum(
+            sum(acc == 0 for _, before, acc in engine.reqs[f"high{i}"].steps if before >= others[i].accept_from + K)
+            for i in range(4)
+        )
+        zeroed[near_end] = engine.zeroed_steps
+    assert zeroed[False] >= K // 2 and zeroed[True] == 0
+    # vLLM's guard: each of the four verifies zeros on those steps (schedule mode's other idle step: the long one's
+    # prefill, which gives decoding rows no slot, in both runs)
+    assert idle[False] - idle[True] >= 4 * (K // 2) and idle[True] <= 4

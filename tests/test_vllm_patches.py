@@ -12,7 +12,9 @@ import pytest
 
 from import_support import MODULES as PACKAGE_MODULES
 from import_support import find_cycle, imports_of
+from specdec.vllm_plugin.attrs import PROPOSER_MARK
 from specdec.vllm_plugin.patches import table
+from specdec.vllm_plugin.patches.common import is_wrapped
 from specdec.vllm_plugin.patches.features import ANY_VLLM, Feature
 from specdec.vllm_plugin.patches.table import TABLE, PatchReport, apply_patches, apply_row
 
@@ -179,9 +181,37 @@ def test_the_proposer_logs_the_whole_tables_line_once(monkeypatch):
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable (scripts/test.sh has vLLM)")
 @pytest.mark.parametrize("row", TABLE, ids=[r.name for r in TABLE])
-def test_every_row_fits_the_installed_vllm(row):
-    """On a real vLLM (each tested release): every row's targets import and its check passes (nothing applied)."""
+def test_every_row_fits_the_installed_vllm(row, monkeypatch):
+    """On a real vLLM (each tested release): every row's targets import and its check passes (nothing applied), a
+    row switched off by its constant included (switched on here)."""
+    from specdec.vllm_plugin.patches import runner
+
+    monkeypatch.setattr(runner, "NEAR_END_ON", True)
     assert row.problem(table.resolve(row.target)) == ""
+
+
+def test_a_row_switched_off_by_its_constant_says_so_and_passes_through(monkeypatch):
+    """Drafts near max_model_len: off (``NEAR_END_ON``) the row is not applied and the start-up line says why; on,
+    its wrapper says every step fits our drafter and leaves vLLM's guard to any other drafter (and to a step
+    without attention metadata)."""
+    from specdec.vllm_plugin.patches import runner
+
+    class Runner:
+        def _input_fits_in_drafter(self, common_attn_metadata):
+            return common_attn_metadata is not None and common_attn_metadata.max_seq_len + 16 <= 64
+
+    rows = tuple(r for r in TABLE if r.feature is Feature.NEAR_END)
+    monkeypatch.setattr(runner, "NEAR_END_ON", False)
+    report = table.apply_patches("all", version=TESTED, resolver=lambda name: Runner, table=rows)
+    assert "off until measured on the GPU" in report.features()[Feature.NEAR_END]
+    assert not is_wrapped(Runner._input_fits_in_drafter, Feature.NEAR_END.label)
+    monkeypatch.setattr(runner, "NEAR_END_ON", True)
+    assert table.apply_patches("all", version=TESTED, resolver=lambda name: Runner, table=rows).on(Feature.NEAR_END)
+    near = SimpleNamespace(max_seq_len=60)
+    theirs, ours = Runner(), Runner()
+    ours.drafter = type("Ours", (), {PROPOSER_MARK: True})()
+    assert ours._input_fits_in_drafter(near) and not theirs._input_fits_in_drafter(near)
+    assert not ours._input_fits_in_drafter(None)
 
 
 MODULES = sorted(m for m in PACKAGE_MODULES if m.startswith("specdec.vllm_plugin"))

@@ -17,6 +17,10 @@ class Feature(enum.Enum):
     SCHEDULE = ("schedule", "vLLM schedules synchronously")
     REQUEST_IDS = ("request ids", "request ids read from the caller's frame")
     THREAD_HAND_OFF = ("thread hand-off", "thread mode collects its drafts in propose")
+    NEAR_END = (
+        "drafts near max_model_len",
+        "while a request is within k tokens of max_model_len, the batch verifies zeros",
+    )
     ADAPTIVE_SLOTS = ("adaptive slots", "every request keeps vLLM's k draft slots")
     SLOT_REGRANT = ("slot re-grant", "slots trimmed as vLLM hands them out: one drafting round older, no prefill cap")
     TP_SCHEDULE = ("tensor-parallel schedule", "TP > 1 drafts in thread mode")

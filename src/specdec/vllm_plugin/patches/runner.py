@@ -11,6 +11,12 @@
   stop when the step drafts. In every mode a step that schedules no token (the engine goes idle) logs the statistics
   line with the totals (``SpecdecProposer.note_idle``; schedule mode's ``execute_model`` hook does too, so that it
   does without this row: the second call of a step logs nothing).
+- ``_input_fits_in_drafter`` (every mode): vLLM runs no drafter for a step in which any request is within
+  ``num_speculative_tokens`` of ``max_model_len`` (its guard for drafters that run the model past that length) and
+  hands the next step zeros as every request's drafts, which it then verifies: while one request nears its end, the
+  whole batch drafts nothing that can be accepted. Our drafts never reach past ``max_model_len`` (each row's draft is
+  cut to the room it has, ``ProposerCore``), so for our drafter every step fits. Without it such steps verify zeros.
+  Off until the GPU gate has measured it (``NEAR_END_ON``).
 
 Each wrapper (``wrap_*``: original method, the runner class -> wrapper; ``patches.table`` applies them) is a
 pass-through for any drafter that is not ours. Never imports vLLM.
@@ -23,6 +29,8 @@ from typing import Any
 from specdec.vllm_plugin.patches.common import is_ours, leading_params
 
 BIND_PARAMS = ["self", "scheduler_output"]  # leading parameters of propose_draft_token_ids and execute_model
+FITS_PARAMS = ["self", "common_attn_metadata"]
+NEAR_END_ON = False  # drafts near max_model_len (module docstring): off until the GPU gate measures it
 
 
 def bind_problem(runner_cls: Any) -> str:
@@ -50,6 +58,29 @@ def execute_problem(runner_cls: Any) -> str:
         return "execute_model is missing"
     params = leading_params(fn)
     return "" if params[:2] == BIND_PARAMS else f"execute_model{params} has an unexpected signature"
+
+
+def fits_problem(runner_cls: Any) -> str:
+    """'' if ``_input_fits_in_drafter`` is vLLM's guard this row was written for (and the row is switched on), else
+    the reason."""
+    if not NEAR_END_ON:
+        return "off until measured on the GPU (NEAR_END_ON)"
+    fn = getattr(runner_cls, "_input_fits_in_drafter", None)
+    if fn is None:
+        return "_input_fits_in_drafter is missing"
+    params = leading_params(fn)
+    return "" if params[:2] == FITS_PARAMS else f"_input_fits_in_drafter{params} has an unexpected signature"
+
+
+def wrap_fits(orig: Any, runner_cls: Any) -> Any:
+    """``_input_fits_in_drafter``: every step with attention metadata fits our drafter (module docstring)."""
+
+    def _input_fits_in_drafter(self: Any, common_attn_metadata: Any, *args: Any, **kwargs: Any) -> bool:
+        if common_attn_metadata is not None and is_ours(getattr(self, "drafter", None)):
+            return True
+        return orig(self, common_attn_metadata, *args, **kwargs)
+
+    return _input_fits_in_drafter
 
 
 def wrap_bind(orig: Any, runner_cls: Any) -> Any:

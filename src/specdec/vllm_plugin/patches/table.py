@@ -84,6 +84,7 @@ TABLE: tuple[Patch, ...] = (  # in application order
     Patch(RUNNER, "propose_draft_token_ids", F.REQUEST_IDS, runner.wrap_bind, runner.bind_problem),
     Patch(RUNNER, "take_draft_token_ids", F.THREAD_HAND_OFF, runner.wrap_take, runner.take_problem),
     Patch(RUNNER, "execute_model", F.THREAD_HAND_OFF, runner.wrap_execute, runner.execute_problem),
+    Patch(RUNNER, "_input_fits_in_drafter", F.NEAR_END, runner.wrap_fits, runner.fits_problem),
     Patch(RUNNER, "_bookkeeping_sync", F.SCHEDULE, sched.wrap_bookkeeping, sched.async_runner_problem),
     Patch(RUNNER, "propose_draft_token_ids", F.SCHEDULE, sched.wrap_propose, sched.async_runner_problem),
     Patch(RUNNER, "_prepare_input_ids", F.SCHEDULE, sched.wrap_prepare, sched.async_runner_problem),
