@@ -168,13 +168,21 @@ def lanes(args: argparse.Namespace) -> list[dict[str, Any]]:
     ]
 
 
+def gate_key(tp: int, inputs: dict[str, Any]) -> str:
+    """The results' key of a cells call: ``tp<N>``, ``tp<N>_mml<M>`` on the near-end inputs (their own engines
+    and work folder: no speculation's cells there are not the default inputs')."""
+    mml = inputs.get("max_model_len")
+    return f"tp{tp}_mml{mml}" if mml else f"tp{tp}"
+
+
 class CellsRun:
     """One ``--part cells`` call: its lanes, the engines they finished, the results written after each."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.inputs = load_inputs(args.inputs, args.before_path)
-        self.work = Path(args.work_dir) / f"tp{args.tp}"
+        self.key = gate_key(args.tp, self.inputs)
+        self.work = Path(args.work_dir) / self.key
         self.work.mkdir(parents=True, exist_ok=True)
         self.engines: dict[str, Any] = {}
         self.skipped: list[str] = []
@@ -191,7 +199,7 @@ class CellsRun:
         if REFERENCE_METHOD in self.args.methods:
             path.unlink(missing_ok=True)
         elif self.args.reference:
-            gate = json.loads(Path(self.args.reference).read_text())["gates"].get(f"tp{self.args.tp}", {})
+            gate = json.loads(Path(self.args.reference).read_text())["gates"].get(self.key, {})
             path.write_text(json.dumps({**gate["engines"][REFERENCE_METHOD], "partial": False}))
         if REFERENCE_METHOD in self.args.methods:
             return str(path)
@@ -205,7 +213,7 @@ class CellsRun:
     def _source(self) -> dict[str, Any]:
         a = self.args
         return {
-            "part": f"cells tp{a.tp}",
+            "part": f"cells {self.key}",
             "command": os.environ.get("GATE_COMMAND")
             or " ".join([sys.executable, "-m", "benchmarks.gate", *sys.argv[1:]]),
             "device": device_info(a),
@@ -219,7 +227,8 @@ class CellsRun:
             "settings": {
                 "model": self.label,
                 "engine_args": "vLLM defaults: model, dtype=bfloat16, speculative_config, tensor_parallel_size "
-                "(and disable_log_stats=False: the counters get_metrics() reads)",
+                "(and disable_log_stats=False: the counters get_metrics() reads)"
+                + (f"; max_model_len {self.inputs['max_model_len']}" if self.inputs.get("max_model_len") else ""),
                 "sets": a.sets,
                 "batch": self.inputs.get("batch"),
                 "prompts_policy": self.inputs.get("policy"),
@@ -306,7 +315,7 @@ class CellsRun:
 
     def write(self) -> dict[str, Any]:
         doc = self.doc()
-        name = report.results_name(doc, f"tp{self.args.tp}")
+        name = report.results_name(doc, self.key)
         if self.args.methods != list(DEFAULT_METHODS) or self.args.sets != list(SETS):  # a subset: its own name
             name += "_" + "-".join(self.args.methods) + "_" + "-".join(self.args.sets)  # "+" does not travel back
         report.write(doc, Path(self.args.out_dir), name)
@@ -322,7 +331,7 @@ class CellsRun:
             "sets": self.args.sets,
         }
         src = {**self.source, "partial": partial, "wall_s": time.time() - self.args.t0}
-        return {"kind": report.KIND, "schema": 1, "gates": {f"tp{self.args.tp}": gate}, "serve": {}, "sources": [src]}
+        return {"kind": report.KIND, "schema": 1, "gates": {self.key: gate}, "serve": {}, "sources": [src]}
 
     def _logs(self, path: Path) -> None:
         """Every engine's log (its last LOG_TAIL_CHARS, progress bars left out) in one file beside the results."""

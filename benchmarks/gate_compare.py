@@ -154,25 +154,26 @@ def render_compare(result: dict[str, Any]) -> list[str]:
         return []
     out = ["", "== specdec / before (same run; ~: outputs repeat unlike nospec's, not counted) =="]
     keys = list(dict.fromkeys(r["key"] for t in result["tps"].values() for r in t["cells"]))
-    head = f"{'':<5}{'geomean':>8}{'worst':>6} |" + "".join(f"{_abbr(k):>7}" for k in keys)
+    w = max([5, *(len(tp) + 1 for tp in result["tps"])])  # the TP column: tp1, tp2, tp1_mml2048 (near-end inputs)
+    head = f"{'':<{w}}{'geomean':>8}{'worst':>6} |" + "".join(f"{_abbr(k):>7}" for k in keys)
     out += [head, "-" * len(head)] if keys else []
     for tp, t in result["tps"].items():
         by = {r["key"]: r for r in t["cells"]}
         cells = "".join(
             f"{_f(by[k]['ratio']) + ('' if by[k]['comparable'] else '~'):>7}" if k in by else f"{'-':>7}" for k in keys
         )
-        out.append(f"{tp:<5}{_f(t['geomean'], '.3f'):>8}{_f(t['worst']):>6} |{cells}")
+        out.append(f"{tp:<{w}}{_f(t['geomean'], '.3f'):>8}{_f(t['worst']):>6} |{cells}")
         sets = ", ".join(f"{name} {_f(g, '.3f')}" for name, g in t.get("sets", {}).items())
         if sets:
-            out.append(f"{'':<5}sets: {sets}")
+            out.append(f"{'':<{w}}sets: {sets}")
         if len(t.get("pairs", [])) > 1:
             out.append(
-                f"{'':<5}pairs (each a geomean; the cell is theirs): " + ", ".join(_f(g, ".3f") for g in t["pairs"])
+                f"{'':<{w}}pairs (each a geomean; the cell is theirs): " + ", ".join(_f(g, ".3f") for g in t["pairs"])
             )
         same = t.get("same_work") or {}
         if same.get("cells"):
             out.append(
-                f"{'':<5}same work (outputs identical, drafted and accepted within {rules.SAME_WORK_TOL:.0%}): "
+                f"{'':<{w}}same work (outputs identical, drafted and accepted within {rules.SAME_WORK_TOL:.0%}): "
                 f"{same['cells']} cells, geomean {_f(same['geomean'], '.3f')}, {_f(same['low'])}-{_f(same['high'])}"
             )
     cand, base = result["serve"]

@@ -14,6 +14,11 @@ drafter with a global cache (vLLM suffix, specdec) is never measured on a prompt
 ``max_tokens``: the recorded response's length in the target's tokens (OpenHands: the model's reply; MT-Bench: GPT-4o's
 answer), clamped to ``MIN_TOKENS``-``MAX_TOKENS``; ``MAX_TOKENS`` where the set records none (Spec-Bench; HumanEval and
 MBPP, whose solutions are human-written).
+
+``--to-max-len M`` writes the near-end inputs instead (``device_inputs/gate_inputs_mmlM.json``): the engines run at
+``max_model_len`` M (what an operator sets) and every request runs up to it (``max_tokens`` the room its prompt
+leaves, as vLLM gives a request without one), the code set's ``TO_END_CELLS`` only, so that requests reach the end
+of the model's length one after another while the others decode.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ BATCH = {"b1": 1, "b8": 8, "b32": 32, "b64": 64, "s8": 8}  # cell -> requests in
 SAMPLED_CELL, SAMPLED_SET, SAMPLED_PROMPTS = "s8", "code", 8
 WARMUP_PROMPTS = 4
 MIN_TOKENS, MAX_TOKENS = 32, 256
+TO_END_SETS, TO_END_CELLS = ("code",), ("warmup", "b8", "b32")  # the near-end inputs (module docstring)
 CHAT_CATEGORIES = ("qa", "math_reasoning", "translation")  # Spec-Bench's short open questions (no long contexts)
 DEFAULT_OUT = REPO_ROOT / "device_inputs" / "gate_inputs.json"
 BEFORE_DIR = "gate_before"  # under the inputs' folder: the base commit's tree (git archive)
@@ -195,6 +201,18 @@ def build(tok: Any, max_prompt: int, max_code: int) -> dict[str, dict[str, list[
     return sets
 
 
+def to_end(sets: dict[str, dict[str, list[dict[str, Any]]]], max_model_len: int) -> dict[str, Any]:
+    """The near-end cells (``TO_END_SETS`` x ``TO_END_CELLS``), each request's ``max_tokens`` the room its prompt
+    leaves under ``max_model_len``."""
+    out: dict[str, Any] = {}
+    for name in TO_END_SETS:
+        cells = {c: sets[name][c] for c in TO_END_CELLS if c in sets[name]}
+        out[name] = {c: [{**it, "max_tokens": max_model_len - len(it["ids"])} for it in v] for c, v in cells.items()}
+        if any(it["max_tokens"] < 1 for v in out[name].values() for it in v):
+            raise SystemExit(f"--to-max-len {max_model_len}: a {name} prompt has no room left; give a larger length")
+    return out
+
+
 def _mean(items: list[dict[str, Any]], key: str) -> int:
     vals = [len(it[key]) if isinstance(it[key], list) else it[key] for it in items]
     return sum(vals) // max(len(vals), 1)
@@ -202,12 +220,16 @@ def _mean(items: list[dict[str, Any]], key: str) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--out", default="", help=f"default {DEFAULT_OUT} (--to-max-len M: gate_inputs_mmlM.json there)")
+    ap.add_argument("--to-max-len", type=int, default=0, help="the near-end inputs at this max_model_len (docstring)")
     ap.add_argument("--before-commit", default="", help="export this commit's tree for the specdec-before engine")
     ap.add_argument("--max-prompt-tokens", type=int, default=1536, help="agentic and chat prompts keep their last N")
     ap.add_argument("--max-code-tokens", type=int, default=1024)
     args = ap.parse_args(argv)
-    out = Path(args.out)
+    out = Path(
+        args.out
+        or (DEFAULT_OUT.with_name(f"gate_inputs_mml{args.to_max_len}.json") if args.to_max_len else DEFAULT_OUT)
+    )
     commit, dirty = git_commit()
     before = None
     if args.before_commit:
@@ -215,6 +237,13 @@ def main(argv: list[str] | None = None) -> None:
         folder = export_tree(sha, out.parent / BEFORE_DIR)
         before = {"commit": sha, "folder": str(folder.relative_to(out.parent.parent))}
     sets = build(_tokenizer(), args.max_prompt_tokens, args.max_code_tokens)
+    policy = (
+        "every prompt distinct across sets and cells; max_tokens = recorded response length "
+        f"clamped to {MIN_TOKENS}-{MAX_TOKENS} ({MAX_TOKENS} without one); EOS respected"
+    )
+    if args.to_max_len:
+        sets = to_end(sets, args.to_max_len)
+        policy = f"max_model_len {args.to_max_len}; max_tokens = the room each prompt leaves; EOS respected"
     doc = {
         "schema": 1,
         "commit": commit,
@@ -223,8 +252,8 @@ def main(argv: list[str] | None = None) -> None:
         "tokenizer": TARGET_MODEL,
         "batch": BATCH,
         "sampled": {"set": SAMPLED_SET, "cell": SAMPLED_CELL},
-        "policy": "every prompt distinct across sets and cells; max_tokens = recorded response length "
-        f"clamped to {MIN_TOKENS}-{MAX_TOKENS} ({MAX_TOKENS} without one); EOS respected",
+        "policy": policy,
+        "max_model_len": args.to_max_len or None,  # None: vLLM's default (the model's length)
         "sets": sets,
     }
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.update(METHOD_ENV.get(method, {}))
     inputs = json.loads(Path(args.inputs).read_text())
     spec = METHODS[method]
-    llm, params, start_s = make_engine(args, spec)
+    llm, params, start_s = make_engine(args, spec, max_model_len=inputs.get("max_model_len"))
     res: dict[str, Any] = {
         "method": args.method,
         "speculative_config": spec,
@@ -131,8 +131,11 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def make_engine(args: argparse.Namespace, spec: dict[str, Any] | None) -> tuple[Any, Callable[..., Any], float]:
-    """(the engine, a factory of its per-request sampling parameters, the seconds ``LLM()`` took)."""
+def make_engine(
+    args: argparse.Namespace, spec: dict[str, Any] | None, *, max_model_len: int | None = None
+) -> tuple[Any, Callable[..., Any], float]:
+    """(the engine, a factory of its per-request sampling parameters, the seconds ``LLM()`` took); ``max_model_len``
+    from the inputs (the near-end inputs set it), else vLLM's default."""
     if args.fake:
         from benchmarks.gate_fake import FakeLLM, fake_params
 
@@ -147,6 +150,7 @@ def make_engine(args: argparse.Namespace, spec: dict[str, Any] | None) -> tuple[
         dtype=DTYPE,
         speculative_config=spec,
         tensor_parallel_size=args.tp,
+        **({"max_model_len": max_model_len} if max_model_len else {}),
         disable_log_stats=False,  # LLM()'s default turns off the stats get_metrics() reads
     )
     start_s = time.perf_counter() - t0

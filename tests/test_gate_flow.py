@@ -4,12 +4,14 @@ re-runs, the wall budget), the report's merge, the shell script's options, and t
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -428,3 +430,39 @@ def test_replica_methods_are_named_and_checked_before_anything_starts(tmp_path, 
         with pytest.raises(SystemExit):
             gate.main(["--fake", "--inputs", inputs, "--before-path", str(tmp_path / "none"), "--methods", methods])
         assert msg in capsys.readouterr().err
+
+
+def test_near_end_inputs_get_their_own_key_engines_and_file(tmp_path):
+    """Inputs with a max_model_len (``gate_prompts --to-max-len``) are a gate of their own: results under
+    ``tp1_mml<M>`` (work folder, results key and file name), the engine setting recorded; the default inputs' no
+    speculation is never their reference."""
+    doc = json.loads(_inputs(tmp_path / "inputs.json").read_text())
+    doc["max_model_len"], doc["sets"] = 2048, {"code": {c: doc["sets"]["code"][c] for c in ("b8", "b32")}}
+    inputs = tmp_path / "end.json"
+    inputs.write_text(json.dumps(doc))
+    assert gate.gate_key(1, doc) == "tp1_mml2048" and gate.gate_key(2, {"max_model_len": None}) == "tp2"
+    argv = ["--fake", "--gpus", "2", "--inputs", str(inputs), "--out-dir", str(tmp_path / "out"), "--sets", "code"]
+    gate.main([*argv, "--work-dir", str(tmp_path / "w"), "--methods", "nospec,specdec"])
+    (path,) = (tmp_path / "out").glob("*_gate_tp1_mml2048_ccccccc_nospec-specdec_code.json")
+    res = json.loads(path.read_text())
+    assert list(res["gates"]) == ["tp1_mml2048"] and set(res["gates"]["tp1_mml2048"]["engines"]) == {
+        "nospec",
+        "specdec",
+    }
+    assert res["sources"][0]["settings"]["engine_args"].endswith("; max_model_len 2048")
+    assert (tmp_path / "w" / "tp1_mml2048" / "nospec.json").exists() and not (tmp_path / "w" / "tp1").exists()
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable (scripts/test.sh has it)")
+@pytest.mark.parametrize("max_model_len", [None, 2048])
+def test_the_worker_builds_its_engine_at_the_inputs_max_model_len(monkeypatch, max_model_len):
+    """Near-end inputs set the engine's max_model_len; the default inputs leave it to vLLM."""
+    import vllm
+
+    made = []
+    monkeypatch.setattr(vllm, "LLM", lambda **kw: made.append(kw) or "engine")
+    args = SimpleNamespace(fake=False, model="m", tp=1)
+    llm, _, _ = gate_worker.make_engine(args, {"method": "specdec"}, max_model_len=max_model_len)
+    assert llm == "engine" and made[0].get("max_model_len") == max_model_len
+    assert ("max_model_len" in made[0]) == bool(max_model_len)

@@ -92,3 +92,18 @@ def test_main_writes_inputs_and_the_base_tree(tmp_path, built):
     assert any((tree / d / "specdec" / "__init__.py").exists() for d in (".", "src"))  # either layout
     assert not (tree / "eval" / "results").exists()  # results files stay behind
     assert out.stat().st_size < 10 * 2**20
+
+
+def test_the_near_end_inputs_run_every_request_to_max_model_len():
+    """``--to-max-len``: only the code set's near-end cells, each request's max_tokens the room its prompt leaves
+    (as vLLM gives a request without max_tokens); a prompt with no room stops it before any GPU work."""
+    item = {"ids": [0, 5, 6], "max_tokens": 40, "source": "s"}
+    sets = {
+        "code": {"warmup": [item], "b1": [item], "b8": [item, {**item, "ids": [0] * 10}], "b32": [item], "s8": [item]},
+        "chat": {"b8": [item]},
+    }
+    out = gp.to_end(sets, 64)
+    assert set(out) == {"code"} and set(out["code"]) == {"warmup", "b8", "b32"}
+    assert [it["max_tokens"] for it in out["code"]["b8"]] == [61, 54] and out["code"]["b8"][0]["ids"] == [0, 5, 6]
+    with pytest.raises(SystemExit, match="--to-max-len 3: a code prompt has no room left"):
+        gp.to_end(sets, 3)
