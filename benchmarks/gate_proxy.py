@@ -47,10 +47,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # calibrated suffix chains (#42): "options" are the plugin's own (the speculative config's specdec keys)
     "calib0.02": {"options": {"drafter_options": {"suffix": {"min_confidence": 0.02}}}},
     "calib0.06": {"options": {"drafter_options": {"suffix": {"min_confidence": 0.06}}}},
+    # the patch row for vLLM's guard near max_model_len (patches/runner.py), for the near-end inputs
+    "nearend": {"runner.NEAR_END_ON": True},
 }
 SETS = ("agentic", "chat", "code")  # the gate's prompt sets (warm-up cells are not measured)
 VARIANT_WIDTH = 18
-OPTIONS = "options"  # a variant's key holding plugin options, not back-off constants
+OPTIONS = "options"  # a variant's key holding plugin options, not module constants
+CONSTANT_MODULES = {  # a variant's "module.NAME" key -> the module holding NAME (a bare NAME: the back-off's)
+    "backoff": "specdec.vllm_plugin.core.backoff",
+    "runner": "specdec.vllm_plugin.patches.runner",
+}
 COUNTERS = {  # column -> the proposer's flattened statistics key
     "steps": "steps",
     "drafted_steps": "drafted_steps",
@@ -61,6 +67,11 @@ COUNTERS = {  # column -> the proposer's flattened statistics key
     "withheld": "backoff_withheld_tokens",
     "low_sched": "schedule.low_batch_schedules",
 }
+ENGINE_COUNTERS = {  # column -> the CPU engine's own count
+    "engine_steps": "engine_steps",  # every scheduled step, with or without the proposer (the ratios' steps)
+    "zeroed": "zeroed_steps",  # steps vLLM's guard near max_model_len ran no drafter in (their drafts zeros)
+}
+STEPS = "engine_steps"  # the column the ratios read
 
 
 def cell_key(items: list[dict[str, Any]], max_tokens: list[int]) -> str:
@@ -125,40 +136,47 @@ def targets(steps: list[tuple[str, str, list[dict[str, Any]]]], path: Path) -> l
 
 @contextmanager
 def variant(settings: dict[str, Any]) -> Iterator[None]:
-    """The back-off's module constants set to ``settings`` (but its ``OPTIONS``) while the block runs (restored
-    after)."""
-    from specdec.vllm_plugin.core import backoff
+    """The module constants ``settings`` names (but its ``OPTIONS``; ``module.NAME`` of ``CONSTANT_MODULES``, a bare
+    name the back-off's) set while the block runs (restored after)."""
+    import importlib
 
-    constants = {k: v for k, v in settings.items() if k != OPTIONS}
-    saved = {k: getattr(backoff, k) for k in constants}
-    for k, v in constants.items():
-        setattr(backoff, k, v)
+    targets = []
+    for key, value in settings.items():
+        if key != OPTIONS:
+            module, _, name = key.rpartition(".")
+            targets.append((importlib.import_module(CONSTANT_MODULES[module or "backoff"]), name, value))
+    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in targets]
+    for mod, name, value in targets:
+        setattr(mod, name, value)
     try:
         yield
     finally:
-        for k, v in saved.items():
-            setattr(backoff, k, v)
+        for mod, name, value in saved:
+            setattr(mod, name, value)
 
 
 def counters(engine: Any) -> dict[str, float]:
     flat = flat_numbers(engine.proposer.stats())
-    return {col: flat.get(key, 0.0) for col, key in COUNTERS.items()}
+    own = {col: float(getattr(engine, key)) for col, key in ENGINE_COUNTERS.items()}
+    return {**{col: flat.get(key, 0.0) for col, key in COUNTERS.items()}, **own}
 
 
 def replay(
     steps: list[tuple[str, str, list[dict[str, Any]]]],
     outs: list[list[list[int]]],
     options: dict[str, Any] | None = None,
+    *,
+    max_len: int = MAX_LEN,
 ) -> dict[str, Any]:
-    """One engine (the plugin with ``options``) through every cell: cell -> the plugin's counters over it (and the
-    outputs' check)."""
+    """One engine (the plugin with ``options``, at ``max_len``) through every cell: cell -> the plugin's counters over
+    it (and the outputs' check)."""
     from benchmarks.gate_prompts import BATCH
     from benchmarks.vllm_cpu_engine import Engine, Req
 
     engine = Engine(
         str(model_path(TARGET_MODEL)),
         schedule=True,
-        max_len=MAX_LEN,
+        max_len=max_len,
         max_seqs=MAX_SEQS,
         max_batched=MAX_BATCHED,
         options=options,
@@ -186,7 +204,7 @@ def replay(
 
 def table(results: dict[str, dict[str, Any]], names: list[str]) -> str:
     """Per cell, each variant's counters and its steps / accepted against the first variant's."""
-    cols = list(COUNTERS)
+    cols = [*COUNTERS, *ENGINE_COUNTERS]
     head = (
         f"{'cell':<14} {'variant':<{VARIANT_WIDTH}} "
         + " ".join(f"{c:>9}" for c in cols)
@@ -197,7 +215,7 @@ def table(results: dict[str, dict[str, Any]], names: list[str]) -> str:
         base = results[names[0]][cell]
         for v in names:
             row = results[v][cell]
-            ratio = [row[k] / base[k] if base[k] else float("nan") for k in ("steps", "accepted")]
+            ratio = [row[k] / base[k] if base[k] else float("nan") for k in (STEPS, "accepted")]
             nums = " ".join(f"{row[c]:>9.0f}" for c in cols)
             lines.append(f"{cell:<14} {v:<{VARIANT_WIDTH}} {nums} {ratio[0]:>8.3f} {ratio[1]:>7.3f}")
     return "\n".join(lines)
@@ -212,8 +230,8 @@ def set_steps(results: dict[str, dict[str, Any]], names: list[str]) -> dict[str,
         by_set: dict[str, list[float]] = {}
         for cell, row in results[v].items():
             name = cell.split("/")[0]
-            if name in SETS and base[cell]["steps"]:
-                by_set.setdefault(name, []).append(row["steps"] / base[cell]["steps"])
+            if name in SETS and base[cell][STEPS]:
+                by_set.setdefault(name, []).append(row[STEPS] / base[cell][STEPS])
         out[v] = {name: g for name, ratios in by_set.items() if (g := geomean(ratios)) is not None}
     return out
 
@@ -247,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     results = {}
     for v in names:
         with variant(VARIANTS[v]):
-            results[v] = replay(steps, outs, VARIANTS[v].get(OPTIONS))
+            results[v] = replay(steps, outs, VARIANTS[v].get(OPTIONS), max_len=inputs.get("max_model_len") or MAX_LEN)
         print(f"[{v}] done", flush=True)
     print(table(results, names))
     by_set = set_steps(results, names)

@@ -194,6 +194,7 @@ class Engine:
         self.sched: Any = None
         self.guard = drafter_guard(self.proposer, max_len=max_len)
         self.zeroed_steps = 0  # steps vLLM's guard near max_model_len ran no drafter in
+        self.engine_steps = 0  # steps that scheduled any token (what the GPU would run)
         self.zeros: Any = None  # schedule mode: vLLM's zeroed drafts, when the last step's guard said no
         if schedule:
             runner = SimpleNamespace(device=torch.device("cpu"), max_num_reqs=max_seqs, num_spec_tokens=K)
@@ -246,7 +247,9 @@ class Engine:
         return True
 
     def _fits(self, rows: list[str]) -> bool:
-        """vLLM's guard for the step just scheduled: its longest sequence (computed + scheduled tokens)."""
+        """vLLM's guard for the step just scheduled: its longest sequence (computed + scheduled tokens). Every
+        scheduled step asks it once (``engine_steps`` counts them)."""
+        self.engine_steps += 1
         longest = max(self.sch.requests[rid].num_computed_tokens for rid in rows)
         fits = bool(self.guard._input_fits_in_drafter(SimpleNamespace(max_seq_len=longest)))
         self.zeroed_steps += not fits

@@ -56,11 +56,16 @@ def test_a_variant_sets_the_back_offs_constants_and_restores_them():
         raise RuntimeError
     assert before == backoff.MIN_STEPS
     assert gp.VARIANTS["off"] == {} and "on" not in gp.VARIANTS
+    from specdec.vllm_plugin.patches import runner
+
+    with gp.variant({"runner.NEAR_END_ON": True, "MIN_STEPS": 1}):  # another module's constant by its name
+        assert runner.NEAR_END_ON and backoff.MIN_STEPS == 1
+    assert not runner.NEAR_END_ON and before == backoff.MIN_STEPS
 
 
 def test_the_table_has_a_row_per_cell_and_variant_with_ratios_to_the_first():
-    row = dict.fromkeys(gp.COUNTERS, 10.0)
-    results = {"off": {"agentic/b1": row}, "on": {"agentic/b1": {**row, "steps": 12.0, "accepted": 5.0}}}
+    row = dict.fromkeys([*gp.COUNTERS, *gp.ENGINE_COUNTERS], 10.0)
+    results = {"off": {"agentic/b1": row}, "on": {"agentic/b1": {**row, gp.STEPS: 12.0, "accepted": 5.0}}}
     lines = gp.table(results, ["off", "on"]).splitlines()
     assert len(lines) == 4 and lines[3].split()[1] == "on"
     assert lines[3].split()[-2:] == ["1.200", "0.500"]
@@ -68,7 +73,7 @@ def test_the_table_has_a_row_per_cell_and_variant_with_ratios_to_the_first():
 
 def test_steps_by_set_pool_the_measured_cells_geometrically_without_warm_up():
     def row(steps: float) -> dict:
-        return {**dict.fromkeys(gp.COUNTERS, 1.0), "steps": steps}
+        return {**dict.fromkeys([*gp.COUNTERS, *gp.ENGINE_COUNTERS], 1.0), gp.STEPS: steps}
 
     off = {"all/warmup": row(10), "agentic/b1": row(100), "agentic/b8": row(50), "code/b1": row(40)}
     on = {"all/warmup": row(99), "agentic/b1": row(200), "agentic/b8": row(25), "code/b1": row(30)}
@@ -97,7 +102,7 @@ def test_one_engine_replays_the_cells_against_the_targets_outputs():
             res = gp.replay(steps, outs)  # asserts every output is the target's
         assert list(res) == ["all/warmup", "agentic/b1", "agentic/b8", "code/b1"]
         b8 = res["agentic/b8"]
-        assert b8["accepted"] > 0 and 0 < b8["drafted_steps"] <= b8["steps"]
+        assert b8["accepted"] > 0 and 0 < b8["drafted_steps"] <= b8["steps"] == b8[gp.STEPS] and b8["zeroed"] == 0
         assert all(c["steps"] > 0 for c in res.values())
 
 
