@@ -90,7 +90,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--methods", default="", help=f"comma-separated, of {', '.join(METHODS)} (default: {','.join(DEFAULT_METHODS)})"
     )
-    ap.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
+    ap.add_argument("--sets", default="", help=f"comma-separated, of {', '.join(SETS)} (default: the inputs' sets)")
     ap.add_argument("--checks", default="", help="--part serve: comma-separated checks (default: all)")
     ap.add_argument(
         "--serve-methods",
@@ -114,7 +114,8 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Unknown methods or sets, or a before engine without its tree: one line, before anything starts."""
     explicit = bool(args.methods)
     args.methods = [m for m in (args.methods or ",".join(DEFAULT_METHODS)).split(",") if m]
-    args.sets = [s for s in args.sets.split(",") if s]
+    sets_given = bool(args.sets)
+    args.sets = [s for s in (args.sets or ",".join(SETS)).split(",") if s]
     for m in args.methods:
         if not known_method(m):
             ap.error(f"--methods: {m!r} is unknown; valid: {', '.join(METHODS)} (a second engine of one: <method>.2)")
@@ -146,6 +147,15 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         args.methods = [m for m in args.methods if m not in befores]
     if args.part == "cells" and not Path(args.inputs).exists():
         ap.error(f"--inputs {args.inputs} not found: run python -m benchmarks.gate_prompts on the CPU first")
+    if args.part == "cells":
+        have = [s for s in SETS if s in json.loads(Path(args.inputs).read_text()).get("sets", {})]
+        args.sets = args.sets if sets_given else have
+        missing = [s for s in args.sets if s not in have]
+        if missing or not args.sets:
+            ap.error(
+                f"--sets: {(missing or ['any'])[0]!r} is not in {args.inputs} (its sets: {', '.join(have) or 'none'}); "
+                f"pass --sets {','.join(have)} or rebuild it with python -m benchmarks.gate_prompts"
+            )
     args.t0 = float(os.environ.get(START_ENV) or time.time())
     args.deadline = args.t0 + args.max_wall_s - FINISH_MARGIN_S
 

@@ -230,6 +230,7 @@ def test_bad_options_stop_before_anything_starts(tmp_path, capsys):
         (["--methods", "specdec-before"], "no installed base tree at"),
         (["--part", "serve", "--checks", "tpot-70b"], "--checks: 'tpot-70b' is unknown"),
         (["--part", "serve", "--serve-methods", "eagle"], "--serve-methods: 'eagle' is unknown; valid: nospec"),
+        (["--inputs", str(_near_end(tmp_path)), "--sets", "agentic"], "--sets: 'agentic' is not in "),
     ):
         with pytest.raises(SystemExit):
             gate.main(["--fake", "--inputs", inputs, "--before-path", str(tmp_path / "none"), *argv])
@@ -432,16 +433,22 @@ def test_replica_methods_are_named_and_checked_before_anything_starts(tmp_path, 
         assert msg in capsys.readouterr().err
 
 
+def _near_end(tmp: Path) -> Path:
+    """Near-end inputs (``gate_prompts --to-max-len 2048``): the code set's batches of 8 and 32 only."""
+    doc = json.loads(_inputs(tmp / "inputs.json").read_text())
+    doc["max_model_len"], doc["sets"] = 2048, {"code": {c: doc["sets"]["code"][c] for c in ("b8", "b32")}}
+    (tmp / "end.json").write_text(json.dumps(doc))
+    return tmp / "end.json"
+
+
 def test_near_end_inputs_get_their_own_key_engines_and_file(tmp_path):
     """Inputs with a max_model_len (``gate_prompts --to-max-len``) are a gate of their own: results under
-    ``tp1_mml<M>`` (work folder, results key and file name), the engine setting recorded; the default inputs' no
-    speculation is never their reference."""
-    doc = json.loads(_inputs(tmp_path / "inputs.json").read_text())
-    doc["max_model_len"], doc["sets"] = 2048, {"code": {c: doc["sets"]["code"][c] for c in ("b8", "b32")}}
-    inputs = tmp_path / "end.json"
-    inputs.write_text(json.dumps(doc))
-    assert gate.gate_key(1, doc) == "tp1_mml2048" and gate.gate_key(2, {"max_model_len": None}) == "tp2"
-    argv = ["--fake", "--gpus", "2", "--inputs", str(inputs), "--out-dir", str(tmp_path / "out"), "--sets", "code"]
+    ``tp1_mml<M>`` (work folder, results key and file name), the engine setting recorded, the inputs' sets run
+    without ``--sets``; the default inputs' no speculation is never their reference."""
+    inputs = _near_end(tmp_path)
+    assert gate.gate_key(1, json.loads(inputs.read_text())) == "tp1_mml2048"
+    assert gate.gate_key(2, {"max_model_len": None}) == "tp2"
+    argv = ["--fake", "--gpus", "2", "--inputs", str(inputs), "--out-dir", str(tmp_path / "out")]
     gate.main([*argv, "--work-dir", str(tmp_path / "w"), "--methods", "nospec,specdec"])
     (path,) = (tmp_path / "out").glob("*_gate_tp1_mml2048_ccccccc_nospec-specdec_code.json")
     res = json.loads(path.read_text())
