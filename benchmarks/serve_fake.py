@@ -23,6 +23,7 @@ import json
 import math
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -279,6 +280,8 @@ def serve(argv: list[str]) -> int:
         server.shutdown()
 
     threading.Thread(target=watchdog, daemon=True).start()
+    # stop on SIGINT as vLLM's server does, even when started from a shell that ignores it (a background job)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     print(f"fake server on {args.host}:{args.port}", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
