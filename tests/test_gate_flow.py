@@ -473,3 +473,11 @@ def test_the_worker_builds_its_engine_at_the_inputs_max_model_len(monkeypatch, m
     llm, _, _ = gate_worker.make_engine(args, {"method": "specdec"}, max_model_len=max_model_len)
     assert llm == "engine" and made[0].get("max_model_len") == max_model_len
     assert ("max_model_len" in made[0]) == bool(max_model_len)
+
+
+def test_the_near_end_check_names_its_arguments_before_starting_anything():
+    from benchmarks import near_end_check
+
+    for argv in (["maybe"], [], ["on", "off"]):
+        with pytest.raises(SystemExit, match=r"usage: python -m benchmarks.near_end_check off\|on"):
+            near_end_check.main(argv)
