@@ -27,26 +27,25 @@ def main(argv: list[str] | None = None) -> None:
     if args not in (["off"], ["on"]):
         raise SystemExit("usage: python -m benchmarks.near_end_check off|on")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # before vLLM starts its engine
-    from specdec.vllm_plugin.patches import runner
-
-    runner.NEAR_END_ON = args[0] == "on"
     from vllm import LLM, SamplingParams
 
+    from benchmarks.gate_proxy import variant
     from benchmarks.serve_features import load_prompts, long_prompt_ids, long_prompt_offset
     from specdec.paths import TARGET_MODEL, model_path
 
     model = str(model_path(TARGET_MODEL))
     ids = long_prompt_ids(model, load_prompts(Path("device_inputs/serve_prompts.json")), offset=long_prompt_offset())
-    llm = LLM(
-        model,
-        dtype="float32",
-        max_model_len=MAX_MODEL_LEN,
-        gpu_memory_utilization=0.3,
-        enforce_eager=True,
-        speculative_config={"method": "specdec"},
-        seed=0,
-        disable_log_stats=False,  # the counters get_metrics() reads
-    )
+    with variant({"runner.NEAR_END_ON": args[0] == "on"}):  # the patch table is applied as the engine is built
+        llm = LLM(
+            model,
+            dtype="float32",
+            max_model_len=MAX_MODEL_LEN,
+            gpu_memory_utilization=0.3,
+            enforce_eager=True,
+            speculative_config={"method": "specdec"},
+            seed=0,
+            disable_log_stats=False,  # the counters get_metrics() reads
+        )
     outs = {}
     for name, prompt in (("near_end", ids[-(MAX_MODEL_LEN - 8) :]), ("control", ids[-CONTROL_TOKENS:])):
         res = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=NEW_TOKENS))
