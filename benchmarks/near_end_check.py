@@ -17,9 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-MAX_MODEL_LEN = 1024
-NEW_TOKENS = 7
-CONTROL_TOKENS = 900
+CONTROL_TOKENS = 900  # the control prompt's length: far from max_model_len
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,6 +28,8 @@ def main(argv: list[str] | None = None) -> None:
     from vllm import LLM, SamplingParams
 
     from benchmarks.gate_proxy import variant
+    from benchmarks.long_prompt import NEW_TOKENS
+    from benchmarks.serve_feature_checks import MAX_MODEL_LEN
     from benchmarks.serve_features import load_prompts, long_prompt_ids, long_prompt_offset
     from specdec.paths import TARGET_MODEL, model_path
 
@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> None:
             disable_log_stats=False,  # the counters get_metrics() reads
         )
     outs = {}
-    for name, prompt in (("near_end", ids[-(MAX_MODEL_LEN - 8) :]), ("control", ids[-CONTROL_TOKENS:])):
+    near_end = ids[-(MAX_MODEL_LEN - NEW_TOKENS - 1) :]  # the feature's drafting case, as long_prompt picked it
+    for name, prompt in (("near_end", near_end), ("control", ids[-CONTROL_TOKENS:])):
         res = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=NEW_TOKENS))
         outs[name] = list(res[0].outputs[0].token_ids)
     counters = {m.name: m.value for m in llm.get_metrics() if "spec_decode" in m.name and hasattr(m, "value")}
