@@ -30,7 +30,7 @@ from specdec.vllm_plugin.patches.common import is_ours, leading_params
 
 BIND_PARAMS = ["self", "scheduler_output"]  # leading parameters of propose_draft_token_ids and execute_model
 FITS_PARAMS = ["self", "common_attn_metadata"]
-NEAR_END_ON = False  # drafts near max_model_len (module docstring): off until the GPU gate measures it
+NEAR_END_ON = True  # drafts near max_model_len (module docstring); False: vLLM's guard as it is
 
 
 def bind_problem(runner_cls: Any) -> str:
