@@ -47,8 +47,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # calibrated suffix chains (#42): "options" are the plugin's own (the speculative config's specdec keys)
     "calib0.02": {"options": {"drafter_options": {"suffix": {"min_confidence": 0.02}}}},
     "calib0.06": {"options": {"drafter_options": {"suffix": {"min_confidence": 0.06}}}},
-    # the patch row for vLLM's guard near max_model_len (patches/runner.py), for the near-end inputs
-    "nearend": {"runner.NEAR_END_ON": True},
+    # vLLM's guard near max_model_len as it is, the patch row for it off (patches/runner.py): the near-end inputs
+    "guard": {"runner.NEAR_END_ON": False},
 }
 SETS = ("agentic", "chat", "code")  # the gate's prompt sets (warm-up cells are not measured)
 VARIANT_WIDTH = 18

@@ -1,7 +1,7 @@
 """The long prompt near max_model_len on a GPU, with specdec's patch row for vLLM's guard off or on.
 
-    python -m benchmarks.near_end_check off     # as shipped (NEAR_END_ON False)
-    python -m benchmarks.near_end_check on      # the patch row applied
+    python -m benchmarks.near_end_check off     # vLLM's guard as it is (NEAR_END_ON False)
+    python -m benchmarks.near_end_check on      # the patch row applied, as shipped
 
 One in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the constant set here reaches the model runner) on
 the shared 53M target in float32 at max_model_len 1024, eager; two greedy requests of 7 tokens: serve_features' long

@@ -58,9 +58,9 @@ def test_a_variant_sets_the_back_offs_constants_and_restores_them():
     assert gp.VARIANTS["off"] == {} and "on" not in gp.VARIANTS
     from specdec.vllm_plugin.patches import runner
 
-    with gp.variant({"runner.NEAR_END_ON": True, "MIN_STEPS": 1}):  # another module's constant by its name
-        assert runner.NEAR_END_ON and backoff.MIN_STEPS == 1
-    assert not runner.NEAR_END_ON and before == backoff.MIN_STEPS
+    with gp.variant({"runner.NEAR_END_ON": False, "MIN_STEPS": 1}):  # another module's constant by its name
+        assert not runner.NEAR_END_ON and backoff.MIN_STEPS == 1
+    assert runner.NEAR_END_ON and before == backoff.MIN_STEPS
 
 
 def test_the_table_has_a_row_per_cell_and_variant_with_ratios_to_the_first():

@@ -203,7 +203,7 @@ def test_a_row_switched_off_by_its_constant_says_so_and_passes_through(monkeypat
     rows = tuple(r for r in TABLE if r.feature is Feature.NEAR_END)
     monkeypatch.setattr(runner, "NEAR_END_ON", False)
     report = table.apply_patches("all", version=TESTED, resolver=lambda name: Runner, table=rows)
-    assert "off until measured on the GPU" in report.features()[Feature.NEAR_END]
+    assert "switched off (NEAR_END_ON)" in report.features()[Feature.NEAR_END]
     assert not is_wrapped(Runner._input_fits_in_drafter, Feature.NEAR_END.label)
     monkeypatch.setattr(runner, "NEAR_END_ON", True)
     assert table.apply_patches("all", version=TESTED, resolver=lambda name: Runner, table=rows).on(Feature.NEAR_END)

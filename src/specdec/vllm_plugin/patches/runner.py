@@ -16,7 +16,7 @@
   hands the next step zeros as every request's drafts, which it then verifies: while one request nears its end, the
   whole batch drafts nothing that can be accepted. Our drafts never reach past ``max_model_len`` (each row's draft is
   cut to the room it has, ``ProposerCore``), so for our drafter every step fits. Without it such steps verify zeros.
-  Off until the GPU gate has measured it (``NEAR_END_ON``).
+  ``NEAR_END_ON`` False leaves vLLM's guard as it is (the GPU gate's before/after of 455f854: docs/results.md).
 
 Each wrapper (``wrap_*``: original method, the runner class -> wrapper; ``patches.table`` applies them) is a
 pass-through for any drafter that is not ours. Never imports vLLM.
@@ -64,7 +64,7 @@ def fits_problem(runner_cls: Any) -> str:
     """'' if ``_input_fits_in_drafter`` is vLLM's guard this row was written for (and the row is switched on), else
     the reason."""
     if not NEAR_END_ON:
-        return "off until measured on the GPU (NEAR_END_ON)"
+        return "switched off (NEAR_END_ON)"
     fn = getattr(runner_cls, "_input_fits_in_drafter", None)
     if fn is None:
         return "_input_fits_in_drafter is missing"
