@@ -97,6 +97,16 @@ def test_registry_builds_composition_of_real_drafters():
     assert np.isfinite(t.expected_accepted())
 
 
+def test_a_drafter_listed_twice_with_the_same_options_is_refused_and_other_options_are_not():
+    from specdec.config import ConfigError
+
+    with pytest.raises(ConfigError, match="'suffix' is listed twice with the same options; list each drafter once"):
+        build_drafter(["suffix", "ngram", "suffix"])
+    with pytest.raises(ConfigError, match="'suffix' is listed twice"):  # the per-name options make them equal
+        build_drafter(["suffix", {"name": "suffix", "max_depth": 8}], {"suffix": {"max_depth": 8}})
+    assert build_drafter(["suffix", {"name": "suffix", "max_depth": 8}]).name == "suffix+suffix"
+
+
 def test_calibration_moves_picks_from_an_overconfident_part_to_an_accurate_one():
     # "loud" is sure of a wrong continuation (99% per token, never accepted); "quiet" predicts 0.6 per
     # token and is right. Raw scores favour loud (2.9 vs 1.4); observed acceptance must flip the choice.

@@ -119,6 +119,8 @@ def test_metrics_options_travel_to_the_proposer_and_bad_ones_stop_the_start():
         ({"log_every_s": float("inf")}, ["log_every_s=inf is not a finite number"]),
         ({"num_speculative_tokens": 4.0}, ["num_speculative_tokens=4.0 has the wrong type"]),
         ({"drafter_options": {"suffix": {"max_spec_factor": float("nan")}}}, ["max_spec_factor=nan"]),
+        ({"drafter": ["suffix", "suffix"]}, ["drafter: 'suffix' is listed twice", "list each drafter once"]),
+        ({"drafter": ["suffix", {"name": "suffix", "max_depth": 32}]}, ["'suffix' is listed twice"]),
     ],
 )
 def test_shapes_conflicts_and_non_finite_numbers_stop_the_rewrite(spec, needles):

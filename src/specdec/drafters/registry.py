@@ -35,6 +35,33 @@ def drafter_class(name: str) -> type[Drafter]:
     return getattr(importlib.import_module(module), cls)
 
 
+def check_repeats(parts: Sequence[tuple[str, Mapping[str, Any]]], *, where: str = "drafter") -> None:
+    """Raise ``ConfigError`` if a composition lists one drafter twice with the same options (name, merged options):
+    both would draft the same tokens at twice the CPU cost and memory. The same name with other options is allowed
+    (``["suffix", {"name": "suffix", "max_depth": 8}]``)."""
+    seen: list[tuple[str, dict[str, Any]]] = []
+    for name, opts in parts:
+        if (name, dict(opts)) in seen:
+            raise ConfigError(
+                f"{where}: {name!r} is listed twice with the same options; list each drafter once "
+                f'(e.g. ["suffix", "model"])'
+            )
+        seen.append((name, dict(opts)))
+
+
+def _flat_parts(spec: DrafterSpec, options: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(name, merged options) of every part of a list spec (nested lists flattened); malformed parts skipped (the
+    build that follows names them)."""
+    if isinstance(spec, (list, tuple)):
+        return [p for s in spec for p in _flat_parts(s, options)]
+    if isinstance(spec, str):
+        return [(spec, dict(options.get(spec, {})))]
+    if isinstance(spec, Mapping) and isinstance(spec.get("name"), str):
+        own = {k: v for k, v in spec.items() if k != "name"}
+        return [(spec["name"], {**dict(options.get(spec["name"], {})), **own})]
+    return []
+
+
 def build_drafter(spec: DrafterSpec, options: Mapping[str, Mapping[str, Any]] | None = None) -> Drafter:
     """Build a drafter.
 
@@ -46,6 +73,7 @@ def build_drafter(spec: DrafterSpec, options: Mapping[str, Mapping[str, Any]] | 
     if isinstance(spec, (list, tuple)):
         if not spec:
             raise ConfigError("drafter=[] is empty; give a name such as 'suffix' or a list like ['suffix', 'model']")
+        check_repeats(_flat_parts(spec, options))
         parts = [build_drafter(s, options) for s in spec]
         if len(parts) == 1:
             return parts[0]

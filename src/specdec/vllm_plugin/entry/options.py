@@ -67,7 +67,9 @@ class SpecdecOptions(ConfigBase):
     """The user's options of the specdec proposer inside vLLM (snake_case keys of the speculative config;
     docs/options.md), nothing else: the internal settings, fixed in code, are ``internal.InternalSettings``."""
 
-    drafter: Any = rng("suffix", doc="drafter: 'suffix', 'ngram', 'model', {'name': ..., **options} or a list of them")
+    drafter: Any = rng(
+        "suffix", doc="drafter: 'suffix', 'ngram', 'model', {'name': ..., **options} or a list of them (each once)"
+    )
     drafter_options: dict = rng({}, doc="per-drafter option dicts, e.g. {'suffix': {'max_depth': 32}}")
     draft_model: str = rng("", doc="the draft model folder for drafter 'model' (same tokenizer as the served model)")
     num_speculative_tokens: int = rng(16, lo=1, hi=MAX_SPEC_LEN, doc="most draft tokens per request and step (k)")

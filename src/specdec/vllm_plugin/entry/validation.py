@@ -14,7 +14,7 @@ from typing import Any
 
 from specdec.config import ConfigError
 from specdec.drafters.model import check_tokenizer_compat
-from specdec.drafters.registry import DRAFTER_NAMES, drafter_class
+from specdec.drafters.registry import DRAFTER_NAMES, check_repeats, drafter_class
 from specdec.vllm_plugin.entry.options import SpecdecOptions
 
 MODEL_DRAFTER = "model"  # the drafter that loads a draft model
@@ -34,7 +34,7 @@ def drafter_specs(spec: Any) -> Iterator[tuple[str, dict[str, Any]]]:
 
 def check_drafters(options: SpecdecOptions) -> list[str]:
     """The drafter names, each known and its options valid; raises ``ConfigError`` naming the bad one."""
-    names = []
+    names, parts = [], []
     for name, own in drafter_specs(options.drafter):
         if name not in DRAFTER_NAMES:
             raise ConfigError(
@@ -46,6 +46,8 @@ def check_drafters(options: SpecdecOptions) -> list[str]:
             merged.pop("path", None)  # checked by check_draft_model
         drafter_class(name).Config.from_dict(merged, where=f"speculative_config: drafter_options[{name!r}]: ")
         names.append(name)
+        parts.append((name, merged))
+    check_repeats(parts, where="speculative_config: drafter")
     unused = sorted(set(options.drafter_options) - set(names))
     if unused:
         raise ConfigError(
