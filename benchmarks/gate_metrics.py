@@ -77,6 +77,40 @@ def request_rate(results: Iterable[Any]) -> float | None:
     return tokens / seconds if seconds > 0 else None
 
 
+def wall_split(chunks: Iterable[Sequence[Any]]) -> dict[str, float] | None:
+    """Where a cell's wall goes, summed over its closed batches (``LLM.generate`` calls), from each result's
+    ``RequestOutput.metrics`` (engine-core time): ``first_tokens_s`` from a batch's first request queued to its last
+    first token (prefill, chunked beside early decodes), ``tail_s`` from there to the batch's last token (the decode
+    tail its slowest request sets), and that slowest request's tokens after its first and its own first-to-last time
+    (``slowest_tokens``, ``slowest_s``). None where a batch has no timed request."""
+    splits = [_batch_split(c) for c in chunks]
+    if not splits or any(s is None for s in splits):
+        return None
+    return {k: sum(s[k] for s in splits) for k in splits[0]}  # type: ignore[index]
+
+
+def _batch_split(results: Sequence[Any]) -> dict[str, float] | None:
+    """``wall_split`` of one closed batch."""
+    timed = []
+    for r in results:
+        m = getattr(r, "metrics", None)
+        queued, first = getattr(m, "queued_ts", 0.0), getattr(m, "first_token_ts", 0.0)
+        last = getattr(m, "last_token_ts", 0.0)
+        n = len(r.outputs[0].token_ids) if getattr(r, "outputs", None) else 0
+        if queued and first and last >= first >= queued:
+            timed.append((queued, first, last, n))
+    if not timed:
+        return None
+    last_first = max(t[1] for t in timed)
+    slowest = max(timed, key=lambda t: t[2])
+    return {
+        "first_tokens_s": last_first - min(t[0] for t in timed),
+        "tail_s": slowest[2] - last_first,
+        "slowest_tokens": float(max(slowest[3] - 1, 0)),
+        "slowest_s": slowest[2] - slowest[1],
+    }
+
+
 def speed(run: dict[str, Any] | None, temperature: float) -> float | None:
     """What a cell's run is judged on: its output tokens/s, or for a sampled cell (``temperature`` > 0) its
     requests' own decode rate (``request_tokens_per_s``) where the run has it. Sampling from the same seeds, two

@@ -31,6 +31,7 @@ from benchmarks.gate_metrics import (
     spec_counts,
     spec_delta,
     speed,
+    wall_split,
 )
 
 METHODS: dict[str, dict[str, Any] | None] = {
@@ -210,6 +211,7 @@ class CellRunner:
         n = sum(map(len, outs))
         run = {"wall_s": wall, "output_tokens": n, "tokens_per_s": n / wall if wall > 0 else None}
         run["request_tokens_per_s"] = request_rate(results)
+        run["wall_split"] = wall_split(results[i : i + batch] for i in range(0, len(results), batch))
         run.update(spec_delta(before, spec_counts(self.llm.get_metrics())))
         plugin = plugin_delta(plugin_before, plugin_stats(self.llm)) if self.plugin else None
         return ({**run, "plugin": plugin} if plugin else run), outs

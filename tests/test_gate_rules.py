@@ -17,6 +17,7 @@ from benchmarks.gate_metrics import (
     spec_counts,
     spec_delta,
     speed,
+    wall_split,
 )
 
 P, W, F, V, N = rules.PASS, rules.WARN, rules.FAIL, rules.VOID, rules.NONE
@@ -233,6 +234,22 @@ def test_request_rate_is_tokens_after_the_first_over_first_to_last_token():
     results = [_result(10, 1.0, 1.9), _result(4, 2.0, 2.3), _result(1, 3.0, 3.0), SimpleNamespace(outputs=[])]
     assert request_rate(results) == pytest.approx(10.0)
     assert request_rate([SimpleNamespace(outputs=[SimpleNamespace(token_ids=[1, 2])], metrics=None)]) is None
+
+
+def _timed(n: int, queued: float, first: float, last: float) -> SimpleNamespace:
+    metrics = SimpleNamespace(queued_ts=queued, first_token_ts=first, last_token_ts=last)
+    return SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(range(n)))], metrics=metrics)
+
+
+def test_the_wall_split_sums_each_batchs_first_tokens_and_decode_tail():
+    # batch 1: queued at 10.0, last first token at 10.5, last token at 11.25 (the 9-token request, first at 10.25);
+    # batch 2: queued at 20.0, first token 20.25, last 20.5
+    batch1 = [_timed(9, 10.0, 10.25, 11.25), _timed(4, 10.0, 10.5, 10.75)]
+    batch2 = [_timed(3, 20.0, 20.25, 20.5)]
+    split = wall_split([batch1, batch2])
+    assert split == pytest.approx({"first_tokens_s": 0.75, "tail_s": 1.0, "slowest_tokens": 10.0, "slowest_s": 1.25})
+    assert wall_split([batch1, [SimpleNamespace(outputs=[], metrics=None)]]) is None
+    assert wall_split([]) is None
 
 
 def test_sampled_cells_are_judged_on_the_requests_decode_rate():
