@@ -19,6 +19,8 @@ from typing import Any
 from benchmarks import gate_rules as rules
 from benchmarks.gate_compare import compare, render_compare
 from benchmarks.gate_metrics import cell_speeds, mean_speed, mismatches, speed
+from benchmarks.gate_tables import fmt as _f
+from benchmarks.gate_tables import render_plugin, render_walls
 from benchmarks.gate_worker import base_method
 
 KIND = "specdec-gate"
@@ -163,10 +165,6 @@ def _plugin_note(p: dict[str, int]) -> str:
     return note[:33]
 
 
-def _f(v: Any, fmt: str, width: int) -> str:
-    return ("-" if v is None else format(v, fmt)).rjust(width)
-
-
 def _vn(m: dict[str, Any] | None) -> str:
     if not m or "vs_nospec" not in m:
         return "-"
@@ -208,35 +206,6 @@ def render_references(rows: list[dict[str, Any]]) -> list[str]:
             f"{_f(r.get(m, {}).get('x_nospec'), '.2f', 22)}{_f(r.get(m, {}).get('emit'), '.2f', 6)}" for m in refs
         )
         lines.append(f"{r['key'].replace('/', ' '):<11}{cells}")
-    return [*lines, ""]
-
-
-# specdec's own counters per cell (rank 0's, first run; gate_worker.plugin_stats): which graphs its verify steps
-# replayed and what the low-acceptance rule withheld, to read a cell's ratio from one run
-PLUGIN_COLUMNS = (
-    ("steps", "steps"),
-    ("graphs.plain_full", "plain"),
-    ("graphs.narrow_full", "narrow"),
-    ("graphs.ragged_full", "ragged"),
-    ("graphs.ragged_piecewise", "rag-pw"),
-    ("graphs.narrow_piecewise", "nar-pw"),
-    ("drafted_tokens", "drafted"),
-    ("backoff_withheld_tokens", "withheld"),
-    ("backoff_requests_backed_off", "off"),
-)
-
-
-def render_plugin(engine: dict[str, Any]) -> list[str]:
-    """specdec's counters per cell (``PLUGIN_COLUMNS``), where the run recorded them."""
-    cells = {k: c["runs"][0].get("plugin") for k, c in engine.get("cells", {}).items() if c.get("runs")}
-    cells = {k: v[0] for k, v in cells.items() if v}
-    if not cells:
-        return []
-    head = f"{'specdec':<11}" + "".join(f"{label:>9}" for _, label in PLUGIN_COLUMNS)
-    lines = [head, "-" * len(head)]
-    for key, d in cells.items():
-        nums = "".join(_f(d.get(k), ".0f", 9) for k, _ in PLUGIN_COLUMNS)
-        lines.append(f"{key.replace('/', ' '):<11}{nums}")
     return [*lines, ""]
 
 
@@ -307,6 +276,7 @@ def render(doc: dict[str, Any]) -> str:
         out += ["", f"== cells {tp} ({gate.get('model', '')}) ==", *render_cells(ev["cells"]), ""]
         out += render_references(ev["cells"])
         out += render_plugin(gate.get("engines", {}).get(CANDIDATE, {}))
+        out += render_walls(gate.get("engines", {}), (REFERENCE, CANDIDATE, BEFORE))
         out += render_engines(ev["engines"])
         out += origin_notes(gate, doc.get("sources", []))
         if gate.get("skipped"):

@@ -222,6 +222,22 @@ def test_plugin_table_shows_rank_zeros_counters():
     assert render_plugin({}) == []
 
 
+def test_the_wall_table_shows_each_engines_first_tokens_and_tail_per_cell():
+    from benchmarks.gate_report import render_walls
+
+    split = {"first_tokens_s": 1.25, "tail_s": 0.5, "slowest_tokens": 255.0, "slowest_s": 0.9}
+    engines = {
+        "nospec": {"cells": {"agentic/b32": {"runs": [{"wall_split": split}, {}]}}},
+        "specdec": {"cells": {"agentic/b32": {"runs": [{"wall_split": {**split, "tail_s": 0.375}}]}, "code/b1": {}}},
+        "suffix": {"cells": {"agentic/b32": {"runs": [{}]}}},  # recorded none: no columns
+    }
+    lines = render_walls(engines, ("nospec", "specdec", "suffix"))
+    assert lines[0].split() == ["wall", "s", "nospec", "1st", "nospec", "tail", "specdec", "1st", "specdec", "tail"]
+    assert lines[2].split() == ["agentic", "b32", "1.250", "0.500", "1.250", "0.375"]
+    assert lines[3].split() == ["code", "b1", "-", "-", "-", "-"] and lines[-1] == ""
+    assert render_walls({"nospec": {"cells": {"code/b1": {"runs": [{}]}}}}, ("nospec",)) == []
+
+
 def _result(n: int, first: float, last: float) -> SimpleNamespace:
     return SimpleNamespace(
         outputs=[SimpleNamespace(token_ids=list(range(n)))],
