@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from specdec.config import ConfigError
@@ -49,17 +49,17 @@ def check_repeats(parts: Sequence[tuple[str, Mapping[str, Any]]], *, where: str 
         seen.append((name, dict(opts)))
 
 
-def _flat_parts(spec: DrafterSpec, options: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-    """(name, merged options) of every part of a list spec (nested lists flattened); malformed parts skipped (the
-    build that follows names them)."""
+def drafter_specs(spec: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(name, its own options) of every drafter in ``spec`` (a name, a dict with 'name', or a list of them; nested
+    lists flattened; other values yield nothing: the build names them)."""
     if isinstance(spec, (list, tuple)):
-        return [p for s in spec for p in _flat_parts(s, options)]
-    if isinstance(spec, str):
-        return [(spec, dict(options.get(spec, {})))]
-    if isinstance(spec, Mapping) and isinstance(spec.get("name"), str):
-        own = {k: v for k, v in spec.items() if k != "name"}
-        return [(spec["name"], {**dict(options.get(spec["name"], {})), **own})]
-    return []
+        for part in spec:
+            yield from drafter_specs(part)
+    elif isinstance(spec, str):
+        yield spec, {}
+    elif isinstance(spec, Mapping):
+        own = dict(spec)
+        yield str(own.pop("name", "")), own
 
 
 def build_drafter(spec: DrafterSpec, options: Mapping[str, Mapping[str, Any]] | None = None) -> Drafter:
@@ -73,7 +73,7 @@ def build_drafter(spec: DrafterSpec, options: Mapping[str, Mapping[str, Any]] | 
     if isinstance(spec, (list, tuple)):
         if not spec:
             raise ConfigError("drafter=[] is empty; give a name such as 'suffix' or a list like ['suffix', 'model']")
-        check_repeats(_flat_parts(spec, options))
+        check_repeats([(n, {**dict(options.get(n, {})), **own}) for n, own in drafter_specs(spec) if n])
         parts = [build_drafter(s, options) for s in spec]
         if len(parts) == 1:
             return parts[0]

@@ -8,28 +8,14 @@ model's (tokenizer files compared: vocabulary and special tokens; no weights rea
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from specdec.config import ConfigError
 from specdec.drafters.model import check_tokenizer_compat
-from specdec.drafters.registry import DRAFTER_NAMES, check_repeats, drafter_class
+from specdec.drafters.registry import DRAFTER_NAMES, check_repeats, drafter_class, drafter_specs
 from specdec.vllm_plugin.entry.options import SpecdecOptions
 
 MODEL_DRAFTER = "model"  # the drafter that loads a draft model
-
-
-def drafter_specs(spec: Any) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(name, its own options) of every drafter in ``spec`` (a name, a dict with 'name', or a list of them)."""
-    if isinstance(spec, (list, tuple)):
-        for part in spec:
-            yield from drafter_specs(part)
-    elif isinstance(spec, str):
-        yield spec, {}
-    elif isinstance(spec, dict):
-        own = dict(spec)
-        yield str(own.pop("name", "")), own
 
 
 def check_drafters(options: SpecdecOptions) -> list[str]:
