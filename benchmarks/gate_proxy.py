@@ -49,9 +49,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "calib0.06": {"options": {"drafter_options": {"suffix": {"min_confidence": 0.06}}}},
     # vLLM's guard near max_model_len as it is, the patch row for it off (patches/runner.py): the near-end inputs
     "guard": {"runner.NEAR_END_ON": False},
-    # every batch withholds backed-off requests' drafts, however small (the rule before FREE_ROWS)
-    "free0": {"FREE_ROWS": 0},
-    "free8": {"FREE_ROWS": 8},
 }
 SETS = ("agentic", "chat", "code")  # the gate's prompt sets (warm-up cells are not measured)
 VARIANT_WIDTH = 18

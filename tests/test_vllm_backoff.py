@@ -14,7 +14,6 @@ import torch
 
 from specdec.drafters.suffix import SuffixDrafter, native_available
 from specdec.vllm_plugin.core.backoff import (
-    FREE_ROWS,
     MIN_STEPS,
     PAD_MIN_ACCEPTED,
     PROBE_FIRST_AFTER,
@@ -33,7 +32,7 @@ from specdec.vllm_plugin.modes.thread import ThreadedProposerCore
 pytestmark = pytest.mark.skipif(not native_available(), reason="native suffix core not built")
 
 K = 8
-ROWS = FREE_ROWS + 2  # above the rows a batch drafts freely at
+ROWS = 4
 MAX_LEN = 4096
 SMALL_VOCAB = 12  # random contexts over few tokens: the suffix drafter always finds something to draft
 STEP_S = 1e-3
@@ -284,7 +283,7 @@ def low_batch(bo: BackOff, ids: list[str]) -> None:
 
 
 def test_shadow_checks_by_hand():
-    bo = BackOff(free_rows=0)
+    bo = BackOff()
     low_batch(bo, ["a", "b"])
     assert bo.requests_off == 2 and bo.low() and bo.rows["a"].ema == 0.0
     drafts = [[5, 6, 7], [8, 9]]
@@ -309,14 +308,14 @@ def test_shadow_checks_by_hand():
 
 def test_the_batch_is_low_only_while_its_low_requests_are_there():
     """No state outlives the requests it was measured on: a batch of one after a low batch drafts at once."""
-    bo = BackOff(free_rows=0)
+    bo = BackOff()
     low_batch(bo, ["a", "b", "c"])
     assert bo.low() and bo.as_dict()["backoff_batch_accepted_per_row"] == 0.0
     drafts = [[1, 2]]
     bo.prune({"new"})  # the low requests finished; a new one arrives alone
     assert not bo.low() and bo.withhold(["new"], drafts) == [] and drafts == [[1, 2]]
     assert bo.stats.newcomers_held == 0
-    bo2 = BackOff(free_rows=0)
+    bo2 = BackOff()
     low_batch(bo2, ["a"])
     drafts = [[1, 2], [3]]
     assert bo2.withhold(["a", "new"], drafts) == [(0, 2), (1, 1)]  # new to a low batch: held, in shadow
@@ -324,27 +323,9 @@ def test_the_batch_is_low_only_while_its_low_requests_are_there():
     assert PAD_MIN_ACCEPTED <= RECOVER_ACCEPTED  # a recovered request does not keep its batch low by itself
 
 
-def test_a_batch_of_at_most_free_rows_withholds_nothing():
-    """Backed-off requests in a small batch hand vLLM their drafts (verified: real outcomes); one row more and the
-    same requests are withheld again."""
-    ids = [f"r{i}" for i in range(FREE_ROWS + 1)]
-    bo = BackOff()
-    assert bo.free_rows == FREE_ROWS >= 1
-    low_batch(bo, ids)
-    assert bo.requests_off == len(ids) and bo.low()
-    small = [[7, 8] for _ in range(FREE_ROWS)]
-    assert bo.withhold(ids[:FREE_ROWS], small) == [] and small == [[7, 8]] * FREE_ROWS
-    assert bo.stats.withheld_tokens == 0 and bo.stats.newcomers_held == 0
-    bo.record(ids[:FREE_ROWS], [2] * FREE_ROWS)
-    bo.observe(ids[:FREE_ROWS], [3] + [1] * (FREE_ROWS - 1), lambda i: [0, 0, 0])  # row 0: both accepted
-    assert not bo.rows[ids[0]].off and all(bo.rows[r].off for r in ids[1:])
-    full = [[7, 8] for _ in ids]
-    assert bo.withhold(ids, full) == [(i, 2) for i in range(1, len(ids))] and full[0] == [7, 8]
-
-
 def test_a_verified_accepted_token_of_a_backed_off_request_feeds_the_same_ema():
     """A padded step verifies a backed-off request's draft: what it gets accepted counts as any outcome."""
-    bo = BackOff(free_rows=0)
+    bo = BackOff()
     low_batch(bo, ["a"])
     bo.record(["a"], [8])  # padded: its draft went out
     bo.observe(["a"], [4], lambda i: [0, 0, 0, 0])  # 3 accepted

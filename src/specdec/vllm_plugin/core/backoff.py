@@ -20,11 +20,6 @@ matched, so a request whose drafts would be accepted is back within ``PROBE_FIRS
 two tokens, plus schedule mode's one round of slot lag). Any verified accepted token of a backed-off request (a
 padded step's draft) feeds the same EMA.
 
-A batch of at most ``FREE_ROWS`` rows withholds nothing: its steps verify few enough tokens that a drafted step
-costs about what a plain one does on a large target, so any accepted token pays (a backed-off request's drafts are
-verified there: real outcomes, and it recovers as soon as they are accepted). This is the tail of a closed batch and
-a lightly loaded server's steps.
-
 **Per batch** (``low``): derived on each call from the requests of the current batch, never stored: the batch is low
 while the mean EMA of its requests past ``MIN_STEPS`` verified steps (or backed off) is under ``PAD_MIN_ACCEPTED``.
 A low batch is not padded (``pad_drafts="auto"``; schedule mode's slot book drops its narrow widths and its k slots
@@ -59,9 +54,6 @@ PROBE_FIRST_AFTER = 4  # a backed-off request whose drafts would be accepted han
 # Padding makes every row verify k tokens; a padded step of a small target costs about 1.5x a plain one, so padding
 # pays only where a row gets at least about half a token accepted per step.
 PAD_MIN_ACCEPTED = 0.5
-# A batch of at most this many rows withholds no draft: its verified tokens stay where a step costs about what a plain
-# step costs, so any accepted token pays (0: every batch withholds backed-off requests' drafts)
-FREE_ROWS = 4
 
 
 @dataclass
@@ -101,7 +93,6 @@ class BackOff:
     """The low-acceptance policy (see the module docstring). ``enabled`` False: never backs off."""
 
     enabled: bool = True
-    free_rows: int = field(default_factory=lambda: FREE_ROWS)  # a batch of at most this many rows withholds nothing
     rows: dict[str, RowBackOff] = field(default_factory=dict)  # request id -> its state
     last: dict[str, int] = field(default_factory=dict)  # request id -> draft tokens (> 0) handed to vLLM last step
     stats: BackOffStats = field(default_factory=BackOffStats)
@@ -213,7 +204,7 @@ class BackOff:
     def _off_rows(self, req_ids: Sequence[str], length: Callable[[int], int]) -> Iterator[int]:
         """The rows that hold a draft and hand vLLM none: backed-off requests' (a request new to a low batch starts
         backed off)."""
-        if not self.enabled or len(req_ids) <= self.free_rows:
+        if not self.enabled:
             return
         low = None
         off = []  # every row decided before the caller withholds any
