@@ -13,12 +13,14 @@ import pytest
 import torch
 
 from specdec.drafters.suffix import SuffixDrafter, native_available
+from specdec.vllm_plugin.core import backoff as backoff_module
 from specdec.vllm_plugin.core.backoff import (
     MIN_STEPS,
     PAD_MIN_ACCEPTED,
     PROBE_FIRST_AFTER,
     RECOVER_ACCEPTED,
     BackOff,
+    RowBackOff,
 )
 from specdec.vllm_plugin.core.batch import StepBatch
 from specdec.vllm_plugin.core.policy import NARROW_FROM_ROWS, NARROW_WIDTH
@@ -407,3 +409,39 @@ def test_schedule_mode_below_the_narrow_rows_stops_granting_slots_on_a_zero_acce
     assert sum(late) <= ROWS * K  # about one return (a chance match of its shadow) per request at most
     st = sched.stats()
     assert st["backoff_requests_off"] == ROWS and st["schedule"]["low_batch_schedules"] > 150
+
+
+@pytest.mark.parametrize("verified_only", [False, True])
+def test_verified_only_counts_a_draft_as_far_as_the_steps_slots_let_vllm_verify_it(monkeypatch, verified_only):
+    """Schedule mode: a request back from a back-off hands a draft to a step that reserved it no slot; with
+    VERIFIED_ONLY that draft is no verified outcome (no zero in its EMA), and a row with 2 slots counts 2 tokens."""
+    monkeypatch.setattr(backoff_module, "VERIFIED_ONLY", verified_only)
+    bo = BackOff()
+    bo.slots = {"b": [-1, -1]}  # vLLM's scheduled_spec_decode_tokens: a has no slot, b two placeholders
+    bo.record(["a", "b"], [3, 5])
+    assert bo.last == ({"b": 2} if verified_only else {"a": 3, "b": 5}) and bo.slots is None
+    bo.observe(["a", "b"], [1, 1], lambda i: [9])
+    assert ("a" in bo.rows) is not verified_only and bo.rows["b"].seen == 1
+    bo.record(["a"], [3])  # no slots told (thread mode, an eager fill): every token counts
+    assert bo.last == {"a": 3}
+
+
+@pytest.mark.parametrize("strict", [0.5, 0.75])
+def test_in_a_low_batch_recovery_takes_the_stricter_threshold(monkeypatch, strict):
+    monkeypatch.setattr(backoff_module, "RECOVER_LOW_BATCH", strict)
+    bo = BackOff()
+    low_batch(bo, ["a", "b"])
+    drafts = [[5, 6, 7, 8], [1]]
+    bo.withhold(["a", "b"], drafts)
+    bo.record(["a", "b"], [0, 0])
+    for t in (5, 6):  # one token a step: a's shadow matches two tokens (an EMA of 0.5)
+        bo.observe(["a", "b"], [1, 1], lambda i, t=t: [t] if i == 0 else [2])
+    assert bo.rows["a"].off is (strict > RECOVER_ACCEPTED)
+    bo.observe(["a", "b"], [1, 1], lambda i: [7] if i == 0 else [2])  # three tokens: 0.75
+    assert not bo.rows["a"].off
+    mixed = BackOff()  # beside requests whose drafts are accepted the batch is not low: the usual threshold
+    mixed.rows = {"c": RowBackOff(off=True, shadow=[3, 4, 5]), **{r: RowBackOff(ema=2.0, seen=MIN_STEPS) for r in "de"}}
+    assert not mixed.low()
+    for t in (3, 4):
+        mixed.observe(["c"], [1], lambda i, t=t: [t])
+    assert not mixed.rows["c"].off

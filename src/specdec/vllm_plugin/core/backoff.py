@@ -54,6 +54,16 @@ PROBE_FIRST_AFTER = 4  # a backed-off request whose drafts would be accepted han
 # Padding makes every row verify k tokens; a padded step of a small target costs about 1.5x a plain one, so padding
 # pays only where a row gets at least about half a token accepted per step.
 PAD_MIN_ACCEPTED = 0.5
+# Schedule mode: vLLM verifies a handed draft only as far as the step's draft slots, which the scheduler reserved
+# before the draft existed (a request just back from a back-off has none yet). True: a row's outcome counts as
+# verified only for the tokens its slots let through (``slots``), so a draft vLLM never verified is no zero outcome.
+# Off until the GPU gate measures it.
+VERIFIED_ONLY = False
+# In a low batch (``low``) a backed-off request drafts again only once its EMA reaches this (a shadow matching three
+# tokens): on low-acceptance traffic two tokens match by chance often enough to bring requests back for MIN_STEPS
+# drafted steps each, every one costing the whole batch. Equal to RECOVER_ACCEPTED: no stricter rule (the default
+# until the GPU gate's serve check measures 0.75).
+RECOVER_LOW_BATCH = 0.5
 
 
 @dataclass
@@ -95,6 +105,9 @@ class BackOff:
     enabled: bool = True
     rows: dict[str, RowBackOff] = field(default_factory=dict)  # request id -> its state
     last: dict[str, int] = field(default_factory=dict)  # request id -> draft tokens (> 0) handed to vLLM last step
+    # schedule mode: request id -> draft slots of the step the next handed drafts go to (None: every token verified)
+    slots: dict[str, Sequence[int]] | None = None
+    recover_at: float = RECOVER_ACCEPTED  # this step's recovery threshold (``observe``: stricter in a low batch)
     stats: BackOffStats = field(default_factory=BackOffStats)
 
     @property
@@ -116,6 +129,8 @@ class BackOff:
         in shadow."""
         if not self.enabled or not (self.last or self.rows):
             return
+        strict = RECOVER_LOW_BATCH > RECOVER_ACCEPTED and self.low()
+        self.recover_at = RECOVER_LOW_BATCH if strict else RECOVER_ACCEPTED
         for i, (rid, e) in enumerate(zip(req_ids, emitted)):
             if e <= 0:
                 continue
@@ -141,7 +156,7 @@ class BackOff:
                 break
         settled = settled or m >= len(shadow)
         st.matched = m
-        early = st.off and self._blend(st.ema, m) >= RECOVER_ACCEPTED  # enough to bring a backed-off request back
+        early = st.off and self._blend(st.ema, m) >= self.recover_at  # enough to bring a backed-off request back
         if settled or early:
             st.shadow, st.matched = [], 0
             self.stats.shadow_checks += 1
@@ -155,7 +170,7 @@ class BackOff:
         """One outcome of the request's drafts: the EMA moves, then the request backs off or recovers."""
         st.ema = float(accepted) if (verified and st.seen == 0 and not st.off) else self._blend(st.ema, accepted)
         if st.off:
-            if st.ema >= RECOVER_ACCEPTED:
+            if st.ema >= self.recover_at:
                 st.off, st.seen, st.recovered = False, 0, True
                 st.shadow, st.matched = [], 0
                 self.stats.recoveries += 1
@@ -230,7 +245,11 @@ class BackOff:
     def record(self, req_ids: Sequence[str], lengths: Sequence[int]) -> None:
         """The draft tokens each row handed vLLM this step (what the next step's tokens are checked against)."""
         if self.enabled:
+            cap = self.slots if VERIFIED_ONLY else None
+            if cap is not None:
+                lengths = [min(n, len(cap.get(rid, ()))) for rid, n in zip(req_ids, lengths)]
             self.last = {rid: n for rid, n in zip(req_ids, lengths) if n}
+        self.slots = None  # told again by the next step
 
     def prune(self, present: set[str]) -> None:
         """Forget the requests not in this step's batch (finished, aborted, preempted: a preempted one starts afresh

@@ -1,0 +1,171 @@
+"""A CPU proxy of the GPU gate's low-acceptance serve check (``gate_serve``: ``vllm bench serve`` random dataset,
+256 prompt tokens, 128 output tokens, 200 requests at 20/s, the server's default temperature 1): the same traffic
+through vLLM 0.26's real ``AsyncScheduler`` and the plugin's real proposer in schedule mode
+(``benchmarks.vllm_cpu_engine``), once per variant (``gate_proxy.VARIANTS``: back-off constants or plugin options).
+
+    python -m benchmarks.serve_proxy [--variants off,probation1] [--requests 200] [--out F]
+
+Prompts: token ids drawn uniformly from the vocabulary (as vLLM's random dataset draws them; seed ``--seed``).
+Targets: the shared 53M target's own samples at temperature 1 (Hugging Face, float32, cached in
+``device_inputs/serve_proxy_targets.json``, git-ignored): a draft token is accepted where it equals the sample, which
+is how often rejection sampling accepts a one-token draft. Arrivals: a Poisson process at ``--rate`` per second on a
+clock of ``STEP_MS`` per engine step (an 8B-shaped step of about 14 rows on an H200). Per variant: engine steps,
+steps with a draft verified (what costs the batch: the GPU waits for the drafting and verifies a ragged batch),
+drafted and accepted tokens, back-offs and recoveries, and per request the engine steps per emitted token after its
+first (a TPOT in steps; median over requests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks.gate_proxy import EOS, FILLER_TOKENS, OPTIONS, VARIANTS, counters, load_target, variant
+from specdec.eval.results import device_label, versions
+from specdec.paths import REPO_ROOT, TARGET_MODEL, model_path
+
+DEFAULT_TARGETS = REPO_ROOT / "device_inputs" / "serve_proxy_targets.json"
+PROMPT_TOKENS, OUTPUT_TOKENS = 256, 128  # gate_serve's RANDOM_FLAGS
+RATE, REQUESTS, SEED = 20.0, 200, 0  # gate_serve's REQUEST_RATE, NUM_PROMPTS, SEED
+STEP_MS = 5.0  # one engine step of the 8B shape at the check's load on an H200 (no speculation: 4.7-5.1 ms TPOT)
+MAX_LEN, MAX_SEQS, MAX_BATCHED = 2048, 256, 8192  # `vllm serve` defaults (max_num_seqs, tokens); length: the 53M's
+GEN_BATCH = 8
+TEMPERATURE = 1.0
+FIRST_SPECIAL = 2  # ids below it are the shared tokenizer's BOS/EOS and padding (never drawn)
+
+
+def prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(FIRST_SPECIAL, vocab) for _ in range(PROMPT_TOKENS)] for _ in range(n)]
+
+
+def sampled_targets(ps: list[list[int]], path: Path, seed: int) -> list[list[int]]:
+    """The target's temperature-1 continuations of ``ps`` (EOS ignored, as the benchmark's ``ignore_eos``), cached."""
+    key = f"{TARGET_MODEL}:{len(ps)}:{seed}:{OUTPUT_TOKENS}:{TEMPERATURE}"
+    cache = json.loads(path.read_text()) if path.exists() else {}
+    if key in cache:
+        return cache[key]
+    import torch
+    from tqdm import tqdm
+
+    model = load_target()
+    torch.manual_seed(seed)
+    out: list[list[int]] = []
+    for s in tqdm(range(0, len(ps), GEN_BATCH), desc="target samples", unit="batch"):
+        ids = torch.tensor(ps[s : s + GEN_BATCH])  # [batch, PROMPT_TOKENS]: equal lengths, no padding
+        with torch.no_grad():
+            gen = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                temperature=TEMPERATURE,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=OUTPUT_TOKENS,
+                min_new_tokens=OUTPUT_TOKENS,
+            )
+        out += [row[PROMPT_TOKENS:].tolist() for row in gen]  # [OUTPUT_TOKENS] each
+    cache[key] = out
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cache, separators=(",", ":")))
+    return out
+
+
+def arrivals(n: int, rate: float, seed: int) -> list[int]:
+    """Each request's arrival, in engine steps (a Poisson process at ``rate`` per second)."""
+    rng = random.Random(seed + 1)
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(int(t * 1000.0 / STEP_MS))
+    return out
+
+
+def replay(ps: list[list[int]], outs: list[list[int]], at: list[int], options: dict[str, Any] | None) -> dict[str, Any]:
+    """One engine through the traffic: the plugin's counters and the requests' steps per token."""
+    from benchmarks.vllm_cpu_engine import Engine, Req
+
+    engine = Engine(
+        str(model_path(TARGET_MODEL)),
+        schedule=True,
+        max_len=MAX_LEN,
+        max_seqs=MAX_SEQS,
+        max_batched=MAX_BATCHED,
+        options=options,
+    )
+    reqs = [Req([*p, *o, *[EOS] * FILLER_TOKENS], len(p), len(o), None) for p, o in zip(ps, outs)]
+    emitted_at: list[list[int]] = [[] for _ in reqs]  # per request: the engine step of each of its new tokens
+    nxt, step = 0, 0
+    try:
+        while nxt < len(reqs) or engine.sch.has_unfinished_requests() or engine.queue:
+            while nxt < len(reqs) and at[nxt] <= step:
+                engine.add(f"r{nxt}", reqs[nxt])
+                nxt += 1
+            before = [len(r.ctx) for r in reqs[:nxt]]
+            engine.step()
+            for i, r in enumerate(reqs[:nxt]):
+                emitted_at[i] += [step] * (len(r.ctx) - before[i])
+            step += 1
+        assert all(r.ctx[r.prompt :][: r.max_tokens] == o for r, o in zip(reqs, outs)), "outputs differ"
+        res = counters(engine)
+    finally:
+        engine.close()
+    tpot = [(e[-1] - e[0]) / (len(e) - 1) for e in emitted_at if len(e) > 1]  # steps per token after the first
+    return {**res, "steps_per_token_p50": statistics.median(tpot), "wall_steps": step}
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    cols = ["engine_steps", "drafted_steps", "drafted", "accepted", "back_offs", "recoveries", "withheld"]
+    head = f"{'variant':<14} " + " ".join(f"{c[:13]:>13}" for c in cols) + f" {'steps/token':>11} {'x':>6}"
+    lines = [head, "-" * len(head)]
+    base = next(iter(results.values()))["steps_per_token_p50"]
+    for v, r in results.items():
+        nums = " ".join(f"{r[c]:>13.0f}" for c in cols)
+        lines.append(f"{v:<14} {nums} {r['steps_per_token_p50']:>11.3f} {r['steps_per_token_p50'] / base:>6.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variants", default="off,probation1", help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--requests", type=int, default=REQUESTS)
+    ap.add_argument("--rate", type=float, default=RATE)
+    ap.add_argument("--seed", type=int, default=SEED)
+    ap.add_argument("--targets", default=str(DEFAULT_TARGETS), help="the target's samples (cache, git-ignored)")
+    ap.add_argument("--out", default="", help="JSON to write")
+    args = ap.parse_args(argv)
+    names = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        ap.error(f"--variants: unknown {unknown}; valid: {', '.join(VARIANTS)}")
+    from transformers import AutoConfig
+
+    vocab = int(AutoConfig.from_pretrained(str(model_path(TARGET_MODEL))).vocab_size)
+    ps = prompts(args.requests, vocab, args.seed)
+    outs = sampled_targets(ps, Path(args.targets), args.seed)
+    at = arrivals(args.requests, args.rate, args.seed)
+    results = {}
+    for v in names:
+        with variant(VARIANTS[v]):
+            results[v] = replay(ps, outs, at, VARIANTS[v].get(OPTIONS))
+        print(f"[{v}] done", flush=True)
+    print(table(results))
+    if args.out:
+        doc = {
+            "command": "python -m benchmarks.serve_proxy " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "device": device_label(),
+            "versions": versions(),
+            "settings": {"step_ms": STEP_MS, "rate": args.rate, "requests": args.requests, "seed": args.seed},
+            "variants": {v: VARIANTS[v] for v in names},
+            "results": results,
+        }
+        Path(args.out).write_text(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()

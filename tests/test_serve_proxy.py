@@ -1,0 +1,56 @@
+"""The CPU proxy of the gate's low-acceptance serve check (``benchmarks.serve_proxy``): its traffic (random prompts,
+Poisson arrivals in engine steps) and (vLLM) one engine serving arrivals against given target outputs."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+
+import pytest
+
+from benchmarks import serve_proxy as sp
+
+
+def test_prompts_are_reproducible_random_ids_of_the_checks_length_without_special_ids():
+    a, b = sp.prompts(5, 1000, seed=0), sp.prompts(5, 1000, seed=0)
+    assert a == b and a != sp.prompts(5, 1000, seed=1)
+    assert all(len(p) == sp.PROMPT_TOKENS for p in a)
+    assert min(min(p) for p in a) >= sp.FIRST_SPECIAL and max(max(p) for p in a) < 1000
+
+
+def test_arrivals_are_a_poisson_process_at_the_rate_in_engine_steps():
+    at = sp.arrivals(2000, 20.0, seed=0)
+    assert at == sorted(at) and at == sp.arrivals(2000, 20.0, seed=0)
+    seconds = at[-1] * sp.STEP_MS / 1000.0
+    assert 2000 / seconds == pytest.approx(20.0, rel=0.1)  # 2,000 arrivals: within 10% of the rate
+    gaps = [b - a for a, b in zip(at, at[1:])]
+    assert 0 < gaps.count(0) < len(gaps) / 5  # 0.1 arrivals a step: a few steps see two, most gaps are longer
+
+
+def test_the_table_reads_each_variants_steps_per_token_against_the_first():
+    row = {c: 1.0 for c in ("engine_steps", "drafted_steps", "drafted", "accepted", "back_offs", "recoveries")}
+    res = {
+        "off": {**row, "withheld": 0.0, "steps_per_token_p50": 1.25},
+        "on": {**row, "withheld": 3.0, "steps_per_token_p50": 1.0},
+    }
+    lines = sp.table(res).splitlines()
+    assert lines[2].split()[-2:] == ["1.250", "1.000"] and lines[3].split()[-2:] == ["1.000", "0.800"]
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable (scripts/test.sh has it)")
+def test_one_engine_serves_the_arrivals_and_emits_the_targets_outputs():
+    from specdec.drafters.suffix import native_available
+    from specdec.paths import TARGET_MODEL, model_path
+
+    if not native_available() or not model_path(TARGET_MODEL).is_dir():
+        pytest.skip("native suffix core or shared target model missing")
+    rng = random.Random(0)
+    ps = sp.prompts(12, 900, seed=0)
+    seg = [rng.randrange(500, 900) for _ in range(10)]
+    # half the requests repeat a segment (drafts accepted), half are random (not)
+    outs = [(seg * 4)[:32] if i % 2 else [rng.randrange(2, 900) for _ in range(32)] for i in range(12)]
+    at = sp.arrivals(12, 200.0, seed=0)
+    res = sp.replay(ps, outs, at, None)  # asserts every output is the target's
+    assert res["accepted"] > 0 and 0 < res["drafted_steps"] <= res["engine_steps"] <= res["wall_steps"]
+    assert 0 < res["steps_per_token_p50"] <= 1.0  # a request emits at least a token per step once decoding
