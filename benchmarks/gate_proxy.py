@@ -49,14 +49,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "calib0.06": {"options": {"drafter_options": {"suffix": {"min_confidence": 0.06}}}},
     # vLLM's guard near max_model_len as it is, the patch row for it off (patches/runner.py): the near-end inputs
     "guard": {"runner.NEAR_END_ON": False},
-    # outcomes only for the draft tokens vLLM verified (the step's slots), no probation
+    # outcomes only for the draft tokens vLLM verified (the step's slots: VERIFIED_ONLY)
     "verified": {"VERIFIED_ONLY": True},
-    # a backed-off request recovers at an EMA of 0.75 (a shadow matching three tokens), not 0.5; "low": in a low
-    # batch only (RECOVER_LOW_BATCH)
+    # a backed-off request recovers at an EMA of 0.75 (a shadow matching three tokens), not 0.5: in every batch; in
+    # a low batch (mean EMA under 0.5); in a batch whose mean EMA is under 0.2 ("strict", the candidate) or 0.1
     "recover3": {"RECOVER_ACCEPTED": 0.75},
-    "recover3v": {"RECOVER_ACCEPTED": 0.75, "VERIFIED_ONLY": True},
-    "recover3low": {"RECOVER_LOW_BATCH": 0.75},
-    "recover3lowv": {"RECOVER_LOW_BATCH": 0.75, "VERIFIED_ONLY": True},
+    "recover3low": {"RECOVER_LOW_BATCH": 0.75, "STRICT_BELOW": 0.5},
+    "strict": {"RECOVER_LOW_BATCH": 0.75, "STRICT_BELOW": 0.2},
+    "strict01": {"RECOVER_LOW_BATCH": 0.75, "STRICT_BELOW": 0.1},
+    "strictv": {"RECOVER_LOW_BATCH": 0.75, "STRICT_BELOW": 0.2, "VERIFIED_ONLY": True},  # both
 }
 SETS = ("agentic", "chat", "code")  # the gate's prompt sets (warm-up cells are not measured)
 VARIANT_WIDTH = 18

@@ -18,7 +18,11 @@ A request backs off once ``MIN_STEPS`` verified steps leave its EMA under ``MIN_
 its EMA, shadow outcomes included, reaches ``RECOVER_ACCEPTED`` (a shadow still matching counts as far as it has
 matched, so a request whose drafts would be accepted is back within ``PROBE_FIRST_AFTER`` steps: a shadow checked by
 two tokens, plus schedule mode's one round of slot lag). Any verified accepted token of a backed-off request (a
-padded step's draft) feeds the same EMA.
+padded step's draft) feeds the same EMA. Two refinements wait for the GPU gate, each off by its constant: in a batch
+whose mean EMA is under ``STRICT_BELOW`` recovery takes ``RECOVER_LOW_BATCH`` (three matched tokens; on random text
+two match by chance), and ``VERIFIED_ONLY`` counts a schedule-mode draft as verified only as far as its step's draft
+slots let vLLM verify it (``slots``: a request just back from a back-off hands its first draft to a step reserved
+before it, which verifies none of it).
 
 **Per batch** (``low``): derived on each call from the requests of the current batch, never stored: the batch is low
 while the mean EMA of its requests past ``MIN_STEPS`` verified steps (or backed off) is under ``PAD_MIN_ACCEPTED``.
@@ -59,11 +63,12 @@ PAD_MIN_ACCEPTED = 0.5
 # verified only for the tokens its slots let through (``slots``), so a draft vLLM never verified is no zero outcome.
 # Off until the GPU gate measures it.
 VERIFIED_ONLY = False
-# In a low batch (``low``) a backed-off request drafts again only once its EMA reaches this (a shadow matching three
-# tokens): on low-acceptance traffic two tokens match by chance often enough to bring requests back for MIN_STEPS
-# drafted steps each, every one costing the whole batch. Equal to RECOVER_ACCEPTED: no stricter rule (the default
-# until the GPU gate's serve check measures 0.75).
+# In a batch whose mean EMA (``low``'s measure) is under STRICT_BELOW, a backed-off request drafts again only once
+# its EMA reaches RECOVER_LOW_BATCH (0.75: a shadow matching three tokens): on random text two tokens match by chance
+# often enough to bring requests back for MIN_STEPS drafted steps each, every one costing the whole batch. Equal to
+# RECOVER_ACCEPTED: no stricter rule, the default until the GPU gate measures 0.75 (the candidate).
 RECOVER_LOW_BATCH = 0.5
+STRICT_BELOW = 0.2
 
 
 @dataclass
@@ -115,13 +120,14 @@ class BackOff:
         """Requests backed off now."""
         return sum(st.off for st in self.rows.values())
 
-    def low(self) -> bool:
+    def low(self, below: float | None = None) -> bool:
         """The current batch's drafts are not accepted enough to pay for padding (nor for schedule mode's slots
-        without a draft behind them): derived from its requests' state, never stored."""
+        without a draft behind them): the mean EMA of its requests past ``MIN_STEPS`` verified steps (or backed off)
+        is under ``below`` (``PAD_MIN_ACCEPTED``). Derived from its requests' state, never stored."""
         if not self.enabled:
             return False
         known = [st.ema for st in self.rows.values() if st.off or st.seen >= MIN_STEPS]
-        return bool(known) and sum(known) / len(known) < PAD_MIN_ACCEPTED
+        return bool(known) and sum(known) / len(known) < (PAD_MIN_ACCEPTED if below is None else below)
 
     def observe(self, req_ids: Sequence[str], emitted: Sequence[int], tokens: Callable[[int], Sequence[int]]) -> None:
         """A step's new tokens per row (``emitted`` [rows]: accepted + 1, 0 for a row with none; ``tokens(i)``: row
@@ -129,7 +135,7 @@ class BackOff:
         in shadow."""
         if not self.enabled or not (self.last or self.rows):
             return
-        strict = RECOVER_LOW_BATCH > RECOVER_ACCEPTED and self.low()
+        strict = RECOVER_LOW_BATCH > RECOVER_ACCEPTED and self.low(STRICT_BELOW)
         self.recover_at = RECOVER_LOW_BATCH if strict else RECOVER_ACCEPTED
         for i, (rid, e) in enumerate(zip(req_ids, emitted)):
             if e <= 0:
