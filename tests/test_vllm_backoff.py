@@ -284,7 +284,8 @@ def low_batch(bo: BackOff, ids: list[str]) -> None:
         bo.record(ids, [3] * len(ids))
 
 
-def test_shadow_checks_by_hand():
+def test_shadow_checks_by_hand(monkeypatch):
+    monkeypatch.setattr(backoff_module, "RECOVER_LOW_BATCH", RECOVER_ACCEPTED)  # the usual threshold (see below)
     bo = BackOff()
     low_batch(bo, ["a", "b"])
     assert bo.requests_off == 2 and bo.low() and bo.rows["a"].ema == 0.0
