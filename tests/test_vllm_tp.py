@@ -80,8 +80,9 @@ def test_followers_verify_the_drivers_drafts_every_step_and_output_is_lossless()
             if step == zeroed:  # vLLM dropped the drafts on every rank (its max_model_len guard): no broadcast
                 cur_d, cur_f = torch.zeros_like(out_d), torch.zeros_like(out_f)
             sent = wire.sent
-            filled = driver.fill(cur_d)
-            assert follower.fill(cur_f) == filled
+            slots = {rid: [-1] * K for rid in eng.order}  # what the runner patch passes every rank's fill
+            filled = driver.fill(cur_d, slots=slots)
+            assert follower.fill(cur_f, slots=slots) == filled
             assert wire.sent == sent + filled and not wire.queue
             if filled:
                 assert torch.equal(out_f, out_d), step  # the follower verifies exactly the driver's drafts
@@ -99,6 +100,17 @@ def test_followers_verify_the_drivers_drafts_every_step_and_output_is_lossless()
         assert r["seq"] == r["target"][: len(r["seq"])]
     assert wire.sent == wire.received > 100 and follower.skipped == 1
     assert follower.stats()["tp_follower"]["broadcasts_received"] == wire.received
+
+
+def test_a_follower_fills_with_the_drivers_keywords():
+    """The runner patch calls every rank's fill alike (``async_sched.wrap_prepare``): a keyword the driver takes and
+    a follower does not would stop TP > 1 at its first step."""
+    import inspect
+
+    driver = inspect.signature(ScheduledDrafting.fill).parameters
+    follower = inspect.signature(TpFollower.fill).parameters
+    assert list(follower) == list(driver)
+    assert all(follower[n].default == driver[n].default for n in driver if n not in ("self", "current"))
 
 
 def test_the_broadcast_is_enqueued_after_the_device_waits_copy():

@@ -112,7 +112,7 @@ class BackOff:
     last: dict[str, int] = field(default_factory=dict)  # request id -> draft tokens (> 0) handed to vLLM last step
     # schedule mode: request id -> draft slots of the step the next handed drafts go to (None: every token verified)
     slots: dict[str, Sequence[int]] | None = None
-    recover_at: float = RECOVER_ACCEPTED  # this step's recovery threshold (``observe``: stricter in a low batch)
+    recover_at: float = RECOVER_ACCEPTED  # this step's recovery threshold (``observe``: stricter under STRICT_BELOW)
     stats: BackOffStats = field(default_factory=BackOffStats)
 
     @property
