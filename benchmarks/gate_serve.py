@@ -56,9 +56,14 @@ SERVE_SPECS: dict[str, tuple[dict[str, Any] | None, dict[str, str]]] = {
 }
 RANDOM_FLAGS = ["--dataset-name", "random", "--random-input-len", "256", "--random-output-len", "128"]
 NUM_PROMPTS, REQUEST_RATE, SEED = 200, 20, 0
+# measured runs per server, each of NUM_PROMPTS other prompts (seeds SEED, SEED + 2, ...; the warm-up's is odd): the
+# kept figures are their means, each run beside them ("bench_runs"). Two: a server's outputs are sampled (the server's
+# temperature), so how much it drafts moves from run to run (588 and 688 drafted steps in two calls of one lease)
+BENCH_REPEATS = 2
 WARMUP_PROMPTS, WARMUP_SEED = 20, 1  # another seed: no prompt of the measured run is seen before it
 START_EST_S = {"53m": 120.0, "8b": 130.0}  # vllm serve under vLLM's defaults, to /health (H100 and H200: 75-110 s)
 BENCH_EST_S = 35.0  # warm-up + 200 requests at 20/s + the tail
+REPEAT_EST_S = 15.0  # each further measured run
 BENCH_TIMEOUT_S = 300.0
 ANSWER_EST_S = 20.0  # one completion and the server's shutdown
 ANSWER_PROMPT, ANSWER_TOKENS = "def fibonacci(n):", 16
@@ -99,7 +104,8 @@ class ServeRun:
             "before_commit": before if "specdec-before" in args.serve_methods else None,
             "settings": {
                 "bench": "vllm bench serve --backend vllm " + " ".join(RANDOM_FLAGS) + f" --num-prompts {NUM_PROMPTS} "
-                f"--request-rate {REQUEST_RATE} --seed {SEED} (temperature: the server's default)",
+                f"--request-rate {REQUEST_RATE} --seed {SEED} (temperature: the server's default); {BENCH_REPEATS} "
+                f"runs per server, seeds {SEED} + 2i, their means",
                 "warmup": f"{WARMUP_PROMPTS} prompts, seed {WARMUP_SEED}",
                 "server_args": "vLLM defaults: model, --speculative-config, --tensor-parallel-size",
                 "fake": args.fake,
@@ -127,7 +133,7 @@ class ServeRun:
         if name.startswith("start"):
             need = START_EST_S[size] + ANSWER_EST_S
         else:
-            need = START_EST_S[size] * (1 if self.gpus >= 2 else 2) + 2 * BENCH_EST_S
+            need = START_EST_S[size] * (1 if self.gpus >= 2 else 2) + 2 * bench_est_s()
         return time.time() + need <= self.args.deadline
 
     def _tpot(self, size: str) -> dict[str, Any]:
@@ -141,7 +147,7 @@ class ServeRun:
         cores = sorted(os.sched_getaffinity(0))
         for first in range(0, len(methods), per_round):
             names = methods[first : first + per_round]
-            need = START_EST_S[size] + BENCH_EST_S * len(names)
+            need = START_EST_S[size] + bench_est_s() * len(names)
             if first and time.time() + need > self.args.deadline:
                 for k in names:
                     check["servers"][k] = {"skipped": "time budget"}
@@ -202,16 +208,21 @@ class ServeRun:
             server.proc = None
 
     def _measure(self, server: Server, check: dict[str, Any], key: str, model: str) -> None:
-        """Warm-up, the measured run with the spec-decode counters around it, one answered completion; stopped."""
+        """Warm-up, the measured runs (``BENCH_REPEATS``, their means kept) with the spec-decode counters around
+        them, one answered completion; stopped."""
         rec = check["servers"][key]
         try:
             if server.proc is None:
                 return
             bench(server, model, self.work / f"{key}-warmup", num=WARMUP_PROMPTS, seed=WARMUP_SEED, fake=self.args.fake)
             before = scrape(server.base_url)
-            rec["bench"] = bench(
-                server, model, self.work / f"{key}-run", num=NUM_PROMPTS, seed=SEED, fake=self.args.fake
-            )
+            runs = [
+                bench(
+                    server, model, self.work / f"{key}-run{i}", num=NUM_PROMPTS, seed=SEED + 2 * i, fake=self.args.fake
+                )
+                for i in range(BENCH_REPEATS)
+            ]
+            rec["bench"], rec["bench_runs"] = mean_bench(runs), runs
             rec["spec"] = spec_delta(before, scrape(server.base_url))
             rec["answered"] = answer(server.base_url, model)
         except (ServeError, OSError, subprocess.SubprocessError) as exc:
@@ -250,6 +261,17 @@ def bench(server: Server, model: str, stem: Path, *, num: int, seed: int, fake: 
     if rc != 0 or not out:
         raise ServeError(f"`vllm bench serve` exited with code {rc} and no median TPOT: see {log}")
     return out
+
+
+def bench_est_s() -> float:
+    """One server's warm-up and measured runs."""
+    return BENCH_EST_S + REPEAT_EST_S * (BENCH_REPEATS - 1)
+
+
+def mean_bench(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The runs' mean of each figure every run has (one run: itself)."""
+    keys = [k for k in runs[0] if all(k in r for r in runs)]
+    return {k: sum(r[k] for r in runs) / len(runs) for k in keys}
 
 
 def answer(base_url: str, model: str) -> bool:

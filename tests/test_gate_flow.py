@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import gate, gate_report, gate_worker
+from benchmarks import gate, gate_report, gate_serve, gate_worker
 from benchmarks.gate_prompts import BATCH
 from specdec.paths import REPO_ROOT
 
@@ -270,6 +270,9 @@ def test_serve_part_on_fake_servers(tmp_path):
     assert servers["nospec"]["bench"]["median_tpot_ms"] > 0 and servers["specdec"]["bench"]["completed"] == 200
     assert servers["specdec"]["answered"] and servers["specdec"]["spec"]["emitted_per_step"] > 1
     assert {servers["nospec"]["gpus"], servers["specdec"]["gpus"]} == {"0", "1"}  # started at once, a GPU each
+    runs = servers["nospec"]["bench_runs"]  # each measured run kept, their means as the server's figures
+    assert len(runs) == gate_serve.BENCH_REPEATS == 2
+    assert servers["nospec"]["bench"]["median_tpot_ms"] == pytest.approx(sum(r["median_tpot_ms"] for r in runs) / 2)
     assert doc["verdicts"]["serve"][0]["verdict"] in ("PASS", "FAIL")
 
 
