@@ -49,15 +49,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "calib0.06": {"options": {"drafter_options": {"suffix": {"min_confidence": 0.06}}}},
     # vLLM's guard near max_model_len as it is, the patch row for it off (patches/runner.py): the near-end inputs
     "guard": {"runner.NEAR_END_ON": False},
-    # outcomes only for the draft tokens vLLM verified (the step's slots: VERIFIED_ONLY)
-    "verified": {"VERIFIED_ONLY": True},
     # a backed-off request recovers at an EMA of 0.75 (a shadow matching three tokens), not 0.5: in every batch; in
     # a low batch (mean EMA under 0.5); in a batch whose mean EMA is under 0.2 ("strict", the candidate) or 0.1
     "recover3": {"RECOVER_ACCEPTED": 0.75},
     "recover3low": {"RECOVER_LOW_BATCH": 0.75, "STRICT_BELOW": 0.5},
     "strict": {"RECOVER_LOW_BATCH": 0.75, "STRICT_BELOW": 0.2},
     "strict01": {"RECOVER_LOW_BATCH": 0.75, "STRICT_BELOW": 0.1},
-    "strictv": {"RECOVER_LOW_BATCH": 0.75, "STRICT_BELOW": 0.2, "VERIFIED_ONLY": True},  # both
 }
 SETS = ("agentic", "chat", "code")  # the gate's prompt sets (warm-up cells are not measured)
 VARIANT_WIDTH = 18
@@ -170,6 +167,21 @@ def counters(engine: Any) -> dict[str, float]:
     return {**{col: flat.get(key, 0.0) for col, key in COUNTERS.items()}, **own}
 
 
+def target_engine(options: dict[str, Any] | None, *, max_len: int, max_seqs: int, max_batched: int) -> Any:
+    """A CPU engine (``vllm_cpu_engine``) in schedule mode for the shared target's config, the plugin with
+    ``options``."""
+    from benchmarks.vllm_cpu_engine import Engine
+
+    return Engine(
+        str(model_path(TARGET_MODEL)),
+        schedule=True,
+        max_len=max_len,
+        max_seqs=max_seqs,
+        max_batched=max_batched,
+        options=options,
+    )
+
+
 def replay(
     steps: list[tuple[str, str, list[dict[str, Any]]]],
     outs: list[list[list[int]]],
@@ -180,16 +192,9 @@ def replay(
     """One engine (the plugin with ``options``, at ``max_len``) through every cell: cell -> the plugin's counters over
     it (and the outputs' check)."""
     from benchmarks.gate_prompts import BATCH
-    from benchmarks.vllm_cpu_engine import Engine, Req
+    from benchmarks.vllm_cpu_engine import Req
 
-    engine = Engine(
-        str(model_path(TARGET_MODEL)),
-        schedule=True,
-        max_len=max_len,
-        max_seqs=MAX_SEQS,
-        max_batched=MAX_BATCHED,
-        options=options,
-    )
+    engine = target_engine(options, max_len=max_len, max_seqs=MAX_SEQS, max_batched=MAX_BATCHED)
     res: dict[str, Any] = {}
     try:
         for (name, cell, items), cell_outs in zip(steps, outs):
@@ -255,6 +260,15 @@ def set_table(by_set: dict[str, dict[str, float]]) -> str:
     return "\n".join([head, "-" * len(head), *rows])
 
 
+def variant_names(ap: argparse.ArgumentParser, text: str) -> list[str]:
+    """``--variants`` (comma-separated names of ``VARIANTS``); an unknown one stops the command with the valid ones."""
+    names = [v for v in text.split(",") if v]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        ap.error(f"--variants: unknown {unknown}; valid: {', '.join(VARIANTS)}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--inputs", default=str(DEFAULT_INPUTS), help="benchmarks.gate_prompts' file")
@@ -264,10 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variants", default="off,calib0.06", help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--out", default="", help="JSON to write")
     args = ap.parse_args(argv)
-    names = [v for v in args.variants.split(",") if v]
-    unknown = [v for v in names if v not in VARIANTS]
-    if unknown:
-        ap.error(f"--variants: unknown {unknown}; valid: {', '.join(VARIANTS)}")
+    names = variant_names(ap, args.variants)
     inputs = json.loads(Path(args.inputs).read_text())
     steps = plan(inputs, [s for s in args.sets.split(",") if s], [c for c in args.cells.split(",") if c])
     outs = targets(steps, Path(args.targets))

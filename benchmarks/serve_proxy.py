@@ -3,7 +3,7 @@
 through vLLM 0.26's real ``AsyncScheduler`` and the plugin's real proposer in schedule mode
 (``benchmarks.vllm_cpu_engine``), once per variant (``gate_proxy.VARIANTS``: back-off constants or plugin options).
 
-    python -m benchmarks.serve_proxy [--variants off,probation1] [--requests 200] [--out F]
+    python -m benchmarks.serve_proxy [--variants off,strict] [--requests 200] [--rate 20] [--out F]
 
 Prompts: token ids drawn uniformly from the vocabulary (as vLLM's random dataset draws them; seed ``--seed``).
 Targets: the shared 53M target's own samples at temperature 1 (Hugging Face, float32, cached in
@@ -25,7 +25,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gate_proxy import EOS, FILLER_TOKENS, OPTIONS, VARIANTS, counters, load_target, variant
+from benchmarks.gate_proxy import (
+    EOS,
+    FILLER_TOKENS,
+    OPTIONS,
+    VARIANTS,
+    counters,
+    load_target,
+    target_engine,
+    variant,
+    variant_names,
+)
 from specdec.eval.results import device_label, versions
 from specdec.paths import REPO_ROOT, TARGET_MODEL, model_path
 
@@ -88,16 +98,9 @@ def arrivals(n: int, rate: float, seed: int) -> list[int]:
 
 def replay(ps: list[list[int]], outs: list[list[int]], at: list[int], options: dict[str, Any] | None) -> dict[str, Any]:
     """One engine through the traffic: the plugin's counters and the requests' steps per token."""
-    from benchmarks.vllm_cpu_engine import Engine, Req
+    from benchmarks.vllm_cpu_engine import Req
 
-    engine = Engine(
-        str(model_path(TARGET_MODEL)),
-        schedule=True,
-        max_len=MAX_LEN,
-        max_seqs=MAX_SEQS,
-        max_batched=MAX_BATCHED,
-        options=options,
-    )
+    engine = target_engine(options, max_len=MAX_LEN, max_seqs=MAX_SEQS, max_batched=MAX_BATCHED)
     reqs = [Req([*p, *o, *[EOS] * FILLER_TOKENS], len(p), len(o), None) for p, o in zip(ps, outs)]
     emitted_at: list[list[int]] = [[] for _ in reqs]  # per request: the engine step of each of its new tokens
     nxt, step = 0, 0
@@ -132,17 +135,14 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--variants", default="off,probation1", help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default="off,strict", help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--requests", type=int, default=REQUESTS)
     ap.add_argument("--rate", type=float, default=RATE)
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--targets", default=str(DEFAULT_TARGETS), help="the target's samples (cache, git-ignored)")
     ap.add_argument("--out", default="", help="JSON to write")
     args = ap.parse_args(argv)
-    names = [v for v in args.variants.split(",") if v]
-    unknown = [v for v in names if v not in VARIANTS]
-    if unknown:
-        ap.error(f"--variants: unknown {unknown}; valid: {', '.join(VARIANTS)}")
+    names = variant_names(ap, args.variants)
     from transformers import AutoConfig
 
     vocab = int(AutoConfig.from_pretrained(str(model_path(TARGET_MODEL))).vocab_size)

@@ -283,8 +283,7 @@ class Engine:
         rows = list(so.num_scheduled_tokens)
         fits = self._fits(rows)
         if self.buffer is not None:  # this step's drafts, from the tokens of the step before (unless vLLM zeroed them)
-            slots = so.scheduled_spec_decode_tokens
-            assert self.sched.fill(self.buffer, slots=slots) == (self.buffer is not self.zeros)
+            assert self.sched.fill(self.buffer) == (self.buffer is not self.zeros)
         sampled = torch.full((len(rows), K + 1), -1, dtype=torch.int32)  # [rows, k+1], -1: rejected
         emitted = []
         for row, rid in enumerate(rows):

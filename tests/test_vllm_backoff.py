@@ -412,21 +412,6 @@ def test_schedule_mode_below_the_narrow_rows_stops_granting_slots_on_a_zero_acce
     assert st["backoff_requests_off"] == ROWS and st["schedule"]["low_batch_schedules"] > 150
 
 
-@pytest.mark.parametrize("verified_only", [False, True])
-def test_verified_only_counts_a_draft_as_far_as_the_steps_slots_let_vllm_verify_it(monkeypatch, verified_only):
-    """Schedule mode: a request back from a back-off hands a draft to a step that reserved it no slot; with
-    VERIFIED_ONLY that draft is no verified outcome (no zero in its EMA), and a row with 2 slots counts 2 tokens."""
-    monkeypatch.setattr(backoff_module, "VERIFIED_ONLY", verified_only)
-    bo = BackOff()
-    bo.slots = {"b": [-1, -1]}  # vLLM's scheduled_spec_decode_tokens: a has no slot, b two placeholders
-    bo.record(["a", "b"], [3, 5])
-    assert bo.last == ({"b": 2} if verified_only else {"a": 3, "b": 5}) and bo.slots is None
-    bo.observe(["a", "b"], [1, 1], lambda i: [9])
-    assert ("a" in bo.rows) is not verified_only and bo.rows["b"].seen == 1
-    bo.record(["a"], [3])  # no slots told (thread mode, an eager fill): every token counts
-    assert bo.last == {"a": 3}
-
-
 @pytest.mark.parametrize("strict", [0.5, 0.75])
 def test_in_a_low_batch_recovery_takes_the_stricter_threshold(monkeypatch, strict):
     monkeypatch.setattr(backoff_module, "RECOVER_LOW_BATCH", strict)

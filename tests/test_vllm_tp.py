@@ -80,9 +80,8 @@ def test_followers_verify_the_drivers_drafts_every_step_and_output_is_lossless()
             if step == zeroed:  # vLLM dropped the drafts on every rank (its max_model_len guard): no broadcast
                 cur_d, cur_f = torch.zeros_like(out_d), torch.zeros_like(out_f)
             sent = wire.sent
-            slots = {rid: [-1] * K for rid in eng.order}  # what the runner patch passes every rank's fill
-            filled = driver.fill(cur_d, slots=slots)
-            assert follower.fill(cur_f, slots=slots) == filled
+            filled = driver.fill(cur_d)
+            assert follower.fill(cur_f) == filled
             assert wire.sent == sent + filled and not wire.queue
             if filled:
                 assert torch.equal(out_f, out_d), step  # the follower verifies exactly the driver's drafts

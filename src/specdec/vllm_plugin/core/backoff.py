@@ -18,11 +18,9 @@ A request backs off once ``MIN_STEPS`` verified steps leave its EMA under ``MIN_
 its EMA, shadow outcomes included, reaches ``RECOVER_ACCEPTED`` (a shadow still matching counts as far as it has
 matched, so a request whose drafts would be accepted is back within ``PROBE_FIRST_AFTER`` steps: a shadow checked by
 two tokens, plus schedule mode's one round of slot lag). Any verified accepted token of a backed-off request (a
-padded step's draft) feeds the same EMA. Two refinements wait for the GPU gate, each off by its constant: in a batch
-whose mean EMA is under ``STRICT_BELOW`` recovery takes ``RECOVER_LOW_BATCH`` (three matched tokens; on random text
-two match by chance), and ``VERIFIED_ONLY`` counts a schedule-mode draft as verified only as far as its step's draft
-slots let vLLM verify it (``slots``: a request just back from a back-off hands its first draft to a step reserved
-before it, which verifies none of it).
+padded step's draft) feeds the same EMA. In a batch whose mean EMA is under ``STRICT_BELOW`` recovery may take
+``RECOVER_LOW_BATCH`` instead (three matched tokens: on random text two match by chance), off until the GPU gate
+measures it.
 
 **Per batch** (``low``): derived on each call from the requests of the current batch, never stored: the batch is low
 while the mean EMA of its requests past ``MIN_STEPS`` verified steps (or backed off) is under ``PAD_MIN_ACCEPTED``.
@@ -58,11 +56,6 @@ PROBE_FIRST_AFTER = 4  # a backed-off request whose drafts would be accepted han
 # Padding makes every row verify k tokens; a padded step of a small target costs about 1.5x a plain one, so padding
 # pays only where a row gets at least about half a token accepted per step.
 PAD_MIN_ACCEPTED = 0.5
-# Schedule mode: vLLM verifies a handed draft only as far as the step's draft slots, which the scheduler reserved
-# before the draft existed (a request just back from a back-off has none yet). True: a row's outcome counts as
-# verified only for the tokens its slots let through (``slots``), so a draft vLLM never verified is no zero outcome.
-# Off until the GPU gate measures it.
-VERIFIED_ONLY = False
 # In a batch whose mean EMA (``low``'s measure) is under STRICT_BELOW, a backed-off request drafts again only once
 # its EMA reaches RECOVER_LOW_BATCH (0.75: a shadow matching three tokens): on random text two tokens match by chance
 # often enough to bring requests back for MIN_STEPS drafted steps each, every one costing the whole batch. Equal to
@@ -110,8 +103,6 @@ class BackOff:
     enabled: bool = True
     rows: dict[str, RowBackOff] = field(default_factory=dict)  # request id -> its state
     last: dict[str, int] = field(default_factory=dict)  # request id -> draft tokens (> 0) handed to vLLM last step
-    # schedule mode: request id -> draft slots of the step the next handed drafts go to (None: every token verified)
-    slots: dict[str, Sequence[int]] | None = None
     recover_at: float = RECOVER_ACCEPTED  # this step's recovery threshold (``observe``: stricter under STRICT_BELOW)
     stats: BackOffStats = field(default_factory=BackOffStats)
 
@@ -251,11 +242,7 @@ class BackOff:
     def record(self, req_ids: Sequence[str], lengths: Sequence[int]) -> None:
         """The draft tokens each row handed vLLM this step (what the next step's tokens are checked against)."""
         if self.enabled:
-            cap = self.slots if VERIFIED_ONLY else None
-            if cap is not None:
-                lengths = [min(n, len(cap.get(rid, ()))) for rid, n in zip(req_ids, lengths)]
             self.last = {rid: n for rid, n in zip(req_ids, lengths) if n}
-        self.slots = None  # told again by the next step
 
     def prune(self, present: set[str]) -> None:
         """Forget the requests not in this step's batch (finished, aborted, preempted: a preempted one starts afresh

@@ -134,26 +134,14 @@ class ScheduledDrafting(CaptureRing):
         return out
 
     # ----------------------------------------------------------------- 3. fill (before vLLM reads the drafts)
-    def fill(
-        self,
-        current: Any,
-        *,
-        defer: bool = True,
-        verified: int = 0,
-        width: int = 0,
-        needed: bool = True,
-        slots: dict[str, Any] | None = None,
-    ) -> bool:
+    def fill(self, current: Any, *, defer: bool = True, verified: int = 0, width: int = 0, needed: bool = True) -> bool:
         """Draft the pending job into the GPU buffer if vLLM still holds it (``current``). True if filled.
         ``verified``: the tokens vLLM scheduled for this step (its verify batch; for the proposer's cost fit);
         ``width``: the step's narrow width where the scheduler's book is not this one (TP > 1); ``needed`` False:
         the step verifies no draft (the scheduler granted no request a slot: a backed-off batch), so nothing waits
         and nothing is copied: the drafting (its bookkeeping, the back-off's shadow checks and the next step's slots)
         runs after the forward's launch (``finish`` at the end of ``execute_model``).
-        ``slots``: the step's draft slots by request (vLLM's ``scheduled_spec_decode_tokens``: it verifies each
-        row's draft only that far; the back-off's ``VERIFIED_ONLY``). With ``share`` the buffer then goes to the
-        other TP ranks, enqueued after its copy (not on a late fill)."""
-        self.core.backoff.slots = slots
+        With ``share`` the buffer then goes to the other TP ranks, enqueued after its copy (not on a late fill)."""
         return self._observed(
             PHASE_FILL, self._fill_and_share, current, defer=defer, verified=verified, width=width, needed=needed
         )

@@ -191,19 +191,9 @@ class TpFollower:
             self.fill(out, defer=False)
         return out
 
-    def fill(
-        self,
-        current: Any,
-        *,
-        defer: bool = True,
-        verified: int = 0,
-        width: int = 0,
-        needed: bool = True,
-        slots: dict[str, Any] | None = None,
-    ) -> bool:
+    def fill(self, current: Any, *, defer: bool = True, verified: int = 0, width: int = 0, needed: bool = True) -> bool:
         """Receive the driver's drafts into the buffer vLLM holds (the same decisions as the driver's fill; a step
-        that verifies no draft, ``needed`` False, has no broadcast). ``slots``: the driver's back-off reads them;
-        a follower has none."""
+        that verifies no draft, ``needed`` False, has no broadcast)."""
         job, self.job = self.job, None
         if job is None:
             return False

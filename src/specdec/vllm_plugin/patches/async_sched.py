@@ -221,7 +221,6 @@ def wrap_prepare(orig_prep: Callable[..., Any], runner_cls: Any) -> Callable[...
                 verified=verified if isinstance(verified, int) else 0,
                 width=width,
                 needed=not isinstance(spec, dict) or any(spec.values()),  # no slot: a plain step waits for nothing
-                slots=spec if isinstance(spec, dict) else None,  # request id -> its slots' placeholder ids
             )
         return orig_prep(self, scheduler_output, *args, **kwargs)
 
