@@ -64,6 +64,7 @@ WARMUP_PROMPTS, WARMUP_SEED = 20, 1  # another seed: no prompt of the measured r
 START_EST_S = {"53m": 120.0, "8b": 130.0}  # vllm serve under vLLM's defaults, to /health (H100 and H200: 75-110 s)
 BENCH_EST_S = 35.0  # warm-up + 200 requests at 20/s + the tail
 REPEAT_EST_S = 15.0  # each further measured run
+SERVER_BENCH_EST_S = BENCH_EST_S + REPEAT_EST_S * (BENCH_REPEATS - 1)  # one server's warm-up and measured runs
 BENCH_TIMEOUT_S = 300.0
 ANSWER_EST_S = 20.0  # one completion and the server's shutdown
 ANSWER_PROMPT, ANSWER_TOKENS = "def fibonacci(n):", 16
@@ -133,7 +134,7 @@ class ServeRun:
         if name.startswith("start"):
             need = START_EST_S[size] + ANSWER_EST_S
         else:
-            need = START_EST_S[size] * (1 if self.gpus >= 2 else 2) + 2 * bench_est_s()
+            need = START_EST_S[size] * (1 if self.gpus >= 2 else 2) + 2 * SERVER_BENCH_EST_S
         return time.time() + need <= self.args.deadline
 
     def _tpot(self, size: str) -> dict[str, Any]:
@@ -147,7 +148,7 @@ class ServeRun:
         cores = sorted(os.sched_getaffinity(0))
         for first in range(0, len(methods), per_round):
             names = methods[first : first + per_round]
-            need = START_EST_S[size] + bench_est_s() * len(names)
+            need = START_EST_S[size] + SERVER_BENCH_EST_S * len(names)
             if first and time.time() + need > self.args.deadline:
                 for k in names:
                     check["servers"][k] = {"skipped": "time budget"}
@@ -261,11 +262,6 @@ def bench(server: Server, model: str, stem: Path, *, num: int, seed: int, fake: 
     if rc != 0 or not out:
         raise ServeError(f"`vllm bench serve` exited with code {rc} and no median TPOT: see {log}")
     return out
-
-
-def bench_est_s() -> float:
-    """One server's warm-up and measured runs."""
-    return BENCH_EST_S + REPEAT_EST_S * (BENCH_REPEATS - 1)
 
 
 def mean_bench(runs: list[dict[str, float]]) -> dict[str, float]:

@@ -103,7 +103,6 @@ class BackOff:
     enabled: bool = True
     rows: dict[str, RowBackOff] = field(default_factory=dict)  # request id -> its state
     last: dict[str, int] = field(default_factory=dict)  # request id -> draft tokens (> 0) handed to vLLM last step
-    recover_at: float = RECOVER_ACCEPTED  # this step's recovery threshold (``observe``: stricter under STRICT_BELOW)
     stats: BackOffStats = field(default_factory=BackOffStats)
 
     @property
@@ -127,20 +126,20 @@ class BackOff:
         if not self.enabled or not (self.last or self.rows):
             return
         strict = RECOVER_LOW_BATCH > RECOVER_ACCEPTED and self.low(STRICT_BELOW)
-        self.recover_at = RECOVER_LOW_BATCH if strict else RECOVER_ACCEPTED
+        recover_at = RECOVER_LOW_BATCH if strict else RECOVER_ACCEPTED  # this step's recovery threshold
         for i, (rid, e) in enumerate(zip(req_ids, emitted)):
             if e <= 0:
                 continue
             st = self.rows.get(rid)
             if st is not None and st.shadow:
-                self._check_shadow(st, tokens(i))
+                self._check_shadow(st, tokens(i), recover_at)
             acc = e - 1
             if self.last.get(rid, 0) > 0 or acc > 0:  # schedule mode: slots granted a round late may hold a match
                 if st is None:
                     st = self.rows[rid] = RowBackOff()
-                self._outcome(st, acc, verified=True)
+                self._outcome(st, acc, verified=True, recover_at=recover_at)
 
-    def _check_shadow(self, st: RowBackOff, new: Sequence[int]) -> None:
+    def _check_shadow(self, st: RowBackOff, new: Sequence[int], recover_at: float) -> None:
         """Advance the withheld draft by the target's new tokens; settle it at the first mismatch or its end, or as
         soon as what matched already brings the request back."""
         shadow, m = st.shadow, st.matched
@@ -153,21 +152,21 @@ class BackOff:
                 break
         settled = settled or m >= len(shadow)
         st.matched = m
-        early = st.off and self._blend(st.ema, m) >= self.recover_at  # enough to bring a backed-off request back
+        early = st.off and self._blend(st.ema, m) >= recover_at  # enough to bring a backed-off request back
         if settled or early:
             st.shadow, st.matched = [], 0
             self.stats.shadow_checks += 1
-            self._outcome(st, m, verified=False)
+            self._outcome(st, m, verified=False, recover_at=recover_at)
 
     @staticmethod
     def _blend(ema: float, accepted: int) -> float:
         return (1 - EMA_ALPHA) * ema + EMA_ALPHA * accepted
 
-    def _outcome(self, st: RowBackOff, accepted: int, *, verified: bool) -> None:
+    def _outcome(self, st: RowBackOff, accepted: int, *, verified: bool, recover_at: float) -> None:
         """One outcome of the request's drafts: the EMA moves, then the request backs off or recovers."""
         st.ema = float(accepted) if (verified and st.seen == 0 and not st.off) else self._blend(st.ema, accepted)
         if st.off:
-            if st.ema >= self.recover_at:
+            if st.ema >= recover_at:
                 st.off, st.seen, st.recovered = False, 0, True
                 st.shadow, st.matched = [], 0
                 self.stats.recoveries += 1
