@@ -7,7 +7,8 @@
 
 Each method runs in its own subprocess (a fresh engine; vLLM's engine core in-process so drafting time can be
 timed). Per dataset: warm-up on a disjoint prompt set, then batch sizes 1/8/32/64, each on its own disjoint prompts
-(cache policy: see prepare_prompts). Greedy, ``--max-tokens`` new tokens with ignore_eos. Reported per cell:
+(cache policy: see prepare_prompts). Greedy (``--temperature`` samples instead), ``--max-tokens`` new tokens with
+ignore_eos. Reported per cell:
 tokens/s, TPOT, MAT (= output tokens / (output tokens - accepted), bonus included), ms per step spent in
 ``propose_draft_token_ids`` (drafting, on the critical path) and its share of wall time, and bf16 output
 mismatches against no-spec. ``--load`` (``bench_vllm_load``): ``closed`` (the default) submits each batch size's
@@ -112,6 +113,13 @@ def _add_workload_args(ap: argparse.ArgumentParser) -> None:
         "for every method), so that no method runs in lockstep, as on a server",
     )
     ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature of the measured cells (0: greedy; the lossless runs stay greedy): 1 on the "
+        "random dataset is the serve check's low-acceptance traffic",
+    )
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--gpu-mem", type=float, default=0.3)
     ap.add_argument(

@@ -83,10 +83,12 @@ def worker(args: argparse.Namespace) -> None:
     if args.engine_process:  # the timer that counts is the engine process's
         timer = EngineTimer(llm, trace=args.trace)
     lossless = args.dtype == "float32"
-    sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=not lossless, detokenize=False)
+    temperature = 0.0 if lossless else args.temperature
+    sp = SamplingParams(temperature=temperature, max_tokens=args.max_tokens, ignore_eos=not lossless, detokenize=False)
     result: dict[str, Any] = {
         "method": args.method,
         "dtype": args.dtype,
+        "temperature": temperature,
         "speculative_config": spec,
         "startup_s": startup,
         "load": args.load,

@@ -8,6 +8,9 @@ or ours, is never measured on a prompt it has already answered in the same engin
 * ``agentic``: OpenHands SWE-bench trajectories (prompt = the conversation so far, messages flattened to
   "role: content\\n", truncated from the left to ``--max-prompt-tokens``); instances are split into disjoint
   groups: warm-up, and one group per batch size.
+* ``random``: token ids drawn uniformly from the tokenizer's ordinary ids (seed ``RANDOM_SEED``), ``RANDOM_TOKENS``
+  each, as ``vllm bench serve --dataset-name random`` sends: low-acceptance traffic once sampled at temperature 1
+  (``bench_vllm --temperature 1``); closed sets ``bs{b}`` and sustained sets ``sus{b}`` for ``RANDOM_BATCHES``.
 * sustained sets ``sus{b}`` (``bench_vllm --load sustained``: ``SUSTAINED_FACTOR`` x b prompts, at most b in flight):
   code = MBPP tasks after the warm-up's, a disjoint slice per b; agentic = calls no other set holds, from disjoint
   instance groups (the trajectory tar holds 50 instances, all in the closed groups: a sustained group shares its
@@ -42,6 +45,10 @@ SUSTAINED_BATCHES = (32, 64)  # concurrency caps with a sustained set ``sus{b}``
 SUSTAINED_FACTOR = 4  # sustained prompts per unit of concurrency
 # sustained agentic instance groups (disjoint from each other and from the warm-up's; see the module docstring)
 SUSTAINED_AGENT_GROUPS = {32: (4, 20), 64: (20, 50)}
+RANDOM_TOKENS = 256  # a random prompt's length (the serve check's --random-input-len), BOS included
+RANDOM_SEED = 0
+RANDOM_BATCHES = (1, 8, 16, 32, 64)  # 16: about the serve check's concurrency (20 requests/s, ~0.7 s each)
+FIRST_ORDINARY_ID = 1  # ids below it are special (0: <|endoftext|>, BOS and EOS)
 
 
 def _tokenizer() -> Any:
@@ -195,6 +202,23 @@ def agentic_sets(tok: Any, max_tokens: int) -> dict[str, list[list[int]]]:
     return sets
 
 
+def random_sets(vocab_size: int, *, tokens: int = RANDOM_TOKENS, seed: int = RANDOM_SEED) -> dict[str, list[list[int]]]:
+    """The ``random`` dataset: a warm-up set, ``bs{b}`` (max(b, 8) prompts: batches of one run 8 one after another)
+    and ``sus{b}`` (``SUSTAINED_FACTOR`` x b) for each of ``RANDOM_BATCHES``; each prompt BOS then ``tokens - 1``
+    ids drawn uniformly from ``[FIRST_ORDINARY_ID, vocab_size)``."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    counts = {"warmup": WARMUP_PROMPTS}
+    counts |= {f"bs{b}": PROMPTS_PER_BATCH.get(b, max(b, 8)) for b in RANDOM_BATCHES}
+    counts |= {f"sus{b}": SUSTAINED_FACTOR * b for b in RANDOM_BATCHES if b >= 16}
+    out = {}
+    for key, n in counts.items():
+        ids = rng.integers(FIRST_ORDINARY_ID, vocab_size, size=(n, tokens - 1))  # [n, tokens - 1]
+        out[key] = [[BOS_ID, *map(int, row)] for row in ids]
+    return out
+
+
 def check_disjoint(name: str, sets: dict[str, list[list[int]]]) -> None:
     """Fail if any two prompts of a dataset's sets (within one set or across sets) are the same token ids."""
     seen: dict[tuple[int, ...], str] = {}
@@ -217,12 +241,14 @@ def main(argv: list[str] | None = None) -> None:
         "measured on its own disjoint prompts (code: HumanEval slices; agentic: disjoint instance groups); "
         f"sustained load (sus{{b}}: {SUSTAINED_FACTOR} x b prompts, at most b in flight) on prompts no other "
         "set holds (code: MBPP slices after the warm-up's; agentic: unused calls of disjoint instance "
-        "groups that closed sets also draw from, measured in an engine of their own)",
+        "groups that closed sets also draw from, measured in an engine of their own); random: uniform token ids, one "
+        "seed, every set drawn after the last",
         "batch_sizes": list(BATCH_SIZES),
         "sustained_batches": list(SUSTAINED_BATCHES),
         "datasets": {
             "code": code_sets(tok, args.max_code_tokens),
             "agentic": agentic_sets(tok, args.max_prompt_tokens),
+            "random": random_sets(tok.get_vocab_size(with_added_tokens=False)),
         },
     }
     for name, sets in out["datasets"].items():

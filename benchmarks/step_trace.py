@@ -54,9 +54,11 @@ from benchmarks.step_trace_stats import (
     _fmt,
     cell_totals,
     fit_step_cost,
+    format_draft_split,
     format_rows,
     format_totals,
     plot_traces,
+    summarise_by_draft,
     summarise_trace,
 )
 
@@ -257,6 +259,10 @@ def main(argv: list[str] | None = None) -> None:
         print(format_totals({key.replace("|", " "): cell_totals(t) for key, t in chosen.items()}))
     if args.fit:
         _print_fits(chosen)
+    if args.by_draft:
+        for key, trace in chosen.items():
+            print(f"\n{key.replace('|', ' ')}: decode steps, plain against drafted (ms means)")
+            print(format_draft_split(summarise_by_draft(trace)))
     if args.plot and chosen:
         plot_traces(chosen, Path(args.plot))
         print(f"\nplot: {args.plot}")
@@ -272,6 +278,12 @@ def _parser() -> argparse.ArgumentParser:
         "--totals",
         action="store_true",
         help="only the cells' GPU totals: busy and idle seconds, heavy prefill steps against the rest (cell_totals)",
+    )
+    ap.add_argument(
+        "--by-draft",
+        action="store_true",
+        help="per selected cell, decode steps that verified a draft against plain ones: period, GPU busy and idle, "
+        "the gap's split and the engine loop's phases (summarise_by_draft)",
     )
     ap.add_argument("--plot", default="", help="also write a PNG: one panel per selected cell (per-step ms, width)")
     ap.add_argument(

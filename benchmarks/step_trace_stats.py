@@ -55,6 +55,72 @@ def summarise_trace(trace: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+DRAFT_SPLIT_COLS = (  # per step, ms: the period, GPU busy and idle, schedule mode's gap split, the loop's phases
+    "period_ms",
+    "busy_ms",
+    "gap_ms",
+    "held_ms",
+    "after_ms",
+    "sched_ms",
+    "exec_ms",
+    "sample_ms",
+    "update_ms",
+)
+
+
+def summarise_by_draft(trace: dict[str, list[Any]], *, min_width: int = 2) -> list[dict[str, Any]]:
+    """Decode steps at least ``min_width`` requests wide split by whether they verified a draft (``spec`` > 0):
+    per kind, steps, width and emitted tokens, each ``DRAFT_SPLIT_COLS`` mean, and the mean period of the step after
+    (under async scheduling a step's cost can land in its successor's period). Prefill-heavy steps are left out, so
+    the two kinds differ by their drafts, not by prompt work. Answers: what does a step that verifies a draft cost
+    over a plain one, on the GPU (``busy_ms``) or on the host (the gap, the phases)?"""
+    n = len(trace["reqs"])
+    spec = trace.get("spec") or [0] * n
+    tokens = trace.get("tokens") or [0] * n
+    cols = {c: trace.get(c) or [None] * n for c in DRAFT_SPLIT_COLS}
+    rows = []
+    for kind, want in (("plain", False), ("drafted", True)):
+        idx = [
+            i
+            for i in range(n)
+            if trace["reqs"][i] >= min_width
+            and tokens[i] - (spec[i] or 0) <= trace["reqs"][i]  # decode only: one new token per request past drafts
+            and bool(spec[i]) is want
+        ]
+        if not idx:
+            continue
+        row: dict[str, Any] = {"kind": kind, "steps": len(idx), "width_mean": _mean([trace["reqs"][i] for i in idx])}
+        row["spec_mean"] = _mean([spec[i] for i in idx])
+        row |= {f"{c}_mean": _mean([cols[c][i] for i in idx]) for c in DRAFT_SPLIT_COLS}
+        row["next_period_ms_mean"] = _mean([cols["period_ms"][i + 1] for i in idx if i + 1 < n])
+        row["not_full_share"] = sum(trace["cg"][i] in "PN" for i in idx) / len(idx)
+        rows.append(row)
+    return rows
+
+
+def format_draft_split(rows: list[dict[str, Any]]) -> str:
+    """``summarise_by_draft``'s rows as a markdown table (ms means), a ratio row (drafted / plain) where both ran."""
+    names = ["period", "busy", "gap", "held", "after", "sched", "exec", "sample", "update"]
+    head = "| kind | steps | width | draft tokens | " + " | ".join(names) + " | next period | not full |"
+    lines = [head, "| --- " * (len(names) + 6) + "|"]
+    for r in rows:
+        values = " | ".join(_fmt(r[f"{c}_mean"]) for c in DRAFT_SPLIT_COLS)
+        lines.append(
+            f"| {r['kind']} | {r['steps']} | {_fmt(r['width_mean'], 1)} | {_fmt(r['spec_mean'], 1)} | {values} | "
+            f"{_fmt(r['next_period_ms_mean'])} | {_fmt(r['not_full_share'])} |"
+        )
+    if len(rows) == 2:
+        plain, drafted = rows
+
+        def x(key: str) -> str:
+            a, b = plain.get(key), drafted.get(key)
+            return "-" if not a or b is None else f"{b / a:.2f}x"
+
+        ratios = " | ".join(x(f"{c}_mean") for c in DRAFT_SPLIT_COLS)
+        lines.append(f"| drafted / plain | | | | {ratios} | {x('next_period_ms_mean')} | |")
+    return "\n".join(lines)
+
+
 def fit_step_cost(traces: list[dict[str, list[Any]]], *, min_width: int) -> dict[str, float] | None:
     """Least-squares fit over decode steps at least ``min_width`` requests wide (prefill steps left out):
     period = a + b x emitted tokens, and drafting = c + d x emitted. Returns a / c in ms, b / d in µs per token,

@@ -201,3 +201,25 @@ def test_installed_versions_name_each_package_and_the_machine():
     assert v["numpy"] == numpy.__version__ and v["no-such-package-xyz"] == "not installed"
     assert {"python", "platform", "cpu", "cpu_count"} <= set(v)
     assert v["gpu"] == (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")
+
+
+def test_random_sets_are_bos_then_ordinary_ids_sized_per_batch_disjoint_and_seeded():
+    from benchmarks import prepare_prompts as pp
+
+    sets = pp.random_sets(50, tokens=12)
+    assert {k: len(v) for k, v in sets.items()} == {
+        "warmup": pp.WARMUP_PROMPTS,
+        "bs1": 8,  # batches of one run 8 prompts one after another
+        "bs8": 16,
+        "bs16": 16,
+        "bs32": 32,
+        "bs64": 64,
+        "sus16": 64,  # SUSTAINED_FACTOR x b, from the serve check's concurrency up
+        "sus32": 128,
+        "sus64": 256,
+    }
+    ids = [t for prompts in sets.values() for p in prompts for t in p[1:]]
+    assert all(p[0] == pp.BOS_ID and len(p) == 12 for prompts in sets.values() for p in prompts)
+    assert min(ids) == pp.FIRST_ORDINARY_ID and max(ids) == 49  # uniform over the ordinary ids: every one drawn
+    pp.check_disjoint("random", sets)
+    assert pp.random_sets(50, tokens=12) == sets and pp.random_sets(50, tokens=12, seed=1) != sets

@@ -337,3 +337,27 @@ def test_benchmarks_time_the_plugin_through_its_hook_not_its_privates():
             if obj in ours or (obj in vllm and attr.startswith("_")):
                 bad.append(f"{path}:{line}: {obj}.{attr}")
     assert bad == []
+
+
+def test_draft_split_compares_drafted_decode_steps_with_plain_ones_and_leaves_prefill_out():
+    from benchmarks.step_trace_stats import format_draft_split, summarise_by_draft
+
+    trace = {
+        "reqs": [16, 16, 16, 16, 16, 1],
+        "tokens": [16, 19, 16, 20, 16 + 256, 4],  # plain, drafted (3), plain, drafted (4), a prompt chunk, narrow
+        "spec": [0, 3, 0, 4, 0, 3],
+        "period_ms": [5.0, 7.0, 6.0, 8.0, 20.0, None],
+        "busy_ms": [4.0, 4.4, 4.0, 4.6, 15.0, 1.0],
+        "gap_ms": [1.0, 2.6, 2.0, 3.4, 5.0, None],
+        "cg": "FFFPFF",
+    }
+    rows = {r["kind"]: r for r in summarise_by_draft(trace)}
+    plain, drafted = rows["plain"], rows["drafted"]
+    assert plain["steps"] == 2 and drafted["steps"] == 2  # the prefill step and the 1-wide step are not counted
+    assert plain["period_ms_mean"] == pytest.approx(5.5) and drafted["period_ms_mean"] == pytest.approx(7.5)
+    assert drafted["busy_ms_mean"] == pytest.approx(4.5) and drafted["spec_mean"] == pytest.approx(3.5)
+    assert plain["next_period_ms_mean"] == pytest.approx((7.0 + 8.0) / 2)  # the steps after the plain ones
+    assert drafted["next_period_ms_mean"] == pytest.approx((6.0 + 20.0) / 2)
+    assert drafted["not_full_share"] == 0.5 and plain["held_ms_mean"] is None  # a column the trace lacks
+    table = format_draft_split(list(rows.values()))
+    assert "| drafted / plain | | | | 1.36x | 1.12x |" in table  # period 7.5 / 5.5, busy 4.5 / 4.0

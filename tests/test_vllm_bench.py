@@ -932,3 +932,34 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_temperature_reaches_the_workers_and_the_settings_and_sampled_cells_count_no_mismatches(tmp_path, monkeypatch):
+    import json
+
+    from benchmarks import bench_vllm
+
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps({"policy": "test", "datasets": {"code": {"warmup": [[1]], "bs8": [[1, 2]]}}}))
+
+    def cells_of(cmd, load):  # specdec's outputs differ from no speculation's, as sampled outputs do
+        outs = [[1, 2]] if cmd[cmd.index("--method") + 1] == "nospec" else [[1, 3]]
+        return {"8": {**_cell(40.0, outs), "load": "closed"}}
+
+    cmds = _fake_workers(monkeypatch, cells_of)
+    base = _two_method_args(prompts, tmp_path)
+    bench_vllm.main(base + ["--out-dir", str(tmp_path / "greedy")])
+    assert all(c[c.index("--temperature") + 1] == "0.0" for c in cmds)
+    doc = json.loads(next((tmp_path / "greedy").glob("*.json")).read_text())
+    assert doc["settings"]["greedy"] and doc["settings"]["temperature"] == 0.0
+    assert next(r for r in doc["summary"]["rows"] if r["method"] == "specdec")["mismatches_vs_nospec"] == 1
+    cmds.clear()
+    bench_vllm.main(base + ["--temperature", "1", "--out-dir", str(tmp_path / "sampled")])
+    assert all(c[c.index("--temperature") + 1] == "1.0" for c in cmds)
+    doc = json.loads(next((tmp_path / "sampled").glob("*.json")).read_text())
+    assert not doc["settings"]["greedy"] and doc["settings"]["temperature"] == 1.0
+    runs = {  # what the workers record: their cells' temperature
+        m: {**_run(m, {"8": _cell(40.0, outs)}), "temperature": 1.0}
+        for m, outs in (("nospec", [[1, 2]]), ("specdec", [[1, 3]]))
+    }
+    assert "mismatches_vs_nospec" not in next(r for r in summarise(runs, {})["rows"] if r["method"] == "specdec")
