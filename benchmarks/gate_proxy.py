@@ -54,6 +54,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # STRICT_BELOW as the default has it ("recover3")
     "loose": {"RECOVER_LOW_BATCH": 0.5},
     "recover3": {"RECOVER_ACCEPTED": 0.75},
+    # in such a batch a recovered request backs off after 1 or 2 verified steps that accepted nothing
+    "exit1": {"STRICT_EXIT_STEPS": 1},
+    "exit2": {"STRICT_EXIT_STEPS": 2},
 }
 SETS = ("agentic", "chat", "code")  # the gate's prompt sets (warm-up cells are not measured)
 VARIANT_WIDTH = 18

@@ -19,6 +19,7 @@ from specdec.vllm_plugin.core.backoff import (
     PAD_MIN_ACCEPTED,
     PROBE_FIRST_AFTER,
     RECOVER_ACCEPTED,
+    STRICT_BELOW,
     BackOff,
     RowBackOff,
 )
@@ -431,3 +432,38 @@ def test_in_a_low_batch_recovery_takes_the_stricter_threshold(monkeypatch, stric
     for t in (3, 4):
         mixed.observe(["c"], [1], lambda i, t=t: [t])
     assert not mixed.rows["c"].off
+
+
+def recovered_in_a_low_batch(bo: BackOff) -> None:
+    """``a`` and ``b`` backed off; ``a``'s shadow matches three tokens and brings it back (the stricter threshold)."""
+    low_batch(bo, ["a", "b"])
+    bo.withhold(["a", "b"], [[5, 6, 7, 8], [1]])
+    bo.record(["a", "b"], [0, 0])
+    for t in (5, 6, 7):
+        bo.observe(["a", "b"], [1, 1], lambda i, t=t: [t] if i == 0 else [2])
+    assert not bo.rows["a"].off and bo.rows["a"].recovered and bo.low(STRICT_BELOW)
+
+
+@pytest.mark.parametrize("exit_steps", [0, 2])
+def test_in_a_low_batch_a_recovered_request_that_accepts_nothing_leaves_after_strict_exit_steps(
+    monkeypatch, exit_steps
+):
+    monkeypatch.setattr(backoff_module, "STRICT_EXIT_STEPS", exit_steps)
+    bo = BackOff()
+    recovered_in_a_low_batch(bo)
+    offs = []
+    for _ in range(MIN_STEPS):  # a's drafts verified, nothing accepted (b stays backed off)
+        bo.record(["a", "b"], [3, 0])
+        bo.observe(["a", "b"], [1, 1], lambda i: [9])
+        offs.append(bo.rows["a"].off)
+    # 0 (off): MIN_STEPS steps and an EMA under MIN_ACCEPTED; 2: at its second verified step with nothing accepted
+    assert offs == ([False, False, False, True] if exit_steps == 0 else [False, True, True, True])
+    monkeypatch.setattr(backoff_module, "STRICT_EXIT_STEPS", 1)
+    kept = BackOff()  # a token accepted since the recovery: the usual rule, however many zeros follow
+    recovered_in_a_low_batch(kept)
+    kept.record(["a", "b"], [3, 0])
+    kept.observe(["a", "b"], [2, 1], lambda i: [9, 9] if i == 0 else [9])
+    for _ in range(2):
+        kept.record(["a", "b"], [3, 0])
+        kept.observe(["a", "b"], [1, 1], lambda i: [9])
+    assert not kept.rows["a"].off and kept.rows["a"].accepted == 1

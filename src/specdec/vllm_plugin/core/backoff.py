@@ -19,7 +19,8 @@ its EMA, shadow outcomes included, reaches ``RECOVER_ACCEPTED`` (a shadow still 
 matched, so a request whose drafts would be accepted is back within ``PROBE_FIRST_AFTER`` steps: a shadow checked by
 two tokens, plus schedule mode's one round of slot lag). Any verified accepted token of a backed-off request (a
 padded step's draft) feeds the same EMA. In a batch whose mean EMA is under ``STRICT_BELOW`` recovery takes
-``RECOVER_LOW_BATCH`` instead (three matched tokens: on random text two match by chance).
+``RECOVER_LOW_BATCH`` instead (three matched tokens: on random text two match by chance), and with
+``STRICT_EXIT_STEPS`` (off by default) a recovered request there that accepts nothing leaves again early.
 
 **Per batch** (``low``): derived on each call from the requests of the current batch, never stored: the batch is low
 while the mean EMA of its requests past ``MIN_STEPS`` verified steps (or backed off) is under ``PAD_MIN_ACCEPTED``.
@@ -62,6 +63,10 @@ PAD_MIN_ACCEPTED = 0.5
 # speculation's median TPOT, drafted steps 1,266 -> 876, the closed-batch cells 1.015x (no loss).
 RECOVER_LOW_BATCH = 0.75
 STRICT_BELOW = 0.2
+# In such a batch a recovered request backs off again once STRICT_EXIT_STEPS verified steps since its recovery have
+# accepted nothing, instead of after MIN_STEPS and an EMA under MIN_ACCEPTED (from three matched tokens that takes
+# four to five drafted steps, each one costing the whole batch). 0: off, the default until the GPU gate measures it.
+STRICT_EXIT_STEPS = 0
 
 
 @dataclass
@@ -74,6 +79,7 @@ class RowBackOff:
     shadow: list[int] = field(default_factory=list)  # the withheld draft being checked (empty: none)
     matched: int = 0  # its leading tokens the target has emitted so far
     recovered: bool = False  # it has backed off and recovered at least once
+    accepted: int = 0  # tokens its verified drafts had accepted since it started or recovered
 
 
 @dataclass
@@ -137,7 +143,7 @@ class BackOff:
             if self.last.get(rid, 0) > 0 or acc > 0:  # schedule mode: slots granted a round late may hold a match
                 if st is None:
                     st = self.rows[rid] = RowBackOff()
-                self._outcome(st, acc, verified=True, recover_at=recover_at)
+                self._outcome(st, acc, verified=True, recover_at=recover_at, strict=strict)
 
     def _check_shadow(self, st: RowBackOff, new: Sequence[int], recover_at: float) -> None:
         """Advance the withheld draft by the target's new tokens; settle it at the first mismatch or its end, or as
@@ -162,22 +168,27 @@ class BackOff:
     def _blend(ema: float, accepted: int) -> float:
         return (1 - EMA_ALPHA) * ema + EMA_ALPHA * accepted
 
-    def _outcome(self, st: RowBackOff, accepted: int, *, verified: bool, recover_at: float) -> None:
-        """One outcome of the request's drafts: the EMA moves, then the request backs off or recovers."""
+    def _outcome(
+        self, st: RowBackOff, accepted: int, *, verified: bool, recover_at: float, strict: bool = False
+    ) -> None:
+        """One outcome of the request's drafts: the EMA moves, then the request backs off or recovers (``strict``:
+        the batch is under ``STRICT_BELOW``, where a recovered request that accepts nothing leaves early)."""
         st.ema = float(accepted) if (verified and st.seen == 0 and not st.off) else self._blend(st.ema, accepted)
         if st.off:
             if st.ema >= recover_at:
-                st.off, st.seen, st.recovered = False, 0, True
+                st.off, st.seen, st.recovered, st.accepted = False, 0, True, 0
                 st.shadow, st.matched = [], 0
                 self.stats.recoveries += 1
             return
         if verified:
             st.seen += 1
+            st.accepted += accepted
             if st.recovered:
                 self.stats.outcomes_recovered += 1
             else:
                 self.stats.outcomes_first += 1
-        if st.seen >= MIN_STEPS and st.ema < MIN_ACCEPTED:
+        early = strict and st.recovered and 0 < STRICT_EXIT_STEPS <= st.seen and st.accepted == 0
+        if early or (st.seen >= MIN_STEPS and st.ema < MIN_ACCEPTED):
             st.off = True
             self.stats.requests_backed_off += 1
 
