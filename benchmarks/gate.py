@@ -97,6 +97,13 @@ def parser() -> argparse.ArgumentParser:
         default="nospec,specdec",
         help=f"--part serve: the servers of a TPOT check, of {', '.join(SERVE_METHODS)} (nospec and specdec always)",
     )
+    ap.add_argument(
+        "--before-round",
+        action="store_true",
+        help="--part serve: serve nospec and specdec-before only, the before's round of a before/after whose "
+        "candidate round ran in an earlier call (one 8B server pair fits a call, three do not); merge the two "
+        "files with gate_report, which joins their servers",
+    )
     ap.add_argument("--max-wall-s", type=float, default=DEFAULT_MAX_WALL_S, help="budget of the whole call")
     ap.add_argument("--inputs", default="device_inputs/gate_inputs.json", help="from benchmarks.gate_prompts")
     ap.add_argument("--model", default="", help="source model folder (default: $SPECDEC_MODELS/code-target-53m)")
@@ -133,6 +140,12 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if m not in SERVE_METHODS:
             ap.error(f"--serve-methods: {m!r} is unknown; valid: {', '.join(SERVE_METHODS)}")
     args.serve_methods = list(dict.fromkeys(["nospec", "specdec", *wanted]))  # in the order given after these
+    if args.before_round:
+        if args.part != "serve" or wanted != ["nospec", "specdec"]:
+            ap.error(
+                "--before-round: for --part serve alone, without --serve-methods (it serves nospec and specdec-before)"
+            )
+        args.serve_methods = ["nospec", "specdec-before"]
     has_before = (Path(args.before_path) / "specdec" / "__init__.py").exists()
     if args.part == "serve" and "specdec-before" in args.serve_methods and not has_before and not args.fake:
         ap.error(f"--serve-methods specdec-before: no base tree at {args.before_path} (gpu_gate.sh installs it)")

@@ -332,7 +332,8 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
         if doc.get("kind") != KIND:
             raise SystemExit(f"not a gate results file (kind {doc.get('kind')!r}): {doc.get('path', '?')}")
         out["sources"] += doc.get("sources", [])
-        out["serve"].update(doc.get("serve", {}))
+        for name, check in doc.get("serve", {}).items():
+            out["serve"][name] = join_servers(out["serve"].get(name), check)
         for tp, gate in doc.get("gates", {}).items():
             mine = out["gates"].setdefault(tp, {"engines": {}, "skipped": [], "model": gate.get("model", "")})
             for m, eng in gate.get("engines", {}).items():
@@ -341,6 +342,25 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
                     mine["engines"][m] = eng
             mine["skipped"] = [s for s in [*mine["skipped"], *gate.get("skipped", [])] if s not in mine["engines"]]
     return out
+
+
+def join_servers(have: dict[str, Any] | None, check: dict[str, Any]) -> dict[str, Any]:
+    """A serve check measured in two calls (``gate.py --before-round``: the before's servers in a call of their own):
+    one check whose servers are both calls'. A label the first call already has gets ``-2`` (its no-speculation
+    server: ``nospec-2``, shown beside the verdict's as a reference, the calls' spread); the verdict reads the first
+    call's ``nospec`` and ``specdec``."""
+    if not have or "servers" not in have or "servers" not in check:
+        return check if not have or "servers" in check else have
+    servers = dict(have["servers"])
+    for label, server in check["servers"].items():
+        if label in servers and "skipped" in servers[label] and "skipped" not in server:
+            servers[label] = server  # the earlier call skipped it (time): this call ran it
+        elif label in servers:
+            if "skipped" not in server:
+                servers[f"{label}-2"] = server
+        else:
+            servers[label] = server
+    return {**have, "servers": servers}
 
 
 def results_name(doc: dict[str, Any], part: str) -> str:

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import gate, gate_report, gate_serve, gate_worker
+from benchmarks import gate, gate_compare, gate_report, gate_serve, gate_worker
 from benchmarks.gate_prompts import BATCH
 from specdec.paths import REPO_ROOT
 
@@ -484,3 +484,37 @@ def test_the_near_end_check_names_its_arguments_before_starting_anything():
     for argv in (["maybe"], [], ["on", "off"]):
         with pytest.raises(SystemExit, match=r"usage: python -m benchmarks.near_end_check off\|on"):
             near_end_check.main(argv)
+
+
+def test_a_before_round_in_a_call_of_its_own_merges_into_one_serve_check(tmp_path):
+    """Three 8B servers do not fit one call: the candidate's round (nospec, specdec), then ``--before-round``
+    (nospec, specdec-before); gate_report joins the two files' servers and judges the before/after."""
+    base = ["--part", "serve", "--fake", "--gpus", "1", "--checks", "tpot-53m"]
+    base += ["--work-dir", str(tmp_path / "w"), "--inputs", str(_inputs(tmp_path / "inputs.json"))]
+    gate.main([*base, "--out-dir", str(tmp_path / "a")])
+    gate.main([*base, "--before-round", "--out-dir", str(tmp_path / "b")])
+    (first,) = (tmp_path / "a").glob("*_gate_serve_*.json")
+    (second,) = (tmp_path / "b").glob("*_gate_serve_*.json")
+    assert list(json.loads(second.read_text())["serve"]["tpot-53m"]["servers"]) == ["nospec", "specdec-before"]
+    doc = gate_report.merge([json.loads(first.read_text()), json.loads(second.read_text())])
+    servers = doc["serve"]["tpot-53m"]["servers"]
+    assert list(servers) == ["nospec", "specdec", "nospec-2", "specdec-before"]
+    cand, before = gate_compare.serve_ratios(doc["serve"])
+    none = servers["nospec"]["bench"]["median_tpot_ms"]  # both against the first call's no-speculation server
+    assert cand == pytest.approx(servers["specdec"]["bench"]["median_tpot_ms"] / none)
+    assert before == pytest.approx(servers["specdec-before"]["bench"]["median_tpot_ms"] / none)
+    rows = {r["check"]: r for r in gate_report.serve_rows(doc["serve"])}
+    assert rows["tpot-53m nospec-2"]["verdict"] == "-"  # the second call's no speculation: the calls' spread
+    with pytest.raises(SystemExit):  # not with other servers, nor outside the serve part
+        gate.main([*base, "--before-round", "--serve-methods", "nospec-v1"])
+
+
+def test_join_servers_fills_a_skipped_server_and_keeps_unmeasured_ones_out():
+    ran = {"bench": {"median_tpot_ms": 5.0}}
+    have = {"kind": "tpot", "servers": {"nospec": ran, "specdec": ran, "specdec-before": {"skipped": "time budget"}}}
+    later = {"kind": "tpot", "servers": {"nospec": ran, "specdec-before": ran, "specdec": {"skipped": "time budget"}}}
+    joined = gate_report.join_servers(have, later)
+    assert joined["servers"]["specdec-before"] is ran  # the skipped one, measured in the later call
+    assert list(joined["servers"]) == ["nospec", "specdec", "specdec-before", "nospec-2"]
+    assert gate_report.join_servers(None, later) is later
+    assert gate_report.join_servers(have, {"skipped": "no GPU"}) is have
