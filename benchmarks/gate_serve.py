@@ -58,7 +58,7 @@ RANDOM_FLAGS = ["--dataset-name", "random", "--random-input-len", "256", "--rand
 NUM_PROMPTS, REQUEST_RATE, SEED = 200, 20, 0
 # measured runs per server, each of NUM_PROMPTS other prompts (seeds SEED, SEED + 2, ...; the warm-up's is odd): the
 # kept figures are their means, each run beside them ("bench_runs"). Two: a server's outputs are sampled (the server's
-# temperature), so how much it drafts moves from run to run (588 and 688 drafted steps in two calls of one lease)
+# temperature), so how much it drafts moves from run to run, and one run's TPOT with it
 BENCH_REPEATS = 2
 WARMUP_PROMPTS, WARMUP_SEED = 20, 1  # another seed: no prompt of the measured run is seen before it
 START_EST_S = {"53m": 120.0, "8b": 130.0}  # vllm serve under vLLM's defaults, to /health (H100 and H200: 75-110 s)
