@@ -22,7 +22,7 @@ import argparse
 import hashlib
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -271,6 +271,28 @@ def variant_names(ap: argparse.ArgumentParser, text: str) -> list[str]:
     return names
 
 
+def run_variants(names: list[str], run: Callable[[dict[str, Any] | None], dict[str, Any]]) -> dict[str, Any]:
+    """``run(plugin options)`` once per variant, under the variant's module constants: variant name -> its result."""
+    results = {}
+    for v in names:
+        with variant(VARIANTS[v]):
+            results[v] = run(VARIANTS[v].get(OPTIONS))
+        print(f"[{v}] done", flush=True)
+    return results
+
+
+def write_doc(path: str, *, command: str, argv: list[str] | None, names: list[str], fields: dict[str, Any]) -> None:
+    """A proxy's results JSON: its command line, the device and versions, the variants' settings, then ``fields``."""
+    doc = {
+        "command": f"python -m {command} " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "device": device_label(),
+        "versions": versions(),
+        "variants": {v: VARIANTS[v] for v in names},
+        **fields,
+    }
+    Path(path).write_text(json.dumps(doc, indent=1))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--inputs", default=str(DEFAULT_INPUTS), help="benchmarks.gate_prompts' file")
@@ -284,26 +306,14 @@ def main(argv: list[str] | None = None) -> None:
     inputs = json.loads(Path(args.inputs).read_text())
     steps = plan(inputs, [s for s in args.sets.split(",") if s], [c for c in args.cells.split(",") if c])
     outs = targets(steps, Path(args.targets))
-    results = {}
-    for v in names:
-        with variant(VARIANTS[v]):
-            results[v] = replay(steps, outs, VARIANTS[v].get(OPTIONS), max_len=inputs.get("max_model_len") or MAX_LEN)
-        print(f"[{v}] done", flush=True)
+    max_len = inputs.get("max_model_len") or MAX_LEN
+    results = run_variants(names, lambda options: replay(steps, outs, options, max_len=max_len))
     print(table(results, names))
     by_set = set_steps(results, names)
     print(set_table(by_set))
     if args.out:
-        doc = {
-            "command": "python -m benchmarks.gate_proxy " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "device": device_label(),
-            "versions": versions(),
-            "sets": args.sets,
-            "cells": args.cells,
-            "variants": {v: VARIANTS[v] for v in names},
-            "cells_by": results,
-            "steps_by_set": by_set,
-        }
-        Path(args.out).write_text(json.dumps(doc, indent=1))
+        fields = {"sets": args.sets, "cells": args.cells, "cells_by": results, "steps_by_set": by_set}
+        write_doc(args.out, command="benchmarks.gate_proxy", argv=argv, names=names, fields=fields)
 
 
 if __name__ == "__main__":

@@ -21,22 +21,20 @@ import argparse
 import json
 import random
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
 from benchmarks.gate_proxy import (
     EOS,
     FILLER_TOKENS,
-    OPTIONS,
     VARIANTS,
     counters,
     load_target,
+    run_variants,
     target_engine,
-    variant,
     variant_names,
+    write_doc,
 )
-from specdec.eval.results import device_label, versions
 from specdec.paths import REPO_ROOT, TARGET_MODEL, model_path
 
 DEFAULT_TARGETS = REPO_ROOT / "device_inputs" / "serve_proxy_targets.json"
@@ -149,22 +147,12 @@ def main(argv: list[str] | None = None) -> None:
     ps = prompts(args.requests, vocab, args.seed)
     outs = sampled_targets(ps, Path(args.targets), args.seed)
     at = arrivals(args.requests, args.rate, args.seed)
-    results = {}
-    for v in names:
-        with variant(VARIANTS[v]):
-            results[v] = replay(ps, outs, at, VARIANTS[v].get(OPTIONS))
-        print(f"[{v}] done", flush=True)
+    results = run_variants(names, lambda options: replay(ps, outs, at, options))
     print(table(results))
     if args.out:
-        doc = {
-            "command": "python -m benchmarks.serve_proxy " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "device": device_label(),
-            "versions": versions(),
-            "settings": {"step_ms": STEP_MS, "rate": args.rate, "requests": args.requests, "seed": args.seed},
-            "variants": {v: VARIANTS[v] for v in names},
-            "results": results,
-        }
-        Path(args.out).write_text(json.dumps(doc, indent=1))
+        settings = {"step_ms": STEP_MS, "rate": args.rate, "requests": args.requests, "seed": args.seed}
+        fields = {"settings": settings, "results": results}
+        write_doc(args.out, command="benchmarks.serve_proxy", argv=argv, names=names, fields=fields)
 
 
 if __name__ == "__main__":
