@@ -349,17 +349,16 @@ def join_servers(have: dict[str, Any] | None, check: dict[str, Any]) -> dict[str
     one check whose servers are both calls'. A label the first call already has gets ``-2`` (its no-speculation
     server: ``nospec-2``, shown beside the verdict's as a reference, the calls' spread); the verdict reads the first
     call's ``nospec`` and ``specdec``."""
-    if not have or "servers" not in have or "servers" not in check:
-        return check if not have or "servers" in check else have
+    if not have or "servers" not in have:
+        return check
+    if "servers" not in check:
+        return have
     servers = dict(have["servers"])
     for label, server in check["servers"].items():
-        if label in servers and "skipped" in servers[label] and "skipped" not in server:
-            servers[label] = server  # the earlier call skipped it (time): this call ran it
-        elif label in servers:
-            if "skipped" not in server:
-                servers[f"{label}-2"] = server
-        else:
+        if label not in servers or "skipped" in servers[label]:  # new, or skipped for time by the earlier call
             servers[label] = server
+        elif "skipped" not in server:
+            servers[f"{label}-2"] = server
     return {**have, "servers": servers}
 
 
