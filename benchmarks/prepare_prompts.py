@@ -48,7 +48,7 @@ SUSTAINED_AGENT_GROUPS = {32: (4, 20), 64: (20, 50)}
 RANDOM_TOKENS = 256  # a random prompt's length (the serve check's --random-input-len), BOS included
 RANDOM_SEED = 0
 RANDOM_BATCHES = (1, 8, 16, 32, 64)  # 16: about the serve check's concurrency (20 requests/s, ~0.7 s each)
-FIRST_ORDINARY_ID = 1  # ids below it are special (0: <|endoftext|>, BOS and EOS)
+FIRST_ORDINARY_ID = 2  # ids below it are the shared tokenizer's specials (0: <|endoftext|>, BOS and EOS; 1: <|pad|>)
 
 
 def _tokenizer() -> Any:

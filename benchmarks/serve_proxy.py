@@ -35,6 +35,7 @@ from benchmarks.gate_proxy import (
     variant_names,
     write_doc,
 )
+from benchmarks.prepare_prompts import FIRST_ORDINARY_ID
 from specdec.paths import REPO_ROOT, TARGET_MODEL, model_path
 
 DEFAULT_TARGETS = REPO_ROOT / "device_inputs" / "serve_proxy_targets.json"
@@ -44,12 +45,11 @@ STEP_MS = 5.0  # one engine step of the 8B shape at the check's load on an H200 
 MAX_LEN, MAX_SEQS, MAX_BATCHED = 2048, 256, 8192  # `vllm serve` defaults (max_num_seqs, tokens); length: the 53M's
 GEN_BATCH = 8
 TEMPERATURE = 1.0
-FIRST_SPECIAL = 2  # ids below it are the shared tokenizer's BOS/EOS and padding (never drawn)
 
 
 def prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[rng.randrange(FIRST_SPECIAL, vocab) for _ in range(PROMPT_TOKENS)] for _ in range(n)]
+    return [[rng.randrange(FIRST_ORDINARY_ID, vocab) for _ in range(PROMPT_TOKENS)] for _ in range(n)]
 
 
 def sampled_targets(ps: list[list[int]], path: Path, seed: int) -> list[list[int]]:

@@ -70,7 +70,7 @@ DRAFT_SPLIT_COLS = (  # per step, ms: the period, GPU busy and idle, schedule mo
 
 def summarise_by_draft(trace: dict[str, list[Any]], *, min_width: int = 2) -> list[dict[str, Any]]:
     """Decode steps at least ``min_width`` requests wide split by whether they verified a draft (``spec`` > 0):
-    per kind, steps, width and emitted tokens, each ``DRAFT_SPLIT_COLS`` mean, and the mean period of the step after
+    per kind, steps, width and draft tokens, each ``DRAFT_SPLIT_COLS`` mean, and the mean period of the step after
     (under async scheduling a step's cost can land in its successor's period). Prefill-heavy steps are left out, so
     the two kinds differ by their drafts, not by prompt work. Answers: what does a step that verifies a draft cost
     over a plain one, on the GPU (``busy_ms``) or on the host (the gap, the phases)?"""

@@ -15,7 +15,7 @@ def test_prompts_are_reproducible_random_ids_of_the_checks_length_without_specia
     a, b = sp.prompts(5, 1000, seed=0), sp.prompts(5, 1000, seed=0)
     assert a == b and a != sp.prompts(5, 1000, seed=1)
     assert all(len(p) == sp.PROMPT_TOKENS for p in a)
-    assert min(min(p) for p in a) >= sp.FIRST_SPECIAL and max(max(p) for p in a) < 1000
+    assert min(min(p) for p in a) >= sp.FIRST_ORDINARY_ID and max(max(p) for p in a) < 1000
 
 
 def test_arrivals_are_a_poisson_process_at_the_rate_in_engine_steps():
