@@ -87,15 +87,31 @@ def noise_floor(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def reference_of(servers: dict[str, Any], label: str) -> dict[str, Any]:
+    """The no-speculation server ``label`` is judged against: its own call's (``reference``), else ``nospec``."""
+    return servers.get(servers.get(label, {}).get("reference", REFERENCE), {})
+
+
+def run_ratios(server: dict[str, Any], reference: dict[str, Any]) -> list[float]:
+    """Median TPOT of each measured run over the reference's run of the same seed (one call: same traffic)."""
+    pairs = zip(server.get("bench_runs", []), reference.get("bench_runs", []))
+    return [r for a, b in pairs if (r := rules.ratio(a.get("median_tpot_ms"), b.get("median_tpot_ms"))) is not None]
+
+
 def serve_ratios(serve: dict[str, Any]) -> tuple[float | None, float | None]:
-    """(candidate, before) median-TPOT ratios to no speculation from the first TPOT check that served both."""
+    """(candidate, before) median-TPOT ratios to no speculation from the first TPOT check that served both, each
+    against its own call's no-speculation server (``reference_of``)."""
     for check in serve.values():
         servers = check.get("servers", {})
         if check.get("kind") != "tpot" or BEFORE not in servers:
             continue
-        none = servers.get(REFERENCE, {}).get("bench", {}).get("median_tpot_ms")
-        cand, base = (servers.get(m, {}).get("bench", {}).get("median_tpot_ms") for m in (CANDIDATE, BEFORE))
-        return rules.ratio(cand, none), rules.ratio(base, none)
+        return tuple(  # type: ignore[return-value]
+            rules.ratio(
+                servers.get(m, {}).get("bench", {}).get("median_tpot_ms"),
+                reference_of(servers, m).get("bench", {}).get("median_tpot_ms"),
+            )
+            for m in (CANDIDATE, BEFORE)
+        )
     return None, None
 
 

@@ -57,9 +57,10 @@ SERVE_SPECS: dict[str, tuple[dict[str, Any] | None, dict[str, str]]] = {
 RANDOM_FLAGS = ["--dataset-name", "random", "--random-input-len", "256", "--random-output-len", "128"]
 NUM_PROMPTS, REQUEST_RATE, SEED = 200, 20, 0
 # measured runs per server, each of NUM_PROMPTS other prompts (seeds SEED, SEED + 2, ...; the warm-up's is odd): the
-# kept figures are their means, each run beside them ("bench_runs"). Two: a server's outputs are sampled (the server's
-# temperature), so how much it drafts moves from run to run, and one run's TPOT with it
-BENCH_REPEATS = 2
+# kept figures are their means, each run beside them ("bench_runs", paired by seed with the call's no speculation in
+# the report). Four: a server's outputs are sampled (the server's temperature), so how much it drafts moves from run
+# to run, and one seed's traffic can read 1.15x where another reads 1.03x on the same server; a run is ~10 s
+BENCH_REPEATS = 4
 WARMUP_PROMPTS, WARMUP_SEED = 20, 1  # another seed: no prompt of the measured run is seen before it
 START_EST_S = {"53m": 120.0, "8b": 130.0}  # vllm serve under vLLM's defaults, to /health (H100 and H200: 75-110 s)
 BENCH_EST_S = 35.0  # warm-up + 200 requests at 20/s + the tail

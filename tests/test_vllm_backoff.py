@@ -4,6 +4,7 @@ book of schedule mode."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ import torch
 from specdec.drafters.suffix import SuffixDrafter, native_available
 from specdec.vllm_plugin.core import backoff as backoff_module
 from specdec.vllm_plugin.core.backoff import (
+    EMA_ALPHA,
     MIN_STEPS,
     PAD_MIN_ACCEPTED,
     PROBE_FIRST_AFTER,
@@ -332,8 +334,8 @@ def test_a_verified_accepted_token_of_a_backed_off_request_feeds_the_same_ema():
     bo = BackOff()
     low_batch(bo, ["a"])
     bo.record(["a"], [8])  # padded: its draft went out
-    bo.observe(["a"], [4], lambda i: [0, 0, 0, 0])  # 3 accepted
-    assert not bo.rows["a"].off and bo.rows["a"].ema == pytest.approx(0.75)
+    bo.observe(["a"], [5], lambda i: [0] * 5)  # 4 accepted: an EMA of 1.0, over either recovery threshold
+    assert not bo.rows["a"].off and bo.rows["a"].ema == pytest.approx(1.0)
 
 
 def test_slot_book_of_a_low_batch_grants_each_request_its_draft_and_nothing_without_one():
@@ -413,19 +415,25 @@ def test_schedule_mode_below_the_narrow_rows_stops_granting_slots_on_a_zero_acce
     assert st["backoff_requests_off"] == ROWS and st["schedule"]["low_batch_schedules"] > 150
 
 
-@pytest.mark.parametrize("strict", [0.5, 0.75])
+def matched_to_recover(threshold: float) -> int:
+    """Shadow tokens a backed-off request at an EMA of 0 must match to reach ``threshold``."""
+    return math.ceil(threshold / EMA_ALPHA - 1e-9)
+
+
+@pytest.mark.parametrize("strict", [0.5, 0.75, 1.0])
 def test_in_a_low_batch_recovery_takes_the_stricter_threshold(monkeypatch, strict):
     monkeypatch.setattr(backoff_module, "RECOVER_LOW_BATCH", strict)
     bo = BackOff()
     low_batch(bo, ["a", "b"])
-    drafts = [[5, 6, 7, 8], [1]]
+    drafts = [[5, 6, 7, 8, 9], [1]]
     bo.withhold(["a", "b"], drafts)
     bo.record(["a", "b"], [0, 0])
-    for t in (5, 6):  # one token a step: a's shadow matches two tokens (an EMA of 0.5)
+    need = matched_to_recover(max(strict, RECOVER_ACCEPTED))  # 2, 3 or 4 tokens
+    offs = []
+    for t in (5, 6, 7, 8):  # one token a step: a's shadow matches one more each step (an EMA of 0.25 each)
         bo.observe(["a", "b"], [1, 1], lambda i, t=t: [t] if i == 0 else [2])
-    assert bo.rows["a"].off is (strict > RECOVER_ACCEPTED)
-    bo.observe(["a", "b"], [1, 1], lambda i: [7] if i == 0 else [2])  # three tokens: 0.75
-    assert not bo.rows["a"].off
+        offs.append(bo.rows["a"].off)
+    assert offs == [m < need for m in (1, 2, 3, 4)]
     mixed = BackOff()  # beside requests whose drafts are accepted the batch is not low: the usual threshold
     mixed.rows = {"c": RowBackOff(off=True, shadow=[3, 4, 5]), **{r: RowBackOff(ema=2.0, seen=MIN_STEPS) for r in "de"}}
     assert not mixed.low()
@@ -435,11 +443,12 @@ def test_in_a_low_batch_recovery_takes_the_stricter_threshold(monkeypatch, stric
 
 
 def recovered_in_a_low_batch(bo: BackOff) -> None:
-    """``a`` and ``b`` backed off; ``a``'s shadow matches three tokens and brings it back (the stricter threshold)."""
+    """``a`` and ``b`` backed off; ``a``'s shadow matches enough tokens to bring it back (the stricter threshold)."""
     low_batch(bo, ["a", "b"])
-    bo.withhold(["a", "b"], [[5, 6, 7, 8], [1]])
+    shadow = [5, 6, 7, 8, 9, 10]
+    bo.withhold(["a", "b"], [shadow, [1]])
     bo.record(["a", "b"], [0, 0])
-    for t in (5, 6, 7):
+    for t in shadow[: matched_to_recover(backoff_module.RECOVER_LOW_BATCH)]:
         bo.observe(["a", "b"], [1, 1], lambda i, t=t: [t] if i == 0 else [2])
     assert not bo.rows["a"].off and bo.rows["a"].recovered and bo.low(STRICT_BELOW)
 
