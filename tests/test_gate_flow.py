@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import gate, gate_compare, gate_report, gate_serve, gate_worker
+from benchmarks import gate, gate_compare, gate_report, gate_serve, gate_serve_report, gate_worker
 from benchmarks.gate_prompts import BATCH
 from specdec.paths import REPO_ROOT
 
@@ -153,7 +153,7 @@ def _tpot(none_ms: float, spec_ms: float) -> dict:
 
 
 def test_serve_rows_verdicts():
-    rows = gate_report.serve_rows(
+    rows = gate_serve_report.serve_rows(
         {
             "a": _tpot(4.0, 4.12),  # 1.03: within 3%
             "b": _tpot(4.01, 8.73),
@@ -273,7 +273,7 @@ def test_serve_part_on_fake_servers(tmp_path):
     assert {servers["nospec"]["gpus"], servers["specdec"]["gpus"]} == {"0", "1"}  # started at once, a GPU each
     runs = servers["nospec"]["bench_runs"]  # each measured run kept, their means as the server's figures
     assert len(runs) == gate_serve.BENCH_REPEATS == 4
-    assert servers["nospec"]["bench"]["median_tpot_ms"] == pytest.approx(sum(r["median_tpot_ms"] for r in runs) / 2)
+    assert servers["nospec"]["bench"]["median_tpot_ms"] == pytest.approx(sum(r["median_tpot_ms"] for r in runs) / len(runs))
     assert doc["verdicts"]["serve"][0]["verdict"] in ("PASS", "FAIL")
 
 
@@ -504,7 +504,7 @@ def test_a_before_round_in_a_call_of_its_own_merges_into_one_serve_check(tmp_pat
     tpot = {label: srv["bench"]["median_tpot_ms"] for label, srv in servers.items()}
     assert cand == pytest.approx(tpot["specdec"] / tpot["nospec"])  # each against its own call's no speculation
     assert before == pytest.approx(tpot["specdec-before"] / tpot["nospec-2"])
-    rows = {r["check"]: r for r in gate_report.serve_rows(doc["serve"])}
+    rows = {r["check"]: r for r in gate_serve_report.serve_rows(doc["serve"])}
     assert rows["tpot-53m nospec-2"]["verdict"] == "-"  # the second call's no speculation: the calls' spread
     with pytest.raises(SystemExit):  # not with other servers, nor outside the serve part
         gate.main([*base, "--before-round", "--serve-methods", "nospec-v1"])
@@ -519,24 +519,24 @@ def test_a_joined_check_judges_each_server_against_its_own_calls_no_speculation(
     the before's call at 5.25 / 5.42; each server's ratio, and each run's, is against its own call's."""
     first = {"kind": "tpot", "servers": {"nospec": _runs(5.08, 5.28), "specdec": _runs(5.25, 6.08)}}
     second = {"kind": "tpot", "servers": {"nospec": _runs(5.25, 5.42), "specdec-before": _runs(5.30, 5.40)}}
-    serve = {"tpot-8b": gate_report.join_servers(first, second)}
+    serve = {"tpot-8b": gate_serve_report.join_servers(first, second)}
     cand, before = gate_compare.serve_ratios(serve)
     assert cand == pytest.approx(5.665 / 5.18) and before == pytest.approx(5.35 / 5.335)
-    rows = {r["check"]: r for r in gate_report.serve_rows(serve)}
+    rows = {r["check"]: r for r in gate_serve_report.serve_rows(serve)}
     assert rows["tpot-8b"]["runs"] == pytest.approx([5.25 / 5.08, 6.08 / 5.28])
     assert rows["tpot-8b specdec-before"]["runs"] == pytest.approx([5.30 / 5.25, 5.40 / 5.42])
     assert rows["tpot-8b nospec-2"]["ratio"] == pytest.approx(5.335 / 5.18)  # the calls' spread
     assert list(rows)[0] == "tpot-8b" and rows["tpot-8b specdec-before"]["verdict"] == "-"
-    assert "runs 1.033 1.152" in "\n".join(gate_report.render_serve(list(rows.values())))
+    assert "runs 1.033 1.152" in "\n".join(gate_serve_report.render_serve(list(rows.values())))
 
 
 def test_join_servers_fills_a_skipped_server_and_keeps_unmeasured_ones_out():
     ran = {"bench": {"median_tpot_ms": 5.0}}
     have = {"kind": "tpot", "servers": {"nospec": ran, "specdec": ran, "specdec-before": {"skipped": "time budget"}}}
     later = {"kind": "tpot", "servers": {"nospec": ran, "specdec-before": ran, "specdec": {"skipped": "time budget"}}}
-    joined = gate_report.join_servers(have, later)
+    joined = gate_serve_report.join_servers(have, later)
     # the skipped one, measured in the later call, judged against that call's no speculation
     assert joined["servers"]["specdec-before"] == {**ran, "reference": "nospec-2"}
     assert list(joined["servers"]) == ["nospec", "specdec", "specdec-before", "nospec-2"]
-    assert gate_report.join_servers(None, later) is later
-    assert gate_report.join_servers(have, {"skipped": "no GPU"}) is have
+    assert gate_serve_report.join_servers(None, later) is later
+    assert gate_serve_report.join_servers(have, {"skipped": "no GPU"}) is have
