@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 SPEC_PREFIX = "vllm:spec_decode_num_"  # vllm:spec_decode_num_{drafts,draft_tokens,accepted_tokens}[_total]
 SPEC_KEYS = ("drafts", "draft_tokens", "accepted_tokens")
 NGRAM = 4  # repeated n-grams: the 53M target loops on some prompts, which flatters every drafter
@@ -179,6 +181,38 @@ def bench_result(result: dict[str, Any] | None, text: str = "") -> dict[str, flo
         elif text and (m := re.search(BENCH_TEXT[key], text)):
             out[key] = float(m.group(1))
     return out if "median_tpot_ms" in out else {}
+
+
+def bench_windows(result: dict[str, Any] | None, windows: int) -> list[dict[str, float]]:
+    """A `vllm bench serve --save-detailed` run's requests, in the order sent, cut into ``windows`` consecutive equal
+    parts, each with its median / mean / p99 TPOT, median ITL and TTFT (ms) and its completed count: one run of
+    ``windows`` x N requests gives ``windows`` paired samples (a server on the same seed got the same requests in
+    each window). TPOT as vLLM counts it: the time after the first token over the tokens after it (a request's
+    ITLs sum to it). [] when the run kept no per-request detail."""
+    if not result or windows < 1 or not all(isinstance(result.get(k), list) for k in ("output_lens", "ttfts", "itls")):
+        return []
+    lens, ttfts, itls = result["output_lens"], result["ttfts"], result["itls"]
+    errors = result.get("errors") or [""] * len(lens)
+    n = len(lens) // windows
+    out = []
+    for w in range(windows):
+        part = range(w * n, (w + 1) * n)
+        ok = [i for i in part if not errors[i] and lens[i]]
+        tpots = [sum(itls[i]) / (lens[i] - 1) * 1e3 for i in ok if lens[i] > 1]
+        gaps = [x * 1e3 for i in ok for x in itls[i]]
+        if not tpots:
+            return []
+        out.append(
+            {
+                "median_tpot_ms": float(np.median(tpots)),
+                "mean_tpot_ms": float(np.mean(tpots)),
+                "p99_tpot_ms": float(np.percentile(tpots, 99)),
+                "median_itl_ms": float(np.median(gaps)) if gaps else 0.0,
+                "median_ttft_ms": float(np.median([ttfts[i] * 1e3 for i in ok])),
+                "completed": float(len(ok)),
+            }
+        )
+    return out
 
 
 def read_bench(path: Path, log: Path) -> dict[str, float]:

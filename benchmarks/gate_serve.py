@@ -2,8 +2,9 @@
 
 * ``tpot-53m`` / ``tpot-8b``: `vllm serve` of the shared target (and of it inflated to the 8B shape) without
   speculation and with ``{"method": "specdec"}``, each driven by `vllm bench serve --backend vllm --dataset-name random
-  --random-input-len 256 --random-output-len 128 --num-prompts 200 --request-rate 20` (after a warm-up of
-  ``WARMUP_PROMPTS`` on another seed); the gate is specdec's median TPOT over none's. With several GPUs the
+  --random-input-len 256 --random-output-len 128 --request-rate 20`, 600 requests seen as three windows of 200
+  (after a warm-up of ``WARMUP_PROMPTS`` on another seed); the gate is specdec's median TPOT over none's, the median
+  of the three windows' ratios. With several GPUs the
   servers start at once (one per GPU, up to ``MAX_SERVE_ROUND``, an equal share of the cores each) and are measured
   one after the other. The specdec server also answers one completion: the served start-up at TP=1.
 * ``start-8b-tp2``: `vllm serve` of the 8B shape with specdec at its defaults at TP=2 starts and answers.
@@ -26,7 +27,7 @@ from typing import Any
 
 from benchmarks import gate_report as report
 from benchmarks.gate_env import device_info, gpu_names, load_inputs, prepare_model, versions
-from benchmarks.gate_metrics import plugin_line, read_bench
+from benchmarks.gate_metrics import bench_windows, plugin_line, read_bench
 from benchmarks.serve_common import (
     HOST,
     VLLM_CLI_ENV,
@@ -56,16 +57,18 @@ SERVE_SPECS: dict[str, tuple[dict[str, Any] | None, dict[str, str]]] = {
 }
 RANDOM_FLAGS = ["--dataset-name", "random", "--random-input-len", "256", "--random-output-len", "128"]
 NUM_PROMPTS, REQUEST_RATE, SEED = 200, 20, 0
-# measured runs per server, each of NUM_PROMPTS other prompts (seeds SEED, SEED + 2, ...; the warm-up's is odd): the
-# kept figures are their means, each run beside them ("bench_runs", paired by seed with the call's no speculation in
-# the report). Four: a server's outputs are sampled (the server's temperature), so how much it drafts moves from run
-# to run, and one seed's traffic can read 1.15x where another reads 1.03x on the same server; a run is ~10 s
-BENCH_REPEATS = 4
+# the measured run per server: BENCH_WINDOWS x NUM_PROMPTS requests at REQUEST_RATE in one `vllm bench serve`
+# (--save-detailed), cut into BENCH_WINDOWS consecutive windows of NUM_PROMPTS requests ("bench_runs"); the report pairs
+# each window with the same window of its call's no speculation (same seed: the same requests) and takes the median
+# of the ratios. Three: a server's outputs are sampled (the server's temperature), so how much it drafts moves over
+# time, and one run of a server read 1.15x where its other read 1.03x; the median of three leaves one such window
+# out. One run, not three: each `vllm bench serve` takes ~20 s to start
+BENCH_WINDOWS = 3
 WARMUP_PROMPTS, WARMUP_SEED = 20, 1  # another seed: no prompt of the measured run is seen before it
 START_EST_S = {"53m": 120.0, "8b": 130.0}  # vllm serve under vLLM's defaults, to /health (H100 and H200: 75-110 s)
-BENCH_EST_S = 35.0  # warm-up + 200 requests at 20/s + the tail
-REPEAT_EST_S = 15.0  # each further measured run
-SERVER_BENCH_EST_S = BENCH_EST_S + REPEAT_EST_S * (BENCH_REPEATS - 1)  # one server's warm-up and measured runs
+BENCH_EST_S = 35.0  # the warm-up (a `vllm bench serve` starts in ~20 s)
+WINDOW_EST_S = 12.0  # each window of the measured run (200 requests at 20/s: 10.6 s), after its ~20 s start
+SERVER_BENCH_EST_S = 2 * BENCH_EST_S + WINDOW_EST_S * BENCH_WINDOWS  # one server's warm-up and measured run
 BENCH_TIMEOUT_S = 300.0
 ANSWER_EST_S = 20.0  # one completion and the server's shutdown
 ANSWER_PROMPT, ANSWER_TOKENS = "def fibonacci(n):", 16
@@ -105,9 +108,9 @@ class ServeRun:
             "commit": inputs.get("commit", ""),
             "before_commit": before if "specdec-before" in args.serve_methods else None,
             "settings": {
-                "bench": "vllm bench serve --backend vllm " + " ".join(RANDOM_FLAGS) + f" --num-prompts {NUM_PROMPTS} "
-                f"--request-rate {REQUEST_RATE} --seed {SEED} (temperature: the server's default); {BENCH_REPEATS} "
-                f"runs per server, seeds {SEED} + 2i, their means",
+                "bench": "vllm bench serve --backend vllm " + " ".join(RANDOM_FLAGS) + f" --num-prompts "
+                f"{NUM_PROMPTS * BENCH_WINDOWS} --request-rate {REQUEST_RATE} --seed {SEED} --save-detailed "
+                f"(temperature: the server's default); its requests in {BENCH_WINDOWS} windows of {NUM_PROMPTS}",
                 "warmup": f"{WARMUP_PROMPTS} prompts, seed {WARMUP_SEED}",
                 "server_args": "vLLM defaults: model, --speculative-config, --tensor-parallel-size",
                 "fake": args.fake,
@@ -210,21 +213,17 @@ class ServeRun:
             server.proc = None
 
     def _measure(self, server: Server, check: dict[str, Any], key: str, model: str) -> None:
-        """Warm-up, the measured runs (``BENCH_REPEATS``, their means kept) with the spec-decode counters around
-        them, one answered completion; stopped."""
+        """Warm-up, the measured run (its figures, and its ``BENCH_WINDOWS`` windows' as ``bench_runs``) with the
+        spec-decode counters around it, one answered completion; stopped."""
         rec = check["servers"][key]
         try:
             if server.proc is None:
                 return
             bench(server, model, self.work / f"{key}-warmup", num=WARMUP_PROMPTS, seed=WARMUP_SEED, fake=self.args.fake)
             before = scrape(server.base_url)
-            runs = [
-                bench(
-                    server, model, self.work / f"{key}-run{i}", num=NUM_PROMPTS, seed=SEED + 2 * i, fake=self.args.fake
-                )
-                for i in range(BENCH_REPEATS)
-            ]
-            rec["bench"], rec["bench_runs"] = mean_bench(runs), runs
+            num = NUM_PROMPTS * BENCH_WINDOWS
+            rec["bench"] = bench(server, model, self.work / f"{key}-run", num=num, seed=SEED, fake=self.args.fake)
+            rec["bench_runs"] = rec["bench"].pop("windows", [])
             rec["spec"] = spec_delta(before, scrape(server.base_url))
             rec["answered"] = answer(server.base_url, model)
         except (ServeError, OSError, subprocess.SubprocessError) as exc:
@@ -249,26 +248,23 @@ class ServeRun:
         return doc
 
 
-def bench(server: Server, model: str, stem: Path, *, num: int, seed: int, fake: bool) -> dict[str, float]:
-    """One `vllm bench serve` run of the random low-acceptance traffic; its kept figures."""
+def bench(server: Server, model: str, stem: Path, *, num: int, seed: int, fake: bool) -> dict[str, Any]:
+    """One `vllm bench serve` run of the random low-acceptance traffic; its kept figures (the measured run's also
+    its windows' under ``windows``)."""
     result, log = stem.with_suffix(".result.json"), stem.with_suffix(".bench.log")
     result.unlink(missing_ok=True)
     cmd = [*shlex.split(cli_base(fake)), "bench", "serve", "--backend", "vllm", "--model", model]
     cmd += ["--host", HOST, "--port", str(server.port), *RANDOM_FLAGS, "--num-prompts", str(num)]
     cmd += ["--request-rate", str(REQUEST_RATE), "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl"]
-    cmd += ["--save-result", "--result-dir", str(result.parent), "--result-filename", result.name]
+    cmd += ["--save-result", "--save-detailed", "--result-dir", str(result.parent), "--result-filename", result.name]
     with open(log, "w") as fh:
         rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=BENCH_TIMEOUT_S, check=False).returncode
-    out = read_bench(result, log)
+    out: dict[str, Any] = dict(read_bench(result, log))
     if rc != 0 or not out:
         raise ServeError(f"`vllm bench serve` exited with code {rc} and no median TPOT: see {log}")
+    if num >= NUM_PROMPTS * BENCH_WINDOWS:  # the measured run: its windows (the caller moves them out)
+        out["windows"] = bench_windows(json.loads(result.read_text()) if result.exists() else None, BENCH_WINDOWS)
     return out
-
-
-def mean_bench(runs: list[dict[str, float]]) -> dict[str, float]:
-    """The runs' mean of each figure every run has (one run: itself)."""
-    keys = [k for k in runs[0] if all(k in r for r in runs)]
-    return {k: sum(r[k] for r in runs) / len(runs) for k in keys}
 
 
 def answer(base_url: str, model: str) -> bool:

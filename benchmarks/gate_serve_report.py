@@ -1,13 +1,13 @@
 """The GPU gate's serve checks in its report: the rows of each check (each server's median-TPOT ratio to its own
-call's no speculation, each run's ratio paired by seed, the verdict on the candidate's), their table, and the join of
-one check measured in two calls (``gate.py --before-round``)."""
+call's no speculation: the median of its runs' ratios, each run paired by seed; the verdict on the candidate's), their
+table, and the join of one check measured in two calls (``gate.py --before-round``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from benchmarks import gate_rules as rules
-from benchmarks.gate_compare import CANDIDATE, REFERENCE, reference_of, run_ratios
+from benchmarks.gate_compare import CANDIDATE, REFERENCE, reference_of, run_ratios, serve_ratio
 from benchmarks.gate_tables import fmt as _f
 
 
@@ -45,7 +45,7 @@ def _tpot_rows(name: str, servers: dict[str, Any]) -> list[dict[str, Any]]:
         srv = servers.get(label, {})
         ms, none_ms = srv.get("bench", {}).get("median_tpot_ms"), ref.get("bench", {}).get("median_tpot_ms")
         emit = srv.get("spec", {}).get("emitted_per_step") if label.startswith(CANDIDATE) else None
-        r = {"check": check, "none_ms": none_ms, "spec_ms": ms, "ratio": rules.ratio(ms, none_ms), "emit": emit}
+        r = {"check": check, "none_ms": none_ms, "spec_ms": ms, "ratio": serve_ratio(srv, ref), "emit": emit}
         return {**r, "runs": run_ratios(srv, ref), "verdict": "-"}
 
     first = row(name, CANDIDATE, reference_of(servers, CANDIDATE))

@@ -363,6 +363,7 @@ def bench(argv: list[str]) -> int:
         ("--result-filename", {"default": "result.json"}),
     ):
         ap.add_argument(flag, **kw)
+    ap.add_argument("--save-detailed", action="store_true")
     args, _ = ap.parse_known_args(argv)
     base = f"http://{args.host}:{args.port}"
     rows = _dataset(args)
@@ -403,6 +404,11 @@ def bench(argv: list[str]) -> int:
             spec_decode_acceptance_rate=100 * accepted / max(drafted, 1),
             spec_decode_acceptance_length=1 + accepted / max(drafts, 1),
         )
+    if args.save_detailed:  # per request, in the order sent, as vLLM's (seconds)
+        result["output_lens"] = [o.get("tokens", 0) for o in outs]
+        result["ttfts"] = [o.get("ttft", 0.0) for o in outs]
+        result["itls"] = [[float(x) for x in o.get("itl", [])] for o in outs]
+        result["errors"] = [o.get("error", "") for o in outs]
     out = Path(args.result_dir) / args.result_filename
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result))
