@@ -51,6 +51,7 @@ LOG_TAIL_CHARS = 200_000  # of each engine's log copied into the call's log file
 START_ENV = "GATE_T0"  # epoch seconds the call started (gpu_gate.sh): the budget counts its installs too
 SHAPE = "llama-8b"
 SERVE_CHECKS = ("tpot-53m", "tpot-8b", "start-8b-tp2")  # gate_serve's (named here: checked before it is imported)
+REQUEST_RATE = 20  # gate_serve.REQUEST_RATE, the TPOT checks' default rate (tests/test_gate_flow.py holds them equal)
 # the servers of a TPOT check: nospec and specdec make its verdict; the others are references beside them (no
 # speculation on vLLM's V1 model runner, the base commit, specdec in schedule mode whatever the target's size)
 SERVE_METHODS = (
@@ -62,6 +63,19 @@ SERVE_METHODS = (
     "specdec-log",
     "specdec-nodraft",
 )  # gate_serve.SERVE_SPECS's keys (tests/test_gate_flow.py holds them equal)
+
+
+def serve_rate(ap: argparse.ArgumentParser, text: str) -> str:
+    """``--serve-rate`` as `vllm bench serve` takes it: a positive number of requests per second, or ``inf``."""
+    if not text:
+        return str(REQUEST_RATE)
+    try:
+        ok = text == "inf" or float(text) > 0
+    except ValueError:
+        ok = False
+    if not ok:
+        ap.error(f"--serve-rate: {text!r} is not a rate; give requests per second (> 0) or inf")
+    return text
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -96,6 +110,12 @@ def parser() -> argparse.ArgumentParser:
         "--serve-methods",
         default="nospec,specdec",
         help=f"--part serve: the servers of a TPOT check, of {', '.join(SERVE_METHODS)} (nospec and specdec always)",
+    )
+    ap.add_argument(
+        "--serve-rate",
+        default="",
+        help=f"--part serve: the TPOT checks' request rate, req/s or inf (default {REQUEST_RATE}, the issue's); "
+        "another rate's check is recorded as <check>@<rate>",
     )
     ap.add_argument(
         "--before-round",
@@ -140,6 +160,7 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if m not in SERVE_METHODS:
             ap.error(f"--serve-methods: {m!r} is unknown; valid: {', '.join(SERVE_METHODS)}")
     args.serve_methods = list(dict.fromkeys(["nospec", "specdec", *wanted]))  # in the order given after these
+    args.serve_rate = serve_rate(ap, args.serve_rate)
     if args.before_round:
         if args.part != "serve" or wanted != ["nospec", "specdec"]:
             ap.error(

@@ -109,7 +109,7 @@ class ServeRun:
             "before_commit": before if "specdec-before" in args.serve_methods else None,
             "settings": {
                 "bench": "vllm bench serve --backend vllm " + " ".join(RANDOM_FLAGS) + f" --num-prompts "
-                f"{NUM_PROMPTS * BENCH_WINDOWS} --request-rate {REQUEST_RATE} --seed {SEED} --save-detailed "
+                f"{NUM_PROMPTS * BENCH_WINDOWS} --request-rate {args.serve_rate} --seed {SEED} --save-detailed "
                 f"(temperature: the server's default); its requests in {BENCH_WINDOWS} windows of {NUM_PROMPTS}",
                 "warmup": f"{WARMUP_PROMPTS} prompts, seed {WARMUP_SEED}",
                 "server_args": "vLLM defaults: model, --speculative-config, --tensor-parallel-size",
@@ -121,14 +121,15 @@ class ServeRun:
         for name in self.args.checks:
             size = name.split("-")[1]
             tp = 2 if name.endswith("tp2") else 1
+            key = check_key(name, self.args.serve_rate)
             if tp > self.gpus:
-                self.checks[name] = {"kind": "start", "skipped": f"needs {tp} GPUs, {self.gpus} here"}
+                self.checks[key] = {"kind": "start", "skipped": f"needs {tp} GPUs, {self.gpus} here"}
             elif not self._fits(size, name):
-                self.checks[name] = {"kind": "tpot" if name.startswith("tpot") else "start", "skipped": "time budget"}
+                self.checks[key] = {"kind": "tpot" if name.startswith("tpot") else "start", "skipped": "time budget"}
             elif name.startswith("tpot"):
-                self.checks[name] = self._tpot(size)
+                self.checks[key] = {**self._tpot(size), "rate": self.args.serve_rate}
             else:
-                self.checks[name] = self._start(size, tp)
+                self.checks[key] = self._start(size, tp)
             self.write()
         return self.write()
 
@@ -219,10 +220,11 @@ class ServeRun:
         try:
             if server.proc is None:
                 return
-            bench(server, model, self.work / f"{key}-warmup", num=WARMUP_PROMPTS, seed=WARMUP_SEED, fake=self.args.fake)
+            runs = {"rate": self.args.serve_rate, "fake": self.args.fake}
+            bench(server, model, self.work / f"{key}-warmup", num=WARMUP_PROMPTS, seed=WARMUP_SEED, **runs)
             before = scrape(server.base_url)
             num = NUM_PROMPTS * BENCH_WINDOWS
-            rec["bench"] = bench(server, model, self.work / f"{key}-run", num=num, seed=SEED, fake=self.args.fake)
+            rec["bench"] = bench(server, model, self.work / f"{key}-run", num=num, seed=SEED, **runs)
             rec["bench_runs"] = rec["bench"].pop("windows", [])
             rec["spec"] = spec_delta(before, scrape(server.base_url))
             rec["answered"] = answer(server.base_url, model)
@@ -248,14 +250,20 @@ class ServeRun:
         return doc
 
 
-def bench(server: Server, model: str, stem: Path, *, num: int, seed: int, fake: bool) -> dict[str, Any]:
+def check_key(name: str, rate: str) -> str:
+    """A check's key in the results: its name, and ``@rate`` past a TPOT check's at another rate than the issue's
+    (``--serve-rate``), so that a merge keeps both."""
+    return name if not name.startswith("tpot") or rate == str(REQUEST_RATE) else f"{name}@{rate}"
+
+
+def bench(server: Server, model: str, stem: Path, *, num: int, seed: int, rate: str, fake: bool) -> dict[str, Any]:
     """One `vllm bench serve` run of the random low-acceptance traffic; its kept figures (the measured run's also
     its windows' under ``windows``)."""
     result, log = stem.with_suffix(".result.json"), stem.with_suffix(".bench.log")
     result.unlink(missing_ok=True)
     cmd = [*shlex.split(cli_base(fake)), "bench", "serve", "--backend", "vllm", "--model", model]
     cmd += ["--host", HOST, "--port", str(server.port), *RANDOM_FLAGS, "--num-prompts", str(num)]
-    cmd += ["--request-rate", str(REQUEST_RATE), "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl"]
+    cmd += ["--request-rate", rate, "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl"]
     cmd += ["--save-result", "--save-detailed", "--result-dir", str(result.parent), "--result-filename", result.name]
     with open(log, "w") as fh:
         rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=BENCH_TIMEOUT_S, check=False).returncode

@@ -365,6 +365,23 @@ def test_every_serve_server_the_gate_accepts_is_one_gate_serve_can_start():
     from benchmarks.gate_serve import SERVE_SPECS
 
     assert tuple(SERVE_SPECS) == SERVE_METHODS
+    assert gate.REQUEST_RATE == gate_serve.REQUEST_RATE  # the TPOT checks' default rate, named on both sides
+
+
+def test_a_serve_check_at_another_rate_is_kept_apart(tmp_path):
+    """``--serve-rate inf``: the check runs at that rate, under ``tpot-53m@inf`` (a merge keeps it beside the
+    issue's 20/s check); a rate that is not one stops the command."""
+    argv = ["--part", "serve", "--fake", "--gpus", "2", "--checks", "tpot-53m", "--out-dir", str(tmp_path)]
+    argv += ["--work-dir", str(tmp_path / "w"), "--inputs", str(_inputs(tmp_path / "inputs.json"))]
+    gate.main([*argv, "--serve-rate", "inf"])
+    (path,) = tmp_path.glob("*_gate_serve_ccccccc.json")
+    doc = json.loads(path.read_text())
+    assert list(doc["serve"]) == ["tpot-53m@inf"] and doc["serve"]["tpot-53m@inf"]["rate"] == "inf"
+    assert "--request-rate inf" in doc["sources"][0]["settings"]["bench"]
+    assert doc["verdicts"]["serve"][0]["check"] == "tpot-53m@inf"
+    for bad in ("0", "fast"):
+        with pytest.raises(SystemExit):
+            gate.main([*argv, "--serve-rate", bad])
 
 
 def test_the_base_commit_is_the_installed_tree_s(tmp_path):
