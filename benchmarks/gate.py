@@ -65,17 +65,17 @@ SERVE_METHODS = (
 )  # gate_serve.SERVE_SPECS's keys (tests/test_gate_flow.py holds them equal)
 
 
-def serve_rate(ap: argparse.ArgumentParser, text: str) -> str:
-    """``--serve-rate`` as `vllm bench serve` takes it: a positive number of requests per second, or ``inf``."""
-    if not text:
-        return str(REQUEST_RATE)
-    try:
-        ok = text == "inf" or float(text) > 0
-    except ValueError:
-        ok = False
-    if not ok:
-        ap.error(f"--serve-rate: {text!r} is not a rate; give requests per second (> 0) or inf")
-    return text
+def serve_rates(ap: argparse.ArgumentParser, text: str) -> list[str]:
+    """``--serve-rate`` as `vllm bench serve` takes each: positive numbers of requests per second, or ``inf``."""
+    rates = list(dict.fromkeys(r for r in (text or str(REQUEST_RATE)).split(",") if r))
+    for r in rates:
+        try:
+            ok = r == "inf" or float(r) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            ap.error(f"--serve-rate: {r!r} is not a rate; give requests per second (> 0) or inf, comma-separated")
+    return rates
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -114,8 +114,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--serve-rate",
         default="",
-        help=f"--part serve: the TPOT checks' request rate, req/s or inf (default {REQUEST_RATE}, the issue's); "
-        "another rate's check is recorded as <check>@<rate>",
+        help=f"--part serve: the TPOT checks' request rates, req/s or inf, comma-separated (default {REQUEST_RATE}, "
+        "the issue's): each server runs each in turn; another rate's check is recorded as <check>@<rate>",
     )
     ap.add_argument(
         "--before-round",
@@ -160,7 +160,7 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if m not in SERVE_METHODS:
             ap.error(f"--serve-methods: {m!r} is unknown; valid: {', '.join(SERVE_METHODS)}")
     args.serve_methods = list(dict.fromkeys(["nospec", "specdec", *wanted]))  # in the order given after these
-    args.serve_rate = serve_rate(ap, args.serve_rate)
+    args.serve_rates = serve_rates(ap, args.serve_rate)
     if args.before_round:
         if args.part != "serve" or wanted != ["nospec", "specdec"]:
             ap.error(

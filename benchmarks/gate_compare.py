@@ -109,16 +109,20 @@ def serve_ratio(server: dict[str, Any], reference: dict[str, Any]) -> float | No
     return rules.ratio(server.get("bench", {}).get("median_tpot_ms"), reference.get("bench", {}).get("median_tpot_ms"))
 
 
-def serve_ratios(serve: dict[str, Any]) -> tuple[float | None, float | None]:
-    """(candidate, before) median-TPOT ratios to no speculation (``serve_ratio``) from the first TPOT check that
-    served both, each against its own call's no-speculation server (``reference_of``)."""
-    for check in serve.values():
+def serve_pairs(serve: dict[str, Any]) -> dict[str, tuple[float | None, float | None]]:
+    """Per TPOT check that served both (one per ``--serve-rate``): the (candidate, before) median-TPOT ratios to no
+    speculation (``serve_ratio``), each against its own call's no-speculation server (``reference_of``)."""
+    out = {}
+    for name, check in serve.items():
         servers = check.get("servers", {})
-        if check.get("kind") != "tpot" or BEFORE not in servers:
-            continue
-        cand, base = (serve_ratio(servers.get(m, {}), reference_of(servers, m)) for m in (CANDIDATE, BEFORE))
-        return cand, base
-    return None, None
+        if check.get("kind") == "tpot" and BEFORE in servers:
+            out[name] = tuple(serve_ratio(servers.get(m, {}), reference_of(servers, m)) for m in (CANDIDATE, BEFORE))
+    return out  # type: ignore[return-value]
+
+
+def serve_ratios(serve: dict[str, Any]) -> tuple[float | None, float | None]:
+    """The first check's pair of ``serve_pairs`` (the issue's rate where it ran), (None, None) without one."""
+    return next(iter(serve_pairs(serve).values()), (None, None))
 
 
 def compare(cells: dict[str, list[dict[str, Any]]], serve_checks: dict[str, Any]) -> dict[str, Any]:
@@ -144,18 +148,19 @@ def compare(cells: dict[str, list[dict[str, Any]]], serve_checks: dict[str, Any]
                 "same_work": noise_floor(rows),
                 "pairs": [geomean([r["pairs"][i] for r in counted if len(r["pairs"]) > i]) for i in range(n_pairs)],
             }
-    serve = serve_ratios(serve_checks)
+    pairs = serve_pairs(serve_checks)  # every rate's: no loss at any, a win at one
+    serve = next(iter(pairs.values()), (None, None))
     verdicts = [
         rules.before_after(t["geomean"], t["worst"], min(t["sets"].values(), default=None)) for t in tps.values()
     ]
-    if serve[0] is not None:
-        verdicts.append(rules.before_after_serve(*serve))
+    verdicts += [rules.before_after_serve(*pair) for pair in pairs.values() if pair[0] is not None]
     verdict = rules.overall(verdicts) if verdicts else rules.NONE
-    win = rules.wins([t["geomean"] for t in tps.values()], serve)
+    geomeans = [t["geomean"] for t in tps.values()]
+    win = any(rules.wins(geomeans, pair) for pair in pairs.values()) or rules.wins(geomeans, (None, None))
     reason = "a loss" if verdict == rules.FAIL else ("a win" if win else "no win")
     if verdict == rules.PASS and not win:
         verdict = rules.FAIL  # loses nothing, wins nothing: not worth a change to the default
-    return {"tps": tps, "serve": serve, "win": win, "reason": reason, "verdict": verdict}
+    return {"tps": tps, "serve": serve, "serve_checks": pairs, "win": win, "reason": reason, "verdict": verdict}
 
 
 def _f(v: float | None, fmt: str = ".2f") -> str:
@@ -198,9 +203,10 @@ def render_compare(result: dict[str, Any]) -> list[str]:
                 f"{'':<{w}}same work (outputs identical, drafted and accepted within {rules.SAME_WORK_TOL:.0%}): "
                 f"{same['cells']} cells, geomean {_f(same['geomean'], '.3f')}, {_f(same['low'])}-{_f(same['high'])}"
             )
-    cand, base = result["serve"]
-    if cand is not None:
-        out.append(f"serve median TPOT x nospec: specdec {_f(cand, '.3f')}, before {_f(base, '.3f')}")
+    for name, (cand, base) in (result.get("serve_checks") or {"": result["serve"]}).items():
+        if cand is not None:
+            at = f" ({name})" if name else ""
+            out.append(f"serve median TPOT x nospec{at}: specdec {_f(cand, '.3f')}, before {_f(base, '.3f')}")
     verdict = {rules.PASS: "KEEP", rules.FAIL: "DROP"}.get(result["verdict"], result["verdict"])
     out += [
         f"before/after: {verdict} ({result.get('reason', '-')})",

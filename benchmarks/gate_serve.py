@@ -68,7 +68,6 @@ WARMUP_PROMPTS, WARMUP_SEED = 20, 1  # another seed: no prompt of the measured r
 START_EST_S = {"53m": 120.0, "8b": 130.0}  # vllm serve under vLLM's defaults, to /health (H100 and H200: 75-110 s)
 BENCH_EST_S = 35.0  # the warm-up (a `vllm bench serve` starts in ~20 s)
 WINDOW_EST_S = 12.0  # each window of the measured run (200 requests at 20/s: 10.6 s), after its ~20 s start
-SERVER_BENCH_EST_S = 2 * BENCH_EST_S + WINDOW_EST_S * BENCH_WINDOWS  # one server's warm-up and measured run
 BENCH_TIMEOUT_S = 300.0
 ANSWER_EST_S = 20.0  # one completion and the server's shutdown
 ANSWER_PROMPT, ANSWER_TOKENS = "def fibonacci(n):", 16
@@ -109,8 +108,10 @@ class ServeRun:
             "before_commit": before if "specdec-before" in args.serve_methods else None,
             "settings": {
                 "bench": "vllm bench serve --backend vllm " + " ".join(RANDOM_FLAGS) + f" --num-prompts "
-                f"{NUM_PROMPTS * BENCH_WINDOWS} --request-rate {args.serve_rate} --seed {SEED} --save-detailed "
-                f"(temperature: the server's default); its requests in {BENCH_WINDOWS} windows of {NUM_PROMPTS}",
+                f"{NUM_PROMPTS * BENCH_WINDOWS} --request-rate R --seed {SEED} --save-detailed "
+                f"(temperature: the server's default); its requests in {BENCH_WINDOWS} windows of {NUM_PROMPTS}; R: "
+                + ", ".join(args.serve_rates)
+                + " (each a check, on the same servers)",
                 "warmup": f"{WARMUP_PROMPTS} prompts, seed {WARMUP_SEED}",
                 "server_args": "vLLM defaults: model, --speculative-config, --tensor-parallel-size",
                 "fake": args.fake,
@@ -121,15 +122,16 @@ class ServeRun:
         for name in self.args.checks:
             size = name.split("-")[1]
             tp = 2 if name.endswith("tp2") else 1
-            key = check_key(name, self.args.serve_rate)
+            keys = [check_key(name, r) for r in self.args.serve_rates] if name.startswith("tpot") else [name]
             if tp > self.gpus:
-                self.checks[key] = {"kind": "start", "skipped": f"needs {tp} GPUs, {self.gpus} here"}
+                self.checks[name] = {"kind": "start", "skipped": f"needs {tp} GPUs, {self.gpus} here"}
             elif not self._fits(size, name):
-                self.checks[key] = {"kind": "tpot" if name.startswith("tpot") else "start", "skipped": "time budget"}
+                kind = "tpot" if name.startswith("tpot") else "start"
+                self.checks.update({k: {"kind": kind, "skipped": "time budget"} for k in keys})
             elif name.startswith("tpot"):
-                self.checks[key] = {**self._tpot(size), "rate": self.args.serve_rate}
+                self.checks.update(zip(keys, self._tpot(size)))
             else:
-                self.checks[key] = self._start(size, tp)
+                self.checks[name] = self._start(size, tp)
             self.write()
         return self.write()
 
@@ -139,24 +141,30 @@ class ServeRun:
         if name.startswith("start"):
             need = START_EST_S[size] + ANSWER_EST_S
         else:
-            need = START_EST_S[size] * (1 if self.gpus >= 2 else 2) + 2 * SERVER_BENCH_EST_S
+            need = START_EST_S[size] * (1 if self.gpus >= 2 else 2) + 2 * self._bench_est()
         return time.time() + need <= self.args.deadline
 
-    def _tpot(self, size: str) -> dict[str, Any]:
+    def _bench_est(self) -> float:
+        """One server's warm-up and measured runs, one per ``--serve-rate``."""
+        return BENCH_EST_S + (BENCH_EST_S + WINDOW_EST_S * BENCH_WINDOWS) * len(self.args.serve_rates)
+
+    def _tpot(self, size: str) -> list[dict[str, Any]]:
         """The check's servers (``--serve-methods``, nospec and specdec first) in rounds of one per GPU: a round's
-        servers start at once (one GPU and an equal share of the cores each), then each is benchmarked in turn.
-        A round that could not finish before the deadline is skipped (its servers recorded as such)."""
+        servers start at once (one GPU and an equal share of the cores each), then each is benchmarked in turn, at
+        each ``--serve-rate`` (one check each, in that order, on the same servers). A round that could not finish
+        before the deadline is skipped (its servers recorded as such)."""
         model, label = self.models[size]
-        check: dict[str, Any] = {"kind": "tpot", "model": label, "tp": 1, "servers": {}}
+        checks = [{"kind": "tpot", "model": label, "tp": 1, "rate": r, "servers": {}} for r in self.args.serve_rates]
+        check = checks[0]  # the starts and skips are recorded here, and copied to the others
         methods = list(self.args.serve_methods)
         per_round = max(1, min(self.gpus, MAX_SERVE_ROUND))
         cores = sorted(os.sched_getaffinity(0))
         for first in range(0, len(methods), per_round):
             names = methods[first : first + per_round]
-            need = START_EST_S[size] + SERVER_BENCH_EST_S * len(names)
+            need = START_EST_S[size] + self._bench_est() * len(names)
             if first and time.time() + need > self.args.deadline:
-                for k in names:
-                    check["servers"][k] = {"skipped": "time budget"}
+                for c in checks:
+                    c["servers"].update({k: {"skipped": "time budget"} for k in names})
                 continue
             share = len(cores) // len(names) if len(names) > 1 else 0
             servers = {
@@ -169,8 +177,8 @@ class ServeRun:
             for t in threads:
                 t.join()
             for k, s in servers.items():
-                self._measure(s, check, k, model)
-        return check
+                self._measure(s, checks, k, model)
+        return checks
 
     def _start(self, size: str, tp: int) -> dict[str, Any]:
         model, label = self.models[size]
@@ -213,28 +221,37 @@ class ServeRun:
             rec["error"] = str(exc)[:300]
             server.proc = None
 
-    def _measure(self, server: Server, check: dict[str, Any], key: str, model: str) -> None:
-        """Warm-up, the measured run (its figures, and its ``BENCH_WINDOWS`` windows' as ``bench_runs``) with the
-        spec-decode counters around it, one answered completion; stopped."""
-        rec = check["servers"][key]
+    def _measure(self, server: Server, checks: list[dict[str, Any]], key: str, model: str) -> None:
+        """Warm-up, then per check (one per ``--serve-rate``) the measured run at its rate: its figures, its
+        ``BENCH_WINDOWS`` windows' as ``bench_runs``, the spec-decode counters around it; one answered completion;
+        stopped. The first check's record also holds the start and the plugin's totals since the start."""
+        recs = [c["servers"].setdefault(key, {}) for c in checks]
+        for rec in recs[1:]:
+            rec.update({k: v for k, v in recs[0].items() if k in ("gpus", "start_s", "error")})
         try:
             if server.proc is None:
                 return
-            runs = {"rate": self.args.serve_rate, "fake": self.args.fake}
-            bench(server, model, self.work / f"{key}-warmup", num=WARMUP_PROMPTS, seed=WARMUP_SEED, **runs)
-            before = scrape(server.base_url)
-            num = NUM_PROMPTS * BENCH_WINDOWS
-            rec["bench"] = bench(server, model, self.work / f"{key}-run", num=num, seed=SEED, **runs)
-            rec["bench_runs"] = rec["bench"].pop("windows", [])
-            rec["spec"] = spec_delta(before, scrape(server.base_url))
-            rec["answered"] = answer(server.base_url, model)
+            fake, rate0 = self.args.fake, checks[0]["rate"]
+            bench(
+                server, model, self.work / f"{key}-warmup", num=WARMUP_PROMPTS, seed=WARMUP_SEED, rate=rate0, fake=fake
+            )
+            for check, rec in zip(checks, recs):
+                before = scrape(server.base_url)
+                stem = self.work / f"{key}-run@{check['rate']}"
+                rec["bench"] = bench(
+                    server, model, stem, num=NUM_PROMPTS * BENCH_WINDOWS, seed=SEED, rate=check["rate"], fake=fake
+                )
+                rec["bench_runs"] = rec["bench"].pop("windows", [])
+                rec["spec"] = spec_delta(before, scrape(server.base_url))
+            recs[0]["answered"] = answer(server.base_url, model)
         except (ServeError, OSError, subprocess.SubprocessError) as exc:
-            rec["error"] = str(exc)[:300]
+            for rec in recs:
+                rec["error"] = str(exc)[:300]
         finally:
             server.stop()
             totals = plugin_line(server.log.read_text(errors="replace")) if server.log.exists() else None
             if totals:  # the plugin's totals: its last line (engine idle after the answer, or exit)
-                rec["plugin"] = totals
+                recs[0]["plugin"] = totals
 
     def write(self) -> dict[str, Any]:
         partial = any("skipped" in c or "error" in json.dumps(c) for c in self.checks.values())

@@ -164,7 +164,14 @@ def test_no_before_engine_no_section():
     g = _gate({"chat/b8": (100.0, 0.88, 210.0, 0.88, 200.0, 0.88)})
     del g["engines"]["specdec-before"]
     out = before_after({"gates": {"tp1": g}, "serve": _serve(4.9, 5.0, None)})
-    assert out == {"tps": {}, "serve": (None, None), "win": False, "reason": "no win", "verdict": rules.NONE}
+    assert out == {
+        "tps": {},
+        "serve": (None, None),
+        "serve_checks": {},
+        "win": False,
+        "reason": "no win",
+        "verdict": rules.NONE,
+    }
     assert render_compare(out) == []
     assert geomean([]) is None
 

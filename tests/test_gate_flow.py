@@ -368,18 +368,23 @@ def test_every_serve_server_the_gate_accepts_is_one_gate_serve_can_start():
     assert gate.REQUEST_RATE == gate_serve.REQUEST_RATE  # the TPOT checks' default rate, named on both sides
 
 
-def test_a_serve_check_at_another_rate_is_kept_apart(tmp_path):
-    """``--serve-rate inf``: the check runs at that rate, under ``tpot-53m@inf`` (a merge keeps it beside the
-    issue's 20/s check); a rate that is not one stops the command."""
+def test_serve_checks_at_other_rates_run_on_the_same_servers_and_are_kept_apart(tmp_path):
+    """``--serve-rate 20,inf``: each server runs the issue's 20/s and then all at once, two checks on the same
+    servers (one start each), ``tpot-53m`` and ``tpot-53m@inf`` (a merge keeps both); a rate that is not one stops
+    the command."""
     argv = ["--part", "serve", "--fake", "--gpus", "2", "--checks", "tpot-53m", "--out-dir", str(tmp_path)]
     argv += ["--work-dir", str(tmp_path / "w"), "--inputs", str(_inputs(tmp_path / "inputs.json"))]
-    gate.main([*argv, "--serve-rate", "inf"])
+    gate.main([*argv, "--serve-rate", "20,inf"])
     (path,) = tmp_path.glob("*_gate_serve_ccccccc.json")
     doc = json.loads(path.read_text())
-    assert list(doc["serve"]) == ["tpot-53m@inf"] and doc["serve"]["tpot-53m@inf"]["rate"] == "inf"
-    assert "--request-rate inf" in doc["sources"][0]["settings"]["bench"]
-    assert doc["verdicts"]["serve"][0]["check"] == "tpot-53m@inf"
-    for bad in ("0", "fast"):
+    assert list(doc["serve"]) == ["tpot-53m", "tpot-53m@inf"] and doc["serve"]["tpot-53m@inf"]["rate"] == "inf"
+    first, load = (doc["serve"][k]["servers"] for k in ("tpot-53m", "tpot-53m@inf"))
+    assert first["specdec"]["start_s"] == load["specdec"]["start_s"] and first["specdec"]["answered"]
+    assert load["specdec"]["bench"]["completed"] == 600 and len(load["nospec"]["bench_runs"]) == 3
+    assert "plugin" not in load["specdec"]  # the plugin's totals since the start: on the first check only
+    assert [r["check"] for r in doc["verdicts"]["serve"] if r["verdict"] != "-"][:1] == ["tpot-53m"]
+    assert any(r["check"] == "tpot-53m@inf" for r in doc["verdicts"]["serve"])
+    for bad in ("0", "fast", "20,-1"):
         with pytest.raises(SystemExit):
             gate.main([*argv, "--serve-rate", bad])
 
@@ -582,3 +587,26 @@ def test_bench_windows_cut_a_detailed_run_into_paired_samples_by_hand():
     assert second["median_tpot_ms"] == pytest.approx((4.0 + 8.0) / 2) and second["completed"] == 2
     assert second["median_ttft_ms"] == pytest.approx(50.0) and first["median_itl_ms"] == pytest.approx(5.0)
     assert gate_metrics.bench_windows({"output_lens": [3]}, 2) == []  # no per-request detail
+
+
+def test_before_after_reads_every_rate_no_loss_at_any_and_a_win_at_one():
+    """Two rates' checks, each server against its own call's no speculation: a win under load with no loss at the
+    issue's 20/s keeps the change; a loss at either rate drops it."""
+
+    def check(cand: float, before: float) -> dict[str, Any]:
+        return {
+            "kind": "tpot",
+            "servers": {
+                "nospec": _runs(5, 5, 5),
+                "specdec": _runs(*[cand] * 3),
+                "specdec-before": _runs(*[before] * 3),
+            },
+        }
+
+    keep = gate_compare.compare({}, {"tpot-8b": check(5.05, 5.05), "tpot-8b@inf": check(5.5, 7.5)})
+    assert keep["verdict"] == "PASS" and keep["win"] and keep["serve"] == pytest.approx((1.01, 1.01))
+    assert keep["serve_checks"]["tpot-8b@inf"] == pytest.approx((1.1, 1.5))
+    lines = "\n".join(gate_compare.render_compare(keep))
+    assert "(tpot-8b@inf): specdec 1.100, before 1.500" in lines and "KEEP" in lines
+    drop = gate_compare.compare({}, {"tpot-8b": check(5.5, 5.05), "tpot-8b@inf": check(5.5, 7.5)})
+    assert drop["verdict"] == "FAIL" and drop["reason"] == "a loss"
