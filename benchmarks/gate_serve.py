@@ -66,8 +66,8 @@ NUM_PROMPTS, REQUEST_RATE, SEED = 200, 20, 0
 BENCH_WINDOWS = 3
 WARMUP_PROMPTS, WARMUP_SEED = 20, 1  # another seed: no prompt of the measured run is seen before it
 START_EST_S = {"53m": 120.0, "8b": 130.0}  # vllm serve under vLLM's defaults, to /health (H100 and H200: 75-110 s)
-BENCH_EST_S = 35.0  # the warm-up (a `vllm bench serve` starts in ~20 s)
-WINDOW_EST_S = 12.0  # each window of the measured run (200 requests at 20/s: 10.6 s), after its ~20 s start
+BENCH_EST_S = 35.0  # a `vllm bench serve` besides its arrivals: ~20 s to start, the last answers, the result
+INF_ARRIVALS_EST_S = 15.0  # the measured run's requests all at once: their decoding, past what BENCH_EST_S holds
 BENCH_TIMEOUT_S = 300.0
 ANSWER_EST_S = 20.0  # one completion and the server's shutdown
 ANSWER_PROMPT, ANSWER_TOKENS = "def fibonacci(n):", 16
@@ -146,7 +146,7 @@ class ServeRun:
 
     def _bench_est(self) -> float:
         """One server's warm-up and measured runs, one per ``--serve-rate``."""
-        return BENCH_EST_S + (BENCH_EST_S + WINDOW_EST_S * BENCH_WINDOWS) * len(self.args.serve_rates)
+        return BENCH_EST_S + sum(BENCH_EST_S + arrivals_s(r) for r in self.args.serve_rates)
 
     def _tpot(self, size: str) -> list[dict[str, Any]]:
         """The check's servers (``--serve-methods``, nospec and specdec first) in rounds of one per GPU: a round's
@@ -265,6 +265,11 @@ class ServeRun:
         ]
         (Path(self.args.out_dir) / f"{name}_servers.log").write_text("\n".join(logs) + "\n")
         return doc
+
+
+def arrivals_s(rate: str) -> float:
+    """How long the measured run's requests take to arrive at ``rate`` (``inf``: at once, then decoded)."""
+    return INF_ARRIVALS_EST_S if rate == "inf" else NUM_PROMPTS * BENCH_WINDOWS / float(rate)
 
 
 def check_key(name: str, rate: str) -> str:
