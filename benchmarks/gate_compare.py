@@ -120,11 +120,6 @@ def serve_pairs(serve: dict[str, Any]) -> dict[str, tuple[float | None, float | 
     return out  # type: ignore[return-value]
 
 
-def serve_ratios(serve: dict[str, Any]) -> tuple[float | None, float | None]:
-    """The first check's pair of ``serve_pairs`` (the issue's rate where it ran), (None, None) without one."""
-    return next(iter(serve_pairs(serve).values()), (None, None))
-
-
 def compare(cells: dict[str, list[dict[str, Any]]], serve_checks: dict[str, Any]) -> dict[str, Any]:
     """The before/after summary: per TP (``cells``: TP -> ``gate_report.cell_row``'s rows) the cell pairs, their
     geometric mean, each prompt set's (``sets``) and the worst counted cell; the serve ratios (``serve_checks``: a
@@ -149,7 +144,7 @@ def compare(cells: dict[str, list[dict[str, Any]]], serve_checks: dict[str, Any]
                 "pairs": [geomean([r["pairs"][i] for r in counted if len(r["pairs"]) > i]) for i in range(n_pairs)],
             }
     pairs = serve_pairs(serve_checks)  # every rate's: no loss at any, a win at one
-    serve = next(iter(pairs.values()), (None, None))
+    serve = next(iter(pairs.values()), (None, None))  # the first check's (the issue's rate where it ran)
     verdicts = [
         rules.before_after(t["geomean"], t["worst"], min(t["sets"].values(), default=None)) for t in tps.values()
     ]

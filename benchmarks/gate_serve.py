@@ -61,12 +61,12 @@ NUM_PROMPTS, REQUEST_RATE, SEED = 200, 20, 0
 # (--save-detailed), cut into BENCH_WINDOWS consecutive windows of NUM_PROMPTS requests ("bench_runs"); the report pairs
 # each window with the same window of its call's no speculation (same seed: the same requests) and takes the median
 # of the ratios. Three: a server's outputs are sampled (the server's temperature), so how much it drafts moves over
-# time, and one run of a server read 1.15x where its other read 1.03x; the median of three leaves one such window
-# out. One run, not three: each `vllm bench serve` takes ~20 s to start
+# time, and one stretch of a server's traffic can read well apart from the rest; the median of three leaves one such
+# window out. One run, not three: each `vllm bench serve` start imports vLLM, which takes longer than a window
 BENCH_WINDOWS = 3
 WARMUP_PROMPTS, WARMUP_SEED = 20, 1  # another seed: no prompt of the measured run is seen before it
 START_EST_S = {"53m": 120.0, "8b": 130.0}  # vllm serve under vLLM's defaults, to /health (H100 and H200: 75-110 s)
-BENCH_EST_S = 35.0  # a `vllm bench serve` besides its arrivals: ~20 s to start, the last answers, the result
+BENCH_EST_S = 35.0  # a `vllm bench serve` besides its arrivals: its start (vLLM's import), the last answers, the result
 INF_ARRIVALS_EST_S = 15.0  # the measured run's requests all at once: their decoding, past what BENCH_EST_S holds
 BENCH_TIMEOUT_S = 300.0
 ANSWER_EST_S = 20.0  # one completion and the server's shutdown
@@ -238,10 +238,16 @@ class ServeRun:
             for check, rec in zip(checks, recs):
                 before = scrape(server.base_url)
                 stem = self.work / f"{key}-run@{check['rate']}"
-                rec["bench"] = bench(
-                    server, model, stem, num=NUM_PROMPTS * BENCH_WINDOWS, seed=SEED, rate=check["rate"], fake=fake
+                rec["bench"], rec["bench_runs"] = bench(
+                    server,
+                    model,
+                    stem,
+                    num=NUM_PROMPTS * BENCH_WINDOWS,
+                    seed=SEED,
+                    rate=check["rate"],
+                    fake=fake,
+                    windows=BENCH_WINDOWS,
                 )
-                rec["bench_runs"] = rec["bench"].pop("windows", [])
                 rec["spec"] = spec_delta(before, scrape(server.base_url))
             recs[0]["answered"] = answer(server.base_url, model)
         except (ServeError, OSError, subprocess.SubprocessError) as exc:
@@ -278,23 +284,25 @@ def check_key(name: str, rate: str) -> str:
     return name if not name.startswith("tpot") or rate == str(REQUEST_RATE) else f"{name}@{rate}"
 
 
-def bench(server: Server, model: str, stem: Path, *, num: int, seed: int, rate: str, fake: bool) -> dict[str, Any]:
-    """One `vllm bench serve` run of the random low-acceptance traffic; its kept figures (the measured run's also
-    its windows' under ``windows``)."""
+def bench(
+    server: Server, model: str, stem: Path, *, num: int, seed: int, rate: str, fake: bool, windows: int = 0
+) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """One `vllm bench serve` run of the random low-acceptance traffic: its kept figures, and with ``windows`` its
+    requests' per-request detail kept (``--save-detailed``) and cut into that many windows (``bench_windows``)."""
     result, log = stem.with_suffix(".result.json"), stem.with_suffix(".bench.log")
     result.unlink(missing_ok=True)
     cmd = [*shlex.split(cli_base(fake)), "bench", "serve", "--backend", "vllm", "--model", model]
     cmd += ["--host", HOST, "--port", str(server.port), *RANDOM_FLAGS, "--num-prompts", str(num)]
     cmd += ["--request-rate", rate, "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl"]
-    cmd += ["--save-result", "--save-detailed", "--result-dir", str(result.parent), "--result-filename", result.name]
+    cmd += ["--save-result", "--result-dir", str(result.parent), "--result-filename", result.name]
+    cmd += ["--save-detailed"] if windows else []
     with open(log, "w") as fh:
         rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=BENCH_TIMEOUT_S, check=False).returncode
-    out: dict[str, Any] = dict(read_bench(result, log))
+    out = read_bench(result, log)
     if rc != 0 or not out:
         raise ServeError(f"`vllm bench serve` exited with code {rc} and no median TPOT: see {log}")
-    if num >= NUM_PROMPTS * BENCH_WINDOWS:  # the measured run: its windows (the caller moves them out)
-        out["windows"] = bench_windows(json.loads(result.read_text()) if result.exists() else None, BENCH_WINDOWS)
-    return out
+    detail = json.loads(result.read_text()) if windows and result.exists() else None
+    return out, bench_windows(detail, windows)
 
 
 def answer(base_url: str, model: str) -> bool:

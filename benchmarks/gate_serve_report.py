@@ -87,7 +87,7 @@ def join_servers(have: dict[str, Any] | None, check: dict[str, Any]) -> dict[str
     one check whose servers are both calls'. A label the first call already has gets ``-2`` (its no-speculation
     server: ``nospec-2``, the calls' spread). Every server the later call measured is judged against that call's own
     no-speculation server (``reference``): one call's servers share the host's state and the bench's seeds, two
-    calls' do not (the same default read 1.003x and 1.09x no speculation's in two calls of one lease)."""
+    calls' do not, and two calls' no-speculation servers differ by more than the gate's serving bounds."""
     if not have or "servers" not in have:
         return check
     if "servers" not in check:

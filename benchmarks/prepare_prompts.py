@@ -47,7 +47,7 @@ SUSTAINED_FACTOR = 4  # sustained prompts per unit of concurrency
 SUSTAINED_AGENT_GROUPS = {32: (4, 20), 64: (20, 50)}
 RANDOM_TOKENS = 256  # a random prompt's length (the serve check's --random-input-len), BOS included
 RANDOM_SEED = 0
-RANDOM_BATCHES = (1, 8, 16, 32, 64)  # 16: about the serve check's concurrency (20 requests/s, ~0.7 s each)
+RANDOM_BATCHES = (1, 8, 16, 32, 64)  # 16: about the requests in flight under the serve check's arrivals (20/s)
 FIRST_ORDINARY_ID = 2  # ids below it are the shared tokenizer's specials (0: <|endoftext|>, BOS and EOS; 1: <|pad|>)
 
 

@@ -525,7 +525,7 @@ def test_a_before_round_in_a_call_of_its_own_merges_into_one_serve_check(tmp_pat
     doc = gate_report.merge([json.loads(first.read_text()), json.loads(second.read_text())])
     servers = doc["serve"]["tpot-53m"]["servers"]
     assert list(servers) == ["nospec", "specdec", "nospec-2", "specdec-before"]
-    cand, before = gate_compare.serve_ratios(doc["serve"])
+    cand, before = gate_compare.compare({}, doc["serve"])["serve"]
     # each against its own call's no speculation
     assert cand == pytest.approx(gate_compare.serve_ratio(servers["specdec"], servers["nospec"]))
     assert before == pytest.approx(gate_compare.serve_ratio(servers["specdec-before"], servers["nospec-2"]))
@@ -546,7 +546,7 @@ def test_a_joined_check_judges_each_server_against_its_own_calls_no_speculation(
     first = {"kind": "tpot", "servers": {"nospec": _runs(5.08, 5.28), "specdec": _runs(5.25, 6.08)}}
     second = {"kind": "tpot", "servers": {"nospec": _runs(5.25, 5.42), "specdec-before": _runs(5.30, 5.40)}}
     serve = {"tpot-8b": gate_serve_report.join_servers(first, second)}
-    cand, before = gate_compare.serve_ratios(serve)  # the median of the runs' ratios (of two: their mean)
+    cand, before = gate_compare.compare({}, serve)["serve"]  # the median of the runs' ratios (of two: their mean)
     assert cand == pytest.approx((5.25 / 5.08 + 6.08 / 5.28) / 2)
     assert before == pytest.approx((5.30 / 5.25 + 5.40 / 5.42) / 2)
     rows = {r["check"]: r for r in gate_serve_report.serve_rows(serve)}
