@@ -57,6 +57,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # in such a batch a recovered request backs off after 1 or 2 verified steps that accepted nothing
     "exit1": {"STRICT_EXIT_STEPS": 1},
     "exit2": {"STRICT_EXIT_STEPS": 2},
+    # the base this candidate is gated against (three matched tokens, no early exit, no step gate), and the
+    # candidate without its large-batch step gate
+    "base": {"RECOVER_LOW_BATCH": 0.75, "STRICT_EXIT_STEPS": 0, "STEP_GATE_ON": False},
+    "nogate": {"STEP_GATE_ON": False},
 }
 SETS = ("agentic", "chat", "code")  # the gate's prompt sets (warm-up cells are not measured)
 VARIANT_WIDTH = 18

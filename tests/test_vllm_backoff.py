@@ -21,6 +21,8 @@ from specdec.vllm_plugin.core.backoff import (
     PAD_MIN_ACCEPTED,
     PROBE_FIRST_AFTER,
     RECOVER_ACCEPTED,
+    STEP_GATE_FROM_ROWS,
+    STEP_GATE_SHARE,
     STRICT_BELOW,
     BackOff,
     RowBackOff,
@@ -476,3 +478,63 @@ def test_in_a_low_batch_a_recovered_request_that_accepts_nothing_leaves_after_st
         kept.record(["a", "b"], [3, 0])
         kept.observe(["a", "b"], [1, 1], lambda i: [9])
     assert not kept.rows["a"].off and kept.rows["a"].accepted == 1
+
+
+def gate_batch(rows: int, recovered: dict[str, float]) -> tuple[BackOff, list[str]]:
+    """A low batch of ``rows`` requests with the large-batch step gate on: all backed off, but ``recovered``
+    (request id -> its EMA), which draft again."""
+    bo = BackOff(step_gate=True)
+    ids = [f"r{i}" for i in range(rows)]
+    low_batch(bo, ids)
+    for rid, ema in recovered.items():
+        st = bo.rows[rid]
+        st.off, st.ema, st.seen, st.recovered = False, ema, 0, True
+    assert bo.low()
+    return bo, ids
+
+
+def test_the_step_gate_withholds_a_large_low_batchs_few_drafts_in_shadow():
+    """Two recovered rows of a low batch of STEP_GATE_FROM_ROWS expect 2 x 0.5 accepted tokens, under
+    STEP_GATE_SHARE per row: the step hands vLLM no draft; their requests stay drafting, their drafts in shadow."""
+    rows = STEP_GATE_FROM_ROWS
+    bo, ids = gate_batch(rows, {"r0": 0.5, "r1": 0.5})
+    assert STEP_GATE_SHARE * rows > 2 * 0.5
+    drafts = [[7, 8]] * 2 + [[1]] * (rows - 2)
+    cut = bo.withhold(ids, drafts)
+    assert cut == [(0, 2), (1, 2)] + [(i, 1) for i in range(2, rows)] and not any(drafts)
+    assert (bo.stats.gated_steps, bo.stats.gated_rows) == (1, 2)
+    assert not bo.rows["r0"].off and bo.rows["r0"].shadow == [7, 8]
+    bo.record(ids, [0] * rows)
+    bo.observe(ids, [1] * rows, lambda i: [7] if i < 2 else [0])  # r0 / r1's shadows match one token so far
+    bo.observe(ids, [1] * rows, lambda i: [8] if i < 2 else [0])  # ... and both: settled at 2 matched
+    assert bo.rows["r0"].ema == pytest.approx(0.75 * 0.5 + 0.25 * 2) and not bo.rows["r0"].off
+
+
+def test_the_step_gate_lets_a_step_through_that_pays_and_never_gates_small_batches():
+    rows = STEP_GATE_FROM_ROWS
+    enough = {f"r{i}": 1.0 for i in range(4)}  # 4 x 1.0 accepted tokens >= STEP_GATE_SHARE x 16
+    assert sum(enough.values()) >= STEP_GATE_SHARE * rows
+    bo, ids = gate_batch(rows, enough)
+    drafts = [[5, 6]] * 4 + [[1]] * (rows - 4)
+    assert bo.withhold(ids, drafts) == [(i, 1) for i in range(4, rows)] and drafts[:4] == [[5, 6]] * 4
+    assert bo.stats.gated_steps == 0
+    small, ids = gate_batch(rows - 1, {"r0": 0.1})  # one row short: only the back-off decides
+    drafts = [[5, 6]] + [[1]] * (rows - 2)
+    assert small.withhold(ids, drafts)[0] == (1, 1) and drafts[0] == [5, 6] and small.stats.gated_steps == 0
+    off, ids = gate_batch(rows, {"r0": 0.1})
+    off.step_gate = False  # off: only the back-off decides
+    drafts = [[5, 6]] + [[1]] * (rows - 1)
+    assert off.withhold(ids, drafts)[0] == (1, 1) and drafts[0] == [5, 6]
+
+
+def test_the_step_gate_needs_a_low_batch():
+    """A batch whose drafts are accepted is never gated, however few rows draft."""
+    rows = STEP_GATE_FROM_ROWS
+    bo = BackOff(step_gate=True)
+    ids = [f"r{i}" for i in range(rows)]
+    for _ in range(MIN_STEPS + 1):  # every row accepts 2 tokens per drafted step
+        bo.observe(ids, [3] * rows, lambda i: [0, 0, 0])
+        bo.record(ids, [3] * rows)
+    assert not bo.low()
+    drafts = [[5, 6]] + [[]] * (rows - 1)
+    assert bo.withhold(ids, drafts) == [] and drafts[0] == [5, 6] and bo.stats.gated_steps == 0

@@ -193,3 +193,42 @@ def test_a_request_reaching_max_model_len_leaves_the_batch_its_drafts(schedule, 
     # vLLM's guard: each of the four verifies zeros on those steps (schedule mode's other idle step: the long one's
     # prefill, which gives decoding rows no slot, in both runs)
     assert idle[False] - idle[True] >= 4 * (K // 2) and idle[True] <= 4
+
+
+def low_arrivals(engine: Engine, rng: random.Random) -> dict[str, int]:
+    """24 low-acceptance requests, then one more every 4 steps (up to 140): a batch of 24-64 running requests
+    whose drafts are seldom accepted, as random prompts at temperature 1 are under load. The proposer's counters."""
+    n = 0
+    for n in range(24):
+        engine.add(f"a{n}", low_request(rng, 128))
+    for step in range(600):
+        if step % 4 == 0 and n < 139:
+            n += 1
+            engine.add(f"a{n}", low_request(rng, 128))
+        if not engine.step():
+            break
+    engine.run()
+    return engine.proposer.core.stats_dict()
+
+
+@pytest.mark.parametrize("schedule", [False, True], ids=["thread", "schedule"])
+def test_the_step_gate_takes_a_large_low_batch_off_mixed_steps(schedule, monkeypatch):
+    """Without the gate, requests backed off keep coming back on chance shadow matches, and their steps verify some
+    draft (a mixed batch every row pays for); with it (``STEP_GATE_ON``), under a fifth as many do, and every output
+    is still the target's."""
+    from specdec.vllm_plugin.core import backoff
+
+    stats = {}
+    monkeypatch.setattr(backoff, "RECOVER_LOW_BATCH", backoff.RECOVER_ACCEPTED)  # recovery on two matched tokens:
+    monkeypatch.setattr(backoff, "STRICT_EXIT_STEPS", 0)  # chance recoveries, what the gate alone must take off
+    for gate in (False, True):
+        monkeypatch.setattr(backoff, "STEP_GATE_ON", gate)
+        engine = Engine(schedule=schedule, max_seqs=64)
+        try:
+            stats[gate] = low_arrivals(engine, random.Random(0))
+        finally:
+            engine.close()
+        assert all(r.ctx == r.target[: len(r.ctx)] for r in engine.reqs.values())
+    off, on = stats[False], stats[True]
+    assert off["drafted_steps"] >= 20 and off["backoff_gated_steps"] == 0
+    assert on["drafted_steps"] <= 0.2 * off["drafted_steps"] and on["backoff_gated_steps"] > 0.5 * on["steps"]

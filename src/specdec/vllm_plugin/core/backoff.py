@@ -17,10 +17,10 @@ fed by two kinds of outcome:
 A request backs off once ``MIN_STEPS`` verified steps leave its EMA under ``MIN_ACCEPTED``. It drafts again as soon as
 its EMA, shadow outcomes included, reaches ``RECOVER_ACCEPTED`` (a shadow still matching counts as far as it has
 matched, so a request whose drafts would be accepted is back within ``PROBE_FIRST_AFTER`` steps: a shadow checked by
-two tokens, plus schedule mode's one round of slot lag). Any verified accepted token of a backed-off request (a
-padded step's draft) feeds the same EMA. In a batch whose mean EMA is under ``STRICT_BELOW`` recovery takes
-``RECOVER_LOW_BATCH`` instead (three matched tokens: on random text two match by chance), and with
-``STRICT_EXIT_STEPS`` (off by default) a recovered request there that accepts nothing leaves again early.
+up to four tokens, plus schedule mode's one round of slot lag). Any verified accepted token of a backed-off request
+(a padded step's draft) feeds the same EMA. In a batch whose mean EMA is under ``STRICT_BELOW`` recovery takes
+``RECOVER_LOW_BATCH`` instead (four matched tokens: on random text two or three match by chance), and a recovered
+request there that accepts nothing in ``STRICT_EXIT_STEPS`` verified steps leaves again.
 
 **Per batch** (``low``): derived on each call from the requests of the current batch, never stored: the batch is low
 while the mean EMA of its requests past ``MIN_STEPS`` verified steps (or backed off) is under ``PAD_MIN_ACCEPTED``.
@@ -29,11 +29,18 @@ for requests without a draft length, ``SlotBook.low_batch``), and a request new 
 in shadow from its first step and joins as soon as its drafts would be accepted). Once the low requests leave, the
 batch is not low: no state outlives the requests it was measured on.
 
-A per-step gate (a step hands vLLM its drafts only where the drafting rows' expected accepted tokens cover a drafted
-step's extra cost) was measured on the GPU twice and removed: it served low-acceptance traffic at 0.975-0.997x no
-speculation's TPOT, but cost agentic batches accepted tokens (tag ``h41-step-gate-v2-g10``, docs/results.md). The
-same rule only in low batches of 16 rows or more (tag ``h44-step-gate``) lost too: no gain on the low-acceptance
-serve check (1.059x no speculation's TPOT) and 0.982x the base on the gate's cells.
+A per-step gate on every batch (a step hands vLLM its drafts only where the drafting rows' expected accepted tokens
+cover a drafted step's extra cost) was measured on the GPU twice and removed: it served low-acceptance traffic at
+0.975-0.997x no speculation's TPOT, but cost agentic batches accepted tokens (tag ``h41-step-gate-v2-g10``,
+docs/results.md). **The large-batch step gate** (``STEP_GATE_ON``) is that rule only where serving at load meets it:
+a *low* batch of at least ``STEP_GATE_FROM_ROWS`` rows. There one drafting row makes the whole verify batch a drafted
+(ragged) step that every row pays for (random prompts at the server's temperature under `vllm bench serve`: 3% of
+request-steps drafted, 8-12% of their tokens accepted, median TPOT 1.47-1.52x no speculation's at the saturation
+rate and all at once, docs/serving.md); so the step's drafts go out only where the drafting rows' EMAs sum to
+``STEP_GATE_SHARE`` accepted tokens per row of the batch. Gated drafts are kept in shadow as a backed-off request's
+are, so a batch whose drafts would be accepted leaves the gate as soon as its EMAs say so. It was measured once
+before (tag ``h44-step-gate``), on the gate's serve check at 20/s only, where batches hold about 13 rows and it
+never applies (1.059x, no change) and on the cells (0.982x the base); not yet where it is for.
 
 While a batch pads, every row is padded as before (a backed-off row's k tokens are the price of the uniform batch the
 others need, and its draft is verified: a real outcome). Drafts only drop here: what vLLM emits does not change (the
@@ -52,20 +59,28 @@ EMA_ALPHA = 0.25  # weight of the newest outcome (verified or shadow) in a reque
 MIN_STEPS = 4  # verified steps before a request may back off (a new request's drafts get a chance)
 MIN_ACCEPTED = 0.25  # a request accepting fewer tokens per drafted step (EMA) backs off
 RECOVER_ACCEPTED = 0.5  # ... and drafts again once its EMA (shadow outcomes included) reaches this (hysteresis)
-PROBE_FIRST_AFTER = 4  # a backed-off request whose drafts would be accepted hands vLLM a draft within this many steps
+# A backed-off request whose drafts would be accepted hands vLLM a draft within this many steps: four shadow tokens
+# checked one a step (a low batch's threshold, below) and schedule mode's one round of slot lag.
+PROBE_FIRST_AFTER = 5
 # Padding makes every row verify k tokens; a padded step of a small target costs about 1.5x a plain one, so padding
 # pays only where a row gets at least about half a token accepted per step.
 PAD_MIN_ACCEPTED = 0.5
 # In a batch whose mean EMA (``low``'s measure) is under STRICT_BELOW, a backed-off request drafts again only once
-# its EMA reaches RECOVER_LOW_BATCH (0.75: a shadow matching three tokens): on random text two tokens match by chance
-# often enough to bring requests back for MIN_STEPS drafted steps each, every one costing the whole batch. Batches
-# whose drafts are accepted rarely fall under STRICT_BELOW, so they keep the usual threshold.
-RECOVER_LOW_BATCH = 0.75
+# its EMA reaches RECOVER_LOW_BATCH (1.0: a shadow matching four tokens): on random text two or three tokens match by
+# chance often enough to bring requests back for drafted steps that each cost the whole batch. Batches whose drafts
+# are accepted rarely fall under STRICT_BELOW, so they keep the usual threshold.
+RECOVER_LOW_BATCH = 1.0
 STRICT_BELOW = 0.2
 # In such a batch a recovered request backs off again once STRICT_EXIT_STEPS verified steps since its recovery have
-# accepted nothing, instead of after MIN_STEPS and an EMA under MIN_ACCEPTED (from three matched tokens that takes
-# four to five drafted steps, each one costing the whole batch). 0: off, the default until the GPU gate measures it.
-STRICT_EXIT_STEPS = 0
+# accepted nothing, instead of after MIN_STEPS and an EMA under MIN_ACCEPTED (four to five drafted steps, each one
+# costing the whole batch). Not 1: in schedule mode a recovered request's first verified step has no slots yet (they
+# follow its draft a round late), so its first outcome is always zero. 0: off.
+STRICT_EXIT_STEPS = 2
+STEP_GATE_ON = True  # the large-batch step gate (docstring)
+STEP_GATE_FROM_ROWS = 16  # policy.NARROW_FROM_ROWS: smaller batches keep k slots (vLLM's own uniform graphs)
+# expected accepted tokens per row of the batch a drafted step must bring: on the CPU proxy of the gate's cells
+# (benchmarks.gate_proxy) 0.1 kept the default's engine steps within the proxy's noise with fewer drafted steps
+STEP_GATE_SHARE = 0.1
 
 
 @dataclass
@@ -92,6 +107,8 @@ class BackOffStats:
     withheld_rows: int = 0  # rows whose draft was withheld
     withheld_tokens: int = 0  # draft tokens withheld
     unpadded_steps: int = 0  # steps pad_drafts="auto" would have padded but the low batch did not
+    gated_steps: int = 0  # steps the large-batch step gate withheld every draft of
+    gated_rows: int = 0  # rows (not backed off) whose drafts it withheld
     # verified outcomes of drafting requests (not backed off), split by whether the request had recovered before:
     # on low-acceptance traffic, which of the two rules lets drafts through (the newcomer's first steps or recovery)
     outcomes_first: int = 0
@@ -106,6 +123,8 @@ class BackOff:
     """The low-acceptance policy (see the module docstring). ``enabled`` False: never backs off."""
 
     enabled: bool = True
+    # the large-batch step gate: STEP_GATE_ON when the policy is made (a field, so tests and proxies can set it)
+    step_gate: bool = field(default_factory=lambda: STEP_GATE_ON)
     rows: dict[str, RowBackOff] = field(default_factory=dict)  # request id -> its state
     last: dict[str, int] = field(default_factory=dict)  # request id -> draft tokens (> 0) handed to vLLM last step
     stats: BackOffStats = field(default_factory=BackOffStats)
@@ -239,7 +258,20 @@ class BackOff:
                     self.stats.newcomers_held += 1
             if st is not None and st.off and length(i) > 0:
                 off.append(i)
-        yield from off
+        if self.step_gate and len(req_ids) >= STEP_GATE_FROM_ROWS and (self.low() if low is None else low):
+            off += self._gated(req_ids, length, set(off))
+        yield from sorted(off)
+
+    def _gated(self, req_ids: Sequence[str], length: Callable[[int], int], off: set[int]) -> list[int]:
+        """A low batch's drafting rows (not backed off), all of them where their EMAs sum to less than
+        ``STEP_GATE_SHARE`` accepted tokens per row of the batch, else none."""
+        drafting = [i for i, rid in enumerate(req_ids) if i not in off and rid in self.rows and length(i) > 0]
+        expected = sum(self.rows[req_ids[i]].ema for i in drafting)
+        if not drafting or expected >= STEP_GATE_SHARE * len(req_ids):
+            return []
+        self.stats.gated_steps += 1
+        self.stats.gated_rows += len(drafting)
+        return drafting
 
     def _keep_shadow(self, rid: str, draft: list[int]) -> None:
         st = self.rows[rid]
