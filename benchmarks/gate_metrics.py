@@ -47,7 +47,7 @@ PLUGIN_LINE = re.compile(
     r"drafted (?P<drafted>\d+), accepted (?P<accepted>\d+) .*?\((?:low acceptance; )?(?P<back_offs>\d+) back-offs, "
     r"(?P<recoveries>\d+) recoveries, (?P<newcomers_held>\d+) newcomers held so far"
     r"(?:; verified drafted steps (?P<outcomes_first>\d+) before any back-off, (?P<outcomes_recovered>\d+) after a "
-    r"recovery)?\)"
+    r"recovery)?(?:; (?P<gated_steps>\d+) steps gated)?\)"
 )
 
 
@@ -269,7 +269,8 @@ def plugin_delta(before: list[Any] | None, after: list[Any] | None) -> list[dict
 def plugin_line(text: str) -> dict[str, int] | None:
     """The numbers of the last statistics line the plugin logged in ``text`` (a server's log; its totals since the
     server started, warm-up included): steps, steps with drafts, draft tokens, accepted, back-offs, recoveries,
-    newcomers held and, where logged, the verified drafted steps before any back-off and after a recovery."""
+    newcomers held and, where logged, the verified drafted steps before any back-off and after a recovery and the
+    steps the large-batch step gate withheld every draft of."""
     found = list(PLUGIN_LINE.finditer(text))
     if not found:
         return None

@@ -325,6 +325,17 @@ def test_the_idle_line_is_read_back_and_the_last_line_wins():
     assert plugin_line(f"{FINAL_LINE}\n{IDLE_LINE}\n")["steps"] == 2101  # whichever came last
 
 
+def test_the_step_gates_count_is_read_back_where_logged():
+    """Since cd1369b the line ends with the steps the large-batch step gate withheld every draft of; older lines
+    (without it) still parse, without the key."""
+    from benchmarks.gate_metrics import plugin_line
+
+    gated = IDLE_LINE.replace("211 after a recovery)", "211 after a recovery; 17 steps gated)") + ", batch not padded"
+    got = plugin_line(gated)
+    assert got is not None and got["gated_steps"] == 17 and got["outcomes_recovered"] == 211
+    assert "gated_steps" not in plugin_line(IDLE_LINE)
+
+
 def test_the_serve_table_shows_the_plugins_totals():
     from benchmarks.gate_metrics import plugin_line
     from benchmarks.gate_report import serve_rows

@@ -31,7 +31,7 @@ def test_the_periodic_log_line_counts_back_offs_recoveries_and_newcomers(plugin_
     lines = [r.getMessage() for r in plugin_log() if "requests backed off" in r.getMessage()]
     want = (
         f"{ROWS} requests backed off (low acceptance; {ROWS} back-offs, 0 recoveries, 0 newcomers held so far; "
-        f"verified drafted steps {ROWS * MIN_STEPS} before any back-off, 0 after a recovery)"
+        f"verified drafted steps {ROWS * MIN_STEPS} before any back-off, 0 after a recovery; 0 steps gated)"
     )
     assert lines and want in lines[-1]
     assert lines[-1].endswith(", batch not padded")
@@ -58,6 +58,7 @@ def test_the_statistics_line_once_more_with_the_totals_at_close_or_exit(plugin_l
     got = plugin_line(lines[0])  # what the GPU gate reads back from a server's log
     want = {"steps": steps, "drafted_steps": core.stats.drafted_steps, "drafted": core.stats.drafted_tokens}
     want |= {"back_offs": ROWS, "outcomes_first": core.backoff.stats.outcomes_first, "outcomes_recovered": 0}
+    want |= {"gated_steps": core.backoff.stats.gated_steps}
     assert got is not None and {k: got[k] for k in want} == want
     quiet = make_core("python", batch.clock, log_every_s=0.0)
     handed(batch, quiet, "python", range(200, 210), never)

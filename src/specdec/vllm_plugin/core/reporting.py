@@ -143,7 +143,7 @@ class ProposerReporting:
             "%s: %d steps (%d with drafts), drafted %d, accepted %d (%.1f%%), %.3f ms/step in propose, "
             "%d timeouts, %d errors, %d plain steps, %d requests backed off (low acceptance; %d back-offs, "
             "%d recoveries, %d newcomers held so far; verified drafted steps %d before any back-off, "
-            "%d after a recovery)%s",
+            "%d after a recovery; %d steps gated)%s",
             prefix,
             s.steps,
             s.drafted_steps,
@@ -160,6 +160,7 @@ class ProposerReporting:
             self.backoff.stats.newcomers_held,
             self.backoff.stats.outcomes_first,
             self.backoff.stats.outcomes_recovered,
+            self.backoff.stats.gated_steps,
             ", batch not padded" if self.backoff.low() else "",
         )
 
