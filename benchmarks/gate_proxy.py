@@ -13,7 +13,7 @@ target's (what the GPU's inflated 8B-shaped target computes), greedy, float32, E
 ``max_tokens``: generated once with Hugging Face on the CPU and cached (git-ignored, ``--targets``), keyed by each
 cell's inputs. Per cell and variant: the plugin's counters (engine steps, steps with drafts, drafted and accepted
 tokens, back-offs, withheld tokens, slot schedules of a low batch). The per-step gate's variants left with it (tag
-``h41-step-gate-v2-g10``), the large-batch step gate's with it (tag ``h44-step-gate``).
+``h41-step-gate-v2-g10``).
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # in such a batch a recovered request backs off after 1 or 2 verified steps that accepted nothing
     "exit1": {"STRICT_EXIT_STEPS": 1},
     "exit2": {"STRICT_EXIT_STEPS": 2},
-    # the base this candidate is gated against (three matched tokens, no early exit, no step gate), and the
-    # candidate without its large-batch step gate
+    # the default before cd1369b (three matched tokens, no early exit, no step gate), and today's default without
+    # its large-batch step gate
     "base": {"RECOVER_LOW_BATCH": 0.75, "STRICT_EXIT_STEPS": 0, "STEP_GATE_ON": False},
     "nogate": {"STEP_GATE_ON": False},
 }
