@@ -125,9 +125,11 @@ class ServeRun:
             keys = [check_key(name, r) for r in self.args.serve_rates] if name.startswith("tpot") else [name]
             if tp > self.gpus:
                 self.checks[name] = {"kind": "start", "skipped": f"needs {tp} GPUs, {self.gpus} here"}
-            elif not self._fits(size, name):
+            elif (need := self._need_s(size, name)) > self.args.deadline - time.time():
                 kind = "tpot" if name.startswith("tpot") else "start"
-                self.checks.update({k: {"kind": kind, "skipped": "time budget"} for k in keys})
+                skipped = time_skip(need, self.args.deadline - time.time())
+                print(f"gate: {name} not run: {skipped}", flush=True)
+                self.checks.update({k: {"kind": kind, "skipped": skipped} for k in keys})
             elif name.startswith("tpot"):
                 self.checks.update(zip(keys, self._tpot(size)))
             else:
@@ -135,14 +137,12 @@ class ServeRun:
             self.write()
         return self.write()
 
-    def _fits(self, size: str, name: str) -> bool:
-        """Whether the check's servers can start and be measured before the deadline (a TPOT check's two servers
+    def _need_s(self, size: str, name: str) -> float:
+        """The estimated seconds the check's servers need to start and be measured (a TPOT check's two servers
         start at once on two GPUs, one after the other on one)."""
         if name.startswith("start"):
-            need = START_EST_S[size] + ANSWER_EST_S
-        else:
-            need = START_EST_S[size] * (1 if self.gpus >= 2 else 2) + 2 * self._bench_est()
-        return time.time() + need <= self.args.deadline
+            return START_EST_S[size] + ANSWER_EST_S
+        return START_EST_S[size] * (1 if self.gpus >= 2 else 2) + 2 * self._bench_est()
 
     def _bench_est(self) -> float:
         """One server's warm-up and measured runs, one per ``--serve-rate``."""
@@ -162,9 +162,11 @@ class ServeRun:
         for first in range(0, len(methods), per_round):
             names = methods[first : first + per_round]
             need = START_EST_S[size] + self._bench_est() * len(names)
-            if first and time.time() + need > self.args.deadline:
+            if first and need > self.args.deadline - time.time():
+                skipped = time_skip(need, self.args.deadline - time.time())
+                print(f"gate: servers {', '.join(names)} not run: {skipped}", flush=True)
                 for c in checks:
-                    c["servers"].update({k: {"skipped": "time budget"} for k in names})
+                    c["servers"].update({k: {"skipped": skipped} for k in names})
                 continue
             share = len(cores) // len(names) if len(names) > 1 else 0
             servers = {
@@ -276,6 +278,12 @@ class ServeRun:
 def arrivals_s(rate: str) -> float:
     """How long the measured run's requests take to arrive at ``rate`` (``inf``: at once, then decoded)."""
     return INF_ARRIVALS_EST_S if rate == "inf" else NUM_PROMPTS * BENCH_WINDOWS / float(rate)
+
+
+def time_skip(need_s: float, left_s: float) -> str:
+    """Why a check or a round did not run, in the serve table's 33 characters: its estimate against the seconds
+    left of ``--max-wall-s`` (what a later call's ``--max-wall-s`` must cover)."""
+    return f"time: {need_s:.0f} s > {max(left_s, 0):.0f} s left"
 
 
 def check_key(name: str, rate: str) -> str:

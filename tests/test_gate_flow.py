@@ -7,6 +7,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -277,6 +278,20 @@ def test_serve_part_on_fake_servers(tmp_path):
     row = doc["verdicts"]["serve"][0]
     assert row["verdict"] in ("PASS", "FAIL") and len(row["runs"]) == 3
     assert row["ratio"] == pytest.approx(sorted(row["runs"])[1])  # the median of the windows' ratios
+
+
+def test_a_serve_check_that_cannot_finish_says_what_it_needs_and_what_was_left(tmp_path, capsys):
+    """A call whose ``--max-wall-s`` cannot cover a check skips it at once and says the estimate, so that the next
+    call asks for enough (a before round skipped so cost one lease 44 s)."""
+    argv = ["--part", "serve", "--fake", "--gpus", "2", "--checks", "tpot-53m", "--out-dir", str(tmp_path)]
+    gate.main([*argv, "--max-wall-s", "60", "--work-dir", str(tmp_path / "w")])
+    (path,) = tmp_path.glob("*_gate_serve_*.json")
+    skipped = json.loads(path.read_text())["serve"]["tpot-53m"]["skipped"]
+    need, left = (float(x) for x in re.fullmatch(r"time: (\d+) s > (\d+) s left", skipped).groups())
+    assert need > left and left <= 60
+    out = capsys.readouterr().out
+    assert f"gate: tpot-53m not run: {skipped}" in out and f"not run: {skipped}" in out  # the log and the table
+    assert len(f"not run: {skipped}") <= 33  # the serve table's note column
 
 
 def test_engine_info_records_kv_tokens_and_resolved_configs():
