@@ -155,7 +155,19 @@ def compare(cells: dict[str, list[dict[str, Any]]], serve_checks: dict[str, Any]
     reason = "a loss" if verdict == rules.FAIL else ("a win" if win else "no win")
     if verdict == rules.PASS and not win:
         verdict = rules.FAIL  # loses nothing, wins nothing: not worth a change to the default
-    return {"tps": tps, "serve": serve, "serve_checks": pairs, "win": win, "reason": reason, "verdict": verdict}
+    # TPs whose cells ran without a before engine: the verdict does not cover them, and the report says so
+    uncompared = [tp for tp in sorted(cells) if tp not in tps or tps[tp]["geomean"] is None]
+    if uncompared and verdict != rules.NONE:
+        reason += f"; not compared: {', '.join(uncompared)} (no before engine)"
+    return {
+        "tps": tps,
+        "serve": serve,
+        "serve_checks": pairs,
+        "win": win,
+        "reason": reason,
+        "verdict": verdict,
+        "uncompared": uncompared,
+    }
 
 
 def _f(v: float | None, fmt: str = ".2f") -> str:

@@ -625,3 +625,24 @@ def test_before_after_reads_every_rate_no_loss_at_any_and_a_win_at_one():
     assert "(tpot-8b@inf): specdec 1.100, before 1.500" in lines and "KEEP" in lines
     drop = gate_compare.compare({}, {"tpot-8b": check(5.5, 5.05), "tpot-8b@inf": check(5.5, 7.5)})
     assert drop["verdict"] == "FAIL" and drop["reason"] == "a loss"
+
+
+def test_a_tp_that_ran_without_a_before_engine_is_named_beside_the_verdict():
+    """Two-GPU lease of cd1369b: TP = 2 ran both engines, TP = 1 only the candidate (the before did not fit its
+    call). The verdict covers what was compared, and the report says which TP it does not cover."""
+
+    def row(key: str, cand: float, before: float | None) -> dict[str, Any]:
+        engine = {"x_nospec": cand, "emit": 2.0, "repeat4": 0.5}
+        r: dict[str, Any] = {"key": key, "nospec_tps": 100.0, "repeat4": 0.5, "specdec": engine}
+        if before is not None:
+            r["specdec-before"] = {"x_nospec": before, "emit": 2.0, "repeat4": 0.5}
+        return r
+
+    tp2 = [row("chat/b8", 2.2, 2.0), row("code/b8", 4.0, 4.0)]
+    tp1 = [row("chat/b8", 2.4, None), row("code/b8", 2.9, None)]
+    result = gate_compare.compare({"tp1": tp1, "tp2": tp2}, {})
+    assert result["verdict"] == "PASS" and result["uncompared"] == ["tp1"]
+    assert result["reason"] == "a win; not compared: tp1 (no before engine)"
+    assert "before/after: KEEP (a win; not compared: tp1 (no before engine))" in gate_compare.render_compare(result)
+    both = gate_compare.compare({"tp2": tp2}, {})
+    assert both["uncompared"] == [] and both["reason"] == "a win"
