@@ -16,6 +16,7 @@ tokens is paired by set. Samples: Hugging Face, float32, EOS respected (``max_to
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import statistics
@@ -47,8 +48,8 @@ COLS = ("engine_steps", "drafted_steps", "drafted", "accepted", "back_offs", "re
 def samples(items: list[dict[str, Any]], seeds: int, path: Path, *, seed: int = SEED) -> list[list[list[int]]]:
     """``seeds`` sample sets: set j holds one sample per prompt of ``items`` (each ``ids`` with its ``max_tokens``),
     ending at its first EOS (kept, as vLLM emits it); cached at ``path`` by the prompts, ``seeds`` and ``seed``."""
-    key = json.dumps([TARGET_MODEL, SAMPLED_TEMPERATURE, seeds, seed, [(it["ids"], it["max_tokens"]) for it in items]])
-    key = f"{TARGET_MODEL}:{SAMPLED_TEMPERATURE}:{seeds}:{seed}:{hash_text(key)}"
+    cells = json.dumps([(it["ids"], it["max_tokens"]) for it in items])
+    key = f"{TARGET_MODEL}:{SAMPLED_TEMPERATURE}:{seeds}:{seed}:{hashlib.sha1(cells.encode()).hexdigest()[:16]}"
     cache = json.loads(path.read_text()) if path.exists() else {}
     if key not in cache:
         cache[key] = _generate(items, seeds, seed)
@@ -56,12 +57,6 @@ def samples(items: list[dict[str, Any]], seeds: int, path: Path, *, seed: int = 
         path.write_text(json.dumps(cache, separators=(",", ":")))
     per_prompt: list[list[list[int]]] = cache[key]  # [prompt][seed] -> tokens
     return [[per_prompt[p][j] for p in range(len(items))] for j in range(seeds)]
-
-
-def hash_text(text: str) -> str:
-    import hashlib
-
-    return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 def _generate(items: list[dict[str, Any]], seeds: int, seed: int) -> list[list[list[int]]]:
