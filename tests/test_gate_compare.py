@@ -171,6 +171,7 @@ def test_no_before_engine_no_section():
         "win": False,
         "reason": "no win",
         "verdict": rules.NONE,
+        "uncompared": ["tp1"],
     }
     assert render_compare(out) == []
     assert geomean([]) is None
