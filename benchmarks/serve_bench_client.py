@@ -42,7 +42,7 @@ def _vllm_runner() -> Callable[[list[str]], int]:
 
 
 def _fake_runner() -> Callable[[list[str]], int]:
-    from benchmarks.serve_fake import bench
+    from benchmarks.serve_fake_bench import bench
 
     return bench
 
