@@ -282,7 +282,7 @@ def test_serve_part_on_fake_servers(tmp_path):
 
 def test_a_serve_check_that_cannot_finish_says_what_it_needs_and_what_was_left(tmp_path, capsys):
     """A call whose ``--max-wall-s`` cannot cover a check skips it at once and says the estimate, so that the next
-    call asks for enough (a before round skipped so cost one lease 44 s)."""
+    call asks for enough (a round skipped in silence costs the call's device time)."""
     argv = ["--part", "serve", "--fake", "--gpus", "2", "--checks", "tpot-53m", "--out-dir", str(tmp_path)]
     gate.main([*argv, "--max-wall-s", "60", "--work-dir", str(tmp_path / "w")])
     (path,) = tmp_path.glob("*_gate_serve_*.json")

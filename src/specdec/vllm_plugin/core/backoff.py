@@ -30,17 +30,14 @@ in shadow from its first step and joins as soon as its drafts would be accepted)
 batch is not low: no state outlives the requests it was measured on.
 
 A per-step gate on every batch (a step hands vLLM its drafts only where the drafting rows' expected accepted tokens
-cover a drafted step's extra cost) was measured on the GPU twice and removed: it served low-acceptance traffic at
-0.975-0.997x no speculation's TPOT, but cost agentic batches accepted tokens (tag ``h41-step-gate-v2-g10``,
-docs/results.md). **The large-batch step gate** (``STEP_GATE_ON``) is that rule only where serving at load meets it:
-a *low* batch of at least ``STEP_GATE_FROM_ROWS`` rows. There one drafting row makes the whole verify batch a drafted
-(ragged) step that every row pays for (random prompts at the server's temperature under `vllm bench serve`: 3% of
-request-steps drafted, 8-12% of their tokens accepted, median TPOT 1.47-1.52x no speculation's at the saturation
-rate and all at once, docs/serving.md); so the step's drafts go out only where the drafting rows' EMAs sum to
-``STEP_GATE_SHARE`` accepted tokens per row of the batch. Gated drafts are kept in shadow as a backed-off request's
-are, so a batch whose drafts would be accepted leaves the gate as soon as its EMAs say so. It was measured once
-before (tag ``h44-step-gate``), on the gate's serve check at 20/s only, where batches hold about 13 rows and it
-never applies (1.059x, no change) and on the cells (0.982x the base); not yet where it is for.
+cover a drafted step's extra cost) was removed: it brought low-acceptance serving to no speculation's TPOT, but cost
+agentic batches accepted tokens (tag ``h41-step-gate-v2-g10``, docs/results.md). **The large-batch step gate**
+(``STEP_GATE_ON``) is that rule only where serving at load meets it: a *low* batch of at least
+``STEP_GATE_FROM_ROWS`` rows. There a few rows' drafts, rarely accepted, make the whole verify batch a drafted
+(ragged) step that every row pays for (docs/serving.md); so the step's drafts go out only where the drafting rows'
+EMAs sum to ``STEP_GATE_SHARE`` accepted tokens per row of the batch. Gated drafts are kept in shadow as a backed-off
+request's are, so a batch whose drafts would be accepted leaves the gate as soon as its EMAs say so. Alone it did not
+pay (tag ``h44-step-gate``): the stricter recovery above is what keeps few rows drafting in such a batch.
 
 While a batch pads, every row is padded as before (a backed-off row's k tokens are the price of the uniform batch the
 others need, and its draft is verified: a real outcome). Drafts only drop here: what vLLM emits does not change (the
