@@ -19,6 +19,7 @@ tokens, back-offs, withheld tokens, slot schedules of a low batch). The per-step
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import sys
@@ -99,6 +100,35 @@ def load_target() -> Any:
     return AutoModelForCausalLM.from_pretrained(str(model_path(TARGET_MODEL)), dtype=torch.float32).eval()
 
 
+def sample(model: Any, ids: Any, *, temperature: float, max_new_tokens: int, **options: Any) -> list[list[int]]:
+    """The target ``model``'s samples of ``ids`` [batch, prompt] (equal lengths, no padding) at ``temperature``, from
+    its whole distribution (no top-k, no top-p): per row its new tokens. ``options``: more ``generate`` arguments."""
+    import torch
+
+    with torch.no_grad():
+        gen = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            **options,
+        )  # [rows, prompt + new]
+    return [row[ids.shape[1] :].tolist() for row in gen]
+
+
+def cached(path: Path, key: str, make: Callable[[], Any]) -> Any:
+    """``make()``'s result under ``key`` in the JSON cache at ``path`` (made and written there on a miss)."""
+    cache = json.loads(path.read_text()) if path.exists() else {}
+    if key not in cache:
+        cache[key] = make()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(cache, separators=(",", ":")))
+    return cache[key]
+
+
 def generate(model: Any, prompts: list[list[int]], max_tokens: list[int], *, desc: str) -> list[list[int]]:
     """Greedy outputs of the target ``model`` (EOS respected), each at most its ``max_tokens``."""
     from tqdm import tqdm
@@ -130,19 +160,17 @@ def plan(inputs: dict[str, Any], sets: list[str], cells: list[str]) -> list[tupl
 
 def targets(steps: list[tuple[str, str, list[dict[str, Any]]]], path: Path) -> list[list[list[int]]]:
     """Each cell's outputs (per prompt), from the cache at ``path`` or generated (then cached)."""
-    cache = json.loads(path.read_text()) if path.exists() else {}
+    model: list[Any] = []  # loaded once, for the first cell the cache misses
+
+    def make(name: str, cell: str, items: list[dict[str, Any]], mts: list[int]) -> list[list[int]]:
+        if not model:
+            model.append(load_target())
+        return generate(model[0], [it["ids"] for it in items], mts, desc=f"target {name}/{cell}")
+
     out = []
-    model = None  # loaded once, for the first cell the cache misses
     for name, cell, items in steps:
         mts = [int(it["max_tokens"]) for it in items]
-        key = cell_key(items, mts)
-        if key not in cache:
-            if model is None:
-                model = load_target()
-            cache[key] = generate(model, [it["ids"] for it in items], mts, desc=f"target {name}/{cell}")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(cache, separators=(",", ":")))
-        out.append(cache[key])
+        out.append(cached(path, cell_key(items, mts), functools.partial(make, name, cell, items, mts)))
     return out
 
 
@@ -198,28 +226,32 @@ def replay(
     """One engine (the plugin with ``options``, at ``max_len``) through every cell: cell -> the plugin's counters over
     it (and the outputs' check)."""
     from benchmarks.gate_prompts import BATCH
-    from benchmarks.vllm_cpu_engine import Req
 
     engine = target_engine(options, max_len=max_len, max_seqs=MAX_SEQS, max_batched=MAX_BATCHED)
     res: dict[str, Any] = {}
     try:
         for (name, cell, items), cell_outs in zip(steps, outs):
-            before = counters(engine)
             batch = len(items) if cell == "warmup" else BATCH[cell]
-            reqs = [
-                Req([*it["ids"], *o, *[EOS] * FILLER_TOKENS], len(it["ids"]), len(o), None)
-                for it, o in zip(items, cell_outs)
-            ]
-            for s in range(0, len(reqs), batch):
-                for i in range(s, min(s + batch, len(reqs))):
-                    engine.add(f"{name}/{cell}/{i}", reqs[i])
-                engine.run()
-            after = counters(engine)
-            res[f"{name}/{cell}"] = {k: after[k] - before[k] for k in after}
-            assert all(r.ctx[r.prompt :][: r.max_tokens] == o for r, o in zip(reqs, cell_outs)), "outputs differ"
+            res[f"{name}/{cell}"] = run_cell(engine, f"{name}/{cell}", items, cell_outs, batch=batch)
     finally:
         engine.close()
     return res
+
+
+def run_cell(engine: Any, name: str, items: list[dict[str, Any]], outs: list[list[int]], *, batch: int) -> dict:
+    """One cell through ``engine``: its prompts (``items``, each ``ids``) with their outputs ``outs`` as the target's,
+    in closed batches of ``batch``; the plugin's counters over it (the outputs checked)."""
+    from benchmarks.vllm_cpu_engine import Req
+
+    before = counters(engine)
+    reqs = [Req([*it["ids"], *o, *[EOS] * FILLER_TOKENS], len(it["ids"]), len(o), None) for it, o in zip(items, outs)]
+    for s in range(0, len(reqs), batch):
+        for i in range(s, min(s + batch, len(reqs))):
+            engine.add(f"{name}/{i}", reqs[i])
+        engine.run()
+    after = counters(engine)
+    assert all(r.ctx[r.prompt :][: r.max_tokens] == o for r, o in zip(reqs, outs)), "outputs differ"
+    return {k: after[k] - before[k] for k in after}
 
 
 def table(results: dict[str, dict[str, Any]], names: list[str]) -> str:

@@ -26,13 +26,14 @@ from typing import Any
 from benchmarks.gate_proxy import (
     DEFAULT_INPUTS,
     EOS,
-    FILLER_TOKENS,
     MAX_BATCHED,
     MAX_LEN,
     VARIANTS,
-    counters,
+    cached,
     load_target,
+    run_cell,
     run_variants,
+    sample,
     target_engine,
     variant_names,
     write_doc,
@@ -50,12 +51,7 @@ def samples(items: list[dict[str, Any]], seeds: int, path: Path, *, seed: int = 
     ending at its first EOS (kept, as vLLM emits it); cached at ``path`` by the prompts, ``seeds`` and ``seed``."""
     cells = json.dumps([(it["ids"], it["max_tokens"]) for it in items])
     key = f"{TARGET_MODEL}:{SAMPLED_TEMPERATURE}:{seeds}:{seed}:{hashlib.sha1(cells.encode()).hexdigest()[:16]}"
-    cache = json.loads(path.read_text()) if path.exists() else {}
-    if key not in cache:
-        cache[key] = _generate(items, seeds, seed)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(cache, separators=(",", ":")))
-    per_prompt: list[list[list[int]]] = cache[key]  # [prompt][seed] -> tokens
+    per_prompt: list[list[list[int]]] = cached(path, key, lambda: _generate(items, seeds, seed))  # [prompt][seed]
     return [[per_prompt[p][j] for p in range(len(items))] for j in range(seeds)]
 
 
@@ -68,21 +64,16 @@ def _generate(items: list[dict[str, Any]], seeds: int, seed: int) -> list[list[l
     torch.manual_seed(seed)
     out = []
     for it in tqdm(items, desc="target samples", unit="prompt"):
-        ids = torch.tensor([it["ids"]])  # [1, prompt]
-        with torch.no_grad():
-            gen = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=True,
-                temperature=SAMPLED_TEMPERATURE,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=int(it["max_tokens"]),
-                num_return_sequences=seeds,
-                eos_token_id=EOS,
-                pad_token_id=EOS,
-            )  # [seeds, prompt + new]
-        out.append([_until_eos(row[ids.shape[1] :].tolist()) for row in gen])
+        rows = sample(
+            model,
+            torch.tensor([it["ids"]]),  # [1, prompt]
+            temperature=SAMPLED_TEMPERATURE,
+            max_new_tokens=int(it["max_tokens"]),
+            num_return_sequences=seeds,
+            eos_token_id=EOS,
+            pad_token_id=EOS,
+        )  # [seeds] new tokens each
+        out.append([_until_eos(row) for row in rows])
     return out
 
 
@@ -93,26 +84,11 @@ def _until_eos(tokens: list[int]) -> list[int]:
 
 def replay(items: list[dict[str, Any]], sets: list[list[list[int]]], options: dict[str, Any] | None) -> list[dict]:
     """One engine through every sample set, one closed batch each: per set the plugin's counters over it."""
-    from benchmarks.vllm_cpu_engine import Req
-
     engine = target_engine(options, max_len=MAX_LEN, max_seqs=len(items), max_batched=MAX_BATCHED)
-    res = []
     try:
-        for j, outs in enumerate(sets):
-            before = counters(engine)
-            reqs = [
-                Req([*it["ids"], *o, *[EOS] * FILLER_TOKENS], len(it["ids"]), len(o), None)
-                for it, o in zip(items, outs)
-            ]
-            for i, r in enumerate(reqs):
-                engine.add(f"s{j}/{i}", r)
-            engine.run()
-            assert all(r.ctx[r.prompt :][: r.max_tokens] == o for r, o in zip(reqs, outs)), "outputs differ"
-            after = counters(engine)
-            res.append({k: after[k] - before[k] for k in after})
+        return [run_cell(engine, f"s{j}", items, outs, batch=len(items)) for j, outs in enumerate(sets)]
     finally:
         engine.close()
-    return res
 
 
 def paired(results: dict[str, list[dict]], base: str, col: str) -> dict[str, dict[str, float]]:

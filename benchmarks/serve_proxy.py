@@ -18,7 +18,6 @@ first (a TPOT in steps; median over requests).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 from pathlib import Path
@@ -28,9 +27,11 @@ from benchmarks.gate_proxy import (
     EOS,
     FILLER_TOKENS,
     VARIANTS,
+    cached,
     counters,
     load_target,
     run_variants,
+    sample,
     target_engine,
     variant_names,
     write_doc,
@@ -54,10 +55,10 @@ def prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
 
 def sampled_targets(ps: list[list[int]], path: Path, seed: int) -> list[list[int]]:
     """The target's temperature-1 continuations of ``ps`` (EOS ignored, as the benchmark's ``ignore_eos``), cached."""
-    key = f"{TARGET_MODEL}:{len(ps)}:{seed}:{OUTPUT_TOKENS}:{TEMPERATURE}"
-    cache = json.loads(path.read_text()) if path.exists() else {}
-    if key in cache:
-        return cache[key]
+    return cached(path, f"{TARGET_MODEL}:{len(ps)}:{seed}:{OUTPUT_TOKENS}:{TEMPERATURE}", lambda: _samples(ps, seed))
+
+
+def _samples(ps: list[list[int]], seed: int) -> list[list[int]]:
     import torch
     from tqdm import tqdm
 
@@ -66,22 +67,8 @@ def sampled_targets(ps: list[list[int]], path: Path, seed: int) -> list[list[int
     out: list[list[int]] = []
     for s in tqdm(range(0, len(ps), GEN_BATCH), desc="target samples", unit="batch"):
         ids = torch.tensor(ps[s : s + GEN_BATCH])  # [batch, PROMPT_TOKENS]: equal lengths, no padding
-        with torch.no_grad():
-            gen = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=True,
-                temperature=TEMPERATURE,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=OUTPUT_TOKENS,
-                min_new_tokens=OUTPUT_TOKENS,
-            )
-        out += [row[PROMPT_TOKENS:].tolist() for row in gen]  # [OUTPUT_TOKENS] each
-    cache[key] = out
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(cache, separators=(",", ":")))
-    return out
+        out += sample(model, ids, temperature=TEMPERATURE, max_new_tokens=OUTPUT_TOKENS, min_new_tokens=OUTPUT_TOKENS)
+    return out  # [OUTPUT_TOKENS] each
 
 
 def arrivals(n: int, rate: float, seed: int) -> list[int]:
