@@ -125,9 +125,9 @@ class ServeRun:
             keys = [check_key(name, r) for r in self.args.serve_rates] if name.startswith("tpot") else [name]
             if tp > self.gpus:
                 self.checks[name] = {"kind": "start", "skipped": f"needs {tp} GPUs, {self.gpus} here"}
-            elif (need := self._need_s(size, name)) > self.args.deadline - time.time():
+            elif (need := self._need_s(size, name)) > (left := self.args.deadline - time.time()):
                 kind = "tpot" if name.startswith("tpot") else "start"
-                skipped = time_skip(need, self.args.deadline - time.time())
+                skipped = time_skip(need, left)
                 print(f"gate: {name} not run: {skipped}", flush=True)
                 self.checks.update({k: {"kind": kind, "skipped": skipped} for k in keys})
             elif name.startswith("tpot"):
@@ -162,8 +162,8 @@ class ServeRun:
         for first in range(0, len(methods), per_round):
             names = methods[first : first + per_round]
             need = START_EST_S[size] + self._bench_est() * len(names)
-            if first and need > self.args.deadline - time.time():
-                skipped = time_skip(need, self.args.deadline - time.time())
+            if first and need > (left := self.args.deadline - time.time()):
+                skipped = time_skip(need, left)
                 print(f"gate: servers {', '.join(names)} not run: {skipped}", flush=True)
                 for c in checks:
                     c["servers"].update({k: {"skipped": skipped} for k in names})
