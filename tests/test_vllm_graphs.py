@@ -251,6 +251,33 @@ def test_two_widths_get_their_own_keys(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @needs_vllm
+@pytest.mark.parametrize("past", [False, True])
+def test_plain_keys_go_past_vllms_largest_spec_graph_only_when_switched_on(
+    monkeypatch: pytest.MonkeyPatch, past: bool
+) -> None:
+    from specdec.vllm_plugin.patches import narrow_keys
+
+    monkeypatch.setattr(narrow_keys, "PLAIN_GRAPHS_PAST_SPEC", past)
+    d, modes, desc = _dispatcher(monkeypatch, width=0, max_num_seqs=400)
+    monkeypatch.setattr(graphs, "narrow_widths", lambda config: (0, WIDTH))
+    d.compilation_config.cudagraph_capture_sizes = [*CAPTURE_SIZES, 17 * 80, 17 * 96]
+    d.compilation_config.max_cudagraph_capture_size = 17 * 96
+    d.cudagraph_keys = {modes.PIECEWISE: set(), modes.FULL: set()}
+    d.initialize_cudagraph_keys(modes.FULL_AND_PIECEWISE, K + 1)
+    ladder = [1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96]  # vLLM's request counts (k + 1 tokens each)
+    # plain past 96 requests: capture sizes (17 x 8 = 136 ... 17 x 64 = 1,088 tokens) up to max_num_seqs (400), at
+    # least 1.25x apart, the largest always kept; narrow widths keep vLLM's ladder
+    plain = ladder + ([136, 272, 400] if past else [])
+    assert getattr(d, graphs.NARROW_KEYS) == {1: plain, WIDTH + 1: ladder}
+    setattr(d, graphs.NARROW_Q, 1)
+    mode, got = d.dispatch(num_tokens=130, uniform_decode=True)
+    if past:  # a plain batch of 130 requests pads to the next captured count
+        assert (mode, got) == (modes.FULL, desc(num_tokens=136, num_reqs=136, uniform=True))
+    else:  # vLLM's mixed-batch graphs
+        assert mode == modes.PIECEWISE and got.num_reqs is None
+
+
+@needs_vllm
 def test_no_narrow_keys_for_other_engines(monkeypatch: pytest.MonkeyPatch) -> None:
     d, modes, _ = _dispatcher(monkeypatch, width=0)
     assert all(k.num_tokens == (K + 1) * k.num_reqs for k in d.cudagraph_keys[modes.FULL])

@@ -102,10 +102,17 @@ def test_the_engine_going_idle_logs_the_totals_once(plugin_log, caplog):
     handed(batch, core, "python", range(30), never)
     prop.note_idle(BUSY)
     assert stat_lines(plugin_log) == []
+    g = prop.graph_stats  # what the engine's dispatcher counted (shared through the config)
+    g.narrow_full, g.plain_full, g.narrow_piecewise, g.ragged_full, g.ragged_piecewise = 7, 5, 3, 2, 1
     prop.note_idle(IDLE)
     prop.note_idle(IDLE)  # vLLM's next empty step, or the other execute_model hook: nothing new, nothing logged
     lines = stat_lines(plugin_log)
     assert len(lines) == 1 and lines[0].startswith("specdec: idle: 30 steps (")
+    graphs = [r.getMessage() for r in plugin_log() if r.getMessage().startswith("specdec: idle graphs")]
+    assert graphs == [
+        "specdec: idle graphs: plain 5 and narrow 2 steps on FULL graphs, 3 on piecewise; ragged 2 FULL (0 with "
+        "prompt chunks), 1 piecewise"
+    ]
     got = plugin_line(lines[0])
     assert got is not None and (got["steps"], got["drafted"]) == (30, core.stats.drafted_tokens)
     handed(batch, core, "python", range(30, 40), never)

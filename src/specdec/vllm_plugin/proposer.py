@@ -209,11 +209,28 @@ class SpecdecProposer:
         if self.core is None or getattr(scheduler_output, "total_num_scheduled_tokens", None) != 0:
             return
         try:
-            self.core.log_idle()
+            if self.core.log_idle():
+                self._log_graphs("specdec: idle graphs")
         except Exception as exc:  # noqa: BLE001 - a statistics line must never fail a step
             if not self._idle_failed:
                 self._idle_failed = True
                 logger.warning("specdec: the idle statistics line failed (%r); later failures are not logged", exc)
+
+    def _log_graphs(self, prefix: str) -> None:
+        """Where this engine's verify batches ran so far: FULL graphs of ours or vLLM's piecewise graphs (a step
+        vLLM's own uniform graphs ran is in neither)."""
+        g = self.graph_stats
+        logger.info(
+            "%s: plain %d and narrow %d steps on FULL graphs, %d on piecewise; ragged %d FULL (%d with prompt "
+            "chunks), %d piecewise",
+            prefix,
+            g.plain_full,
+            g.narrow_full - g.plain_full,
+            g.narrow_piecewise,
+            g.ragged_full,
+            g.ragged_prefill_full,
+            g.ragged_piecewise,
+        )
 
     @property
     def graph_stats(self) -> GraphStats:

@@ -27,6 +27,11 @@ from specdec.vllm_plugin.patches.async_sched import is_our_config
 
 PLAIN_WIDTH = 0  # the width of a step that verifies no draft (one token per request): patches/narrow_keys.py
 PLAIN_GRAPHS = True  # such steps get the one-token FULL graphs no speculation replays
+# Plain steps of more requests than vLLM's largest uniform speculative graph holds (its k + 1 tokens a request: 64
+# requests at k = 16) get one-token FULL graphs too, up to max_num_seqs, as no speculation has; without them such
+# steps (a loaded server whose drafts are withheld) replay vLLM's piecewise graphs. Off until the GPU gate has
+# measured it (docs/results.md).
+PLAIN_GRAPHS_PAST_SPEC = False
 
 
 @dataclass(frozen=True)

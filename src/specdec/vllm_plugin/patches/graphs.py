@@ -63,6 +63,7 @@ from specdec.vllm_plugin.patches.narrow_keys import (
     narrow_descriptor,
     narrow_query_len,
     narrow_widths,
+    plain_request_limit,
 )
 from specdec.vllm_plugin.patches.ragged_keys import (
     add_ragged_keys,
@@ -159,7 +160,14 @@ def _add_keys(dispatcher: Any, cudagraph_mode: Any, q: int, *, modes: Any, descr
     ceiling = profile_ceiling(dispatcher, modes.FULL)
     widths = narrow_widths(dispatcher.vllm_config) if ceiling else ()
     if widths:
-        counts = add_narrow_keys(dispatcher, widths, full_mode=modes.FULL, descriptor=descriptor, ceiling=ceiling)
+        counts = add_narrow_keys(
+            dispatcher,
+            widths,
+            full_mode=modes.FULL,
+            descriptor=descriptor,
+            ceiling=ceiling,
+            plain_past=plain_request_limit(dispatcher, ceiling),
+        )
         logger.info(
             "specdec: full CUDA graphs for plain and narrow verify batches (%s tokens per request, %d batch "
             "sizes up to %d requests)",

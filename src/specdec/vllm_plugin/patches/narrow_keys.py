@@ -17,7 +17,7 @@ from specdec.vllm_plugin.attrs import NARROW_KEYS, NARROW_Q
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.patches.graph_stats import dispatcher_stats
 from specdec.vllm_plugin.patches.ragged_keys import sparse_ladder
-from specdec.vllm_plugin.settings import engine_settings
+from specdec.vllm_plugin.settings import PLAIN_GRAPHS_PAST_SPEC, PLAIN_WIDTH, engine_settings
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -34,17 +34,23 @@ def narrow_widths(vllm_config: Any) -> tuple[int, ...]:
 
 
 def add_narrow_keys(
-    dispatcher: Any, widths: tuple[int, ...], *, full_mode: Any, descriptor: Any, ceiling: int
+    dispatcher: Any, widths: tuple[int, ...], *, full_mode: Any, descriptor: Any, ceiling: int, plain_past: int = 0
 ) -> list[int]:
     """Item 1: FULL keys of query length ``w + 1`` for every width ``w`` and a sparse ladder of the request counts
     of the dispatcher's uniform FULL keys (vLLM's), each below ``ceiling`` tokens (``profile_ceiling``).
-    ``full_mode``: vLLM's ``CUDAGraphMode.FULL``; ``descriptor``: its ``BatchDescriptor``. Returns the request
-    counts (sorted); {query length: counts} is stored on the dispatcher."""
+    ``plain_past`` > 0: the plain width's ladder goes on past vLLM's largest count through vLLM's capture sizes to
+    that many requests (``plain_request_limit``), so every plain batch up to it finds a key. ``full_mode``: vLLM's
+    ``CUDAGraphMode.FULL``; ``descriptor``: its ``BatchDescriptor``. Returns the request counts (sorted);
+    {query length: counts} is stored on the dispatcher."""
     full = dispatcher.cudagraph_keys[full_mode]
     all_counts = sorted({d.num_reqs for d in full if d.uniform and not d.has_lora and d.num_reqs})
     keys = {}
     for w in widths:
         counts = sparse_ladder([r for r in all_counts if (w + 1) * r < ceiling])
+        if w == PLAIN_WIDTH and counts and plain_past > counts[-1]:  # the ladder goes on from vLLM's largest
+            sizes = dispatcher.compilation_config.cudagraph_capture_sizes or ()
+            past = {int(t) for t in sizes if counts[-1] < int(t) < plain_past} | {plain_past}
+            counts += sparse_ladder([counts[-1], *sorted(past)])[1:]
         if counts:
             keys[w + 1] = counts
     for q, counts in keys.items():
@@ -53,6 +59,15 @@ def add_narrow_keys(
     setattr(dispatcher, NARROW_KEYS, keys)
     dispatcher_stats(dispatcher).narrow_keys = sum(len(c) for c in keys.values())
     return sorted({r for c in keys.values() for r in c})
+
+
+def plain_request_limit(dispatcher: Any, ceiling: int) -> int:
+    """The most requests a plain (one-token) FULL graph may hold with ``PLAIN_GRAPHS_PAST_SPEC`` on: vLLM's
+    ``max_num_seqs``, the capture limit and ``ceiling`` (``profile_ceiling``) bound it; 0 with it off."""
+    if not PLAIN_GRAPHS_PAST_SPEC:
+        return 0
+    reqs = int(dispatcher.vllm_config.scheduler_config.max_num_seqs)
+    return min(reqs, int(dispatcher.compilation_config.max_cudagraph_capture_size or 0), ceiling - 1)
 
 
 def narrow_descriptor(dispatcher: Any, num_tokens: int, *, descriptor: Any) -> Any:
