@@ -52,6 +52,7 @@ START_ENV = "GATE_T0"  # epoch seconds the call started (gpu_gate.sh): the budge
 SHAPE = "llama-8b"
 SERVE_CHECKS = ("tpot-53m", "tpot-8b", "start-8b-tp2")  # gate_serve's (named here: checked before it is imported)
 REQUEST_RATE = 20  # gate_serve.REQUEST_RATE, the TPOT checks' default rate (tests/test_gate_flow.py holds them equal)
+CONCURRENCY_PREFIX = "c"  # gate_serve.CONCURRENCY_PREFIX: a --serve-rate of cN keeps at most N requests in flight
 # the servers of a TPOT check: nospec and specdec make its verdict; the others are references beside them (no
 # speculation on vLLM's V1 model runner, the base commit, specdec in schedule mode whatever the target's size)
 SERVE_METHODS = (
@@ -66,15 +67,19 @@ SERVE_METHODS = (
 
 
 def serve_rates(ap: argparse.ArgumentParser, text: str) -> list[str]:
-    """``--serve-rate`` as `vllm bench serve` takes each: positive numbers of requests per second, or ``inf``."""
+    """``--serve-rate``: positive numbers of requests per second, ``inf`` (all at once), or ``cN`` (all at once with
+    at most N in flight: `vllm bench serve --max-concurrency N`, N clients keeping a loaded server busy)."""
     rates = list(dict.fromkeys(r for r in (text or str(REQUEST_RATE)).split(",") if r))
     for r in rates:
         try:
-            ok = r == "inf" or float(r) > 0
+            ok = r == "inf" or (int(r[1:]) > 0 if r.startswith(CONCURRENCY_PREFIX) else float(r) > 0)
         except ValueError:
             ok = False
         if not ok:
-            ap.error(f"--serve-rate: {r!r} is not a rate; give requests per second (> 0) or inf, comma-separated")
+            ap.error(
+                f"--serve-rate: {r!r} is not a rate; give requests per second (> 0), inf or c<clients> like c100, "
+                "comma-separated"
+            )
     return rates
 
 
@@ -114,8 +119,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--serve-rate",
         default="",
-        help=f"--part serve: the TPOT checks' request rates, req/s or inf, comma-separated (default {REQUEST_RATE}, "
-        "the issue's): each server runs each in turn; another rate's check is recorded as <check>@<rate>",
+        help=f"--part serve: the TPOT checks' request rates, req/s, inf or c<N> (all at once, at most N in flight), "
+        f"comma-separated (default {REQUEST_RATE}, the issue's): each server runs each in turn; another rate's check "
+        "is recorded as <check>@<rate>",
     )
     ap.add_argument(
         "--before-round",

@@ -68,6 +68,8 @@ WARMUP_PROMPTS, WARMUP_SEED = 20, 1  # another seed: no prompt of the measured r
 START_EST_S = {"53m": 120.0, "8b": 130.0}  # vllm serve under vLLM's defaults, to /health (H100 and H200: 75-110 s)
 BENCH_EST_S = 35.0  # a `vllm bench serve` besides its arrivals: its start (vLLM's import), the last answers, the result
 INF_ARRIVALS_EST_S = 15.0  # the measured run's requests all at once: their decoding, past what BENCH_EST_S holds
+CONCURRENCY_PREFIX = "c"  # a rate of cN: all at once with at most N in flight (`vllm bench serve --max-concurrency N`)
+WAVE_EST_S = 3.0  # with at most N in flight: each N requests' decoding (128 tokens of an 8B shape, N ~ 100)
 BENCH_TIMEOUT_S = 300.0
 ANSWER_EST_S = 20.0  # one completion and the server's shutdown
 ANSWER_PROMPT, ANSWER_TOKENS = "def fibonacci(n):", 16
@@ -276,8 +278,19 @@ class ServeRun:
 
 
 def arrivals_s(rate: str) -> float:
-    """How long the measured run's requests take to arrive at ``rate`` (``inf``: at once, then decoded)."""
-    return INF_ARRIVALS_EST_S if rate == "inf" else NUM_PROMPTS * BENCH_WINDOWS / float(rate)
+    """How long the measured run's requests take to arrive at ``rate`` (``inf``: at once, then decoded; ``cN``:
+    decoded N at a time)."""
+    total = NUM_PROMPTS * BENCH_WINDOWS
+    if rate.startswith(CONCURRENCY_PREFIX):
+        return WAVE_EST_S * -(-total // int(rate[1:]))
+    return INF_ARRIVALS_EST_S if rate == "inf" else total / float(rate)
+
+
+def rate_flags(rate: str) -> list[str]:
+    """`vllm bench serve`'s flags for a ``--serve-rate``: ``cN`` is all at once with at most N in flight."""
+    if rate.startswith(CONCURRENCY_PREFIX):
+        return ["--request-rate", "inf", "--max-concurrency", rate[1:]]
+    return ["--request-rate", rate]
 
 
 def time_skip(need_s: float, left_s: float) -> str:
@@ -301,7 +314,7 @@ def bench(
     result.unlink(missing_ok=True)
     cmd = [*shlex.split(cli_base(fake)), "bench", "serve", "--backend", "vllm", "--model", model]
     cmd += ["--host", HOST, "--port", str(server.port), *RANDOM_FLAGS, "--num-prompts", str(num)]
-    cmd += ["--request-rate", rate, "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl"]
+    cmd += [*rate_flags(rate), "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl"]
     cmd += ["--save-result", "--result-dir", str(result.parent), "--result-filename", result.name]
     cmd += ["--save-detailed"] if windows else []
     with open(log, "w") as fh:

@@ -69,6 +69,7 @@ def _bench_parser() -> argparse.ArgumentParser:
         ("--dataset-path", {}),
         ("--num-prompts", {"type": int, "default": 1000}),
         ("--request-rate", {"default": "inf"}),
+        ("--max-concurrency", {"type": int}),
         ("--random-input-len", {"type": int, "default": 16}),
         ("--seed", {"type": int, "default": 0}),
         ("--random-output-len", {"type": int, "default": 16}),
@@ -87,11 +88,12 @@ def bench(argv: list[str]) -> int:
     rows = _dataset(args)
     before = _spec(f"{base}/metrics")
     t0 = time.perf_counter()
-    with cf.ThreadPoolExecutor(BENCH_THREADS) as pool:
+    with cf.ThreadPoolExecutor(min(BENCH_THREADS, args.max_concurrency or BENCH_THREADS)) as pool:
         outs = list(pool.map(lambda r: _one(f"{base}/v1/completions", args.model, r, args.temperature), rows))
     duration = time.perf_counter() - t0
     after = _spec(f"{base}/metrics")
     result = _summary(args.request_rate, outs, duration)
+    result["max_concurrency"] = args.max_concurrency
     if before:
         d = {k: after[k] - before.get(k, 0.0) for k in after}
         drafts, drafted = d["vllm:spec_decode_num_drafts_total"], d["vllm:spec_decode_num_draft_tokens_total"]

@@ -399,9 +399,28 @@ def test_serve_checks_at_other_rates_run_on_the_same_servers_and_are_kept_apart(
     assert "plugin" not in load["specdec"]  # the plugin's totals since the start: on the first check only
     assert [r["check"] for r in doc["verdicts"]["serve"] if r["verdict"] != "-"][:1] == ["tpot-53m"]
     assert any(r["check"] == "tpot-53m@inf" for r in doc["verdicts"]["serve"])
-    for bad in ("0", "fast", "20,-1"):
+    for bad in ("0", "fast", "20,-1", "c0", "c", "c1.5"):
         with pytest.raises(SystemExit):
             gate.main([*argv, "--serve-rate", bad])
+
+
+def test_a_concurrency_rate_sends_all_at_once_with_at_most_n_in_flight(tmp_path):
+    """``--serve-rate c50``: `vllm bench serve --request-rate inf --max-concurrency 50` on the same servers, recorded as
+    ``<check>@c50``, its time estimate by waves of 50."""
+    from benchmarks import gate_serve
+
+    argv = ["--part", "serve", "--fake", "--gpus", "2", "--checks", "tpot-53m", "--out-dir", str(tmp_path)]
+    argv += ["--work-dir", str(tmp_path / "w"), "--inputs", str(_inputs(tmp_path / "inputs.json"))]
+    gate.main([*argv, "--serve-rate", "20,c50"])
+    (path,) = tmp_path.glob("*_gate_serve_ccccccc.json")
+    doc = json.loads(path.read_text())
+    assert list(doc["serve"]) == ["tpot-53m", "tpot-53m@c50"] and doc["serve"]["tpot-53m@c50"]["rate"] == "c50"
+    sent = json.loads((tmp_path / "w" / "serve" / "specdec-run@c50.result.json").read_text())
+    assert (sent["request_rate"], sent["max_concurrency"], sent["completed"]) == ("inf", 50, 600)
+    assert gate_serve.rate_flags("c4") == ["--request-rate", "inf", "--max-concurrency", "4"]
+    assert gate_serve.rate_flags("20") == ["--request-rate", "20"]
+    assert gate_serve.arrivals_s("c100") == 6 * gate_serve.WAVE_EST_S  # 600 requests, 100 at a time
+    assert gate.CONCURRENCY_PREFIX == gate_serve.CONCURRENCY_PREFIX
 
 
 def test_the_base_commit_is_the_installed_tree_s(tmp_path):
