@@ -530,6 +530,31 @@ def test_runner_dispatches_a_ragged_batch_and_states_the_captured_query_length()
     assert prompt is None and r._build_attention_metadata(num_tokens=600, num_reqs=3, max_query_len=500) == 500
 
 
+@pytest.mark.parametrize("fallback", [False, True])
+def test_uniform_batches_past_their_ladder_take_the_ragged_graphs_only_when_switched_on(
+    monkeypatch: pytest.MonkeyPatch, fallback: bool
+) -> None:
+    """A plain or narrow batch of more requests than its FULL keys hold (here 8) replays a ragged key with
+    ``UNIFORM_PAST_LADDER_RAGGED`` on (vLLM's piecewise graphs otherwise: the narrow path finds no key); one they
+    hold stays narrow either way; with no ragged key for it (more requests than captured) it stays narrow."""
+    monkeypatch.setattr(graphs, "UNIFORM_PAST_LADDER_RAGGED", fallback)
+    r = _ragged_runner()
+    setattr(r.cudagraph_dispatcher, graphs.NARROW_KEYS, {1: [1, 2, 4, 8], WIDTH + 1: [1, 2, 4, 8]})
+    q = WIDTH + 1
+    plain30 = r._determine_batch_execution_and_padding(30, 30, None, max_num_scheduled_tokens=1, use_cascade_attn=False)
+    narrow30 = r._determine_batch_execution_and_padding(
+        q * 30, 30, None, max_num_scheduled_tokens=q, use_cascade_attn=False
+    )
+    plain6 = r._determine_batch_execution_and_padding(6, 6, None, max_num_scheduled_tokens=1, use_cascade_attn=False)
+    plain70 = r._determine_batch_execution_and_padding(70, 70, None, max_num_scheduled_tokens=1, use_cascade_attn=False)
+    if fallback:  # the ragged keys' next token count, for the 64 requests they were captured with
+        assert (plain30, narrow30) == ((34, 64, K + 1), (17 * 16, 64, K + 1))
+    else:  # the narrow path (no ragged key set while vLLM dispatches)
+        assert (plain30, narrow30) == (None, None)
+    assert (plain6, plain70) == (None, None)  # held by its own keys; more requests than the ragged keys hold
+    assert r.seen == [(34, 64, K + 1), (17 * 16, 64, K + 1), None, None] if fallback else [None] * 4
+
+
 def test_capture_of_a_ragged_key_runs_vllms_uniform_dummy_under_that_key() -> None:
     r = _ragged_runner()
     got, key = r._warmup_and_capture(Desc(num_tokens=272, num_reqs=64), "FULL")

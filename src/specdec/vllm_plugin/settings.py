@@ -32,6 +32,10 @@ PLAIN_GRAPHS = True  # such steps get the one-token FULL graphs no speculation r
 # steps (a loaded server whose drafts are withheld) replay vLLM's piecewise graphs. Off until the GPU gate has
 # measured it (docs/results.md).
 PLAIN_GRAPHS_PAST_SPEC = False
+# A plain or narrow step of more requests than its own FULL graphs hold replays the ragged FULL graphs (which hold any
+# batch of at most max_num_seqs requests of at most k + 1 tokens each, patches/ragged_keys.py) instead of vLLM's
+# piecewise ones, where the engine has ragged graphs. Off until the GPU gate has measured it.
+UNIFORM_PAST_LADDER_RAGGED = False
 
 
 @dataclass(frozen=True)

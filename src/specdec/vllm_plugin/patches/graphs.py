@@ -61,6 +61,7 @@ from specdec.vllm_plugin.patches.graph_stats import GraphStats, dispatcher_stats
 from specdec.vllm_plugin.patches.narrow_keys import (
     add_narrow_keys,
     narrow_descriptor,
+    narrow_holds,
     narrow_query_len,
     narrow_widths,
     plain_request_limit,
@@ -75,7 +76,7 @@ from specdec.vllm_plugin.patches.ragged_keys import (
     ragged_key,
     ragged_prefill_tokens,
 )
-from specdec.vllm_plugin.settings import PLAIN_WIDTH
+from specdec.vllm_plugin.settings import PLAIN_WIDTH, UNIFORM_PAST_LADDER_RAGGED
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -256,10 +257,10 @@ def _classify(runner: Any, orig: Any, num_tokens: int, num_reqs: int, args: tupl
         return orig(runner, num_tokens, num_reqs, *args, **kwargs)  # a capture (or not ours to decide)
     max_query_len = int(kwargs.get("max_num_scheduled_tokens", args[1] if len(args) > 1 else 0))
     q = narrow_query_len(dispatcher, int(num_tokens), int(num_reqs), max_query_len)
-    if q is not None:
+    key = ragged_key(dispatcher, int(num_tokens), int(num_reqs), max_query_len)
+    if q is not None and not (UNIFORM_PAST_LADDER_RAGGED and key and not narrow_holds(dispatcher, q, int(num_reqs))):
         with _dispatching(dispatcher, NARROW_Q, q):
             return orig(runner, num_tokens, num_reqs, *args, force_uniform_decode=True, **kwargs)
-    key = ragged_key(dispatcher, int(num_tokens), int(num_reqs), max_query_len)
     if key is None:
         return orig(runner, num_tokens, num_reqs, *args, **kwargs)
     with _dispatching(dispatcher, RAGGED_DESC, key):

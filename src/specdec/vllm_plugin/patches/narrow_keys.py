@@ -84,6 +84,12 @@ def narrow_descriptor(dispatcher: Any, num_tokens: int, *, descriptor: Any) -> A
     return descriptor(num_tokens=q * r, num_reqs=r, uniform=True)
 
 
+def narrow_holds(dispatcher: Any, q: int, num_reqs: int) -> bool:
+    """Whether a FULL key of query length ``q`` holds ``num_reqs`` requests (its largest captured count)."""
+    counts = getattr(dispatcher, NARROW_KEYS, {}).get(q)
+    return bool(counts) and num_reqs <= counts[-1]
+
+
 def narrow_query_len(dispatcher: Any, num_tokens: int, num_reqs: int, max_query_len: int) -> int | None:
     """Item 3: ``max_query_len`` if the batch is narrow (every request exactly that many tokens, a captured narrow
     length), else None."""
