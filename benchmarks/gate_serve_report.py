@@ -22,7 +22,9 @@ def serve_rows(serve: dict[str, Any]) -> list[dict[str, Any]]:
         if check.get("kind") == "tpot":
             out += _tpot_rows(name, check.get("servers", {}))
         for label, srv in check.get("servers", {}).items():
-            if label.startswith(CANDIDATE) and "skipped" not in srv:
+            # a server's start and answer are on the first of its checks (another rate's check ran on the same
+            # server: it holds neither, unless the start failed)
+            if label.startswith(CANDIDATE) and "skipped" not in srv and ("answered" in srv or "error" in srv):
                 ok = bool(srv.get("answered"))
                 note = f"start {srv.get('start_s') or 0:.0f} s, " + (
                     "answered" if ok else srv.get("error", "no answer")

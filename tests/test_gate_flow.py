@@ -399,6 +399,8 @@ def test_serve_checks_at_other_rates_run_on_the_same_servers_and_are_kept_apart(
     assert "plugin" not in load["specdec"]  # the plugin's totals since the start: on the first check only
     assert [r["check"] for r in doc["verdicts"]["serve"] if r["verdict"] != "-"][:1] == ["tpot-53m"]
     assert any(r["check"] == "tpot-53m@inf" for r in doc["verdicts"]["serve"])
+    serves = [r["check"] for r in doc["verdicts"]["serve"] if r["check"].endswith(" serves")]
+    assert serves == ["tpot-53m specdec serves"]  # started and answered once, judged once (not again at inf)
     for bad in ("0", "fast", "20,-1", "c0", "c", "c1.5"):
         with pytest.raises(SystemExit):
             gate.main([*argv, "--serve-rate", bad])
