@@ -58,6 +58,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # in such a batch a recovered request backs off after 1 or 2 verified steps that accepted nothing
     "exit1": {"STRICT_EXIT_STEPS": 1},
     "exit2": {"STRICT_EXIT_STEPS": 2},
+    # in such a batch recovery at five matched shadow tokens instead of four
+    "recover5low": {"RECOVER_LOW_BATCH": 1.25},
     # the default before cd1369b (three matched tokens, no early exit, no step gate), and today's default without
     # its large-batch step gate
     "base": {"RECOVER_LOW_BATCH": 0.75, "STRICT_EXIT_STEPS": 0, "STEP_GATE_ON": False},
