@@ -42,7 +42,7 @@ from specdec.paths import REPO_ROOT, TARGET_MODEL, model_path
 DEFAULT_TARGETS = REPO_ROOT / "device_inputs" / "serve_proxy_targets.json"
 PROMPT_TOKENS, OUTPUT_TOKENS = 256, 128  # gate_serve's RANDOM_FLAGS
 RATE, REQUESTS, SEED = 20.0, 200, 0  # gate_serve's REQUEST_RATE, NUM_PROMPTS, SEED
-STEP_MS = 5.0  # one engine step of the 8B shape at the check's load on an H200 (no speculation: 4.7-5.1 ms TPOT)
+STEP_MS = 5.0  # one engine step of the 8B shape at the check's load: arrivals are turned into steps by it
 MAX_LEN, MAX_SEQS, MAX_BATCHED = 2048, 256, 8192  # `vllm serve` defaults (max_num_seqs, tokens); length: the 53M's
 GEN_BATCH = 8
 TEMPERATURE = 1.0

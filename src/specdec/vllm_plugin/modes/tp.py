@@ -39,8 +39,8 @@ logger = logging.getLogger(LOGGER_NAME)
 
 DRIVER_RANK = 0  # the TP rank that drafts and broadcasts
 # the driver drafts to the width the scheduler's book chose (sent on its output) instead of inferring it from the
-# grants (issue 41: inferred, TP = 2 batches of one emitted 2.4-3.6 tokens per drafted step against 7.9-10.8 at
-# TP = 1, their verify batches ragged, not padded to k)
+# grants: inferred widths cannot tell a narrow schedule from equal per-request slots, so small TP > 1 batches drafted
+# short, ragged verify batches instead of ones padded to k (docstring)
 SCHEDULER_WIDTH = True
 BACKUP_SLOTS = 4  # pinned buffers of discarded rows' tokens a follower cycles through (as the driver's capture ring)
 
