@@ -257,8 +257,9 @@ def _classify(runner: Any, orig: Any, num_tokens: int, num_reqs: int, args: tupl
         return orig(runner, num_tokens, num_reqs, *args, **kwargs)  # a capture (or not ours to decide)
     max_query_len = int(kwargs.get("max_num_scheduled_tokens", args[1] if len(args) > 1 else 0))
     q = narrow_query_len(dispatcher, int(num_tokens), int(num_reqs), max_query_len)
-    key = ragged_key(dispatcher, int(num_tokens), int(num_reqs), max_query_len)
-    if q is not None and not (UNIFORM_PAST_LADDER_RAGGED and key and not narrow_holds(dispatcher, q, int(num_reqs))):
+    past_ladder = q is not None and UNIFORM_PAST_LADDER_RAGGED and not narrow_holds(dispatcher, q, int(num_reqs))
+    key = ragged_key(dispatcher, int(num_tokens), int(num_reqs), max_query_len) if q is None or past_ladder else None
+    if q is not None and key is None:  # narrow (or past its ladder with no ragged key either: as narrow)
         with _dispatching(dispatcher, NARROW_Q, q):
             return orig(runner, num_tokens, num_reqs, *args, force_uniform_decode=True, **kwargs)
     if key is None:
