@@ -47,6 +47,12 @@ def _inputs(path: Path) -> Path:
     return path
 
 
+def _serve_argv(tmp_path: Path) -> list[str]:
+    """A fake serve call of the tpot-53m check on two GPUs, its inputs and output under ``tmp_path``."""
+    argv = ["--part", "serve", "--fake", "--gpus", "2", "--checks", "tpot-53m", "--out-dir", str(tmp_path)]
+    return argv + ["--work-dir", str(tmp_path / "w"), "--inputs", str(_inputs(tmp_path / "inputs.json"))]
+
+
 def _before(tmp: Path) -> Path:
     """A stand-in base tree: a ``specdec`` package of its own and the commit stamp gpu_gate.sh copies beside it."""
     (tmp / "before" / "specdec").mkdir(parents=True)
@@ -264,8 +270,7 @@ def test_script_help_and_dry_run_reach_the_driver(tmp_path):
 
 
 def test_serve_part_on_fake_servers(tmp_path):
-    argv = ["--part", "serve", "--fake", "--gpus", "2", "--checks", "tpot-53m", "--out-dir", str(tmp_path)]
-    gate.main([*argv, "--work-dir", str(tmp_path / "w"), "--inputs", str(_inputs(tmp_path / "inputs.json"))])
+    gate.main(_serve_argv(tmp_path))
     (path,) = tmp_path.glob("*_gate_serve_ccccccc.json")
     doc = json.loads(path.read_text())
     servers = doc["serve"]["tpot-53m"]["servers"]
@@ -324,8 +329,7 @@ def test_origin_notes_flag_a_wrong_tree(dry_run):
 
 
 def test_serve_references_run_in_rounds_and_get_rows(tmp_path):
-    argv = ["--part", "serve", "--fake", "--gpus", "2", "--checks", "tpot-53m", "--out-dir", str(tmp_path)]
-    argv += ["--work-dir", str(tmp_path / "w"), "--inputs", str(_inputs(tmp_path / "inputs.json"))]
+    argv = _serve_argv(tmp_path)
     gate.main([*argv, "--serve-methods", "specdec-schedule,nospec-v1,specdec-before"])
     (path,) = tmp_path.glob("*_gate_serve_ccccccc.json")
     doc = json.loads(path.read_text())
@@ -387,8 +391,7 @@ def test_serve_checks_at_other_rates_run_on_the_same_servers_and_are_kept_apart(
     """``--serve-rate 20,inf``: each server runs the issue's 20/s and then all at once, two checks on the same
     servers (one start each), ``tpot-53m`` and ``tpot-53m@inf`` (a merge keeps both); a rate that is not one stops
     the command."""
-    argv = ["--part", "serve", "--fake", "--gpus", "2", "--checks", "tpot-53m", "--out-dir", str(tmp_path)]
-    argv += ["--work-dir", str(tmp_path / "w"), "--inputs", str(_inputs(tmp_path / "inputs.json"))]
+    argv = _serve_argv(tmp_path)
     gate.main([*argv, "--serve-rate", "20,inf"])
     (path,) = tmp_path.glob("*_gate_serve_ccccccc.json")
     doc = json.loads(path.read_text())
@@ -411,8 +414,7 @@ def test_a_concurrency_rate_sends_all_at_once_with_at_most_n_in_flight(tmp_path)
     ``<check>@c50``, its time estimate by waves of 50."""
     from benchmarks import gate_serve
 
-    argv = ["--part", "serve", "--fake", "--gpus", "2", "--checks", "tpot-53m", "--out-dir", str(tmp_path)]
-    argv += ["--work-dir", str(tmp_path / "w"), "--inputs", str(_inputs(tmp_path / "inputs.json"))]
+    argv = _serve_argv(tmp_path)
     gate.main([*argv, "--serve-rate", "20,c50"])
     (path,) = tmp_path.glob("*_gate_serve_ccccccc.json")
     doc = json.loads(path.read_text())
