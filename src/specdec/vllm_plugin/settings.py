@@ -31,7 +31,7 @@ PLAIN_GRAPHS = True  # such steps get the one-token FULL graphs no speculation r
 # requests at k = 16) get one-token FULL graphs too, up to max_num_seqs, as no speculation has; without them such
 # steps (a loaded server whose drafts are withheld) replay vLLM's piecewise graphs. Off until the GPU gate has
 # measured it (docs/results.md).
-PLAIN_GRAPHS_PAST_SPEC = False
+PLAIN_GRAPHS_PAST_SPEC = True
 # A plain or narrow step of more requests than its own FULL graphs hold replays the ragged FULL graphs (which hold any
 # batch of at most max_num_seqs requests of at most k + 1 tokens each, patches/ragged_keys.py) instead of vLLM's
 # piecewise ones, where the engine has ragged graphs. Off until the GPU gate has measured it.
