@@ -251,13 +251,7 @@ def test_two_widths_get_their_own_keys(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @needs_vllm
-@pytest.mark.parametrize("past", [False, True])
-def test_plain_keys_go_past_vllms_largest_spec_graph_only_when_switched_on(
-    monkeypatch: pytest.MonkeyPatch, past: bool
-) -> None:
-    from specdec.vllm_plugin.patches import narrow_keys
-
-    monkeypatch.setattr(narrow_keys, "PLAIN_GRAPHS_PAST_SPEC", past)
+def test_plain_keys_go_past_vllms_largest_spec_graph(monkeypatch: pytest.MonkeyPatch) -> None:
     d, modes, desc = _dispatcher(monkeypatch, width=0, max_num_seqs=400)
     monkeypatch.setattr(graphs, "narrow_widths", lambda config: (0, WIDTH))
     d.compilation_config.cudagraph_capture_sizes = [*CAPTURE_SIZES, 17 * 80, 17 * 96]
@@ -267,14 +261,16 @@ def test_plain_keys_go_past_vllms_largest_spec_graph_only_when_switched_on(
     ladder = [1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96]  # vLLM's request counts (k + 1 tokens each)
     # plain past 96 requests: capture sizes (17 x 8 = 136 ... 17 x 64 = 1,088 tokens) up to max_num_seqs (400), at
     # least 1.25x apart, the largest always kept; narrow widths keep vLLM's ladder
-    plain = ladder + ([136, 272, 400] if past else [])
-    assert getattr(d, graphs.NARROW_KEYS) == {1: plain, WIDTH + 1: ladder}
+    assert getattr(d, graphs.NARROW_KEYS) == {1: [*ladder, 136, 272, 400], WIDTH + 1: ladder}
     setattr(d, graphs.NARROW_Q, 1)
-    mode, got = d.dispatch(num_tokens=130, uniform_decode=True)
-    if past:  # a plain batch of 130 requests pads to the next captured count
-        assert (mode, got) == (modes.FULL, desc(num_tokens=136, num_reqs=136, uniform=True))
-    else:  # vLLM's mixed-batch graphs
-        assert mode == modes.PIECEWISE and got.num_reqs is None
+    # a plain batch of 130 requests pads to the next captured count; 401 (past max_num_seqs) finds none: vLLM's
+    # mixed-batch graphs
+    assert d.dispatch(num_tokens=130, uniform_decode=True) == (
+        modes.FULL,
+        desc(num_tokens=136, num_reqs=136, uniform=True),
+    )
+    mode, got = d.dispatch(num_tokens=401, uniform_decode=True)
+    assert mode == modes.PIECEWISE and got.num_reqs is None
 
 
 @needs_vllm

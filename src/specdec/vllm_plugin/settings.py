@@ -27,11 +27,6 @@ from specdec.vllm_plugin.patches.async_sched import is_our_config
 
 PLAIN_WIDTH = 0  # the width of a step that verifies no draft (one token per request): patches/narrow_keys.py
 PLAIN_GRAPHS = True  # such steps get the one-token FULL graphs no speculation replays
-# Plain steps of more requests than vLLM's largest uniform speculative graph holds (its k + 1 tokens a request: 64
-# requests at k = 16) get one-token FULL graphs too, up to max_num_seqs, as no speculation has; without them such
-# steps (a loaded server whose drafts are withheld) replay vLLM's piecewise graphs. Off until the GPU gate has
-# measured it (docs/results.md).
-PLAIN_GRAPHS_PAST_SPEC = True
 # A plain or narrow step of more requests than its own FULL graphs hold replays the ragged FULL graphs (which hold any
 # batch of at most max_num_seqs requests of at most k + 1 tokens each, patches/ragged_keys.py) instead of vLLM's
 # piecewise ones, where the engine has ragged graphs. Off until the GPU gate has measured it.

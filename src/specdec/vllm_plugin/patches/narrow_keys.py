@@ -17,7 +17,7 @@ from specdec.vllm_plugin.attrs import NARROW_KEYS, NARROW_Q
 from specdec.vllm_plugin.logs import LOGGER_NAME
 from specdec.vllm_plugin.patches.graph_stats import dispatcher_stats
 from specdec.vllm_plugin.patches.ragged_keys import sparse_ladder
-from specdec.vllm_plugin.settings import PLAIN_GRAPHS_PAST_SPEC, PLAIN_WIDTH, engine_settings
+from specdec.vllm_plugin.settings import PLAIN_WIDTH, engine_settings
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -62,10 +62,10 @@ def add_narrow_keys(
 
 
 def plain_request_limit(dispatcher: Any, ceiling: int) -> int:
-    """The most requests a plain (one-token) FULL graph may hold with ``PLAIN_GRAPHS_PAST_SPEC`` on: vLLM's
-    ``max_num_seqs``, the capture limit and ``ceiling`` (``profile_ceiling``) bound it; 0 with it off."""
-    if not PLAIN_GRAPHS_PAST_SPEC:
-        return 0
+    """The most requests a plain (one-token) FULL graph may hold: vLLM's ``max_num_seqs``, the capture limit and
+    ``ceiling`` (``profile_ceiling``) bound it. Plain steps of more requests than vLLM's largest uniform speculative
+    graph (its k + 1 tokens a request: 64 requests at k = 16) get one-token FULL graphs up to it, as no speculation
+    has; vLLM's piecewise graphs otherwise (a loaded server whose drafts are withheld: docs/results.md)."""
     reqs = int(dispatcher.vllm_config.scheduler_config.max_num_seqs)
     return min(reqs, int(dispatcher.compilation_config.max_cudagraph_capture_size or 0), ceiling - 1)
 
