@@ -3,7 +3,7 @@
 through vLLM 0.26's real ``AsyncScheduler`` and the plugin's real proposer in schedule mode
 (``benchmarks.vllm_cpu_engine``), once per variant (``gate_proxy.VARIANTS``: back-off constants or plugin options).
 
-    python -m benchmarks.serve_proxy [--variants off,loose] [--requests 200] [--rate 20] [--out F]
+    python -m benchmarks.serve_proxy [--variants off,loose] [--requests 200] [--rate 20] [--max-concurrency N] [--out F]
 
 Prompts: token ids drawn uniformly from the vocabulary (as vLLM's random dataset draws them; seed ``--seed``).
 Targets: the shared 53M target's own samples at temperature 1 (Hugging Face, float32, cached in
@@ -81,19 +81,23 @@ def arrivals(n: int, rate: float, seed: int) -> list[int]:
     return out
 
 
-def replay(ps: list[list[int]], outs: list[list[int]], at: list[int], options: dict[str, Any] | None) -> dict[str, Any]:
-    """One engine through the traffic: the plugin's counters and the requests' steps per token."""
+def replay(
+    ps: list[list[int]], outs: list[list[int]], at: list[int], options: dict[str, Any] | None, *, concurrency: int = 0
+) -> dict[str, Any]:
+    """One engine through the traffic: the plugin's counters and the requests' steps per token. ``concurrency`` > 0:
+    a request arrives only while fewer than that many are in the engine (``vllm bench serve --max-concurrency``)."""
     from benchmarks.vllm_cpu_engine import Req
 
     engine = target_engine(options, max_len=MAX_LEN, max_seqs=MAX_SEQS, max_batched=MAX_BATCHED)
     reqs = [Req([*p, *o, *[EOS] * FILLER_TOKENS], len(p), len(o), None) for p, o in zip(ps, outs)]
     emitted_at: list[list[int]] = [[] for _ in reqs]  # per request: the engine step of each of its new tokens
-    nxt, step = 0, 0
+    nxt, step, peak = 0, 0, 0  # peak: the most requests in the engine at once
     try:
         while nxt < len(reqs) or engine.sch.has_unfinished_requests() or engine.queue:
-            while nxt < len(reqs) and at[nxt] <= step:
+            while nxt < len(reqs) and at[nxt] <= step and not 0 < concurrency <= len(engine.sch.requests):
                 engine.add(f"r{nxt}", reqs[nxt])
                 nxt += 1
+            peak = max(peak, len(engine.sch.requests))
             before = [len(r.ctx) for r in reqs[:nxt]]
             engine.step()
             for i, r in enumerate(reqs[:nxt]):
@@ -104,7 +108,7 @@ def replay(ps: list[list[int]], outs: list[list[int]], at: list[int], options: d
     finally:
         engine.close()
     tpot = [(e[-1] - e[0]) / (len(e) - 1) for e in emitted_at if len(e) > 1]  # steps per token after the first
-    return {**res, "steps_per_token_p50": statistics.median(tpot), "wall_steps": step}
+    return {**res, "steps_per_token_p50": statistics.median(tpot), "wall_steps": step, "peak_requests": peak}
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
@@ -122,7 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", default="off,loose", help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--requests", type=int, default=REQUESTS)
-    ap.add_argument("--rate", type=float, default=RATE)
+    ap.add_argument("--rate", type=float, default=RATE, help="requests per second (inf: all at once)")
+    ap.add_argument("--max-concurrency", type=int, default=0, help="at most this many in the engine (0: no cap)")
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--targets", default=str(DEFAULT_TARGETS), help="the target's samples (cache, git-ignored)")
     ap.add_argument("--out", default="", help="JSON to write")
@@ -134,10 +139,11 @@ def main(argv: list[str] | None = None) -> None:
     ps = prompts(args.requests, vocab, args.seed)
     outs = sampled_targets(ps, Path(args.targets), args.seed)
     at = arrivals(args.requests, args.rate, args.seed)
-    results = run_variants(names, lambda options: replay(ps, outs, at, options))
+    results = run_variants(names, lambda options: replay(ps, outs, at, options, concurrency=args.max_concurrency))
     print(table(results))
     if args.out:
         settings = {"step_ms": STEP_MS, "rate": args.rate, "requests": args.requests, "seed": args.seed}
+        settings["max_concurrency"] = args.max_concurrency
         fields = {"settings": settings, "results": results}
         write_doc(args.out, command="benchmarks.serve_proxy", argv=argv, names=names, fields=fields)
 

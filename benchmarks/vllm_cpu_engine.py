@@ -239,7 +239,10 @@ class Engine:
         if not rows:
             return True
         fits = self._fits(rows)
-        sampled = [self._verify(rid, list(so.scheduled_spec_decode_tokens.get(rid, []))) for rid in rows]
+        sampled = [
+            [] if self._partial(so, rid) else self._verify(rid, list(so.scheduled_spec_decode_tokens.get(rid, [])))
+            for rid in rows
+        ]
         drafts = self._propose(rows, sampled, so) if fits else [[0] * K for _ in rows]  # vLLM's zeros
         self.sch.update_from_output(so, self._output(rows, sampled))
         collected = self.proposer.collect_deferred()  # the plugin's take hook; vLLM keeps its zeros where no fit
@@ -287,6 +290,9 @@ class Engine:
         sampled = torch.full((len(rows), K + 1), -1, dtype=torch.int32)  # [rows, k+1], -1: rejected
         emitted = []
         for row, rid in enumerate(rows):
+            if self._partial(so, rid):  # a prompt chunk before its last: no token (vLLM's runner discards its sample)
+                emitted.append([])
+                continue
             slots = len(so.scheduled_spec_decode_tokens.get(rid, ()))
             prev = self.prev_rows.get(rid)
             draft = self.buffer[prev].tolist()[:slots] if (prev is not None and slots) else []
@@ -294,8 +300,9 @@ class Engine:
             sampled[row, : len(out)] = torch.tensor(out, dtype=torch.int32)
             emitted.append(out)
         self.sched.capture(sampled, rows, set(), requests=self.runner_state)
-        for rid in rows:
-            self.runner_state[rid].output_token_ids.append(-1)
+        for rid, out in zip(rows, emitted):
+            if out:  # the runner's own record of a sampled token (a prompt chunk samples none)
+                self.runner_state[rid].output_token_ids.append(-1)
         self.buffer = self.sched.submit(rows, k=None, eager=False) if fits else self.zeros_for(len(rows))
         self.prev_rows = {rid: i for i, rid in enumerate(rows)}
         return self._output(rows, emitted)
@@ -306,6 +313,15 @@ class Engine:
         return self.zeros
 
     # ----------------------------------------------------------------- shared
+    def _partial(self, so: Any, rid: str) -> bool:
+        """Whether ``rid``'s row in the step ``so`` is a prompt chunk short of its sequence's end (chunked prefill:
+        more prompt tokens waiting than ``max_num_batched_tokens`` holds), which samples no token."""
+        computed = {d.req_id: d.num_computed_tokens for d in so.scheduled_new_reqs}
+        cached = so.scheduled_cached_reqs
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens))
+        own = so.num_scheduled_tokens[rid] - len(so.scheduled_spec_decode_tokens.get(rid, ()))
+        return computed[rid] + own < len(self.reqs[rid].ctx)
+
     def _verify(self, rid: str, draft: list[int]) -> list[int]:
         r = self.reqs[rid]
         before = len(r.ctx)

@@ -54,3 +54,26 @@ def test_one_engine_serves_the_arrivals_and_emits_the_targets_outputs():
     res = sp.replay(ps, outs, at, None)  # asserts every output is the target's
     assert res["accepted"] > 0 and 0 < res["drafted_steps"] <= res["engine_steps"] <= res["wall_steps"]
     assert 0 < res["steps_per_token_p50"] <= 1.0  # a request emits at least a token per step once decoding
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not importable (scripts/test.sh has it)")
+def test_all_at_once_past_the_kv_cache_with_and_without_a_concurrency_cap(monkeypatch: pytest.MonkeyPatch):
+    """16 requests of 900 prompt tokens at once, a KV cache of 400 blocks (6,400 tokens: seven such requests) and
+    2,048 tokens a step (the engine's least: its max_model_len): vLLM preempts requests and resumes them as prompt
+    chunks split across steps; a chunk samples no token (vLLM's async scheduler asserts otherwise), and every request
+    still emits exactly its target's outputs. Under a cap of 5, at most 5 are in the engine at once."""
+    from benchmarks import vllm_cpu_engine
+    from specdec.drafters.suffix import native_available
+    from specdec.paths import TARGET_MODEL, model_path
+
+    if not native_available() or not model_path(TARGET_MODEL).is_dir():
+        pytest.skip("native suffix core or shared target model missing")
+    monkeypatch.setattr(sp, "MAX_BATCHED", sp.MAX_LEN)
+    monkeypatch.setattr(vllm_cpu_engine, "KV_BLOCKS", 400)
+    rng = random.Random(1)
+    ps = [[rng.randrange(500, 900) for _ in range(900)] for _ in range(16)]
+    outs = [[rng.randrange(2, 900) for _ in range(64)] for _ in range(16)]
+    uncapped = sp.replay(ps, outs, [0] * 16, None)  # asserts every output is the target's
+    capped = sp.replay(ps, outs, [0] * 16, None, concurrency=5)
+    assert uncapped["peak_requests"] == 16 and capped["peak_requests"] == 5
