@@ -45,6 +45,7 @@ RATE, REQUESTS, SEED = 20.0, 200, 0  # gate_serve's REQUEST_RATE, NUM_PROMPTS, S
 STEP_MS = 5.0  # one engine step of the 8B shape at the check's load: arrivals are turned into steps by it
 MAX_LEN, MAX_SEQS, MAX_BATCHED = 2048, 256, 8192  # `vllm serve` defaults (max_num_seqs, tokens); length: the 53M's
 GEN_BATCH = 8
+ENGINE_THREAD_PHASES = ("capture", "fill", "finish")  # modes/phases.py: the ones vLLM's loop calls (the rest nest)
 TEMPERATURE = 1.0
 
 
@@ -87,8 +88,11 @@ def replay(
     """One engine through the traffic: the plugin's counters and the requests' steps per token. ``concurrency`` > 0:
     a request arrives only while fewer than that many are in the engine (``vllm bench serve --max-concurrency``)."""
     from benchmarks.vllm_cpu_engine import Req
+    from specdec.vllm_plugin.observe import observe
 
     engine = target_engine(options, max_len=MAX_LEN, max_seqs=MAX_SEQS, max_batched=MAX_BATCHED)
+    timer = HostTimer()
+    observe(timer)  # the plugin's timing hook: schedule mode's phases, wall time on this (the engine's) thread
     reqs = [Req([*p, *o, *[EOS] * FILLER_TOKENS], len(p), len(o), None) for p, o in zip(ps, outs)]
     emitted_at: list[list[int]] = [[] for _ in reqs]  # per request: the engine step of each of its new tokens
     nxt, step, peak = 0, 0, 0  # peak: the most requests in the engine at once
@@ -106,19 +110,48 @@ def replay(
         assert all(r.ctx[r.prompt :][: r.max_tokens] == o for r, o in zip(reqs, outs)), "outputs differ"
         res = counters(engine)
     finally:
+        observe(None)
         engine.close()
     tpot = [(e[-1] - e[0]) / (len(e) - 1) for e in emitted_at if len(e) > 1]  # steps per token after the first
-    return {**res, "steps_per_token_p50": statistics.median(tpot), "wall_steps": step, "peak_requests": peak}
+    host = {phase: 1e3 * s / max(res["engine_steps"], 1) for phase, s in sorted(timer.seconds.items())}
+    return {
+        **res,
+        "steps_per_token_p50": statistics.median(tpot),
+        "wall_steps": step,
+        "peak_requests": peak,
+        "host_ms_per_step": host,  # per phase (``modes/phases.py``; wait and tokens run inside fill)
+    }
+
+
+class HostTimer:
+    """A ``DraftingObserver``: the wall seconds of each drafting phase, summed (this machine's CPU: a host cost
+    relative to another variant's in the same run, not a server's)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def drafting_phase(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+
+
+def engine_thread_ms(host: dict[str, float]) -> float:
+    """The plugin's engine-thread milliseconds a step: the phases vLLM's loop calls (capture, fill, finish)."""
+    return sum(host.get(p, 0.0) for p in ENGINE_THREAD_PHASES)
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
+    """One row per variant: its counters, steps per token (and against the first variant's), the plugin's
+    engine-thread ms a step on this CPU."""
     cols = ["engine_steps", "drafted_steps", "drafted", "accepted", "back_offs", "recoveries", "withheld"]
     head = f"{'variant':<14} " + " ".join(f"{c[:13]:>13}" for c in cols) + f" {'steps/token':>11} {'x':>6}"
+    head += f" {'host ms':>7}"
     lines = [head, "-" * len(head)]
     base = next(iter(results.values()))["steps_per_token_p50"]
     for v, r in results.items():
         nums = " ".join(f"{r[c]:>13.0f}" for c in cols)
-        lines.append(f"{v:<14} {nums} {r['steps_per_token_p50']:>11.3f} {r['steps_per_token_p50'] / base:>6.3f}")
+        spt = r["steps_per_token_p50"]
+        host = engine_thread_ms(r.get("host_ms_per_step", {}))
+        lines.append(f"{v:<14} {nums} {spt:>11.3f} {spt / base:>6.3f} {host:>7.3f}")
     return "\n".join(lines)
 
 

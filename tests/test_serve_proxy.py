@@ -33,8 +33,9 @@ def test_the_table_reads_each_variants_steps_per_token_against_the_first():
         "off": {**row, "withheld": 0.0, "steps_per_token_p50": 1.25},
         "on": {**row, "withheld": 3.0, "steps_per_token_p50": 1.0},
     }
+    res["on"]["host_ms_per_step"] = {"capture": 0.25, "fill": 1.0, "finish": 0.5, "wait": 0.75}  # wait: inside fill
     lines = sp.table(res).splitlines()
-    assert lines[2].split()[-2:] == ["1.250", "1.000"] and lines[3].split()[-2:] == ["1.000", "0.800"]
+    assert lines[2].split()[-3:] == ["1.250", "1.000", "0.000"] and lines[3].split()[-3:] == ["1.000", "0.800", "1.750"]
 
 
 @pytest.mark.vllm
@@ -54,6 +55,7 @@ def test_one_engine_serves_the_arrivals_and_emits_the_targets_outputs():
     res = sp.replay(ps, outs, at, None)  # asserts every output is the target's
     assert res["accepted"] > 0 and 0 < res["drafted_steps"] <= res["engine_steps"] <= res["wall_steps"]
     assert 0 < res["steps_per_token_p50"] <= 1.0  # a request emits at least a token per step once decoding
+    assert res["host_ms_per_step"]["fill"] > 0 and res["host_ms_per_step"]["capture"] > 0  # the plugin's hook
 
 
 @pytest.mark.vllm
