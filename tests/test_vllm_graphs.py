@@ -273,6 +273,27 @@ def test_plain_keys_go_past_vllms_largest_spec_graph(monkeypatch: pytest.MonkeyP
     assert mode == modes.PIECEWISE and got.num_reqs is None
 
 
+@pytest.mark.parametrize(
+    ("max_num_seqs", "capture_max", "ceiling", "limit"),
+    [
+        (1024, 512, 1000, 512),  # vllm serve's default max_num_seqs on a large GPU: the capture limit bounds it
+        (256, 512, 1000, 256),  # the LLM class's default: max_num_seqs
+        (256, 512, 200, 199),  # below the profile ceiling (our keys stay under vLLM's second-largest FULL key)
+        (256, None, 1000, 0),  # no capture sizes: no plain key past vLLM's
+    ],
+)
+def test_plain_request_limit_is_the_least_of_max_num_seqs_the_capture_limit_and_the_ceiling(
+    max_num_seqs: int, capture_max: int | None, ceiling: int, limit: int
+) -> None:
+    from specdec.vllm_plugin.patches.narrow_keys import plain_request_limit
+
+    d = SimpleNamespace(
+        vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs)),
+        compilation_config=SimpleNamespace(max_cudagraph_capture_size=capture_max),
+    )
+    assert plain_request_limit(d, ceiling) == limit
+
+
 @needs_vllm
 def test_no_narrow_keys_for_other_engines(monkeypatch: pytest.MonkeyPatch) -> None:
     d, modes, _ = _dispatcher(monkeypatch, width=0)
