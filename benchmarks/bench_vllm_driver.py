@@ -29,8 +29,8 @@ ENGINE_PROCESS_SETTING = (
     "default layout; drafting and GPU timers there, read through collective_rpc), seed 0"
 )
 TIMEOUT_RC = 124  # a worker past --method-timeout-s (killed): reported like timeout(1)
-FIRST_ENGINE_EXTRA_S = 60  # the run's first engine also compiles (torch.compile, CUDA graphs) for the later ones:
-# on a fresh H200 machine it took 108-135 s where the others took 70-97 s
+FIRST_ENGINE_EXTRA_S = 60  # the run's first engine also compiles (torch.compile) for the later ones, which start
+# from vLLM's compile cache
 
 
 def _spawn(

@@ -64,7 +64,7 @@ METHODS: dict[str, dict[str, Any] | None] = {
         "async_mode": "schedule",
         "num_speculative_tokens_per_batch_size": [[1, 16, 16], [17, 1024, 8]],
     },
-    # a short k at large batches (k 4 lifted agentic batch 64 on the 8B-sized target from 0.73x to 0.86x no-spec)
+    # a short k at large batches, where each verified draft token costs GPU time the long chains seldom return
     "specdec-sched-k2": {
         "method": "specdec",
         "drafter": "suffix",

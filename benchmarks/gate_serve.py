@@ -65,7 +65,7 @@ NUM_PROMPTS, REQUEST_RATE, SEED = 200, 20, 0
 # window out. One run, not three: each `vllm bench serve` start imports vLLM, which takes longer than a window
 BENCH_WINDOWS = 3
 WARMUP_PROMPTS, WARMUP_SEED = 20, 1  # another seed: no prompt of the measured run is seen before it
-START_EST_S = {"53m": 120.0, "8b": 130.0}  # vllm serve under vLLM's defaults, to /health (H100 and H200: 75-110 s)
+START_EST_S = {"53m": 120.0, "8b": 130.0}  # vllm serve under vLLM's defaults to /health: a fresh compile, no cache
 BENCH_EST_S = 35.0  # a `vllm bench serve` besides its arrivals: its start (vLLM's import), the last answers, the result
 INF_ARRIVALS_EST_S = 15.0  # the measured run's requests all at once: their decoding, past what BENCH_EST_S holds
 CONCURRENCY_PREFIX = "c"  # a rate of cN: all at once with at most N in flight (`vllm bench serve --max-concurrency N`)

@@ -27,8 +27,8 @@ SCHEDULER_SOURCE = "spec_token_ids = self._spec_token_placeholders"  # vLLM 0.26
 SCHEDULE_SOURCE = "request.num_tokens_with_spec"  # vLLM 0.26-0.32's schedule: 1 + len(spec_token_ids) per decode
 # prefill_step_slots applies to steps with at least this many prompt tokens to compute: from there a step is
 # compute-bound on an H100/H200 whatever the dense model (the GEMMs' ridge is ~300 tokens), and each verified draft
-# token costs its full share. Capping every step with any prefill cost code prompts (~50 tokens, one
-# arriving as one finishes) 8% at batch 64 and gained agentic prompts (~1,500 tokens) 2-4%.
+# token costs its full share. Below it the cap is not applied: capping every step with any prefill cost short
+# prompts arriving into a running batch more than it gained on long prompts.
 PREFILL_HEAVY_TOKENS = 512
 
 
