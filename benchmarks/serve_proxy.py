@@ -38,6 +38,7 @@ from benchmarks.gate_proxy import (
 )
 from benchmarks.prepare_prompts import FIRST_ORDINARY_ID
 from specdec.paths import REPO_ROOT, TARGET_MODEL, model_path
+from specdec.vllm_plugin.modes.phases import OUTER_PHASES
 
 DEFAULT_TARGETS = REPO_ROOT / "device_inputs" / "serve_proxy_targets.json"
 PROMPT_TOKENS, OUTPUT_TOKENS = 256, 128  # gate_serve's RANDOM_FLAGS
@@ -45,7 +46,6 @@ RATE, REQUESTS, SEED = 20.0, 200, 0  # gate_serve's REQUEST_RATE, NUM_PROMPTS, S
 STEP_MS = 5.0  # one engine step of the 8B shape at the check's load: arrivals are turned into steps by it
 MAX_LEN, MAX_SEQS, MAX_BATCHED = 2048, 256, 8192  # `vllm serve` defaults (max_num_seqs, tokens); length: the 53M's
 GEN_BATCH = 8
-ENGINE_THREAD_PHASES = ("capture", "fill", "finish")  # modes/phases.py: the ones vLLM's loop calls (the rest nest)
 TEMPERATURE = 1.0
 
 
@@ -135,8 +135,8 @@ class HostTimer:
 
 
 def engine_thread_ms(host: dict[str, float]) -> float:
-    """The plugin's engine-thread milliseconds a step: the phases vLLM's loop calls (capture, fill, finish)."""
-    return sum(host.get(p, 0.0) for p in ENGINE_THREAD_PHASES)
+    """The plugin's engine-thread milliseconds a step: the phases vLLM's loop calls (``OUTER_PHASES``)."""
+    return sum(host.get(p, 0.0) for p in OUTER_PHASES)
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:

@@ -117,13 +117,13 @@ class StepTimer:
         drafting count as drafting time; the drafting (``finish_ms``) and its reading of a step's tokens
         (``sync_ms``, mostly waiting for the GPU) go to the trace row's split too; after the device wait's enqueue,
         an event the GPU reaches once the wait is released."""
-        from specdec.vllm_plugin.observe import PHASE_FINISH, PHASE_TOKENS, PHASE_WAIT
+        from specdec.vllm_plugin.observe import OUTER_PHASES, PHASE_FINISH, PHASE_TOKENS, PHASE_WAIT
 
         if phase == PHASE_WAIT:  # the wait for drafts is enqueued: the GPU reaches this event once it is released
             if self.trace is not None:
                 self._held = self._event()
             return
-        if phase != PHASE_TOKENS:
+        if phase in OUTER_PHASES:
             self.draft_s += seconds
         if phase in (PHASE_FINISH, PHASE_TOKENS):
             self._add_to_row("host_split", "finish_ms" if phase == PHASE_FINISH else "sync_ms", seconds)

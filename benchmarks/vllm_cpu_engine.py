@@ -239,8 +239,9 @@ class Engine:
         if not rows:
             return True
         fits = self._fits(rows)
+        chunks = self._chunks(so)
         sampled = [
-            [] if self._partial(so, rid) else self._verify(rid, list(so.scheduled_spec_decode_tokens.get(rid, [])))
+            [] if rid in chunks else self._verify(rid, list(so.scheduled_spec_decode_tokens.get(rid, [])))
             for rid in rows
         ]
         drafts = self._propose(rows, sampled, so) if fits else [[0] * K for _ in rows]  # vLLM's zeros
@@ -289,8 +290,9 @@ class Engine:
             assert self.sched.fill(self.buffer) == (self.buffer is not self.zeros)
         sampled = torch.full((len(rows), K + 1), -1, dtype=torch.int32)  # [rows, k+1], -1: rejected
         emitted = []
+        chunks = self._chunks(so)
         for row, rid in enumerate(rows):
-            if self._partial(so, rid):  # a prompt chunk before its last: no token (vLLM's runner discards its sample)
+            if rid in chunks:  # a prompt chunk before its last: no token (vLLM's runner discards its sample)
                 emitted.append([])
                 continue
             slots = len(so.scheduled_spec_decode_tokens.get(rid, ()))
@@ -313,14 +315,18 @@ class Engine:
         return self.zeros
 
     # ----------------------------------------------------------------- shared
-    def _partial(self, so: Any, rid: str) -> bool:
-        """Whether ``rid``'s row in the step ``so`` is a prompt chunk short of its sequence's end (chunked prefill:
-        more prompt tokens waiting than ``max_num_batched_tokens`` holds), which samples no token."""
+    def _chunks(self, so: Any) -> set[str]:
+        """The rows of the step ``so`` that are prompt chunks short of their sequence's end (chunked prefill: more
+        prompt tokens waiting than ``max_num_batched_tokens`` holds), which sample no token."""
         computed = {d.req_id: d.num_computed_tokens for d in so.scheduled_new_reqs}
         cached = so.scheduled_cached_reqs
         computed.update(zip(cached.req_ids, cached.num_computed_tokens))
-        own = so.num_scheduled_tokens[rid] - len(so.scheduled_spec_decode_tokens.get(rid, ()))
-        return computed[rid] + own < len(self.reqs[rid].ctx)
+        spec = so.scheduled_spec_decode_tokens
+        return {
+            rid
+            for rid, n in so.num_scheduled_tokens.items()
+            if computed[rid] + n - len(spec.get(rid, ())) < len(self.reqs[rid].ctx)
+        }
 
     def _verify(self, rid: str, draft: list[int]) -> list[int]:
         r = self.reqs[rid]

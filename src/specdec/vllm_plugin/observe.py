@@ -13,6 +13,7 @@ costs one ``is None`` check (in ``CaptureRing._observed``).
 from __future__ import annotations
 
 from specdec.vllm_plugin.modes.phases import (
+    OUTER_PHASES,
     PHASE_CAPTURE,
     PHASE_FILL,
     PHASE_FINISH,
@@ -30,6 +31,7 @@ __all__ = [
     "PHASE_FINISH",
     "PHASE_TOKENS",
     "PHASE_WAIT",
+    "OUTER_PHASES",
     "DraftingObserver",
     "observe",
 ]

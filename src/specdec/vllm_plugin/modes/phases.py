@@ -11,6 +11,9 @@ PHASE_FINISH = "finish"  # a deferred fill's drafting, before the GPU's wait is 
 PHASE_TOKENS = "tokens"  # reading a captured step's tokens (mostly waiting for the GPU to finish the step)
 PHASE_WAIT = "wait"  # enqueueing the GPU's wait for the drafts and their copy (device wait; within a fill)
 PHASES = (PHASE_CAPTURE, PHASE_FILL, PHASE_FINISH, PHASE_TOKENS, PHASE_WAIT)
+# the phases vLLM's engine loop calls: their sum is the drafting's time on the engine thread (tokens and wait run
+# inside them)
+OUTER_PHASES = (PHASE_CAPTURE, PHASE_FILL, PHASE_FINISH)
 
 
 class DraftingObserver(Protocol):

@@ -34,7 +34,7 @@ def narrow_widths(vllm_config: Any) -> tuple[int, ...]:
 
 
 def add_narrow_keys(
-    dispatcher: Any, widths: tuple[int, ...], *, full_mode: Any, descriptor: Any, ceiling: int, plain_past: int = 0
+    dispatcher: Any, widths: tuple[int, ...], *, full_mode: Any, descriptor: Any, ceiling: int, plain_past: int
 ) -> list[int]:
     """Item 1: FULL keys of query length ``w + 1`` for every width ``w`` and a sparse ladder of the request counts
     of the dispatcher's uniform FULL keys (vLLM's), each below ``ceiling`` tokens (``profile_ceiling``).
