@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# the suffix drafter's options for drafts of depth 0 (depth <= match length x 0): every piece of the plugin runs, no
+# step verifies a draft; what the plugin itself costs a step, against no speculation on the same (V1) runner
+NO_DRAFT_SUFFIX = {"max_spec_factor": 0.0, "free_spec_factor": 0.0}
 METHODS: dict[str, dict[str, Any] | None] = {
     "nospec": None,
     "nospec-v1": None,  # no-spec on vLLM's V1 model runner, the runner every CPU-drafter method runs on
@@ -20,6 +23,12 @@ METHODS: dict[str, dict[str, Any] | None] = {
     # parameters on one GPU, thread mode below) and the synchronous path
     "specdec": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16},
     "specdec-sync": {"method": "specdec", "drafter": "suffix", "num_speculative_tokens": 16, "async": False},
+    "specdec-nodraft": {
+        "method": "specdec",
+        "drafter": "suffix",
+        "num_speculative_tokens": 16,
+        "drafter_options": {"suffix": NO_DRAFT_SUFFIX},
+    },
     # async_mode "thread" ("specdec-async" keeps the name it had while thread mode was the default): the native
     # step on the suffix engine's own thread, GIL released, beside vLLM's update_from_output; stops and starts while
     # the GPU runs the step

@@ -22,10 +22,12 @@ import sys
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks import gate_report as report
+from benchmarks.bench_vllm_methods import NO_DRAFT_SUFFIX
 from benchmarks.gate_env import device_info, gpu_names, load_inputs, prepare_model, versions
 from benchmarks.gate_metrics import bench_windows, plugin_line, read_bench
 from benchmarks.serve_common import (
@@ -40,7 +42,6 @@ from benchmarks.serve_common import (
 )
 
 SPECDEC = {"method": "specdec"}
-NO_DRAFT_SUFFIX = {"max_spec_factor": 0.0, "free_spec_factor": 0.0}  # draft depth <= match length x 0: no draft
 # --serve-methods: (speculative config, extra environment); "before" in the environment: the base tree first on the path
 SERVE_SPECS: dict[str, tuple[dict[str, Any] | None, dict[str, str]]] = {
     "nospec": (None, {}),
@@ -75,6 +76,9 @@ ANSWER_EST_S = 20.0  # one completion and the server's shutdown
 ANSWER_PROMPT, ANSWER_TOKENS = "def fibonacci(n):", 16
 LOG_TAIL_CHARS = 100_000
 MAX_SERVE_ROUND = 4  # servers started at once, one per GPU
+# a later round's estimate is the round before it as measured (same model, rates and machine), times this: the
+# constants above are a fresh machine's cold start, longer than a warm machine's later rounds
+ROUND_EST_MARGIN = 1.1
 
 
 def cli_base(fake: bool) -> str:
@@ -161,9 +165,10 @@ class ServeRun:
         methods = list(self.args.serve_methods)
         per_round = max(1, min(self.gpus, MAX_SERVE_ROUND))
         cores = sorted(os.sched_getaffinity(0))
+        last: RoundTime | None = None  # the latest round, measured: the next round's estimate
         for first in range(0, len(methods), per_round):
             names = methods[first : first + per_round]
-            need = START_EST_S[size] + self._bench_est() * len(names)
+            need = last.need_s(len(names)) if last else START_EST_S[size] + self._bench_est() * len(names)
             if first and need > (left := self.args.deadline - time.time()):
                 skipped = time_skip(need, left)
                 print(f"gate: servers {', '.join(names)} not run: {skipped}", flush=True)
@@ -175,13 +180,16 @@ class ServeRun:
                 k: self._server(model, k, *SERVE_SPECS[k], str(i), cores[i * share : (i + 1) * share] if share else [])
                 for i, k in enumerate(names)
             }
+            t0 = time.time()
             threads = [threading.Thread(target=self._start_one, args=(s, check, k)) for k, s in servers.items()]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
+            started = time.time() - t0
             for k, s in servers.items():
                 self._measure(s, checks, k, model)
+            last = RoundTime(start_s=started, bench_s=(time.time() - t0 - started) / len(names))
         return checks
 
     def _start(self, size: str, tp: int) -> dict[str, Any]:
@@ -275,6 +283,18 @@ class ServeRun:
         ]
         (Path(self.args.out_dir) / f"{name}_servers.log").write_text("\n".join(logs) + "\n")
         return doc
+
+
+@dataclass(frozen=True)
+class RoundTime:
+    """A round of servers as it ran: their start (at once) and each server's measured runs (one after another)."""
+
+    start_s: float
+    bench_s: float  # per server
+
+    def need_s(self, servers: int) -> float:
+        """The next round's estimate: this one's start and runs for ``servers`` servers, with a margin."""
+        return (self.start_s + self.bench_s * servers) * ROUND_EST_MARGIN
 
 
 def arrivals_s(rate: str) -> float:

@@ -48,6 +48,9 @@ SUSTAINED_AGENT_GROUPS = {32: (4, 20), 64: (20, 50)}
 RANDOM_TOKENS = 256  # a random prompt's length (the serve check's --random-input-len), BOS included
 RANDOM_SEED = 0
 RANDOM_BATCHES = (1, 8, 16, 32, 64)  # 16: about the requests in flight under the serve check's arrivals (20/s)
+# closed random batches past vLLM's 64-request speculative graphs: the serve check at c100 and `vllm bench serve`'s
+# `inf` (100 requests at once); drawn after every other set, so that those keep their tokens
+RANDOM_LOADED_BATCHES = (100,)
 FIRST_ORDINARY_ID = 2  # ids below it are the shared tokenizer's specials (0: <|endoftext|>, BOS and EOS; 1: <|pad|>)
 
 
@@ -204,14 +207,16 @@ def agentic_sets(tok: Any, max_tokens: int) -> dict[str, list[list[int]]]:
 
 def random_sets(vocab_size: int, *, tokens: int = RANDOM_TOKENS, seed: int = RANDOM_SEED) -> dict[str, list[list[int]]]:
     """The ``random`` dataset: a warm-up set, ``bs{b}`` (max(b, 8) prompts: batches of one run 8 one after another)
-    and ``sus{b}`` (``SUSTAINED_FACTOR`` x b) for each of ``RANDOM_BATCHES``; each prompt BOS then ``tokens - 1``
-    ids drawn uniformly from ``[FIRST_ORDINARY_ID, vocab_size)``."""
+    and ``sus{b}`` (``SUSTAINED_FACTOR`` x b) for each of ``RANDOM_BATCHES``, then ``bs{b}`` for each of
+    ``RANDOM_LOADED_BATCHES``; each prompt BOS then ``tokens - 1`` ids drawn uniformly from
+    ``[FIRST_ORDINARY_ID, vocab_size)``."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     counts = {"warmup": WARMUP_PROMPTS}
     counts |= {f"bs{b}": PROMPTS_PER_BATCH.get(b, max(b, 8)) for b in RANDOM_BATCHES}
     counts |= {f"sus{b}": SUSTAINED_FACTOR * b for b in RANDOM_BATCHES if b >= 16}
+    counts |= {f"bs{b}": b for b in RANDOM_LOADED_BATCHES}
     out = {}
     for key, n in counts.items():
         ids = rng.integers(FIRST_ORDINARY_ID, vocab_size, size=(n, tokens - 1))  # [n, tokens - 1]

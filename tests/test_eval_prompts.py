@@ -217,7 +217,9 @@ def test_random_sets_are_bos_then_ordinary_ids_sized_per_batch_disjoint_and_seed
         "sus16": 64,  # SUSTAINED_FACTOR x b, from the serve check's concurrency up
         "sus32": 128,
         "sus64": 256,
+        "bs100": 100,  # a loaded closed batch, drawn last
     }
+    assert list(sets)[-1] == "bs100"  # the earlier sets keep the tokens they had before it was added
     ids = [t for prompts in sets.values() for p in prompts for t in p[1:]]
     assert all(p[0] == pp.BOS_ID and len(p) == 12 for prompts in sets.values() for p in prompts)
     assert min(ids) == pp.FIRST_ORDINARY_ID and max(ids) == 49  # uniform over the ordinary ids: every one drawn

@@ -364,6 +364,7 @@ def test_once_per_issue_references_get_their_own_table(tmp_path):
 
 def test_the_no_draft_server_runs_the_defaults_with_drafts_of_depth_zero():
     """``specdec-nodraft``: a valid specdec config whose suffix drafter, as the plugin resolves it, drafts nothing."""
+    from benchmarks.bench_vllm_methods import _spec_config
     from benchmarks.gate_serve import SERVE_SPECS
     from specdec.drafters.base import DraftRequest
     from specdec.drafters.suffix import SuffixDrafter
@@ -371,6 +372,8 @@ def test_the_no_draft_server_runs_the_defaults_with_drafts_of_depth_zero():
 
     spec, env = SERVE_SPECS["specdec-nodraft"]
     assert spec["method"] == "specdec" and env == {}
+    bench = _spec_config("specdec-nodraft", {})  # the vLLM benchmark's engine of the same name (its step trace)
+    assert bench is not None and bench["drafter_options"] == spec["drafter_options"]
     opts = SpecdecOptions.from_dict({k: v for k, v in spec.items() if k != "method"})
     drafter = SuffixDrafter(SuffixDrafter.Config(**opts.resolved_drafter_options()["suffix"]))
     drafter.start("a", [1, 2, 3] * 8)  # a loop any suffix drafter would continue
@@ -669,3 +672,22 @@ def test_a_tp_that_ran_without_a_before_engine_is_named_beside_the_verdict():
     assert "before/after: KEEP (a win; not compared: tp1 (no before engine))" in gate_compare.render_compare(result)
     both = gate_compare.compare({"tp2": tp2}, {})
     assert both["uncompared"] == [] and both["reason"] == "a win"
+
+
+def test_a_later_round_is_estimated_from_the_round_before_it_as_measured(tmp_path):
+    """A call that covers the check by the constants (one cold start, two servers' runs) also covers, by the
+    constants, a second round of two, less what the first took: the constants skipped that round on the GPU. Measured,
+    the first round says the second fits, and it runs."""
+    est = gate_serve.ServeRun.__new__(gate_serve.ServeRun)
+    est.args, est.gpus = argparse.Namespace(serve_rates=["20"]), 2
+    need = est._need_s("53m", "tpot-53m")
+    assert need == gate_serve.START_EST_S["53m"] + 2 * est._bench_est()  # = a round of two by the constants
+    wall = int(need + gate.FINISH_MARGIN_S) + 5  # the check fits; by the constants, a second round not
+    gate.main([*_serve_argv(tmp_path), "--serve-methods", "nospec-v1,specdec-nodraft", "--max-wall-s", str(wall)])
+    (path,) = tmp_path.glob("*_gate_serve_*.json")
+    servers = json.loads(path.read_text())["serve"]["tpot-53m"]["servers"]
+    assert [k for k, v in servers.items() if "skipped" in v] == []
+    assert servers["specdec-nodraft"]["bench"]["completed"] > 0
+    assert gate_serve.RoundTime(start_s=100.0, bench_s=50.0).need_s(2) == pytest.approx(
+        200.0 * gate_serve.ROUND_EST_MARGIN
+    )
