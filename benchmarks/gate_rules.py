@@ -44,7 +44,7 @@ REP4_SHIFT_MAX = 0.05  # an engine's share of repeated 4-grams may differ from n
 KEEP_GEOMEAN_MIN = 0.98  # the counted cells' geometric mean, candidate / before, at every TP (no loss past noise)
 KEEP_SET_GEOMEAN_MIN = 0.95  # ... each prompt set's counted cells' geometric mean at every TP
 KEEP_CELL_FLOOR = 0.8  # ... and no counted cell under this
-KEEP_SERVE_SLACK = 0.01  # the candidate's serve TPOT ratio may exceed before's by this much (call noise ~1%)
+KEEP_SERVE_SLACK = 0.01  # the candidate's serve TPOT ratio may exceed before's by this much (a call's own noise)
 WIN_GEOMEAN = 1.02  # a win: a TP's geometric mean at least this
 WIN_SERVE = 0.01  # ... or the serve TPOT ratio at least this much under before's
 # two engines did the same work on a greedy cell when their outputs are identical and their drafted and accepted

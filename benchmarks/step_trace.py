@@ -68,7 +68,7 @@ FULL_WIDTH_SHARE = 0.75  # --fit: steps at least this share of the cell's widest
 SPLIT_COLS = ("held_ms", "after_ms", "sync_ms", "finish_ms")  # schedule mode's gap split (module docstring)
 PHASE_COLS = ("sched_ms", "exec_ms", "sample_ms", "update_ms")  # host time of the engine loop's phases (docstring)
 # a step whose drafting waited less than this for its tokens found them ready: the host came late (its own loop,
-# not the drafting, then holds the GPU); reading 64 rows of tokens takes ~0.1 ms
+# not the drafting, then holds the GPU); reading a batch's rows of tokens takes a fraction of this
 HOST_LATE_SYNC_MS = 0.3
 
 

@@ -17,10 +17,9 @@ from specdec.paths import DRAFT_MODEL, model_path
 AUTO_CANDIDATES = ("native", "torch", "onnx", "eager")
 NATIVE_BACKENDS = ("native", "native-fp32")  # run on their own thread pool (num_threads), not torch's
 AUTO_BF16 = "torch-bf16"
-# beside a busy engine in the same host (vLLM): backends that use torch intra-op (OpenMP) threads collapsed to
-# 230-330 ms per step on the GPU host's Xeon while vLLM decoded (eval/results/..._xeon-8t_draft_cpu_while_vllm.json);
-# ONNX Runtime (spinning off) and numpy (one BLAS thread) kept their standalone speed; native uses its own
-# pool (bounded spinning, then futex sleep), not torch's
+# beside a busy engine in the same host (vLLM): backends that use torch intra-op (OpenMP) threads contend with the
+# engine's threads and collapse (docs/results.md, CPU drafting); ONNX Runtime (spinning off) and numpy (one BLAS
+# thread) keep their standalone speed; native uses its own pool (bounded spinning, then futex sleep), not torch's
 AUTO_SHARED_HOST = ("native", "onnx", "numpy")
 
 

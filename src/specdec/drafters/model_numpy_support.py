@@ -15,8 +15,8 @@ import numpy as np
 from specdec.drafters.model_backends import StepInput
 
 INITIAL_CAPACITY = 256  # KV slots of a new state; doubles when full
-# Up to this many rows, ``rows @ W`` runs as one matrix-vector product per row: OpenBLAS's GEMM packs W first and
-# is 2-3x slower than per-row products at 2 rows, even at 4 for the LM head (1 thread, AVX2).
+# Up to this many rows, ``rows @ W`` runs as one matrix-vector product per row: OpenBLAS's GEMM packs W first,
+# which costs more than per-row products at a few rows, and one row more for the LM head's wide W.
 GEMV_ROWS = 3
 GEMV_ROWS_HEAD = 4
 F32 = np.float32

@@ -59,8 +59,8 @@ RECOVER_ACCEPTED = 0.5  # ... and drafts again once its EMA (shadow outcomes inc
 # A backed-off request whose drafts would be accepted hands vLLM a draft within this many steps: four shadow tokens
 # checked one a step (a low batch's threshold, below) and schedule mode's one round of slot lag.
 PROBE_FIRST_AFTER = 5
-# Padding makes every row verify k tokens; a padded step of a small target costs about 1.5x a plain one, so padding
-# pays only where a row gets at least about half a token accepted per step.
+# Padding makes every row verify k tokens; on a small target that adds a sizeable share of a plain step's cost, so
+# padding pays only where a row gets at least about half a token accepted per step.
 PAD_MIN_ACCEPTED = 0.5
 # In a batch whose mean EMA (``low``'s measure) is under STRICT_BELOW, a backed-off request drafts again only once
 # its EMA reaches RECOVER_LOW_BATCH (1.0: a shadow matching four tokens): on random text two or three tokens match by

@@ -37,8 +37,9 @@ SELF_TEST_HOLD_S = 0.005  # the start-up check: the stream must still be waiting
 FLAG_WORDS = 32  # the words sit in a 128-byte pinned block: the word at 0, the stream's "reached" word at 16
 REACHED_INDEX = 16  # 64 bytes from the word: its own cache line
 # the watchdog's deadline, from the wait's enqueue: longer than any step the host may legitimately take to
-# release, i.e. the previous step's remaining GPU work plus drafting (a chunked-prefill step of the 8B-sized
-# target ran 0.2 s; a 50 ms deadline fired on those). Only a stream blocked before release reaches it.
+# release, i.e. the previous step's remaining GPU work plus drafting (a chunked-prefill step of a large target
+# lasts many decode steps, so a deadline of a few decode steps would fire on it). Only a stream blocked before
+# release reaches it.
 STALL_TIMEOUT_MS = 2000.0
 
 
