@@ -64,6 +64,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # its large-batch step gate
     "base": {"RECOVER_LOW_BATCH": 0.75, "STRICT_EXIT_STEPS": 0, "STEP_GATE_ON": False},
     "nogate": {"STEP_GATE_ON": False},
+    # suffix drafts of depth 0 (bench_vllm_methods.NO_DRAFT_SUFFIX): the gate's specdec-nodraft server
+    "nodraft": {"options": {"drafter_options": {"suffix": {"max_spec_factor": 0.0, "free_spec_factor": 0.0}}}},
 }
 SETS = ("agentic", "chat", "code")  # the gate's prompt sets (warm-up cells are not measured)
 VARIANT_WIDTH = 18
@@ -85,6 +87,8 @@ COUNTERS = {  # column -> the proposer's flattened statistics key
 ENGINE_COUNTERS = {  # column -> the CPU engine's own count
     "engine_steps": "engine_steps",  # every scheduled step, with or without the proposer (the ratios' steps)
     "zeroed": "zeroed_steps",  # steps vLLM's guard near max_model_len ran no drafter in (their drafts zeros)
+    "slot_steps": "slot_steps",  # steps with any draft slot scheduled (schedule mode; filler included)
+    "slot_tokens": "slot_tokens",  # the slots: tokens verified beyond one per request
 }
 STEPS = "engine_steps"  # the column the ratios read
 

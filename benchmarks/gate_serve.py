@@ -30,6 +30,7 @@ from benchmarks import gate_report as report
 from benchmarks.bench_vllm_methods import NO_DRAFT_SUFFIX
 from benchmarks.gate_env import device_info, gpu_names, load_inputs, prepare_model, versions
 from benchmarks.gate_metrics import bench_windows, plugin_line, read_bench
+from benchmarks.gpu_cores import gpu_lane_cores, span
 from benchmarks.serve_common import (
     HOST,
     VLLM_CLI_ENV,
@@ -156,8 +157,9 @@ class ServeRun:
 
     def _tpot(self, size: str) -> list[dict[str, Any]]:
         """The check's servers (``--serve-methods``, nospec and specdec first) in rounds of one per GPU: a round's
-        servers start at once (one GPU and an equal share of the cores each), then each is benchmarked in turn, at
-        each ``--serve-rate`` (one check each, in that order, on the same servers). A round that could not finish
+        servers start at once (one GPU each and its cores: ``gpu_cores``, the GPU's NUMA node's where the host says),
+        then each is benchmarked in turn, at each ``--serve-rate`` (one check each, in that order, on the same
+        servers). A round that could not finish
         before the deadline is skipped (its servers recorded as such)."""
         model, label = self.models[size]
         checks = [{"kind": "tpot", "model": label, "tp": 1, "rate": r, "servers": {}} for r in self.args.serve_rates]
@@ -175,11 +177,11 @@ class ServeRun:
                 for c in checks:
                     c["servers"].update({k: {"skipped": skipped} for k in names})
                 continue
-            share = len(cores) // len(names) if len(names) > 1 else 0
-            servers = {
-                k: self._server(model, k, *SERVE_SPECS[k], str(i), cores[i * share : (i + 1) * share] if share else [])
-                for i, k in enumerate(names)
-            }
+            lanes, how = gpu_lane_cores(len(names), cores) if len(names) > 1 else ([[]], "")
+            servers = {k: self._server(model, k, *SERVE_SPECS[k], str(i), lanes[i]) for i, k in enumerate(names)}
+            for i, k in enumerate(names):  # where each server ran (the starts add to the same record)
+                rec = check["servers"].setdefault(k, {"gpus": str(i)})
+                rec["cores"] = f"{how}: {span(lanes[i])}" if how else "all"
             t0 = time.time()
             threads = [threading.Thread(target=self._start_one, args=(s, check, k)) for k, s in servers.items()]
             for t in threads:

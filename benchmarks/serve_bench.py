@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import serve_inputs as inputs
+from benchmarks.gpu_cores import gpu_lane_cores, span
 from benchmarks.serve_bench_client import BenchClient
 from benchmarks.serve_bench_runs import (
     SATURATION_LADDER,
@@ -210,18 +211,20 @@ def _reused(server: Server) -> Iterator[Server]:
 
 def method_lanes(args: argparse.Namespace) -> list[tuple[argparse.Namespace, list[str]]]:
     """The methods dealt to ``--lanes`` lanes run at once (lane i takes every n-th method from the i-th): each lane
-    its own GPU (``CUDA_VISIBLE_DEVICES`` = i) and an equal share of this process's cores, its servers and its
-    `vllm bench serve` clients pinned to them (taskset). One lane: as before, this process's GPUs and cores."""
+    its own GPU (``CUDA_VISIBLE_DEVICES`` = i) and its share of this process's cores (``gpu_cores``: the GPU's NUMA
+    node's where the host says, else an equal share), its servers and its `vllm bench serve` clients pinned to them
+    (taskset). One lane: as before, this process's GPUs and cores."""
     n = max(1, min(int(getattr(args, "lanes", 1) or 1), len(args.methods)))
     if n == 1:
         return [(args, list(args.methods))]
-    cores = sorted(os.sched_getaffinity(0))
-    share = len(cores) // n
+    lanes, how = gpu_lane_cores(n, sorted(os.sched_getaffinity(0)))
+    placed = "; ".join(f"GPU {i}: {span(c)}" for i, c in enumerate(lanes))
+    print(f"serve_bench: lanes pinned to cores ({how}): {placed}")
     base = shlex.join(vllm_cli(args.vllm_cli))
     out = []
     for i in range(n):
         lane = argparse.Namespace(**vars(args))
-        lane.vllm_cli = pinned(base, cores[i * share : (i + 1) * share] if share else [])
+        lane.vllm_cli = pinned(base, lanes[i])
         lane.lane_env = {"CUDA_VISIBLE_DEVICES": str(i)}
         lane.bench_client = None  # a lane's runs go through its pinned CLI
         out.append((lane, list(args.methods[i::n])))

@@ -25,6 +25,7 @@ from benchmarks.serve_common import (
     spec_delta,
     vllm_cli,
 )
+from benchmarks.serve_goals import REPEAT_MARK
 
 # the low-acceptance random traffic of the issue: vLLM's random prompts, sampled at the server's default temperature
 # (with --temperature 0 the 53M target repeats itself after a random prompt, and drafts of it are accepted)
@@ -40,9 +41,16 @@ BENCH_TIMEOUT_S = 600
 
 
 def parse_rates(text: str, saturation: dict[str, float] | None, dataset: str) -> list[tuple[str, float | str]]:
-    """``0.25R,...,inf,12`` -> [(label, req/s or "inf")]; ``xR`` needs the dataset's saturation rate."""
+    """``0.25R,...,inf,12`` -> [(label, req/s or "inf")]; ``xR`` needs the dataset's saturation rate. A rate given
+    again runs again on the same server (``inf,0.5R,inf``: all at once on a fresh server and after the others); its
+    label gets ``#2``, ``#3``, ... (the goals read the median of a rate's repeats: ``serve_goals``)."""
     out: list[tuple[str, float | str]] = []
     for tok in (t.strip() for t in text.split(",") if t.strip()):
+        repeat = sum(label.split(REPEAT_MARK)[0] == tok for label, _ in out)
+        if repeat:
+            rate = parse_rates(tok, saturation, dataset)[0][1]
+            out.append((f"{tok}{REPEAT_MARK}{repeat + 1}", rate))
+            continue
         if tok == "inf":
             out.append(("inf", "inf"))
         elif tok.endswith("R"):

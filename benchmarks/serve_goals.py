@@ -9,11 +9,14 @@ and vLLM ``suffix`` in the same document, per dataset and rate.
   speculation's and output tokens/s >= (1 - PLAIN_TOL) x its.
 
 Every goal of the issue's table is judged, whichever datasets and rates a document holds: a goal whose runs are
-missing (a dataset, method or rate not measured) is reported as MISSING, never as a pass.
+missing (a dataset, method or rate not measured) is reported as MISSING, never as a pass. A rate run more than once
+on the same servers (``--rates ...,inf,inf,inf``) is judged by the median of its repeats' ratios, each repeat paired
+with the same repeat of the other method.
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from benchmarks.gate_rules import ratio
@@ -26,26 +29,39 @@ TABLE_RATES = (*LOADED_RATES, "R", "inf")  # the issue's rates (serve_bench's de
 SUFFIX_TPOT_MAX = 0.75
 TAIL_MAX = 1.1
 PLAIN_TOL = 0.03
+REPEAT_MARK = "#"  # a rate run again on the same servers (serve_bench --rates inf,...,inf): "inf#2"
 
 
-def _bench(runs: list[dict[str, Any]], method: str, dataset: str, label: str) -> dict[str, Any] | None:
+def _bench(runs: list[dict[str, Any]], method: str, dataset: str, label: str) -> dict[str, dict[str, Any]]:
+    """``method``'s runs of ``dataset`` at the rate ``label``, each repeat by its label (``inf``, ``inf#2``, ...)."""
+    out: dict[str, dict[str, Any]] = {}
     for r in runs:
-        if (r["method"], r["dataset"], r["rate_label"]) == (method, dataset, label) and r.get("bench"):
-            return r["bench"]
-    return None
+        run_label = str(r["rate_label"])
+        same_rate = run_label.split(REPEAT_MARK)[0] == label
+        if (r["method"], r["dataset"]) == (method, dataset) and same_rate and r.get("bench"):
+            out.setdefault(run_label, r["bench"])
+    return out
 
 
-def _row(dataset: str, label: str, goal: str, ratio: float | None, *, limit: float, at_most: bool) -> dict[str, Any]:
-    if ratio is None:
+Measured = tuple[float | None, list[float]]  # (the median of the repeats' ratios, each repeat's)
+
+
+def _row(dataset: str, label: str, goal: str, measured: Measured, *, limit: float, at_most: bool) -> dict[str, Any]:
+    value, repeats = measured
+    if value is None:
         verdict = "MISSING"
     else:
-        verdict = "PASS" if (ratio <= limit if at_most else ratio >= limit) else "FAIL"
-    return {"dataset": dataset, "rate": label, "goal": goal, "ratio": ratio, "limit": limit,
-            "at_most": at_most, "verdict": verdict}  # fmt: skip
+        verdict = "PASS" if (value <= limit if at_most else value >= limit) else "FAIL"
+    return {"dataset": dataset, "rate": label, "goal": goal, "ratio": value, "limit": limit,
+            "at_most": at_most, "verdict": verdict, "repeats": repeats}  # fmt: skip
 
 
-def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, key: str) -> float | None:
-    return ratio((a or {}).get(key), (b or {}).get(key))
+def _ratio(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], key: str) -> Measured:
+    """``a`` over ``b`` at each repeat both measured (the first run with the first, ``#2`` with ``#2``, ...), and
+    their median: one run of 100 requests swings by more than the goals' 3%, repeats on the same servers do not."""
+    pairs = [ratio(a[label].get(key), b[label].get(key)) for label in a if label in b]
+    repeats = [x for x in pairs if x is not None]
+    return (statistics.median(repeats) if repeats else None), repeats
 
 
 def goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -92,6 +108,8 @@ def goals_markdown(rows: list[dict[str, Any]]) -> list[str]:
              "|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        if len(r.get("repeats", [])) > 1:  # the median of the repeats, each shown
+            ratio += " (" + " / ".join(f"{x:.3f}" for x in r["repeats"]) + ")"
         limit = f"{'<=' if r['at_most'] else '>='} {r['limit']:.2f}"
         lines.append(f"| {r['dataset']} | {r['rate']} | {r['goal']} | {ratio} | {limit} | {r['verdict']} |")
     n = {v: sum(r["verdict"] == v for r in rows) for v in ("PASS", "FAIL", "MISSING")}

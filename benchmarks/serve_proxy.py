@@ -142,7 +142,8 @@ def engine_thread_ms(host: dict[str, float]) -> float:
 def table(results: dict[str, dict[str, Any]]) -> str:
     """One row per variant: its counters, steps per token (and against the first variant's), the plugin's
     engine-thread ms a step on this CPU."""
-    cols = ["engine_steps", "drafted_steps", "drafted", "accepted", "back_offs", "recoveries", "withheld"]
+    cols = ["engine_steps", "slot_steps", "slot_tokens", "drafted_steps", "drafted", "accepted", "back_offs"]
+    cols += ["recoveries", "withheld"]
     head = f"{'variant':<14} " + " ".join(f"{c[:13]:>13}" for c in cols) + f" {'steps/token':>11} {'x':>6}"
     head += f" {'host ms':>7}"
     lines = [head, "-" * len(head)]

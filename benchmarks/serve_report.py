@@ -93,7 +93,7 @@ def plot(doc: dict[str, Any], path: Path) -> str:
         finite = [float(r["rate"]) for r in mine if r["rate"] != "inf"]
         top = max(finite) if finite else 1.0
         for method in dict.fromkeys(r["method"] for r in mine):
-            pts = sorted((_x(r["rate"], top), r["bench"]) for r in mine if r["method"] == method)
+            pts = sorted(((_x(r["rate"], top), r["bench"]) for r in mine if r["method"] == method), key=lambda p: p[0])
             xs = [p[0] for p in pts]
             axes[row][0].plot(xs, [p[1].get("p50_tpot_ms", math.nan) for p in pts], marker="o", label=method)
             axes[row][1].plot(xs, [p[1].get("output_throughput", math.nan) for p in pts], marker="o", label=method)

@@ -195,6 +195,10 @@ class Engine:
         self.guard = drafter_guard(self.proposer, max_len=max_len)
         self.zeroed_steps = 0  # steps vLLM's guard near max_model_len ran no drafter in
         self.engine_steps = 0  # steps that scheduled any token (what the GPU would run)
+        # steps whose schedule gave any request a draft slot, and those slots: what the GPU verifies beyond a plain
+        # step, filler included (a slot the drafting did not fill still costs its token), whatever the plugin counts
+        self.slot_steps = 0
+        self.slot_tokens = 0
         self.zeros: Any = None  # schedule mode: vLLM's zeroed drafts, when the last step's guard said no
         if schedule:
             runner = SimpleNamespace(device=torch.device("cpu"), max_num_reqs=max_seqs, num_spec_tokens=K)
@@ -239,6 +243,7 @@ class Engine:
         if not rows:
             return True
         fits = self._fits(rows)
+        self._count_slots(so)
         chunks = self._chunks(so)
         sampled = [
             [] if rid in chunks else self._verify(rid, list(so.scheduled_spec_decode_tokens.get(rid, [])))
@@ -249,6 +254,11 @@ class Engine:
         collected = self.proposer.collect_deferred()  # the plugin's take hook; vLLM keeps its zeros where no fit
         self.sch.update_draft_token_ids(DraftTokenIds(rows, collected if collected is not None and fits else drafts))
         return True
+
+    def _count_slots(self, so: Any) -> None:
+        slots = sum(map(len, so.scheduled_spec_decode_tokens.values()))
+        self.slot_steps += slots > 0
+        self.slot_tokens += slots
 
     def _fits(self, rows: list[str]) -> bool:
         """vLLM's guard for the step just scheduled: its longest sequence (computed + scheduled tokens). Every
@@ -285,6 +295,7 @@ class Engine:
 
     def _execute(self, so: Any) -> Any:
         rows = list(so.num_scheduled_tokens)
+        self._count_slots(so)
         fits = self._fits(rows)
         if self.buffer is not None:  # this step's drafts, from the tokens of the step before (unless vLLM zeroed them)
             assert self.sched.fill(self.buffer) == (self.buffer is not self.zeros)

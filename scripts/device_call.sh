@@ -26,6 +26,8 @@ export PYTHONUNBUFFERED=1 OUT="${OUT:-/tmp/out}"
 source scripts/bench_path.sh  # ./benchmarks on the path
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+# the host's layout: which cores sit by which GPU (side-by-side servers are pinned by it: benchmarks/gpu_cores.py)
+{ nvidia-smi topo -m | grep -E "^(GPU|\s+GPU)"; lscpu | grep -E "^(Socket|Thread|NUMA node)"; } 2> /dev/null
 echo "device_call.sh: $(date -u +%T) running: $*"
 bash -c "$*" 2>&1 | tee "$OUT/block.log" | grep -v "it/s\]" | tail -150
 echo "device_call.sh: $(date -u +%T) done"

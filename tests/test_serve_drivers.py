@@ -110,6 +110,36 @@ def test_methods_and_rates() -> None:
     with pytest.raises(ServeError, match="needs the saturation rate"):
         serve_bench.parse_rates("0.5R", {}, "code")
     assert serve_bench.parse_rates("R", sat, "code") == [("R", 8.0)]
+    # a rate given again runs again (fresh server, then after the others): its label is numbered
+    assert serve_bench.parse_rates("inf,0.5R,inf,inf", sat, "code") == [
+        ("inf", "inf"), ("0.5R", 4.0), ("inf#2", "inf"), ("inf#3", "inf")
+    ]  # fmt: skip
+
+
+def test_a_repeated_rate_is_reported_and_plotted(tmp_path) -> None:
+    """Three runs at ``inf`` on the same servers (``--rates inf,...,inf,inf``): the JSON, table and PNG are written,
+    and the goal is the median of the three paired ratios (each repeat against the same repeat of no speculation)."""
+    pytest.importorskip("matplotlib")
+    from benchmarks.serve_report import write_outputs
+
+    def run(method: str, label: str, tpot: float) -> dict:
+        bench = {"p50_tpot_ms": tpot, "output_throughput": 1000.0 / tpot, "p99_ttft_ms": 1.0, "p99_itl_ms": 1.0}
+        return {"method": method, "dataset": "random", "rate_label": label, "rate": "inf", "bench": bench, "spec": {}}
+
+    doc = {"runs": [run("nospec", "inf", 6.0), run("specdec", "inf", 7.2), run("nospec", "inf#2", 6.0),
+                    run("specdec", "inf#2", 9.0), run("nospec", "inf#3", 8.0), run("specdec", "inf#3", 8.0),
+                    run("specdec", "inf#4", 60.0)],  # no nospec run to pair with: not counted
+           "errors": [], "skipped": [], "settings": {}}  # fmt: skip
+    paths = write_outputs(doc, tmp_path, "rep")
+    assert Path(paths["png"]).exists()
+    saved = json.loads(Path(paths["json"]).read_text())
+    (tpot,) = [
+        g for g in saved["goals"] if (g["dataset"], g["rate"], g["goal"]) == ("random", "inf", "TPOT p50 x nospec")
+    ]
+    assert tpot["repeats"] == pytest.approx([1.2, 1.5, 1.0])
+    assert tpot["ratio"] == pytest.approx(1.2) and tpot["verdict"] == "FAIL"
+    md = Path(paths["md"]).read_text()
+    assert "inf#2" in md and "1.200 (1.200 / 1.500 / 1.000)" in md
 
 
 def test_a_finite_rate_sends_at_most_max_arrival_s_of_requests() -> None:

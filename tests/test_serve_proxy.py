@@ -28,7 +28,8 @@ def test_arrivals_are_a_poisson_process_at_the_rate_in_engine_steps():
 
 
 def test_the_table_reads_each_variants_steps_per_token_against_the_first():
-    row = {c: 1.0 for c in ("engine_steps", "drafted_steps", "drafted", "accepted", "back_offs", "recoveries")}
+    cols = ("engine_steps", "slot_steps", "slot_tokens", "drafted_steps", "drafted", "accepted", "back_offs")
+    row = {c: 1.0 for c in (*cols, "recoveries")}
     res = {
         "off": {**row, "withheld": 0.0, "steps_per_token_p50": 1.25},
         "on": {**row, "withheld": 3.0, "steps_per_token_p50": 1.0},
@@ -54,6 +55,8 @@ def test_one_engine_serves_the_arrivals_and_emits_the_targets_outputs():
     at = sp.arrivals(12, 200.0, seed=0)
     res = sp.replay(ps, outs, at, None)  # asserts every output is the target's
     assert res["accepted"] > 0 and 0 < res["drafted_steps"] <= res["engine_steps"] <= res["wall_steps"]
+    # what the GPU would verify (slots follow the drafts a round late, so not the plugin's drafted steps one for one)
+    assert 0 < res["slot_steps"] <= min(res["engine_steps"], res["slot_tokens"])
     assert 0 < res["steps_per_token_p50"] <= 1.0  # a request emits at least a token per step once decoding
     assert res["host_ms_per_step"]["fill"] > 0 and res["host_ms_per_step"]["capture"] > 0  # the plugin's hook
 
