@@ -117,6 +117,12 @@ def parser() -> argparse.ArgumentParser:
         help=f"--part serve: the servers of a TPOT check, of {', '.join(SERVE_METHODS)} (nospec and specdec always)",
     )
     ap.add_argument(
+        "--serve-swap",
+        action="store_true",
+        help="--part serve: specdec's server on the first GPU and no speculation's on the second (and specdec measured "
+        "first): a call each way shows what the placement does to the ratio",
+    )
+    ap.add_argument(
         "--serve-rate",
         default="",
         help=f"--part serve: the TPOT checks' request rates, req/s, inf or c<N> (all at once, at most N in flight), "
@@ -165,12 +171,14 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for m in wanted:
         if m not in SERVE_METHODS:
             ap.error(f"--serve-methods: {m!r} is unknown; valid: {', '.join(SERVE_METHODS)}")
-    args.serve_methods = list(dict.fromkeys(["nospec", "specdec", *wanted]))  # in the order given after these
+    pair = ["specdec", "nospec"] if args.serve_swap else ["nospec", "specdec"]  # the first round, GPU 0 first
+    args.serve_methods = list(dict.fromkeys([*pair, *wanted]))  # in the order given after these
     args.serve_rates = serve_rates(ap, args.serve_rate)
     if args.before_round:
-        if args.part != "serve" or wanted != ["nospec", "specdec"]:
+        if args.part != "serve" or wanted != ["nospec", "specdec"] or args.serve_swap:
             ap.error(
-                "--before-round: for --part serve alone, without --serve-methods (it serves nospec and specdec-before)"
+                "--before-round: for --part serve alone, without --serve-methods or --serve-swap (it serves nospec "
+                "and specdec-before)"
             )
         args.serve_methods = ["nospec", "specdec-before"]
     has_before = (Path(args.before_path) / "specdec" / "__init__.py").exists()

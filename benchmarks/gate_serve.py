@@ -66,6 +66,10 @@ NUM_PROMPTS, REQUEST_RATE, SEED = 200, 20, 0
 # time, and one stretch of a server's traffic can read well apart from the rest; the median of three leaves one such
 # window out. One run, not three: each `vllm bench serve` start imports vLLM, which takes longer than a window
 BENCH_WINDOWS = 3
+# a window at ``cN`` (at most N in flight): CONCURRENCY_WINDOW_WAVES x N requests, not NUM_PROMPTS. With 100 in
+# flight a window of 200 is two generations of requests, and its ratio swung by 14% between the windows of one call;
+# at N requests a wave the run stays short (a wave of 100 is about a second of an 8B step's decoding)
+CONCURRENCY_WINDOW_WAVES = 6
 WARMUP_PROMPTS, WARMUP_SEED = 20, 1  # another seed: no prompt of the measured run is seen before it
 START_EST_S = {"53m": 120.0, "8b": 130.0}  # vllm serve under vLLM's defaults to /health: a fresh compile, no cache
 BENCH_EST_S = 35.0  # a `vllm bench serve` besides its arrivals: its start (vLLM's import), the last answers, the result
@@ -115,8 +119,9 @@ class ServeRun:
             "before_commit": before if "specdec-before" in args.serve_methods else None,
             "settings": {
                 "bench": "vllm bench serve --backend vllm " + " ".join(RANDOM_FLAGS) + f" --num-prompts "
-                f"{NUM_PROMPTS * BENCH_WINDOWS} --request-rate R --seed {SEED} --save-detailed "
-                f"(temperature: the server's default); its requests in {BENCH_WINDOWS} windows of {NUM_PROMPTS}; R: "
+                f"{BENCH_WINDOWS} x W --request-rate R --seed {SEED} --save-detailed (temperature: the server's "
+                f"default); its requests in {BENCH_WINDOWS} windows of W = {NUM_PROMPTS} (at cN: "
+                f"{CONCURRENCY_WINDOW_WAVES} x N); R: "
                 + ", ".join(args.serve_rates)
                 + " (each a check, on the same servers)",
                 "warmup": f"{WARMUP_PROMPTS} prompts, seed {WARMUP_SEED}",
@@ -256,7 +261,7 @@ class ServeRun:
                     server,
                     model,
                     stem,
-                    num=NUM_PROMPTS * BENCH_WINDOWS,
+                    num=window_prompts(check["rate"]) * BENCH_WINDOWS,
                     seed=SEED,
                     rate=check["rate"],
                     fake=fake,
@@ -299,12 +304,19 @@ class RoundTime:
         return (self.start_s + self.bench_s * servers) * ROUND_EST_MARGIN
 
 
+def window_prompts(rate: str) -> int:
+    """The requests of one of a measured run's ``BENCH_WINDOWS`` windows at ``rate``."""
+    if rate.startswith(CONCURRENCY_PREFIX):
+        return max(NUM_PROMPTS, CONCURRENCY_WINDOW_WAVES * int(rate[len(CONCURRENCY_PREFIX) :]))
+    return NUM_PROMPTS
+
+
 def arrivals_s(rate: str) -> float:
     """How long the measured run's requests take to arrive at ``rate`` (``inf``: at once, then decoded; ``cN``:
     decoded N at a time)."""
-    total = NUM_PROMPTS * BENCH_WINDOWS
+    total = window_prompts(rate) * BENCH_WINDOWS
     if rate.startswith(CONCURRENCY_PREFIX):
-        return WAVE_EST_S * -(-total // int(rate[1:]))
+        return WAVE_EST_S * -(-total // int(rate[len(CONCURRENCY_PREFIX) :]))
     return INF_ARRIVALS_EST_S if rate == "inf" else total / float(rate)
 
 

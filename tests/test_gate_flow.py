@@ -285,6 +285,19 @@ def test_serve_part_on_fake_servers(tmp_path):
     assert row["ratio"] == pytest.approx(sorted(row["runs"])[1])  # the median of the windows' ratios
 
 
+def test_serve_swap_puts_specdec_on_the_first_gpu_and_records_each_servers_cores(tmp_path):
+    """``--serve-swap``: the same check with the pair's GPUs (and cores) exchanged, so that two calls show what the
+    placement does; the verdict still reads specdec against no speculation."""
+    gate.main([*_serve_argv(tmp_path), "--serve-swap"])
+    (path,) = tmp_path.glob("*_gate_serve_ccccccc.json")
+    servers = json.loads(path.read_text())["serve"]["tpot-53m"]["servers"]
+    assert list(servers)[:2] == ["specdec", "nospec"]
+    assert (servers["specdec"]["gpus"], servers["nospec"]["gpus"]) == ("0", "1")
+    assert all(servers[k]["cores"] for k in ("specdec", "nospec"))  # where each ran, recorded
+    with pytest.raises(SystemExit):
+        gate.main([*_serve_argv(tmp_path), "--serve-swap", "--before-round"])
+
+
 def test_a_serve_check_that_cannot_finish_says_what_it_needs_and_what_was_left(tmp_path, capsys):
     """A call whose ``--max-wall-s`` cannot cover a check skips it at once and says the estimate, so that the next
     call asks for enough (a round skipped in silence costs the call's device time)."""
@@ -423,10 +436,14 @@ def test_a_concurrency_rate_sends_all_at_once_with_at_most_n_in_flight(tmp_path)
     doc = json.loads(path.read_text())
     assert list(doc["serve"]) == ["tpot-53m", "tpot-53m@c50"] and doc["serve"]["tpot-53m@c50"]["rate"] == "c50"
     sent = json.loads((tmp_path / "w" / "serve" / "specdec-run@c50.result.json").read_text())
-    assert (sent["request_rate"], sent["max_concurrency"], sent["completed"]) == ("inf", 50, 600)
+    # at cN a window is CONCURRENCY_WINDOW_WAVES x N requests: 3 windows of 300 at c50 (of 200 at 20/s)
+    assert (sent["request_rate"], sent["max_concurrency"], sent["completed"]) == ("inf", 50, 900)
+    windows = doc["serve"]["tpot-53m@c50"]["servers"]["specdec"]["bench_runs"]
+    assert [w["completed"] for w in windows] == [300] * 3
+    assert [gate_serve.window_prompts(r) for r in ("20", "inf", "c10", "c100")] == [200, 200, 200, 600]
     assert gate_serve.rate_flags("c4") == ["--request-rate", "inf", "--max-concurrency", "4"]
     assert gate_serve.rate_flags("20") == ["--request-rate", "20"]
-    assert gate_serve.arrivals_s("c100") == 6 * gate_serve.WAVE_EST_S  # 600 requests, 100 at a time
+    assert gate_serve.arrivals_s("c100") == 18 * gate_serve.WAVE_EST_S  # 1,800 requests, 100 at a time
     assert gate.CONCURRENCY_PREFIX == gate_serve.CONCURRENCY_PREFIX
 
 
