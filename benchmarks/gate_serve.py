@@ -30,7 +30,7 @@ from benchmarks import gate_report as report
 from benchmarks.bench_vllm_methods import NO_DRAFT_SUFFIX
 from benchmarks.gate_env import device_info, gpu_names, load_inputs, prepare_model, versions
 from benchmarks.gate_metrics import bench_windows, plugin_line, read_bench
-from benchmarks.gpu_cores import gpu_lane_cores, span
+from benchmarks.gpu_cores import PCI_ORDER, gpu_lane_cores, span
 from benchmarks.serve_common import (
     HOST,
     VLLM_CLI_ENV,
@@ -217,7 +217,7 @@ class ServeRun:
     ) -> Server:
         args = ["--tensor-parallel-size", str(tp)] if tp > 1 else []
         log = self.work / f"{key}-{Path(model).name}.log"
-        env = {"CUDA_VISIBLE_DEVICES": gpus, **{k: v for k, v in extra.items() if k != "before"}}
+        env = {"CUDA_VISIBLE_DEVICES": gpus, **PCI_ORDER, **{k: v for k, v in extra.items() if k != "before"}}
         if extra.get("before"):  # the base commit's tree first on the path (gpu_gate.sh installed it there)
             env["PYTHONPATH"] = os.pathsep.join(p for p in (self.args.before_path, os.environ.get("PYTHONPATH")) if p)
         return Server(

@@ -6,8 +6,8 @@ Why: the servers of a side-by-side run are host-bound at large batches (a 100-ro
 about as long on the host as on the GPU), so a server whose cores sit on another NUMA node than its GPU (its pinned
 copies and launches crossing the sockets) can read slower for that alone, and the comparison with the server beside
 it measures the placement. The naive halves (0-15 for GPU 0, 16-31 for GPU 1) do that wherever the GPUs are not
-ordered like the nodes. Lane i is CUDA device i: nvidia-smi's order, which is CUDA's for GPUs of one model. Never
-imports vLLM or torch."""
+ordered like the nodes. Lane i is CUDA device i in PCI bus order (``PCI_ORDER`` in its environment), nvidia-smi's
+order. Never imports vLLM or torch."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from pathlib import Path
 PCI_DEVICES = Path("/sys/bus/pci/devices")
 NVIDIA_SMI_TIMEOUT_S = 20.0
 EVEN, NUMA = "even", "numa"  # how a placement was chosen (recorded beside it)
+# a side-by-side server's environment beside CUDA_VISIBLE_DEVICES: CUDA numbers the GPUs as nvidia-smi and sysfs do
+PCI_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def parse_cpulist(text: str) -> set[int]:

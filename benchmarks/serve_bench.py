@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import serve_inputs as inputs
-from benchmarks.gpu_cores import gpu_lane_cores, span
+from benchmarks.gpu_cores import PCI_ORDER, gpu_lane_cores, span
 from benchmarks.serve_bench_client import BenchClient
 from benchmarks.serve_bench_runs import (
     SATURATION_LADDER,
@@ -225,7 +225,7 @@ def method_lanes(args: argparse.Namespace) -> list[tuple[argparse.Namespace, lis
     for i in range(n):
         lane = argparse.Namespace(**vars(args))
         lane.vllm_cli = pinned(base, lanes[i])
-        lane.lane_env = {"CUDA_VISIBLE_DEVICES": str(i)}
+        lane.lane_env = {"CUDA_VISIBLE_DEVICES": str(i), **PCI_ORDER}
         lane.bench_client = None  # a lane's runs go through its pinned CLI
         out.append((lane, list(args.methods[i::n])))
     return out
