@@ -9,12 +9,12 @@ per cell, under vLLM's default engine arguments on the shared target inflated to
 
 ``--part cells``: each method's engine in a worker process of its own (``gate_worker``). Where the machine has
 GPUs for more than one engine (two GPUs at TP=1, four at TP=2 or TP=1), the methods run in lanes at once, up to
-``MAX_LANES``, each with its engine's GPUs and an equal share of the host's cores (lane i: every n-th method from the
-i-th; with two lanes nospec then specdec on the first, suffix then specdec-before on the second); otherwise one
-after another. ``--max-wall-s`` bounds the whole call: no engine starts that could not also run a cell before the
-deadline, no cell starts that would pass it, and whatever finished is written (marked partial). ``--part serve``:
-``gate_serve``. Results: ``<date>_<device>_gate_tp<N>_<commit7>.json`` (+ .md, + the engines' logs) in
-``--out-dir``.
+``MAX_LANES``, each with its engine's GPUs and their NUMA node's cores (else an equal share: ``gpu_cores``; lane
+i: every n-th method from the i-th; with two lanes nospec then specdec on the first, suffix then specdec-before on
+the second); otherwise one after another. ``--max-wall-s`` bounds the whole call: no engine starts that could not
+also run a cell before the deadline, no cell starts that would pass it, and whatever finished is written (marked
+partial). ``--part serve``: ``gate_serve``. Results: ``<date>_<device>_gate_tp<N>_<commit7>.json`` (+ .md, + the
+engines' logs) in ``--out-dir``.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from benchmarks import gate_report as report
 from benchmarks.gate_env import device_info, gpu_names, load_inputs, prepare_model, versions
 from benchmarks.gate_metrics import log_phases
 from benchmarks.gate_worker import METHODS, REFERENCE_METHOD, base_method, known_method
+from benchmarks.gpu_cores import PCI_ORDER, gpu_lane_cores, span
 
 DEFAULT_METHODS = ("nospec", "suffix", "specdec", "specdec-before")
 SETS = ("agentic", "chat", "code")
@@ -210,17 +211,18 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def lanes(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Lanes of engines run at once: as many as the GPUs hold engines of ``args.tp`` GPUs (at most ``MAX_LANES``
-    and one per method), lane i taking every n-th method from the i-th, its engine's GPUs and an n-th of the
-    cores; one lane (all cores) where only one engine fits."""
+    and one per method), lane i taking every n-th method from the i-th, its engine's GPUs and their NUMA node's
+    cores where the host says which, else an n-th of the cores (``gpu_cores``); one lane (all cores) where only one
+    engine fits."""
     gpus = args.gpus or len(gpu_names(args.fake)) or 1
     n = max(1, min(MAX_LANES, gpus // args.tp, len(args.methods)))
-    cores = sorted(os.sched_getaffinity(0))
-    per = len(cores) // n
+    cores, how = gpu_lane_cores(n, sorted(os.sched_getaffinity(0)), per_lane=args.tp)
     return [
         {
             "methods": args.methods[i::n],
             "gpus": ",".join(str(g) for g in range(i * args.tp, (i + 1) * args.tp)),
-            "cpus": cores[i * per : (i + 1) * per] if n > 1 else [],
+            "cpus": cores[i] if n > 1 else [],
+            "placed": how if n > 1 else "",
         }
         for i in range(n)
     ]
@@ -352,14 +354,15 @@ class CellsRun:
         # the installed specdec (the before engine: its own tree first), never ./specdec of the working directory
         paths = [self.args.before_path] if base_method(method) == "specdec-before" else []
         paths += [self.path, os.environ.get("PYTHONPATH", "")]
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": lane["gpus"], "PYTHONSAFEPATH": "1"}
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": lane["gpus"], **PCI_ORDER, "PYTHONSAFEPATH": "1"}
         env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         cmd = [sys.executable, "-m", "benchmarks.gate_worker", "--inputs", self.args.inputs, "--method", method]
         cmd += ["--sets", ",".join(self.args.sets), "--out", str(out), "--model", self.model, "--tp", str(self.args.tp)]
         cmd += ["--deadline", str(self.args.deadline), "--reference", self.reference]
         cmd += ["--cpus", ",".join(map(str, lane["cpus"]))] if lane["cpus"] else []
         cmd += ["--fake"] if self.args.fake else []
-        print(f"=== {method} on GPU {lane['gpus']} ===", flush=True)
+        cpus = f", cores {span(lane['cpus'])} ({lane['placed']})" if lane["cpus"] else ""
+        print(f"=== {method} on GPU {lane['gpus']}{cpus} ===", flush=True)
         t0 = time.time()
         rc = run_process(cmd, env=env, log=log, timeout_s=self.args.deadline + KILL_GRACE_S - time.time())
         print(f"=== {method} rc={rc} in {time.time() - t0:.0f} s ===", flush=True)

@@ -97,6 +97,18 @@ def span(cores: Sequence[int]) -> str:
     return f"{cores[0]}-{cores[-1]} ({len(cores)})" if cores else "any"
 
 
-def gpu_lane_cores(n: int, cores: Sequence[int]) -> tuple[list[list[int]], str]:
-    """``lane_cores`` for this host's GPUs (nvidia-smi's order)."""
-    return lane_cores(n, cores, local_cpus(gpu_bus_ids()) if n > 1 else [])
+def lanes_local(per_gpu: Sequence[set[int] | None], n: int, per_lane: int) -> list[set[int] | None]:
+    """Lane i's GPUs are ``per_lane`` consecutive ones from ``i * per_lane`` (TP > 1: a lane's engine spans them):
+    its local cores are theirs together (None if the host says nothing of one of them)."""
+    out: list[set[int] | None] = []
+    for i in range(n):
+        mine = list(per_gpu[i * per_lane : (i + 1) * per_lane])
+        out.append(None if len(mine) < per_lane or any(s is None for s in mine) else set().union(*mine))
+    return out
+
+
+def gpu_lane_cores(n: int, cores: Sequence[int], *, per_lane: int = 1) -> tuple[list[list[int]], str]:
+    """``lane_cores`` for this host's GPUs (nvidia-smi's order), lane i on GPUs ``i * per_lane`` onwards."""
+    if n < 2:
+        return lane_cores(n, cores, [])
+    return lane_cores(n, cores, lanes_local(local_cpus(gpu_bus_ids()), n, per_lane))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.gpu_cores import EVEN, NUMA, lane_cores, local_cpus, parse_cpulist, span, sysfs_bus_id
+from benchmarks.gpu_cores import EVEN, NUMA, lane_cores, lanes_local, local_cpus, parse_cpulist, span, sysfs_bus_id
 
 CORES = list(range(32))
 
@@ -44,3 +44,15 @@ def test_local_cpus_reads_sysfs(tmp_path: Path) -> None:
         (tmp_path / bus / "local_cpulist").write_text(text)
     got = local_cpus(["0000:18:00.0", "0000:9a:00.0", "0000:ff:00.0"], root=tmp_path)
     assert got == [set(range(16)), None, None]
+
+
+def test_a_lane_of_several_gpus_takes_their_nodes_together() -> None:
+    """TP = 2 lanes on four GPUs, two per node: each lane's engine sits on one node; a lane across both nodes spans
+    both, and a GPU the host says nothing of leaves its lane unknown."""
+    node0, node1 = set(range(16)), set(range(16, 32))
+    assert lanes_local([node0, node0, node1, node1], 2, 2) == [node0, node1]
+    assert lanes_local([node0, node1, node0, node1], 2, 2) == [node0 | node1, node0 | node1]
+    assert lanes_local([node0, None, node1, node1], 2, 2) == [None, node1]
+    assert lanes_local([node0], 2, 1) == [node0, None]  # fewer GPUs than lanes
+    lanes, how = lane_cores(2, CORES, lanes_local([node0, node0, node1, node1], 2, 2))
+    assert (lanes, how) == ([list(range(16)), list(range(16, 32))], NUMA)
