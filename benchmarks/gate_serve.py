@@ -28,6 +28,7 @@ from typing import Any
 
 from benchmarks import gate_report as report
 from benchmarks.bench_vllm_methods import NO_DRAFT_SUFFIX
+from benchmarks.gate_args import CONCURRENCY_PREFIX, REQUEST_RATE
 from benchmarks.gate_env import device_info, gpu_names, load_inputs, prepare_model, versions
 from benchmarks.gate_metrics import bench_windows, plugin_line, read_bench
 from benchmarks.gpu_cores import PCI_ORDER, gpu_lane_cores, span
@@ -58,7 +59,7 @@ SERVE_SPECS: dict[str, tuple[dict[str, Any] | None, dict[str, str]]] = {
     "specdec-nodraft": ({**SPECDEC, "drafter_options": {"suffix": NO_DRAFT_SUFFIX}}, {}),
 }
 RANDOM_FLAGS = ["--dataset-name", "random", "--random-input-len", "256", "--random-output-len", "128"]
-NUM_PROMPTS, REQUEST_RATE, SEED = 200, 20, 0
+NUM_PROMPTS, SEED = 200, 0  # the rate: gate_args.REQUEST_RATE
 # the measured run per server: BENCH_WINDOWS x NUM_PROMPTS requests at REQUEST_RATE in one `vllm bench serve`
 # (--save-detailed), cut into BENCH_WINDOWS consecutive windows of NUM_PROMPTS requests ("bench_runs"); the report pairs
 # each window with the same window of its call's no speculation (same seed: the same requests) and takes the median
@@ -74,7 +75,6 @@ WARMUP_PROMPTS, WARMUP_SEED = 20, 1  # another seed: no prompt of the measured r
 START_EST_S = {"53m": 120.0, "8b": 130.0}  # vllm serve under vLLM's defaults to /health: a fresh compile, no cache
 BENCH_EST_S = 35.0  # a `vllm bench serve` besides its arrivals: its start (vLLM's import), the last answers, the result
 INF_ARRIVALS_EST_S = 15.0  # the measured run's requests all at once: their decoding, past what BENCH_EST_S holds
-CONCURRENCY_PREFIX = "c"  # a rate of cN: all at once with at most N in flight (`vllm bench serve --max-concurrency N`)
 WAVE_EST_S = 3.0  # with at most N in flight: each N requests' decoding (128 tokens of an 8B shape, N ~ 100)
 BENCH_TIMEOUT_S = 300.0
 ANSWER_EST_S = 20.0  # one completion and the server's shutdown

@@ -17,7 +17,16 @@ from typing import Any
 
 import pytest
 
-from benchmarks import gate, gate_compare, gate_metrics, gate_report, gate_serve, gate_serve_report, gate_worker
+from benchmarks import (
+    gate,
+    gate_args,
+    gate_compare,
+    gate_metrics,
+    gate_report,
+    gate_serve,
+    gate_serve_report,
+    gate_worker,
+)
 from benchmarks.gate_prompts import BATCH
 from specdec.paths import REPO_ROOT
 
@@ -194,7 +203,7 @@ def test_worker_stops_at_its_deadline(tmp_path):
 
 def test_driver_budget_starts_no_engine_it_cannot_finish(tmp_path, capsys):
     inputs = _inputs(tmp_path / "inputs.json")
-    budget = gate.FINISH_MARGIN_S + gate.ENGINE_START_EST_S + gate.MIN_CELLS_S - 5
+    budget = gate_args.FINISH_MARGIN_S + gate.ENGINE_START_EST_S + gate.MIN_CELLS_S - 5
     gate.main(
         ["--fake", "--inputs", str(inputs), "--out-dir", str(tmp_path), "--work-dir", str(tmp_path / "w")]
         + ["--methods", "nospec,specdec", "--max-wall-s", str(budget)]
@@ -395,12 +404,12 @@ def test_the_no_draft_server_runs_the_defaults_with_drafts_of_depth_zero():
 
 
 def test_every_serve_server_the_gate_accepts_is_one_gate_serve_can_start():
-    """``gate.SERVE_METHODS`` (checked at the command line, before gate_serve is imported) names SERVE_SPECS's keys."""
-    from benchmarks.gate import SERVE_METHODS
+    """``gate_args.SERVE_METHODS`` (checked at the command line, before gate_serve is imported) names SERVE_SPECS's
+    keys."""
+    from benchmarks.gate_args import SERVE_METHODS
     from benchmarks.gate_serve import SERVE_SPECS
 
     assert tuple(SERVE_SPECS) == SERVE_METHODS
-    assert gate.REQUEST_RATE == gate_serve.REQUEST_RATE  # the TPOT checks' default rate, named on both sides
 
 
 def test_serve_checks_at_other_rates_run_on_the_same_servers_and_are_kept_apart(tmp_path):
@@ -444,7 +453,6 @@ def test_a_concurrency_rate_sends_all_at_once_with_at_most_n_in_flight(tmp_path)
     assert gate_serve.rate_flags("c4") == ["--request-rate", "inf", "--max-concurrency", "4"]
     assert gate_serve.rate_flags("20") == ["--request-rate", "20"]
     assert gate_serve.arrivals_s("c100") == 18 * gate_serve.WAVE_EST_S  # 1,800 requests, 100 at a time
-    assert gate.CONCURRENCY_PREFIX == gate_serve.CONCURRENCY_PREFIX
 
 
 def test_the_base_commit_is_the_installed_tree_s(tmp_path):
@@ -699,7 +707,7 @@ def test_a_later_round_is_estimated_from_the_round_before_it_as_measured(tmp_pat
     est.args, est.gpus = argparse.Namespace(serve_rates=["20"]), 2
     need = est._need_s("53m", "tpot-53m")
     assert need == gate_serve.START_EST_S["53m"] + 2 * est._bench_est()  # = a round of two by the constants
-    wall = int(need + gate.FINISH_MARGIN_S) + 5  # the check fits; by the constants, a second round not
+    wall = int(need + gate_args.FINISH_MARGIN_S) + 5  # the check fits; by the constants, a second round not
     gate.main([*_serve_argv(tmp_path), "--serve-methods", "nospec-v1,specdec-nodraft", "--max-wall-s", str(wall)])
     (path,) = tmp_path.glob("*_gate_serve_*.json")
     servers = json.loads(path.read_text())["serve"]["tpot-53m"]["servers"]
