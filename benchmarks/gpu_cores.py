@@ -1,6 +1,6 @@
-"""Which host cores a GPU's server is pinned to, where servers run side by side (``serve_bench --lanes``, the gate's
-serve rounds): each GPU's server on the cores of the GPU's own NUMA node where the host says which those are
-(``local_cpulist`` of the GPU's PCI device), else an equal share of this process's cores, in order.
+"""Which host cores a GPU's server or engine is pinned to, where they run side by side (``serve_bench --lanes``, the
+gate's serve rounds and its cells' lanes): each on the cores of its GPUs' NUMA node where the host says which those
+are (``local_cpulist`` of the GPU's PCI device), else an equal share of this process's cores, in order.
 
 Why: the servers of a side-by-side run are host-bound at large batches (a 100-row decode step of the 8B shape takes
 about as long on the host as on the GPU), so a server whose cores sit on another NUMA node than its GPU (its pinned
