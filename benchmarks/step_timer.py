@@ -1,6 +1,7 @@
 """``StepTimer``: the vLLM benchmark's timing hooks (engine in-process, V1 model runner): drafting time, GPU busy time
 and idle gaps per step (CUDA events), and in schedule mode the gap's split at the device wait, feeding a
-``step_trace.StepTrace`` when one is given (``bench_vllm --trace``; the columns are described in ``step_trace``)."""
+``step_trace.StepTrace`` when one is given (``bench_vllm --trace``; the columns are described in ``step_trace``).
+On vLLM's Model Runner V2 (no speculation's, where vLLM picks it) the steps, trace rows and host phases only."""
 
 from __future__ import annotations
 
@@ -63,28 +64,15 @@ class StepTimer:
     def install(self) -> None:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-        timer, run, prop = self, GPUModelRunner.execute_model, GPUModelRunner.propose_draft_token_ids
-        dump_s = float(os.environ.get(STALL_DUMP_ENV) or 0.0)
-
-        @functools.wraps(run)  # keeps the signature visible (the plugin's runner patch checks it)
-        def execute_model(self: Any, *a: Any, **kw: Any) -> Any:
-            timer.steps += 1
-            if timer.trace is not None and timer.gpu_on:
-                timer.trace.step(a[0] if a else kw.get("scheduler_output"), timer.draft_s)
-            if not (dump_s > 0 and timer.gpu_on):
-                return run(self, *a, **kw)
-            faulthandler.dump_traceback_later(dump_s)
-            try:
-                return run(self, *a, **kw)
-            finally:
-                faulthandler.cancel_dump_traceback_later()
-
-        GPUModelRunner.execute_model = execute_model
+        runners = [GPUModelRunner, *([v2] if (v2 := v2_runner()) is not None else [])]
+        prop = GPUModelRunner.propose_draft_token_ids
+        for runner in runners:  # an engine runs on one of them: its steps are counted and traced either way
+            runner.execute_model = self._stepped(runner.execute_model)
         if self.trace is not None:
             self.trace.install()
             from vllm.v1.core.sched.scheduler import Scheduler
 
-            self._install_phases(GPUModelRunner, Scheduler)
+            self._install_phases(runners, Scheduler)
         GPUModelRunner.propose_draft_token_ids = self._timed(prop)
         for name, hook in (("_model_forward", self._forward_started), ("_bookkeeping_sync", self._sampling_done)):
             if hasattr(GPUModelRunner, name):
@@ -128,15 +116,36 @@ class StepTimer:
         if phase in (PHASE_FINISH, PHASE_TOKENS):
             self._add_to_row("host_split", "finish_ms" if phase == PHASE_FINISH else "sync_ms", seconds)
 
-    def _install_phases(self, runner_cls: Any, scheduler_cls: Any) -> None:
+    def _stepped(self, run: Any) -> Any:
+        """A runner's ``execute_model`` counting its steps and opening a trace row per measured step (and, with
+        ``STALL_DUMP_ENV``, dumping every thread's stack when one runs too long)."""
+        timer = self
+        dump_s = float(os.environ.get(STALL_DUMP_ENV) or 0.0)
+
+        @functools.wraps(run)  # keeps the signature visible (the plugin's runner patch checks it)
+        def execute_model(self: Any, *a: Any, **kw: Any) -> Any:
+            timer.steps += 1
+            if timer.trace is not None and timer.gpu_on:
+                timer.trace.step(a[0] if a else kw.get("scheduler_output"), timer.draft_s)
+            if not (dump_s > 0 and timer.gpu_on):
+                return run(self, *a, **kw)
+            faulthandler.dump_traceback_later(dump_s)
+            try:
+                return run(self, *a, **kw)
+            finally:
+                faulthandler.cancel_dump_traceback_later()
+
+        return execute_model
+
+    def _install_phases(self, runners: list[Any], scheduler_cls: Any) -> None:
         """Host time of the engine loop's phases per step period (``step_trace.PHASE_COLS``): what the engine
         core's thread does between two ``execute_model`` entries, wherever the GPU is meanwhile."""
         from specdec.vllm_plugin.patches import async_slots
 
         # the plugin's schedule wrapper (AsyncScheduler, set after this) calls vLLM's schedule and these two by name
         for owner, name, col in (
-            (runner_cls, "execute_model", "exec_ms"),
-            (runner_cls, "sample_tokens", "sample_ms"),
+            *((r, "execute_model", "exec_ms") for r in runners),
+            *((r, "sample_tokens", "sample_ms") for r in runners),
             (scheduler_cls, "schedule", "sched_ms"),
             (async_slots, "regrant_placeholders", "sched_ms"),
             (async_slots, "cap_prefill_steps", "sched_ms"),
@@ -250,6 +259,17 @@ class StepTimer:
             self.draft_s += seconds
 
         return _wall_timed(fn, add)
+
+
+def v2_runner() -> Any:
+    """vLLM's Model Runner V2 class, which no speculation runs on where it can (steps, trace rows and host phases;
+    its GPU busy and idle times are not recorded: the CUDA events mark V1's forward and sampling), or None where this
+    vLLM has none or cannot import it here."""
+    try:
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+    except Exception:  # noqa: BLE001 - an older vLLM, or a V2 runner needing what this machine lacks
+        return None
+    return GPUModelRunner
 
 
 def _wall_timed(fn: Any, add: Any) -> Any:

@@ -1,7 +1,8 @@
 """Engine-step records for the vLLM benchmark: ``StepTrace`` (a record per step: where a step's time goes, by batch
 width), fed by ``step_timer.StepTimer`` (drafting time, GPU busy time and idle gaps per cell).
 
-``bench_vllm --trace`` records, for every engine step of a measured cell (V1 model runner, engine in-process):
+``bench_vllm --trace`` records, for every engine step of a measured cell (V1 model runner; on Model Runner V2, which
+no speculation runs on, everything but the GPU's busy and idle times and the CUDA-graph mode):
 
 * ``period_ms``: host time from this step's ``execute_model`` to the next one's (the step's wall period;
   ``None`` for the last step of a ``generate`` call),

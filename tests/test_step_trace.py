@@ -6,6 +6,7 @@ import ast
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -126,6 +127,10 @@ def test_timer_and_trace_hooks_keep_vllm_signatures(monkeypatch):
     names = [(runner, n) for n in ("execute_model", "propose_draft_token_ids", "_model_forward", "_bookkeeping_sync")]
     names += [(runner, "sample_tokens"), (Scheduler, "schedule")]
     names += [(CudagraphDispatcher, "dispatch"), (Scheduler, "update_from_output")]
+    from benchmarks.step_timer import v2_runner
+
+    v2 = v2_runner()  # Model Runner V2 (no speculation's): steps and host phases where this vLLM has it
+    names += [(v2, n) for n in ("execute_model", "sample_tokens")] if v2 is not None else []
     before = {}
     for owner, name in names:
         before[(owner, name)] = inspect.signature(getattr(owner, name))
@@ -144,6 +149,14 @@ def test_timer_and_trace_hooks_keep_vllm_signatures(monkeypatch):
         fn = getattr(owner, name)
         assert hasattr(fn, "__wrapped__") and inspect.signature(fn) == before[(owner, name)]
     assert runner._bookkeeping_sync.__wrapped__ is not None  # GPU events mark each step's end there
+    if v2 is not None:  # no speculation's steps on V2 are counted as V1's are (an engine runs one of the two)
+        stub = SimpleNamespace()
+        monkeypatch.setattr(StepTimer, "install", StepTimer.install)
+        v2_calls: list[Any] = []
+        monkeypatch.setattr(v2, "execute_model", lambda self, so, *a, **kw: v2_calls.append(so) or "ran")
+        counted = StepTimer()
+        counted.install()
+        assert v2.execute_model(stub, "step") == "ran" and v2_calls == ["step"] and counted.steps == 1
     assert dict(vars(ScheduledDrafting)) == drafting and dict(vars(DeviceWait)) == wait  # timed by the plugin's hook
 
 
@@ -220,7 +233,7 @@ def test_host_phases_are_timed_into_the_period_they_ran_in(monkeypatch):
     monkeypatch.setattr(async_slots, "regrant_placeholders", takes(0.25))
     trace = StepTrace()
     timer = StepTimer(trace)
-    timer._install_phases(Runner, Scheduler)
+    timer._install_phases([Runner], Scheduler)
     Scheduler.schedule(None)  # gpu_on is False: not recorded
     timer.gpu_on = True
     for _ in range(2):
