@@ -2,12 +2,12 @@
 gate's serve rounds and its cells' lanes): each on the cores of its GPUs' NUMA node where the host says which those
 are (``local_cpulist`` of the GPU's PCI device), else an equal share of this process's cores, in order.
 
-Why: the servers of a side-by-side run are host-bound at large batches (a 100-row decode step of the 8B shape takes
-about as long on the host as on the GPU), so a server whose cores sit on another NUMA node than its GPU (its pinned
-copies and launches crossing the sockets) can read slower for that alone, and the comparison with the server beside
-it measures the placement. The naive halves (0-15 for GPU 0, 16-31 for GPU 1) do that wherever the GPUs are not
-ordered like the nodes. Lane i is CUDA device i in PCI bus order (``PCI_ORDER`` in its environment), nvidia-smi's
-order. Never imports vLLM or torch."""
+Why: the servers of a side-by-side run can be host-bound at large batches (the engine's host work per step grows
+with its rows), so a server whose cores sit on another NUMA node than its GPU (its pinned copies and launches
+crossing the sockets) can read slower for that alone, and the comparison with the server beside it measures the
+placement. The naive halves (0-15 for GPU 0, 16-31 for GPU 1) do that wherever the GPUs are not ordered like the
+nodes. Lane i is CUDA device i in PCI bus order (``PCI_ORDER`` in its environment), nvidia-smi's order. Never
+imports vLLM or torch."""
 
 from __future__ import annotations
 

@@ -58,7 +58,8 @@ def _row(dataset: str, label: str, goal: str, measured: Measured, *, limit: floa
 
 def _ratio(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], key: str) -> Measured:
     """``a`` over ``b`` at each repeat both measured (the first run with the first, ``#2`` with ``#2``, ...), and
-    their median: one run of 100 requests swings by more than the goals' 3%, repeats on the same servers do not."""
+    their median: a run of a few seconds reads the server at one moment, and the median of paired repeats leans on
+    no single one."""
     pairs = [ratio(a[label].get(key), b[label].get(key)) for label in a if label in b]
     repeats = [x for x in pairs if x is not None]
     return (statistics.median(repeats) if repeats else None), repeats
