@@ -37,13 +37,20 @@ SERVE_METHODS = (
 )  # gate_serve.SERVE_SPECS's keys (tests/test_gate_flow.py holds them equal)
 
 
+def in_flight(rate: str) -> int | None:
+    """N of a ``cN`` rate (at most N requests in flight), None for requests per second or ``inf``; ValueError for a
+    ``c`` without a whole number."""
+    return int(rate[len(CONCURRENCY_PREFIX) :]) if rate.startswith(CONCURRENCY_PREFIX) else None
+
+
 def serve_rates(ap: argparse.ArgumentParser, text: str) -> list[str]:
     """``--serve-rate``: positive numbers of requests per second, ``inf`` (all at once), or ``cN`` (all at once with
     at most N in flight: `vllm bench serve --max-concurrency N`, N clients keeping a loaded server busy)."""
     rates = list(dict.fromkeys(r for r in (text or str(REQUEST_RATE)).split(",") if r))
     for r in rates:
         try:
-            ok = r == "inf" or (int(r[1:]) > 0 if r.startswith(CONCURRENCY_PREFIX) else float(r) > 0)
+            n = in_flight(r)
+            ok = r == "inf" or (n > 0 if n is not None else float(r) > 0)
         except ValueError:
             ok = False
         if not ok:

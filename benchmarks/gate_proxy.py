@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_vllm_methods import NO_DRAFT_SUFFIX
 from benchmarks.gate_compare import geomean
 from benchmarks.gate_metrics import flat_numbers
 from benchmarks.gate_worker import CELL_ORDER, WARMUP_MAX_TOKENS
@@ -67,7 +68,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # a request new to a batch of 48+ rows (policy.NARROW_BELOW_ROWS: the large batches' narrow steps) starts in shadow
     "hold48": {"HOLD_NEWCOMERS_FROM_ROWS": 48},
     # suffix drafts of depth 0 (bench_vllm_methods.NO_DRAFT_SUFFIX): the gate's specdec-nodraft server
-    "nodraft": {"options": {"drafter_options": {"suffix": {"max_spec_factor": 0.0, "free_spec_factor": 0.0}}}},
+    "nodraft": {"options": {"drafter_options": {"suffix": NO_DRAFT_SUFFIX}}},
 }
 SETS = ("agentic", "chat", "code")  # the gate's prompt sets (warm-up cells are not measured)
 VARIANT_WIDTH = 18

@@ -28,7 +28,7 @@ from typing import Any
 
 from benchmarks import gate_report as report
 from benchmarks.bench_vllm_methods import NO_DRAFT_SUFFIX
-from benchmarks.gate_args import CONCURRENCY_PREFIX, REQUEST_RATE
+from benchmarks.gate_args import REQUEST_RATE, in_flight
 from benchmarks.gate_env import device_info, gpu_names, load_inputs, prepare_model, versions
 from benchmarks.gate_metrics import bench_windows, plugin_line, read_bench
 from benchmarks.gpu_cores import PCI_ORDER, gpu_lane_cores, span
@@ -164,8 +164,7 @@ class ServeRun:
         """The check's servers (``--serve-methods``, nospec and specdec first) in rounds of one per GPU: a round's
         servers start at once (one GPU each and its cores: ``gpu_cores``, the GPU's NUMA node's where the host says),
         then each is benchmarked in turn, at each ``--serve-rate`` (one check each, in that order, on the same
-        servers). A round that could not finish
-        before the deadline is skipped (its servers recorded as such)."""
+        servers). A round that could not finish before the deadline is skipped (its servers recorded as such)."""
         model, label = self.models[size]
         checks = [{"kind": "tpot", "model": label, "tp": 1, "rate": r, "servers": {}} for r in self.args.serve_rates]
         check = checks[0]  # the starts and skips are recorded here, and copied to the others
@@ -184,9 +183,6 @@ class ServeRun:
                 continue
             lanes, how = gpu_lane_cores(len(names), cores) if len(names) > 1 else ([[]], "")
             servers = {k: self._server(model, k, *SERVE_SPECS[k], str(i), lanes[i]) for i, k in enumerate(names)}
-            for i, k in enumerate(names):  # where each server ran (the starts add to the same record)
-                rec = check["servers"].setdefault(k, {"gpus": str(i)})
-                rec["cores"] = f"{how}: {span(lanes[i])}" if how else "all"
             t0 = time.time()
             threads = [threading.Thread(target=self._start_one, args=(s, check, k)) for k, s in servers.items()]
             for t in threads:
@@ -194,6 +190,8 @@ class ServeRun:
             for t in threads:
                 t.join()
             started = time.time() - t0
+            for i, k in enumerate(names):  # beside the GPUs each start recorded: the cores
+                check["servers"][k]["cores"] = f"{how}: {span(lanes[i])}" if how else "all"
             for k, s in servers.items():
                 self._measure(s, checks, k, model)
             last = RoundTime(start_s=started, bench_s=(time.time() - t0 - started) / len(names))
@@ -306,25 +304,23 @@ class RoundTime:
 
 def window_prompts(rate: str) -> int:
     """The requests of one of a measured run's ``BENCH_WINDOWS`` windows at ``rate``."""
-    if rate.startswith(CONCURRENCY_PREFIX):
-        return max(NUM_PROMPTS, CONCURRENCY_WINDOW_WAVES * int(rate[len(CONCURRENCY_PREFIX) :]))
-    return NUM_PROMPTS
+    n = in_flight(rate)
+    return NUM_PROMPTS if n is None else max(NUM_PROMPTS, CONCURRENCY_WINDOW_WAVES * n)
 
 
 def arrivals_s(rate: str) -> float:
     """How long the measured run's requests take to arrive at ``rate`` (``inf``: at once, then decoded; ``cN``:
     decoded N at a time)."""
-    total = window_prompts(rate) * BENCH_WINDOWS
-    if rate.startswith(CONCURRENCY_PREFIX):
-        return WAVE_EST_S * -(-total // int(rate[len(CONCURRENCY_PREFIX) :]))
+    total, n = window_prompts(rate) * BENCH_WINDOWS, in_flight(rate)
+    if n is not None:
+        return WAVE_EST_S * -(-total // n)
     return INF_ARRIVALS_EST_S if rate == "inf" else total / float(rate)
 
 
 def rate_flags(rate: str) -> list[str]:
     """`vllm bench serve`'s flags for a ``--serve-rate``: ``cN`` is all at once with at most N in flight."""
-    if rate.startswith(CONCURRENCY_PREFIX):
-        return ["--request-rate", "inf", "--max-concurrency", rate[1:]]
-    return ["--request-rate", rate]
+    n = in_flight(rate)
+    return ["--request-rate", rate] if n is None else ["--request-rate", "inf", "--max-concurrency", str(n)]
 
 
 def time_skip(need_s: float, left_s: float) -> str:

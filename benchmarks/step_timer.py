@@ -65,7 +65,6 @@ class StepTimer:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
         runners = [GPUModelRunner, *([v2] if (v2 := v2_runner()) is not None else [])]
-        prop = GPUModelRunner.propose_draft_token_ids
         for runner in runners:  # an engine runs on one of them: its steps are counted and traced either way
             runner.execute_model = self._stepped(runner.execute_model)
         if self.trace is not None:
@@ -73,7 +72,7 @@ class StepTimer:
             from vllm.v1.core.sched.scheduler import Scheduler
 
             self._install_phases(runners, Scheduler)
-        GPUModelRunner.propose_draft_token_ids = self._timed(prop)
+        GPUModelRunner.propose_draft_token_ids = self._timed(GPUModelRunner.propose_draft_token_ids)
         for name, hook in (("_model_forward", self._forward_started), ("_bookkeeping_sync", self._sampling_done)):
             if hasattr(GPUModelRunner, name):
                 setattr(GPUModelRunner, name, self._marked(getattr(GPUModelRunner, name), hook))
