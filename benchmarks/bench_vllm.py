@@ -138,8 +138,9 @@ def _add_engine_args(ap: argparse.ArgumentParser) -> None:
         default="",
         help='JSON {"name": {"base": "specdec", "spec": {...}, '
         '"compilation_config": {...}, "env": {...}, "batch_sizes": [...], "datasets": [...], '
-        '"cpus": [...]}}: extra methods, usable in --methods (batch_sizes/datasets: a subset of the '
-        "run's; cpus: CPU ids the engine process is pinned to)",
+        '"cpus": [...], "path": DIR}}: extra methods, usable in --methods (batch_sizes/datasets: a subset of the '
+        "run's; cpus: CPU ids the engine process is pinned to; path: a tree first on its import path, e.g. "
+        "the GPU gate's install of the base commit, /tmp/specdec-before)",
     )
     ap.add_argument("--compilation-config", default="", help="JSON compilation_config for every method's engine")
     ap.add_argument("--profile-dir", default="", help="write cProfile tables per cell here (--profile-methods)")

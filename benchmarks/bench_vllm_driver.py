@@ -53,7 +53,8 @@ def _spawn(
     print(f"=== {what} ===", flush=True)
     out.unlink(missing_ok=True)  # an earlier run's file must not stand in for this worker's
     t0 = time.perf_counter()
-    rc = run_worker(cmd, args.method_timeout_s + (FIRST_ENGINE_EXTRA_S if first else 0))
+    path = json.loads(args.variants or "{}").get(method, {}).get("path")
+    rc = run_worker(cmd, args.method_timeout_s + (FIRST_ENGINE_EXTRA_S if first else 0), path=path)
     print(f"=== {what} rc={rc} in {time.perf_counter() - t0:.0f} s ===", flush=True)
     return _read_worker(out, rc, what)
 
@@ -104,11 +105,16 @@ def _worker_cmd(
     return cmd + [flag for flag, on in switches.items() if on]
 
 
-def run_worker(cmd: list[str], timeout_s: float) -> int:
+def run_worker(cmd: list[str], timeout_s: float, *, path: str | None = None) -> int:
     """Run ``cmd`` in a process group of its own; its exit code, or ``TIMEOUT_RC`` once it ran past ``timeout_s``.
-    On the way out (whatever the exit) the whole group is killed: an engine core in its own process
-    (``--engine-process``) outlives a killed worker and would hold its GPU memory from every later engine."""
-    proc = subprocess.Popen(cmd, start_new_session=True)
+    ``path``: a tree first on the worker's import path (a variant's ``path``: the base commit's install, as the
+    GPU gate's ``specdec-before`` engine runs it). On the way out (whatever the exit) the whole group is killed: an
+    engine core in its own process (``--engine-process``) outlives a killed worker and would hold its GPU memory
+    from every later engine."""
+    env = None
+    if path:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (path, os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.Popen(cmd, start_new_session=True, env=env)
     try:
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:  # the other methods go on

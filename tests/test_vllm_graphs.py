@@ -259,9 +259,11 @@ def test_plain_keys_go_past_vllms_largest_spec_graph(monkeypatch: pytest.MonkeyP
     d.cudagraph_keys = {modes.PIECEWISE: set(), modes.FULL: set()}
     d.initialize_cudagraph_keys(modes.FULL_AND_PIECEWISE, K + 1)
     ladder = [1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96]  # vLLM's request counts (k + 1 tokens each)
-    # plain past 96 requests: capture sizes (17 x 8 = 136 ... 17 x 64 = 1,088 tokens) up to max_num_seqs (400), at
-    # least 1.25x apart, the largest always kept; narrow widths keep vLLM's ladder
-    assert getattr(d, graphs.NARROW_KEYS) == {1: [*ladder, 136, 272, 400], WIDTH + 1: ladder}
+    # plain: no speculation's ladder (1, 2, 4, every 8 up to 256, every 16 from there) up to max_num_seqs (400), past
+    # vLLM's largest speculative count; narrow widths keep vLLM's ladder
+    plain = [1, 2, 4, *range(8, 256, 8), *range(256, 401, 16)]
+    assert plain[-3:] == [368, 384, 400] and len(plain) == 44
+    assert getattr(d, graphs.NARROW_KEYS) == {1: plain, WIDTH + 1: ladder}
     setattr(d, graphs.NARROW_Q, 1)
     # a plain batch of 130 requests pads to the next captured count; 401 (past max_num_seqs) finds none: vLLM's
     # mixed-batch graphs
@@ -271,6 +273,16 @@ def test_plain_keys_go_past_vllms_largest_spec_graph(monkeypatch: pytest.MonkeyP
     )
     mode, got = d.dispatch(num_tokens=401, uniform_decode=True)
     assert mode == modes.PIECEWISE and got.num_reqs is None
+
+
+def test_plain_ladder_pads_as_no_speculation_up_to_512_then_sparsely() -> None:
+    from specdec.vllm_plugin.patches.narrow_keys import plain_ladder
+
+    assert plain_ladder(100) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 100]  # 100 rows: no padding
+    assert plain_ladder(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    full = plain_ladder(1024)  # vllm serve's max_num_seqs
+    assert full[33:37] == [248, 256, 272, 288] and full[-6:] == [496, 512, 640, 800, 1008, 1024] and len(full) == 55
+    assert plain_ladder(3) == [1, 2, 3] and plain_ladder(1) == [1] and plain_ladder(0) == []
 
 
 @pytest.mark.parametrize(
@@ -761,7 +773,7 @@ def test_plain_batches_replay_one_token_full_graphs(monkeypatch: pytest.MonkeyPa
     d, modes, desc = _dispatcher(monkeypatch, width=0)
     monkeypatch.setattr(graphs, "narrow_widths", lambda config: (0, WIDTH))
     d.initialize_cudagraph_keys(modes.FULL_AND_PIECEWISE, K + 1)
-    assert getattr(d, graphs.NARROW_KEYS)[1] == [1, 2, 4, 8, 16, 24, 32, 48, 64]  # no speculation's decode keys
+    assert getattr(d, graphs.NARROW_KEYS)[1] == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]  # no speculation's ladder
     full = d.cudagraph_keys[modes.FULL]
     assert desc(num_tokens=32, num_reqs=32, uniform=True) in full
     setattr(d, graphs.NARROW_Q, 1)

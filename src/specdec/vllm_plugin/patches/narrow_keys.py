@@ -21,6 +21,17 @@ from specdec.vllm_plugin.settings import PLAIN_WIDTH, engine_settings
 
 logger = logging.getLogger(LOGGER_NAME)
 
+# A plain (one-token) batch pads to its FULL graph's request count as no speculation's graphs pad it (vLLM's default
+# ladder without speculation): every count up to 4 in powers of two, then every PLAIN_STEP requests up to
+# PLAIN_WIDE_FROM, then every PLAIN_WIDE_STEP up to PLAIN_DENSE_UPTO. A sparser ladder pads a batch of 100 requests
+# to 119 rows where no speculation runs 104, and a plain step's GPU time grows with its rows; every step of a
+# backed-off batch is plain. Past PLAIN_DENSE_UPTO (where no speculation has no graphs) the sparse ladder.
+PLAIN_SMALL = (1, 2, 4)
+PLAIN_STEP = 8
+PLAIN_WIDE_FROM = 256
+PLAIN_WIDE_STEP = 16
+PLAIN_DENSE_UPTO = 512
+
 
 def narrow_widths(vllm_config: Any) -> tuple[int, ...]:
     """The widths our engine gets uniform FULL keys for (``EngineSettings.graph_widths``: plain, then schedule
@@ -37,20 +48,18 @@ def add_narrow_keys(
     dispatcher: Any, widths: tuple[int, ...], *, full_mode: Any, descriptor: Any, ceiling: int, plain_past: int
 ) -> list[int]:
     """Item 1: FULL keys of query length ``w + 1`` for every width ``w`` and a sparse ladder of the request counts
-    of the dispatcher's uniform FULL keys (vLLM's), each below ``ceiling`` tokens (``profile_ceiling``).
-    ``plain_past`` > 0: the plain width's ladder goes on past vLLM's largest count through vLLM's capture sizes to
-    that many requests (``plain_request_limit``), so every plain batch up to it finds a key. ``full_mode``: vLLM's
-    ``CUDAGraphMode.FULL``; ``descriptor``: its ``BatchDescriptor``. Returns the request counts (sorted);
-    {query length: counts} is stored on the dispatcher."""
+    of the dispatcher's uniform FULL keys (vLLM's), each below ``ceiling`` tokens (``profile_ceiling``). The plain
+    width gets no speculation's ladder instead (``plain_ladder``), up to ``plain_past`` requests
+    (``plain_request_limit``; vLLM's largest count where that is more), so every plain batch up to it finds a key.
+    ``full_mode``: vLLM's ``CUDAGraphMode.FULL``; ``descriptor``: its ``BatchDescriptor``. Returns the request
+    counts (sorted); {query length: counts} is stored on the dispatcher."""
     full = dispatcher.cudagraph_keys[full_mode]
     all_counts = sorted({d.num_reqs for d in full if d.uniform and not d.has_lora and d.num_reqs})
     keys = {}
     for w in widths:
         counts = sparse_ladder([r for r in all_counts if (w + 1) * r < ceiling])
-        if w == PLAIN_WIDTH and counts and plain_past > counts[-1]:  # the ladder goes on from vLLM's largest
-            sizes = dispatcher.compilation_config.cudagraph_capture_sizes or ()
-            past = {int(t) for t in sizes if counts[-1] < int(t) < plain_past} | {plain_past}
-            counts += sparse_ladder([counts[-1], *sorted(past)])[1:]
+        if w == PLAIN_WIDTH and counts:  # no speculation's padding, up to vLLM's largest count or plain_past
+            counts = plain_ladder(max(counts[-1], min(plain_past, ceiling - 1)))
         if counts:
             keys[w + 1] = counts
     for q, counts in keys.items():
@@ -59,6 +68,22 @@ def add_narrow_keys(
     setattr(dispatcher, NARROW_KEYS, keys)
     dispatcher_stats(dispatcher).narrow_keys = sum(len(c) for c in keys.values())
     return sorted({r for c in keys.values() for r in c})
+
+
+def plain_ladder(largest: int) -> list[int]:
+    """The request counts of the plain FULL graphs, up to ``largest`` (always kept): no speculation's ladder
+    (``PLAIN_SMALL``, ``PLAIN_STEP``, ``PLAIN_WIDE_STEP``) up to ``PLAIN_DENSE_UPTO``, then the sparse ladder
+    (``sparse_ladder``) of every ``PLAIN_WIDE_STEP`` requests."""
+    dense = [
+        *PLAIN_SMALL,
+        *range(PLAIN_STEP, PLAIN_WIDE_FROM, PLAIN_STEP),
+        *range(PLAIN_WIDE_FROM, PLAIN_DENSE_UPTO + 1, PLAIN_WIDE_STEP),
+    ]
+    counts = [r for r in dense if r < largest]
+    if largest <= 0 or not counts:
+        return [largest] if largest > 0 else []
+    past = range(PLAIN_DENSE_UPTO + PLAIN_WIDE_STEP, largest, PLAIN_WIDE_STEP)
+    return [*counts, *sparse_ladder([counts[-1], *past, largest])[1:]]
 
 
 def plain_request_limit(dispatcher: Any, ceiling: int) -> int:
