@@ -652,10 +652,12 @@ def _fake_workers(monkeypatch, cells_of):
 
     from benchmarks import bench_vllm_driver
 
-    cmds = []
+    cmds = _Cmds()
+    cmds.paths = []
 
-    def call(cmd, timeout):
+    def call(cmd, timeout, *, path=None):
         cmds.append(cmd)
+        cmds.paths.append(path)
         load = cmd[cmd.index("--load") + 1]
         result = {
             "method": cmd[cmd.index("--method") + 1],
@@ -670,6 +672,13 @@ def _fake_workers(monkeypatch, cells_of):
 
     monkeypatch.setattr(bench_vllm_driver, "run_worker", call)
     return cmds
+
+
+class _Cmds(list):
+    """The workers' commands (a list), and ``paths``: the ``path`` each was run with (a variant's tree first on its
+    import path, or None)."""
+
+    paths: list[str | None]
 
 
 def test_output_lengths_flag_reaches_the_workers_and_the_settings(tmp_path, monkeypatch):
@@ -896,6 +905,35 @@ def test_engine_process_flag_reaches_the_workers_and_the_settings_and_refuses_th
     cmds.clear()
     bench_vllm.main(base + ["--engine-process", "--trace", "--out-dir", str(tmp_path / "traced")])
     assert cmds and all("--engine-process" in c and "--trace" in c for c in cmds)
+
+
+def test_a_variants_path_goes_first_on_its_workers_import_path(tmp_path, monkeypatch):
+    """--variants {"before": {"base": "specdec", "path": DIR}}: that method's worker runs with DIR (the GPU gate's
+    install of the base commit) first on its import path, the others with none; run_worker puts it before the
+    inherited PYTHONPATH."""
+    import json
+    import sys
+
+    from benchmarks import bench_vllm
+    from benchmarks.bench_vllm import run_worker
+
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps({"policy": "test", "datasets": {"code": {"warmup": [[1]], "bs8": [[1, 2]]}}}))
+    cmds = _fake_workers(monkeypatch, lambda cmd, load: {"8": {**_cell(40.0, [[1]]), "load": "closed"}})
+    base = _two_method_args(prompts, tmp_path)
+    variants = json.dumps({"before": {"base": "specdec", "path": "/tmp/base-tree"}})
+    i = base.index("--methods")
+    base[i + 1] = "nospec,before,specdec"
+    bench_vllm.main([*base, "--variants", variants, "--out-dir", str(tmp_path / "out")])
+    methods = [c[c.index("--method") + 1] for c in cmds]
+    assert methods == ["nospec", "before", "specdec"] and cmds.paths == [None, "/tmp/base-tree", None]
+    monkeypatch.undo()  # the real run_worker: the child prints its import path
+    monkeypatch.setenv("PYTHONPATH", "/inherited")
+    out = tmp_path / "path.txt"
+    code = f"import sys; open({str(out)!r}, 'w').write('\\n'.join(sys.path))"
+    assert run_worker([sys.executable, "-c", code], 30.0, path=str(tmp_path / "first")) == 0
+    seen = out.read_text().splitlines()
+    assert seen.index(str(tmp_path / "first")) < seen.index("/inherited")
 
 
 def test_a_timed_out_worker_takes_its_whole_process_group_with_it(tmp_path):
