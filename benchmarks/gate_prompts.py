@@ -27,6 +27,7 @@ import argparse
 import gzip
 import io
 import json
+import re
 import shutil
 import subprocess
 import tarfile
@@ -57,6 +58,8 @@ CHAT_CATEGORIES = ("qa", "math_reasoning", "translation")  # Spec-Bench's short 
 DEFAULT_OUT = REPO_ROOT / "device_inputs" / "gate_inputs.json"
 BEFORE_DIR = "gate_before"  # under the inputs' folder: the base commit's tree (git archive)
 BEFORE_STAMP = "GATE_COMMIT"  # in that tree: the commit it was exported from
+CANDIDATES_DIR = "gate_candidates"  # under the inputs' folder: one tree per --candidates name (git archive)
+CANDIDATE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,39}")
 
 
 def clamp_tokens(n: int | None) -> int:
@@ -154,8 +157,9 @@ def check_disjoint(sets: dict[str, dict[str, list[dict[str, Any]]]]) -> None:
                     raise SystemExit(f"prompt {where} repeats {other}: every prompt of the gate must be distinct")
 
 
-def git_commit(ref: str = "HEAD") -> tuple[str, bool]:
-    """(full sha of ``ref``, whether the work tree has uncommitted changes to tracked files)."""
+def git_commit(ref: str = "HEAD", *, what: str = "--before-commit") -> tuple[str, bool]:
+    """(full sha of ``ref``, whether the work tree has uncommitted changes to tracked files); ``what``: the flag
+    that named ``ref``, for the error."""
     sha = subprocess.run(
         ["git", "-C", str(REPO_ROOT), "rev-parse", "--verify", f"{ref}^{{commit}}"],
         capture_output=True,
@@ -163,7 +167,7 @@ def git_commit(ref: str = "HEAD") -> tuple[str, bool]:
         check=False,
     )
     if sha.returncode != 0:
-        raise SystemExit(f"--before-commit {ref}: not a commit of {REPO_ROOT} ({sha.stderr.strip()})")
+        raise SystemExit(f"{what} {ref}: not a commit of {REPO_ROOT} ({sha.stderr.strip()})")
     status = subprocess.run(
         ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
         capture_output=True,
@@ -188,6 +192,34 @@ def export_tree(commit: str, dest: Path) -> Path:
         tf.extractall(dest, filter="data")
     (dest / BEFORE_STAMP).write_text(commit + "\n")
     return dest
+
+
+def parse_candidates(spec: str) -> dict[str, str]:
+    """``--candidates name=REF,name=REF`` -> {name: REF}; a one-line error names the bad entry and the fix."""
+    out: dict[str, str] = {}
+    for entry in (e.strip() for e in spec.split(",") if e.strip()):
+        name, sep, ref = entry.partition("=")
+        if not sep or not ref or not CANDIDATE_NAME.fullmatch(name) or name in out:
+            raise SystemExit(
+                f"--candidates {entry!r}: give name=COMMIT, names of letters, digits, '-' and '_' (at most 40), each "
+                "once, e.g. --candidates hold48=a1b2c3d,ragged=HEAD~2"
+            )
+        out[name] = ref
+    return out
+
+
+def export_candidates(spec: str, inputs: Path) -> dict[str, dict[str, str]]:
+    """Each ``--candidates`` tree in ``inputs/CANDIDATES_DIR/<name>`` (the folder replaced): ``gpu_gate.sh``
+    installs each into ``/tmp/specdec-cand/<name>``, which a benchmark variant's ``path`` puts first on its
+    engine's import path. {name: {commit, folder}}."""
+    wanted = {name: git_commit(ref, what="--candidates")[0] for name, ref in parse_candidates(spec).items()}
+    root = inputs / CANDIDATES_DIR
+    if root.exists():
+        shutil.rmtree(root)
+    return {
+        name: {"commit": sha, "folder": str(export_tree(sha, root / name).relative_to(inputs.parent))}
+        for name, sha in wanted.items()
+    }
 
 
 def build(tok: Any, max_prompt: int, max_code: int) -> dict[str, dict[str, list[dict[str, Any]]]]:
@@ -223,6 +255,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="", help=f"default {DEFAULT_OUT} (--to-max-len M: gate_inputs_mmlM.json there)")
     ap.add_argument("--to-max-len", type=int, default=0, help="the near-end inputs at this max_model_len (docstring)")
     ap.add_argument("--before-commit", default="", help="export this commit's tree for the specdec-before engine")
+    ap.add_argument(
+        "--candidates",
+        default="",
+        help="name=COMMIT,...: export each tree too (gpu_gate.sh installs it into /tmp/specdec-cand/<name>; "
+        'bench_vllm --variants \'{"name": {"base": "specdec", "path": "/tmp/specdec-cand/name"}}\')',
+    )
     ap.add_argument("--max-prompt-tokens", type=int, default=1536, help="agentic and chat prompts keep their last N")
     ap.add_argument("--max-code-tokens", type=int, default=1024)
     args = ap.parse_args(argv)
@@ -236,6 +274,7 @@ def main(argv: list[str] | None = None) -> None:
         sha, _ = git_commit(args.before_commit)
         folder = export_tree(sha, out.parent / BEFORE_DIR)
         before = {"commit": sha, "folder": str(folder.relative_to(out.parent.parent))}
+    candidates = export_candidates(args.candidates, out.parent) if args.candidates else {}
     sets = build(_tokenizer(), args.max_prompt_tokens, args.max_code_tokens)
     policy = (
         "every prompt distinct across sets and cells; max_tokens = recorded response length "
@@ -249,6 +288,7 @@ def main(argv: list[str] | None = None) -> None:
         "commit": commit,
         "dirty": dirty,
         "before": before,
+        "candidates": candidates,
         "tokenizer": TARGET_MODEL,
         "batch": BATCH,
         "sampled": {"set": SAMPLED_SET, "cell": SAMPLED_CELL},

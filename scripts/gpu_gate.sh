@@ -10,7 +10,8 @@
 #   bash scripts/gpu_gate.sh --help                      # every option of the driver (python -m benchmarks.gate)
 # vLLM: the staged bundle (/tmp/specdec-bundle/env.sh, ../shared/device) where there is one, else the vLLM this
 # Python imports (pip install vllm). The project is installed here (pip, non-editable; skipped when the tree is
-# unchanged) and the base tree device_inputs/gate_before into BEFORE_DIR for the specdec-before engine.
+# unchanged), the base tree device_inputs/gate_before into BEFORE_DIR for the specdec-before engine, and each tree
+# of device_inputs/gate_candidates (gate_prompts --candidates) into /tmp/specdec-cand/<name>.
 set -uo pipefail
 export GATE_T0="${GATE_T0:-$(date +%s.%N)}"  # the driver's --max-wall-s counts from here (installs included)
 export GATE_COMMAND="bash scripts/gpu_gate.sh $*"
@@ -18,13 +19,15 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/out}"
 BEFORE_SRC=device_inputs/gate_before
 BEFORE_DIR=/tmp/specdec-before
+CANDIDATES_SRC=device_inputs/gate_candidates
+CANDIDATES_DIR=/tmp/specdec-cand
 MAIN_STAMP=/tmp/specdec-gate-main.stamp
 DRY=0
 ARGS=()
 for a in "$@"; do
   case "$a" in
     --dry-run) DRY=1 ;;
-    -h | --help) sed -n '2,13p' "$0"; exec python -m benchmarks.gate --help ;;
+    -h | --help) sed -n '2,14p' "$0"; exec python -m benchmarks.gate --help ;;
     *) ARGS+=("$a") ;;
   esac
 done
@@ -51,16 +54,19 @@ if [[ "$(cat "$MAIN_STAMP" 2> /dev/null)" != "$stamp" ]] || ! python -c "import 
   python -m pip install -q --no-deps --no-build-isolation . 2>&1 | grep -v -i "root" | tail -3
   echo "$stamp" > "$MAIN_STAMP"
 fi
-if [[ -d "$BEFORE_SRC" ]]; then
-  stamp="$(tree_stamp "$BEFORE_SRC")"
-  if [[ "$(cat "$BEFORE_DIR/.gate_stamp" 2> /dev/null)" != "$stamp" ]]; then
-    echo "gpu_gate: installing the base tree $(cat "$BEFORE_SRC/GATE_COMMIT") into $BEFORE_DIR"
-    rm -rf "$BEFORE_DIR"
-    python -m pip install -q --no-deps --no-build-isolation --target "$BEFORE_DIR" "$BEFORE_SRC" 2>&1 \
-      | grep -v -i "root" | tail -3
-    cp "$BEFORE_SRC/GATE_COMMIT" "$BEFORE_DIR/" && echo "$stamp" > "$BEFORE_DIR/.gate_stamp"
-  fi
-fi
+install_tree() {  # install_tree SRC DEST WHAT: an exported tree (gate_prompts) into DEST, unless already there
+  local stamp
+  stamp="$(tree_stamp "$1")"
+  [[ "$(cat "$2/.gate_stamp" 2> /dev/null)" == "$stamp" ]] && return 0
+  echo "gpu_gate: installing $3 $(cat "$1/GATE_COMMIT") into $2"
+  rm -rf "$2"
+  python -m pip install -q --no-deps --no-build-isolation --target "$2" "$1" 2>&1 | grep -v -i "root" | tail -3
+  cp "$1/GATE_COMMIT" "$2/" && echo "$stamp" > "$2/.gate_stamp"
+}
+[[ -d "$BEFORE_SRC" ]] && install_tree "$BEFORE_SRC" "$BEFORE_DIR" "the base tree"
+for cand in "$CANDIDATES_SRC"/*/; do  # gate_prompts --candidates: trees a benchmark variant's path names
+  [[ -d "$cand" ]] && install_tree "$cand" "$CANDIDATES_DIR/$(basename "$cand")" "candidate $(basename "$cand")"
+done
 source scripts/bench_path.sh  # ./benchmarks on the path
 python -m benchmarks.gate --before-path "$BEFORE_DIR" --out-dir "$OUT" "${ARGS[@]}" 2>&1 \
   | grep --line-buffered -v "it/s\]" | tee -a "$OUT/gate_console.log"

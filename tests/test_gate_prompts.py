@@ -107,3 +107,27 @@ def test_the_near_end_inputs_run_every_request_to_max_model_len():
     assert [it["max_tokens"] for it in out["code"]["b8"]] == [61, 54] and out["code"]["b8"][0]["ids"] == [0, 5, 6]
     with pytest.raises(SystemExit, match="--to-max-len 3: a code prompt has no room left"):
         gp.to_end(sets, 3)
+
+
+def test_candidates_are_parsed_with_one_line_errors():
+    assert gp.parse_candidates("hold48=abc123, ragged=HEAD~2") == {"hold48": "abc123", "ragged": "HEAD~2"}
+    assert gp.parse_candidates("") == {}
+    for bad in ("hold48", "=abc", "a b=HEAD", "x=HEAD,x=HEAD~1", "-x=HEAD"):
+        with pytest.raises(SystemExit, match=r"--candidates .*: give name=COMMIT"):
+            gp.parse_candidates(bad)
+
+
+def test_candidates_export_one_tree_each(tmp_path):
+    base = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD~1"], capture_output=True, text=True)
+    if base.returncode != 0:
+        pytest.skip("no git history")
+    inputs = tmp_path / "device_inputs"
+    stale = inputs / gp.CANDIDATES_DIR / "old"
+    stale.mkdir(parents=True)  # an earlier export's tree goes
+    got = gp.export_candidates("prev=HEAD~1", inputs)
+    assert got == {"prev": {"commit": base.stdout.strip(), "folder": f"device_inputs/{gp.CANDIDATES_DIR}/prev"}}
+    tree = inputs / gp.CANDIDATES_DIR / "prev"
+    assert (tree / gp.BEFORE_STAMP).read_text().strip() == base.stdout.strip() and (tree / "pyproject.toml").exists()
+    assert not stale.exists()
+    with pytest.raises(SystemExit, match="--candidates no-such-ref: not a commit"):
+        gp.export_candidates("x=no-such-ref", inputs)
