@@ -285,6 +285,44 @@ def test_plain_ladder_pads_as_no_speculation_up_to_512_then_sparsely() -> None:
     assert plain_ladder(3) == [1, 2, 3] and plain_ladder(1) == [1] and plain_ladder(0) == []
 
 
+@needs_vllm
+@pytest.mark.parametrize("max_num_seqs", [1024, 256, 100])
+def test_plain_ladder_is_vllms_own_no_speculation_ladder(max_num_seqs: int) -> None:
+    """Reference: the sizes vLLM itself captures for an engine without speculation (its default ladder, from its
+    own ``VllmConfig._set_cudagraph_sizes`` on a stand-in config) are all in the plain ladder up to max_num_seqs, and
+    the plain ladder adds none but max_num_seqs (vLLM 0.33 captures it too), so a plain step is padded as no
+    speculation pads it."""
+    from vllm.config import CUDAGraphMode, VllmConfig
+
+    from specdec.vllm_plugin.patches.narrow_keys import plain_ladder
+
+    cc = SimpleNamespace(
+        max_cudagraph_capture_size=None,
+        cudagraph_capture_sizes=None,
+        cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE,
+        pass_config=SimpleNamespace(enable_sp=False),
+        post_init_cudagraph_sizes=lambda: None,
+    )
+    config = SimpleNamespace(
+        model_config=SimpleNamespace(enforce_eager=False),
+        compilation_config=cc,
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs, max_num_batched_tokens=16384),
+        num_speculative_tokens=0,
+        uniform_decode_query_len=1,  # vLLM 0.33 reads it (1 + the speculative tokens)
+        performance_mode="balanced",
+        parallel_config=SimpleNamespace(tensor_parallel_size=1),
+    )
+    try:
+        VllmConfig._set_cudagraph_sizes(config)
+    except (AttributeError, TypeError) as exc:  # a vLLM whose method reads more of the config than this stand-in
+        pytest.skip(f"vLLM's capture sizes need more of a config here ({exc!r})")
+    theirs = list(cc.cudagraph_capture_sizes)
+    assert theirs[:4] == [1, 2, 4, 8] and theirs[-1] == min(2 * max_num_seqs, 512)
+    top = min(theirs[-1], max_num_seqs)  # our engine's plain graphs stop at max_num_seqs (and always hold it)
+    ours = plain_ladder(top)
+    assert {t for t in theirs if t <= top} <= set(ours) <= {*theirs, top}  # never coarser, nothing else added
+
+
 @pytest.mark.parametrize(
     ("max_num_seqs", "capture_max", "ceiling", "limit"),
     [
