@@ -209,9 +209,9 @@ def parse_candidates(spec: str) -> dict[str, str]:
 
 
 def export_candidates(spec: str, inputs: Path) -> dict[str, dict[str, str]]:
-    """Each ``--candidates`` tree in ``inputs/CANDIDATES_DIR/<name>`` (the folder replaced): ``gpu_gate.sh``
-    installs each into ``/tmp/specdec-cand/<name>``, which a benchmark variant's ``path`` puts first on its
-    engine's import path. {name: {commit, folder}}."""
+    """Each ``--candidates`` tree in ``inputs/CANDIDATES_DIR/<name>`` (the folder replaced, so that no earlier run's
+    tree is installed again; ``spec`` "": none): ``gpu_gate.sh`` installs each into ``/tmp/specdec-cand/<name>``,
+    which a benchmark variant's ``path`` puts first on its engine's import path. {name: {commit, folder}}."""
     wanted = {name: git_commit(ref, what="--candidates")[0] for name, ref in parse_candidates(spec).items()}
     root = inputs / CANDIDATES_DIR
     if root.exists():
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
         sha, _ = git_commit(args.before_commit)
         folder = export_tree(sha, out.parent / BEFORE_DIR)
         before = {"commit": sha, "folder": str(folder.relative_to(out.parent.parent))}
-    candidates = export_candidates(args.candidates, out.parent) if args.candidates else {}
+    candidates = export_candidates(args.candidates, out.parent)  # none: an earlier run's trees go
     sets = build(_tokenizer(), args.max_prompt_tokens, args.max_code_tokens)
     policy = (
         "every prompt distinct across sets and cells; max_tokens = recorded response length "

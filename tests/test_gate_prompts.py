@@ -129,5 +129,6 @@ def test_candidates_export_one_tree_each(tmp_path):
     tree = inputs / gp.CANDIDATES_DIR / "prev"
     assert (tree / gp.BEFORE_STAMP).read_text().strip() == base.stdout.strip() and (tree / "pyproject.toml").exists()
     assert not stale.exists()
+    assert gp.export_candidates("", inputs) == {} and not (inputs / gp.CANDIDATES_DIR).exists()  # none: all go
     with pytest.raises(SystemExit, match="--candidates no-such-ref: not a commit"):
         gp.export_candidates("x=no-such-ref", inputs)
