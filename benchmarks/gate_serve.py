@@ -67,9 +67,9 @@ NUM_PROMPTS, SEED = 200, 0  # the rate: gate_args.REQUEST_RATE
 # time, and one stretch of a server's traffic can read well apart from the rest; the median of three leaves one such
 # window out. One run, not three: each `vllm bench serve` start imports vLLM, which takes longer than a window
 BENCH_WINDOWS = 3
-# a window at ``cN`` (at most N in flight): CONCURRENCY_WINDOW_WAVES x N requests, not NUM_PROMPTS. With 100 in
-# flight a window of 200 holds two generations of requests, too few for its median to settle; whole waves of N keep
-# the run short, since N requests in flight finish a wave in one request's decoding time
+# a window at ``cN`` (at most N in flight): CONCURRENCY_WINDOW_WAVES x N requests, not NUM_PROMPTS. A window of
+# NUM_PROMPTS requests holds only NUM_PROMPTS / N generations of requests at large N, too few for its median to
+# settle; whole waves of N keep the run short, since N requests in flight finish a wave in one request's decoding time
 CONCURRENCY_WINDOW_WAVES = 6
 WARMUP_PROMPTS, WARMUP_SEED = 20, 1  # another seed: no prompt of the measured run is seen before it
 START_EST_S = {"53m": 120.0, "8b": 130.0}  # vllm serve under vLLM's defaults to /health: a fresh compile, no cache

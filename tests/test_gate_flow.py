@@ -701,8 +701,8 @@ def test_a_tp_that_ran_without_a_before_engine_is_named_beside_the_verdict():
 
 def test_a_later_round_is_estimated_from_the_round_before_it_as_measured(tmp_path):
     """A call that covers the check by the constants (one cold start, two servers' runs) also covers, by the
-    constants, a second round of two, less what the first took: the constants skipped that round on the GPU. Measured,
-    the first round says the second fits, and it runs."""
+    constants, a second round of two, less what the first took: by the constants alone that round is skipped.
+    Measured, the first round says the second fits, and it runs."""
     est = gate_serve.ServeRun.__new__(gate_serve.ServeRun)
     est.args, est.gpus = argparse.Namespace(serve_rates=["20"]), 2
     need = est._need_s("53m", "tpot-53m")

@@ -23,9 +23,10 @@ logger = logging.getLogger(LOGGER_NAME)
 
 # A plain (one-token) batch pads to its FULL graph's request count as no speculation's graphs pad it (vLLM's default
 # ladder without speculation): every count up to 4 in powers of two, then every PLAIN_STEP requests up to
-# PLAIN_WIDE_FROM, then every PLAIN_WIDE_STEP up to PLAIN_DENSE_UPTO. A sparser ladder pads a batch of 100 requests
-# to 119 rows where no speculation runs 104, and a plain step's GPU time grows with its rows; every step of a
-# backed-off batch is plain. Past PLAIN_DENSE_UPTO (where no speculation has no graphs) the sparse ladder.
+# PLAIN_WIDE_FROM, then every PLAIN_WIDE_STEP up to PLAIN_DENSE_UPTO. The narrow widths' sparser ladder
+# (ragged_keys.GRAPH_LADDER_RATIO apart) would run a plain batch on up to that many times its rows, more than no
+# speculation does, and a plain step's GPU time grows with its rows; every step of a backed-off batch is plain.
+# Past PLAIN_DENSE_UPTO (where no speculation has no graphs) the sparse ladder.
 PLAIN_SMALL = (1, 2, 4)
 PLAIN_STEP = 8
 PLAIN_WIDE_FROM = 256
