@@ -18,6 +18,7 @@ from typing import Any
 from benchmarks.bench_vllm_load import FIXED, VARIED, VARIED_LENGTH_SEED, VARIED_LENGTHS
 from benchmarks.bench_vllm_methods import LOADS, LOSSLESS_MAX_TOKENS, SUSTAINED_SET, _spec_config
 from benchmarks.bench_vllm_report import markdown, summarise
+from benchmarks.gate_env import pythonpath
 from benchmarks.step_trace import save_step_traces
 from specdec.eval.model_shapes import SHAPES
 from specdec.eval.results import installed_versions
@@ -111,9 +112,7 @@ def run_worker(cmd: list[str], timeout_s: float, *, path: str | None = None) -> 
     GPU gate's ``specdec-before`` engine runs it). On the way out (whatever the exit) the whole group is killed: an
     engine core in its own process (``--engine-process``) outlives a killed worker and would hold its GPU memory
     from every later engine."""
-    env = None
-    if path:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (path, os.environ.get("PYTHONPATH")) if p)}
+    env = {**os.environ, "PYTHONPATH": pythonpath(path)} if path else None
     proc = subprocess.Popen(cmd, start_new_session=True, env=env)
     try:
         return proc.wait(timeout=timeout_s)

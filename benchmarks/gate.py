@@ -33,7 +33,7 @@ from typing import Any
 
 from benchmarks import gate_report as report
 from benchmarks.gate_args import DEFAULT_METHODS, SETS, check_args, parser
-from benchmarks.gate_env import device_info, gpu_names, load_inputs, prepare_model, versions
+from benchmarks.gate_env import device_info, gpu_names, load_inputs, prepare_model, pythonpath, versions
 from benchmarks.gate_metrics import log_phases
 from benchmarks.gate_worker import REFERENCE_METHOD, base_method
 from benchmarks.gpu_cores import PCI_ORDER, gpu_lane_cores, span
@@ -203,10 +203,9 @@ class CellsRun:
         if method != REFERENCE_METHOD:
             out.unlink(missing_ok=True)
         # the installed specdec (the before engine: its own tree first), never ./specdec of the working directory
-        paths = [self.args.before_path] if base_method(method) == "specdec-before" else []
-        paths += [self.path, os.environ.get("PYTHONPATH", "")]
+        before = [self.args.before_path] if base_method(method) == "specdec-before" else []
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": lane["gpus"], **PCI_ORDER, "PYTHONSAFEPATH": "1"}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+        env["PYTHONPATH"] = pythonpath(*before, self.path)
         cmd = [sys.executable, "-m", "benchmarks.gate_worker", "--inputs", self.args.inputs, "--method", method]
         cmd += ["--sets", ",".join(self.args.sets), "--out", str(out), "--model", self.model, "--tp", str(self.args.tp)]
         cmd += ["--deadline", str(self.args.deadline), "--reference", self.reference]

@@ -12,6 +12,12 @@ from pathlib import Path
 from typing import Any
 
 
+def pythonpath(*first: str) -> str:
+    """A ``PYTHONPATH`` for a process started from here: ``first`` (e.g. an installed base tree, whose ``specdec``
+    then wins over the installed one) before this process's own ``PYTHONPATH``; empty entries dropped."""
+    return os.pathsep.join(p for p in (*first, os.environ.get("PYTHONPATH", "")) if p)
+
+
 def gpu_names(fake: bool) -> list[str]:
     if fake:
         return ["fake GPU", "fake GPU"]

@@ -29,7 +29,7 @@ from typing import Any
 from benchmarks import gate_report as report
 from benchmarks.bench_vllm_methods import NO_DRAFT_SUFFIX
 from benchmarks.gate_args import REQUEST_RATE, in_flight
-from benchmarks.gate_env import device_info, gpu_names, load_inputs, prepare_model, versions
+from benchmarks.gate_env import device_info, gpu_names, load_inputs, prepare_model, pythonpath, versions
 from benchmarks.gate_metrics import bench_windows, plugin_line, read_bench
 from benchmarks.gpu_cores import PCI_ORDER, gpu_lane_cores, span
 from benchmarks.serve_common import (
@@ -217,7 +217,7 @@ class ServeRun:
         log = self.work / f"{key}-{Path(model).name}.log"
         env = {"CUDA_VISIBLE_DEVICES": gpus, **PCI_ORDER, **{k: v for k, v in extra.items() if k != "before"}}
         if extra.get("before"):  # the base commit's tree first on the path (gpu_gate.sh installed it there)
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (self.args.before_path, os.environ.get("PYTHONPATH")) if p)
+            env["PYTHONPATH"] = pythonpath(self.args.before_path)
         return Server(
             model,
             port=free_port(),

@@ -58,9 +58,11 @@ def add_narrow_keys(
     all_counts = sorted({d.num_reqs for d in full if d.uniform and not d.has_lora and d.num_reqs})
     keys = {}
     for w in widths:
-        counts = sparse_ladder([r for r in all_counts if (w + 1) * r < ceiling])
-        if w == PLAIN_WIDTH and counts:  # no speculation's padding, up to vLLM's largest count or plain_past
-            counts = plain_ladder(max(counts[-1], min(plain_past, ceiling - 1)))
+        fits = [r for r in all_counts if (w + 1) * r < ceiling]
+        if w == PLAIN_WIDTH and fits:  # no speculation's padding, up to vLLM's largest count or plain_past
+            counts = plain_ladder(max(fits[-1], min(plain_past, ceiling - 1)))
+        else:
+            counts = sparse_ladder(fits)
         if counts:
             keys[w + 1] = counts
     for q, counts in keys.items():
