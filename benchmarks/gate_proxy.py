@@ -65,8 +65,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # its large-batch step gate
     "base": {"RECOVER_LOW_BATCH": 0.75, "STRICT_EXIT_STEPS": 0, "STEP_GATE_ON": False},
     "nogate": {"STEP_GATE_ON": False},
-    # a request new to a batch of 48+ rows (policy.NARROW_BELOW_ROWS: the large batches' narrow steps) starts in shadow
-    "hold48": {"HOLD_NEWCOMERS_FROM_ROWS": 48},
     # suffix drafts of depth 0 (bench_vllm_methods.NO_DRAFT_SUFFIX): the gate's specdec-nodraft server
     "nodraft": {"options": {"drafter_options": {"suffix": NO_DRAFT_SUFFIX}}},
 }

@@ -538,29 +538,3 @@ def test_the_step_gate_needs_a_low_batch():
     assert not bo.low()
     drafts = [[5, 6]] + [[]] * (rows - 1)
     assert bo.withhold(ids, drafts) == [] and drafts[0] == [5, 6] and bo.stats.gated_steps == 0
-
-
-def test_newcomers_to_a_large_batch_start_in_shadow_only_with_the_hold_constant(monkeypatch):
-    """``HOLD_NEWCOMERS_FROM_ROWS`` (off by default): requests new to a batch of that many rows start backed off, as
-    in a low batch, but unmeasured: they do not make the batch low, so one whose shadow matches two tokens drafts
-    again at once (RECOVER_ACCEPTED); shadows that fail are evidence, and make it low. A smaller batch's newcomers
-    draft from their first step."""
-    assert backoff_module.HOLD_NEWCOMERS_FROM_ROWS == 0  # off until the GPU gate measures it
-    ids = ["a", "b", "c", "d"]
-    assert BackOff().withhold(ids, [[5, 6], [7], [8], [9]]) == []  # off: nothing held
-    monkeypatch.setattr(backoff_module, "HOLD_NEWCOMERS_FROM_ROWS", 4)
-    small = BackOff()
-    assert small.withhold(ids[:3], [[5, 6], [7], [8]]) == [] and small.stats.newcomers_held == 0
-    bo = BackOff()
-    drafts = [[5, 6], [], [], []]  # only a has a draft yet
-    assert bo.withhold(ids, drafts) == [(0, 2)] and drafts[0] == []
-    assert bo.stats.newcomers_held == 4 and bo.requests_off == 4 and not bo.low()  # held, not measured low
-    bo.record(ids, [0] * 4)
-    bo.observe(ids, [1] * 4, lambda i: [5])  # a's shadow matches its first token ...
-    bo.observe(ids, [1] * 4, lambda i: [6])  # ... and its second: 0.25 x 2 = RECOVER_ACCEPTED, not the low batch's
-    assert not bo.rows["a"].off and bo.stats.recoveries == 1 and not bo.low()
-    again = [[6, 7], [2], [3], [4]]
-    assert bo.withhold(ids, again) == [(1, 1), (2, 1), (3, 1)] and again[0] == [6, 7]  # a drafts, two steps on
-    bo.record(ids, [2, 0, 0, 0])
-    bo.observe(ids, [1] * 4, lambda i: [9])  # b, c and d's shadows fail: evidence, the batch is low now
-    assert all(bo.rows[r].measured and bo.rows[r].off for r in "bcd") and bo.low(STRICT_BELOW)

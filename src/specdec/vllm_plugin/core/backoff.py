@@ -26,9 +26,9 @@ request there that accepts nothing in ``STRICT_EXIT_STEPS`` verified steps leave
 while the mean EMA of its requests past ``MIN_STEPS`` verified steps (or backed off) is under ``PAD_MIN_ACCEPTED``.
 A low batch is not padded (``pad_drafts="auto"``; schedule mode's slot book drops its narrow widths and its k slots
 for requests without a draft length, ``SlotBook.low_batch``), and a request new to it starts backed off (it drafts
-in shadow from its first step and joins as soon as its drafts would be accepted); with ``HOLD_NEWCOMERS_FROM_ROWS``
-so does a request new to a batch of that many rows, whatever its acceptance (off by default). Once the low requests
-leave, the batch is not low: no state outlives the requests it was measured on.
+in shadow from its first step and joins as soon as its drafts would be accepted). Once the low requests leave, the
+batch is not low: no state outlives the requests it was measured on. (Holding every newcomer of a large batch so,
+whatever its acceptance, measured slower on the gate's batches of 64: tag ``h41-hold-newcomers``.)
 
 A per-step gate on every batch (a step hands vLLM its drafts only where the drafting rows' expected accepted tokens
 cover a drafted step's extra cost) was removed: it brought low-acceptance serving to no speculation's TPOT, but cost
@@ -74,12 +74,6 @@ STRICT_BELOW = 0.2
 # costing the whole batch). Not 1: in schedule mode a recovered request's first verified step has no slots yet (they
 # follow its draft a round late), so its first outcome is always zero. 0: off.
 STRICT_EXIT_STEPS = 2
-# A request new to a batch of at least this many rows starts backed off, as one new to a low batch does (it drafts in
-# shadow and joins once its drafts would be accepted): a large batch verifies its newcomers' first drafts, of unknown
-# worth, at the whole batch's cost (its narrow steps give every row the same slots, so one such step costs a multiple
-# of a plain one). 0: off, the default until the GPU gate has measured it (random traffic saves those steps; code
-# and agentic newcomers draft a step or two later).
-HOLD_NEWCOMERS_FROM_ROWS = 0
 STEP_GATE_ON = True  # the large-batch step gate (docstring)
 STEP_GATE_FROM_ROWS = 16  # policy.NARROW_FROM_ROWS: smaller batches keep k slots (vLLM's own uniform graphs)
 # expected accepted tokens per row of the batch a drafted step must bring: on the CPU proxy of the gate's cells
@@ -98,9 +92,6 @@ class RowBackOff:
     matched: int = 0  # its leading tokens the target has emitted so far
     recovered: bool = False  # it has backed off and recovered at least once
     accepted: int = 0  # tokens its verified drafts had accepted since it started or recovered
-    # its EMA rests on an outcome: False for a newcomer held for its batch's size (HOLD_NEWCOMERS_FROM_ROWS) until its
-    # first shadow or verified outcome; ``low`` counts measured requests only
-    measured: bool = True
 
 
 @dataclass
@@ -147,7 +138,7 @@ class BackOff:
         is under ``below`` (``PAD_MIN_ACCEPTED``). Derived from its requests' state, never stored."""
         if not self.enabled:
             return False
-        known = [st.ema for st in self.rows.values() if st.measured and (st.off or st.seen >= MIN_STEPS)]
+        known = [st.ema for st in self.rows.values() if st.off or st.seen >= MIN_STEPS]
         return bool(known) and sum(known) / len(known) < (PAD_MIN_ACCEPTED if below is None else below)
 
     def observe(self, req_ids: Sequence[str], emitted: Sequence[int], tokens: Callable[[int], Sequence[int]]) -> None:
@@ -199,7 +190,6 @@ class BackOff:
         """One outcome of the request's drafts: the EMA moves, then the request backs off or recovers (``strict``:
         the batch is under ``STRICT_BELOW``, where a recovered request that accepts nothing leaves early)."""
         st.ema = float(accepted) if (verified and st.seen == 0 and not st.off) else self._blend(st.ema, accepted)
-        st.measured = True
         if st.off:
             if st.ema >= recover_at:
                 st.off, st.seen, st.recovered, st.accepted = False, 0, True, 0
@@ -250,20 +240,19 @@ class BackOff:
         return cut
 
     def _off_rows(self, req_ids: Sequence[str], length: Callable[[int], int]) -> Iterator[int]:
-        """The rows that hold a draft and hand vLLM none: backed-off requests' (a request new to a low batch, or to
-        one of ``HOLD_NEWCOMERS_FROM_ROWS`` rows, starts backed off)."""
+        """The rows that hold a draft and hand vLLM none: backed-off requests' (a request new to a low batch starts
+        backed off)."""
         if not self.enabled:
             return
         low = None
-        large = 0 < HOLD_NEWCOMERS_FROM_ROWS <= len(req_ids)
         off = []  # every row decided before the caller withholds any
         for i, rid in enumerate(req_ids):
             st = self.rows.get(rid)
             if st is None:
                 if low is None:
                     low = self.low()
-                if low or large:  # held for its size: no evidence yet, so it does not make the batch low
-                    st = self.rows[rid] = RowBackOff(off=True, measured=bool(low))
+                if low:
+                    st = self.rows[rid] = RowBackOff(off=True)
                     self.stats.newcomers_held += 1
             if st is not None and st.off and length(i) > 0:
                 off.append(i)
