@@ -42,28 +42,46 @@ def render_plugin(engine: dict[str, Any]) -> list[str]:
 
 WALL_KEYS = (("first_tokens_s", "1st"), ("tail_s", "tail"))  # gate_metrics.wall_split's, as columns
 WALL_WIDTH = 14
+RATIO_WIDTH = WALL_WIDTH  # "specdec slow×" and a space
 
 
 def render_walls(engines: dict[str, Any], methods: tuple[str, ...]) -> list[str]:
     """Where each cell's wall went (its first run's ``wall_split``, seconds summed over its closed batches: to the
-    last first token, then the decode tail) per engine of ``methods`` that recorded it; nothing when none did."""
+    last first token, then the decode tail) per engine of ``methods`` that recorded it; nothing when none did. Then,
+    per engine after the first (the reference), two ratios to the reference's first run: ``slow×``, its slowest
+    request's first-to-last time (the closed batch's wall is that request's), and ``req×``, its requests' own decode
+    rate (``request_tokens_per_s``: what the mean request gained)."""
     have = [m for m in methods if any(_split(c) for c in engines.get(m, {}).get("cells", {}).values())]
     if not have:
         return []
     head = f"{'wall s':<11}" + "".join(
         f"{_short(m) + ' ' + label:>{WALL_WIDTH}}" for m in have for _, label in WALL_KEYS
     )
+    head += "".join(f"{_short(m) + ' ' + label:>{RATIO_WIDTH}}" for m in have[1:] for label in ("slow×", "req×"))
     lines = [head, "-" * len(head)]
     for key in dict.fromkeys(k for m in have for k in engines[m]["cells"]):
-        splits = [_split(engines[m]["cells"].get(key, {})) or {} for m in have]
+        firsts = [_first(engines[m]["cells"].get(key, {})) for m in have]
+        splits = [f.get("wall_split") or {} for f in firsts]
         nums = "".join(fmt(sp.get(k), ".3f", WALL_WIDTH) for sp in splits for k, _ in WALL_KEYS)
+        for f, sp in zip(firsts[1:], splits[1:]):
+            nums += fmt(_ratio(sp.get("slowest_s"), splits[0].get("slowest_s")), ".2f", RATIO_WIDTH)
+            nums += fmt(
+                _ratio(f.get("request_tokens_per_s"), firsts[0].get("request_tokens_per_s")), ".2f", RATIO_WIDTH
+            )
         lines.append(f"{key.replace('/', ' '):<11}{nums}")
     return [*lines, ""]
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def _first(cell: dict[str, Any]) -> dict[str, Any]:
+    return (cell.get("runs") or [{}])[0]
+
+
 def _split(cell: dict[str, Any]) -> dict[str, float] | None:
-    runs = cell.get("runs") or [{}]
-    return runs[0].get("wall_split")
+    return _first(cell).get("wall_split")
 
 
 def _short(method: str) -> str:

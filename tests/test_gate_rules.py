@@ -225,16 +225,29 @@ def test_plugin_table_shows_rank_zeros_counters():
 def test_the_wall_table_shows_each_engines_first_tokens_and_tail_per_cell():
     from benchmarks.gate_report import render_walls
 
-    split = {"first_tokens_s": 1.25, "tail_s": 0.5, "slowest_tokens": 255.0, "slowest_s": 0.9}
+    split = {"first_tokens_s": 1.25, "tail_s": 0.5, "slowest_tokens": 255.0, "slowest_s": 0.8}
     engines = {
-        "nospec": {"cells": {"agentic/b32": {"runs": [{"wall_split": split}, {}]}}},
-        "specdec": {"cells": {"agentic/b32": {"runs": [{"wall_split": {**split, "tail_s": 0.375}}]}, "code/b1": {}}},
+        "nospec": {"cells": {"agentic/b32": {"runs": [{"wall_split": split, "request_tokens_per_s": 100.0}, {}]}}},
+        "specdec": {
+            "cells": {
+                "agentic/b32": {
+                    "runs": [
+                        {"wall_split": {**split, "tail_s": 0.375, "slowest_s": 1.0}, "request_tokens_per_s": 130.0}
+                    ]
+                },
+                "code/b1": {},
+            }
+        },
         "suffix": {"cells": {"agentic/b32": {"runs": [{}]}}},  # recorded none: no columns
     }
     lines = render_walls(engines, ("nospec", "specdec", "suffix"))
-    assert lines[0].split() == ["wall", "s", "nospec", "1st", "nospec", "tail", "specdec", "1st", "specdec", "tail"]
-    assert lines[2].split() == ["agentic", "b32", "1.250", "0.500", "1.250", "0.375"]
-    assert lines[3].split() == ["code", "b1", "-", "-", "-", "-"] and lines[-1] == ""
+    assert lines[0].split() == [
+        "wall", "s", "nospec", "1st", "nospec", "tail", "specdec", "1st", "specdec", "tail",
+        "specdec", "slow×", "specdec", "req×",
+    ]  # fmt: skip
+    # the slowest request took 1.25x the reference's, the mean request decoded 1.3x faster
+    assert lines[2].split() == ["agentic", "b32", "1.250", "0.500", "1.250", "0.375", "1.25", "1.30"]
+    assert lines[3].split() == ["code", "b1", "-", "-", "-", "-", "-", "-"] and lines[-1] == ""
     assert render_walls({"nospec": {"cells": {"code/b1": {"runs": [{}]}}}}, ("nospec",)) == []
 
 
