@@ -4,7 +4,8 @@ real proposer in schedule mode (``benchmarks.vllm_cpu_engine``: a fake runner ve
 the target's real greedy outputs), once per variant (the default ``off``; back-off constants or the plugin's options:
 calibrated chains, ...).
 
-    python -m benchmarks.gate_proxy [--sets agentic,chat,code] [--cells b1,b8] [--variants off,calib0.06] [--out F]
+    python -m benchmarks.gate_proxy [--sets agentic,chat,code] [--cells b1,b8] [--variants off,calib0.06]
+        [--step-model h200-8b|BASE_MS,TOKEN_US|off] [--out F]
 
 As ``gate_worker`` runs one engine: every asked set's warm-up prompts in one batch (``WARMUP_MAX_TOKENS``), then per
 set its cells in ``CELL_ORDER`` (b1: one prompt after another; bN: closed batches of N) in one long-lived engine (the
@@ -12,8 +13,10 @@ suffix drafter's global cache carries over); sampled cells are skipped. The targ
 target's (what the GPU's inflated 8B-shaped target computes), greedy, float32, EOS respected, each prompt's
 ``max_tokens``: generated once with Hugging Face on the CPU and cached (git-ignored, ``--targets``), keyed by each
 cell's inputs. Per cell and variant: the plugin's counters (engine steps, steps with drafts, drafted and accepted
-tokens, back-offs, withheld tokens, slot schedules of a low batch). The per-step gate's variants left with it (tag
-``h41-step-gate-v2-g10``).
+tokens, back-offs, withheld tokens, slot schedules of a low batch), and with a step model (``--step-model``, default
+an 8B step on an H200: ``benchmarks.step_model``) the plugin's clock runs on modeled GPU time, so its cost-based cut
+acts, and each cell gets a modeled speed against no speculation (``model×``: the same requests' modeled walls,
+stragglers included). The per-step gate's variants left with it (tag ``h41-step-gate-v2-g10``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from benchmarks.bench_vllm_methods import NO_DRAFT_SUFFIX
 from benchmarks.gate_compare import geomean
 from benchmarks.gate_metrics import flat_numbers
 from benchmarks.gate_worker import CELL_ORDER, WARMUP_MAX_TOKENS
+from benchmarks.step_model import StepModel, parse_step_model, plain_wall
 from specdec.eval.results import device_label, versions
 from specdec.paths import REPO_ROOT, TARGET_MODEL, model_path
 
@@ -92,6 +96,8 @@ ENGINE_COUNTERS = {  # column -> the CPU engine's own count
     "slot_tokens": "slot_tokens",  # the slots: tokens verified beyond one per request
 }
 STEPS = "engine_steps"  # the column the ratios read
+# with a step model (benchmarks.step_model): a cell's modeled walls, summed over its closed batches, in ms
+MODELED = ("model_ms", "plain_ms")  # the engine's, and no speculation's for the same requests (``plain_wall``)
 
 
 def cell_key(items: list[dict[str, Any]], max_tokens: list[int]) -> str:
@@ -208,9 +214,11 @@ def counters(engine: Any) -> dict[str, float]:
     return {**{col: flat.get(key, 0.0) for col, key in COUNTERS.items()}, **own}
 
 
-def target_engine(options: dict[str, Any] | None, *, max_len: int, max_seqs: int, max_batched: int) -> Any:
+def target_engine(
+    options: dict[str, Any] | None, *, max_len: int, max_seqs: int, max_batched: int, step_model: StepModel | None
+) -> Any:
     """A CPU engine (``vllm_cpu_engine``) in schedule mode for the shared target's config, the plugin with
-    ``options``."""
+    ``options``, its clock the ``step_model``'s (None: a constant per step)."""
     from benchmarks.vllm_cpu_engine import Engine
 
     return Engine(
@@ -220,6 +228,7 @@ def target_engine(options: dict[str, Any] | None, *, max_len: int, max_seqs: int
         max_seqs=max_seqs,
         max_batched=max_batched,
         options=options,
+        step_model=step_model,
     )
 
 
@@ -229,12 +238,13 @@ def replay(
     options: dict[str, Any] | None = None,
     *,
     max_len: int = MAX_LEN,
+    step_model: StepModel | None = None,
 ) -> dict[str, Any]:
-    """One engine (the plugin with ``options``, at ``max_len``) through every cell: cell -> the plugin's counters over
-    it (and the outputs' check)."""
+    """One engine (the plugin with ``options``, at ``max_len``, its clock the ``step_model``'s) through every cell:
+    cell -> the plugin's counters over it (and the outputs' check), with a step model its modeled walls too."""
     from benchmarks.gate_prompts import BATCH
 
-    engine = target_engine(options, max_len=max_len, max_seqs=MAX_SEQS, max_batched=MAX_BATCHED)
+    engine = target_engine(options, max_len=max_len, max_seqs=MAX_SEQS, max_batched=MAX_BATCHED, step_model=step_model)
     res: dict[str, Any] = {}
     try:
         for (name, cell, items), cell_outs in zip(steps, outs):
@@ -252,13 +262,23 @@ def run_cell(engine: Any, name: str, items: list[dict[str, Any]], outs: list[lis
 
     before = counters(engine)
     reqs = [Req([*it["ids"], *o, *[EOS] * FILLER_TOKENS], len(it["ids"]), len(o), None) for it, o in zip(items, outs)]
+    walls = [0.0, 0.0]  # modeled seconds: the engine's, no speculation's (MODELED)
     for s in range(0, len(reqs), batch):
-        for i in range(s, min(s + batch, len(reqs))):
-            engine.add(f"{name}/{i}", reqs[i])
+        chunk = reqs[s : s + batch]
+        t0 = engine.now
+        for i, r in enumerate(chunk, start=s):
+            engine.add(f"{name}/{i}", r)
         engine.run()
+        if engine.step_model is not None:
+            walls[0] += max(r.done_t for r in chunk) - t0
+            prompts, lengths = [r.prompt for r in chunk], [r.max_tokens for r in chunk]
+            walls[1] += plain_wall(prompts, lengths, engine.step_model, max_batched=MAX_BATCHED)
     after = counters(engine)
     assert all(r.ctx[r.prompt :][: r.max_tokens] == o for r, o in zip(reqs, outs)), "outputs differ"
-    return {k: after[k] - before[k] for k in after}
+    out = {k: after[k] - before[k] for k in after}
+    if engine.step_model is not None:
+        out.update({k: 1e3 * w for k, w in zip(MODELED, walls)})
+    return out
 
 
 def table(results: dict[str, dict[str, Any]], names: list[str]) -> str:
@@ -267,7 +287,7 @@ def table(results: dict[str, dict[str, Any]], names: list[str]) -> str:
     head = (
         f"{'cell':<14} {'variant':<{VARIANT_WIDTH}} "
         + " ".join(f"{c:>9}" for c in cols)
-        + f" {'steps/x':>8} {'acc/x':>7}"
+        + f" {'steps/x':>8} {'acc/x':>7} {'model×':>7}"
     )
     lines = [head, "-" * len(head)]
     for cell in results[names[0]]:
@@ -276,8 +296,29 @@ def table(results: dict[str, dict[str, Any]], names: list[str]) -> str:
             row = results[v][cell]
             ratio = [row[k] / base[k] if base[k] else float("nan") for k in (STEPS, "accepted")]
             nums = " ".join(f"{row[c]:>9.0f}" for c in cols)
-            lines.append(f"{cell:<14} {v:<{VARIANT_WIDTH}} {nums} {ratio[0]:>8.3f} {ratio[1]:>7.3f}")
+            speed = modeled_x(row)
+            model = "-" if speed is None else f"{speed:.3f}"
+            lines.append(f"{cell:<14} {v:<{VARIANT_WIDTH}} {nums} {ratio[0]:>8.3f} {ratio[1]:>7.3f} {model:>7}")
     return "\n".join(lines)
+
+
+def modeled_x(row: dict[str, Any]) -> float | None:
+    """A cell's modeled speed against no speculation (its output tokens over the modeled walls: the same tokens, so
+    no speculation's wall over the engine's), where the run had a step model."""
+    model, plain = (row.get(k) for k in MODELED)
+    return plain / model if model and plain else None
+
+
+def set_modeled(results: dict[str, dict[str, Any]], names: list[str]) -> dict[str, dict[str, float]]:
+    """Per variant and prompt set, the geometric mean of its measured cells' modeled speed (``modeled_x``)."""
+    out: dict[str, dict[str, float]] = {}
+    for v in names:
+        by_set: dict[str, list[float]] = {}
+        for cell, row in results[v].items():
+            if cell.split("/")[0] in SETS and (x := modeled_x(row)) is not None:
+                by_set.setdefault(cell.split("/")[0], []).append(x)
+        out[v] = {name: g for name, xs in by_set.items() if (g := geomean(xs)) is not None}
+    return out
 
 
 def set_steps(results: dict[str, dict[str, Any]], names: list[str]) -> dict[str, dict[str, float]]:
@@ -295,9 +336,9 @@ def set_steps(results: dict[str, dict[str, Any]], names: list[str]) -> dict[str,
     return out
 
 
-def set_table(by_set: dict[str, dict[str, float]]) -> str:
+def set_table(by_set: dict[str, dict[str, float]], title: str = "steps/x by set") -> str:
     names = list(dict.fromkeys(n for row in by_set.values() for n in row))
-    head = f"{'steps/x by set':<{VARIANT_WIDTH}} " + " ".join(f"{n:>8}" for n in names)
+    head = f"{title:<{VARIANT_WIDTH}} " + " ".join(f"{n:>8}" for n in names)
     rows = [
         f"{v:<{VARIANT_WIDTH}} " + " ".join(f"{row.get(n, float('nan')):>8.3f}" for n in names)
         for v, row in by_set.items()
@@ -344,18 +385,31 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cells", default="b1,b8")
     ap.add_argument("--variants", default="off,calib0.06", help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--out", default="", help="JSON to write")
+    ap.add_argument(
+        "--step-model",
+        default="h200-8b",
+        help="the modeled GPU step (benchmarks.step_model): h200-8b, BASE_MS,TOKEN_US, or off (a constant clock)",
+    )
     args = ap.parse_args(argv)
+    try:
+        step_model = parse_step_model(args.step_model)
+    except ValueError as exc:
+        ap.error(str(exc))
     names = variant_names(ap, args.variants)
     inputs = json.loads(Path(args.inputs).read_text())
     steps = plan(inputs, [s for s in args.sets.split(",") if s], [c for c in args.cells.split(",") if c])
     outs = targets(steps, Path(args.targets))
     max_len = inputs.get("max_model_len") or MAX_LEN
-    results = run_variants(names, lambda options: replay(steps, outs, options, max_len=max_len))
+    results = run_variants(names, lambda options: replay(steps, outs, options, max_len=max_len, step_model=step_model))
     print(table(results, names))
     by_set = set_steps(results, names)
     print(set_table(by_set))
+    modeled = set_modeled(results, names)
+    if step_model is not None:
+        print(set_table(modeled, "model× by set"))
     if args.out:
-        fields = {"sets": args.sets, "cells": args.cells, "cells_by": results, "steps_by_set": by_set}
+        fields = {"sets": args.sets, "cells": args.cells, "step_model": args.step_model, "cells_by": results}
+        fields |= {"steps_by_set": by_set, "modeled_by_set": modeled}
         write_doc(args.out, command="benchmarks.gate_proxy", argv=argv, names=names, fields=fields)
 
 

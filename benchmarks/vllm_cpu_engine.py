@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.step_model import StepModel
+
 K = 16  # the plugin's default num_speculative_tokens
 MAX_LEN = 1024
 MAX_SEQS = 16
@@ -54,6 +56,7 @@ class Req:
     accept_from: int | None  # context length from which its drafts would be accepted (None: never / unknown)
     ctx: list[int] = field(default_factory=list)
     steps: list[tuple[int, int, int]] = field(default_factory=list)  # per decoding step: (index, context, accepted)
+    done_t: float = 0.0  # the engine's modeled time at its latest token (with a step model)
 
     def emit(self, draft: list[int]) -> list[int]:
         """Greedy verification: the draft's prefix the target agrees with, then the target's next token."""
@@ -181,7 +184,11 @@ class Engine:
         max_seqs: int = MAX_SEQS,
         max_batched: int = MAX_BATCHED_TOKENS,
         options: dict[str, Any] | None = None,
+        step_model: StepModel | None = None,
     ) -> None:
+        """``step_model``: each scheduled step advances the plugin's clock by its modeled GPU time (``now``, the
+        engine's modeled seconds) instead of ``STEP_S``."""
+        self.step_model, self.now = step_model, 0.0
         self.config = vllm_config(model, max_len=max_len, max_seqs=max_seqs, max_batched=max_batched)
         self.schedule, self.max_len = schedule, max_len
         self.sch = scheduler(self.config, async_scheduling=schedule)
@@ -229,7 +236,8 @@ class Engine:
         raise AssertionError("the engine did not finish its requests")
 
     def step(self) -> bool:
-        self.proposer.clock.t += STEP_S
+        if self.step_model is None:
+            self.proposer.clock.t += STEP_S
         return self._async_step() if self.schedule else self._sync_step()
 
     # ----------------------------------------------------------------- thread mode: vLLM's synchronous loop
@@ -242,6 +250,7 @@ class Engine:
         rows = list(so.num_scheduled_tokens)
         if not rows:
             return True
+        self._advance(so)
         fits = self._fits(rows)
         self._count_slots(so)
         chunks = self._chunks(so)
@@ -254,6 +263,12 @@ class Engine:
         collected = self.proposer.collect_deferred()  # the plugin's take hook; vLLM keeps its zeros where no fit
         self.sch.update_draft_token_ids(DraftTokenIds(rows, collected if collected is not None and fits else drafts))
         return True
+
+    def _advance(self, so: Any) -> None:
+        """The step ``so`` ran on the modeled GPU: the clock moves by its time (with a step model)."""
+        if self.step_model is not None:
+            self.now += self.step_model.cost(sum(so.num_scheduled_tokens.values()))
+            self.proposer.clock.t = self.now
 
     def _count_slots(self, so: Any) -> None:
         slots = sum(map(len, so.scheduled_spec_decode_tokens.values()))
@@ -295,6 +310,7 @@ class Engine:
 
     def _execute(self, so: Any) -> Any:
         rows = list(so.num_scheduled_tokens)
+        self._advance(so)
         self._count_slots(so)
         fits = self._fits(rows)
         if self.buffer is not None:  # this step's drafts, from the tokens of the step before (unless vLLM zeroed them)
@@ -343,6 +359,7 @@ class Engine:
         r = self.reqs[rid]
         before = len(r.ctx)
         out = r.emit(draft)
+        r.done_t = self.now
         if before > r.prompt:  # a decoding row (a prefill's first token verifies nothing)
             r.steps.append((len(r.steps), before, len(out) - 1))
         return out

@@ -9,6 +9,7 @@ import random
 import pytest
 
 from benchmarks import gate_proxy as gp
+from benchmarks.step_model import StepModel
 from specdec.vllm_plugin.core import backoff
 
 
@@ -68,7 +69,7 @@ def test_the_table_has_a_row_per_cell_and_variant_with_ratios_to_the_first():
     results = {"off": {"agentic/b1": row}, "on": {"agentic/b1": {**row, gp.STEPS: 12.0, "accepted": 5.0}}}
     lines = gp.table(results, ["off", "on"]).splitlines()
     assert len(lines) == 4 and lines[3].split()[1] == "on"
-    assert lines[3].split()[-2:] == ["1.200", "0.500"]
+    assert lines[3].split()[-3:] == ["1.200", "0.500", "-"]  # no step model: no modeled speed
 
 
 def test_steps_by_set_pool_the_measured_cells_geometrically_without_warm_up():
@@ -97,13 +98,16 @@ def test_one_engine_replays_the_cells_against_the_targets_outputs():
     seg = [rng.randrange(500, 900) for _ in range(12)]
     # repetitive outputs (drafts accepted), each ending at EOS before its max_tokens or cut at it
     outs = [[(seg * 8)[: it["max_tokens"] - 3] + [gp.EOS] for it in items] for _, _, items in steps]
-    for settings in (gp.VARIANTS["off"], {"MIN_STEPS": 2}):
+    for settings, model in ((gp.VARIANTS["off"], None), ({"MIN_STEPS": 2}, StepModel())):
         with gp.variant(settings):
-            res = gp.replay(steps, outs)  # asserts every output is the target's
+            res = gp.replay(steps, outs, step_model=model)  # asserts every output is the target's
         assert list(res) == ["all/warmup", "agentic/b1", "agentic/b8", "code/b1"]
         b8 = res["agentic/b8"]
         assert b8["accepted"] > 0 and 0 < b8["drafted_steps"] <= b8["steps"] == b8[gp.STEPS] and b8["zeroed"] == 0
         assert all(c["steps"] > 0 for c in res.values())
+        # with a step model every cell has modeled walls (repetitive outputs: speculation is modeled faster)
+        assert all((gp.modeled_x(c) is not None) == (model is not None) for c in res.values())
+    assert gp.modeled_x(res["agentic/b8"]) > 1.0
 
 
 def test_a_variants_plugin_options_are_not_back_off_constants():

@@ -1,0 +1,47 @@
+"""The modeled GPU step of the CPU engine (``benchmarks.step_model``) and the gate proxy's modeled speed."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import gate_proxy as gp
+from benchmarks.step_model import StepModel, parse_step_model, plain_wall
+
+
+def test_a_step_costs_its_base_and_its_tokens_and_an_empty_one_nothing():
+    model = StepModel(1e-3, 2e-5)
+    assert model.cost(100) == pytest.approx(3e-3) and model.cost(0) == 0.0
+
+
+def test_no_speculations_wall_follows_chunked_prefill_then_one_token_a_row():
+    model = StepModel(1.0, 0.1)
+    # step 1: request 0's whole prompt (4, its first token) and 6 of request 1's 8 (10 tokens, the budget): 2.0
+    # step 2: request 0 decodes (1), request 1's last 2 prompt tokens and its only token: 3 tokens, 1.3
+    # step 3: request 0's last token: 1.1
+    assert plain_wall([4, 8], [3, 1], model, max_batched=10) == pytest.approx(2.0 + 1.3 + 1.1)
+    # one request of one token: its prompt's step only
+    assert plain_wall([5], [1], model, max_batched=10) == pytest.approx(1.5)
+    # a batch of one decodes a token a step after its prompt
+    assert plain_wall([2], [4], model, max_batched=10) == pytest.approx(1.2 + 3 * 1.1)
+
+
+def test_the_step_model_option_takes_a_name_or_two_numbers_and_says_what_is_wrong():
+    assert parse_step_model("off") is None
+    assert parse_step_model("h200-8b") == StepModel()
+    custom = parse_step_model("4.5,20")
+    assert custom is not None and custom.base_s == pytest.approx(4.5e-3) and custom.token_s == pytest.approx(2e-5)
+    for bad in ("fast", "4.5", "0,20", "4.5,-1"):
+        with pytest.raises(ValueError, match="--step-model"):
+            parse_step_model(bad)
+
+
+def test_a_cells_modeled_speed_is_no_speculations_wall_over_the_engines():
+    row = dict.fromkeys([*gp.COUNTERS, *gp.ENGINE_COUNTERS], 10.0)
+    assert gp.modeled_x(row) is None  # no step model: no column
+    fast = {**row, "model_ms": 500.0, "plain_ms": 1000.0}
+    slow = {**row, "model_ms": 1250.0, "plain_ms": 1000.0}
+    assert gp.modeled_x(fast) == 2.0 and gp.modeled_x(slow) == 0.8
+    lines = gp.table({"off": {"agentic/b32": fast}, "calib": {"agentic/b32": slow}}, ["off", "calib"]).splitlines()
+    assert lines[0].split()[-1] == "model×" and lines[2].split()[-1] == "2.000" and lines[3].split()[-1] == "0.800"
+    results = {"off": {"all/warmup": fast, "agentic/b8": fast, "agentic/b32": slow, "code/b1": row}}
+    assert gp.set_modeled(results, ["off"]) == {"off": {"agentic": pytest.approx((2.0 * 0.8) ** 0.5)}}
