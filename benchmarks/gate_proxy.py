@@ -215,7 +215,12 @@ def counters(engine: Any) -> dict[str, float]:
 
 
 def target_engine(
-    options: dict[str, Any] | None, *, max_len: int, max_seqs: int, max_batched: int, step_model: StepModel | None
+    options: dict[str, Any] | None,
+    *,
+    max_len: int,
+    max_seqs: int,
+    max_batched: int,
+    step_model: StepModel | None = None,
 ) -> Any:
     """A CPU engine (``vllm_cpu_engine``) in schedule mode for the shared target's config, the plugin with
     ``options``, its clock the ``step_model``'s (None: a constant per step)."""
