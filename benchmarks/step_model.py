@@ -79,3 +79,53 @@ def plain_wall(prompts: Sequence[int], outputs: Sequence[int], model: StepModel,
                 left_out[i] -= 1  # the prompt's last chunk samples the first token
         wall += model.cost(tokens)
     return wall
+
+
+def plain_serve(
+    prompts: Sequence[int],
+    outputs: Sequence[int],
+    arrivals: Sequence[float],
+    model: StepModel,
+    *,
+    max_batched: int,
+    max_seqs: int,
+    concurrency: int = 0,
+) -> list[list[float]]:
+    """No speculation serving requests of ``prompts`` [n] / ``outputs`` [n] tokens that arrive at ``arrivals`` [n]
+    (seconds, ascending), on the modeled clock: each step admits what has arrived (at most ``concurrency`` in the
+    engine, 0: no cap), gives every decoding request one token, then prompt chunks in admission order up to
+    ``max_batched`` tokens and ``max_seqs`` requests. Per request, the modeled time of each of its output tokens."""
+    times: list[list[float]] = [[] for _ in prompts]
+    left_prompt, left_out = [int(p) for p in prompts], [int(o) for o in outputs]
+    now, nxt, active = 0.0, 0, []  # active: admitted, unfinished, in admission order
+    while nxt < len(prompts) or active:
+        while nxt < len(prompts) and arrivals[nxt] <= now and not 0 < concurrency <= len(active):
+            active.append(nxt)
+            nxt += 1
+        if not active:
+            now = max(now, float(arrivals[nxt]))  # idle until the next arrival
+            continue
+        budget, tokens, emitted = max_batched, 0, []
+        rows = active[:max_seqs]
+        for i in rows:
+            if left_prompt[i] == 0:
+                left_out[i] -= 1
+                emitted.append(i)
+        budget -= len(emitted)
+        tokens += len(emitted)
+        for i in rows:
+            if budget <= 0:
+                break
+            if left_prompt[i]:
+                chunk = min(left_prompt[i], budget)
+                left_prompt[i] -= chunk
+                budget -= chunk
+                tokens += chunk
+                if left_prompt[i] == 0:
+                    left_out[i] -= 1  # the prompt's last chunk samples the first token
+                    emitted.append(i)
+        now += model.cost(tokens)
+        for i in emitted:
+            times[i].append(now)
+        active = [i for i in active if left_out[i] > 0]
+    return times

@@ -9,6 +9,7 @@ import random
 import pytest
 
 from benchmarks import serve_proxy as sp
+from benchmarks.step_model import StepModel
 
 
 def test_prompts_are_reproducible_random_ids_of_the_checks_length_without_special_ids():
@@ -36,7 +37,11 @@ def test_the_table_reads_each_variants_steps_per_token_against_the_first():
     }
     res["on"]["host_ms_per_step"] = {"capture": 0.25, "fill": 1.0, "finish": 0.5, "wait": 0.75}  # wait: inside fill
     lines = sp.table(res).splitlines()
-    assert lines[2].split()[-3:] == ["1.250", "1.000", "0.000"] and lines[3].split()[-3:] == ["1.000", "0.800", "1.750"]
+    # without a step model no modeled TPOT: "-" in its two columns
+    assert lines[2].split()[-5:] == ["1.250", "1.000", "0.000", "-", "-"]
+    assert lines[3].split()[-5:] == ["1.000", "0.800", "1.750", "-", "-"]
+    res["on"] |= {"tpot_ms_p50": 5.25, "plain_tpot_ms_p50": 5.0}  # a step model's: 1.05x no speculation's
+    assert sp.table(res).splitlines()[3].split()[-2:] == ["5.250", "1.050"]
 
 
 @pytest.mark.vllm
@@ -59,6 +64,11 @@ def test_one_engine_serves_the_arrivals_and_emits_the_targets_outputs():
     assert 0 < res["slot_steps"] <= min(res["engine_steps"], res["slot_tokens"])
     assert 0 < res["steps_per_token_p50"] <= 1.0  # a request emits at least a token per step once decoding
     assert res["host_ms_per_step"]["fill"] > 0 and res["host_ms_per_step"]["capture"] > 0  # the plugin's hook
+    # on the modeled clock: arrivals by time, a TPOT in modeled ms beside no speculation's for the same traffic
+    model = StepModel()
+    timed = sp.replay(ps, outs, at, None, timed=(sp.arrival_times(12, 200.0, seed=0), model))
+    assert timed["accepted"] > 0 and timed["plain_tpot_ms_p50"] >= 1e3 * model.cost(1)  # at least a one-row step
+    assert 0 < timed["tpot_ms_p50"] < 2 * timed["plain_tpot_ms_p50"]
 
 
 @pytest.mark.vllm

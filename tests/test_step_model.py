@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import gate_proxy as gp
-from benchmarks.step_model import StepModel, parse_step_model, plain_wall
+from benchmarks.step_model import StepModel, parse_step_model, plain_serve, plain_wall
 
 
 def test_a_step_costs_its_base_and_its_tokens_and_an_empty_one_nothing():
@@ -45,3 +45,21 @@ def test_a_cells_modeled_speed_is_no_speculations_wall_over_the_engines():
     assert lines[0].split()[-1] == "model×" and lines[2].split()[-1] == "2.000" and lines[3].split()[-1] == "0.800"
     results = {"off": {"all/warmup": fast, "agentic/b8": fast, "agentic/b32": slow, "code/b1": row}}
     assert gp.set_modeled(results, ["off"]) == {"off": {"agentic": pytest.approx((2.0 * 0.8) ** 0.5)}}
+
+
+def test_no_speculation_serving_admits_by_arrival_and_idles_to_the_next_one():
+    model = StepModel(1.0, 0.1)
+    # request 0 at 0: its prompt (4 tokens, first token) at 1.4, its last token at 2.5; request 1 arrives at 1.5,
+    # after the step that began at 1.4 was scheduled: it joins at 2.5 and its prompt's step ends at 3.9
+    times = plain_serve([4, 4], [2, 1], [0.0, 1.5], model, max_batched=10, max_seqs=4)
+    assert times == [pytest.approx([1.4, 2.5]), pytest.approx([3.9])]
+    # both at once, at most one in the engine: the same, request 1 waiting for request 0 to finish
+    capped = plain_serve([4, 4], [2, 1], [0.0, 0.0], model, max_batched=10, max_seqs=4, concurrency=1)
+    assert capped == [pytest.approx([1.4, 2.5]), pytest.approx([3.9])]
+    # both at once, no cap: one step holds both prompts (8 tokens), then request 0's last token
+    assert plain_serve([4, 4], [2, 1], [0.0, 0.0], model, max_batched=10, max_seqs=4) == [
+        pytest.approx([1.8, 2.9]),
+        pytest.approx([1.8]),
+    ]
+    # an idle engine waits for a late arrival: its prompt's step ends one step after it arrives
+    assert plain_serve([4], [1], [10.0], model, max_batched=10, max_seqs=4) == [pytest.approx([11.4])]
