@@ -7,7 +7,9 @@ chunks, one token per decoding row, draft slots, filler included) takes ``base_s
   cost per verified token and its confidence cut acts as on the GPU (with the CPU engine's constant clock it sees
   none and drafts everything its drafter offers);
 - a closed batch gets a modeled wall (its first request queued to its last token), and ``plain_wall`` gives no
-  speculation's for the same requests, so a cell's ratio, the straggler included, can be read on the CPU.
+  speculation's for the same requests, so a cell's ratio, the straggler included, can be read on the CPU;
+- served traffic (``benchmarks.serve_proxy``) gets per-token times, and ``plain_serve`` no speculation's for the same
+  arrivals, so a serve check's TPOT ratio as far as the GPU's verify work goes.
 
 A model, not a measurement: it leaves out attention's growth with context, the host, CUDA graphs' padding and the
 V1 runner. It ranks candidates by what they schedule; the GPU gate decides.
