@@ -71,6 +71,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "nogate": {"STEP_GATE_ON": False},
     # suffix drafts of depth 0 (bench_vllm_methods.NO_DRAFT_SUFFIX): the gate's specdec-nodraft server
     "nodraft": {"options": {"drafter_options": {"suffix": NO_DRAFT_SUFFIX}}},
+    # batches of 8-15 rows not padded to k slots a row (policy.NARROW_FROM_ROWS 8 instead of 16): here they keep
+    # per-request slots (the CPU engine runs no narrow widths); on the GPU the same constant gives them the narrow width
+    "unpad8": {"policy.NARROW_FROM_ROWS": 8},
 }
 SETS = ("agentic", "chat", "code")  # the gate's prompt sets (warm-up cells are not measured)
 VARIANT_WIDTH = 18
@@ -78,6 +81,7 @@ OPTIONS = "options"  # a variant's key holding plugin options, not module consta
 CONSTANT_MODULES = {  # a variant's "module.NAME" key -> the module holding NAME (a bare NAME: the back-off's)
     "backoff": "specdec.vllm_plugin.core.backoff",
     "runner": "specdec.vllm_plugin.patches.runner",
+    "policy": "specdec.vllm_plugin.core.policy",
 }
 COUNTERS = {  # column -> the proposer's flattened statistics key
     "steps": "steps",

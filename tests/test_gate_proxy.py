@@ -62,6 +62,11 @@ def test_a_variant_sets_the_back_offs_constants_and_restores_them():
     with gp.variant({"runner.NEAR_END_ON": False, "MIN_STEPS": 1}):  # another module's constant by its name
         assert not runner.NEAR_END_ON and backoff.MIN_STEPS == 1
     assert runner.NEAR_END_ON and before == backoff.MIN_STEPS
+    from specdec.vllm_plugin.core import policy
+
+    with gp.variant(gp.VARIANTS["unpad8"]):  # the drafting policy's constants too
+        assert policy.NARROW_FROM_ROWS == 8
+    assert policy.NARROW_FROM_ROWS == 16
 
 
 def test_the_table_has_a_row_per_cell_and_variant_with_ratios_to_the_first():
