@@ -27,18 +27,15 @@ while the mean EMA of its requests past ``MIN_STEPS`` verified steps (or backed 
 A low batch is not padded (``pad_drafts="auto"``; schedule mode's slot book drops its narrow widths and its k slots
 for requests without a draft length, ``SlotBook.low_batch``), and a request new to it starts backed off (it drafts
 in shadow from its first step and joins as soon as its drafts would be accepted). Once the low requests leave, the
-batch is not low: no state outlives the requests it was measured on. (Holding every newcomer of a large batch so,
-whatever its acceptance, measured slower on the gate's batches of 64: tag ``h41-hold-newcomers``.)
+batch is not low: no state outlives the requests it was measured on.
 
-A per-step gate on every batch (a step hands vLLM its drafts only where the drafting rows' expected accepted tokens
-cover a drafted step's extra cost) was removed: it brought low-acceptance serving to no speculation's TPOT, but cost
-agentic batches accepted tokens (tag ``h41-step-gate-v2-g10``, docs/results.md). **The large-batch step gate**
-(``STEP_GATE_ON``) is that rule only where serving at load meets it: a *low* batch of at least
-``STEP_GATE_FROM_ROWS`` rows. There a few rows' drafts, rarely accepted, make the whole verify batch a drafted
-(ragged) step that every row pays for (docs/serving.md); so the step's drafts go out only where the drafting rows'
-EMAs sum to ``STEP_GATE_SHARE`` accepted tokens per row of the batch. Gated drafts are kept in shadow as a backed-off
-request's are, so a batch whose drafts would be accepted leaves the gate as soon as its EMAs say so. Alone it did not
-pay (tag ``h44-step-gate``): the stricter recovery above is what keeps few rows drafting in such a batch.
+**The large-batch step gate** (``STEP_GATE_ON``) acts only on a *low* batch of at least ``STEP_GATE_FROM_ROWS``
+rows, as serving at load meets it (a batch whose drafts are accepted is not low). There a few rows' drafts, rarely
+accepted, make the whole verify batch a drafted (ragged) step that every row pays for (docs/serving.md); so the
+step's drafts go out only where the drafting rows' EMAs sum to ``STEP_GATE_SHARE`` accepted tokens per row of the
+batch. Gated drafts are kept in shadow as a backed-off
+request's are, so a batch whose drafts would be accepted leaves the gate as soon as its EMAs say so. It works with
+the stricter recovery above, which keeps few rows drafting in such a batch.
 
 While a batch pads, every row is padded as before (a backed-off row's k tokens are the price of the uniform batch the
 others need, and its draft is verified: a real outcome). Drafts only drop here: what vLLM emits does not change (the
@@ -76,8 +73,8 @@ STRICT_BELOW = 0.2
 STRICT_EXIT_STEPS = 2
 STEP_GATE_ON = True  # the large-batch step gate (docstring)
 STEP_GATE_FROM_ROWS = 16  # policy.NARROW_FROM_ROWS: smaller batches keep k slots (vLLM's own uniform graphs)
-# expected accepted tokens per row of the batch a drafted step must bring: on the CPU proxy of the gate's cells
-# (benchmarks.gate_proxy) 0.1 kept the default's engine steps within the proxy's noise with fewer drafted steps
+# expected accepted tokens per row of the batch a drafted step must bring: a tenth of a token, so it stops only
+# steps where almost no row expects a draft to be accepted
 STEP_GATE_SHARE = 0.1
 
 
