@@ -35,7 +35,8 @@ from benchmarks.bench_vllm_methods import NO_DRAFT_SUFFIX
 from benchmarks.gate_compare import geomean
 from benchmarks.gate_metrics import flat_numbers
 from benchmarks.gate_worker import CELL_ORDER, WARMUP_MAX_TOKENS
-from benchmarks.step_model import StepModel, parse_step_model, plain_wall
+from benchmarks.step_model import parse_step_model, plain_wall
+from specdec.eval.costmodel import CostModel
 from specdec.eval.results import device_label, versions
 from specdec.paths import REPO_ROOT, TARGET_MODEL, model_path
 
@@ -224,7 +225,7 @@ def target_engine(
     max_len: int,
     max_seqs: int,
     max_batched: int,
-    step_model: StepModel | None = None,
+    step_model: CostModel | None = None,
 ) -> Any:
     """A CPU engine (``vllm_cpu_engine``) in schedule mode for the shared target's config, the plugin with
     ``options``, its clock the ``step_model``'s (None: a constant per step)."""
@@ -247,7 +248,7 @@ def replay(
     options: dict[str, Any] | None = None,
     *,
     max_len: int = MAX_LEN,
-    step_model: StepModel | None = None,
+    step_model: CostModel | None = None,
 ) -> dict[str, Any]:
     """One engine (the plugin with ``options``, at ``max_len``, its clock the ``step_model``'s) through every cell:
     cell -> the plugin's counters over it (and the outputs' check), with a step model its modeled walls too."""

@@ -40,7 +40,8 @@ from benchmarks.gate_proxy import (
     write_doc,
 )
 from benchmarks.prepare_prompts import FIRST_ORDINARY_ID
-from benchmarks.step_model import StepModel, parse_step_model, plain_serve
+from benchmarks.step_model import parse_step_model, plain_serve
+from specdec.eval.costmodel import CostModel
 from specdec.paths import REPO_ROOT, TARGET_MODEL, model_path
 from specdec.vllm_plugin.modes.phases import OUTER_PHASES
 
@@ -98,7 +99,7 @@ def replay(
     options: dict[str, Any] | None,
     *,
     concurrency: int = 0,
-    timed: tuple[list[float], StepModel] | None = None,
+    timed: tuple[list[float], CostModel] | None = None,
 ) -> dict[str, Any]:
     """One engine through the traffic: the plugin's counters and the requests' steps per token. ``concurrency`` > 0:
     a request arrives only while fewer than that many are in the engine (``vllm bench serve --max-concurrency``).

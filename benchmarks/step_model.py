@@ -1,7 +1,8 @@
 """A modeled GPU step for the CPU engine (``benchmarks.vllm_cpu_engine``): a step of T scheduled tokens (prompt
-chunks, one token per decoding row, draft slots, filler included) takes ``base_s + token_s * T`` seconds. On an
-8B-shaped target a step reads the weights once (``base_s``) and adds a roughly constant compute per token
-(``token_s``); the defaults are an H200's, read off the gate's own runs (below). With it:
+chunks, one token per decoding row, draft slots, filler included) takes the project's linear verify-cost model's time
+for T tokens (``specdec.eval.costmodel.CostModel``: ``t(1)`` plus a constant cost per further token). On an 8B-shaped
+target a step reads the weights once and adds a roughly constant compute per token; ``H200_8B`` holds an H200's
+(docs/gate.md gives the runs it was read from). With it:
 
 - the plugin's clock advances by each step's modeled time, so its step-cost fit (``adaptive.StepCostModel``) sees a
   cost per verified token and its confidence cut acts as on the GPU (with the CPU engine's constant clock it sees
@@ -18,42 +19,42 @@ V1 runner. It ranks candidates by what they schedule; the GPU gate decides.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-# An 8B step on one H200 (vLLM 0.26, bf16): a decoding step of one to a few rows takes about 4.5 ms (the gate's
-# batches of one without speculation), and each scheduled token adds about 20 µs (a batch's prompt chunks of 16,384
-# tokens, and verify steps of 100 rows x 5 tokens against plain ones, in the gate's drafted-step traces).
-H200_8B_BASE_S = 4.5e-3
-H200_8B_TOKEN_S = 2.0e-5
+from specdec.eval.costmodel import MS, CostModel
 
-
-@dataclass(frozen=True)
-class StepModel:
-    """A step's modeled seconds: ``base_s + token_s * tokens``."""
-
-    base_s: float = H200_8B_BASE_S
-    token_s: float = H200_8B_TOKEN_S
-
-    def cost(self, tokens: int) -> float:
-        return self.base_s + self.token_s * tokens if tokens > 0 else 0.0
+# An 8B-shaped step on one H200 (vLLM 0.26, bf16): the weights' read, then the compute of each scheduled token
+H200_8B_BASE_MS = 4.5
+H200_8B_TOKEN_MS = 0.02
+H200_8B = CostModel(
+    t1_ms=H200_8B_BASE_MS + H200_8B_TOKEN_MS,
+    per_token_ms=H200_8B_TOKEN_MS,
+    source=f"an 8B-shaped step on one H200: {H200_8B_BASE_MS} ms + {H200_8B_TOKEN_MS} ms a scheduled token",
+)
 
 
-def parse_step_model(text: str) -> StepModel | None:
-    """``--step-model``: 'off' (None: the CPU engine's constant clock), 'h200-8b', or 'BASE_MS,TOKEN_US'."""
+def step_seconds(model: CostModel, tokens: int) -> float:
+    """A step of ``tokens`` scheduled tokens on ``model``, in seconds (0: no step)."""
+    return model.verify_ms(tokens) * MS if tokens > 0 else 0.0
+
+
+def parse_step_model(text: str) -> CostModel | None:
+    """``--step-model``: 'off' (None: the CPU engine's constant clock), 'h200-8b', or 'BASE_MS,TOKEN_US' (a step
+    of T tokens takes BASE_MS + T x TOKEN_US)."""
     if text == "off":
         return None
     if text == "h200-8b":
-        return StepModel()
+        return H200_8B
     try:
         base_ms, token_us = (float(x) for x in text.split(","))
     except ValueError:
         raise ValueError(f"--step-model {text!r}: give 'off', 'h200-8b' or 'BASE_MS,TOKEN_US' (e.g. 4.5,20)") from None
     if base_ms <= 0 or token_us < 0:
         raise ValueError(f"--step-model {text!r}: BASE_MS must be > 0 and TOKEN_US >= 0 (e.g. 4.5,20)")
-    return StepModel(base_ms / 1e3, token_us / 1e6)
+    token_ms = token_us / 1e3
+    return CostModel(t1_ms=base_ms + token_ms, per_token_ms=token_ms, source=f"--step-model {text}")
 
 
-def plain_wall(prompts: Sequence[int], outputs: Sequence[int], model: StepModel, *, max_batched: int) -> float:
+def plain_wall(prompts: Sequence[int], outputs: Sequence[int], model: CostModel, *, max_batched: int) -> float:
     """No speculation's modeled wall for one closed batch: requests of ``prompts`` [n] prompt tokens and
     ``outputs`` [n] output tokens, all queued at once, scheduled as vLLM's scheduler does with chunked prefill
     (each step: one token per decoding request first, then prompt chunks in arrival order up to ``max_batched``
@@ -79,7 +80,7 @@ def plain_wall(prompts: Sequence[int], outputs: Sequence[int], model: StepModel,
             tokens += chunk
             if left_prompt[i] == 0 and left_out[i] > 0:
                 left_out[i] -= 1  # the prompt's last chunk samples the first token
-        wall += model.cost(tokens)
+        wall += step_seconds(model, tokens)
     return wall
 
 
@@ -87,7 +88,7 @@ def plain_serve(
     prompts: Sequence[int],
     outputs: Sequence[int],
     arrivals: Sequence[float],
-    model: StepModel,
+    model: CostModel,
     *,
     max_batched: int,
     max_seqs: int,
@@ -126,7 +127,7 @@ def plain_serve(
                 if left_prompt[i] == 0:
                     left_out[i] -= 1  # the prompt's last chunk samples the first token
                     emitted.append(i)
-        now += model.cost(tokens)
+        now += step_seconds(model, tokens)
         for i in emitted:
             times[i].append(now)
         active = [i for i in active if left_out[i] > 0]

@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.step_model import StepModel
+from benchmarks.step_model import step_seconds
+from specdec.eval.costmodel import CostModel
 
 K = 16  # the plugin's default num_speculative_tokens
 MAX_LEN = 1024
@@ -184,7 +185,7 @@ class Engine:
         max_seqs: int = MAX_SEQS,
         max_batched: int = MAX_BATCHED_TOKENS,
         options: dict[str, Any] | None = None,
-        step_model: StepModel | None = None,
+        step_model: CostModel | None = None,
     ) -> None:
         """``step_model``: each scheduled step advances the plugin's clock by its modeled GPU time (``now``, the
         engine's modeled seconds) instead of ``STEP_S``."""
@@ -267,7 +268,7 @@ class Engine:
     def _advance(self, so: Any) -> None:
         """The step ``so`` ran on the modeled GPU: the clock moves by its time (with a step model)."""
         if self.step_model is not None:
-            self.now += self.step_model.cost(sum(so.num_scheduled_tokens.values()))
+            self.now += step_seconds(self.step_model, sum(so.num_scheduled_tokens.values()))
             self.proposer.clock.t = self.now
 
     def _count_slots(self, so: Any) -> None:

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from benchmarks import gate_proxy as gp
-from benchmarks.step_model import StepModel
+from benchmarks.step_model import H200_8B
 from specdec.vllm_plugin.core import backoff
 
 
@@ -103,7 +103,7 @@ def test_one_engine_replays_the_cells_against_the_targets_outputs():
     seg = [rng.randrange(500, 900) for _ in range(12)]
     # repetitive outputs (drafts accepted), each ending at EOS before its max_tokens or cut at it
     outs = [[(seg * 8)[: it["max_tokens"] - 3] + [gp.EOS] for it in items] for _, _, items in steps]
-    for settings, model in ((gp.VARIANTS["off"], None), ({"MIN_STEPS": 2}, StepModel())):
+    for settings, model in ((gp.VARIANTS["off"], None), ({"MIN_STEPS": 2}, H200_8B)):
         with gp.variant(settings):
             res = gp.replay(steps, outs, step_model=model)  # asserts every output is the target's
         assert list(res) == ["all/warmup", "agentic/b1", "agentic/b8", "code/b1"]

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from benchmarks import serve_proxy as sp
-from benchmarks.step_model import StepModel
+from benchmarks.step_model import H200_8B, step_seconds
 
 
 def test_prompts_are_reproducible_random_ids_of_the_checks_length_without_special_ids():
@@ -65,9 +65,11 @@ def test_one_engine_serves_the_arrivals_and_emits_the_targets_outputs():
     assert 0 < res["steps_per_token_p50"] <= 1.0  # a request emits at least a token per step once decoding
     assert res["host_ms_per_step"]["fill"] > 0 and res["host_ms_per_step"]["capture"] > 0  # the plugin's hook
     # on the modeled clock: arrivals by time, a TPOT in modeled ms beside no speculation's for the same traffic
-    model = StepModel()
+    model = H200_8B
     timed = sp.replay(ps, outs, at, None, timed=(sp.arrival_times(12, 200.0, seed=0), model))
-    assert timed["accepted"] > 0 and timed["plain_tpot_ms_p50"] >= 1e3 * model.cost(1)  # at least a one-row step
+    assert timed["accepted"] > 0 and timed["plain_tpot_ms_p50"] >= 1e3 * step_seconds(
+        model, 1
+    )  # at least a one-row step
     assert 0 < timed["tpot_ms_p50"] < 2 * timed["plain_tpot_ms_p50"]
 
 
