@@ -56,32 +56,10 @@ def parse_step_model(text: str) -> CostModel | None:
 
 def plain_wall(prompts: Sequence[int], outputs: Sequence[int], model: CostModel, *, max_batched: int) -> float:
     """No speculation's modeled wall for one closed batch: requests of ``prompts`` [n] prompt tokens and
-    ``outputs`` [n] output tokens, all queued at once, scheduled as vLLM's scheduler does with chunked prefill
-    (each step: one token per decoding request first, then prompt chunks in arrival order up to ``max_batched``
-    tokens; a request's last prompt chunk also samples its first output token)."""
-    left_prompt = [int(p) for p in prompts]  # [n] prompt tokens not yet computed
-    left_out = [int(o) for o in outputs]  # [n] output tokens not yet sampled
-    wall = 0.0
-    while any(left_out):
-        budget, tokens = max_batched, 0
-        decoding = [i for i, (p, o) in enumerate(zip(left_prompt, left_out)) if p == 0 and o > 0]
-        for i in decoding:
-            left_out[i] -= 1
-        budget -= len(decoding)
-        tokens += len(decoding)
-        for i, p in enumerate(left_prompt):
-            if budget <= 0:
-                break
-            if p == 0:
-                continue
-            chunk = min(p, budget)
-            left_prompt[i] -= chunk
-            budget -= chunk
-            tokens += chunk
-            if left_prompt[i] == 0 and left_out[i] > 0:
-                left_out[i] -= 1  # the prompt's last chunk samples the first token
-        wall += step_seconds(model, tokens)
-    return wall
+    ``outputs`` [n] output tokens, all queued at once (``plain_serve`` with every arrival at 0), to the last token."""
+    at_once = [0.0] * len(prompts)
+    times = plain_serve(prompts, outputs, at_once, model, max_batched=max_batched, max_seqs=max(len(prompts), 1))
+    return max((t[-1] for t in times if t), default=0.0)
 
 
 def plain_serve(
